@@ -1,0 +1,51 @@
+"""The status bar: engine state, device, model, and memory in use (engine RSS, weights, VRAM)."""
+from __future__ import annotations
+
+import os
+
+from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
+
+from app.engine_client import EngineClient
+
+STATE_TEXT = {"stopped": "engine stopped", "starting": "engine starting…", "idle": "engine ready",
+              "busy": "engine busy", "crashed": "engine crashed — restarts on the next request"}
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class EngineStatusBar(QStatusBar):
+    def __init__(self, client: EngineClient, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state_label = QLabel(STATE_TEXT["stopped"])
+        self.device_label = QLabel("device: –")
+        self.model_label = QLabel("model: –")
+        self.memory_label = QLabel("memory: –")
+        for label in (self.state_label, self.device_label, self.model_label, self.memory_label):
+            self.addPermanentWidget(label)
+        client.stateChanged.connect(lambda s: self.state_label.setText(STATE_TEXT.get(s, s)))
+        client.modelLoaded.connect(self.on_model_loaded)
+        client.memory.connect(self.on_memory)
+
+    def on_model_loaded(self, info: dict) -> None:
+        self.device_label.setText(f"device: {info.get('device', '–')} · {info.get('dtype', '')}"
+                                  f" · {info.get('backend', '')}")
+        name = os.path.basename(info.get("path", "")) or "–"
+        self.model_label.setText(f"model: {name}")
+        self.model_label.setToolTip(info.get("path", ""))
+
+    def on_memory(self, stats: dict) -> None:
+        parts = [f"engine RSS {format_bytes(stats.get('rss_bytes'))}"]
+        if stats.get("weights_bytes") is not None:
+            parts.append(f"weights {format_bytes(stats['weights_bytes'])}")
+        vram = stats.get("cuda_allocated_bytes", stats.get("active_bytes"))
+        if vram is not None:
+            parts.append(f"VRAM {format_bytes(vram)}")
+        self.memory_label.setText(" · ".join(parts))

@@ -1,0 +1,207 @@
+"""What the engine worker does for each request, against the engine's public API only.
+
+Runs inside the worker process (no Qt). Every long job streams its progress through ``send`` and
+honours the cancel flag; the return value is the payload of the terminal ``result`` message.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from app.protocol import (BenchRequest, ChatRequest, GenerateRequest, LoadRequest, TraceRequest,
+                          event_to_dict)
+
+log = logging.getLogger(__name__)
+
+Send = Callable[..., None]
+
+
+class EngineState:
+    """The worker's one loaded model and the handlers that use it."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.loaded: Any = None
+        self.load_spec: LoadRequest | None = None
+        self._unsubscribe = _forward_markers(send)
+
+    def handle(self, req, cancel: threading.Event) -> dict:
+        handlers = {
+            "load": self.load,
+            "generate": self.generate,
+            "chat": self.chat,
+            "trace": self.trace,
+            "bench": self.bench,
+            "info": lambda _req, _cancel: engine_info(),
+        }
+        return handlers[req.type](req, cancel)
+
+    def require_model(self):
+        if self.loaded is None:
+            from engine.errors import ConfigError
+
+            raise ConfigError("no model is loaded in the engine: pick a model in the toolbar first")
+        return self.loaded
+
+    def load(self, req: LoadRequest, cancel: threading.Event) -> dict:
+        if self.loaded is not None and req == self.load_spec:
+            return model_info(self.loaded, req, load_ms=0.0, reused=True)
+        self.loaded = None  # drop the old weights before loading new ones: peak memory stays one model
+        t0 = time.perf_counter()
+        self.loaded = _load_model(req)
+        self.load_spec = req
+        return model_info(self.loaded, req, load_ms=(time.perf_counter() - t0) * 1e3, reused=False)
+
+    def generate(self, req: GenerateRequest, cancel: threading.Event) -> dict:
+        events = self.require_model().generate(req.prompt, generation_config(req.config), cancel)
+        return self._stream(events)
+
+    def chat(self, req: ChatRequest, cancel: threading.Event) -> dict:
+        events = self.require_model().chat(list(req.messages), generation_config(req.config), cancel)
+        return self._stream(events)
+
+    def _stream(self, events) -> dict:
+        finished = None
+        for event in events:
+            data = event_to_dict(event)
+            self.send("event", event=data)
+            if data["kind"] == "Finished":
+                finished = data
+        if finished is None:
+            return {"stop_reason": "none", "stats": None, "text": ""}
+        return {"stop_reason": finished["stop_reason"], "stats": finished["stats"], "text": finished["text"]}
+
+    def trace(self, req: TraceRequest, cancel: threading.Event) -> dict:
+        from app.worker_trace import run_trace
+
+        return run_trace(self.require_model(), req, self.send, cancel)
+
+    def bench(self, req: BenchRequest, cancel: threading.Event) -> dict:
+        from app.worker_bench import run_bench
+
+        return run_bench(self.loaded, self.load_spec, req, self.send, cancel)
+
+    def report_memory(self) -> None:
+        stats: dict[str, Any] = {"rss_bytes": _rss_bytes()}
+        if self.loaded is not None:
+            try:
+                stats.update(self.loaded.memory_stats())
+            except Exception:  # memory stats are a nicety; never fail a job over them
+                log.warning("memory_stats() failed", exc_info=True)
+        self.send("memory", stats=stats)
+
+
+def engine_info() -> dict:
+    """Backends and their devices (with reasons), dtypes, suites and trace variants."""
+    from engine.devices import DTYPES
+
+    return {"backends": _backends(), "dtypes": list(DTYPES), "suites": _suites(),
+            "trace_variants": _trace_variants()}
+
+
+def _backends() -> list[dict]:
+    from engine.backends import list_backends
+
+    infos = [info.as_dict() for info in list_backends(load=True)]
+    torch_info = next((i for i in infos if i["name"] == "torch"), None)
+    if torch_info is None or torch_info["status"] != "ok":
+        # The built-in engine serves "torch" even when its plugin entry is missing or broken.
+        from engine.devices import available_devices
+
+        devices = [{"name": n, "kind": n.split(":")[0], "available": ok, "reason": why}
+                   for n, ok, why in available_devices()]
+        infos = [i for i in infos if i["name"] != "torch"]
+        infos.insert(0, {"name": "torch", "status": "ok", "reason": "", "devices": devices})
+    return infos
+
+
+def _suites() -> list[str]:
+    try:
+        from engine.bench.suites import list_suites
+    except ImportError:
+        return []
+    return list(list_suites())
+
+
+def _trace_variants() -> list[str]:
+    try:
+        from engine.trace.variants import VARIANTS
+    except ImportError:
+        return ["clean"]
+    return ["clean", *[v for v in VARIANTS if v != "clean"]]
+
+
+def generation_config(values: dict):
+    """A dict from the GUI → engine.generate.GenerationConfig; unknown keys are a ConfigError."""
+    from engine.errors import ConfigError
+    from engine.generate import GenerationConfig
+
+    known = {f.name for f in dataclasses.fields(GenerationConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown sampling setting(s) {unknown}; known: {sorted(known)}")
+    values = dict(values)
+    if "stop" in values:
+        values["stop"] = tuple(values["stop"] or ())
+    return GenerationConfig(**values)
+
+
+def _load_model(req: LoadRequest):
+    options: dict[str, Any] = {"attention": req.attention}
+    if req.threads:
+        options["threads"] = req.threads
+    if req.backend == "torch":
+        # The built-in engine *is* the torch backend (its plugin is a thin wrapper over it): no
+        # registry round-trip, so the app works even when plugin discovery is broken.
+        from engine import api
+
+        return api.load(req.model, device=req.device, dtype=req.dtype, **options)
+    from engine.backends import get_backend
+
+    return get_backend(req.backend).load(req.model, req.device, req.dtype, **options)
+
+
+def model_info(loaded, req: LoadRequest, *, load_ms: float, reused: bool) -> dict:
+    source = getattr(loaded, "source", None)
+    config = getattr(source, "config", None)
+    return {
+        "path": str(getattr(source, "path", req.model or "")),
+        "format": getattr(source, "format", ""),
+        "quant_summary": _jsonable(getattr(source, "quant_summary", "")),
+        "file_size_bytes": getattr(source, "file_size_bytes", None),
+        "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {},
+        "has_chat_template": bool(getattr(source, "chat_template", None)),
+        "device": str(getattr(loaded, "device", req.device)),
+        "dtype": str(getattr(loaded, "dtype", req.dtype)).replace("torch.", ""),
+        "backend": req.backend,
+        "load_ms": load_ms,
+        "reused": reused,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool, type(None), list, dict)):
+        return value
+    return str(value)
+
+
+def _forward_markers(send: Send) -> Callable[[], None]:
+    from engine import markers
+
+    def forward(marker) -> None:
+        send("marker", phase=marker.phase, edge=marker.edge, t_ns=marker.t_ns, attrs=dict(marker.attrs))
+
+    return markers.subscribe(forward)
+
+
+def _rss_bytes() -> int | None:
+    try:
+        import psutil
+
+        return psutil.Process(os.getpid()).memory_info().rss
+    except Exception:
+        return None

@@ -1,0 +1,96 @@
+"""What a user chooses for a benchmark run, and the plan a suite makes from it."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable
+
+from engine.bench.runner import QUICK, Point, PointOutcome, RunnerConfig
+from engine.errors import ConfigError
+from engine.results import Metric
+
+DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
+                 "bfloat16": "bfloat16", "bf16": "bfloat16",
+                 "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16"}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def canonical_dtype(name: str) -> str:
+    try:
+        return DTYPE_ALIASES[name.lower()]
+    except KeyError as e:
+        raise ConfigError(f"unknown dtype {name!r}: use float32, bfloat16 or float16") from e
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, canonical_dtype(name))
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    device: str = "cpu"
+    dtype: str = "float32"
+    quick: bool = False
+    model: str | None = None  # None: the embedded default model (suites that need one)
+    backend: str = "torch"
+    threads: int | None = None
+    attention: str = "sdpa"
+    repeat: int | None = None  # minimum repetitions per point (overrides the suite's default)
+    min_time_s: float | None = None
+    warmup: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        if self.repeat is not None and self.repeat < 1:
+            raise ConfigError(f"--repeat must be at least 1, got {self.repeat}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {self.threads}")
+
+    def runner_config(self) -> RunnerConfig:
+        base = QUICK if self.quick else RunnerConfig()
+        min_reps = self.repeat or base.min_reps
+        return RunnerConfig(
+            warmup=base.warmup if self.warmup is None else self.warmup,
+            min_reps=min_reps,
+            min_time_s=base.min_time_s if self.min_time_s is None else self.min_time_s,
+            max_reps=max(base.max_reps, min_reps),
+            min_rep_s=base.min_rep_s,
+        )
+
+    def as_settings(self) -> dict[str, Any]:
+        return asdict(self) | {"runner": asdict(self.runner_config())}
+
+
+def check_torch_device(device: str):
+    """The torch.device for ``device``, or a DeviceError saying why it cannot be used."""
+    from engine.devices import resolve_device
+
+    return resolve_device(device)
+
+
+def free_memory_bytes(device: str) -> int:
+    """Memory that a new allocation on ``device`` can use now."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+@dataclass
+class SuitePlan:
+    """What a suite will run: points (a list, or a generator that reads ``outcomes`` as they land,
+    to skip sizes that earlier points show cannot finish), settings, and a hook that derives
+    suite-level metrics (e.g. % of peak) once every point is done."""
+
+    points: Iterable[Point]
+    n_points: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    model_source: Any = None
+    outcomes: list[PointOutcome] = field(default_factory=list)
+    finish: Callable[[list[PointOutcome]], list[Metric]] | None = None
+    close: Callable[[], None] | None = None  # frees what the plan holds (a loaded model)

@@ -1,0 +1,273 @@
+"""The benchmark runner: turns benchmark points into raw per-repetition samples, honestly.
+
+Rules (../shared/DESIGN.md, STYLE habit 5): warm-up calls are never recorded; the device is
+synchronized before every clock read (CUDA/MPS/XPU synchronize, ``mx.eval`` for MLX, nothing on
+CPU); repetitions continue until BOTH ``min_reps`` and ``min_time_s`` are met (or ``max_reps``
+caps a very fast point); every sample is kept. A point that fails (out of memory, an unsupported
+kernel, an invalid result) is recorded as a failed Metric with its reason and the run goes on;
+only cancellation (``Cancelled``, ``KeyboardInterrupt``) stops it.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from engine import markers
+from engine.bench.devsync import synchronizer
+from engine.bench.memory import peak_tracker
+from engine.clock import now_ns
+from engine.errors import Cancelled, ConfigError
+from engine.results import Metric
+
+log = logging.getLogger(__name__)
+
+Step = Callable[[], Any]
+# (done, total, eta_s): done counts points, fractional while one is running; eta_s None until known.
+ProgressFn = Callable[[float, int, "float | None"], None]
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    warmup: int = 2  # calls before the first timed one; never recorded
+    min_reps: int = 10
+    min_time_s: float = 1.0
+    max_reps: int = 10_000  # caps µs-sized points, which would otherwise reach min_time_s slowly
+    min_rep_s: float = 1e-3  # points that allow it repeat the call inside one timed rep up to this
+
+    def __post_init__(self):
+        if self.warmup < 0 or self.min_reps < 1 or self.max_reps < self.min_reps or self.min_time_s < 0:
+            raise ConfigError(f"impossible runner settings: {self}; need warmup >= 0, "
+                              f"1 <= min_reps <= max_reps, min_time_s >= 0")
+
+
+QUICK = RunnerConfig(warmup=1, min_reps=3, min_time_s=0.05, max_reps=200)
+
+
+@dataclass(frozen=True)
+class Extra:
+    """A further metric a point reports per repetition through ``Point.observe`` (e.g. a loss)."""
+
+    name: str
+    unit: str
+    higher_is_better: bool = False
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A metric computed from each primary sample, e.g. MFU from tokens/s; ``params`` say which
+    peak it was divided by."""
+
+    name: str
+    unit: str
+    fn: Callable[[float], float]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    higher_is_better: bool = True
+
+
+@dataclass(frozen=True)
+class Point:
+    """One thing to measure. ``prepare()`` allocates what the point needs and returns the step to
+    time; ``value(seconds_per_call)`` turns a timing into the primary sample (tok/s, GFLOP/s, ms)."""
+
+    name: str
+    unit: str
+    prepare: Callable[[], Step]
+    value: Callable[[float], float]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    higher_is_better: bool = True
+    device: str = "cpu"
+    # Called outside the timed region on the step's return value: {extra name: value or values}.
+    observe: Callable[[Any], Mapping[str, float | Sequence[float]]] | None = None
+    extras: tuple[Extra, ...] = ()
+    derived: tuple[Derived, ...] = ()
+    # Checks the whole point's extras after the last rep; a returned string fails the point (and
+    # the run: a result that is not valid must not pass as a fast one).
+    check: Callable[[Mapping[str, list[float]]], str | None] | None = None
+    max_inner: int = 1  # >1: a stateless step may be repeated inside one timed rep
+    track_memory: bool = False  # record "<name>.peak_mem" (bytes) per rep
+
+
+@dataclass(frozen=True)
+class PointOutcome:
+    point: Point
+    metrics: list[Metric]
+    error: str | None = None
+    invalid: bool = False  # the point ran but its result failed the point's check
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class PointSkipped(Exception):
+    """Raised by a point's prepare() when it cannot run here (too big for memory or the time
+    budget); recorded as a failed point whose error starts with "skipped:"."""
+
+
+def skipped_point(name: str, unit: str, reason: str, params: Mapping[str, Any] | None = None,
+                  higher_is_better: bool = True) -> Point:
+    def prepare() -> Step:
+        raise PointSkipped(reason)
+
+    return Point(name, unit, prepare, value=float, params=dict(params or {}),
+                 higher_is_better=higher_is_better)
+
+
+def check_cancel(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled("benchmark cancelled")
+
+
+def _timed(step: Step, sync: Callable[[Any], None], inner: int) -> tuple[int, Any]:
+    """One timed repetition: sync, clock, ``inner`` calls, sync on the last output, clock."""
+    sync(None)
+    t0 = now_ns()
+    for _ in range(inner):
+        out = step()
+    sync(out)
+    return now_ns() - t0, out
+
+
+def _warm_up(step: Step, sync, point: Point, cfg: RunnerConfig, cancel) -> int:
+    """Runs the excluded warm-up calls; the last one's time sizes the inner loop."""
+    n_warm = max(cfg.warmup, 1 if point.max_inner > 1 else 0)
+    elapsed_ns = 0
+    for _ in range(n_warm):
+        check_cancel(cancel)
+        elapsed_ns, _out = _timed(step, sync, 1)
+    if point.max_inner <= 1 or elapsed_ns <= 0:
+        return 1
+    return max(1, min(point.max_inner, math.ceil(cfg.min_rep_s * 1e9 / elapsed_ns)))
+
+
+class _Samples:
+    """Raw samples of one point as they arrive."""
+
+    def __init__(self, point: Point):
+        self.point = point
+        self.primary: list[float] = []
+        self.extras: dict[str, list[float]] = {e.name: [] for e in point.extras}
+        self.peak_mem: list[float] = []
+
+    def add(self, seconds_per_call: float, out: Any, peak_bytes: int | None) -> None:
+        self.primary.append(float(self.point.value(seconds_per_call)))
+        if self.point.observe is not None:
+            for name, v in self.point.observe(out).items():
+                vals = v if isinstance(v, (list, tuple)) else [v]
+                self.extras.setdefault(name, []).extend(float(x) for x in vals)
+        if peak_bytes is not None:
+            self.peak_mem.append(float(peak_bytes))
+
+    def metrics(self, status: str = "ok", error: str | None = None) -> list[Metric]:
+        p = self.point
+        params = dict(p.params)
+        out = [Metric(p.name, p.unit, self.primary, p.higher_is_better, params, status, error)]
+        units = {e.name: e for e in p.extras}
+        for name, vals in self.extras.items():
+            e = units.get(name, Extra(name, ""))
+            out.append(Metric(name, e.unit, vals, e.higher_is_better, params, status, error))
+        if self.peak_mem:
+            out.append(Metric(f"{p.name}.peak_mem", "bytes", self.peak_mem, False, params, status, error))
+        for d in p.derived:
+            vals = [float(d.fn(v)) for v in self.primary]
+            out.append(Metric(d.name, d.unit, vals, d.higher_is_better, {**params, **d.params}, status, error))
+        return out
+
+
+def _done(n: int, elapsed_ns: int, cfg: RunnerConfig) -> bool:
+    return n >= cfg.max_reps or (n >= cfg.min_reps and elapsed_ns >= cfg.min_time_s * 1e9)
+
+
+def _fraction(n: int, elapsed_ns: int, cfg: RunnerConfig) -> float:
+    """How far a point is towards its stopping rule: both conditions must reach 1."""
+    by_count = n / cfg.min_reps
+    by_time = elapsed_ns / (cfg.min_time_s * 1e9) if cfg.min_time_s > 0 else 1.0
+    return min(1.0, min(by_count, by_time), n / cfg.max_reps if n >= cfg.max_reps else 1.0)
+
+
+def _repeat(step: Step, point: Point, cfg: RunnerConfig, inner: int, cancel,
+            tick: Callable[[float], None]) -> _Samples:
+    sync = synchronizer(point.device)
+    tracker = peak_tracker(point.device) if point.track_memory else None
+    samples = _Samples(point)
+    start_ns = now_ns()
+    while not _done(len(samples.primary), now_ns() - start_ns, cfg):
+        check_cancel(cancel)
+        rep = len(samples.primary)
+        if tracker is not None:
+            tracker.reset()
+        markers.emit(markers.BENCH_ITER, "start", point=point.name, rep=rep)
+        elapsed_ns, out = _timed(step, sync, inner)
+        markers.emit(markers.BENCH_ITER, "end", point=point.name, rep=rep)
+        peak = tracker.peak_bytes() if tracker is not None else None
+        samples.add(elapsed_ns / 1e9 / inner, out, peak)
+        tick(_fraction(len(samples.primary), now_ns() - start_ns, cfg))
+    return samples
+
+
+def describe_error(e: BaseException) -> str:
+    """One line saying why a point failed; out-of-memory errors say so first."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, PointSkipped):
+        return f"skipped: {text}"
+    oom = isinstance(e, MemoryError) or "out of memory" in text.lower() or type(e).__name__ == "OutOfMemoryError"
+    prefix = "out of memory" if oom else type(e).__name__
+    return f"{prefix}: {text[:300]}"
+
+
+def _free_device_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def measure_point(point: Point, cfg: RunnerConfig, cancel: threading.Event | None = None,
+                  tick: Callable[[float], None] = lambda f: None) -> PointOutcome:
+    """Measures one point; failures become a failed outcome, cancellation propagates."""
+    step = None
+    try:
+        step = point.prepare()
+        inner = _warm_up(step, synchronizer(point.device), point, cfg, cancel)
+        samples = _repeat(step, point, cfg, inner, cancel, tick)
+    except (Cancelled, KeyboardInterrupt):
+        raise
+    except Exception as e:  # a failed point is data, not a crash: record it and go on
+        log.warning("benchmark point %s failed: %s", point.name, e, exc_info=log.isEnabledFor(logging.DEBUG))
+        error = describe_error(e)
+        return PointOutcome(point, _Samples(point).metrics("failed", error)[:1], error)
+    finally:
+        del step
+        _free_device_memory(point.device)
+    problem = point.check(samples.extras) if point.check is not None else None
+    if problem:
+        return PointOutcome(point, samples.metrics("failed", problem), problem, invalid=True)
+    return PointOutcome(point, samples.metrics())
+
+
+def run_points(points: Iterable[Point], cfg: RunnerConfig, *, cancel: threading.Event | None = None,
+               progress: ProgressFn | None = None, total: int | None = None) -> Iterator[PointOutcome]:
+    """Measures each point in turn, yielding its outcome as soon as it is known (so a store can
+    commit it at once). ``total`` is the number of points when ``points`` is a generator."""
+    points = list(points) if total is None else points
+    total = len(points) if total is None else total
+    start_ns = now_ns()
+
+    def report(done: float) -> None:
+        if progress is None:
+            return
+        elapsed_s = (now_ns() - start_ns) / 1e9
+        eta = elapsed_s / done * (total - done) if done > 0 else None
+        progress(done, total, eta)
+
+    report(0.0)
+    for i, point in enumerate(points):
+        check_cancel(cancel)
+        outcome = measure_point(point, cfg, cancel, tick=lambda f, i=i: report(i + f))
+        report(float(i + 1))
+        yield outcome

@@ -1,0 +1,102 @@
+"""One benchmark run from start to finish: plan the suite, fingerprint the environment, measure
+every point, commit each point to the store as soon as it is measured, and close the run.
+
+This is the function the CLI and the GUI's worker call. The store is any object with
+``begin_run(RunResult) -> id``, ``add_metric(id, Metric)`` and ``finish_run(id, status, error)``
+(engine.store.RunStore); without one the RunResult is only returned.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Protocol
+
+from engine.bench import fingerprint
+from engine.bench.memory import peak_unit_note
+from engine.bench.options import BenchOptions, SuitePlan
+from engine.bench.runner import ProgressFn, run_points
+from engine.bench.suites import get_suite
+from engine.errors import Cancelled
+from engine.results import Metric, RunResult
+
+log = logging.getLogger(__name__)
+
+
+class RunSink(Protocol):
+    def begin_run(self, result: RunResult) -> Any: ...
+
+    def add_metric(self, run_id: Any, metric: Metric) -> None: ...
+
+    def finish_run(self, run_id: Any, status: str, error: str | None = None) -> None: ...
+
+
+def _apply_threads(opts: BenchOptions) -> None:
+    if opts.threads:
+        import torch
+
+        torch.set_num_threads(opts.threads)
+
+
+def _status(result: RunResult, outcomes) -> tuple[str, str | None]:
+    invalid = [o for o in outcomes if o.invalid]
+    if invalid:  # a result that failed its own check (e.g. loss not decreasing) fails the run
+        return "failed", f"{invalid[0].point.name}: {invalid[0].error}"
+    if outcomes and not any(o.ok for o in outcomes):
+        return "failed", f"every point failed; first: {outcomes[0].point.name}: {outcomes[0].error}"
+    return "completed", None
+
+
+def _new_result(suite: str, opts: BenchOptions, plan: SuitePlan, name: str, tags, notes: str) -> RunResult:
+    settings = opts.as_settings() | {"suite": suite, "suite_params": plan.settings,
+                                     "peak_memory": peak_unit_note(opts.device)}
+    fp = fingerprint.collect(settings, plan.model_source)
+    return RunResult(kind=suite, name=name, tags=list(tags), notes=notes, settings=settings,
+                     fingerprint=fp, status="running")
+
+
+def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_id, cancel, progress) -> None:
+    cfg = opts.runner_config()
+    for outcome in run_points(plan.points, cfg, cancel=cancel, progress=progress, total=plan.n_points):
+        plan.outcomes.append(outcome)
+        for metric in outcome.metrics:
+            result.metrics.append(metric)
+            if sink is not None:
+                sink.add_metric(run_id, metric)
+    for metric in plan.finish(plan.outcomes) if plan.finish else []:
+        result.metrics.append(metric)
+        if sink is not None:
+            sink.add_metric(run_id, metric)
+
+
+def run_suite(suite: str, opts: BenchOptions, sink: RunSink | None = None, *, name: str = "",
+              tags: tuple[str, ...] | list[str] = (), notes: str = "", params: Any = None,
+              cancel: threading.Event | None = None, progress: ProgressFn | None = None,
+              model: Any = None) -> tuple[Any, RunResult]:
+    """Runs ``suite``; returns (run id or None, the RunResult). Cancellation (the event or Ctrl-C)
+    closes the run as "aborted" with what was measured so far, then propagates. ``model``: an
+    already loaded model for the suites that need one (the GUI's, or a test's)."""
+    module = get_suite(suite)
+    _apply_threads(opts)
+    needs_model = getattr(module, "NEEDS_MODEL", False)
+    plan = module.plan(opts, params, model=model) if needs_model else module.plan(opts, params)
+    try:
+        result = _new_result(suite, opts, plan, name, tags, notes)
+        run_id = sink.begin_run(result) if sink is not None else None
+        try:
+            _measure(plan, opts, result, sink, run_id, cancel, progress)
+        except (Cancelled, KeyboardInterrupt) as e:
+            result.status, result.error = "aborted", "cancelled by the user"
+            if sink is not None:
+                sink.finish_run(run_id, result.status, result.error)
+            raise Cancelled("benchmark cancelled; the points measured so far are saved") from e
+        except Exception as e:  # close the run with the reason before the error reaches the user
+            if sink is not None:
+                sink.finish_run(run_id, "failed", f"{type(e).__name__}: {e}")
+            raise
+        result.status, result.error = _status(result, plan.outcomes)
+        if sink is not None:
+            sink.finish_run(run_id, result.status, result.error)
+        return run_id, result
+    finally:
+        if plan.close is not None:
+            plan.close()

@@ -1,0 +1,68 @@
+"""bandwidth: a large device-to-device copy, GB/s counting bytes read plus bytes written.
+
+Buffers are far larger than the last-level cache so the figure is memory bandwidth, not cache.
+The best median is this device's measured bandwidth peak, cached for MBU elsewhere.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from engine.bench import peaks
+from engine.bench.options import BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from engine.bench.runner import Point, PointOutcome, skipped_point
+from engine.results import Metric
+
+NAME = "bandwidth"
+DESCRIPTION = "large device copy, GB/s (read + write), the MBU peak"
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Params:
+    sizes_bytes: tuple[int, ...] = (256 * MIB, 1024 * MIB)
+
+
+QUICK = Params(sizes_bytes=(64 * MIB,))
+
+
+def make_point(n_bytes: int, device: str) -> Point:
+    def prepare():
+        import torch
+
+        src = torch.ones(n_bytes // 4, dtype=torch.float32, device=device)
+        dst = torch.empty_like(src)
+        return lambda: dst.copy_(src)
+
+    moved = 2.0 * (n_bytes // 4 * 4)  # one read and one write of every byte
+    return Point(f"copy_{n_bytes // MIB}MiB", "GB/s", prepare, value=lambda s: moved / s / 1e9,
+                 params={"bytes": n_bytes, "bytes_moved_per_copy": moved},
+                 device=device, max_inner=100)
+
+
+def _points(p: Params, device: str):
+    for n in p.sizes_bytes:
+        free = free_memory_bytes(device)
+        if 2 * n > 0.5 * free:
+            yield skipped_point(f"copy_{n // MIB}MiB", "GB/s",
+                                f"needs {2 * n / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free", {"bytes": n})
+        else:
+            yield make_point(n, device)
+
+
+def _finish(device: str):
+    def finish(outcomes: list[PointOutcome]) -> list[Metric]:
+        best = max((statistics.median(o.metrics[0].samples), o.point.name) for o in outcomes
+                   if o.ok and o.metrics[0].samples) if any(o.ok for o in outcomes) else None
+        if best is not None:
+            peaks.record(device, "bandwidth", None, best[0] * 1e9, f"bandwidth suite, {best[1]}")
+        return []
+    return finish
+
+
+def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
+    check_torch_device(opts.device)
+    p = params or (QUICK if opts.quick else Params())
+    return SuitePlan(points=_points(p, opts.device), n_points=len(p.sizes_bytes),
+                     settings={"sizes_bytes": list(p.sizes_bytes), "counting": "read + write"},
+                     finish=_finish(opts.device))

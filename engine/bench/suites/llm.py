@@ -1,0 +1,147 @@
+"""llm: llama-bench's pp N and tg N on a real model, plus TTFT, TPOT and ITL from generation.
+
+- ``ppN`` (``ppN@dD``): N synthetic prompt tokens in one forward pass (after D tokens already in
+  the KV cache), tokens/s; as in llama-bench only the last position's logits are computed.
+- ``tgN`` (``tgN@dD``): N tokens decoded one at a time with the cache, random input tokens, the
+  device synchronized after every token as llama-bench does; tokens/s.
+- ``e2e_pP_gG``: one full request through LoadedModel.generate (P random prompt tokens, G tokens,
+  EOS ignored), with ``ttft``, ``tpot``, ``itl`` (every inter-token latency, pooled) and per-request
+  ``itl_p50/p95/p99`` from the engine's own events, so the CLI, the GUI and this suite agree.
+- MFU on pp and tg, MBU on tg (weights + KV cache read per step), against the peaks in settings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan
+from engine.bench.devsync import synchronizer
+from engine.bench.runner import Derived, Extra, Point, skipped_point
+from engine.bench.suites import _model as M
+
+NAME = "llm"
+DESCRIPTION = "pp512, tg128 (llama-bench), @d512 depth, TTFT/TPOT/ITL, MFU/MBU, peak memory"
+NEEDS_MODEL = True
+
+
+@dataclass(frozen=True)
+class Params:
+    pp: int = 512
+    tg: int = 128
+    depths: tuple[int, ...] = (0, 512)
+    gen_prompt: int = 128
+    gen_tokens: int = 128
+
+
+QUICK = Params(pp=64, tg=16, depths=(0, 64), gen_prompt=32, gen_tokens=16)
+
+
+def _suffix(depth: int) -> str:
+    return f"@d{depth}" if depth else ""
+
+
+def pp_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
+    cfg, name = lm.config, f"pp{n}{_suffix(depth)}"
+
+    def prepare():
+        import torch
+
+        lm.model.setup_cache(1, depth + n)
+        M.fill_cache(lm.model, M.random_tokens(depth, cfg.vocab_size, 1, lm.device))
+        toks = M.random_tokens(n, cfg.vocab_size, 2, lm.device)
+
+        def step():
+            with torch.inference_mode():
+                return lm.model(toks, depth, last_only=True)
+        return step
+
+    flops = M.forward_flops(cfg, n, depth, logits_tokens=1)
+    return Point(name, "tok/s", prepare, value=lambda s: n / s, params={"n_prompt": n, "depth": depth},
+                 device=opts.device, track_memory=True,
+                 derived=(Derived(f"{name}.mfu", "%", lambda tps: M.pct(tps / n * flops, pk["flop_s"])),))
+
+
+def tg_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
+    cfg, name = lm.config, f"tg{n}{_suffix(depth)}"
+
+    def prepare():
+        import torch
+
+        lm.model.setup_cache(1, depth + n)
+        M.fill_cache(lm.model, M.random_tokens(depth, cfg.vocab_size, 1, lm.device))
+        toks = M.random_tokens(n, cfg.vocab_size, 3, lm.device)
+        sync = synchronizer(opts.device)
+
+        def step():
+            with torch.inference_mode():
+                for i in range(n):
+                    lm.model(toks[:, i:i + 1], depth + i, last_only=True)
+                    sync(None)  # llama-bench waits for every token
+        return step
+
+    flops = sum(M.forward_flops(cfg, 1, depth + i, 1) for i in range(n)) / n
+    bytes_ = M.weight_bytes_per_step(lm.model) + M.kv_bytes_per_position(
+        cfg, DTYPE_BYTES[opts.dtype]) * (depth + (n + 1) / 2)
+    return Point(name, "tok/s", prepare, value=lambda s: n / s, params={"n_gen": n, "depth": depth},
+                 device=opts.device, track_memory=True,
+                 derived=(Derived(f"{name}.mfu", "%", lambda tps: M.pct(tps * flops, pk["flop_s"])),
+                          Derived(f"{name}.mbu", "%", lambda tps: M.pct(tps * bytes_, pk["bytes_s"]))))
+
+
+def _gen_observe(n_gen: int):
+    def observe(stats) -> dict[str, Any]:
+        if stats.generated_tokens != n_gen:
+            raise RuntimeError(f"generation stopped after {stats.generated_tokens} of {n_gen} tokens")
+        itl = np.asarray(stats.itl_ms)
+        p50, p95, p99 = np.percentile(itl, (50, 95, 99), method="linear") if itl.size else (np.nan,) * 3
+        return {"ttft": stats.ttft_ms, "tpot": stats.tpot_ms, "itl": list(stats.itl_ms),
+                "itl_p50": p50, "itl_p95": p95, "itl_p99": p99, "decode": stats.decode_tok_s}
+    return observe
+
+
+def gen_point(lm, n_prompt: int, n_gen: int, opts: BenchOptions) -> Point:
+    from engine.events import Finished
+    from engine.generate import GenerationConfig
+
+    def prepare():
+        ids = M.random_tokens(n_prompt, lm.config.vocab_size, 4, "cpu")[0].tolist()
+        config = GenerationConfig(max_tokens=n_gen, temperature=0.0, ignore_eos=True)
+
+        def step():
+            for ev in lm.generate(ids, config):
+                if isinstance(ev, Finished):
+                    return ev.stats
+            raise RuntimeError("generation ended without a Finished event")
+        return step
+
+    extras = tuple(Extra(n, "ms") for n in ("ttft", "tpot", "itl", "itl_p50", "itl_p95", "itl_p99"))
+    return Point(f"e2e_p{n_prompt}_g{n_gen}", "ms", prepare, value=lambda s: s * 1e3, higher_is_better=False,
+                 params={"n_prompt": n_prompt, "n_gen": n_gen}, device=opts.device, track_memory=True,
+                 observe=_gen_observe(n_gen), extras=extras + (Extra("decode", "tok/s", True),))
+
+
+def _points(lm, p: Params, opts: BenchOptions, pk: dict):
+    ctx = lm.config.max_seq_len
+    for depth in p.depths:
+        for kind, n, make in (("pp", p.pp, pp_point), ("tg", p.tg, tg_point)):
+            if depth + n > ctx:
+                yield skipped_point(f"{kind}{n}{_suffix(depth)}", "tok/s",
+                                    f"needs {depth + n} positions, the model has {ctx}")
+            else:
+                yield make(lm, n, depth, opts, pk)
+    yield gen_point(lm, p.gen_prompt, p.gen_tokens, opts)
+
+
+def plan(opts: BenchOptions, params: Params | None = None, model: Any = None) -> SuitePlan:
+    p = params or (QUICK if opts.quick else Params())
+    lm = model if model is not None else M.load_model(opts)
+    pk = M.model_peaks(opts)
+    settings = {"pp": p.pp, "tg": p.tg, "depths": list(p.depths), "gen_prompt": p.gen_prompt,
+                "gen_tokens": p.gen_tokens, "peaks": pk, "model_memory": lm.memory_stats(),
+                "weights_bytes_per_decode_step": M.weight_bytes_per_step(lm.model),
+                "model": lm.describe() if hasattr(lm, "describe") else {}}
+    close = None if model is not None else (lambda: lm.model.drop_cache())
+    return SuitePlan(points=_points(lm, p, opts, pk), n_points=2 * len(p.depths) + 1, settings=settings,
+                     model_source=lm.source, close=close)

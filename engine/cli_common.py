@@ -1,0 +1,52 @@
+"""Flags shared by every command that loads a model, and the one place that turns them into a model."""
+from __future__ import annotations
+
+import argparse
+
+from engine.errors import ConfigError
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", "-m", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2-135M)")
+    g.add_argument("--backend", default="torch", help="backend plugin (see `opscope plugins list`)")
+    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    g.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
+    g.add_argument("--attention", default="sdpa", choices=("sdpa", "naive"))
+
+
+def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", "-n", type=int, default=max_tokens)
+    g.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+
+
+def generation_config(args):
+    from engine.generate import GenerationConfig
+
+    return GenerationConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                            seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+
+
+def load_from_args(args):
+    """A loaded model (engine.api.LoadedModel or a plugin's equivalent) from the model flags."""
+    backend = getattr(args, "backend", "torch") or "torch"
+    kwargs = dict(device=args.device, dtype=args.dtype)
+    if backend == "torch":
+        from engine.api import load
+
+        return load(args.model, attention=args.attention, threads=args.threads, **kwargs)
+    try:
+        from engine.backends import get_backend
+    except ImportError as e:
+        raise ConfigError(f"--backend {backend}: backend plugins are not available in this build") from e
+    return get_backend(backend).load(args.model, **kwargs)

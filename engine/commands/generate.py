@@ -1,0 +1,108 @@
+"""`opscope generate`, `opscope chat`, `opscope models inspect`."""
+from __future__ import annotations
+
+import json
+import sys
+
+from engine.cli_common import add_model_args, add_sampling_args, generation_config, load_from_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from a prompt, streaming")
+    p.add_argument("prompt")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_model_args(p)
+    add_sampling_args(p)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="interactive multi-turn chat using the model's chat template")
+    p.add_argument("--system", default=None, help="system prompt")
+    add_model_args(p)
+    add_sampling_args(p, max_tokens=512)
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("models", help="inspect model files")
+    msub = p.add_subparsers(dest="models_cmd", required=True)
+    q = msub.add_parser("inspect", help="architecture, parameters, quantization, tokenizer, template")
+    q.add_argument("path", nargs="?", default=None, help="GGUF file or HF directory (default: embedded model)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_inspect)
+
+
+def summary_line(stats) -> str:
+    return (f"prompt {stats.prompt_tokens} tok · generated {stats.generated_tokens} tok · "
+            f"TTFT {stats.ttft_ms:.0f} ms · prefill {stats.prefill_tok_s:.1f} tok/s · "
+            f"decode {stats.decode_tok_s:.1f} tok/s")
+
+
+def _stream(events, out=sys.stdout, quiet: bool = False):
+    from engine.events import Finished, Token
+
+    final = None
+    for ev in events:
+        if isinstance(ev, Token) and not quiet:
+            out.write(ev.text)
+            out.flush()
+        elif isinstance(ev, Finished):
+            final = ev
+            if not quiet:
+                out.write(ev.tail)
+    return final
+
+
+def cmd_generate(args) -> int:
+    lm = load_from_args(args)
+    cfg = generation_config(args)
+    events = lm.chat([{"role": "user", "content": args.prompt}], cfg) if args.chat else lm.generate(args.prompt, cfg)
+    done = _stream(events, quiet=args.json)
+    if args.json:
+        print(json.dumps({"text": done.text, "stop_reason": done.stop_reason, **done.stats.as_dict(),
+                          **lm.describe()}))
+    else:
+        print(f"\n[{done.stop_reason}] {summary_line(done.stats)}", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    lm = load_from_args(args)
+    cfg = generation_config(args)
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    print(f"opscope chat · {lm.source.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}) · "
+          f"empty line or Ctrl-D to quit, /reset to clear", file=sys.stderr)
+    while True:
+        try:
+            line = input("\n> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        if not line:
+            return 0
+        if line == "/reset":
+            history = history[:1] if args.system else []
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            done = _stream(lm.chat(history, cfg))
+        except KeyboardInterrupt:
+            print("\n[stopped]", file=sys.stderr)
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": done.text})
+        print(f"\n[{done.stop_reason}] {summary_line(done.stats)}", file=sys.stderr)
+
+
+def cmd_inspect(args) -> int:
+    from engine.formats import open_model
+    from engine.models.inspect import describe
+
+    info = describe(open_model(args.path))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    width = max(len(k) for k in info)
+    for k, v in info.items():
+        if isinstance(v, dict):
+            v = ", ".join(f"{a} ×{b}" for a, b in v.items())
+        print(f"{k:<{width}}  {v}")
+    return 0

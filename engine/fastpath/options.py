@@ -1,0 +1,58 @@
+"""Fast-path settings: each one a switch, so the benchmarks can measure its effect alone."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from engine.errors import ConfigError
+
+WEIGHTS = ("q", "dense")  # q: GGUF blocks kept quantized (fused kernels); dense: the model as loaded
+ACTIVATIONS = ("f32", "q8")  # decode matvec: exact fp32 activations, or int8 activations (llama.cpp's)
+PREFILL_DTYPES = ("bf16", "f32")  # GEMM dtype of the dequantize+GEMM prefill path
+ON_ERROR = ("fallback", "raise")
+
+
+@dataclass(frozen=True)
+class FastPathOptions:
+    weights: str = "q"
+    activations: str = "f32"
+    prefill_dtype: str = "bf16"
+    gemm_min_rows: int = 8  # rows (tokens) from which a matmul dequantizes and uses a GEMM
+    compile_decode: bool = False  # torch.compile the single-token decode step
+    pin_threads: bool = False  # bind the OpenMP threads to distinct cores
+    on_error: str = "fallback"  # when kernels cannot be built: keep plain torch, or raise
+
+    def __post_init__(self):
+        for field, allowed in (("weights", WEIGHTS), ("activations", ACTIVATIONS),
+                               ("prefill_dtype", PREFILL_DTYPES), ("on_error", ON_ERROR)):
+            if getattr(self, field) not in allowed:
+                raise ConfigError(f"fast path: {field}={getattr(self, field)!r} is not one of {', '.join(allowed)}")
+        if self.gemm_min_rows < 1:
+            raise ConfigError(f"fast path: gemm_min_rows must be at least 1, got {self.gemm_min_rows}")
+
+    def as_settings(self) -> dict:
+        """Flat dict for RunResult.settings (every setting that can change a number)."""
+        return {f"fastpath.{k}": v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_string(cls, spec: str) -> "FastPathOptions":
+        """``"weights=q,activations=q8,compile_decode=1"`` → options (CLI / suite parameter form)."""
+        kw: dict = {}
+        for item in filter(None, (s.strip() for s in spec.split(","))):
+            key, _, value = item.partition("=")
+            if key not in cls.__dataclass_fields__:
+                raise ConfigError(f"fast path: unknown setting {key!r} (known: {', '.join(cls.__dataclass_fields__)})")
+            kw[key] = _parse(cls.__dataclass_fields__[key].type, value, key)
+        return cls(**kw)
+
+
+def _parse(type_name, value: str, key: str):
+    if type_name in ("bool", bool):
+        if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+            raise ConfigError(f"fast path: {key} takes a boolean, got {value!r}")
+        return value.lower() in ("1", "true", "yes", "on")
+    if type_name in ("int", int):
+        try:
+            return int(value)
+        except ValueError as e:
+            raise ConfigError(f"fast path: {key} takes an integer, got {value!r}") from e
+    return value

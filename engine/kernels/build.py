@@ -1,0 +1,103 @@
+"""Builds the C++ kernels once per machine kind and caches them in a per-user directory.
+
+The kernels are compiled with torch's own extension tooling for the CPU they run on
+(``-march=native``: AVX-512/VNNI where present, AVX2 or plain code elsewhere). The cache key is a
+hash of the source, the flags, torch's version and the CPU's feature flags, so a build made on one
+kind of CPU is never loaded on another. A cached build is imported directly, without running the
+compiler or ninja, which keeps model load fast.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import platform
+import shutil
+import sys
+import threading
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+
+from engine.errors import BackendError
+
+log = logging.getLogger(__name__)
+
+_SRC = Path(__file__).with_name("csrc") / "qlinear.cpp"
+_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast")
+_LDFLAGS = ("-fopenmp",)
+_lock = threading.Lock()
+
+
+class KernelBuildError(BackendError):
+    """The fast-path kernels cannot be built here (no C++ compiler, a compile error)."""
+
+
+def cache_root() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("opscope")) / "kernels"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux), so builds for different CPUs never share a cache entry."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def build_key() -> str:
+    import torch
+
+    h = hashlib.sha256()
+    for part in (_SRC.read_bytes(), " ".join(_CFLAGS + _LDFLAGS).encode(), torch.__version__.encode(),
+                 _cpu_flags().encode(), sys.version.encode()):
+        h.update(part)
+    return h.hexdigest()[:16]
+
+
+def _import_so(name: str, so: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(name, str(so))
+    spec = importlib.util.spec_from_file_location(name, str(so), loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _compile(name: str, build_dir: Path) -> ModuleType:
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        raise KernelBuildError("no C++ compiler found (c++/g++): install one (e.g. `apt-get install g++`) "
+                               "to use the CPU fast path, or run with the dense torch path")
+    from torch.utils.cpp_extension import load
+
+    log.info("building CPU kernels %s in %s (once per machine; takes about a minute)", name, build_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return load(name=name, sources=[str(_SRC)], extra_cflags=list(_CFLAGS),
+                    extra_ldflags=list(_LDFLAGS), build_directory=str(build_dir), verbose=False)
+    except (RuntimeError, OSError, ImportError) as e:  # compile/link errors arrive as RuntimeError
+        raise KernelBuildError(f"building the CPU kernels in {build_dir} failed: {e}") from e
+
+
+@lru_cache(maxsize=1)
+def load_kernels() -> ModuleType:
+    """The compiled kernel module (building it on first use); KernelBuildError if impossible."""
+    import torch  # noqa: F401  (the extension links against torch's libraries, loaded first)
+
+    name = f"opscope_qlinear_{build_key()}"
+    build_dir = cache_root() / name
+    so = build_dir / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    alt = build_dir / f"{name}.so"
+    with _lock:
+        for path in (so, alt):
+            if path.is_file():
+                try:
+                    return _import_so(name, path)
+                except ImportError as e:  # a half-written or stale file: rebuild it
+                    log.warning("cached kernel %s does not load (%s); rebuilding", path, e)
+        return _compile(name, build_dir)

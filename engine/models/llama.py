@@ -1,0 +1,216 @@
+"""The Llama family (Llama 2/3, SmolLM/SmolLM2, Mistral, Qwen2) as one data-driven PyTorch model.
+
+Shapes: B batch, T new tokens, S cache length, H query heads, K kv heads, D head dim, C model dim,
+V vocabulary. RoPE is the rotate-half form; GGUF Q/K weights are un-permuted at load.
+Everything a forward pass creates is created on the model's device (placement trace checks it).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from engine.models.config import ModelConfig, RopeScaling
+
+ATTENTION_IMPLS = ("sdpa", "naive")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class KVCache(nn.Module):
+    def __init__(self, batch: int, n_kv_heads: int, max_seq: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (batch, n_kv_heads, max_seq, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # k, v: [B, K, T, D] written at positions start..start+T; returns views over 0..start+T
+        end = start + k.shape[2]
+        self.k[: k.shape[0], :, start:end] = k
+        self.v[: v.shape[0], :, start:end] = v
+        return self.k[: k.shape[0], :, :end], self.v[: v.shape[0], :, :end]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, impl: str):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim, self.impl = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, impl
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.cache: KVCache | None = None
+
+    def forward(self, x, cos, sin, start: int, mask) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B,H,T,D]
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # [B,K,T,D]
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.cache is not None:
+            k, v = self.cache.update(start, k, v)  # [B,K,S,D]
+        y = attend(q, k, v, mask, self.impl)  # [B,H,T,D]
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+def attend(q, k, v, mask, impl: str) -> torch.Tensor:
+    """Causal attention with grouped KV heads. ``mask`` is None (plain causal, aligned ends) or a
+    boolean [B|1, 1, T, S] where True means attend."""
+    if impl == "sdpa":
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [B,H,T,S]
+    if mask is None:
+        T, S = q.shape[2], k.shape[2]
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [B,H,T,D]; cos/sin [B|1,1,T,D]; rotate-half form (Hugging Face layout)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
+        self.down_proj = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, impl: str):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg, impl)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, start, mask):
+        x = x + self.attn(self.attn_norm(x), cos, sin, start, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, attention: str = "sdpa"):
+        super().__init__()
+        if attention not in ATTENTION_IMPLS:
+            raise ValueError(f"attention must be one of {ATTENTION_IMPLS}")
+        self.config, self.attention = cfg, attention
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg, None), persistent=False)
+        self.max_cache_len = 0
+
+    @classmethod
+    def random(cls, cfg: ModelConfig, device="cpu", dtype=torch.float32, attention="sdpa", seed: int = 0):
+        """Random-init model (synthetic benchmarks, training steps): nothing is downloaded."""
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = cls(cfg, attention)
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02)
+        if cfg.tie_embeddings:
+            model.lm_head.weight = model.embed.weight
+        return model.to(dtype)
+
+    def tie_weights(self) -> None:
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def setup_cache(self, max_batch: int, max_seq_len: int) -> None:
+        """Preallocate the KV cache on the model's device in its dtype."""
+        p = self.embed.weight
+        for layer in self.layers:
+            layer.attn.cache = KVCache(max_batch, self.config.n_kv_heads, max_seq_len, self.config.head_dim,
+                                       p.dtype, p.device)
+        self.max_cache_len = max_seq_len
+
+    def drop_cache(self) -> None:
+        for layer in self.layers:
+            layer.attn.cache = None
+        self.max_cache_len = 0
+
+    def forward(self, idx: torch.Tensor, input_pos: int | torch.Tensor = 0, *, pad: torch.Tensor | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """idx [B,T] → logits [B,T,V] (or [B,1,V] with ``last_only``). ``input_pos`` is the position of
+        idx[:, 0] (an int, so no host sync is needed); ``pad`` [B] counts left-padding tokens per row
+        (batched generation): their keys are masked and positions start after them."""
+        B, T = idx.shape
+        start = int(input_pos[0]) if isinstance(input_pos, torch.Tensor) else int(input_pos)
+        pos = torch.arange(start, start + T, device=idx.device)  # [T]
+        pos = pos.unsqueeze(0) - pad.unsqueeze(1) if pad is not None else pos.unsqueeze(0)  # [B|1,T]
+        cos, sin = rope_cos_sin(self.inv_freq, pos.clamp(min=0), self.embed.weight.dtype)
+        mask = self._mask(B, T, start, pad, idx.device)
+        x = self.embed(idx)  # [B,T,C]
+        for layer in self.layers:
+            x = layer(x, cos, sin, start, mask)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x))
+
+    def _mask(self, B: int, T: int, start: int, pad, device):
+        if pad is None and (start == 0 or T == 1):
+            return None  # plain causal (SDPA's is_causal) or a single query that sees every key
+        S = start + T if self.max_cache_len else T
+        q_pos = torch.arange(start, start + T, device=device).view(1, 1, T, 1)
+        k_pos = torch.arange(S, device=device).view(1, 1, 1, S)
+        mask = k_pos <= q_pos  # [1,1,T,S]
+        if pad is not None:
+            mask = mask & (k_pos >= pad.view(B, 1, 1, 1))  # [B,1,T,S]
+            # A query that is itself padding would attend to nothing (NaN): let it see itself.
+            mask = mask | (k_pos == q_pos)
+        return mask
+
+
+def rope_inv_freq(cfg: ModelConfig, freq_factors: torch.Tensor | None) -> torch.Tensor:
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if freq_factors is not None:  # llama.cpp's rope_freqs tensor (Llama 3.1 scaling baked in)
+        inv = inv / freq_factors.to(torch.float64)
+    elif cfg.rope_scaling is not None:
+        inv = _scale_inv_freq(inv, cfg.rope_scaling)
+    return inv.float()
+
+
+def _scale_inv_freq(inv: torch.Tensor, rs: RopeScaling) -> torch.Tensor:
+    if rs.kind == "linear":
+        return inv / rs.factor
+    # llama3: long wavelengths scaled by factor, short kept, smooth blend between
+    wavelen = 2 * math.pi / inv
+    low_wl = rs.original_max_position / rs.low_freq_factor
+    high_wl = rs.original_max_position / rs.high_freq_factor
+    smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+    scaled = torch.where(wavelen > low_wl, inv / rs.factor, inv)
+    mid = (wavelen <= low_wl) & (wavelen >= high_wl)
+    return torch.where(mid, (1 - smooth) * inv / rs.factor + smooth * inv, scaled)
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, pos: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # pos [B|1,T] → cos, sin [B|1,1,T,D]
+    freqs = pos.unsqueeze(-1).float() * inv_freq  # [B,T,D/2]
+    emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)

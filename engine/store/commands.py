@@ -1,0 +1,193 @@
+"""`opscope runs ...`: list, show, compare, delete, tag, rename, notes, export saved runs.
+
+Runs are addressed by id or unique name. The database is the root parser's ``--db`` (default: see
+engine.store.db). ``runs compare`` with no runs compares the two latest completed runs of the same
+kind, oldest first, so ``opscope bench llm; opscope bench llm --dtype bfloat16; opscope runs compare``
+just works. Exit codes: 0 done, 1 a significant regression beyond --fail-on-regression, 2 user error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from engine.errors import ConfigError
+
+REGRESSION_EXIT_CODE = 1
+
+
+def _open_store(args: argparse.Namespace):
+    from engine.store import RunStore
+
+    return RunStore.open(getattr(args, "db", None))
+
+
+def _write(text: str, output: str | None) -> None:
+    if output:
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot write {output}: {e.strerror or e}") from e
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from engine.store.views import list_dicts, list_text
+
+    with _open_store(args) as store:
+        runs = store.list(kind=args.kind, status=args.status, tag=args.tag, name_contains=args.name,
+                          limit=args.limit)
+    _write(json.dumps(list_dicts(runs), indent=2) + "\n" if args.format == "json" else list_text(runs), None)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from engine.store.convert import export_json
+    from engine.store.views import show_text
+
+    with _open_store(args) as store:
+        run = store.load(args.run)
+    _write(export_json(run) + "\n" if args.format == "json" else show_text(run), None)
+    return 0
+
+
+def _default_pair(store) -> list[int]:
+    latest = store.list(status="completed", limit=1)
+    if not latest:
+        raise ConfigError(f"no completed runs in {store.display_url} to compare; run `opscope bench SUITE` first")
+    same_kind = store.list(status="completed", kind=latest[0].kind, limit=2)
+    if len(same_kind) < 2:
+        raise ConfigError(f"only one completed {latest[0].kind!r} run in {store.display_url}; "
+                          f"name the runs to compare: `opscope runs compare A B`")
+    return [same_kind[1].id, same_kind[0].id]
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from engine.store.compare import compare
+    from engine.store.render import render
+
+    if len(args.runs) == 1:
+        raise ConfigError("compare needs two or more runs (or none: the two latest runs of the same kind)")
+    with _open_store(args) as store:
+        refs = args.runs or _default_pair(store)
+        cmp = compare([store.load(ref) for ref in refs], alpha=args.alpha)
+    _write(render(cmp, args.format), args.output)
+    if args.fail_on_regression is None:
+        return 0
+    found = cmp.regressions(args.fail_on_regression)
+    sys.stdout.flush()  # the table first, then the verdict, even through a pipe
+    for reg in found:
+        print(f"regression: {reg.row.label} in {cmp.runs[reg.run_index].name!r}: {reg.delta.delta_pct:+.2f}% "
+              f"vs {cmp.runs[0].name!r} (p={reg.delta.p_value:.3f}, limit {args.fail_on_regression:g}%)",
+              file=sys.stderr)
+    return REGRESSION_EXIT_CODE if found else 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        ids = [store.resolve(ref) for ref in args.runs]  # all must exist before any is deleted
+        for run_id in dict.fromkeys(ids):
+            info = store.delete(run_id)
+            print(f"deleted run #{info.id} {info.name}")
+    return 0
+
+
+def cmd_tag(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        info = store.tag(args.run, remove=args.tags) if args.remove else store.tag(args.run, add=args.tags)
+    print(f"run #{info.id} {info.name}: tags {', '.join(info.tags) or '(none)'}")
+    return 0
+
+
+def cmd_rename(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        info = store.rename(args.run, args.new_name)
+    print(f"run #{info.id} is now named {info.name}")
+    return 0
+
+
+def cmd_notes(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        info = store.set_notes(args.run, args.text)
+    print(f"run #{info.id} {info.name}: notes saved")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from engine.store.convert import export_csv, export_json
+
+    with _open_store(args) as store:
+        run = store.load(args.run)
+    _write(export_csv(run) if args.format == "csv" else export_json(run) + "\n", args.output)
+    return 0
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of percent") from e
+    if value < 0:
+        raise argparse.ArgumentTypeError("the regression threshold must be >= 0 percent")
+    return value
+
+
+def _add_manage(sub) -> None:
+    p = sub.add_parser("delete", help="delete saved runs")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run id or name")
+    p.set_defaults(func=cmd_delete)
+    p = sub.add_parser("tag", help="add (or --remove) tags on a run")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("tags", nargs="+", metavar="TAG")
+    p.add_argument("--remove", action="store_true", help="remove these tags instead")
+    p.set_defaults(func=cmd_tag)
+    p = sub.add_parser("rename", help="give a run a new unique name")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("new_name", metavar="NEW_NAME")
+    p.set_defaults(func=cmd_rename)
+    p = sub.add_parser("notes", help="set a run's notes")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("text", metavar="TEXT")
+    p.set_defaults(func=cmd_notes)
+    p = sub.add_parser("export", help="write one run with all its raw data (json or csv)")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--format", choices=("json", "csv"), default="json")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.set_defaults(func=cmd_export)
+
+
+def _add_compare(sub) -> None:
+    from engine.store.render import FORMATS
+
+    p = sub.add_parser("compare", help="compare runs with statistics (first = baseline)",
+                       description="Per metric: median ± 95%% CI, change vs the first run, Mann-Whitney U "
+                                   "p-value ('~' when p > alpha), a geomean per unit, and what differs.")
+    p.add_argument("runs", nargs="*", metavar="RUN",
+                   help="two or more run ids or names; none: the two latest completed runs of the same kind")
+    p.add_argument("--format", choices=FORMATS, default="text")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
+                   help=f"exit {REGRESSION_EXIT_CODE} when a metric gets significantly worse by more than PCT%%")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.set_defaults(func=cmd_compare)
+
+
+def register(subparsers) -> None:
+    runs = subparsers.add_parser("runs", help="list, show, compare and manage saved runs")
+    sub = runs.add_subparsers(dest="runs_command", metavar="COMMAND", required=True)
+    p = sub.add_parser("list", help="list saved runs, newest first")
+    p.add_argument("--kind", help="only runs of this suite")
+    p.add_argument("--status", choices=("running", "completed", "failed", "aborted"))
+    p.add_argument("--tag", help="only runs with this tag")
+    p.add_argument("--name", help="only runs whose name contains this")
+    p.add_argument("--limit", type=int, help="at most this many")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("show", help="one run: metrics with statistics, settings, fingerprint")
+    p.add_argument("run", metavar="RUN", help="run id or name")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_show)
+    _add_compare(sub)
+    _add_manage(sub)

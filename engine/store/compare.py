@@ -1,0 +1,203 @@
+"""Compare two or more saved runs, benchstat-style.
+
+For every metric (matched across runs by name, unit and point parameters): each run's median with
+its 95% CI, the change of each later run against the first (the baseline) in percent of the
+baseline's median, and the two-sided Mann-Whitney U p-value of the raw samples. A change with
+p > alpha is reported as "~" (no significant difference) whatever its size. Metrics are grouped in
+one section per unit, each with a geometric-mean row (over metrics present in every run), as
+benchstat does: a geomean across units (tok/s with ms) would mix better-is-higher with
+better-is-lower and mean nothing.
+
+Rendering lives in engine.store.render.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from engine.bench.stats import DEFAULT_CONFIDENCE, Summary, geomean, mann_whitney_p, summarize
+from engine.errors import ConfigError
+from engine.results import Metric
+from engine.store.convert import RunInfo, StoredRun
+
+DEFAULT_ALPHA = 0.05
+MIN_SAMPLES = 10  # below this a cell is flagged: its CI is wide and small changes cannot be significant
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    status: str  # "ok" | "failed" | "missing"
+    summary: Summary | None = None
+    error: str | None = None
+
+    @property
+    def few_samples(self) -> bool:
+        return self.summary is not None and self.summary.n < MIN_SAMPLES
+
+    @property
+    def noisy(self) -> bool:
+        return self.summary is not None and self.summary.noisy
+
+    @property
+    def usable(self) -> bool:
+        return self.status == "ok" and self.summary is not None and self.summary.n > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    delta_pct: float  # (median / baseline median - 1) * 100
+    p_value: float
+    significant: bool  # p <= alpha
+    n_base: int
+    n_other: int
+    worse: bool  # in the direction the metric counts as worse (lower when higher_is_better)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    name: str
+    unit: str
+    params: dict[str, Any]
+    higher_is_better: bool
+    cells: tuple[Cell, ...]  # one per run
+    deltas: tuple[Delta | None, ...]  # one per run after the first
+
+    @property
+    def label(self) -> str:
+        if not self.params:
+            return self.name
+        return f"{self.name} [{', '.join(f'{k}={v}' for k, v in sorted(self.params.items()))}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    unit: str
+    rows: tuple[Row, ...]
+    geomeans: tuple[float, ...] | None  # per run, over rows usable in every run; None below 2 rows
+    geomean_deltas_pct: tuple[float, ...] | None  # per run after the first
+
+
+@dataclass(frozen=True, slots=True)
+class Regression:
+    row: Row
+    run_index: int
+    delta: Delta
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    runs: tuple[RunInfo, ...]
+    sections: tuple[Section, ...]
+    differences: tuple[tuple[str, tuple[Any, ...]], ...]  # (field, value per run), differing only
+    alpha: float = DEFAULT_ALPHA
+    confidence: float = DEFAULT_CONFIDENCE
+    notes: tuple[str, ...] = field(default=())
+
+    def regressions(self, threshold_pct: float = 0.0) -> list[Regression]:
+        """Significant changes for the worse by more than ``threshold_pct`` percent."""
+        found = []
+        for section in self.sections:
+            for row in section.rows:
+                for i, d in enumerate(row.deltas, start=1):
+                    if d is not None and d.significant and d.worse and abs(d.delta_pct) > threshold_pct:
+                        found.append(Regression(row, i, d))
+        return found
+
+    @property
+    def has_few_samples(self) -> bool:
+        return any(c.few_samples for s in self.sections for r in s.rows for c in r.cells)
+
+    @property
+    def has_noisy(self) -> bool:
+        return any(c.noisy for s in self.sections for r in s.rows for c in r.cells)
+
+
+def _metric_key(m: Metric) -> tuple[str, str, str]:
+    return m.name, m.unit, json.dumps(m.params, sort_keys=True, default=str)
+
+
+def _cell(metric: Metric | None, confidence: float) -> Cell:
+    if metric is None:
+        return Cell("missing")
+    if metric.status != "ok":
+        return Cell("failed", error=metric.error or "failed")
+    summary = summarize(metric.samples, confidence)
+    return Cell("ok" if summary.n else "failed", summary, None if summary.n else "no samples")
+
+
+def _delta(base: Cell, other: Cell, base_m: Metric, other_m: Metric, higher_is_better: bool,
+           alpha: float) -> Delta | None:
+    if not (base.usable and other.usable) or base.summary.median == 0:
+        return None
+    pct = (other.summary.median / base.summary.median - 1.0) * 100.0
+    p = mann_whitney_p(base_m.samples, other_m.samples)
+    worse = pct < 0 if higher_is_better else pct > 0
+    return Delta(pct, p, bool(p <= alpha), base.summary.n, other.summary.n, worse)
+
+
+def _row(key: tuple[str, str, str], metrics: list[Metric | None], alpha: float, confidence: float) -> Row:
+    first = next(m for m in metrics if m is not None)
+    cells = tuple(_cell(m, confidence) for m in metrics)
+    deltas = tuple(
+        _delta(cells[0], cells[i], metrics[0], metrics[i], first.higher_is_better, alpha)
+        if metrics[0] is not None and metrics[i] is not None else None
+        for i in range(1, len(metrics)))
+    return Row(first.name, first.unit, dict(first.params), first.higher_is_better, cells, deltas)
+
+
+def _section(unit: str, rows: list[Row]) -> Section:
+    complete = [r for r in rows if all(c.usable and c.summary.median > 0 for c in r.cells)]
+    if len(complete) < 2:
+        return Section(unit, tuple(rows), None, None)
+    per_run = tuple(geomean([r.cells[i].summary.median for r in complete]) for i in range(len(rows[0].cells)))
+    deltas = tuple((g / per_run[0] - 1.0) * 100.0 for g in per_run[1:])
+    return Section(unit, tuple(rows), per_run, deltas)
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = json.dumps(value, sort_keys=True, default=str) if isinstance(value, (list, dict)) else value
+
+
+def differences(runs: Sequence[StoredRun]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """Settings and fingerprint fields whose values are not the same in every run (None = absent)."""
+    flat = []
+    for run in runs:
+        fields: dict[str, Any] = {}
+        _flatten("settings", run.result.settings, fields)
+        _flatten("fingerprint", run.result.fingerprint, fields)
+        flat.append(fields)
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    return tuple((k, tuple(f.get(k) for f in flat)) for k in keys if len({repr(f.get(k)) for f in flat}) > 1)
+
+
+def _run_notes(runs: Sequence[StoredRun]) -> tuple[str, ...]:
+    notes = [f"run {r.info.name!r} is {r.info.status}" + (f" ({r.info.error})" if r.info.error else "")
+             + ": its data may be partial" for r in runs if r.info.status != "completed"]
+    kinds = sorted({r.info.kind for r in runs})
+    if len(kinds) > 1:
+        notes.append(f"the runs are of different kinds ({', '.join(kinds)}): only shared metrics compare")
+    return tuple(notes)
+
+
+def compare(runs: Sequence[StoredRun], *, alpha: float = DEFAULT_ALPHA,
+            confidence: float = DEFAULT_CONFIDENCE) -> Comparison:
+    """Compare ``runs``; the first one is the baseline every change is measured against."""
+    if len(runs) < 2:
+        raise ConfigError(f"compare needs at least two runs, got {len(runs)}")
+    by_key: dict[tuple[str, str, str], list[Metric | None]] = {}
+    for i, run in enumerate(runs):
+        for m in run.result.metrics:
+            by_key.setdefault(_metric_key(m), [None] * len(runs))[i] = m
+    sections: dict[str, list[Row]] = {}
+    for key, metrics in by_key.items():
+        sections.setdefault(key[1], []).append(_row(key, metrics, alpha, confidence))
+    return Comparison(
+        runs=tuple(r.info for r in runs),
+        sections=tuple(_section(unit, rows) for unit, rows in sections.items()),
+        differences=differences(runs), alpha=alpha, confidence=confidence, notes=_run_notes(runs),
+    )

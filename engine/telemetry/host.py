@@ -1,0 +1,94 @@
+"""The host through psutil: CPU % (total and per core), system RAM, and one process's RSS and CPU %.
+
+CPU % is computed here from ``psutil.cpu_times(percpu=True)`` deltas rather than with
+``psutil.cpu_percent``, whose "since the last call" state is global to the process: a second
+caller (the GUI, another sampler) would silently shorten our interval.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from engine.telemetry.base import LogOnce, Source
+
+log = logging.getLogger(__name__)
+_once = LogOnce(log)
+
+
+class HostSource(Source):
+    """Series: ``host.cpu_pct``, ``host.cpu<N>_pct``, ``host.ram_used_bytes`` (total - available),
+    ``host.ram_total_bytes``, ``proc.rss_bytes``, ``proc.cpu_pct`` (100 = one core busy).
+
+    ``pid``: the process to watch (default: this one; the GUI passes the engine worker's pid).
+    """
+
+    name = "host"
+
+    def __init__(self, pid: int | None = None) -> None:
+        super().__init__()
+        self.pid = pid or os.getpid()
+        self._psutil: Any = None
+        self._proc: Any = None
+        self._last_times: list[tuple[float, float]] = []  # per core: (busy_s, total_s)
+
+    def _open(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            self._unavailable("psutil is not installed (pip install psutil)", missing_package=True)
+            return
+        self._psutil = psutil
+        self._last_times = self._core_times()
+        n_cores = len(self._last_times)
+        try:
+            self._proc = psutil.Process(self.pid)
+            self._proc.cpu_percent()  # the first call only primes its interval
+        except psutil.Error as e:
+            log.warning("host telemetry: process %d not readable: %s", self.pid, e)
+            self._proc = None
+        units = {"host.cpu_pct": "%", **{f"host.cpu{i}_pct": "%" for i in range(n_cores)},
+                 "host.ram_used_bytes": "bytes", "host.ram_total_bytes": "bytes",
+                 "proc.rss_bytes": "bytes", "proc.cpu_pct": "%"}
+        self._ready(units)
+
+    def _sample(self) -> dict[str, float]:
+        out = self._cpu()
+        mem = self._psutil.virtual_memory()
+        out["host.ram_used_bytes"] = float(mem.total - mem.available)
+        out["host.ram_total_bytes"] = float(mem.total)
+        out.update(self._process())
+        return out
+
+    def _core_times(self) -> list[tuple[float, float]]:
+        cores = []
+        for t in self._psutil.cpu_times(percpu=True):
+            # Same accounting as psutil.cpu_percent on Linux: guest time is already in user time,
+            # and iowait counts as idle.
+            total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+            idle = t.idle + getattr(t, "iowait", 0.0)
+            cores.append((total - idle, total))
+        return cores
+
+    def _cpu(self) -> dict[str, float]:
+        now = self._core_times()
+        out: dict[str, float] = {}
+        busy_sum = total_sum = 0.0
+        for i, ((b0, t0), (b1, t1)) in enumerate(zip(self._last_times, now)):
+            d_busy, d_total = max(b1 - b0, 0.0), t1 - t0
+            out[f"host.cpu{i}_pct"] = 100.0 * d_busy / d_total if d_total > 0 else 0.0
+            busy_sum, total_sum = busy_sum + d_busy, total_sum + d_total
+        out["host.cpu_pct"] = 100.0 * busy_sum / total_sum if total_sum > 0 else 0.0
+        self._last_times = now
+        return out
+
+    def _process(self) -> dict[str, float]:
+        if self._proc is None:
+            return {}
+        try:
+            with self._proc.oneshot():
+                return {"proc.rss_bytes": float(self._proc.memory_info().rss),
+                        "proc.cpu_pct": float(self._proc.cpu_percent())}
+        except self._psutil.Error as e:  # the watched process exited: its fields read NaN
+            _once(("proc", self.pid), logging.WARNING, "host telemetry: process %d: %s", self.pid, e)
+            return {}

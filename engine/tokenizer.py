@@ -1,0 +1,195 @@
+"""Tokenizers from GGUF metadata (BPE vocab + merges → the ``tokenizers`` library) or tokenizer.json,
+and chat templates rendered only in jinja2's immutable sandbox (templates come from model files)."""
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+
+from engine.errors import ModelFormatError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's pre-tokenizer regexes, by tokenizer.ggml.pre (llama-vocab.cpp).
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_SPLITS: dict[str, tuple[str, ...]] = {
+    "default": (_GPT2_SPLIT,), "gpt2": (_GPT2_SPLIT,),
+    "smollm": (r"\p{N}", _GPT2_SPLIT),  # digits one by one, then GPT-2's split
+    "llama-bpe": (_LLAMA3_SPLIT,), "llama3": (_LLAMA3_SPLIT,), "smaug-bpe": (_LLAMA3_SPLIT,),
+    "qwen2": (_QWEN2_SPLIT,),
+}
+CONTROL, USER_DEFINED = 3, 4
+
+
+class Tokenizer:
+    """Encode/decode plus the special tokens and chat template the model's metadata declares."""
+
+    def __init__(self, backend, *, bos_id: int | None, eos_ids: tuple[int, ...], add_bos: bool,
+                 chat_template: str | None, pad_id: int | None = None):
+        self.backend = backend
+        self.bos_id, self.eos_ids, self.add_bos = bos_id, eos_ids, add_bos
+        self.pad_id = pad_id if pad_id is not None else (eos_ids[0] if eos_ids else 0)
+        self.chat_template = chat_template
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.backend.id_to_token(token_id) or ""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def stream(self) -> "StreamDecoder":
+        return StreamDecoder(self)
+
+    # -- chat -----------------------------------------------------------------------------------
+    @cached_property
+    def _template(self):
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+        try:
+            return env.from_string(self.chat_template or _FALLBACK_TEMPLATE)
+        except Exception as e:
+            raise ModelFormatError(f"the model's chat template does not compile: {e}") from e
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        from jinja2.exceptions import SecurityError, TemplateError
+
+        tok = lambda i: self.token_text(i) if i is not None else ""  # noqa: E731
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=tok(self.bos_id), eos_token=tok(self.eos_ids[0] if self.eos_ids else None))
+        except (SecurityError, TemplateError) as e:
+            raise ModelFormatError(f"the model's chat template failed: {e}") from e
+
+
+# Used only when a model ships no template: ChatML, the most common.
+_FALLBACK_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+class StreamDecoder:
+    """Turns token ids into printable text pieces without splitting multi-byte characters:
+    decode the pending ids and hold them back while the text ends in a replacement char."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tok = tokenizer
+        self.pending: list[int] = []
+
+    def push(self, token_id: int) -> str:
+        self.pending.append(token_id)
+        text = self.tok.decode(self.pending)
+        if text.endswith("\ufffd") and len(self.pending) < 8:
+            return ""
+        self.pending.clear()
+        return text
+
+    def flush(self) -> str:
+        text = self.tok.decode(self.pending) if self.pending else ""
+        self.pending.clear()
+        return text
+
+
+# -- builders -------------------------------------------------------------------------------------
+def from_gguf(meta: dict, path: Path) -> Tokenizer:
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise UnsupportedModelError(f"{path}: tokenizer type {kind!r} is not supported (byte-level BPE 'gpt2' is)")
+    tokens = _required(meta, "tokenizer.ggml.tokens", path)
+    merges = _required(meta, "tokenizer.ggml.merges", path)
+    types = [int(t) for t in meta.get("tokenizer.ggml.token_type", ())]
+    backend = _byte_level_bpe(tokens, merges, types, str(meta.get("tokenizer.ggml.pre", "default")))
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    eot = meta.get("tokenizer.ggml.eot_token_id")
+    eos_ids = tuple(dict.fromkeys(int(i) for i in (eos, eot) if i is not None))
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    return Tokenizer(backend, bos_id=None if bos is None else int(bos), eos_ids=eos_ids,
+                     add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                     chat_template=meta.get("tokenizer.chat_template"),
+                     pad_id=meta.get("tokenizer.ggml.padding_token_id"))
+
+
+def _byte_level_bpe(tokens: list[str], merges: list[str], types: list[int], pre: str):
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tk = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=False))
+    if pre not in PRE_SPLITS:
+        log.warning("unknown pre-tokenizer %r; using GPT-2's split", pre)
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_SPLITS.get(pre, (_GPT2_SPLIT,))]
+    tk.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                  use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
+    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+    tk.add_special_tokens(special)
+    tk.add_tokens(user)
+    return tk
+
+
+def _required(meta: dict, key: str, path: Path) -> list[str]:
+    value = meta.get(key)
+    if not isinstance(value, list):
+        raise ModelFormatError(f"{path}: metadata field {key} is missing or not a list of strings")
+    return value
+
+
+def from_hf_dir(directory: Path) -> Tokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tj = directory / "tokenizer.json"
+    if not tj.is_file():
+        raise ModelFormatError(f"{directory}: tokenizer.json is missing; copy it from the model's repository")
+    try:
+        backend = HFTokenizer.from_file(str(tj))
+    except Exception as e:
+        raise ModelFormatError(f"{tj}: cannot parse tokenizer: {e}") from e
+    cfg = _read_json(directory / "tokenizer_config.json")
+    model_cfg = _read_json(directory / "config.json")
+    bos_id = _token_id(backend, cfg.get("bos_token")) if cfg.get("bos_token") else model_cfg.get("bos_token_id")
+    eos = model_cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    if cfg.get("eos_token"):
+        eos_ids = tuple(dict.fromkeys(eos_ids + (_token_id(backend, cfg["eos_token"]),)))
+    return Tokenizer(backend, bos_id=bos_id, eos_ids=tuple(i for i in eos_ids if i is not None),
+                     add_bos=bool(cfg.get("add_bos_token", False)), chat_template=cfg.get("chat_template"))
+
+
+def _token_id(backend, token) -> int | None:
+    if isinstance(token, dict):
+        token = token.get("content")
+    return backend.token_to_id(token) if token else None
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelFormatError(f"{path}: not valid JSON: {e}") from e

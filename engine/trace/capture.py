@@ -1,0 +1,256 @@
+"""Capture every aten op inside a region with a TorchDispatchMode.
+
+    tracer = Tracer(TraceOptions(target="cuda"), model=loaded.model)
+    with tracer:
+        for event in loaded.generate(prompt, config):
+            if isinstance(event, Token):
+                tracer.mark_token(event.t_ns)
+    result = tracer.result()
+
+Each op is classified as it runs (engine.trace.classify) so that counters stay exact past the
+event cap. The dispatch mode is thread-local: only ops of the entering thread are seen.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine import markers
+from engine.clock import now_ns
+from engine.trace import classify as cls
+from engine.trace.aggregate import TraceStats
+from engine.trace.devtime import DeviceTimer, cuda_timer
+from engine.trace.events import (D2H, HOST, ON_TARGET, SOURCE_ALL, SOURCE_FINDINGS, SOURCE_OFF,
+                                 TRANSFER, OpEvent, TraceOptions)
+from engine.trace.modstack import ModuleStack
+from engine.trace.source import caller_site, format_site
+from engine.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_Tensor = torch.Tensor
+_IGNORE = ("", None)
+_NO_DATA_ROLES = (cls.ROLE_VIEW,)
+
+
+@dataclass
+class TraceResult:
+    options: TraceOptions
+    events: list[OpEvent]
+    stats: TraceStats
+    dropped: int  # ops counted but not stored (past max_events)
+    markers: list = field(default_factory=list)  # engine.markers.Marker seen while tracing
+    token_ns: list[int] = field(default_factory=list)  # when each generated token arrived
+    start_ns: int = 0
+    end_ns: int = 0
+    device_timed: int = 0  # ops with a CUDA device time
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ns)
+
+
+def _tensors(args, kwargs) -> list:
+    found = []
+    for group in (args, kwargs.values()) if kwargs else (args,):
+        for a in group:
+            if isinstance(a, _Tensor):
+                found.append(a)
+            elif isinstance(a, (list, tuple)):
+                found.extend(b for b in a if isinstance(b, _Tensor))
+    return found
+
+
+def _outputs(out) -> list:
+    if isinstance(out, _Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [o for o in out if isinstance(o, _Tensor)]
+    return []
+
+
+def _is_pinned(t) -> bool | None:
+    try:
+        return bool(t.is_pinned())
+    except Exception:  # fake and meta tensors cannot say
+        return None
+
+
+class Tracer(TorchDispatchMode):
+    """Records, classifies and counts every aten op run while it is entered."""
+
+    def __init__(self, options: TraceOptions | None = None, model=None,
+                 device_timer: DeviceTimer | None = None):
+        super().__init__()
+        self.options = options or TraceOptions()
+        if self.options.source not in (SOURCE_OFF, SOURCE_FINDINGS, SOURCE_ALL):
+            raise ConfigError(f"unknown source-line mode {self.options.source!r}: expected off, findings or all")
+        self.is_target = cls.DeviceMatcher(self.options.target)
+        self.modules = ModuleStack(model, self.options.hooks)
+        self.events: list[OpEvent] = []
+        self.stats = TraceStats(self.options.storm_tiny_bytes)
+        self.step = self.seq = self.dropped = 0
+        self.markers: list = []
+        self.token_ns: list[int] = []
+        self._timer = device_timer
+        self._own_timer = device_timer is None
+        self._op_info: dict = {}
+        self._dev: dict = {}
+        self._dtype: dict = {}
+        self._sites: dict = {}
+        self._unsubscribe = None
+        self.start_ns = self.end_ns = 0
+
+    # -- region -----------------------------------------------------------------------------
+    def __enter__(self):
+        if self._own_timer and self.options.device_time:
+            self._timer = cuda_timer(self.options.target, self.options.max_events)
+        self.modules.install()
+        self._unsubscribe = markers.subscribe(self.markers.append)
+        self.start_ns = now_ns()
+        return super().__enter__()
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            return super().__exit__(exc_type, exc, tb)
+        finally:
+            self.end_ns = now_ns()
+            self.modules.remove()
+            if self._unsubscribe:
+                self._unsubscribe()
+            self._resolve_device_time()
+
+    def _resolve_device_time(self) -> None:
+        self.device_timed = self._timer.resolve() if self._timer else 0
+        if self.device_timed:
+            for ev in self.events:
+                self.stats.add_device_time(ev)
+
+    def mark_token(self, t_ns: int | None = None) -> None:
+        """A token was generated: ops from now on belong to the next step."""
+        self.token_ns.append(now_ns() if t_ns is None else t_ns)
+        self.step += 1
+
+    def result(self) -> TraceResult:
+        return TraceResult(self.options, self.events, self.stats, self.dropped, self.markers,
+                           self.token_ns, self.start_ns, self.end_ns, getattr(self, "device_timed", 0))
+
+    # -- hot path ---------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        info = self._op_info.get(func)
+        if info is None:
+            info = self._learn(func)
+        if info is _IGNORE:
+            return func(*args, **kwargs)
+        timer = self._timer
+        start = timer.start() if timer is not None else None
+        t0 = now_ns()
+        out = func(*args, **kwargs)
+        t1 = now_ns()
+        ev = self._record(info, args, kwargs, out, t0, t1)
+        if timer is not None:
+            timer.stop(ev, start)
+        return out
+
+    def _learn(self, func) -> tuple[str, str | None]:
+        name = str(func)  # "aten.mm.default"
+        role = cls.op_role(name.rsplit(".", 1)[0], bool(getattr(func, "is_view", False)))
+        info = _IGNORE if role is None else (name, role)
+        self._op_info[func] = info
+        return info
+
+    def _describe(self, tensors: list, count_bytes: bool):
+        devs, dtypes, shapes, scalar, nbytes = [], [], [], [], 0
+        dev_cache, dtype_cache = self._dev, self._dtype
+        for t in tensors:
+            d = t.device
+            ds = dev_cache.get(d)
+            if ds is None:
+                ds = dev_cache[d] = str(d)
+            dt = t.dtype
+            dts = dtype_cache.get(dt)
+            if dts is None:
+                dts = dtype_cache[dt] = str(dt).removeprefix("torch.")
+            shape = t.shape
+            devs.append(ds)
+            dtypes.append(dts)
+            shapes.append(shape)
+            scalar.append(not shape and ds == "cpu")
+            if count_bytes:
+                nbytes += t.numel() * t.element_size()
+        return tuple(devs), tuple(dtypes), tuple(shapes), tuple(scalar), nbytes
+
+    def _record(self, info, args, kwargs, out, t0: int, t1: int) -> OpEvent:
+        name, role = info
+        moves_data = role not in _NO_DATA_ROLES
+        in_d, in_dt, in_sh, in_sc, read = self._describe(_tensors(args, kwargs), moves_data)
+        out_d, out_dt, out_sh, _, written = self._describe(_outputs(out), moves_data)
+        if role == cls.ROLE_SCALAR and in_dt:
+            read = written = _itemsize(in_dt[0])
+        copy_ends = _copy_ends(name, in_d, out_d) if role == cls.ROLE_COPY else None
+        bool_index = role == cls.ROLE_INDEX and any(d in ("bool", "uint8") for d in in_dt[1:])
+        kind, direction = cls.classify(role, in_d, in_sc, out_d, self.is_target, copy_ends, bool_index)
+        source = self._source(kind)
+        stack = self.modules.stack
+        ev = OpEvent(self.seq, name, stack[-1] if stack else "", source, in_d, out_d, in_dt, out_dt,
+                     in_sh, out_sh, read, written, t0, t1 - t0, self.step, kind, direction)
+        self.seq += 1
+        blocking = False
+        if kind == TRANSFER:
+            blocking = self._transfer_details(ev, name, args, kwargs, out)
+        self.stats.add(ev, blocking)
+        if len(self.events) < self.options.max_events:
+            self.events.append(ev)
+        else:
+            self.dropped += 1
+        return ev
+
+    def _source(self, kind: str) -> str | None:
+        mode = self.options.source
+        if mode == SOURCE_OFF or (mode == SOURCE_FINDINGS and (kind == ON_TARGET or kind == HOST)):
+            return None
+        site = caller_site(1)
+        if site is None:
+            return None
+        text = self._sites.get(site)
+        if text is None:
+            text = self._sites[site] = format_site(site)
+        return text
+
+    def _transfer_details(self, ev: OpEvent, name: str, args, kwargs, out) -> bool:
+        """Sets pinned (host side of the copy) and says whether the host blocks on it."""
+        if name.startswith("aten._to_copy"):
+            src, dst, non_blocking = args[0], out, bool(kwargs.get("non_blocking", False))
+        elif name.startswith("aten.copy_"):
+            src, dst = args[1], args[0]
+            non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+        else:  # _copy_from(self, dst, non_blocking)
+            src, dst = args[0], args[1]
+            non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+        host_side = src if ev.direction == "H2D" else dst if ev.direction == D2H else None
+        if isinstance(host_side, _Tensor):
+            ev.pinned = _is_pinned(host_side)
+        return ev.direction == D2H and not non_blocking
+
+
+def _copy_ends(name: str, in_d: tuple, out_d: tuple) -> tuple[str, str] | None:
+    """(source device, destination device) of a copy op."""
+    if name.startswith("aten._to_copy") and in_d and out_d:
+        return in_d[0], out_d[0]
+    if name.startswith("aten.copy_") and len(in_d) >= 2:
+        return in_d[1], in_d[0]
+    if len(in_d) >= 2:  # _copy_from(self, dst)
+        return in_d[0], in_d[1]
+    return None
+
+
+_ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "float16": 2,
+             "bfloat16": 2, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+
+def _itemsize(dtype: str) -> int:
+    return _ITEMSIZE.get(dtype, 8)

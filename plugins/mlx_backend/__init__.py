@@ -1,0 +1,73 @@
+"""The MLX backend: Llama-family models in mlx.nn, for Apple Silicon (Metal) and, through
+``mlx[cpu]``, Linux CPUs (correct there, not fast).
+
+This module stays importable without mlx: mlx is imported on first use, and ``is_available()``
+says how to install it when it is missing.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from engine.backends import API_VERSION, DeviceInfo
+from engine.errors import BackendError, ConfigError
+
+INSTALL_HINT = "pip install 'mlx[cpu]' on Linux, or pip install mlx on Apple Silicon"
+
+
+class MLXBackend:
+    """Backend plugin ``mlx`` (see engine.backends.Backend for the contract)."""
+
+    name = "mlx"
+    api_version = API_VERSION
+
+    def is_available(self) -> tuple[bool, str]:
+        if importlib.util.find_spec("mlx") is None:
+            return False, f"mlx is not installed: {INSTALL_HINT}"
+        try:
+            import mlx.core  # noqa: F401  the wheel may lack a backend for this machine
+        except (ImportError, OSError) as e:
+            return False, f"mlx is installed but does not load here ({e}): {INSTALL_HINT}"
+        return True, ""
+
+    def devices(self) -> list[DeviceInfo]:
+        import mlx.core as mx
+
+        out = [DeviceInfo("cpu", "cpu", mx.is_available(mx.cpu), description=f"mlx {mx.__version__}")]
+        has_gpu = mx.is_available(mx.gpu)
+        kind = "metal" if mx.metal.is_available() else "gpu"
+        out.append(DeviceInfo("gpu", kind, has_gpu,
+                              reason="" if has_gpu else f"this mlx build ({mx.__version__}) has no GPU "
+                                                        f"backend here (Metal needs Apple Silicon)"))
+        return out
+
+    def load(self, source: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
+             **options):
+        """Load a GGUF file or a Hugging Face safetensors directory (None: the default model).
+        Options: ``threads`` (ignored: mlx picks its own), ``attention`` ("sdpa" only)."""
+        unknown = set(options) - {"threads", "attention"}
+        if unknown:
+            raise ConfigError(f"mlx backend: unknown option(s) {', '.join(sorted(unknown))}")
+        ok, reason = self.is_available()
+        if not ok:
+            raise BackendError(f"backend 'mlx' is not available: {reason}")
+        from plugins.mlx_backend.loaded import load
+
+        return load(source, device=device, dtype=dtype, **options)
+
+    def trace_ops(self, sink):
+        """Report every MLX function and array operator call to ``sink`` as an OpEvent."""
+        from plugins.mlx_backend.trace import trace_ops
+
+        return trace_ops(sink)
+
+    def bench_matmul(self, m: int, n: int, k: int, *, device: str = "cpu", dtype: str = "float32",
+                     iterations: int = 10) -> list[int]:
+        from plugins.mlx_backend.primitives import bench_matmul
+
+        return bench_matmul(m, n, k, device=device, dtype=dtype, iterations=iterations)
+
+    def bench_copy(self, n_bytes: int, *, device: str = "cpu", iterations: int = 10) -> list[int]:
+        from plugins.mlx_backend.primitives import bench_copy
+
+        return bench_copy(n_bytes, device=device, iterations=iterations)

@@ -1,0 +1,147 @@
+"""Checkpoint tensors → the MLX Transformer, with one name table per format.
+
+``mx.load`` reads GGUF Q4_0/Q4_1/Q8_0 blocks straight into MLX's affine group-32 form (packed
+uint32 weights + float16 scales and biases) and dequantizes every other GGUF type to float16.
+Quantized tensors stay quantized: their modules become nn.QuantizedLinear / QuantizedEmbedding
+with the bits and group size read off the tensor shapes. Safetensors directories (float, or
+MLX-quantized with ``.scales``/``.biases``) go through the same path.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from engine.errors import ModelFormatError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+GGUF_TOP = {"token_embd": "embed", "output_norm": "norm", "output": "lm_head"}
+GGUF_BLOCK = {"attn_norm": "attn_norm", "attn_q": "attn.q_proj", "attn_k": "attn.k_proj",
+              "attn_v": "attn.v_proj", "attn_output": "attn.o_proj", "ffn_norm": "mlp_norm",
+              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+HF_TOP = {"model.embed_tokens": "embed", "model.norm": "norm", "lm_head": "lm_head"}
+HF_BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn.q_proj",
+            "self_attn.k_proj": "attn.k_proj", "self_attn.v_proj": "attn.v_proj",
+            "self_attn.o_proj": "attn.o_proj", "post_attention_layernorm": "mlp_norm",
+            "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj",
+            "mlp.down_proj": "mlp.down_proj"}
+_GGUF_BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
+_HF_BLOCK_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_SUFFIXES = ("weight", "scales", "biases", "bias")
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def mlx_dtype(name: str):
+    from engine.errors import ConfigError
+
+    if name not in _DTYPES:
+        raise ConfigError(f"dtype {name!r} is not supported by the mlx backend "
+                          f"(supported: {', '.join(_DTYPES)})")
+    return _DTYPES[name]
+
+
+def rename(name: str, fmt: str) -> str | None:
+    """Checkpoint tensor name → parameter path in our Transformer; None for tensors we do not use
+    (e.g. GGUF ``rope_freqs``, which the model recomputes)."""
+    module, _, suffix = name.rpartition(".")
+    if suffix not in _SUFFIXES:
+        return None
+    top, block_re, block = (GGUF_TOP, _GGUF_BLOCK_RE, GGUF_BLOCK) if fmt == "gguf" else (
+        HF_TOP, _HF_BLOCK_RE, HF_BLOCK)
+    if module in top:
+        return f"{top[module]}.{suffix}"
+    m = block_re.fullmatch(module)
+    if m and m.group(2) in block:
+        return f"layers.{m.group(1)}.{block[m.group(2)]}.{suffix}"
+    return None
+
+
+def read_tensors(files: list[Path], fmt: str) -> dict[str, mx.array]:
+    """All tensors of a GGUF file or of safetensors shards, renamed to our parameter paths.
+    GGUF's ``rope_freqs`` (Llama 3.1 frequency factors) is kept under the key ``"rope_freqs"``."""
+    if not files:
+        raise ModelFormatError("no weight files found for the model")
+    out: dict[str, mx.array] = {}
+    for f in files:
+        try:
+            raw = mx.load(str(f))
+        except (RuntimeError, ValueError) as e:
+            raise UnsupportedModelError(f"{f}: mlx cannot read this file ({e}); "
+                                        f"use the torch backend for it") from e
+        for name, arr in raw.items():
+            new = "rope_freqs" if name == "rope_freqs.weight" else rename(name, fmt)
+            if new is None:
+                log.debug("%s: ignoring tensor %s", f.name, name)
+            else:
+                out[new] = arr
+    return out
+
+
+def quantized_modules(tensors: dict[str, mx.array]) -> dict[str, dict]:
+    """module path -> {"group_size", "bits"} for every module stored quantized."""
+    out = {}
+    for key, scales in tensors.items():
+        if not key.endswith(".scales"):
+            continue
+        module = key[: -len(".scales")]
+        packed = tensors[f"{module}.weight"]  # [out, in * bits / 32] uint32
+        # Groups per row and words per row fix both unknowns once group size is assumed
+        # to divide the row: bits = 32 * words / (groups * group_size). GGUF blocks are 32
+        # wide; MLX checkpoints say theirs in config, which the caller may pass instead.
+        out[module] = {"words": packed.shape[-1], "groups": scales.shape[-1]}
+    return out
+
+
+def quant_params(words: int, groups: int, in_dims: int) -> dict:
+    bits, rem = divmod(32 * words, in_dims)
+    if rem or bits not in (2, 3, 4, 5, 6, 8) or in_dims % groups:
+        raise UnsupportedModelError(f"quantized layout not understood: {words} words and {groups} "
+                                    f"groups for {in_dims} inputs")
+    return {"group_size": in_dims // groups, "bits": bits}
+
+
+def apply_weights(model: nn.Module, tensors: dict[str, mx.array], dtype) -> None:
+    """Swap in quantized layers where the checkpoint is quantized, then assign every tensor."""
+    layout = quantized_modules(tensors)
+    in_dims = _input_dims(model)
+    params = {m: quant_params(v["words"], v["groups"], in_dims[m]) for m, v in layout.items()
+              if m in in_dims}
+    nn.quantize(model, class_predicate=lambda path, _m: params.get(path, False))
+    expected = {k for k, _ in tree_flatten(model.parameters())}
+    missing = sorted(expected - tensors.keys())
+    if missing:
+        raise ModelFormatError(f"checkpoint lacks {len(missing)} tensors the model needs, "
+                               f"e.g. {', '.join(missing[:3])}")
+    extra = sorted(tensors.keys() - expected)
+    if extra:
+        log.warning("ignoring %d unexpected tensors, e.g. %s", len(extra), extra[:3])
+    cast = [(k, _cast(k, v, dtype)) for k, v in tensors.items() if k in expected]
+    model.update(tree_unflatten(cast))
+    model.eval()
+
+
+def _cast(key: str, arr: mx.array, dtype) -> mx.array:
+    # Packed quantized words are integers; scales/biases follow the compute dtype so that
+    # quantized_matmul sees one floating type.
+    return arr if not mx.issubdtype(arr.dtype, mx.floating) else arr.astype(dtype)
+
+
+def _input_dims(model: nn.Module) -> dict[str, int]:
+    """module path -> input width, for every Linear and Embedding (an Embedding's 'input' is
+    its row width, the dimension its quantization groups run along)."""
+    out = {}
+    for path, m in model.named_modules():
+        if isinstance(m, nn.Linear):
+            out[path] = m.weight.shape[1]
+        elif isinstance(m, nn.Embedding):
+            out[path] = m.weight.shape[1]
+    return out
+
+
+def weights_nbytes(model: nn.Module) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
