@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 
-from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QSizePolicy, QToolBar, QWidget
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QSizePolicy, QTabWidget, QToolBar, QWidget
 
 from app import settings
 from app.chat.panel import ChatPanel
@@ -29,6 +29,8 @@ LAYOUT_VERSION = 1  # bump when dock object names change: old saved layouts are 
 
 
 class MainWindow(QMainWindow):
+    engineInfo = Signal(dict)  # backends, devices, dtypes, suites, trace variants (InfoRequest)
+
     def __init__(self, client: EngineClient, theme: ThemeManager, *, db_url: str | None = None,
                  initial_model: LoadRequest | None = None) -> None:
         super().__init__()
@@ -44,7 +46,8 @@ class MainWindow(QMainWindow):
         self.chat_session = ChatSession(client, self)
         self.chat = ChatPanel(self.chat_session)
         self._add_dock("chat", "Chat", self.chat, Qt.LeftDockWidgetArea)
-        self.panels = build_optional_panels(self)
+        self.panels: dict[str, QWidget] = {}
+        build_optional_panels(self)
         self.setStatusBar(EngineStatusBar(client, self))
         self._build_menus()
         self._connect()
@@ -112,6 +115,7 @@ class MainWindow(QMainWindow):
     def _start_engine(self, spec: LoadRequest) -> None:
         info = self.client.submit(InfoRequest())
         info.finished.connect(self.toolbar.set_engine_info)
+        info.finished.connect(self.engineInfo.emit)
         info.failed.connect(lambda t, m: self.notifier.error(f"Could not list the engine's backends: {m}"))
         self.load_model(spec)
 
@@ -136,13 +140,14 @@ class MainWindow(QMainWindow):
 
     # -- layout persistence ---------------------------------------------------------------------
     def _restore_layout(self) -> None:
+        self.setTabPosition(Qt.AllDockWidgetAreas, QTabWidget.North)
+        self.resize(1400, 900)
+        self.resizeDocks([self.docks["chat"], self.docks["telemetry"]], [860, 540], Qt.Horizontal)
         self._default_state = self.saveState(LAYOUT_VERSION)
         geometry = settings.value("window/geometry")
         state = settings.value("window/state")
         if isinstance(geometry, QByteArray):
             self.restoreGeometry(geometry)
-        else:
-            self.resize(1400, 900)
         if isinstance(state, QByteArray):
             self.restoreState(state, LAYOUT_VERSION)
 

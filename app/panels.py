@@ -21,8 +21,8 @@ def unavailable_panel(what: str, error: BaseException) -> QWidget:
     return widget
 
 
-def build_optional_panels(window) -> dict[str, QWidget]:
-    panels: dict[str, QWidget] = {}
+def build_optional_panels(window) -> None:
+    """Build every optional panel into ``window.panels`` and dock it; later panels may use earlier ones."""
     specs = (
         ("telemetry", "Telemetry", _telemetry, Qt.RightDockWidgetArea, None),
         ("trace", "Trace", _trace, Qt.LeftDockWidgetArea, "chat"),
@@ -35,23 +35,76 @@ def build_optional_panels(window) -> dict[str, QWidget]:
         except Exception as e:  # one broken panel must not stop the app from starting
             log.exception("%s panel failed to build", title)
             widget = unavailable_panel(title, e)
-        panels[name] = widget
+        window.panels[name] = widget
         window.add_panel(name, title, widget, area, tab)
     window.docks["chat"].raise_()
-    return panels
 
 
 def _telemetry(window) -> QWidget:
-    raise NotImplementedError("coming")
+    from app.telemetry.model import TelemetryModel
+    from app.telemetry.panel import TelemetryPanel
+
+    model = TelemetryModel(window.client, parent=window)
+    model.start()
+    panel = TelemetryPanel(model)
+    _follow_theme(window.theme, panel)
+    return panel
 
 
 def _trace(window) -> QWidget:
-    raise NotImplementedError("coming")
+    from app.trace.model import TraceModel
+    from app.trace.panel import TracePanel
+
+    panel = TracePanel(TraceModel(window.client, parent=window))
+    _follow_theme(window.theme, panel.timeline)
+    window.engineInfo.connect(lambda info: _set_variants(panel, info.get("trace_variants")))
+    return panel
+
+
+def _set_variants(panel, variants) -> None:
+    if variants:
+        current = panel.variant.currentText()
+        panel.variant.clear()
+        panel.variant.addItems(variants)
+        panel.variant.setCurrentIndex(max(panel.variant.findText(current), 0))
 
 
 def _bench(window) -> QWidget:
-    raise NotImplementedError("coming")
+    from app.bench.model import BenchModel
+    from app.bench.panel import BenchPanel
+
+    telemetry = getattr(window.panels.get("telemetry"), "model", None)
+    model = BenchModel(window.client, window.db_url, telemetry, parent=window)
+    panel = BenchPanel(model)
+    _follow_theme(window.theme, panel.chart)
+    window.engineInfo.connect(lambda info: panel.set_suites(info.get("suites", [])))
+    return panel
 
 
 def _runs(window) -> QWidget:
-    raise NotImplementedError("coming")
+    from app.runs.model import RunsModel
+    from app.runs.panel import RunsPanel
+
+    panel = RunsPanel(RunsModel(window.db_url, parent=window), window.notifier)
+    bench = window.panels.get("bench")
+    if hasattr(bench, "model"):
+        bench.model.runSaved.connect(lambda _id: panel.refresh())
+    panel.refresh()
+    return panel
+
+
+def _follow_theme(theme, target) -> None:
+    """Keep a TelemetryPanel (apply_theme) or a pyqtgraph PlotWidget (setBackground) in the theme."""
+    def apply(_name: str = "") -> None:
+        background, foreground = theme.plot_colors()
+        if hasattr(target, "apply_theme"):
+            target.apply_theme(background, foreground)
+            return
+        target.setBackground(background)
+        for side in ("left", "bottom"):
+            axis = target.getPlotItem().getAxis(side)
+            axis.setPen(foreground)
+            axis.setTextPen(foreground)
+
+    apply()
+    theme.changed.connect(apply)

@@ -65,7 +65,9 @@ class StopRequest:
 class TraceRequest:
     prompt: str
     tokens: int = 8
-    variant: str = "clean"
+    variant: str = "clean"  # engine.trace.variants: clean | leaky-norm | per-element-copy
+    simulate: str = ""  # "" = trace on the loaded device; "meta" = a simulated accelerator
+    max_events: int = 200_000
     type: str = "trace"
 
 

@@ -119,20 +119,16 @@ def _backends() -> list[dict]:
     return infos
 
 
-def _suites() -> list[str]:
-    try:
-        from engine.bench.suites import list_suites
-    except ImportError:
-        return []
-    return list(list_suites())
+def _suites() -> list[dict]:
+    from app.worker_bench import suite_catalog
+
+    return suite_catalog()
 
 
 def _trace_variants() -> list[str]:
-    try:
-        from engine.trace.variants import VARIANTS
-    except ImportError:
-        return ["clean"]
-    return ["clean", *[v for v in VARIANTS if v != "clean"]]
+    from engine.trace.variants import VARIANTS
+
+    return list(VARIANTS)
 
 
 def generation_config(values: dict):

@@ -293,3 +293,22 @@ def test_host_source_is_independent_of_nvml(two_gpus):
     snap = sampler.sample_now()
     assert "host.cpu_pct" in snap.values and "gpu1.util_pct" in snap.values
     sampler.stop()
+
+
+def test_live_tables_render_one_row_per_gpu(two_gpus):
+    from io import StringIO
+
+    from rich.console import Console
+
+    from engine.telemetry.view import MonitorView
+
+    sampler = Sampler([HostSource(), NvmlSource()], interval_ms=100)
+    snap = sampler.sample_now()
+    console = Console(file=StringIO(), width=220, color_system=None)
+    for table in MonitorView(sampler.series_names()).tables(snap.values):
+        console.print(table)
+    text = console.file.getvalue()
+    sampler.stop()
+    assert "NVIDIA GPUs" in text and "host" in text
+    gpu_rows = [line for line in text.splitlines() if "gpu0" in line or "gpu1" in line]
+    assert len(gpu_rows) == 2 and "1.0G" in gpu_rows[0] and "sw_pwr" in gpu_rows[0]

@@ -11,6 +11,9 @@ from PySide6.QtWidgets import (QDoubleSpinBox, QFileDialog, QFormLayout, QGroupB
 
 from app.chat.session import ChatSession, Turn, format_stats
 
+# Prompt tokens per forward pass: small enough that a long conversation shows prompt progress
+# moving, large enough that the extra passes cost little.
+PREFILL_CHUNK = 128
 EMPTY_HINT = ("<p style='color:#718096'><i>Ask the model something below and press Ctrl+Enter. "
               "Each reply shows its time to first token, prefill and decode speed, and why it stopped."
               "</i></p>")
@@ -39,7 +42,8 @@ class SamplingForm(QGroupBox):
         seed = self.seed.value()
         return {"max_tokens": self.max_tokens.value(), "temperature": self.temperature.value(),
                 "top_k": self.top_k.value(), "top_p": self.top_p.value(), "min_p": self.min_p.value(),
-                "repetition_penalty": self.repetition_penalty.value(), "seed": None if seed < 0 else seed}
+                "repetition_penalty": self.repetition_penalty.value(), "seed": None if seed < 0 else seed,
+                "prefill_chunk": PREFILL_CHUNK}
 
 
 def _spin(widget, low, high, value):

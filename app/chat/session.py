@@ -92,8 +92,12 @@ class ChatSession(QObject):
 
     def _on_event(self, event: dict) -> None:
         kind = event["kind"]
-        if kind == "PrefillProgress":
+        if kind == "PrefillStarted":
+            self.promptProgress.emit(0, event["prompt_tokens"])
+        elif kind == "PrefillProgress":
             self.promptProgress.emit(event["done_tokens"], event["total_tokens"])
+        elif kind == "PrefillFinished":
+            self.promptProgress.emit(event["prompt_tokens"], event["prompt_tokens"])
         elif kind == "Token" and event.get("seq", 0) == 0:
             if event["index"] == 0:
                 self.firstToken.emit()

@@ -140,7 +140,7 @@ class IncompatiblePlugin(BackendError):
 
 def _discover(group: str, disabled: frozenset[str]) -> dict[str, _Entry]:
     entries: dict[str, _Entry] = {}
-    for ep in importlib.metadata.entry_points(group=group):
+    for ep in sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name):
         dist = getattr(ep, "dist", None)
         info = PluginInfo(name=ep.name, target=ep.value,
                           dist_name=dist.metadata["Name"] if dist else None,

@@ -32,6 +32,18 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _source_version() -> str | None:
+    """The version in pyproject.toml when running from a checkout that is not pip-installed."""
+    import tomllib
+
+    try:
+        data = tomllib.loads((_REPO_DIR / "pyproject.toml").read_text())
+    except (OSError, ValueError):
+        return None
+    version = data.get("project", {}).get("version")
+    return f"{version} (source)" if version else None
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -66,7 +78,7 @@ def software_info() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "python_impl": platform.python_implementation(),
-        "opscope": _version("opscope"),
+        "opscope": _version("opscope") or _source_version(),
         "torch": _version("torch"),
         "mlx": _version("mlx"),
         "numpy": _version("numpy"),

@@ -103,7 +103,7 @@ def _measure_quick(device: str, kind: str, dtype: str | None) -> Peak | None:
 
     cfg = RunnerConfig(warmup=1, min_reps=3, min_time_s=0.3, max_reps=50)
     point = (bandwidth.make_point(256 * 2**20, device) if kind == "bandwidth"
-             else matmul.make_point(1024 if device == "cpu" else 4096, dtype, device))
+             else matmul.make_point(512 if device == "cpu" else 4096, dtype, device))
     out = measure_point(point, cfg)
     if not out.ok:
         log.warning("could not measure the %s peak on %s: %s", kind, device, out.error)

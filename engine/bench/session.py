@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Protocol
+from contextlib import contextmanager
+from typing import Any, Iterator, Protocol
 
 from engine.bench import fingerprint
 from engine.bench.memory import peak_unit_note
@@ -54,6 +55,23 @@ def _new_result(suite: str, opts: BenchOptions, plan: SuitePlan, name: str, tags
                      fingerprint=fp, status="running")
 
 
+@contextmanager
+def _recording(recorder, result: RunResult, sink, run_id) -> Iterator[None]:
+    """Telemetry and phase markers over the measurement, saved even when it is cancelled."""
+    if recorder is None:
+        yield
+        return
+    recorder.start()
+    try:
+        yield
+    finally:
+        recorder.stop()
+        recorder.attach(result)
+        if sink is not None and hasattr(sink, "add_telemetry"):
+            sink.add_telemetry(run_id, result.telemetry)
+            sink.add_markers(run_id, result.markers)
+
+
 def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_id, cancel, progress) -> None:
     cfg = opts.runner_config()
     for outcome in run_points(plan.points, cfg, cancel=cancel, progress=progress, total=plan.n_points):
@@ -68,13 +86,34 @@ def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_i
             sink.add_metric(run_id, metric)
 
 
+def _finish(sink, run_id, result: RunResult, status: str, error: str | None) -> None:
+    result.status, result.error = status, error
+    if sink is not None:
+        sink.finish_run(run_id, status, error)
+
+
+def _measure_and_close(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_id,
+                       cancel, progress, recorder) -> None:
+    try:
+        with _recording(recorder, result, sink, run_id):
+            _measure(plan, opts, result, sink, run_id, cancel, progress)
+    except (Cancelled, KeyboardInterrupt) as e:
+        _finish(sink, run_id, result, "aborted", "cancelled by the user")
+        raise Cancelled("benchmark cancelled; the points measured so far are saved") from e
+    except Exception as e:  # close the run with the reason before the error reaches the user
+        _finish(sink, run_id, result, "failed", f"{type(e).__name__}: {e}")
+        raise
+    _finish(sink, run_id, result, *_status(result, plan.outcomes))
+
+
 def run_suite(suite: str, opts: BenchOptions, sink: RunSink | None = None, *, name: str = "",
               tags: tuple[str, ...] | list[str] = (), notes: str = "", params: Any = None,
               cancel: threading.Event | None = None, progress: ProgressFn | None = None,
-              model: Any = None) -> tuple[Any, RunResult]:
+              model: Any = None, recorder: Any = None) -> tuple[Any, RunResult]:
     """Runs ``suite``; returns (run id or None, the RunResult). Cancellation (the event or Ctrl-C)
     closes the run as "aborted" with what was measured so far, then propagates. ``model``: an
-    already loaded model for the suites that need one (the GUI's, or a test's)."""
+    already loaded model for the suites that need one (the GUI's, or a test's). ``recorder``: an
+    engine.telemetry Recorder whose series and phase markers are saved with the run."""
     module = get_suite(suite)
     _apply_threads(opts)
     needs_model = getattr(module, "NEEDS_MODEL", False)
@@ -82,20 +121,7 @@ def run_suite(suite: str, opts: BenchOptions, sink: RunSink | None = None, *, na
     try:
         result = _new_result(suite, opts, plan, name, tags, notes)
         run_id = sink.begin_run(result) if sink is not None else None
-        try:
-            _measure(plan, opts, result, sink, run_id, cancel, progress)
-        except (Cancelled, KeyboardInterrupt) as e:
-            result.status, result.error = "aborted", "cancelled by the user"
-            if sink is not None:
-                sink.finish_run(run_id, result.status, result.error)
-            raise Cancelled("benchmark cancelled; the points measured so far are saved") from e
-        except Exception as e:  # close the run with the reason before the error reaches the user
-            if sink is not None:
-                sink.finish_run(run_id, "failed", f"{type(e).__name__}: {e}")
-            raise
-        result.status, result.error = _status(result, plan.outcomes)
-        if sink is not None:
-            sink.finish_run(run_id, result.status, result.error)
+        _measure_and_close(plan, opts, result, sink, run_id, cancel, progress, recorder)
         return run_id, result
     finally:
         if plan.close is not None:

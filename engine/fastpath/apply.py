@@ -5,7 +5,6 @@ import logging
 
 import torch.nn as nn
 
-from engine.errors import EngineError
 from engine.fastpath.options import FastPathOptions
 from engine.kernels import KernelBuildError, pack, supported
 
@@ -70,6 +69,9 @@ def apply(model, source, options: FastPathOptions = FastPathOptions()):
             if options.on_error == "raise":
                 raise
             log.warning("fast path unavailable, using plain torch: %s", e)
+        else:
+            if options.fused_decode:
+                decode.enable_fused_decode(model, 1 if options.activations == "q8" else 0)
     if options.compile_decode:
         decode.compile_decode(model)
     return model
@@ -84,5 +86,3 @@ def _can_quantize(model, source) -> bool:
         return False
     return True
 
-
-__all__ = ["EngineError", "apply", "linear_names", "quantize_linears"]

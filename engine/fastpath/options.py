@@ -17,6 +17,7 @@ class FastPathOptions:
     activations: str = "f32"
     prefill_dtype: str = "bf16"
     gemm_min_rows: int = 8  # rows (tokens) from which a matmul dequantizes and uses a GEMM
+    fused_decode: bool = True  # one C++ call per decode token (all layers), instead of the torch model
     compile_decode: bool = False  # torch.compile the single-token decode step
     pin_threads: bool = False  # bind the OpenMP threads to distinct cores
     on_error: str = "fallback"  # when kernels cannot be built: keep plain torch, or raise

@@ -24,7 +24,9 @@ from engine.errors import BackendError
 
 log = logging.getLogger(__name__)
 
-_SRC = Path(__file__).with_name("csrc") / "qlinear.cpp"
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = ("kernels.cpp", "ops.cpp", "decode.cpp")
+_HEADERS = ("qkernels.h", "qtensors.h")
 _CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast")
 _LDFLAGS = ("-fopenmp",)
 _lock = threading.Lock()
@@ -55,7 +57,9 @@ def build_key() -> str:
     import torch
 
     h = hashlib.sha256()
-    for part in (_SRC.read_bytes(), " ".join(_CFLAGS + _LDFLAGS).encode(), torch.__version__.encode(),
+    for name in _SOURCES + _HEADERS:
+        h.update((_CSRC / name).read_bytes())
+    for part in (" ".join(_CFLAGS + _LDFLAGS).encode(), torch.__version__.encode(),
                  _cpu_flags().encode(), sys.version.encode()):
         h.update(part)
     return h.hexdigest()[:16]
@@ -78,7 +82,7 @@ def _compile(name: str, build_dir: Path) -> ModuleType:
     log.info("building CPU kernels %s in %s (once per machine; takes about a minute)", name, build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return load(name=name, sources=[str(_SRC)], extra_cflags=list(_CFLAGS),
+        return load(name=name, sources=[str(_CSRC / n) for n in _SOURCES], extra_cflags=list(_CFLAGS),
                     extra_ldflags=list(_LDFLAGS), build_directory=str(build_dir), verbose=False)
     except (RuntimeError, OSError, ImportError) as e:  # compile/link errors arrive as RuntimeError
         raise KernelBuildError(f"building the CPU kernels in {build_dir} failed: {e}") from e

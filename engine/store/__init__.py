@@ -5,9 +5,26 @@
         run_id = store.begin_run(RunResult(kind="llm", settings=..., fingerprint=...))
         store.add_metric(run_id, metric)    # committed at once: a crash keeps it
         store.finish_run(run_id, "completed")
-"""
-from engine.store.convert import RunInfo, StoredRun
-from engine.store.db import default_db_url, resolve_url
-from engine.store.runstore import RunStore
 
-__all__ = ["RunInfo", "RunStore", "StoredRun", "default_db_url", "resolve_url"]
+Names are imported on first use: `opscope` builds its parser from engine.store.commands, and every
+command would otherwise pay for importing SQLAlchemy.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "RunStore": "engine.store.runstore",
+    "RunInfo": "engine.store.convert",
+    "StoredRun": "engine.store.convert",
+    "default_db_url": "engine.store.db",
+    "resolve_url": "engine.store.db",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'engine.store' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

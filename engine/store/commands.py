@@ -134,6 +134,16 @@ def _percent(text: str) -> float:
     return value
 
 
+def _alpha(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from e
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError("the significance level must be between 0 and 1, e.g. 0.05")
+    return value
+
+
 def _add_manage(sub) -> None:
     p = sub.add_parser("delete", help="delete saved runs")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run id or name")
@@ -159,15 +169,13 @@ def _add_manage(sub) -> None:
 
 
 def _add_compare(sub) -> None:
-    from engine.store.render import FORMATS
-
     p = sub.add_parser("compare", help="compare runs with statistics (first = baseline)",
-                       description="Per metric: median ± 95%% CI, change vs the first run, Mann-Whitney U "
+                       description="Per metric: median ± 95% CI, change vs the first run, Mann-Whitney U "
                                    "p-value ('~' when p > alpha), a geomean per unit, and what differs.")
     p.add_argument("runs", nargs="*", metavar="RUN",
                    help="two or more run ids or names; none: the two latest completed runs of the same kind")
-    p.add_argument("--format", choices=FORMATS, default="text")
-    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
+    p.add_argument("--alpha", type=_alpha, default=0.05, help="significance level (default 0.05)")
     p.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
                    help=f"exit {REGRESSION_EXIT_CODE} when a metric gets significantly worse by more than PCT%%")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")

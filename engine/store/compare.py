@@ -172,7 +172,10 @@ def differences(runs: Sequence[StoredRun]) -> tuple[tuple[str, tuple[Any, ...]],
         _flatten("fingerprint", run.result.fingerprint, fields)
         flat.append(fields)
     keys = list(dict.fromkeys(k for f in flat for k in f))
-    return tuple((k, tuple(f.get(k) for f in flat)) for k in keys if len({repr(f.get(k)) for f in flat}) > 1)
+    diffs = {k: tuple(f.get(k) for f in flat) for k in keys if len({repr(f.get(k)) for f in flat}) > 1}
+    # a fingerprint may embed the settings it was taken with: say each difference once
+    return tuple((k, v) for k, v in diffs.items()
+                 if not (k.startswith("fingerprint.settings.") and diffs.get(k[len("fingerprint."):]) == v))
 
 
 def _run_notes(runs: Sequence[StoredRun]) -> tuple[str, ...]:

@@ -70,14 +70,23 @@ def marker_row(marker: Any) -> MarkerRow:
                      attrs=dict(marker.attrs or {}))
 
 
+def merged_telemetry(rows: list[TelemetryRow]) -> list[TelemetrySeries]:
+    """Chunks of one series (a recorder flushes as it goes) joined back, in the order written."""
+    series: dict[tuple[str, str], TelemetrySeries] = {}
+    for t in rows:
+        s = series.setdefault((t.name, t.unit), TelemetrySeries(name=t.name, unit=t.unit))
+        s.t_ns.extend(t.t_ns)
+        s.values.extend(t.values)
+    return list(series.values())
+
+
 def run_result(row: RunRow) -> RunResult:
     return RunResult(
         kind=row.kind, name=row.name, tags=[t.tag for t in row.tags], notes=row.notes or "",
         settings=row.settings or {}, fingerprint=row.fingerprint or {},
         metrics=[Metric(name=m.name, unit=m.unit, samples=list(m.samples), higher_is_better=m.higher_is_better,
                         params=m.params or {}, status=m.status, error=m.error) for m in row.metrics],
-        telemetry=[TelemetrySeries(name=t.name, unit=t.unit, t_ns=list(t.t_ns), values=list(t.values))
-                   for t in row.telemetry],
+        telemetry=merged_telemetry(row.telemetry),
         markers=[Marker(phase=m.phase, edge=m.edge, t_ns=m.t_ns, attrs=m.attrs or {}) for m in row.markers],
         trace_summary=row.trace_summary, status=row.status, error=row.error,
     )

@@ -59,12 +59,19 @@ def _direction(section: Section) -> str:
     return f"{section.unit} ({'higher' if ups.pop() else 'lower'} is better)"
 
 
+MAX_HEADER_CHARS = 24  # longer run names (auto names carry a timestamp) show as #id; the legend maps them
+
+
+def run_header(run) -> str:
+    return run.name if len(run.name) <= MAX_HEADER_CHARS else f"#{run.id}"
+
+
 def _section_lines(cmp: Comparison, section: Section) -> list[list[str]]:
-    base = cmp.runs[0].name
-    header = [_direction(section)] + [r.name for r in cmp.runs[:1]]
+    base = run_header(cmp.runs[0])
+    header = [_direction(section), base]
     sub = [""] + ["median ± CI"]
     for run in cmp.runs[1:]:
-        header += [run.name, ""]
+        header += [run_header(run), ""]
         sub += ["median ± CI", f"vs {base}"]
     lines = [header, sub]
     for row in section.rows:
@@ -86,7 +93,7 @@ def align_columns(lines: list[list[str]]) -> list[str]:
 
 
 def _diff_lines(cmp: Comparison) -> list[list[str]]:
-    lines = [["what differs"] + [r.name for r in cmp.runs]]
+    lines = [["what differs"] + [run_header(r) for r in cmp.runs]]
     for key, values in cmp.differences:
         lines.append([key] + ["—" if v is None else str(v) for v in values])
     return lines

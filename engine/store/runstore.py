@@ -156,6 +156,8 @@ class RunStore:
             s.add(row)
 
     def add_telemetry(self, run_id: int, series: Iterable[TelemetrySeries]) -> None:
+        """Append telemetry, committed at once. A recorder may flush a long series in chunks: chunks
+        with the same name and unit read back as one series, in the order they were added."""
         with self._transaction(f"add telemetry to run {run_id}") as s:
             row = self._running_row(s, run_id)
             row.telemetry.extend(convert.telemetry_row(t) for t in series)

@@ -127,7 +127,9 @@ class _Output:
             sys.stdout.flush()
         elif self.live is not None:
             from rich.console import Group
-            self.live.update(Group(*self.view.tables(snap.values)), refresh=True)
+            from rich.text import Text
+            caption = Text(f"t {(snap.t_ns - self.t0_ns) / 1e9:.1f} s  (Ctrl-C stops)", style="dim")
+            self.live.update(Group(caption, *self.view.tables(snap.values)), refresh=True)
         else:
             _write(self.view.lines((snap.t_ns - self.t0_ns) / 1e9, snap.values))
 

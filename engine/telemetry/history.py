@@ -69,7 +69,9 @@ class History:
         with self._lock:
             if not self._written:
                 return None
-            return int(self._t_ns[self._order()[0]])
+            # before the ring wraps the oldest is slot 0; after, the slot about to be overwritten
+            first = 0 if self._written <= self.capacity else self._written % self.capacity
+            return int(self._t_ns[first])
 
     def _order(self) -> np.ndarray | slice:
         """Indices that put the ring in time order (a plain slice until it wraps)."""

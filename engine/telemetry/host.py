@@ -31,6 +31,7 @@ class HostSource(Source):
         self._psutil: Any = None
         self._proc: Any = None
         self._last_times: list[tuple[float, float]] = []  # per core: (busy_s, total_s)
+        self._max_cpu_pct = 100.0
 
     def _open(self) -> None:
         try:
@@ -41,6 +42,7 @@ class HostSource(Source):
         self._psutil = psutil
         self._last_times = self._core_times()
         n_cores = len(self._last_times)
+        self._max_cpu_pct = 100.0 * (psutil.cpu_count() or 1)
         try:
             self._proc = psutil.Process(self.pid)
             self._proc.cpu_percent()  # the first call only primes its interval
@@ -87,8 +89,10 @@ class HostSource(Source):
             return {}
         try:
             with self._proc.oneshot():
-                return {"proc.rss_bytes": float(self._proc.memory_info().rss),
-                        "proc.cpu_pct": float(self._proc.cpu_percent())}
+                # CPU time comes in 10 ms jiffies: over a short interval one extra jiffy reads
+                # as several cores' worth, so the value is clamped to what the machine has.
+                cpu_pct = min(float(self._proc.cpu_percent()), self._max_cpu_pct)
+                return {"proc.rss_bytes": float(self._proc.memory_info().rss), "proc.cpu_pct": cpu_pct}
         except self._psutil.Error as e:  # the watched process exited: its fields read NaN
             _once(("proc", self.pid), logging.WARNING, "host telemetry: process %d: %s", self.pid, e)
             return {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from types import MappingProxyType
 from typing import Callable, Sequence
 
 import numpy as np
@@ -46,6 +47,7 @@ class Sampler:
         self.missed_ticks = 0  # schedule slots skipped because a tick overran (busy machine)
         self.latest: Snapshot | None = None
         self._subscribers: list[Subscriber] = []
+        self._failed_subscribers: set[int] = set()
         self._lock = threading.Lock()  # subscribers list
         self._tick_lock = threading.Lock()  # sources are read by one thread at a time
         self._stop = threading.Event()
@@ -174,7 +176,8 @@ class Sampler:
             values: dict[str, float] = {}
             for source in self.sources:
                 values.update(self._sample(source))
-            snap = Snapshot(t_ns=t0, tick=k, values=values, sample_ns=now_ns() - t0)
+            # read-only: every subscriber gets the same mapping
+            snap = Snapshot(t_ns=t0, tick=k, values=MappingProxyType(values), sample_ns=now_ns() - t0)
             self.history.append(t0, values)
             self.latest = snap
         self._publish(snap)
@@ -195,9 +198,9 @@ class Sampler:
             try:
                 callback(snap)
             except Exception:  # a subscriber must never stop sampling
-                if _once(("subscriber", id(callback)), logging.ERROR, "telemetry subscriber %r failed",
-                         callback):
-                    log.exception("first failure of %r", callback)
+                if id(callback) not in self._failed_subscribers:  # with its traceback, once
+                    self._failed_subscribers.add(id(callback))
+                    log.exception("telemetry subscriber %r failed (logged once)", callback)
 
     def _open_sources(self) -> None:
         with self._tick_lock:

@@ -9,7 +9,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from engine.trace.events import D2H, HOST, MIXED, ON_TARGET, SYNC, TRANSFER, OpEvent
+from engine.trace.events import HOST, MIXED, ON_TARGET, SYNC, TRANSFER, OpEvent
 
 _LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 _pattern_cache: dict[str, str] = {}
@@ -36,10 +36,13 @@ class Group:
     device_ns: float = 0.0
     bytes_moved: int = 0
     blocking: int = 0  # D2H copies that make the host wait (not non_blocking)
+    pinned: int = 0  # transfers whose host side is pinned memory
+    pageable: int = 0  # ... pageable memory (None: the copy could not tell, e.g. fake tensors)
     ops: Counter = field(default_factory=Counter)
     modules: set = field(default_factory=set)  # exact paths, for evidence
     devices: Counter = field(default_factory=Counter)
     steps: Counter = field(default_factory=Counter)  # count per step
+    step_bytes: Counter = field(default_factory=Counter)  # bytes moved per step
     first_seq: int = -1
     example: OpEvent | None = None
 
@@ -78,7 +81,7 @@ class TraceStats:
     def _add_off_target(self, ev: OpEvent, step: StepCounts, blocking: bool) -> None:
         kind, pattern = ev.kind, module_pattern(ev.module)
         moved = ev.bytes_written if kind in (TRANSFER, MIXED) else (ev.bytes_read if kind == SYNC else 0)
-        if kind == TRANSFER:
+        if ev.direction and kind != MIXED:  # copies, and .item() of a device tensor (a D2H read)
             step.transfers[ev.direction] += 1
             step.transfer_bytes[ev.direction] += moved
         if kind == SYNC or blocking:
@@ -92,10 +95,15 @@ class TraceStats:
         group.host_ns += ev.dur_ns
         group.bytes_moved += moved
         group.blocking += blocking
+        if ev.pinned is not None:
+            group.pinned += ev.pinned
+            group.pageable += not ev.pinned
         group.ops[ev.op] += 1
         group.modules.add(ev.module)
         group.devices[ev.device] += 1
         group.steps[ev.step] += 1
+        if moved:
+            group.step_bytes[ev.step] += moved
 
     def _group(self, ev: OpEvent, pattern: str) -> Group:
         key = (ev.kind, ev.direction, pattern, ev.source)

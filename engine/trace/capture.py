@@ -12,6 +12,7 @@ event cap. The dispatch mode is thread-local: only ops of the entering thread ar
 """
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ from engine.clock import now_ns
 from engine.trace import classify as cls
 from engine.trace.aggregate import TraceStats
 from engine.trace.devtime import DeviceTimer, cuda_timer
-from engine.trace.events import (D2H, HOST, ON_TARGET, SOURCE_ALL, SOURCE_FINDINGS, SOURCE_OFF,
+from engine.trace.events import (D2H, H2D, HOST, ON_TARGET, SOURCE_ALL, SOURCE_FINDINGS, SOURCE_OFF,
                                  TRANSFER, OpEvent, TraceOptions)
 from engine.trace.modstack import ModuleStack
 from engine.trace.source import caller_site, format_site
@@ -32,8 +33,16 @@ from engine.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _Tensor = torch.Tensor
-_IGNORE = ("", None)
-_NO_DATA_ROLES = (cls.ROLE_VIEW,)
+_IGNORE = ("", None, -1)
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+class _DeviceNames(dict):
+    """torch.device → "cuda:0", computed once per device."""
+
+    def __missing__(self, device) -> str:
+        name = self[device] = str(device)
+        return name
 
 
 @dataclass
@@ -98,10 +107,10 @@ class Tracer(TorchDispatchMode):
         self._timer = device_timer
         self._own_timer = device_timer is None
         self._op_info: dict = {}
-        self._dev: dict = {}
-        self._dtype: dict = {}
+        self._dev = _DeviceNames()
         self._sites: dict = {}
         self._unsubscribe = None
+        self._gc_was_enabled = True
         self.start_ns = self.end_ns = 0
 
     # -- region -----------------------------------------------------------------------------
@@ -110,6 +119,9 @@ class Tracer(TorchDispatchMode):
             self._timer = cuda_timer(self.options.target, self.options.max_events)
         self.modules.install()
         self._unsubscribe = markers.subscribe(self.markers.append)
+        self._gc_was_enabled = gc.isenabled()
+        if self.options.pause_gc:
+            gc.disable()
         self.start_ns = now_ns()
         return super().__enter__()
 
@@ -118,6 +130,8 @@ class Tracer(TorchDispatchMode):
             return super().__exit__(exc_type, exc, tb)
         finally:
             self.end_ns = now_ns()
+            if self._gc_was_enabled:
+                gc.enable()
             self.modules.remove()
             if self._unsubscribe:
                 self._unsubscribe()
@@ -156,58 +170,45 @@ class Tracer(TorchDispatchMode):
             timer.stop(ev, start)
         return out
 
-    def _learn(self, func) -> tuple[str, str | None]:
+    def _learn(self, func) -> tuple:
         name = str(func)  # "aten.mm.default"
         role = cls.op_role(name.rsplit(".", 1)[0], bool(getattr(func, "is_view", False)))
-        info = _IGNORE if role is None else (name, role)
+        info = _IGNORE if role is None else (name, role, _arg_index(func, "non_blocking"))
         self._op_info[func] = info
         return info
 
-    def _describe(self, tensors: list, count_bytes: bool):
-        devs, dtypes, shapes, scalar, nbytes = [], [], [], [], 0
-        dev_cache, dtype_cache = self._dev, self._dtype
-        for t in tensors:
-            d = t.device
-            ds = dev_cache.get(d)
-            if ds is None:
-                ds = dev_cache[d] = str(d)
-            dt = t.dtype
-            dts = dtype_cache.get(dt)
-            if dts is None:
-                dts = dtype_cache[dt] = str(dt).removeprefix("torch.")
-            shape = t.shape
-            devs.append(ds)
-            dtypes.append(dts)
-            shapes.append(shape)
-            scalar.append(not shape and ds == "cpu")
-            if count_bytes:
-                nbytes += t.numel() * t.element_size()
-        return tuple(devs), tuple(dtypes), tuple(shapes), tuple(scalar), nbytes
-
     def _record(self, info, args, kwargs, out, t0: int, t1: int) -> OpEvent:
-        name, role = info
-        moves_data = role not in _NO_DATA_ROLES
-        in_d, in_dt, in_sh, in_sc, read = self._describe(_tensors(args, kwargs), moves_data)
-        out_d, out_dt, out_sh, _, written = self._describe(_outputs(out), moves_data)
-        if role == cls.ROLE_SCALAR and in_dt:
-            read = written = _itemsize(in_dt[0])
-        copy_ends = _copy_ends(name, in_d, out_d) if role == cls.ROLE_COPY else None
-        bool_index = role == cls.ROLE_INDEX and any(d in ("bool", "uint8") for d in in_dt[1:])
-        kind, direction = cls.classify(role, in_d, in_sc, out_d, self.is_target, copy_ends, bool_index)
-        source = self._source(kind)
+        name, role, nb_index = info
+        names = self._dev
+        ins = _tensors(args, kwargs)
+        outs = _outputs(out)
+        in_d = tuple([names[t.device] for t in ins])
+        out_d = tuple([names[t.device] for t in outs])
+        in_sh = tuple([t.shape for t in ins])
+        kind, direction = self._classify(role, name, in_d, in_sh, out_d, ins)
         stack = self.modules.stack
-        ev = OpEvent(self.seq, name, stack[-1] if stack else "", source, in_d, out_d, in_dt, out_dt,
-                     in_sh, out_sh, read, written, t0, t1 - t0, self.step, kind, direction)
+        ev = OpEvent(self.seq, name, role, stack[-1] if stack else "", self._source(kind), in_d, out_d,
+                     tuple([t.dtype for t in ins]), tuple([t.dtype for t in outs]), in_sh,
+                     tuple([t.shape for t in outs]), t0, t1 - t0, self.step, kind, direction)
         self.seq += 1
-        blocking = False
-        if kind == TRANSFER:
-            blocking = self._transfer_details(ev, name, args, kwargs, out)
+        blocking = self._transfer_details(ev, name, nb_index, args, kwargs, out) if kind == TRANSFER else False
         self.stats.add(ev, blocking)
         if len(self.events) < self.options.max_events:
             self.events.append(ev)
         else:
             self.dropped += 1
         return ev
+
+    def _classify(self, role, name, in_d, in_sh, out_d, ins) -> tuple[str, str]:
+        if role == cls.ROLE_COMPUTE or role == cls.ROLE_VIEW:
+            devices = set(in_d)
+            devices.update(out_d)
+            if len(devices) == 1 and self.is_target(in_d[0] if in_d else out_d[0]):
+                return ON_TARGET, ""  # the common case, without building the arguments below
+        in_scalar = tuple([not shape and d == "cpu" for d, shape in zip(in_d, in_sh)])
+        copy_ends = _copy_ends(name, in_d, out_d) if role == cls.ROLE_COPY else None
+        bool_index = role == cls.ROLE_INDEX and any(t.dtype in _MASK_DTYPES for t in ins[1:])
+        return cls.classify(role, in_d, in_scalar, out_d, self.is_target, copy_ends, bool_index)
 
     def _source(self, kind: str) -> str | None:
         mode = self.options.source
@@ -221,25 +222,36 @@ class Tracer(TorchDispatchMode):
             text = self._sites[site] = format_site(site)
         return text
 
-    def _transfer_details(self, ev: OpEvent, name: str, args, kwargs, out) -> bool:
+    def _transfer_details(self, ev: OpEvent, name: str, nb_index: int, args, kwargs, out) -> bool:
         """Sets pinned (host side of the copy) and says whether the host blocks on it."""
-        if name.startswith("aten._to_copy"):
-            src, dst, non_blocking = args[0], out, bool(kwargs.get("non_blocking", False))
-        elif name.startswith("aten.copy_"):
-            src, dst = args[1], args[0]
-            non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
-        else:  # _copy_from(self, dst, non_blocking)
-            src, dst = args[0], args[1]
-            non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
-        host_side = src if ev.direction == "H2D" else dst if ev.direction == D2H else None
+        src, dst = _copy_tensors(name, args, out)
+        non_blocking = args[nb_index] if 0 <= nb_index < len(args) else kwargs.get("non_blocking", False)
+        host_side = src if ev.direction == H2D else dst if ev.direction == D2H else None
         if isinstance(host_side, _Tensor):
             ev.pinned = _is_pinned(host_side)
         return ev.direction == D2H and not non_blocking
 
 
+def _arg_index(func, arg_name: str) -> int:
+    """Position of a schema argument (e.g. non_blocking), -1 when the op has none or kwarg-only."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == arg_name:
+            return -1 if arg.kwarg_only else i
+    return -1
+
+
+def _copy_tensors(name: str, args, out) -> tuple:
+    """(source, destination) tensors of a copy op."""
+    if name.startswith("aten.copy_"):
+        return args[1], args[0]
+    if name.startswith("aten._copy_from"):
+        return args[0], args[1]
+    return args[0], out  # _to_copy, to.*
+
+
 def _copy_ends(name: str, in_d: tuple, out_d: tuple) -> tuple[str, str] | None:
     """(source device, destination device) of a copy op."""
-    if name.startswith("aten._to_copy") and in_d and out_d:
+    if (name.startswith("aten._to_copy") or name.startswith("aten.to.")) and in_d and out_d:
         return in_d[0], out_d[0]
     if name.startswith("aten.copy_") and len(in_d) >= 2:
         return in_d[1], in_d[0]
@@ -248,9 +260,3 @@ def _copy_ends(name: str, in_d: tuple, out_d: tuple) -> tuple[str, str] | None:
     return None
 
 
-_ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "float16": 2,
-             "bfloat16": 2, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
-
-
-def _itemsize(dtype: str) -> int:
-    return _ITEMSIZE.get(dtype, 8)

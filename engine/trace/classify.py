@@ -5,7 +5,7 @@ every accelerator and are tested with the meta device standing in for one. The h
 
 Roles (what an op does, from its name alone; cached per op overload in engine.trace.capture):
   copy      cross-device capable copies (``_to_copy``, ``copy_``, ``_copy_from``)
-  scalar    ``_local_scalar_dense``: ``.item()``, ``int(t)``, ``float(t)``, ``tolist`` per element
+  scalar    ``_local_scalar_dense`` / ``item``: ``.item()``, ``int(t)``, ``float(t)``
   sync      data-dependent output shapes: the host must wait for the values (``nonzero`` ...)
   index     indexing that turns data-dependent when given a boolean mask
   view      metadata only (views, ``detach``, ``lift_fresh``): no data moves, no compute
@@ -18,8 +18,11 @@ from engine.trace.events import D2D, D2H, FALLBACK, H2D, HOST, MIXED, ON_TARGET,
 
 HOST_DEVICE = "cpu"
 
-COPY_OPS = frozenset({"aten._to_copy", "aten.copy_", "aten._copy_from", "aten._copy_from_and_resize"})
-SCALAR_OPS = frozenset({"aten._local_scalar_dense"})
+# Under torch.inference_mode the dispatcher hands composite ops (aten.to, aten.item, aten.linear)
+# to the trace undecomposed; without it, their pieces (_to_copy, _local_scalar_dense, addmm).
+COPY_OPS = frozenset({"aten._to_copy", "aten.to", "aten.copy_", "aten._copy_from",
+                      "aten._copy_from_and_resize"})
+SCALAR_OPS = frozenset({"aten._local_scalar_dense", "aten.item"})
 # Ops whose output shape or value the host needs before it can go on (a device sync on CUDA).
 SYNC_OPS = frozenset({
     "aten.nonzero", "aten.masked_select", "aten._unique", "aten._unique2", "aten.unique_dim",
@@ -28,7 +31,7 @@ SYNC_OPS = frozenset({
 })
 INDEX_OPS = frozenset({"aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl_"})
 # Not views by schema, but metadata-only all the same.
-EXTRA_VIEW_OPS = frozenset({"aten._unsafe_view", "aten.lift", "aten.lift_fresh_copy"})
+EXTRA_VIEW_OPS = frozenset({"aten._unsafe_view", "aten.lift", "aten.lift_fresh_copy", "aten.detach_"})
 # Queries about a tensor, not ops on its data: not recorded at all.
 IGNORED_OPS = frozenset({"prim.device", "aten.sym_size", "aten.sym_stride", "aten.sym_numel",
                          "aten.sym_storage_offset", "aten.is_contiguous", "aten.is_strides_like_format",
@@ -95,9 +98,13 @@ def classify(role: str, in_devices: tuple[str, ...], in_scalar: tuple[bool, ...]
     scalar argument (no copy), so it does not make an op mixed. ``copy_src_dst`` is (source,
     destination) device for copy ops. ``bool_index`` says an index op got a boolean mask.
     """
-    if role == ROLE_SCALAR:
+    if role == ROLE_SCALAR:  # a host read of a device value waits for the device
         src = in_devices[0] if in_devices else HOST_DEVICE
-        return SYNC, (D2H if src != HOST_DEVICE else "")
+        if src != HOST_DEVICE:
+            return SYNC, D2H
+        # Reading host memory waits for nothing, unless the host is the target: then it is the
+        # only trace a per-element loop leaves, and storms are counted from it.
+        return (SYNC if is_target(HOST_DEVICE) else HOST), ""
     if role == ROLE_COPY and copy_src_dst is not None and copy_src_dst[0] != copy_src_dst[1]:
         return TRANSFER, direction(*copy_src_dst)
     if role == ROLE_SYNC or (role == ROLE_INDEX and bool_index):

@@ -6,6 +6,7 @@ positional construction of a slotted class is the cheapest object Python offers 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 from typing import Any
 
 # Op kinds (classification, engine.trace.classify).
@@ -33,7 +34,10 @@ class TraceOptions:
     model only, "global" uses torch's process-wide module hooks (also names modules it was not
     given, by class). ``max_events``: events stored; counters keep counting past it.
     ``storm_min_count``/``storm_tiny_bytes``: a storm is at least that many transfers or syncs of
-    at most that many bytes, from one source, inside one step.
+    at most that many bytes, from one source, inside one step. The same byte bound separates the
+    engine's per-step I/O (a few token ids) from activations crossing devices. ``pause_gc``: hold Python's cyclic
+    garbage collector while tracing, as timeit does: each stored event is a tracked object, and
+    collections triggered by them would otherwise scan the whole growing trace again and again.
     """
 
     target: str = "cpu"
@@ -42,24 +46,25 @@ class TraceOptions:
     max_events: int = 200_000
     device_time: bool = True  # CUDA targets: time ops with CUDA events (no per-op synchronize)
     storm_min_count: int = 16
-    storm_tiny_bytes: int = 4096
+    storm_tiny_bytes: int = 64  # a few elements: per-element loops move 1-8 bytes at a time
+    pause_gc: bool = True
 
 
 class OpEvent:
-    """One aten op as it ran. Devices, dtypes and shapes are tuples over tensor inputs/outputs."""
+    """One aten op as it ran. Devices (strings), dtypes (torch.dtype) and shapes (torch.Size) are
+    tuples over the op's tensor inputs and outputs; byte counts are derived from them on demand."""
 
-    __slots__ = ("seq", "op", "module", "source", "in_devices", "out_devices", "in_dtypes",
-                 "out_dtypes", "in_shapes", "out_shapes", "bytes_read", "bytes_written", "t_ns",
-                 "dur_ns", "step", "kind", "direction", "pinned", "device_dur_ns")
+    __slots__ = ("seq", "op", "role", "module", "source", "in_devices", "out_devices", "in_dtypes",
+                 "out_dtypes", "in_shapes", "out_shapes", "t_ns", "dur_ns", "step", "kind",
+                 "direction", "pinned", "device_dur_ns")
 
-    def __init__(self, seq, op, module, source, in_devices, out_devices, in_dtypes, out_dtypes,
-                 in_shapes, out_shapes, bytes_read, bytes_written, t_ns, dur_ns, step, kind,
-                 direction, pinned=None, device_dur_ns=None):
-        self.seq, self.op, self.module, self.source = seq, op, module, source
+    def __init__(self, seq, op, role, module, source, in_devices, out_devices, in_dtypes, out_dtypes,
+                 in_shapes, out_shapes, t_ns, dur_ns, step, kind, direction, pinned=None,
+                 device_dur_ns=None):
+        self.seq, self.op, self.role, self.module, self.source = seq, op, role, module, source
         self.in_devices, self.out_devices = in_devices, out_devices
         self.in_dtypes, self.out_dtypes = in_dtypes, out_dtypes
         self.in_shapes, self.out_shapes = in_shapes, out_shapes
-        self.bytes_read, self.bytes_written = bytes_read, bytes_written
         self.t_ns, self.dur_ns, self.step = t_ns, dur_ns, step
         self.kind, self.direction, self.pinned = kind, direction, pinned
         self.device_dur_ns = device_dur_ns
@@ -71,17 +76,35 @@ class OpEvent:
         return devs[0] if devs else "cpu"
 
     @property
-    def bytes_moved(self) -> int:
-        return self.bytes_written if self.kind == TRANSFER else 0
+    def bytes_read(self) -> int:
+        if self.role == "scalar":  # .item() reads one element
+            return self.in_dtypes[0].itemsize if self.in_dtypes else 0
+        return 0 if self.role == "view" else _nbytes(self.in_dtypes, self.in_shapes)
+
+    @property
+    def bytes_written(self) -> int:
+        if self.role == "scalar":
+            return self.bytes_read
+        return 0 if self.role == "view" else _nbytes(self.out_dtypes, self.out_shapes)
 
     def as_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__slots__}
-        for name in ("in_devices", "out_devices", "in_dtypes", "out_dtypes"):
-            d[name] = list(d[name])
+        d["in_devices"], d["out_devices"] = list(self.in_devices), list(self.out_devices)
+        d["in_dtypes"] = [dtype_name(t) for t in self.in_dtypes]
+        d["out_dtypes"] = [dtype_name(t) for t in self.out_dtypes]
         d["in_shapes"] = [list(s) for s in self.in_shapes]
         d["out_shapes"] = [list(s) for s in self.out_shapes]
+        d["bytes_read"], d["bytes_written"] = self.bytes_read, self.bytes_written
         return d
 
     def __repr__(self) -> str:
         return (f"OpEvent(#{self.seq} {self.op} {self.kind}{' ' + self.direction if self.direction else ''}"
                 f" {self.in_devices}->{self.out_devices} module={self.module!r} source={self.source!r})")
+
+
+def dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _nbytes(dtypes, shapes) -> int:
+    return sum(prod(shape) * dtype.itemsize for dtype, shape in zip(dtypes, shapes))

@@ -100,15 +100,15 @@ class KVCache:
 
     def update(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
         B, K, T, D = k.shape
-        start = self.offset
-        if self.keys is None or start + T > self.keys.shape[2]:
-            grow = (T + self.STEP - 1) // self.STEP * self.STEP
+        start, have = self.offset, 0 if self.keys is None else self.keys.shape[2]
+        if start + T > have:
+            grow = -(-(start + T) // self.STEP) * self.STEP - have  # capacity: a multiple of STEP
             new_k, new_v = mx.zeros((B, K, grow, D), k.dtype), mx.zeros((B, K, grow, D), v.dtype)
             if self.keys is None:
                 self.keys, self.values = new_k, new_v
             else:
-                self.keys = mx.concatenate([self.keys[..., :start, :], new_k], axis=2)
-                self.values = mx.concatenate([self.values[..., :start, :], new_v], axis=2)
+                self.keys = mx.concatenate([self.keys, new_k], axis=2)
+                self.values = mx.concatenate([self.values, new_v], axis=2)
         self.offset += T
         self.keys[..., start:self.offset, :] = k
         self.values[..., start:self.offset, :] = v

@@ -82,11 +82,9 @@ def make_point(variant: str, T: int, p: Params, device: str, dtype: str) -> Poin
 
     flop = causal_flops(p, T)
     return Point(f"attn_{variant}_{T}", "ms", prepare, value=lambda s: s * 1e3, higher_is_better=False,
-                 params={"variant": variant, "seq": T, "batch": p.batch, "heads": p.heads,
-                         "head_dim": p.head_dim, "causal": True},
+                 params={"variant": variant, "seq": T},
                  device=device, max_inner=100, track_memory=True,
-                 derived=(Derived(f"attn_{variant}_{T}.gflop_s", "GFLOP/s", lambda ms: flop / (ms / 1e3) / 1e9,
-                                  {"flops": flop}),))
+                 derived=(Derived(f"attn_{variant}_{T}.gflop_s", "GFLOP/s", lambda ms: flop / (ms / 1e3) / 1e9),))
 
 
 def _needed_bytes(variant: str, T: int, p: Params, dtype: str) -> int:

@@ -47,7 +47,7 @@ def make_point(n: int, dtype: str, device: str) -> Point:
 
     flop = 2.0 * n ** 3
     return Point(point_name(dtype, n), "GFLOP/s", prepare, value=lambda s: flop / s / 1e9,
-                 params={"m": n, "n": n, "k": n, "dtype": dtype},
+                 params={"n": n, "dtype": dtype},
                  device=device, max_inner=1000)
 
 
@@ -61,7 +61,7 @@ def _rate(outcomes: list[PointOutcome], dtype: str) -> tuple[int, float] | None:
 def _points(p: Params, device: str, outcomes: list[PointOutcome]) -> Iterator[Point]:
     for dtype in p.dtypes:
         for n in p.sizes:
-            params = {"m": n, "n": n, "k": n, "dtype": dtype}
+            params = {"n": n, "dtype": dtype}
             need = 3 * n * n * DTYPE_BYTES[dtype]
             free = free_memory_bytes(device)
             rate = _rate(outcomes, dtype)
@@ -90,7 +90,7 @@ def _finish(device: str):
                 m = o.metrics[0]
                 if o.ok and o.point.params.get("dtype") == dtype:
                     extra.append(Metric(f"{m.name}.pct_peak", "%", [v / best[1] * 100 for v in m.samples],
-                                        True, {**m.params, "peak_gflop_s": best[1], "peak_n": best[0]}))
+                                        True, dict(m.params)))
         return extra
     return finish
 
@@ -109,7 +109,9 @@ def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     p = params or (QUICK if opts.quick else Params())
     plan_ = SuitePlan(points=[], n_points=len(p.dtypes) * len(p.sizes),
                       settings={"sizes": list(p.sizes), "dtypes": list(p.dtypes),
-                                "call_budget_s": p.call_budget_s, "flops_per_call": "2·n³"},
+                                "call_budget_s": p.call_budget_s, "shape": "n×n @ n×n",
+                                "flops_per_call": "2·n³",
+                                "pct_peak": "% of the best median GFLOP/s of the same dtype in this run"},
                       finish=_finish(opts.device))
     plan_.points = _points(p, opts.device, plan_.outcomes)
     return plan_

@@ -19,6 +19,12 @@ depends_on = None
 
 
 def upgrade() -> None:
+    _create_runs()
+    _create_run_tags()
+    _create_metrics()
+
+
+def _create_runs() -> None:
     op.create_table(
         "runs",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
@@ -40,6 +46,8 @@ def upgrade() -> None:
     op.create_index("ix_runs_status", "runs", ["status"])
     op.create_index("ix_runs_created_at", "runs", ["created_at"])
 
+
+def _create_run_tags() -> None:
     op.create_table(
         "run_tags",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
@@ -50,6 +58,8 @@ def upgrade() -> None:
     op.create_index("ix_run_tags_run_id", "run_tags", ["run_id"])
     op.create_index("ix_run_tags_tag", "run_tags", ["tag"])
 
+
+def _create_metrics() -> None:
     op.create_table(
         "metrics",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),

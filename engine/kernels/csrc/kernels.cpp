@@ -10,21 +10,19 @@
 //   act_mode 1 ("q8"):  activations quantized per 32-block to int8 (llama.cpp's Q8 scheme), integer
 //                       dot products (AVX512-VNNI), fp32 accumulation of the block sums.
 // Rows are split across threads with at::parallel_for (torch's OpenMP pool, torch.set_num_threads).
-#include <torch/extension.h>
+#include "qkernels.h"
+
 #include <ATen/Parallel.h>
-#include <c10/util/Half.h>
+#include <algorithm>
 #include <cmath>
-#include <sched.h>
-#include <cstdint>
-#include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
+namespace opscope {
 namespace {
 
-constexpr int64_t QK = 32;  // elements per GGUF block for Q4_1 and Q8_0
-constexpr int64_t ROW_GRAIN = 16;
+constexpr int64_t GROUP_GRAIN = 4;  // 4-row groups per thread at least: tiny matrices stay on one thread
 
 inline float h2f(const c10::Half* p, int64_t i) { return static_cast<float>(p[i]); }
 
@@ -178,14 +176,6 @@ void prepare_activation(const float* x, int64_t K, bool quantize, float* sx, int
   }
 }
 
-struct Weights {
-  int64_t qtype;  // 0 = Q4_1, 1 = Q8_0
-  const uint8_t* qs;
-  const c10::Half* d;
-  const c10::Half* m;
-  int64_t N, K;
-};
-
 struct Act {
   const float* x;
   const float* sx;
@@ -215,99 +205,42 @@ void rows_range(const Weights& w, const Act& a, bool q8, int64_t r0, int64_t r1,
   }
 }
 
-Weights make_weights(int64_t qtype, const torch::Tensor& qs, const torch::Tensor& d,
-                     const c10::optional<torch::Tensor>& m, int64_t K) {
-  TORCH_CHECK(qtype == 0 || qtype == 1, "qtype must be 0 (Q4_1) or 1 (Q8_0)");
-  TORCH_CHECK(K % QK == 0, "K must be a multiple of 32, got ", K);
-  TORCH_CHECK(qs.is_contiguous() && d.is_contiguous() && d.scalar_type() == at::kHalf, "bad packed weights");
-  TORCH_CHECK(qtype == 1 || (m.has_value() && m->is_contiguous()), "Q4_1 needs mins");
-  const int64_t N = d.size(0);
-  TORCH_CHECK(d.size(1) == K / QK, "scales do not match K");
-  TORCH_CHECK(qs.numel() == N * (qtype == 0 ? K / 2 : K), "quants do not match N x K");
-  return Weights{qtype, reinterpret_cast<const uint8_t*>(qs.data_ptr()), d.data_ptr<c10::Half>(),
-                 qtype == 0 ? m->data_ptr<c10::Half>() : nullptr, N, K};
-}
-
-torch::Tensor matvec(const torch::Tensor& x2, const Weights& w, bool q8) {
-  const int64_t M = x2.size(0), K = w.K, nb = K / QK;
-  auto out = torch::empty({M, w.N}, x2.options());
-  std::vector<float> sx(M * nb), dy(M * nb);
-  std::vector<int8_t> qy(q8 ? M * K : 0);
-  const float* xp = x2.data_ptr<float>();
-  for (int64_t i = 0; i < M; ++i)
-    prepare_activation(xp + i * K, K, q8, sx.data() + i * nb, q8 ? qy.data() + i * K : nullptr,
-                       dy.data() + i * nb);
-  float* yp = out.data_ptr<float>();
-  at::parallel_for(0, (w.N + 3) / 4, ROW_GRAIN / 4, [&](int64_t g0, int64_t g1) {
-    for (int64_t i = 0; i < M; ++i) {
-      const Act a{xp + i * K, sx.data() + i * nb, q8 ? qy.data() + i * K : nullptr, dy.data() + i * nb};
-      rows_range(w, a, q8, g0 * 4, std::min(g1 * 4, w.N), yp + i * w.N);
-    }
-  });
-  return out;
-}
-
 }  // namespace
 
-// Dense [N, K] weights (float32 or bfloat16) from the packed blocks, rows in parallel.
-torch::Tensor dequantize(torch::Tensor qs, torch::Tensor d, c10::optional<torch::Tensor> m,
-                         int64_t qtype, int64_t K, c10::ScalarType dtype) {
-  const Weights w = make_weights(qtype, qs, d, m, K);
-  auto out = torch::empty({w.N, K}, torch::dtype(torch::kFloat32));
-  float* o = out.data_ptr<float>();
-  const int64_t nb = K / QK;
-  at::parallel_for(0, w.N, ROW_GRAIN, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t b = 0; b < nb; ++b) {
-        const float dd = h2f(w.d, r * nb + b);
-        float* ob = o + r * K + b * QK;
-        if (qtype == 0) {
-          const uint8_t* q = w.qs + r * (K / 2) + b * 16;
-          const float mm = h2f(w.m, r * nb + b);
-          for (int j = 0; j < 16; ++j) { ob[j] = dd * (q[j] & 0x0F) + mm; ob[j + 16] = dd * (q[j] >> 4) + mm; }
-        } else {
-          const int8_t* q = reinterpret_cast<const int8_t*>(w.qs) + r * K + b * QK;
-          for (int j = 0; j < QK; ++j) ob[j] = dd * q[j];
-        }
-      }
+void matvec_multi(const float* x, int64_t K, const Weights* ws, float* const* ys, int n, bool q8, Scratch& s) {
+#if !defined(OPSCOPE_HAVE_VNNI)
+  q8 = false;  // no integer dot product here: the exact fp32 path instead
+#endif
+  s.ensure(K);
+  prepare_activation(x, K, q8, s.sx.data(), s.qy.data(), s.dy.data());
+  const Act a{x, s.sx.data(), q8 ? s.qy.data() : nullptr, s.dy.data()};
+  std::vector<int64_t> start(n + 1, 0);  // prefix sums of 4-row groups over the matrices
+  for (int i = 0; i < n; ++i) start[i + 1] = start[i] + (ws[i].N + 3) / 4;
+  at::parallel_for(0, start[n], GROUP_GRAIN, [&](int64_t g0, int64_t g1) {
+    for (int i = 0; i < n; ++i) {
+      const int64_t lo = std::max(g0, start[i]), hi = std::min(g1, start[i + 1]);
+      if (lo < hi) rows_range(ws[i], a, q8, (lo - start[i]) * 4, std::min((hi - start[i]) * 4, ws[i].N), ys[i]);
     }
   });
-  return dtype == torch::kFloat32 ? out : out.to(dtype);
 }
 
-// y = x @ W^T for packed W. Up to gemm_min_rows - 1 rows: the fused matvec; more rows (prefill):
-// dequantize W once to gemm_dtype and run torch's GEMM (oneDNN/MKL), result in x's dtype (fp32).
-torch::Tensor qlinear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, c10::optional<torch::Tensor> m,
-                      int64_t qtype, int64_t act_mode, int64_t gemm_min_rows, c10::ScalarType gemm_dtype) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "qlinear takes float32 activations");
-  const int64_t K = x.size(-1);
-  const Weights w = make_weights(qtype, qs, d, m, K);
-  auto x2 = x.reshape({-1, K}).contiguous();
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = w.N;
-  if (x2.size(0) >= gemm_min_rows) {
-    auto wd = dequantize(qs, d, m, qtype, K, gemm_dtype);
-    return at::linear(x2.to(gemm_dtype), wd).to(torch::kFloat32).reshape(out_shape);
+void dequantize_row(const Weights& w, int64_t r, float* out) {
+  const int64_t nb = w.K / QK;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float dd = h2f(w.d, r * nb + b);
+    float* ob = out + b * QK;
+    if (w.qtype == 0) {
+      const uint8_t* q = w.qs + r * (w.K / 2) + b * 16;
+      const float mm = h2f(w.m, r * nb + b);
+      for (int j = 0; j < 16; ++j) { ob[j] = dd * (q[j] & 0x0F) + mm; ob[j + 16] = dd * (q[j] >> 4) + mm; }
+    } else {
+      const int8_t* q = reinterpret_cast<const int8_t*>(w.qs) + r * w.K + b * QK;
+      for (int j = 0; j < QK; ++j) ob[j] = dd * q[j];
+    }
   }
-  return matvec(x2, w, act_mode == 1).reshape(out_shape);
 }
 
-// Binds torch's OpenMP thread i to cpus[i % n] (thread pinning: no migration between cores).
-std::vector<int64_t> pin_threads(std::vector<int64_t> cpus) {
-  TORCH_CHECK(!cpus.empty(), "pin_threads needs at least one cpu");
-  std::vector<int64_t> bound(at::get_num_threads(), -1);
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    const int tid = at::get_thread_num();
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    const int64_t cpu = cpus[tid % cpus.size()];
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof(set), &set) == 0 && tid < (int)bound.size()) bound[tid] = cpu;
-  });
-  return bound;
-}
-
-bool has_avx512() {
+bool built_with_avx512() {
 #if defined(__AVX512F__)
   return true;
 #else
@@ -315,7 +248,7 @@ bool has_avx512() {
 #endif
 }
 
-bool has_vnni() {
+bool built_with_vnni() {
 #if defined(OPSCOPE_HAVE_VNNI)
   return true;
 #else
@@ -323,19 +256,4 @@ bool has_vnni() {
 #endif
 }
 
-// The dispatcher op lets torch.compile trace through QuantLinear (its fake kernel is registered
-// from Python, which handles symbolic shapes); eager calls cost one dispatcher hop.
-TORCH_LIBRARY(opscope, lib) {
-  lib.def("qlinear(Tensor x, Tensor qs, Tensor d, Tensor? m, int qtype, int act_mode, int gemm_min_rows, "
-          "ScalarType gemm_dtype) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(opscope, CPU, lib) { lib.impl("qlinear", &qlinear); }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.def("qlinear", &qlinear, "fused dequantize-matvec / dequantize+GEMM over packed GGUF blocks");
-  mod.def("dequantize", &dequantize, "packed GGUF blocks to a dense [N, K] tensor");
-  mod.def("pin_threads", &pin_threads, "bind torch's OpenMP threads to the given cpus");
-  mod.def("has_avx512", &has_avx512);
-  mod.def("has_vnni", &has_vnni);
-}
+}  // namespace opscope

@@ -1,0 +1,4 @@
+"""``python -m app`` opens the OpScope window."""
+from app.main import main
+
+main()

@@ -1,0 +1,213 @@
+"""The Benchmarks panel: pick a suite and its parameters, run it with progress, ETA and cancel, and
+watch each point land on a live chart; the run is saved with its name and tags as it goes."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
+                               QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from app.bench.model import BenchModel, point_summary
+
+ROW_COLUMNS = ("point", "params", "median", "min … max", "unit", "n", "status")
+
+
+class ParamForm(QGroupBox):
+    """Editors for a suite's parameters, built from the worker's suite catalog."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Parameters", parent)
+        self.form = QFormLayout(self)
+        self.fields: list[dict] = []
+        self.editors: dict[str, QWidget] = {}
+
+    def set_fields(self, fields: list[dict], quick: bool) -> None:
+        while self.form.rowCount():
+            self.form.removeRow(0)
+        self.fields, self.editors = fields, {}
+        for f in fields:
+            editor = _editor(f, f["quick"] if quick else f["default"])
+            self.editors[f["name"]] = editor
+            self.form.addRow(f["name"], editor)
+
+    def values(self) -> dict:
+        return {f["name"]: _value(f, self.editors[f["name"]]) for f in self.fields}
+
+
+def _editor(field: dict, value) -> QWidget:
+    kind = field["kind"]
+    if kind == "bool":
+        return QCheckBox(checked=bool(value))
+    if kind == "int":
+        return QSpinBox(minimum=0, maximum=2**31 - 1, value=int(value))
+    if kind == "float":
+        return QDoubleSpinBox(minimum=0.0, maximum=1e9, decimals=3, value=float(value))
+    if kind in ("tuple_int", "tuple_str"):
+        return QLineEdit(", ".join(str(v) for v in value))
+    return QLineEdit(value if isinstance(value, str) else json.dumps(value))
+
+
+def _value(field: dict, editor: QWidget):
+    kind = field["kind"]
+    if kind == "bool":
+        return editor.isChecked()
+    if kind in ("int", "float"):
+        return editor.value()
+    text = editor.text().strip()
+    if kind == "tuple_int":
+        return [int(v) for v in text.replace(",", " ").split()]
+    if kind == "tuple_str":
+        return [v.strip() for v in text.split(",") if v.strip()]
+    if kind == "str":
+        return text
+    return json.loads(text) if text else None
+
+
+class BenchPanel(QWidget):
+    def __init__(self, model: BenchModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.suites: dict[str, dict] = {}
+        self.suite_combo = QComboBox()
+        self.description = QLabel(objectName="panelHint", wordWrap=True)
+        self.quick = QCheckBox("Quick (tiny sizes, under a minute)", checked=True)
+        self.params = ParamForm()
+        self.name_edit = QLineEdit(placeholderText="automatic: <suite>-<date>")
+        self.tags_edit = QLineEdit(placeholderText="comma-separated, e.g. baseline, laptop")
+        self.run_button = QPushButton("Run", objectName="primary", clicked=self.run)
+        self.cancel_button = QPushButton("Cancel", objectName="danger", clicked=model.cancel, enabled=False)
+        self.progress = QProgressBar(textVisible=True, value=0)
+        self.status = QLabel("Choose a suite and press Run. Every point is saved as it completes.",
+                             objectName="statsLine", wordWrap=True)
+        self.chart = pg.PlotWidget()
+        self.table = QTableWidget(0, len(ROW_COLUMNS))
+        self.table.setHorizontalHeaderLabels(ROW_COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self._chart_unit: str | None = None
+        self._build()
+        self.suite_combo.currentIndexChanged.connect(lambda _i: self._show_suite())
+        self.quick.toggled.connect(lambda _q: self._show_suite())
+        model.started.connect(self._on_started)
+        model.progress.connect(self._on_progress)
+        model.point.connect(self._on_point)
+        model.finished.connect(self._on_finished)
+        model.failed.connect(self._on_failed)
+
+    def _build(self) -> None:
+        left = QWidget()
+        form = QFormLayout(left)
+        form.addRow("Suite", self.suite_combo)
+        form.addRow(self.description)
+        form.addRow(self.quick)
+        form.addRow(self.params)
+        form.addRow("Name", self.name_edit)
+        form.addRow("Tags", self.tags_edit)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.run_button)
+        buttons.addWidget(self.cancel_button)
+        form.addRow(buttons)
+        right = QSplitter(Qt.Vertical)
+        right.addWidget(self.chart)
+        right.addWidget(self.table)
+        splitter = QSplitter(Qt.Horizontal)
+        splitter.addWidget(left)
+        splitter.addWidget(right)
+        splitter.setStretchFactor(1, 3)
+        layout = QVBoxLayout(self)
+        layout.addWidget(splitter, 1)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        self.chart.showGrid(x=True, y=True, alpha=0.2)
+        self.chart.setLabel("bottom", "point")
+
+    def set_suites(self, suites: list[dict]) -> None:
+        self.suites = {s["name"]: s for s in suites}
+        self.suite_combo.clear()
+        self.suite_combo.addItems(list(self.suites))
+
+    def _show_suite(self) -> None:
+        suite = self.suites.get(self.suite_combo.currentText())
+        if suite:
+            self.description.setText(suite["description"])
+            self.params.set_fields(suite["params"], self.quick.isChecked())
+
+    def run(self) -> None:
+        tags = [t.strip() for t in self.tags_edit.text().split(",") if t.strip()]
+        try:
+            params = self.params.values()
+        except (ValueError, json.JSONDecodeError) as e:
+            self.status.setText(f"a parameter is not valid: {e}")
+            return
+        self.model.run(self.suite_combo.currentText(), params, name=self.name_edit.text().strip(),
+                       tags=tags, quick=self.quick.isChecked())
+
+    # -- progress -------------------------------------------------------------------------------
+    def _on_started(self, suite: str) -> None:
+        self.run_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.table.setRowCount(0)
+        self.chart.clear()
+        self._chart_unit = None
+        self.progress.setRange(0, 0)
+        self.status.setText(f"running {suite}… (planning, warm-up)")
+
+    def _on_progress(self, done: float, total: int, eta_s) -> None:
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(int(1000 * done / max(total, 1)))
+        eta = f", about {eta_s:.0f} s left" if eta_s is not None else ""
+        self.progress.setFormat(f"{done:.1f} / {total} points{eta}")
+
+    def _on_point(self, point: dict) -> None:
+        s = point_summary(point)
+        row = self.table.rowCount()
+        self.table.insertRow(row)
+        params = ", ".join(f"{k}={v}" for k, v in point.get("params", {}).items())
+        cells = (point["name"], params, _fmt(s["median"]), f"{_fmt(s['lo'])} … {_fmt(s['hi'])}", point["unit"],
+                 str(s["n"]), point["status"] if point["status"] == "ok" else f"{point['status']}: {point['error']}")
+        for col, text in enumerate(cells):
+            self.table.setItem(row, col, QTableWidgetItem(text))
+        self._chart_point(point, s)
+
+    def _chart_point(self, point: dict, s: dict) -> None:
+        """Plot the points that share the first unit seen (a chart has one y axis)."""
+        if s["median"] is None or point["unit"] == "bytes":
+            return
+        if self._chart_unit is None:
+            self._chart_unit = point["unit"]
+            self.chart.setLabel("left", point["unit"])
+        if point["unit"] != self._chart_unit:
+            return
+        x = float(sum(1 for p in self.model.points if p["unit"] == self._chart_unit) - 1)
+        self.chart.plot([x], [s["median"]], pen=None, symbol="o", symbolBrush="#3182ce", symbolSize=9)
+        self.chart.addItem(pg.ErrorBarItem(x=np.array([x]), y=np.array([s["median"]]), top=np.array([s["hi"] - s["median"]]),
+                                           bottom=np.array([s["median"] - s["lo"]]), beam=0.2))
+        label = pg.TextItem(point["name"], anchor=(0.5, 1.2), color="#718096")
+        label.setPos(x, s["hi"])
+        self.chart.addItem(label)
+
+    def _on_finished(self, result: dict) -> None:
+        self._done()
+        self.progress.setValue(1000)
+        extra = f" ({result['error']})" if result.get("error") else ""
+        self.status.setText(f"{result['status']}: saved as run “{result['name']}” (id {result['run_id']}) with "
+                            f"{result['metrics']} metrics{extra}. Open it in Runs.")
+
+    def _on_failed(self, message: str) -> None:
+        self._done()
+        self.status.setText(f"stopped: {message}")
+
+    def _done(self) -> None:
+        self.run_button.setEnabled(True)
+        self.cancel_button.setEnabled(False)
+        if self.progress.maximum() == 0:
+            self.progress.setRange(0, 1000)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"

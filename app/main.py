@@ -1,0 +1,73 @@
+"""Start the OpScope window: ``opscope gui``, ``opscope`` with no sub-command, ``python -m app``.
+
+``run(args)`` accepts the lead CLI's argparse namespace (model/device/dtype/backend/db attributes
+when present) or a list of command-line strings. A frozen bundle starts its engine worker by
+running itself with ``--engine-worker``.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opscope gui", description="Open the OpScope workbench window.")
+    p.add_argument("--model", help="GGUF file or Hugging Face directory (default: the embedded model)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--backend", default="torch")
+    p.add_argument("--db", help="run store URL (default: the user's SQLite database)")
+    p.add_argument("--theme", choices=("system", "light", "dark"), help="override the system theme")
+    p.add_argument("--debug", action="store_true", help="verbose logging")
+    return p
+
+
+def _options(args: argparse.Namespace | Sequence[str] | None) -> argparse.Namespace:
+    if args is None:
+        args = sys.argv[1:]
+    if isinstance(args, argparse.Namespace):
+        defaults = vars(build_parser().parse_args([]))
+        return argparse.Namespace(**{k: getattr(args, k, v) if getattr(args, k, None) is not None else v
+                                     for k, v in defaults.items()})
+    return build_parser().parse_args(list(args))
+
+
+def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
+    """Open the window and run the event loop; returns the exit code."""
+    if isinstance(args, (list, tuple)) and "--engine-worker" in args:
+        from app.worker import main as worker_main
+
+        return worker_main()
+    opts = _options(args)
+    logging.basicConfig(level=logging.DEBUG if opts.debug else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from PySide6.QtWidgets import QApplication
+
+    from app import settings
+    from app.engine_client import EngineClient
+    from app.main_window import MainWindow
+    from app.protocol import LoadRequest
+    from app.theme import ThemeManager, app_icon
+
+    app = QApplication.instance() or QApplication([sys.argv[0]])
+    app.setApplicationName("OpScope")
+    app.setDesktopFileName("opscope")  # matches resources/opscope.desktop (Wayland app id)
+    app.setWindowIcon(app_icon())
+    theme = ThemeManager(app, opts.theme or str(settings.value("ui/theme", "system")))
+    spec = LoadRequest(model=opts.model, device=opts.device, dtype=opts.dtype, backend=opts.backend)
+    window = MainWindow(EngineClient(), theme, db_url=opts.db, initial_model=spec)
+    window.show()
+    return app.exec()
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

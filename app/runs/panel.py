@@ -1,0 +1,202 @@
+"""The Runs panel: list, search, filter and sort saved runs; open one; compare several; rename,
+tag, delete (after a confirmation) and export."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView,
+                               QInputDialog, QLabel, QLineEdit, QMessageBox, QPushButton, QSplitter,
+                               QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
+
+from app.runs.model import RunRow, RunsModel
+from app.runs.views import CompareView, RunDetailView
+
+COLUMNS = ("id", "name", "suite", "status", "tags", "model", "device", "created", "duration", "metrics")
+
+
+class _SortItem(QTableWidgetItem):
+    """Sorts by a key (numbers as numbers) while showing text."""
+
+    def __init__(self, text: str, key) -> None:
+        super().__init__(text)
+        self.key = key
+
+    def __lt__(self, other) -> bool:
+        return self.key < other.key if isinstance(other, _SortItem) else super().__lt__(other)
+
+
+class RunsPanel(QWidget):
+    def __init__(self, model: RunsModel, notifier=None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model, self.notifier = model, notifier
+        self.rows: list[RunRow] = []
+        self.search = QLineEdit(placeholderText="search names…")
+        self.filters = {key: QComboBox() for key in ("kind", "tag", "model", "device")}
+        self.table = QTableWidget(0, len(COLUMNS), sortingEnabled=True)
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.ExtendedSelection)
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.detail, self.compare_view = RunDetailView(), CompareView()
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.detail, "Run")
+        self.tabs.addTab(self.compare_view, "Compare")
+        self.count = QLabel(objectName="statsLine")
+        self._build()
+        self.search.textChanged.connect(lambda _t: self.refresh())
+        for combo in self.filters.values():
+            combo.currentIndexChanged.connect(lambda _i: self.refresh())
+        self.table.doubleClicked.connect(lambda _index: self.open_selected())
+        model.changed.connect(self.refresh)
+
+    def _build(self) -> None:
+        top = QHBoxLayout()
+        top.addWidget(self.search, 2)
+        for key, combo in self.filters.items():
+            combo.setToolTip(f"filter by {key}")
+            top.addWidget(combo, 1)
+        top.addWidget(QPushButton("Refresh", clicked=self.refresh))
+        actions = QHBoxLayout()
+        for text, slot in (("Open", self.open_selected), ("Compare", self.compare_selected),
+                           ("Rename…", self.rename_dialog), ("Tags…", self.tag_dialog),
+                           ("Delete…", self.delete_selected), ("Export…", self.export_dialog)):
+            actions.addWidget(QPushButton(text, clicked=slot))
+        actions.addStretch(1)
+        actions.addWidget(self.count)
+        upper = QWidget()
+        col = QVBoxLayout(upper)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.addLayout(top)
+        col.addWidget(self.table, 1)
+        col.addLayout(actions)
+        split = QSplitter(Qt.Vertical)
+        split.addWidget(upper)
+        split.addWidget(self.tabs)
+        split.setStretchFactor(1, 2)
+        QVBoxLayout(self).addWidget(split)
+
+    # -- listing --------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        try:
+            f = {key: combo.currentData() or "" for key, combo in self.filters.items()}
+            self.rows = self.model.rows(text=self.search.text().strip(), **f)
+            everything = self.model.rows() if any(f.values()) or self.search.text() else self.rows
+        except Exception as e:  # a broken store must not break the panel: say what failed
+            self._error(f"Could not read the run store {self.model.db_url or '(default)'}: {e}")
+            return
+        self._fill_filters(everything)
+        self._fill_table()
+
+    def _fill_table(self) -> None:
+        self.table.setSortingEnabled(False)
+        self.table.setRowCount(len(self.rows))
+        for r, row in enumerate(self.rows):
+            info = row.info
+            duration = info.duration_s
+            cells = ((str(info.id), info.id), (info.name, info.name), (info.kind, info.kind),
+                     (info.status, info.status), (", ".join(info.tags), ", ".join(info.tags)),
+                     (row.model, row.model), (row.device, row.device),
+                     (f"{info.created_at:%Y-%m-%d %H:%M:%S}", info.created_at.timestamp()),
+                     (f"{duration:.1f} s" if duration is not None else "–", duration or 0.0),
+                     (str(info.metric_count), info.metric_count))
+            for c, (text, key) in enumerate(cells):
+                item = _SortItem(text, key)
+                item.setData(Qt.UserRole, info.id)
+                self.table.setItem(r, c, item)
+        self.table.setSortingEnabled(True)
+        self.count.setText(f"{len(self.rows)} run(s)")
+
+    def _fill_filters(self, rows: list[RunRow]) -> None:
+        values = {"kind": {r.info.kind for r in rows}, "tag": {t for r in rows for t in r.info.tags},
+                  "model": {r.model for r in rows}, "device": {r.device for r in rows}}
+        for key, combo in self.filters.items():
+            current = combo.currentData() or ""
+            combo.blockSignals(True)
+            combo.clear()
+            combo.addItem(f"any {key}", "")
+            for v in sorted(values[key] | ({current} if current else set())):
+                combo.addItem(v, v)
+            combo.setCurrentIndex(max(combo.findData(current), 0))
+            combo.blockSignals(False)
+
+    def selected_ids(self) -> list[int]:
+        rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
+        return [self.table.item(r, 0).data(Qt.UserRole) for r in rows]
+
+    def select_ids(self, run_ids: list[int]) -> None:
+        self.table.clearSelection()
+        mode = self.table.selectionMode()
+        self.table.setSelectionMode(QAbstractItemView.MultiSelection)
+        for r in range(self.table.rowCount()):
+            if self.table.item(r, 0).data(Qt.UserRole) in run_ids:
+                self.table.selectRow(r)
+        self.table.setSelectionMode(mode)
+
+    # -- actions --------------------------------------------------------------------------------
+    def open_selected(self) -> None:
+        ids = self.selected_ids()
+        if ids:
+            self.detail.show_run(self.model.load(ids[0]))
+            self.tabs.setCurrentWidget(self.detail)
+
+    def compare_selected(self) -> None:
+        ids = self.selected_ids()
+        if len(ids) < 2:
+            self._error("Select two or more runs to compare (Ctrl+click); the first selected is the baseline.")
+            return
+        runs = [self.model.load(i) for i in ids]
+        from engine.store.compare import compare
+
+        self.compare_view.show_comparison(compare(runs), runs)
+        self.tabs.setCurrentWidget(self.compare_view)
+
+    def rename_dialog(self) -> None:
+        ids = self.selected_ids()
+        if len(ids) == 1:
+            old = self.model.store.info(ids[0]).name
+            name, ok = QInputDialog.getText(self, "Rename run", "New name:", text=old)
+            if ok and name and name != old:
+                self._guard(lambda: self.model.rename(ids[0], name))
+
+    def tag_dialog(self) -> None:
+        ids = self.selected_ids()
+        if len(ids) == 1:
+            tags = ", ".join(self.model.store.info(ids[0]).tags)
+            text, ok = QInputDialog.getText(self, "Tags", "Tags (comma-separated):", text=tags)
+            if ok:
+                self._guard(lambda: self.model.set_tags(ids[0], [t.strip() for t in text.split(",") if t.strip()]))
+
+    def delete_selected(self, confirm: bool = True) -> bool:
+        ids = self.selected_ids()
+        if not ids:
+            return False
+        names = ", ".join(self.model.store.info(i).name for i in ids)
+        if confirm and QMessageBox.question(self, "Delete runs", f"Delete {len(ids)} run(s) for good?\n{names}",
+                                            QMessageBox.Yes | QMessageBox.No, QMessageBox.No) != QMessageBox.Yes:
+            return False
+        self._guard(lambda: self.model.delete(ids))
+        return True
+
+    def export_dialog(self) -> None:
+        ids = self.selected_ids()
+        if len(ids) == 1:
+            path, _ = QFileDialog.getSaveFileName(self, "Export run", f"run-{ids[0]}.json", "JSON (*.json);;CSV (*.csv)")
+            if path:
+                self._guard(lambda: self.model.export(ids[0], path))
+
+    def _guard(self, action) -> None:
+        from engine.errors import EngineError
+
+        try:
+            action()
+        except EngineError as e:
+            self._error(str(e))
+
+    def _error(self, message: str) -> None:
+        if self.notifier is not None:
+            self.notifier.error(message)
+        self.count.setText(message)
+
+    def shutdown(self) -> None:
+        self.model.close()

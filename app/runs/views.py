@@ -1,0 +1,216 @@
+"""One run in detail, and several runs compared: tables, raw-sample distributions, telemetry."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (QHeaderView, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
+                               QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
+
+from app.telemetry.plots import LINE_COLORS
+
+TELEMETRY_PREFERENCE = ("gpu0.util_pct", "host.cpu_pct", "engine.cpu_pct", "engine.rss_bytes")
+WORSE, BETTER = QColor("#e53e3e"), QColor("#38a169")
+
+
+def _table(headers: list[str]) -> QTableWidget:
+    table = QTableWidget(0, len(headers))
+    table.setHorizontalHeaderLabels(headers)
+    table.verticalHeader().setVisible(False)
+    table.setEditTriggers(QTableWidget.NoEditTriggers)
+    table.setSelectionBehavior(QTableWidget.SelectRows)
+    table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+    return table
+
+
+def _fill(table: QTableWidget, rows: list[list[str]]) -> None:
+    table.setRowCount(len(rows))
+    for r, cells in enumerate(rows):
+        for c, text in enumerate(cells):
+            table.setItem(r, c, QTableWidgetItem(text))
+
+
+def _histogram(plot: pg.PlotItem, samples: list[float], color: str, name: str) -> None:
+    values = np.asarray([s for s in samples if s is not None and np.isfinite(s)], dtype=float)
+    if not len(values):
+        return
+    bins = max(5, min(40, int(np.sqrt(len(values))) * 2))
+    counts, edges = np.histogram(values, bins=bins)
+    plot.plot(edges, counts, stepMode="center", fillLevel=0, brush=pg.mkBrush(QColor(color).red(),
+              QColor(color).green(), QColor(color).blue(), 70), pen=pg.mkPen(color, width=1.5), name=name)
+
+
+def _telemetry_series(result) -> object | None:
+    by_name = {s.name: s for s in result.telemetry}
+    return next((by_name[n] for n in TELEMETRY_PREFERENCE if n in by_name), next(iter(by_name.values()), None))
+
+
+class RunDetailView(QWidget):
+    """Metrics (median ± CI from the raw samples), a histogram of the selected metric, telemetry,
+    and the environment fingerprint."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.header = QLabel("Select a run and press Open.", objectName="panelHint", wordWrap=True)
+        self.metrics = _table(["metric", "params", "median", "95% CI", "n", "unit", "status"])
+        self.histogram = pg.PlotWidget(title="raw samples of the selected metric")
+        self.telemetry = pg.PlotWidget(title="telemetry during the run")
+        self.fingerprint = QTreeWidget(headerLabels=["field", "value"])
+        plots = QTabWidget()
+        plots.addTab(self.histogram, "Distribution")
+        plots.addTab(self.telemetry, "Telemetry")
+        plots.addTab(self.fingerprint, "Fingerprint")
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(self.metrics)
+        split.addWidget(plots)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.header)
+        layout.addWidget(split, 1)
+        self.run = None
+        self.metrics.currentCellChanged.connect(lambda row, *_: self.show_metric(row))
+
+    def show_run(self, stored) -> None:
+        from engine.bench.stats import summarize
+        from engine.store.render import fmt_value
+
+        self.run = stored
+        info, result = stored.info, stored.result
+        self.header.setText(f"<b>{info.name}</b> (id {info.id}) · {info.kind} · {info.status}"
+                            f"{' · ' + info.error if info.error else ''} · {info.created_at:%Y-%m-%d %H:%M} · "
+                            f"tags: {', '.join(info.tags) or '–'}")
+        rows = []
+        for m in result.metrics:
+            s = summarize(m.samples) if m.samples else None
+            rows.append([m.name, _params(m.params), fmt_value(s.median) if s else "–",
+                         f"{fmt_value(s.ci_low)} … {fmt_value(s.ci_high)}" if s else "–", str(len(m.samples)),
+                         m.unit, m.status if m.status == "ok" else f"{m.status}: {m.error}"])
+        _fill(self.metrics, rows)
+        self._show_telemetry(result)
+        self._show_fingerprint(result.fingerprint)
+        if rows:
+            self.metrics.selectRow(0)
+            self.show_metric(0)
+
+    def show_metric(self, row: int) -> None:
+        self.histogram.clear()
+        if self.run is None or not 0 <= row < len(self.run.result.metrics):
+            return
+        m = self.run.result.metrics[row]
+        self.histogram.setLabel("bottom", f"{m.name} ({m.unit})")
+        _histogram(self.histogram.getPlotItem(), m.samples, LINE_COLORS[0], m.name)
+
+    def _show_telemetry(self, result) -> None:
+        self.telemetry.clear()
+        series = _telemetry_series(result)
+        if series is None or not series.t_ns:
+            self.telemetry.setTitle("no telemetry was recorded with this run")
+            return
+        t = (np.asarray(series.t_ns) - series.t_ns[0]) / 1e9
+        self.telemetry.setTitle(f"{series.name} ({series.unit})")
+        self.telemetry.plot(t, np.asarray(series.values, dtype=float), pen=pg.mkPen(LINE_COLORS[0], width=1.5))
+        self.telemetry.setLabel("bottom", "seconds since the run started")
+
+    def _show_fingerprint(self, fingerprint: dict) -> None:
+        self.fingerprint.clear()
+        _tree(self.fingerprint.invisibleRootItem(), fingerprint)
+        self.fingerprint.expandToDepth(0)
+        self.fingerprint.resizeColumnToContents(0)
+
+
+def _tree(parent, value) -> None:
+    for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+        if isinstance(item, (dict, list)) and item:
+            node = QTreeWidgetItem(parent, [str(key), ""])
+            _tree(node, item)
+        else:
+            QTreeWidgetItem(parent, [str(key), json.dumps(item, default=str) if not isinstance(item, str) else item])
+
+
+def _params(params: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+
+
+class CompareView(QWidget):
+    """Two or more runs: per-metric medians ± CI, Δ% with Mann-Whitney p (`~` = no significant
+    change), the fingerprint fields that differ, overlaid distributions and telemetry."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.header = QLabel("Select two or more runs and press Compare.", objectName="panelHint", wordWrap=True)
+        self.table = _table(["metric"])
+        self.diff = _table(["field"])
+        self.distributions = pg.PlotWidget(title="raw samples of the selected metric, per run")
+        self.distributions.addLegend()
+        self.telemetry = pg.PlotWidget(title="telemetry, per run")
+        self.telemetry.addLegend()
+        tabs = QTabWidget()
+        tabs.addTab(self.distributions, "Distributions")
+        tabs.addTab(self.telemetry, "Telemetry")
+        tabs.addTab(self.diff, "Fingerprint diff")
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(self.table)
+        split.addWidget(tabs)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.header)
+        layout.addWidget(split, 1)
+        self.comparison, self.runs, self._rows = None, [], []
+        self.table.currentCellChanged.connect(lambda row, *_: self.show_row(row))
+
+    def show_comparison(self, comparison, runs) -> None:
+        self.comparison, self.runs = comparison, runs
+        names = [r.name for r in comparison.runs]
+        self.header.setText(f"Baseline <b>{names[0]}</b> vs {', '.join(names[1:])}. Δ% is shown when the "
+                            f"change is significant (Mann-Whitney p ≤ {comparison.alpha}); ~ means no significant "
+                            f"change. " + " ".join(comparison.notes))
+        self._fill_table(comparison, names)
+        self._fill_diff(comparison, names)
+        self._show_telemetry(runs)
+        if self._rows:
+            self.table.selectRow(0)
+            self.show_row(0)
+
+    def _fill_table(self, comparison, names: list[str]) -> None:
+        from engine.store.render import cell_text, delta_text
+
+        headers = ["metric", "unit"] + names + [f"Δ {n}" for n in names[1:]]
+        self.table.setColumnCount(len(headers))
+        self.table.setHorizontalHeaderLabels(headers)
+        self._rows = [row for section in comparison.sections for row in section.rows]
+        _fill(self.table, [[row.label, row.unit] + [cell_text(c) for c in row.cells]
+                           + [delta_text(d) for d in row.deltas] for row in self._rows])
+        for r, row in enumerate(self._rows):
+            for i, d in enumerate(row.deltas):
+                if d is not None and d.significant:
+                    self.table.item(r, 2 + len(names) + i).setForeground(WORSE if d.worse else BETTER)
+
+    def _fill_diff(self, comparison, names: list[str]) -> None:
+        self.diff.setColumnCount(1 + len(names))
+        self.diff.setHorizontalHeaderLabels(["field"] + names)
+        _fill(self.diff, [[field] + [json.dumps(v, default=str) if not isinstance(v, str) else v for v in values]
+                          for field, values in comparison.differences])
+
+    def show_row(self, row: int) -> None:
+        self.distributions.clear()
+        if not 0 <= row < len(self._rows):
+            return
+        key = self._rows[row]
+        self.distributions.setLabel("bottom", f"{key.name} ({key.unit})")
+        for i, run in enumerate(self.runs):
+            metric = next((m for m in run.result.metrics if m.name == key.name and m.unit == key.unit
+                           and m.params == key.params), None)
+            if metric is not None:
+                _histogram(self.distributions.getPlotItem(), metric.samples, LINE_COLORS[i % len(LINE_COLORS)],
+                           run.info.name)
+
+    def _show_telemetry(self, runs) -> None:
+        self.telemetry.clear()
+        for i, run in enumerate(runs):
+            series = _telemetry_series(run.result)
+            if series is not None and series.t_ns:
+                t = (np.asarray(series.t_ns) - series.t_ns[0]) / 1e9
+                self.telemetry.plot(t, np.asarray(series.values, dtype=float), name=f"{run.info.name}: {series.name}",
+                                    pen=pg.mkPen(LINE_COLORS[i % len(LINE_COLORS)], width=1.5))
+        self.telemetry.setLabel("bottom", "seconds since each run started")

@@ -1,0 +1,231 @@
+"""The Telemetry panel: live pyqtgraph plots over TelemetryModel, phase bands, crosshair, export.
+
+Kept cheap on purpose (pyqtgraph's scrollingPlots/PlotSpeedTest menu): each refresh reads only the
+visible window from the sampler's ring buffer, curves clip to the view and downsample by peak, and
+band items come from a fixed pool instead of being created per marker.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QPushButton,
+                               QVBoxLayout, QWidget)
+
+from app.telemetry.model import TelemetryModel
+from app.telemetry.plots import GPU_PLOTS, HOST_PLOTS, LINE_COLORS, PlotSpec, lines_for
+from app.theme import PHASE_COLORS
+from engine.clock import now_ns
+
+WINDOWS_S = (("30 s", 30), ("1 min", 60), ("5 min", 300), ("15 min", 900), ("1 h", 3600))
+MAX_BANDS = 150  # per plot; older bands in a long window are not drawn
+
+
+class TelemetryPanel(QWidget):
+    def __init__(self, model: TelemetryModel, parent: QWidget | None = None, *, refresh_ms: int = 100) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.window_s = 60
+        self.paused = False
+        self.plots: dict[str, pg.PlotItem] = {}
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        self.bands: dict[str, list[pg.LinearRegionItem]] = {}
+        self.cursors: list[pg.InfiniteLine] = []
+        self.gpu_note = QLabel(objectName="panelHint", wordWrap=True, visible=False)
+        self._entities: list[str] | None = None
+        self._scale: dict[str, float] = {}
+        self.refresh_count = 0
+        self.now_ns = now_ns()  # the time x = 0 stands for in the last refresh
+        self._colors: tuple[str, str] | None = None
+        self._build_controls()
+        self.graphics = pg.GraphicsLayoutWidget()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(self._controls)
+        layout.addWidget(self.gpu_note)
+        layout.addWidget(self.graphics, 1)
+        for spec in HOST_PLOTS:
+            self._add_plot(spec)
+        self._mouse = pg.SignalProxy(self.graphics.scene().sigMouseMoved, rateLimit=30, slot=self._on_mouse)
+        self.timer = QTimer(self, interval=refresh_ms, timeout=self.refresh)
+        self.timer.start()
+
+    # -- construction ---------------------------------------------------------------------------
+    def _build_controls(self) -> None:
+        self.window_combo = QComboBox()
+        for label, seconds in WINDOWS_S:
+            self.window_combo.addItem(label, seconds)
+        self.window_combo.setCurrentIndex(1)
+        self.window_combo.currentIndexChanged.connect(lambda _i: self.set_window(self.window_combo.currentData()))
+        self.pause_button = QPushButton("Pause", checkable=True, toggled=self.set_paused)
+        self.readout = QLabel("Move the mouse over a plot to read values.", objectName="statsLine")
+        self._controls = QHBoxLayout()
+        self._controls.addWidget(QLabel("Window"))
+        self._controls.addWidget(self.window_combo)
+        self._controls.addWidget(self.pause_button)
+        self._controls.addWidget(QPushButton("Export PNG…", clicked=self.export_png_dialog))
+        self._controls.addWidget(QPushButton("Export CSV…", clicked=self.export_csv_dialog))
+        self._controls.addWidget(self.readout, 1)
+
+    def _add_plot(self, spec: PlotSpec) -> pg.PlotItem:
+        plot = self.graphics.addPlot(row=len(self.plots), col=0)
+        plot.setTitle(f"{spec.title} ({spec.unit})", size="9pt")
+        plot.showGrid(x=True, y=True, alpha=0.2)
+        plot.setDownsampling(auto=True, mode="peak")
+        plot.setClipToView(True)
+        plot.setMouseEnabled(x=False, y=False)  # the window follows "now"; pause to explore
+        plot.addLegend(offset=(-4, 4), labelTextSize="8pt", brush=(0, 0, 0, 40))
+        plot.getAxis("bottom").setLabel("seconds ago")
+        for side in ("left", "bottom"):
+            # The grid belongs to the axis item and spans the plot, so every curve update would
+            # repaint (re-rasterize) the axis text; a device cache turns that into a blit. The
+            # x range is fixed (-window..0, "seconds ago"), so the cache rarely goes stale.
+            plot.getAxis(side).setCacheMode(QGraphicsItem.DeviceCoordinateCache)
+        if self.plots:
+            plot.setXLink(next(iter(self.plots.values())))
+        self.plots[spec.key] = plot
+        self.bands[spec.key] = []
+        if self._colors:
+            self._theme_plot(plot, self._colors[1])
+        cursor = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#a0aec0", style=Qt.DashLine))
+        cursor.setVisible(False)
+        plot.addItem(cursor, ignoreBounds=True)
+        self.cursors.append(cursor)
+        return plot
+
+    def _sync_curves(self) -> None:
+        """Create curves for series that appeared (sources open in the background)."""
+        names = set(self.model.names())
+        entities = self.model.gpu_entities()
+        if entities != self._entities or not (entities or self.gpu_note.text()):
+            self._entities = entities
+            self._sync_gpu_plots(entities)
+        specs = HOST_PLOTS + (GPU_PLOTS if entities else ())
+        for spec in specs:
+            for i, (name, label, dashed) in enumerate(lines_for(spec, entities)):
+                if name in names and name not in self.curves:
+                    self._add_curve(spec, name, label, dashed, i)
+
+    def _sync_gpu_plots(self, entities: list[str]) -> None:
+        if entities:
+            self.gpu_note.setVisible(False)
+            for spec in GPU_PLOTS:
+                if spec.key not in self.plots:
+                    self._add_plot(spec)
+        elif self.model.sampler.status().get("nvml", "not opened") != "not opened":
+            self.gpu_note.setText(f"No GPU plots: {self.model.gpu_reason()}. Host plots stay live.")
+            self.gpu_note.setVisible(True)
+
+    def _add_curve(self, spec: PlotSpec, name: str, label: str, dashed: bool, index: int) -> None:
+        color = LINE_COLORS[index % len(LINE_COLORS)]
+        pen = pg.mkPen(color, width=1.5, style=Qt.DashLine if dashed else Qt.SolidLine)
+        curve = self.plots[spec.key].plot(name=label, pen=pen, connect="finite")
+        curve.setDownsampling(auto=True, method="peak")
+        curve.setClipToView(True)
+        self.curves[name] = curve
+        self._scale[name] = spec.scale
+
+    # -- live update ----------------------------------------------------------------------------
+    def set_window(self, seconds: int) -> None:
+        self.window_s = int(seconds)
+        self.refresh(force=True)
+
+    def set_paused(self, paused: bool) -> None:
+        """Freeze the view (sampling goes on, nothing is lost); pan and zoom work while paused."""
+        self.paused = paused
+        self.pause_button.setText("Resume" if paused else "Pause")
+        for plot in self.plots.values():
+            plot.setMouseEnabled(x=paused, y=False)
+        if not paused:
+            self.refresh()
+
+    def refresh(self, force: bool = False) -> None:
+        if (self.paused or not self.isVisible()) and not force:
+            return  # a hidden (tabbed-away) or paused panel costs nothing
+        self._sync_curves()
+        now = now_ns()
+        since = now - self.window_s * 10**9
+        self.now_ns = now
+        for name, curve in self.curves.items():
+            t_ns, values = self.model.series(name, since)
+            curve.setData((t_ns - now) / 1e9, values * self._scale[name])
+        first = next(iter(self.plots.values()))
+        first.setXRange(-self.window_s, 0, padding=0)
+        self._update_bands(since, now)
+        self.refresh_count += 1
+
+    def _update_bands(self, since_ns: int, until_ns: int) -> None:
+        phases = self.model.phases_between(since_ns, until_ns, MAX_BANDS)
+        for key, plot in self.plots.items():
+            pool = self.bands[key]
+            while len(pool) < len(phases):
+                band = pg.LinearRegionItem(movable=False, pen=pg.mkPen(None))
+                band.setZValue(-10)
+                plot.addItem(band, ignoreBounds=True)
+                pool.append(band)
+            for band, phase in zip(pool, phases):
+                end = phase.end_ns if phase.end_ns is not None else until_ns
+                band.setRegion(((phase.start_ns - until_ns) / 1e9, (end - until_ns) / 1e9))
+                band.setBrush(pg.mkBrush(*PHASE_COLORS.get(phase.phase, (160, 160, 160)), 60))
+                band.setToolTip(phase.phase)
+                band.setVisible(True)
+            for band in pool[len(phases):]:
+                band.setVisible(False)
+
+    # -- crosshair ------------------------------------------------------------------------------
+    def _on_mouse(self, event) -> None:
+        pos = event[0]
+        plot = next((p for p in self.plots.values() if p.sceneBoundingRect().contains(pos)), None)
+        if plot is None:
+            return
+        x = plot.vb.mapSceneToView(pos).x()
+        for cursor in self.cursors:
+            cursor.setPos(x)
+            cursor.setVisible(True)
+        self.readout.setText(self.readout_at(x))
+
+    def readout_at(self, x_s: float) -> str:
+        parts = [f"{-x_s:.1f} s ago"]
+        for name, curve in self.curves.items():
+            xs, ys = curve.getOriginalDataset()
+            if xs is None or not len(xs):
+                continue
+            i = int(np.clip(np.searchsorted(xs, x_s), 0, len(xs) - 1))
+            if np.isfinite(ys[i]):
+                parts.append(f"{curve.name()} {ys[i]:.3g}")
+        return " · ".join(parts)
+
+    # -- export / theme -------------------------------------------------------------------------
+    def export_png(self, path: str) -> bool:
+        return self.graphics.grab().save(path)
+
+    def export_csv(self, path: str) -> int:
+        return self.model.export_csv(path, now_ns() - self.window_s * 10**9)
+
+    def export_png_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export plots", "telemetry.png", "PNG (*.png)")
+        if path:
+            self.export_png(path)
+
+    def export_csv_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export telemetry", "telemetry.csv", "CSV (*.csv)")
+        if path:
+            self.export_csv(path)
+
+    def apply_theme(self, background: str, foreground: str) -> None:
+        self._colors = (background, foreground)
+        self.graphics.setBackground(background)
+        for plot in self.plots.values():
+            self._theme_plot(plot, foreground)
+
+    @staticmethod
+    def _theme_plot(plot: pg.PlotItem, foreground: str) -> None:
+        for side in ("left", "bottom"):
+            axis = plot.getAxis(side)
+            axis.setPen(foreground)
+            axis.setTextPen(foreground)
+        plot.titleLabel.setText(plot.titleLabel.text, color=foreground)
+
+    def shutdown(self) -> None:
+        self.timer.stop()
+        self.model.stop()

@@ -1,0 +1,134 @@
+"""The trace's op table: a virtualized QAbstractTableModel over numpy columns.
+
+Qt asks only for the rows on screen, so 100k+ ops cost nothing to show; filters are vectorized
+numpy expressions that produce an index array, never a per-row Python loop over Qt calls.
+"""
+from __future__ import annotations
+
+import fnmatch
+
+import numpy as np
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtGui import QColor
+
+from app.theme import device_color
+
+# (column key, header, format)
+COLUMNS = (("seq", "#", "{}"), ("op", "op", "{}"), ("kind", "class", "{}"), ("direction", "dir", "{}"),
+           ("device", "device", "{}"), ("module", "module", "{}"), ("source", "source line", "{}"),
+           ("step", "step", "{}"), ("t_us", "t (µs)", "{:.0f}"), ("dur_us", "dur (µs)", "{:.1f}"),
+           ("bytes", "bytes", "{:,}"), ("shapes", "input shapes", "{}"))
+KIND_COLORS = {"fallback": "#e53e3e", "transfer": "#dd6b20", "sync": "#d69e2e", "mixed": "#805ad5"}
+
+
+class OpTableModel(QAbstractTableModel):
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.columns: dict[str, np.ndarray] = {key: np.empty(0, dtype=object) for key, _h, _f in COLUMNS}
+        self.rows = np.empty(0, dtype=np.int64)  # indices of the rows that pass the filters
+        self._pending: dict[str, list] = {key: [] for key, _h, _f in COLUMNS}
+
+    # -- data in --------------------------------------------------------------------------------
+    def add_batch(self, columns: dict[str, list]) -> None:
+        """Collect a batch from the worker; ``commit`` makes the collected rows visible."""
+        for key in self._pending:
+            self._pending[key].extend(columns.get(key, ()))
+
+    def commit(self) -> None:
+        self.beginResetModel()
+        self.columns = {key: _array(key, values) for key, values in self._pending.items()}
+        self._pending = {key: [] for key in self._pending}
+        self.rows = np.arange(self.total, dtype=np.int64)
+        self.endResetModel()
+
+    def clear(self) -> None:
+        self._pending = {key: [] for key in self._pending}
+        self.commit()
+
+    @property
+    def total(self) -> int:
+        return len(self.columns["seq"])
+
+    def distinct(self, key: str) -> list[str]:
+        return sorted(set(self.columns[key].tolist())) if self.total else []
+
+    # -- filtering ------------------------------------------------------------------------------
+    def set_filter(self, device: str = "", kind: str = "", module: str = "", op: str = "",
+                   sources: tuple[str, ...] = (), modules: tuple[str, ...] = ()) -> int:
+        """Keep rows matching every filter given; ``module``/``op`` are substrings or globs;
+        ``sources``/``modules`` (from a finding) match a source line or a module pattern off target."""
+        mask = np.ones(self.total, dtype=bool)
+        c = self.columns
+        if device:
+            mask &= c["device"] == device
+        if kind:
+            mask &= c["kind"] == kind
+        if module:
+            mask &= _text_match(c["module"], module)
+        if op:
+            mask &= _text_match(c["op"], op)
+        if sources or modules:
+            mask &= _finding_match(c, sources, modules)
+        self.beginResetModel()
+        self.rows = np.flatnonzero(mask)
+        self.endResetModel()
+        return len(self.rows)
+
+    # -- Qt model -------------------------------------------------------------------------------
+    def rowCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section: int, orientation, role=Qt.DisplayRole):
+        if role == Qt.DisplayRole and orientation == Qt.Horizontal:
+            return COLUMNS[section][1]
+        return None
+
+    def data(self, index: QModelIndex | QPersistentModelIndex, role=Qt.DisplayRole):
+        if not index.isValid():
+            return None
+        row = self.rows[index.row()]
+        key, _header, fmt = COLUMNS[index.column()]
+        if role == Qt.DisplayRole:
+            return fmt.format(self.columns[key][row])
+        if role == Qt.ForegroundRole:
+            if key == "device":
+                return QColor(device_color(str(self.columns["device"][row])))
+            if key == "kind":
+                color = KIND_COLORS.get(str(self.columns["kind"][row]))
+                return QColor(color) if color else None
+        if role == Qt.TextAlignmentRole and key in ("seq", "step", "t_us", "dur_us", "bytes"):
+            return int(Qt.AlignRight | Qt.AlignVCenter)
+        return None
+
+    def row_dict(self, view_row: int) -> dict:
+        row = self.rows[view_row]
+        return {key: self.columns[key][row] for key, _h, _f in COLUMNS}
+
+
+def _array(key: str, values: list) -> np.ndarray:
+    if key in ("seq", "step", "bytes"):
+        return np.asarray(values, dtype=np.int64)
+    if key in ("t_us", "dur_us"):
+        return np.asarray(values, dtype=np.float64)
+    return np.asarray(values, dtype=str) if values else np.empty(0, dtype=str)
+
+
+def _text_match(column: np.ndarray, pattern: str) -> np.ndarray:
+    if any(ch in pattern for ch in "*?["):
+        unique = np.unique(column)  # glob on the few distinct values, then map back
+        keep = {u for u in unique.tolist() if fnmatch.fnmatchcase(u, pattern)}
+        return np.isin(column, list(keep))
+    return np.char.find(column, pattern) >= 0
+
+
+def _finding_match(c: dict[str, np.ndarray], sources: tuple[str, ...], modules: tuple[str, ...]) -> np.ndarray:
+    by_source = np.isin(c["source"], list(sources)) if sources else np.zeros(len(c["source"]), bool)
+    off_target = c["kind"] != "on_target"
+    by_module = np.zeros(len(c["module"]), bool)
+    for pattern in modules:
+        if pattern:
+            by_module |= _text_match(c["module"], pattern)
+    return by_source | (by_module & off_target)

@@ -1,0 +1,211 @@
+"""The Trace panel: run a trace, read the placement report as cards and findings, filter the ops."""
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel,
+                               QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSpinBox, QSplitter,
+                               QTableView, QVBoxLayout, QWidget)
+
+from app.protocol import TraceRequest
+from app.trace.model import TraceModel
+from app.trace.timeline import TraceTimeline
+
+SIMULATE = (("as loaded (its own device)", ""), ("simulated accelerator (meta)", "meta"))
+SEVERITY_MARK = {"high": "●", "medium": "◐", "low": "○"}
+
+
+class Card(QFrame):
+    def __init__(self, title: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent, objectName="card")
+        self.value = QLabel("–", objectName="cardValue")
+        self.title = QLabel(title, objectName="cardTitle", wordWrap=True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 6, 10, 6)
+        layout.addWidget(self.value)
+        layout.addWidget(self.title)
+
+    def set(self, text: str, severity: str = "") -> None:
+        self.value.setText(text)
+        self.setProperty("severity", severity)
+        self.style().unpolish(self)
+        self.style().polish(self)
+
+
+class TracePanel(QWidget):
+    def __init__(self, model: TraceModel, variants: list[str] | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self._build_controls(variants or ["clean", "leaky-norm", "per-element-copy"])
+        self._build_cards()
+        self.findings = QListWidget()
+        self.finding_detail = QLabel(objectName="panelHint", wordWrap=True, textFormat=Qt.RichText)
+        self.table = QTableView(sortingEnabled=False)
+        self.table.setModel(model.ops)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Interactive)
+        self.table.verticalHeader().setDefaultSectionSize(20)  # uniform rows: Qt skips measuring them
+        self.table.verticalHeader().setVisible(False)
+        self.timeline = TraceTimeline()
+        self._build_layout()
+        model.started.connect(self._on_started)
+        model.progress.connect(lambda done, total: self.status.setText(f"receiving ops {done:,}/{total:,}…"))
+        model.finished.connect(self.show_report)
+        model.failed.connect(self._on_failed)
+        self.findings.currentRowChanged.connect(self.select_finding)
+
+    # -- construction ---------------------------------------------------------------------------
+    def _build_controls(self, variants: list[str]) -> None:
+        self.prompt = QLineEdit("The capital of France is")
+        self.tokens = QSpinBox(minimum=1, maximum=256, value=8)
+        self.variant = QComboBox()
+        self.variant.addItems(variants)
+        self.target = QComboBox()
+        for label, value in SIMULATE:
+            self.target.addItem(label, value)
+        self.run_button = QPushButton("Trace", objectName="primary", clicked=self.run)
+        self.export_button = QPushButton("Export Perfetto JSON…", clicked=self.export_dialog, enabled=False)
+        self.status = QLabel("Trace records every tensor op of a short generation with its device.",
+                             objectName="statsLine")
+
+    def _build_cards(self) -> None:
+        self.cards = {key: Card(title) for key, title in (
+            ("on_target", "ops on target"), ("time_on_target", "time on target"), ("fallbacks", "fallback ops"),
+            ("transfers", "transfers / token"), ("syncs", "syncs / token"), ("storms", "storms"))}
+
+    def _build_layout(self) -> None:
+        controls = QHBoxLayout()
+        for label, widget in (("Prompt", self.prompt), ("Tokens", self.tokens), ("Variant", self.variant),
+                              ("Target", self.target)):
+            controls.addWidget(QLabel(label))
+            controls.addWidget(widget, 3 if widget is self.prompt else 0)
+        controls.addWidget(self.run_button)
+        controls.addWidget(self.export_button)
+        cards = QGridLayout()
+        for i, card in enumerate(self.cards.values()):
+            cards.addWidget(card, 0, i)
+        findings = QWidget()
+        col = QVBoxLayout(findings)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.addWidget(QLabel("Findings — click one to see its ops"))
+        col.addWidget(self.findings, 1)
+        col.addWidget(self.finding_detail)
+        top = QSplitter(Qt.Horizontal)
+        top.addWidget(findings)
+        top.addWidget(self._table_box())
+        top.setStretchFactor(1, 2)
+        body = QSplitter(Qt.Vertical)
+        body.addWidget(top)
+        body.addWidget(self.timeline)
+        body.setStretchFactor(0, 3)
+        layout = QVBoxLayout(self)
+        layout.addLayout(controls)
+        layout.addWidget(self.status)
+        layout.addLayout(cards)
+        layout.addWidget(body, 1)
+
+    def _table_box(self) -> QWidget:
+        self.device_filter, self.kind_filter = QComboBox(), QComboBox()
+        self.module_filter = QLineEdit(placeholderText="module (text or glob)")
+        self.op_filter = QLineEdit(placeholderText="op (text or glob)")
+        for widget in (self.device_filter, self.kind_filter):
+            widget.currentIndexChanged.connect(lambda _i: self.apply_filters())
+        for widget in (self.module_filter, self.op_filter):
+            widget.editingFinished.connect(self.apply_filters)
+        self.count_label = QLabel("", objectName="statsLine")
+        row = QHBoxLayout()
+        for widget in (self.device_filter, self.kind_filter, self.module_filter, self.op_filter, self.count_label):
+            row.addWidget(widget)
+        box = QWidget()
+        col = QVBoxLayout(box)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.addLayout(row)
+        col.addWidget(self.table, 1)
+        return box
+
+    # -- actions --------------------------------------------------------------------------------
+    def request(self) -> TraceRequest:
+        return TraceRequest(prompt=self.prompt.text(), tokens=self.tokens.value(),
+                            variant=self.variant.currentText(), simulate=self.target.currentData())
+
+    def run(self) -> None:
+        self.model.run(self.request())
+
+    def export_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export trace", "trace.perfetto.json", "JSON (*.json)")
+        if path:
+            self.model.export_perfetto(path)
+
+    def apply_filters(self, sources: tuple[str, ...] = (), modules: tuple[str, ...] = ()) -> None:
+        shown = self.model.ops.set_filter(
+            device=self.device_filter.currentData() or "", kind=self.kind_filter.currentData() or "",
+            module=self.module_filter.text().strip(), op=self.op_filter.text().strip(),
+            sources=sources, modules=modules)
+        self.count_label.setText(f"{shown:,} of {self.model.ops.total:,} ops")
+
+    def select_finding(self, row: int) -> None:
+        """Show a finding's detail and filter the table to its ops."""
+        findings = (self.model.report or {}).get("findings", [])
+        if not 0 <= row < len(findings):
+            self.apply_filters()
+            return
+        f = findings[row]
+        evidence = "<br>".join(html.escape(str(line)) for line in f.get("evidence", {}).get("lines", [])[:6])
+        self.finding_detail.setText(f"<b>{html.escape(f['title'])}</b><br>{evidence}<br><b>Fix:</b> "
+                                    f"{html.escape(f.get('fix', ''))}")
+        self.apply_filters(tuple(f.get("sources", ())), tuple(f.get("modules", ())))
+
+    # -- results --------------------------------------------------------------------------------
+    def _on_started(self) -> None:
+        self.run_button.setEnabled(False)
+        self.status.setText("tracing… (the model runs under the tracer; a few seconds)")
+
+    def _on_failed(self, message: str) -> None:
+        self.run_button.setEnabled(True)
+        self.status.setText(f"trace failed: {message}")
+
+    def show_report(self, report: dict) -> None:
+        self.run_button.setEnabled(True)
+        self.export_button.setEnabled(True)
+        result = self.model.result or {}
+        sim = " (simulated)" if result.get("simulated") else ""
+        self.status.setText(f"{result.get('variant', '')} model on {report['target']}{sim}: {report['ops']:,} ops, "
+                            f"{report['tokens']} tokens. " + " ".join(report.get("notes", []))[:300])
+        self._fill_cards(report)
+        self._fill_findings(report)
+        self._fill_filters()
+        self.apply_filters()
+        self.timeline.show_ops(self.model.ops.columns)
+
+    def _fill_cards(self, report: dict) -> None:
+        kinds = report.get("by_kind", {})
+        transfers = sum(t["per_token_count"] for t in report.get("transfers", []))
+        storms = sum(1 for f in report.get("findings", []) if f["kind"] == "storm")
+        fallback_ops = kinds.get("fallback", {}).get("count", 0)
+        on_target = report["ops_on_target_pct"]
+        self.cards["on_target"].set(f"{on_target:.1f}%", "good" if not report["findings"] else "bad")
+        self.cards["time_on_target"].set(f"{report['time_on_target_pct']:.1f}%")
+        self.cards["fallbacks"].set(f"{fallback_ops:,}", "bad" if fallback_ops else "good")
+        self.cards["transfers"].set(f"{transfers:.1f}")
+        self.cards["syncs"].set(f"{report['syncs_per_token']:.1f}")
+        self.cards["storms"].set(str(storms), "bad" if storms else "good")
+
+    def _fill_findings(self, report: dict) -> None:
+        self.findings.clear()
+        for f in report.get("findings", []):
+            item = QListWidgetItem(f"{SEVERITY_MARK.get(f['severity'], '•')} [{f['kind']}] {f['title']}")
+            item.setToolTip(f"Fix: {f.get('fix', '')}")
+            self.findings.addItem(item)
+        if not report.get("findings"):
+            self.findings.addItem("No findings: every op ran where it should (beyond the engine's needed I/O).")
+        self.finding_detail.setText("")
+
+    def _fill_filters(self) -> None:
+        for combo, key, label in ((self.device_filter, "device", "all devices"),
+                                  (self.kind_filter, "kind", "all classes")):
+            combo.blockSignals(True)
+            combo.clear()
+            combo.addItem(label, "")
+            for value in self.model.ops.distinct(key):
+                combo.addItem(value, value)
+            combo.blockSignals(False)

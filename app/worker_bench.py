@@ -1,0 +1,132 @@
+"""The worker's benchmark job: run a suite through engine.bench.session.run_suite, saving every
+point to the run store as it is measured, and stream progress and finished points to the GUI."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import typing
+from typing import Any
+
+from app.protocol import BenchRequest, LoadRequest
+
+PROGRESS_INTERVAL_S = 0.1  # the runner reports fractional progress often; the GUI needs ~10 Hz
+
+
+def suite_catalog() -> list[dict]:
+    """Every suite with its description and parameters (name, kind, default, quick value)."""
+    from engine.bench.suites import SUITES, get_suite
+
+    out = []
+    for name in SUITES:
+        try:
+            module = get_suite(name)
+        except Exception as e:  # a suite that cannot import is listed with the reason
+            out.append({"name": name, "description": f"unavailable: {e}", "params": [], "needs_model": False})
+            continue
+        quick = getattr(module, "QUICK", None)
+        out.append({"name": name, "description": getattr(module, "DESCRIPTION", ""),
+                    "needs_model": bool(getattr(module, "NEEDS_MODEL", False)),
+                    "params": _param_fields(module.Params, quick)})
+    return out
+
+
+def _param_fields(params_cls, quick) -> list[dict]:
+    hints = typing.get_type_hints(params_cls)
+    fields = []
+    for f in dataclasses.fields(params_cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        fields.append({"name": f.name, "kind": _kind(hints.get(f.name), default),
+                       "default": _plain(default), "quick": _plain(getattr(quick, f.name, default))})
+    return fields
+
+
+def _kind(hint, default) -> str:
+    if isinstance(default, bool):
+        return "bool"
+    if isinstance(default, tuple):
+        inner = {type(v) for v in default}
+        return "tuple_int" if inner <= {int} and default else "tuple_str" if inner <= {str} else "json"
+    for t, kind in ((int, "int"), (float, "float"), (str, "str")):
+        if isinstance(default, t):
+            return kind
+    return "json"
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def build_params(module, values: dict, quick: bool):
+    """The suite's Params from the GUI's values (lists become tuples), starting from QUICK or defaults."""
+    from engine.errors import ConfigError
+
+    base = getattr(module, "QUICK", None) if quick else None
+    base = base or module.Params()
+    known = {f.name for f in dataclasses.fields(base)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"suite {module.NAME}: unknown parameter(s) {unknown}; known: {sorted(known)}")
+    converted = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    try:
+        return dataclasses.replace(base, **converted)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"suite {module.NAME}: bad parameters: {e}") from e
+
+
+class _ProgressSink:
+    """The run store, plus a message to the GUI for every point as it is saved."""
+
+    def __init__(self, store, send) -> None:
+        self.store, self.send = store, send
+
+    def begin_run(self, result):
+        run_id = self.store.begin_run(result)
+        self.send("progress", run_id=run_id, name=result.name, done=0, total=None, eta_s=None)
+        return run_id
+
+    def add_metric(self, run_id, metric) -> None:
+        self.store.add_metric(run_id, metric)
+        self.send("progress", point={"name": metric.name, "unit": metric.unit, "samples": list(metric.samples),
+                                     "params": dict(metric.params), "status": metric.status,
+                                     "error": metric.error, "higher_is_better": metric.higher_is_better})
+
+    def finish_run(self, run_id, status: str, error: str | None = None) -> None:
+        self.store.finish_run(run_id, status, error)
+
+
+def _throttled_progress(send):
+    last = [0.0]
+
+    def progress(done: float, total: int, eta_s: float | None) -> None:
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_INTERVAL_S or done >= total:
+            last[0] = now
+            send("progress", done=done, total=total, eta_s=eta_s)
+
+    return progress
+
+
+def run_bench(loaded, spec: LoadRequest | None, req: BenchRequest, send, cancel: threading.Event) -> dict:
+    from engine.bench.options import BenchOptions
+    from engine.bench.session import run_suite
+    from engine.bench.suites import get_suite
+    from engine.store import RunStore
+
+    module = get_suite(req.suite)
+    spec = spec or LoadRequest()
+    opts = BenchOptions(device=spec.device, dtype=spec.dtype, quick=req.quick, model=spec.model,
+                        backend=spec.backend, threads=spec.threads, attention=spec.attention)
+    params = build_params(module, req.params, req.quick)
+    # The loaded model is reused when the suite drives one: no second copy in memory.
+    model = loaded if getattr(module, "NEEDS_MODEL", False) and hasattr(loaded, "model") else None
+    with RunStore.open(req.db_url) as store:
+        run_id, result = run_suite(req.suite, opts, _ProgressSink(store, send), name=req.name, tags=req.tags,
+                                   params=params, cancel=cancel, progress=_throttled_progress(send), model=model)
+        name = store.info(run_id).name
+    return {"run_id": run_id, "name": name, "status": result.status, "error": result.error,
+            "metrics": len(result.metrics)}

@@ -1,0 +1,101 @@
+"""A generation loop for backend plugins: give it a Stepper, get the engine's exact event stream.
+
+The built-in torch engine (engine.generate) keeps its own loop so the sampled id can stay on the
+GPU; every other backend only has to run its model and sample, and this loop does the rest the
+same way: prompt-length checks, chunked prefill with progress events, EOS, ``max_tokens``, stop
+strings (held back until they cannot start one), ``cancel``, phase markers and statistics.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Iterator, Protocol
+
+from engine import markers
+from engine.clock import now_ns
+from engine.errors import ConfigError
+from engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted, Token, stats_from_times
+
+
+class Stepper(Protocol):
+    """One request's model state, driven by :func:`stream_generation`.
+
+    ``forward(ids)`` runs the model over ``ids`` (a prompt chunk, or the one token just sampled),
+    appending them to the sequence; the driver reads the clock when it returns, so a lazy framework
+    should evaluate at least prompt chunks before returning. ``sample()`` draws the next token id
+    from the logits of the last position seen (with the request's sampling options) and returns it
+    as an int: that is the point where the host waits for the device.
+    """
+
+    def forward(self, ids: list[int]) -> None: ...
+
+    def sample(self) -> int: ...
+
+
+def text_stream(tokenizer, stop: tuple[str, ...]):
+    """The engine's stop-string and UTF-8 hold-back logic, so every backend cuts text alike."""
+    from engine.generate import _TextStream  # TODO(lead): expose a public, torch-free TextStream
+
+    return _TextStream(tokenizer, stop)
+
+
+def check_prompt(prompt_ids: list[int], cfg, max_seq_len: int) -> None:
+    if not prompt_ids:
+        raise ConfigError("the prompt is empty after tokenization; give at least one token")
+    if len(prompt_ids) + cfg.max_tokens > max_seq_len:
+        raise ConfigError(f"prompt + max_tokens = {len(prompt_ids) + cfg.max_tokens} tokens exceeds the "
+                          f"model's context of {max_seq_len}; shorten the prompt or lower --max-tokens")
+
+
+def stream_generation(stepper: Stepper, tokenizer, prompt_ids: list[int], cfg,
+                      cancel: threading.Event | None = None, request_ns: int | None = None,
+                      max_seq_len: int | None = None) -> Iterator:
+    """Yield PrefillStarted, PrefillProgress*, PrefillFinished, Token*, Finished (engine.events)."""
+    request_ns = now_ns() if request_ns is None else request_ns
+    check_prompt(prompt_ids, cfg, max_seq_len if max_seq_len is not None else 1 << 62)
+    n = len(prompt_ids)
+    t_start = now_ns()
+    yield PrefillStarted(n, t_start, request_ns)
+    markers.emit(markers.PREFILL, "start", t_start, tokens=n)
+    for s in range(0, n, cfg.prefill_chunk):
+        stepper.forward(prompt_ids[s:s + cfg.prefill_chunk])
+        if s + cfg.prefill_chunk < n:
+            yield PrefillProgress(s + cfg.prefill_chunk, n, now_ns())
+    token_id = stepper.sample()  # the host waits here: prefill is done when this returns
+    t_prefill = now_ns()
+    markers.emit(markers.PREFILL, "end", t_prefill, tokens=n)
+    yield PrefillFinished(n, t_prefill)
+    yield from _decode(stepper, tokenizer, token_id, n, cfg, cancel, (request_ns, t_start, t_prefill))
+
+
+def _decode(stepper: Stepper, tokenizer, token_id: int, n: int, cfg, cancel, times) -> Iterator:
+    request_ns, t_start, t_prefill = times
+    stream = text_stream(tokenizer, cfg.stop)
+    eos = set() if cfg.ignore_eos else set(tokenizer.eos_ids)
+    token_ns, reason = [], "length"
+    markers.emit(markers.DECODE, "start", t_prefill)
+    for i in range(cfg.max_tokens):
+        t = now_ns() if i else t_prefill
+        if token_id in eos:
+            reason = "eos"
+            break
+        piece, stopped = stream.push(token_id)
+        token_ns.append(t)
+        yield Token(i, token_id, piece, t)
+        if stopped:
+            reason = "stop_string"
+            break
+        if cancel is not None and cancel.is_set():
+            reason = "cancelled"
+            break
+        if i + 1 == cfg.max_tokens:
+            break
+        stepper.forward([token_id])
+        token_id = stepper.sample()
+    tail = stream.finish() if reason != "stop_string" else ""
+    end = now_ns()
+    markers.emit(markers.DECODE, "end", end, tokens=len(token_ns))
+    stats = stats_from_times(request_ns, t_start, t_prefill, n, token_ns or [t_prefill], end)
+    if not token_ns:  # EOS first: TTFT is still the time to that token; nothing was generated
+        stats = replace(stats, generated_tokens=0)
+    yield Finished(reason, stats, end, text=stream.text, tail=tail)

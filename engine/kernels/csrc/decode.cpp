@@ -1,0 +1,222 @@
+// A whole batch-1 decode step of a Llama-family model in one call: no per-op dispatch, no
+// per-token allocation but the logits, four parallel regions per layer.
+//
+// Same math as engine.models.llama (rotate-half RoPE from the model's inv_freq, RMSNorm, grouped
+// KV heads, SiLU-gated MLP), reading and writing the model's own KV cache tensors so that a prefill
+// run by the torch model and decode steps run here share one cache.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <tuple>
+#include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "qtensors.h"
+
+namespace opscope {
+namespace {
+
+// (qtype, qs, d, m, bias): one packed linear as handed over from Python.
+using LinSpec = std::tuple<int64_t, at::Tensor, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::Tensor>>;
+
+struct Linear {
+  Weights w;
+  std::vector<at::Tensor> keep;  // owns the packed tensors the pointers in w refer to
+  const float* bias = nullptr;
+};
+
+Linear make_linear(const LinSpec& s, int64_t K) {
+  Linear l;
+  l.w = make_weights(std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s), K);
+  l.keep = {std::get<1>(s), std::get<2>(s)};
+  if (std::get<3>(s)) l.keep.push_back(*std::get<3>(s));
+  if (std::get<4>(s)) {
+    l.keep.push_back(std::get<4>(s)->contiguous().to(at::kFloat));
+    l.bias = l.keep.back().data_ptr<float>();
+  }
+  return l;
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float s = 0.f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  s = _mm512_reduce_add_ps(acc);
+#endif
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* out) {
+  double ss = 0.0;  // double: the sum of 576+ squares without order-dependent rounding
+  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+  const float r = float(1.0 / std::sqrt(ss / n + eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
+}
+
+// Rotate-half RoPE on `heads` vectors of length D: pairs (i, i + D/2).
+void rope(float* v, int64_t heads, int64_t D, const float* cs, const float* sn) {
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* p = v + h * D;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = p[i], b = p[i + half];
+      p[i] = a * cs[i] - b * sn[i];
+      p[i + half] = b * cs[i] + a * sn[i];
+    }
+  }
+}
+
+}  // namespace
+
+class DecodeModel {
+ public:
+  DecodeModel(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t hidden_dim,
+              double eps, int64_t act_mode, at::Tensor embed, at::Tensor inv_freq, at::Tensor final_norm,
+              const LinSpec& lm_head)
+      : C_(dim), H_(n_heads), KV_(n_kv_heads), D_(head_dim), F_(hidden_dim), eps_(eps), q8_(act_mode == 1),
+        embed_(embed.contiguous()), inv_freq_(inv_freq.contiguous().to(at::kFloat)),
+        final_norm_(final_norm.contiguous().to(at::kFloat)), head_(make_linear(lm_head, dim)) {
+    TORCH_CHECK(embed_.scalar_type() == at::kFloat && embed_.size(1) == C_, "embedding must be float32 [V, dim]");
+    TORCH_CHECK(H_ % KV_ == 0 && D_ % 2 == 0 && inv_freq_.numel() == D_ / 2, "inconsistent head sizes");
+    x_.resize(C_); h_.resize(std::max(C_, F_)); q_.resize(H_ * D_); k_.resize(KV_ * D_); v_.resize(KV_ * D_);
+    att_.resize(H_ * D_); o_.resize(C_); g_.resize(F_); u_.resize(F_); cos_.resize(D_ / 2); sin_.resize(D_ / 2);
+  }
+
+  // attn_norm, mlp_norm, and the linears q, k, v, o, gate, up, down (all packed).
+  void add_layer(at::Tensor attn_norm, at::Tensor mlp_norm, std::vector<LinSpec> lin) {
+    TORCH_CHECK(lin.size() == 7, "a layer has 7 linears");
+    Layer L;
+    L.attn_norm = attn_norm.contiguous().to(at::kFloat);
+    L.mlp_norm = mlp_norm.contiguous().to(at::kFloat);
+    const int64_t in_dims[7] = {C_, C_, C_, H_ * D_, C_, C_, F_};
+    for (int i = 0; i < 7; ++i) L.lin.push_back(make_linear(lin[i], in_dims[i]));
+    layers_.push_back(std::move(L));
+  }
+
+  // The model's KV cache buffers, [B, KV, S, D] float32 each; sequence 0 is used.
+  void set_cache(std::vector<at::Tensor> k, std::vector<at::Tensor> v) {
+    TORCH_CHECK(k.size() == layers_.size() && v.size() == layers_.size(), "one cache per layer");
+    for (size_t l = 0; l < k.size(); ++l) {
+      TORCH_CHECK(k[l].is_contiguous() && v[l].is_contiguous() && k[l].scalar_type() == at::kFloat &&
+                  k[l].size(1) == KV_ && k[l].size(3) == D_, "cache must be contiguous float32 [B, KV, S, D]");
+    }
+    kc_ = std::move(k);
+    vc_ = std::move(v);
+    S_ = kc_.empty() ? 0 : kc_[0].size(2);
+    scores_.assign(H_ * S_, 0.f);
+  }
+
+  // Logits [1, 1, V] for `token` at position `pos`; writes K/V at `pos` into the cache.
+  at::Tensor step(int64_t token, int64_t pos) {
+    TORCH_CHECK(pos >= 0 && pos < S_, "position ", pos, " outside the KV cache (", S_, ")");
+    TORCH_CHECK(token >= 0 && token < embed_.size(0), "token id ", token, " outside the vocabulary");
+    std::copy_n(embed_.data_ptr<float>() + token * C_, C_, x_.data());
+    for (int64_t i = 0; i < D_ / 2; ++i) {
+      const float f = float(pos) * inv_freq_.data_ptr<float>()[i];
+      cos_[i] = std::cos(f);
+      sin_[i] = std::sin(f);
+    }
+    for (size_t l = 0; l < layers_.size(); ++l) layer(l, pos);
+    rmsnorm(x_.data(), final_norm_.data_ptr<float>(), C_, eps_, h_.data());
+    auto logits = at::empty({1, 1, head_.w.N}, at::TensorOptions().dtype(at::kFloat));
+    float* y = logits.data_ptr<float>();
+    matvec_multi(h_.data(), C_, &head_.w, &y, 1, q8_, scratch_);
+    return logits;
+  }
+
+ private:
+  struct Layer {
+    at::Tensor attn_norm, mlp_norm;
+    std::vector<Linear> lin;  // q, k, v, o, gate, up, down
+  };
+
+  void matvecs(const float* in, int64_t K, std::initializer_list<std::pair<const Linear*, float*>> outs) {
+    Weights ws[4];
+    float* ys[4];
+    int n = 0;
+    for (auto& [lin, y] : outs) { ws[n] = lin->w; ys[n++] = y; }
+    matvec_multi(in, K, ws, ys, n, q8_, scratch_);
+    for (auto& [lin, y] : outs)
+      if (lin->bias) for (int64_t i = 0; i < lin->w.N; ++i) y[i] += lin->bias[i];
+  }
+
+  void layer(size_t l, int64_t pos) {
+    Layer& L = layers_[l];
+    rmsnorm(x_.data(), L.attn_norm.data_ptr<float>(), C_, eps_, h_.data());
+    matvecs(h_.data(), C_, {{&L.lin[0], q_.data()}, {&L.lin[1], k_.data()}, {&L.lin[2], v_.data()}});
+    rope(q_.data(), H_, D_, cos_.data(), sin_.data());
+    rope(k_.data(), KV_, D_, cos_.data(), sin_.data());
+    float* kc = kc_[l].data_ptr<float>();
+    float* vc = vc_[l].data_ptr<float>();
+    for (int64_t g = 0; g < KV_; ++g) {
+      std::copy_n(k_.data() + g * D_, D_, kc + (g * S_ + pos) * D_);
+      std::copy_n(v_.data() + g * D_, D_, vc + (g * S_ + pos) * D_);
+    }
+    attention(kc, vc, pos);
+    matvecs(att_.data(), H_ * D_, {{&L.lin[3], o_.data()}});
+    for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
+    rmsnorm(x_.data(), L.mlp_norm.data_ptr<float>(), C_, eps_, h_.data());
+    matvecs(h_.data(), C_, {{&L.lin[4], g_.data()}, {&L.lin[5], u_.data()}});
+    for (int64_t i = 0; i < F_; ++i) h_[i] = g_[i] / (1.f + std::exp(-g_[i])) * u_[i];  // silu(g) * u
+    matvecs(h_.data(), F_, {{&L.lin[6], o_.data()}});
+    for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
+  }
+
+  // One query per head over keys 0..pos; heads split across threads.
+  void attention(const float* kc, const float* vc, int64_t pos) {
+    const float scale = 1.f / std::sqrt(float(D_));
+    const int64_t rep = H_ / KV_;
+    at::parallel_for(0, H_, 1, [&](int64_t h0, int64_t h1) {
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* q = q_.data() + h * D_;
+        const float* kh = kc + (h / rep) * S_ * D_;
+        const float* vh = vc + (h / rep) * S_ * D_;
+        float* sc = scores_.data() + h * S_;
+        float mx = -INFINITY;
+        for (int64_t t = 0; t <= pos; ++t) { sc[t] = dot(q, kh + t * D_, D_) * scale; mx = std::max(mx, sc[t]); }
+        float sum = 0.f;
+        for (int64_t t = 0; t <= pos; ++t) { sc[t] = std::exp(sc[t] - mx); sum += sc[t]; }
+        float* out = att_.data() + h * D_;
+        std::fill_n(out, D_, 0.f);
+        for (int64_t t = 0; t <= pos; ++t) {
+          const float p = sc[t] / sum;
+          const float* vt = vh + t * D_;
+          for (int64_t i = 0; i < D_; ++i) out[i] += p * vt[i];
+        }
+      }
+    });
+  }
+
+  int64_t C_, H_, KV_, D_, F_, S_ = 0;
+  double eps_;
+  bool q8_;
+  at::Tensor embed_, inv_freq_, final_norm_;
+  Linear head_;
+  std::vector<Layer> layers_;
+  std::vector<at::Tensor> kc_, vc_;
+  std::vector<float> x_, h_, q_, k_, v_, att_, o_, g_, u_, cos_, sin_, scores_;
+  Scratch scratch_;
+};
+
+}  // namespace opscope
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
+  using opscope::DecodeModel;
+  mod.def("qlinear", &opscope::qlinear, "fused dequantize-matvec / dequantize+GEMM over packed GGUF blocks");
+  mod.def("dequantize", &opscope::dequantize, "packed GGUF blocks to a dense [N, K] tensor");
+  mod.def("pin_threads", &opscope::pin_threads, "bind torch's OpenMP threads to the given cpus");
+  mod.def("has_avx512", &opscope::built_with_avx512);
+  mod.def("has_vnni", &opscope::built_with_vnni);
+  pybind11::class_<DecodeModel>(mod, "DecodeModel")
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, at::Tensor, at::Tensor,
+                          at::Tensor, const opscope::LinSpec&>())
+      .def("add_layer", &DecodeModel::add_layer)
+      .def("set_cache", &DecodeModel::set_cache)
+      .def("step", &DecodeModel::step, pybind11::call_guard<pybind11::gil_scoped_release>());
+}

@@ -1,0 +1,92 @@
+"""`opscope trace "prompt" --tokens 8 [--variant ...] [--out trace.json] [--jsonl events.jsonl] [--json]`
+
+Prints the placement report of one generation. ``--device meta`` loads the model on the CPU and
+traces a stand-in copy on the meta device under FakeTensorMode: an accelerator's op stream and
+placement (not its times or values) on a machine without one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.cli_common import add_model_args
+from engine.errors import ConfigError
+
+SIMULATED_DEVICES = ("meta",)
+HOST_TARGET_NOTE = ("the target is the host (cpu), so a fallback to the CPU cannot show; run with "
+                    "--device meta to see placement as on an accelerator (simulated), or on a GPU")
+
+
+def register(sub) -> None:
+    from engine.trace.variants import CLEAN, VARIANTS
+
+    p = sub.add_parser("trace", help="trace every tensor op of a generation with its device; print the placement report",
+                       description=__doc__.split("\n\n")[1])
+    p.add_argument("prompt", nargs="?", default="The capital of France is")
+    p.add_argument("--tokens", type=int, default=8, help="tokens to generate (greedy, EOS ignored)")
+    add_model_args(p)
+    p.add_argument("--variant", choices=VARIANTS, default=CLEAN, help="planted-bug model variant")
+    p.add_argument("--out", type=Path, default=None, help="write a Chrome trace / Perfetto JSON here")
+    p.add_argument("--jsonl", type=Path, default=None, help="write the raw events as JSON lines here")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--source", choices=("off", "findings", "all"), default="findings",
+                   help="source lines: none, only for ops off the target (default), or for every op")
+    p.add_argument("--max-events", type=int, default=200_000, help="events stored (counts stay exact past it)")
+    p.add_argument("--hooks", choices=("model", "global"), default="model", help="module-path hooks")
+    p.set_defaults(func=cmd_trace)
+
+
+def _check(args) -> None:
+    if args.tokens < 1:
+        raise ConfigError(f"--tokens must be at least 1, got {args.tokens}")
+    if args.max_events < 0:
+        raise ConfigError(f"--max-events must be 0 or more, got {args.max_events}")
+    for path in (args.out, args.jsonl):
+        if path is not None and not path.parent.is_dir():
+            raise ConfigError(f"cannot write {path}: folder {path.parent} does not exist")
+
+
+def _options(args, target: str):
+    from engine.trace.events import TraceOptions
+
+    return TraceOptions(target=target, source=args.source, hooks=args.hooks, max_events=args.max_events)
+
+
+def _load(args):
+    from engine.cli_common import load_from_args
+
+    device = str(args.device).strip().lower()
+    simulate = device in SIMULATED_DEVICES
+    if simulate:
+        args.device = "cpu"  # the stand-in is built from the CPU model
+    lm = load_from_args(args)
+    if not hasattr(lm, "model"):
+        raise ConfigError(f"--backend {args.backend}: tracing needs a torch model (use --backend torch)")
+    return lm, (device if simulate else str(lm.device)), simulate
+
+
+def cmd_trace(args) -> int:
+    from engine.generate import GenerationConfig
+    from engine.trace.export import write_chrome_trace, write_jsonl
+    from engine.trace.render import render_text
+    from engine.trace.report import build_report
+    from engine.trace.session import trace_generation
+
+    _check(args)
+    lm, target, simulate = _load(args)
+    config = GenerationConfig(max_tokens=args.tokens, ignore_eos=True)
+    run = trace_generation(lm, args.prompt, config, _options(args, target), variant=args.variant, simulate=simulate)
+    notes = run.notes + ([HOST_TARGET_NOTE] if target == "cpu" else [])
+    report = build_report(run.result, notes)
+    if args.out:
+        write_chrome_trace(run.result, args.out, report.as_dict())
+    if args.jsonl:
+        write_jsonl(run.result, args.jsonl)
+    if args.json:
+        print(json.dumps(dict(report.as_dict(), variant=args.variant, simulated=simulate), indent=1, default=str))
+    else:
+        print(render_text(report, title=f"{args.variant} model{' (simulated)' if simulate else ''}"), end="")
+        for label, path in (("Chrome trace / Perfetto JSON", args.out), ("events (JSON lines)", args.jsonl)):
+            if path:
+                print(f"{label}: {path}")
+    return 0

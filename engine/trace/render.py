@@ -1,0 +1,81 @@
+"""The placement report as plain text, for the terminal and the Trace panel's summary."""
+from __future__ import annotations
+
+from engine.trace.report import GroupRow, PlacementReport
+
+MAX_ROWS = 12
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def render_text(report: PlacementReport, title: str = "") -> str:
+    lines = _header(report, title) + _io(report) + _findings(report)
+    lines += _groups("Fallbacks by module and source line", report.fallbacks)
+    lines += _groups("Transfers, syncs and mixed ops by module and source line", report.off_target_groups)
+    lines += [f"note: {n}" for n in report.notes]
+    return "\n".join(lines) + "\n"
+
+
+def _header(r: PlacementReport, title: str) -> list[str]:
+    head = f"Placement report{' — ' + title if title else ''}: target {r.target}"
+    stored = f"{r.stored_events:,} stored" + (f", {r.dropped_events:,} past the cap" if r.dropped_events else "")
+    kinds = "  ".join(f"{k} {v['count']:,} ({v['pct']:.1f}%, {v['ms']:.1f} ms)" for k, v in r.by_kind.items())
+    return [
+        head,
+        f"  {r.tokens} tokens generated ({r.decode_steps} decode steps), {r.ops:,} ops ({stored})",
+        f"  on target: {r.ops_on_target_pct:.1f}% of ops, {r.time_on_target_pct:.1f}% of op time ({r.time_basis} time)",
+        f"  ops by kind: {kinds}",
+    ]
+
+
+def _io(r: PlacementReport) -> list[str]:
+    lines = ["", "Per decode step (mean):"]
+    if not r.transfers:
+        lines.append("  transfers: none")
+    for t in r.transfers:
+        mem = f", host side pinned {t.pinned} / pageable {t.pageable}" if t.pinned or t.pageable else ""
+        lines.append(f"  {t.direction}: {t.per_token_count:g} per token ({fmt_bytes(t.per_token_bytes)}/token); "
+                     f"{t.count:,} in all ({fmt_bytes(t.bytes)}){mem}")
+    lines.append(f"  syncs (host waits for a value): {r.syncs_per_token:g} per token; {r.syncs:,} in all")
+    lines += [f"  needed, accepted: {e}" for e in r.expected]
+    return lines
+
+
+def _findings(r: PlacementReport) -> list[str]:
+    if r.clean:
+        return ["", f"Findings: none: every compute op ran on {r.target}, and each decode step moved only "
+                    "what a correct engine needs (input id in, sampled id out)."]
+    lines = ["", f"Findings ({len(r.findings)}):"]
+    for i, f in enumerate(r.findings, 1):
+        ev = f.evidence
+        lines.append(f" {i}. [{f.kind}, {f.severity}] {f.title}")
+        lines.append(f"    evidence: {ev['count']:,} ops ({ev['count_per_token']:g}/token), "
+                     f"{ev['host_ms']:.2f} ms host time, {fmt_bytes(ev['bytes'])} moved, "
+                     f"{ev['modules']} module(s) e.g. {', '.join(m or '(outside)' for m in ev['module_examples'][:3])}")
+        lines += [f"      {line}" for line in ev["lines"][:6]]
+        lines.append(f"    fix: {f.fix}")
+    return lines
+
+
+def _groups(title: str, rows: list[GroupRow]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", f"{title}:", f"  {'kind':<13} {'module':<28} {'source':<36} {'count':>7} {'/token':>7} {'ms':>8}  ops"]
+    for row in rows[:MAX_ROWS]:
+        kind = f"{row.kind} {row.direction}".strip()
+        ops = ", ".join(op.split(".")[1] for op in list(row.ops)[:3])
+        lines.append(f"  {kind:<13} {_tail(row.module or '(outside)', 28):<28} {_tail(row.source or '?', 36):<36} "
+                     f"{row.count:>7,} {row.per_token:>7g} {row.host_ms:>8.2f}  {ops}")
+    if len(rows) > MAX_ROWS:
+        lines.append(f"  ... and {len(rows) - MAX_ROWS} more (see --json)")
+    return lines
+
+
+def _tail(text: str, width: int) -> str:
+    """Keep the end (the line number, the leaf module) when text is too wide."""
+    return text if len(text) <= width else "…" + text[-(width - 1):]

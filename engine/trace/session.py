@@ -1,0 +1,127 @@
+"""Trace a region: a generation, a benchmark step, or any callable.
+
+Tracing stays outside the engine: the Tracer (a dispatch mode) is entered around the iteration of
+``LoadedModel.generate(...)``, and each Token event the generation yields starts the next step.
+
+On a machine without the target accelerator, ``trace_generation(..., simulate=True)`` runs a
+stand-in copy of the model on the meta device under FakeTensorMode (engine.trace.simulate).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from engine.clock import now_ns
+from engine.events import Finished, Token
+from engine.trace.capture import Tracer, TraceResult
+from engine.trace.events import TraceOptions
+from engine.trace.variants import CLEAN, planted
+
+log = logging.getLogger(__name__)
+
+SIMULATION_NOTE = ("simulated accelerator: the model ran on the meta device under FakeTensorMode, so "
+                   "placement and transfers are real but times are host dispatch times and token ids are "
+                   "placeholders")
+
+
+@dataclass
+class TraceRun:
+    result: TraceResult
+    variant: str = CLEAN
+    simulated: bool = False
+    finished: Finished | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def trace_callable(fn: Callable[..., Any], *args, options: TraceOptions | None = None, model=None,
+                   **kwargs) -> tuple[Any, TraceResult]:
+    """Run ``fn(*args, **kwargs)`` under a tracer; returns (its value, the trace)."""
+    tracer = Tracer(options, model=model)
+    with tracer:
+        value = fn(*args, **kwargs)
+    return value, tracer.result()
+
+
+def _drive(tracer: Tracer, events: Iterator) -> Finished | None:
+    finished = None
+    with tracer:
+        for event in events:
+            if isinstance(event, Token):
+                tracer.mark_token(event.t_ns)
+            elif isinstance(event, Finished):
+                finished = event
+    return finished
+
+
+def trace_generation(lm, prompt: str | list[int], config, options: TraceOptions | None = None, *,
+                     variant: str = CLEAN, simulate: bool = False) -> TraceRun:
+    """Trace one generation of ``lm`` (an engine.api.LoadedModel) with a planted-bug variant."""
+    options = options or TraceOptions(target=str(lm.device))
+    if simulate:
+        return _trace_simulated(lm, prompt, config, options, variant)
+    with planted(lm.model, variant):
+        tracer = Tracer(options, model=lm.model)
+        finished = _drive(tracer, lm.generate(prompt, config))
+    return TraceRun(tracer.result(), variant, False, finished)
+
+
+def _trace_simulated(lm, prompt, config, options: TraceOptions, variant: str) -> TraceRun:
+    """The engine's own generation loop on a stand-in when fake tensors allow it (some constructs,
+    like torch.Generator(device="meta"), they refuse); else a greedy loop with the same per-step
+    protocol (prompt uploaded once, sampled id kept on the device, one .item() per token)."""
+    from dataclasses import replace
+
+    from engine.generate import generate
+
+    ids = lm.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    config = replace(config, ignore_eos=True, stop=())  # placeholder ids must not end the run early
+    try:
+        return _trace_stand_in(lm.model, options, variant, lambda m: generate(m, lm.tokenizer, ids, config))
+    except Exception as e:  # noqa: BLE001 - whatever fake tensors refuse, the greedy loop below avoids
+        log.info("engine loop cannot run on the %s stand-in: %s", options.target, e)
+        run = trace_model(lm.model, ids, config.max_tokens, options, variant=variant, simulate=True)
+        run.notes.append(f"engine.generate cannot run on the {options.target} stand-in ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:120]}); the trace drove the model with an equivalent greedy loop")
+        return run
+
+
+def _trace_stand_in(model, options: TraceOptions, variant: str, events: Callable) -> TraceRun:
+    from engine.trace.simulate import simulated_device, to_device_stand_in
+
+    stand_in = to_device_stand_in(model, options.target)
+    with planted(stand_in, variant), simulated_device():
+        tracer = Tracer(options, model=stand_in)
+        finished = _drive(tracer, events(stand_in))
+    return TraceRun(tracer.result(), variant, True, finished, [SIMULATION_NOTE])
+
+
+def trace_model(model, ids: list[int], max_tokens: int, options: TraceOptions, *, variant: str = CLEAN,
+                simulate: bool = False) -> TraceRun:
+    """Trace greedy generation straight on an engine model (no tokenizer needed: tiny test models,
+    benchmarks, stand-ins)."""
+    if simulate:
+        return _trace_stand_in(model, options, variant, lambda m: greedy_events(m, ids, max_tokens))
+    with planted(model, variant):
+        tracer = Tracer(options, model=model)
+        _drive(tracer, greedy_events(model, ids, max_tokens))
+    return TraceRun(tracer.result(), variant, False)
+
+
+def greedy_events(model, ids: list[int], max_tokens: int) -> Iterator[Token]:
+    """Greedy decoding with the engine's per-step protocol, yielding one Token per step."""
+    import torch
+
+    from engine.generate import ensure_cache
+
+    n = len(ids)
+    ensure_cache(model, 1, n + max_tokens)
+    with torch.inference_mode():
+        # Built on the host, then copied: torch.tensor(..., device=) cannot make fake tensors.
+        x = torch.tensor([ids], dtype=torch.long).to(model.embed.weight.device)  # [1, T]
+        nxt = model(x, 0, last_only=True)[:, -1].argmax(dim=-1)  # [1]
+        for i in range(max_tokens):
+            yield Token(i, int(nxt.item()), "", now_ns())
+            if i + 1 == max_tokens:
+                break
+            nxt = model(nxt.view(1, 1), n + i)[:, -1].argmax(dim=-1)

@@ -1,0 +1,35 @@
+"""Shared fixtures. The real default model is loaded once per session and shared by every test
+that needs it; the Hugging Face reference is loaded once too, only by the reference tests."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def default_model_path():
+    from engine.defaults import default_model_path as find
+
+    return find()
+
+
+@pytest.fixture(scope="session")
+def lm():
+    """The embedded default model on CPU in float32 (shared: do not mutate it)."""
+    from engine.api import load
+
+    return load()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_user_dirs(tmp_path_factory, monkeypatch):
+    """Every test gets its own data/config dirs: nothing touches the real user's runs or settings."""
+    base = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("XDG_DATA_HOME", str(base / "data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(base / "config"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(base / "cache"))

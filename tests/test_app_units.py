@@ -1,0 +1,291 @@
+"""GUI parts that need no model: the worker client's failure handling, the op table at 100k+ rows,
+the Runs panel on a real SQLite store, the benchmark parameter form, themes and resources."""
+from __future__ import annotations
+
+import configparser
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import numpy as np
+import pytest
+
+import resources
+from app.engine_client import EngineClient
+from app.protocol import DebugRequest, PingRequest
+
+pytestmark = pytest.mark.gui
+
+
+# -- engine client: crashes, hangs and recovery without a model ------------------------------------
+@pytest.fixture
+def client(qapp):
+    c = EngineClient(ping_interval_ms=200)
+    yield c
+    c.shutdown()
+
+
+def _finish(qtbot, job, timeout=60_000):
+    with qtbot.waitSignal(job.finished, timeout=timeout) as blocker:
+        pass
+    return blocker.args[0]
+
+
+def test_worker_crash_fails_the_job_with_a_clear_message_then_restarts(qtbot, client):
+    _finish(qtbot, client.submit(DebugRequest("noop")))
+    first_pid = client.pid
+    job = client.submit(DebugRequest("crash"))
+    with qtbot.waitSignals([job.failed, client.crashed], timeout=60_000):
+        pass
+    assert job.error[0] == "EngineCrashed" and "crashed while running debug" in job.error[1]
+    assert client.state == "crashed"
+    assert _finish(qtbot, client.submit(DebugRequest("noop"))) == {"action": "noop"}
+    assert client.pid != first_pid and client.state == "idle"
+
+
+def test_a_silent_job_is_killed_after_its_idle_timeout(qtbot, client):
+    job = client.submit(DebugRequest("hang"), idle_timeout_s=0.5)
+    with qtbot.waitSignal(job.failed, timeout=60_000):
+        pass
+    assert "no sign of life for 0 s during debug" in job.error[1] or "no sign of life for 1 s" in job.error[1]
+    assert _finish(qtbot, client.submit(DebugRequest("noop")))["action"] == "noop"
+
+
+def test_unexpected_exit_is_reported_with_the_exit_code(qtbot, client):
+    job = client.submit(DebugRequest("exit"))
+    with qtbot.waitSignal(job.failed, timeout=60_000):
+        pass
+    assert "exited with code 3" in job.error[1]
+
+
+def test_requests_queue_in_order_and_ping_is_answered_while_busy(qtbot, client):
+    order = []
+    jobs = [client.submit(DebugRequest("noop")) for _ in range(3)]
+    for i, job in enumerate(jobs):
+        job.finished.connect(lambda _r, i=i: order.append(i))
+    qtbot.waitUntil(lambda: len(order) == 3, timeout=60_000)
+    assert order == [0, 1, 2] and not client.busy
+    pong = client.submit(PingRequest())
+    assert _finish(qtbot, pong)["pong"] is True
+
+
+# -- trace op table --------------------------------------------------------------------------------
+def _ops(n: int) -> dict[str, list]:
+    rng = np.random.default_rng(0)
+    device = rng.choice(["cpu", "cuda:0"], n).tolist()
+    kind = np.where(np.array(device) == "cpu", "fallback", "on_target").tolist()
+    return {"seq": list(range(n)), "op": rng.choice(["aten.mm.default", "aten.add.Tensor", "aten._to_copy.default"],
+                                                    n).tolist(),
+            "kind": kind, "direction": [""] * n, "device": device,
+            "module": [f"layers.{i % 30}.attn_norm" if i % 2 else f"layers.{i % 30}.mlp.up_proj" for i in range(n)],
+            "source": ["engine/trace/planted.py:33" if i % 7 == 0 else "" for i in range(n)],
+            "step": [i // 1000 for i in range(n)], "t_us": np.arange(n, dtype=float).tolist(),
+            "dur_us": [1.0] * n, "bytes": [64] * n, "shapes": ["1x576"] * n}
+
+
+def test_op_table_model_filters_150k_rows(qapp):
+    from app.trace.ops_model import OpTableModel
+    from PySide6.QtCore import Qt
+
+    model = OpTableModel()
+    data = _ops(150_000)
+    for lo in range(0, 150_000, 4000):
+        model.add_batch({k: v[lo:lo + 4000] for k, v in data.items()})
+    model.commit()
+    assert model.rowCount() == model.total == 150_000
+    assert model.data(model.index(149_999, 0)) == "149999"
+    cpu = model.set_filter(device="cpu")
+    assert cpu == data["device"].count("cpu") and model.rowCount() == cpu
+    assert all(model.row_dict(r)["device"] == "cpu" for r in (0, cpu // 2, cpu - 1))
+    assert model.set_filter(module="layers.*.attn_norm", op="add") == sum(
+        1 for m, o in zip(data["module"], data["op"]) if m.endswith("attn_norm") and "add" in o)
+    finding = model.set_filter(sources=("engine/trace/planted.py:33",), modules=("layers.*.attn_norm",))
+    assert 0 < finding < 150_000
+    assert model.data(model.index(0, 4), Qt.ForegroundRole) is not None  # device column is coloured
+
+
+def test_op_table_view_renders_only_what_is_visible(qtbot):
+    from PySide6.QtWidgets import QTableView
+
+    from app.trace.ops_model import OpTableModel
+
+    model = OpTableModel()
+    model.add_batch(_ops(120_000))
+    model.commit()
+    calls = []
+    original = model.data
+    model.data = lambda index, role=0: (calls.append(index.row()), original(index, role))[1]
+    view = QTableView()
+    view.verticalHeader().setDefaultSectionSize(20)
+    view.setModel(model)
+    view.resize(800, 400)
+    qtbot.addWidget(view)
+    view.show()
+    view.scrollToBottom()
+    view.grab()
+    assert calls and max(calls) == 119_999 and len(set(calls)) < 200  # ~20 rows on screen, not 120k
+
+
+# -- runs panel on a real store -------------------------------------------------------------------
+@pytest.fixture
+def store_url(tmp_path):
+    from engine.results import Metric, RunResult, TelemetrySeries
+    from engine.store import RunStore
+
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    rng = np.random.default_rng(1)
+    with RunStore.open(url) as store:
+        for name, center, tags in (("base", 100.0, ["baseline"]), ("fast", 120.0, ["tuned"]), ("same", 100.0, [])):
+            metric = Metric("tg16", "tok/s", list(rng.normal(center, 1.0, 12)), params={"depth": 0})
+            series = TelemetrySeries("host.cpu_pct", "%", [0, 100_000_000, 200_000_000], [10.0, 50.0, 40.0])
+            store.save(RunResult(kind="llm", name=name, tags=tags, settings={"model": None, "device": "cpu"},
+                                 fingerprint={"cpu": "x", "threads": 2 if name != "fast" else 1},
+                                 metrics=[metric], telemetry=[series]))
+    return url
+
+
+@pytest.fixture
+def runs_panel(qtbot, store_url):
+    from app.runs.model import RunsModel
+    from app.runs.panel import RunsPanel
+
+    panel = RunsPanel(RunsModel(store_url))
+    qtbot.addWidget(panel)
+    panel.resize(1200, 800)
+    panel.show()
+    panel.refresh()
+    yield panel
+    panel.shutdown()
+
+
+def _names(panel) -> set[str]:
+    return {panel.table.item(r, 1).text() for r in range(panel.table.rowCount())}
+
+
+def test_runs_list_search_filter_and_sort(runs_panel):
+    assert _names(runs_panel) == {"base", "fast", "same"}
+    runs_panel.search.setText("fa")
+    assert _names(runs_panel) == {"fast"}
+    runs_panel.search.setText("")
+    tag = runs_panel.filters["tag"]
+    tag.setCurrentIndex(tag.findData("baseline"))
+    assert _names(runs_panel) == {"base"}
+    tag.setCurrentIndex(0)
+    device = runs_panel.filters["device"]
+    assert device.findData("cpu") > 0
+    runs_panel.table.sortItems(0)
+    ids = [int(runs_panel.table.item(r, 0).text()) for r in range(3)]
+    assert ids == sorted(ids)
+
+
+def test_open_a_run_shows_metrics_histogram_telemetry_and_fingerprint(runs_panel):
+    runs_panel.select_ids([runs_panel.rows[-1].info.id])
+    runs_panel.open_selected()
+    detail = runs_panel.detail
+    assert detail.metrics.rowCount() == 1 and detail.metrics.item(0, 0).text() == "tg16"
+    assert detail.histogram.getPlotItem().listDataItems()
+    assert detail.telemetry.getPlotItem().listDataItems()
+    assert detail.fingerprint.topLevelItemCount() == 2
+
+
+def test_compare_two_runs_shows_delta_p_value_and_fingerprint_diff(runs_panel):
+    by_name = {r.info.name: r.info.id for r in runs_panel.rows}
+    runs_panel.select_ids([by_name["base"], by_name["fast"]])
+    runs_panel.compare_selected()
+    view = runs_panel.compare_view
+    headers = [view.table.horizontalHeaderItem(c).text() for c in range(view.table.columnCount())]
+    assert headers == ["metric", "unit", "base", "fast", "Δ fast"]
+    delta = view.table.item(0, 4).text()
+    assert delta.startswith("+") and "p=" in delta  # ~20% faster, clearly significant
+    assert view.diff.rowCount() >= 1 and any("threads" in view.diff.item(r, 0).text()
+                                             for r in range(view.diff.rowCount()))
+    assert len(view.distributions.getPlotItem().listDataItems()) == 2
+
+
+def test_compare_of_equal_runs_shows_tilde(runs_panel):
+    by_name = {r.info.name: r.info.id for r in runs_panel.rows}
+    runs_panel.select_ids([by_name["base"], by_name["same"]])
+    runs_panel.compare_selected()
+    assert runs_panel.compare_view.table.item(0, 4).text().startswith("~")
+
+
+def test_rename_tag_delete_and_export(runs_panel, tmp_path):
+    model = runs_panel.model
+    base = next(r.info.id for r in runs_panel.rows if r.info.name == "base")
+    model.rename(base, "renamed")
+    model.set_tags(base, ["a", "b"])
+    assert "renamed" in _names(runs_panel)
+    assert model.store.info(base).tags == ("a", "b")
+    out = model.export(base, tmp_path / "run.json")
+    assert '"renamed"' in out.read_text()
+    runs_panel.select_ids([base])
+    assert runs_panel.delete_selected(confirm=False)
+    assert "renamed" not in _names(runs_panel)
+
+
+def test_rename_to_a_taken_name_reports_the_error(runs_panel):
+    from engine.errors import ConfigError
+
+    base = next(r.info.id for r in runs_panel.rows if r.info.name == "base")
+    with pytest.raises(ConfigError, match="already exists"):
+        runs_panel.model.rename(base, "fast")
+
+
+# -- benchmark parameter form ---------------------------------------------------------------------
+def test_param_form_round_trips_every_kind(qtbot):
+    from app.bench.panel import ParamForm
+
+    fields = [{"name": "pp", "kind": "int", "default": 512, "quick": 64},
+              {"name": "budget", "kind": "float", "default": 2.0, "quick": 0.5},
+              {"name": "sizes", "kind": "tuple_int", "default": [128, 256], "quick": [64]},
+              {"name": "dtypes", "kind": "tuple_str", "default": ["float32", "bfloat16"], "quick": ["float32"]},
+              {"name": "checkpoint", "kind": "bool", "default": False, "quick": True}]
+    form = ParamForm()
+    qtbot.addWidget(form)
+    form.set_fields(fields, quick=True)
+    assert form.values() == {"pp": 64, "budget": 0.5, "sizes": [64], "dtypes": ["float32"], "checkpoint": True}
+    form.set_fields(fields, quick=False)
+    assert form.values()["sizes"] == [128, 256] and form.values()["dtypes"] == ["float32", "bfloat16"]
+
+
+def test_bench_params_reach_the_suite_dataclass():
+    from app.worker_bench import build_params, suite_catalog
+    from engine.bench.suites import get_suite
+    from engine.errors import ConfigError
+
+    catalog = {s["name"]: s for s in suite_catalog()}
+    assert {"llm", "matmul", "bandwidth"} <= set(catalog)
+    matmul = get_suite("matmul")
+    params = build_params(matmul, {"sizes": [64], "dtypes": ["float32"]}, quick=True)
+    assert params.sizes == (64,) and params.dtypes == ("float32",) and params.call_budget_s == matmul.QUICK.call_budget_s
+    with pytest.raises(ConfigError, match="unknown parameter"):
+        build_params(matmul, {"size": [64]}, quick=True)
+
+
+# -- themes and resources -------------------------------------------------------------------------
+def test_resources_are_found_through_importlib_resources():
+    assert resources.read_bytes("opscope.svg").startswith(b"<?xml")
+    for size in resources.ICON_SIZES:
+        assert resources.icon_png(size)[:8] == b"\x89PNG\r\n\x1a\n"
+    for theme in resources.THEMES:
+        assert "QFrame#noticeBar" in resources.stylesheet(theme)
+    entry = configparser.ConfigParser(interpolation=None)
+    entry.read_string(resources.read_text("opscope.desktop"))
+    desktop = entry["Desktop Entry"]
+    assert desktop["Type"] == "Application" and desktop["Exec"].startswith("opscope") and desktop["Icon"] == "opscope"
+
+
+def test_theme_follows_mode_and_styles_the_app(qapp):
+    from PySide6.QtGui import QPalette
+
+    from app.theme import ThemeManager
+
+    theme = ThemeManager(qapp, "dark")
+    seen = []
+    theme.changed.connect(seen.append)
+    assert theme.current == "dark" and qapp.palette().color(QPalette.Window).lightness() < 80
+    theme.set_mode("light")
+    assert seen == ["light"] and qapp.palette().color(QPalette.Window).lightness() > 180
+    assert "QFrame#card" in qapp.styleSheet()
+    theme.set_mode("system")  # the offscreen platform reports no dark preference
+    assert theme.current in ("light", "dark")

@@ -1,0 +1,93 @@
+"""`opscope bench` end to end, and the session's cancel path, on real SQLite stores."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.bench import peaks
+from engine.bench.options import BenchOptions
+from engine.bench.session import run_suite
+from engine.bench.suites import matmul
+from engine.cli import main
+from engine.errors import Cancelled
+
+FAST = ["--quick", "--repeat", "2", "--min-time", "0", "--warmup", "0"]
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def db(tmp_path):
+    return f"sqlite:///{tmp_path / 'runs.db'}"
+
+
+def test_cancel_mid_suite_keeps_finished_points_and_marks_the_run_aborted(db):
+    from engine.store import RunStore
+
+    cancel = threading.Event()
+
+    def progress(done, total, eta):
+        if done >= 1:  # the first point is finished and committed
+            cancel.set()
+
+    params = matmul.Params(dtypes=("float32",), sizes=(16, 32, 64))
+    with RunStore.open(db) as store:
+        with pytest.raises(Cancelled):
+            run_suite("matmul", BenchOptions(quick=True, repeat=2, min_time_s=0), store, params=params,
+                      name="cancelled", cancel=cancel, progress=progress)
+        saved = store.load("cancelled")
+    assert saved.info.status == "aborted"
+    assert [m.name for m in saved.result.metrics] == ["matmul_float32_16"]
+
+
+@pytest.mark.slow
+def test_bench_saves_prints_and_compares(db, capsys):
+    assert main(["--db", db, "bench", "bandwidth", *FAST, "--name", "bw-a", "--tag", "t1"]) == 0
+    out = capsys.readouterr().out
+    assert "copy_64MiB" in out and "GB/s" in out and "saved as run" in out
+    assert main(["--db", db, "bench", "bandwidth", *FAST, "--name", "bw-b"]) == 0
+    capsys.readouterr()
+    assert main(["--db", db, "runs", "compare", "bw-a", "bw-b"]) == 0
+    assert "copy_64MiB" in capsys.readouterr().out
+    from engine.store import RunStore
+
+    with RunStore.open(db) as store:
+        info = store.info("bw-a")
+        assert info.status == "completed" and info.tags == ("t1",) and info.kind == "bandwidth"
+        assert peaks.cached("cpu", "bandwidth", None) is not None
+
+
+def test_unavailable_device_is_one_line_and_exit_2(db, capsys):
+    assert main(["--db", db, "bench", "matmul", "--device", "cuda", *FAST]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("opscope: error:") and "cuda" in err[0]
+
+
+def test_bad_repeat_is_a_user_error(db, capsys):
+    assert main(["--db", db, "bench", "matmul", "--repeat", "0"]) == 2
+    assert "--repeat" in capsys.readouterr().err
+
+
+def test_unknown_suite_is_rejected_by_the_parser(db, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--db", db, "bench", "nope"])
+    assert e.value.code == 2 and "llm" in capsys.readouterr().err
+
+
+def test_telemetry_and_bench_iter_markers_are_saved_with_the_run(db):
+    from engine.store import RunStore
+    from engine.telemetry.recorder import Recorder
+
+    rec = Recorder(None)  # markers only: no sampler thread on a shared 2-core machine
+    params = matmul.Params(dtypes=("float32",), sizes=(16,))
+    with RunStore.open(db) as store:
+        run_id, _ = run_suite("matmul", BenchOptions(quick=True, repeat=3, min_time_s=0), store,
+                              params=params, recorder=rec)
+        saved = store.get(run_id)
+    iters = [m for m in saved.markers if m.phase == "bench_iter"]
+    assert len(iters) == 2 * len(saved.metrics[0].samples)
+    assert {m.attrs["point"] for m in iters} == {"matmul_float32_16"}

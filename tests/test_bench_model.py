@@ -1,0 +1,99 @@
+"""The suites that run the real default model (SmolLM2-135M, loaded once for this module)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine.bench import peaks
+from engine.bench.options import BenchOptions
+from engine.bench.session import run_suite
+from engine.bench.suites import _model as M
+from engine.bench.suites import batch, kv_cache, llm
+
+pytestmark = pytest.mark.slow
+OPTS = BenchOptions(quick=True, repeat=2, min_time_s=0.0, warmup=1)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from engine.api import load
+
+    return load()
+
+
+@pytest.fixture(autouse=True)
+def known_peaks(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    peaks.record("cpu", "matmul", "float32", 100e9, "test")
+    peaks.record("cpu", "bandwidth", None, 10e9, "test")
+
+
+def by_name(result):
+    return {m.name: m for m in result.metrics}
+
+
+def test_llm_tiny_llama_bench_names_generation_metrics_and_mfu(lm):
+    p = llm.Params(pp=8, tg=4, depths=(0, 8), gen_prompt=8, gen_tokens=4)
+    _, result = run_suite("llm", OPTS, None, params=p, model=lm)
+    m = by_name(result)
+    assert result.status == "completed", result.error
+    for name in ("pp8", "tg4", "pp8@d8", "tg4@d8"):
+        assert m[name].unit == "tok/s" and all(v > 0 for v in m[name].samples)
+        assert all(0 < v < 100 for v in m[f"{name}.mfu"].samples)
+    assert all(0 < v for v in m["tg4.mbu"].samples)
+    assert m["tg4@d8"].params == {"n_gen": 4, "depth": 8}
+    reps = len(m["e2e_p8_g4"].samples)
+    assert len(m["itl"].samples) == reps * 3  # every inter-token latency after the first token, kept raw
+    assert len(m["ttft"].samples) == reps and all(t > 0 for t in m["ttft"].samples)
+    for i in range(reps):  # per request, p50 <= p95 <= p99
+        assert m["itl_p50"].samples[i] <= m["itl_p95"].samples[i] <= m["itl_p99"].samples[i]
+    settings = result.settings["suite_params"]
+    assert settings["peaks"]["flop_source"] == "measured: test"
+    assert result.fingerprint["model"]["sha256"] and len(result.fingerprint["model"]["sha256"]) == 64
+
+
+def test_mbu_bytes_count_weights_once_and_the_embedding_row(lm):
+    cfg = lm.config
+    w = M.weight_bytes_per_step(lm.model)
+    total = sum(p.numel() * p.element_size() for p in {id(p): p for p in lm.model.parameters()}.values())
+    if cfg.tie_embeddings:  # the output head reads the whole (shared) table
+        assert w == total
+    else:
+        assert w == total - (cfg.vocab_size - 1) * cfg.dim * 4
+
+
+def test_forward_flops_match_the_closed_form(lm):
+    cfg = lm.config
+    one = M.forward_flops(cfg, 1, 0)
+    assert one == pytest.approx(2 * M.body_matmul_params(cfg) + 2 * cfg.dim * cfg.vocab_size
+                                + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim)
+    # n tokens at once = the same tokens one at a time with a growing cache
+    assert M.forward_flops(cfg, 5, 3) == pytest.approx(sum(M.forward_flops(cfg, 1, 3 + i) for i in range(5)))
+
+
+def test_kv_cache_tiny_cached_and_recomputed(lm):
+    _, result = run_suite("kv-cache", OPTS, None, params=kv_cache.Params(seq_lens=(8,)), model=lm)
+    m = by_name(result)
+    assert result.status == "completed"
+    assert m["decode_cached@8"].params["mode"] == "kv-cache" and m["decode_cached@8"].samples
+    assert m["decode_recompute@8"].samples
+
+
+def test_kv_cache_cached_step_gives_the_recomputed_logits(lm):
+    import torch
+
+    step_c = kv_cache.cached_point(lm, 12, OPTS).prepare()
+    logits_c = step_c()[0, -1]
+    step_r = kv_cache.recompute_point(lm, 12, OPTS).prepare()
+    logits_r = step_r()[0, -1]
+    torch.testing.assert_close(logits_c, logits_r, atol=2e-3, rtol=1e-3)
+
+
+def test_batch_tiny_throughput_and_latency(lm):
+    _, result = run_suite("batch", OPTS, None, params=batch.Params(batches=(1, 2), prompt=4, steps=2), model=lm)
+    m = by_name(result)
+    assert result.status == "completed"
+    for b in (1, 2):
+        tps, lat = m[f"batch{b}"].samples, m[f"batch{b}.latency"].samples
+        assert all(math.isclose(l, b / t * 1e3) for t, l in zip(tps, lat))

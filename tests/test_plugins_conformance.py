@@ -1,0 +1,20 @@
+"""The conformance kit run for the built-in backends, exactly as a plugin author runs it."""
+from __future__ import annotations
+
+import pytest
+
+from engine.testing.conformance import *  # noqa: F401,F403  the kit's fixtures and tests
+
+pytestmark = pytest.mark.slow  # loads the default model per backend
+
+
+@pytest.fixture(scope="session", params=["torch", "mlx"])
+def backend_name(request):
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def conformance_model(backend_name, conformance_backend, conformance_device, request):
+    if backend_name == "torch":
+        return request.getfixturevalue("lm")  # the session's shared torch model: load it once
+    return conformance_backend.load(None, device=conformance_device, dtype="float32")
