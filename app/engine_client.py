@@ -217,10 +217,10 @@ class EngineClient(QObject):
             self.marker.emit(msg)
         elif kind == "memory":
             self.memory.emit(msg.get("stats", {}))
-        elif msg.get("pong"):
-            self._ping_sent_at = None
         elif job is not None:
             self._dispatch_job(job, kind, msg)
+        elif msg.get("pong"):
+            self._ping_sent_at = None
         elif kind == "error":
             log.warning("engine worker error without a request: %s", msg.get("message"))
 

@@ -73,8 +73,7 @@ def _bench(window) -> QWidget:
     from app.bench.model import BenchModel
     from app.bench.panel import BenchPanel
 
-    telemetry = getattr(window.panels.get("telemetry"), "model", None)
-    model = BenchModel(window.client, window.db_url, telemetry, parent=window)
+    model = BenchModel(window.client, window.db_url, parent=window)
     panel = BenchPanel(model)
     _follow_theme(window.theme, panel.chart)
     window.engineInfo.connect(lambda info: panel.set_suites(info.get("suites", [])))

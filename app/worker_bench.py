@@ -3,12 +3,16 @@ point to the run store as it is measured, and stream progress and finished point
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import threading
 import time
 import typing
 from typing import Any
 
 from app.protocol import BenchRequest, LoadRequest
+
+log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL_S = 0.1  # the runner reports fractional progress often; the GUI needs ~10 Hz
 
@@ -79,10 +83,11 @@ def build_params(module, values: dict, quick: bool):
 
 
 class _ProgressSink:
-    """The run store, plus a message to the GUI for every point as it is saved."""
+    """The run store, plus a message to the GUI for every point as it is saved, plus the run's
+    telemetry window and phase markers saved just before the run is closed."""
 
-    def __init__(self, store, send) -> None:
-        self.store, self.send = store, send
+    def __init__(self, store, send, recorder=None) -> None:
+        self.store, self.send, self.recorder = store, send, recorder
 
     def begin_run(self, result):
         run_id = self.store.begin_run(result)
@@ -96,7 +101,25 @@ class _ProgressSink:
                                      "error": metric.error, "higher_is_better": metric.higher_is_better})
 
     def finish_run(self, run_id, status: str, error: str | None = None) -> None:
+        if self.recorder is not None:
+            self.recorder.stop()
+            try:
+                self.store.add_telemetry(run_id, _finite(self.recorder.telemetry()))
+                self.store.add_markers(run_id, list(self.recorder.markers))
+            except Exception as e:  # telemetry is a bonus; the measured points must still be closed
+                log.warning("could not save telemetry of run %s: %s", run_id, e)
         self.store.finish_run(run_id, status, error)
+
+
+def _finite(series: list) -> list:
+    """Series without their N/A samples (NaN is not JSON; a field a device never reports is dropped)."""
+    out = []
+    for s in series:
+        keep = [(t, v) for t, v in zip(s.t_ns, s.values) if math.isfinite(v)]
+        if keep:
+            s.t_ns, s.values = [t for t, _ in keep], [v for _, v in keep]
+            out.append(s)
+    return out
 
 
 def _throttled_progress(send):
@@ -124,9 +147,28 @@ def run_bench(loaded, spec: LoadRequest | None, req: BenchRequest, send, cancel:
     params = build_params(module, req.params, req.quick)
     # The loaded model is reused when the suite drives one: no second copy in memory.
     model = loaded if getattr(module, "NEEDS_MODEL", False) and hasattr(loaded, "model") else None
-    with RunStore.open(req.db_url) as store:
-        run_id, result = run_suite(req.suite, opts, _ProgressSink(store, send), name=req.name, tags=req.tags,
-                                   params=params, cancel=cancel, progress=_throttled_progress(send), model=model)
-        name = store.info(run_id).name
+    sampler, recorder = _telemetry()
+    try:
+        with RunStore.open(req.db_url) as store:
+            sink = _ProgressSink(store, send, recorder)
+            run_id, result = run_suite(req.suite, opts, sink, name=req.name, tags=req.tags, params=params,
+                                       cancel=cancel, progress=_throttled_progress(send), model=model)
+            name = store.info(run_id).name
+    finally:
+        if sampler is not None:
+            sampler.stop()
     return {"run_id": run_id, "name": name, "status": result.status, "error": result.error,
             "metrics": len(result.metrics)}
+
+
+def _telemetry():
+    """A sampler in this process (host, GPUs and this process's allocators) and a recorder over
+    the run; (None, None) if telemetry cannot start, which never stops a benchmark."""
+    try:
+        from engine.telemetry import Recorder, Sampler
+
+        sampler = Sampler(interval_ms=100, history_s=4 * 3600).start()
+        return sampler, Recorder(sampler).start()
+    except Exception as e:
+        log.warning("benchmark telemetry unavailable: %s", e)
+        return None, None

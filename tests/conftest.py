@@ -33,3 +33,4 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_DATA_HOME", str(base / "data"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(base / "config"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(base / "cache"))
+    monkeypatch.delenv("OPSCOPE_DB", raising=False)

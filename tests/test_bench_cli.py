@@ -84,10 +84,12 @@ def test_telemetry_and_bench_iter_markers_are_saved_with_the_run(db):
 
     rec = Recorder(None)  # markers only: no sampler thread on a shared 2-core machine
     params = matmul.Params(dtypes=("float32",), sizes=(16,))
+    live: list = []
     with RunStore.open(db) as store:
         run_id, _ = run_suite("matmul", BenchOptions(quick=True, repeat=3, min_time_s=0), store,
-                              params=params, recorder=rec)
+                              params=params, recorder=rec, on_metric=live.append)
         saved = store.get(run_id)
+    assert [m.name for m in live] == [m.name for m in saved.metrics]
     iters = [m for m in saved.markers if m.phase == "bench_iter"]
     assert len(iters) == 2 * len(saved.metrics[0].samples)
     assert {m.attrs["point"] for m in iters} == {"matmul_float32_16"}

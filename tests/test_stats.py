@@ -98,6 +98,10 @@ def test_mann_whitney_exact_value_and_edge_cases():
     # fully separated 5 vs 5: U = 0, exact two-sided p = 2 / C(10, 5) = 2 / 252
     assert stats.mann_whitney_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(2 / 252)
     assert stats.mann_whitney_p([5.0] * 6, [5.0] * 6) == 1.0
+    # tied small samples (e.g. peak memory, identical every repetition): exact permutation
+    # p = 2 / C(6, 3) = 0.1, where the normal approximation would say 0.047 ("significant")
+    assert stats.mann_whitney_p([7.0] * 3, [8.0] * 3) == pytest.approx(0.1)
+    assert stats.mann_whitney_p([1.0, 1.0, 1.0], [1.0, 1.0, 2.0]) == pytest.approx(1.0)
     assert math.isnan(stats.mann_whitney_p([], [1.0, 2.0]))
     rng = np.random.default_rng(5)
     a, b = rng.normal(0, 1, 40), rng.normal(0.2, 1, 45)

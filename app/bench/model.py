@@ -1,16 +1,14 @@
-"""The Benchmarks panel's model: runs a suite in the engine worker; every point is saved to the run
-store by the worker as it lands, and the GUI attaches the run's telemetry window when it ends."""
+"""The Benchmarks panel's model: runs a suite in the engine worker, which saves every point to the
+run store as it lands and the run's telemetry window and phase markers when it ends."""
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 
 from PySide6.QtCore import QObject, Signal
 
 from app.engine_client import EngineClient, Job
 from app.protocol import BenchRequest
-from engine.clock import now_ns
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +29,12 @@ class BenchModel(QObject):
     failed = Signal(str)
     runSaved = Signal(int)  # run id, once the run is closed in the store
 
-    def __init__(self, client: EngineClient, db_url: str | None, telemetry=None,
-                 parent: QObject | None = None) -> None:
+    def __init__(self, client: EngineClient, db_url: str | None, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.client, self.db_url, self.telemetry = client, db_url, telemetry
+        self.client, self.db_url = client, db_url
         self.job: Job | None = None
         self.run_id: int | None = None
         self.points: list[dict] = []
-        self._start_ns = 0
 
     @property
     def busy(self) -> bool:
@@ -48,7 +44,7 @@ class BenchModel(QObject):
             quick: bool = False) -> Job | None:
         if self.busy:
             return None
-        self.points, self.run_id, self._start_ns = [], None, now_ns()
+        self.points, self.run_id = [], None
         request = BenchRequest(suite=suite, params=params, name=name, tags=list(tags or []),
                                db_url=self.db_url, quick=quick)
         self.job = self.client.submit(request)
@@ -74,31 +70,12 @@ class BenchModel(QObject):
     def _on_finished(self, result: dict) -> None:
         self.job = None
         self.run_id = result.get("run_id", self.run_id)
-        self._attach_telemetry()
         self.finished.emit(result)
         if self.run_id is not None:
             self.runSaved.emit(self.run_id)
 
     def _on_failed(self, error_type: str, message: str) -> None:
         self.job = None
-        self._attach_telemetry()  # a cancelled run keeps its points, and its telemetry too
         self.failed.emit(f"{error_type}: {message}" if error_type != "Cancelled" else message)
         if self.run_id is not None:
             self.runSaved.emit(self.run_id)
-
-    def _attach_telemetry(self) -> None:
-        if self.telemetry is None or self.run_id is None:
-            return
-        from engine.store import RunStore
-
-        end = now_ns()
-        series, markers = self.telemetry.window(self._start_ns)
-        for s in series:  # only this run's window
-            keep = [i for i, (t, v) in enumerate(zip(s.t_ns, s.values)) if t <= end and math.isfinite(v)]
-            s.t_ns, s.values = [s.t_ns[i] for i in keep], [s.values[i] for i in keep]
-        try:
-            with RunStore.open(self.db_url) as store:
-                store.add_telemetry(self.run_id, [s for s in series if s.t_ns])
-                store.add_markers(self.run_id, [m for m in markers if m.t_ns <= end])
-        except Exception as e:  # telemetry is a bonus: the run itself is already saved
-            log.warning("could not attach telemetry to run %s: %s", self.run_id, e)

@@ -121,8 +121,9 @@ class RunsPanel(QWidget):
             combo.blockSignals(False)
 
     def selected_ids(self) -> list[int]:
-        rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
-        return [self.table.item(r, 0).data(Qt.UserRole) for r in rows]
+        """Selected run ids, oldest first (the oldest is the baseline of a comparison)."""
+        rows = {index.row() for index in self.table.selectionModel().selectedRows()}
+        return sorted(self.table.item(r, 0).data(Qt.UserRole) for r in rows)
 
     def select_ids(self, run_ids: list[int]) -> None:
         self.table.clearSelection()
@@ -143,7 +144,7 @@ class RunsPanel(QWidget):
     def compare_selected(self) -> None:
         ids = self.selected_ids()
         if len(ids) < 2:
-            self._error("Select two or more runs to compare (Ctrl+click); the first selected is the baseline.")
+            self._error("Select two or more runs to compare (Ctrl+click); the oldest one is the baseline.")
             return
         runs = [self.model.load(i) for i in ids]
         from engine.store.compare import compare

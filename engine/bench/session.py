@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from engine.bench import fingerprint
 from engine.bench.memory import peak_unit_note
@@ -72,18 +72,22 @@ def _recording(recorder, result: RunResult, sink, run_id) -> Iterator[None]:
             sink.add_markers(run_id, result.markers)
 
 
-def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_id, cancel, progress) -> None:
+def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_id, cancel, progress,
+             on_metric) -> None:
+    def add(metric: Metric) -> None:
+        result.metrics.append(metric)
+        if sink is not None:
+            sink.add_metric(run_id, metric)  # committed now: a crash keeps every finished point
+        if on_metric is not None:
+            on_metric(metric)
+
     cfg = opts.runner_config()
     for outcome in run_points(plan.points, cfg, cancel=cancel, progress=progress, total=plan.n_points):
         plan.outcomes.append(outcome)
         for metric in outcome.metrics:
-            result.metrics.append(metric)
-            if sink is not None:
-                sink.add_metric(run_id, metric)
+            add(metric)
     for metric in plan.finish(plan.outcomes) if plan.finish else []:
-        result.metrics.append(metric)
-        if sink is not None:
-            sink.add_metric(run_id, metric)
+        add(metric)
 
 
 def _finish(sink, run_id, result: RunResult, status: str, error: str | None) -> None:
@@ -93,10 +97,10 @@ def _finish(sink, run_id, result: RunResult, status: str, error: str | None) -> 
 
 
 def _measure_and_close(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_id,
-                       cancel, progress, recorder) -> None:
+                       cancel, progress, recorder, on_metric) -> None:
     try:
         with _recording(recorder, result, sink, run_id):
-            _measure(plan, opts, result, sink, run_id, cancel, progress)
+            _measure(plan, opts, result, sink, run_id, cancel, progress, on_metric)
     except (Cancelled, KeyboardInterrupt) as e:
         _finish(sink, run_id, result, "aborted", "cancelled by the user")
         raise Cancelled("benchmark cancelled; the points measured so far are saved") from e
@@ -109,11 +113,13 @@ def _measure_and_close(plan: SuitePlan, opts: BenchOptions, result: RunResult, s
 def run_suite(suite: str, opts: BenchOptions, sink: RunSink | None = None, *, name: str = "",
               tags: tuple[str, ...] | list[str] = (), notes: str = "", params: Any = None,
               cancel: threading.Event | None = None, progress: ProgressFn | None = None,
-              model: Any = None, recorder: Any = None) -> tuple[Any, RunResult]:
+              model: Any = None, recorder: Any = None,
+              on_metric: Callable[[Metric], None] | None = None) -> tuple[Any, RunResult]:
     """Runs ``suite``; returns (run id or None, the RunResult). Cancellation (the event or Ctrl-C)
     closes the run as "aborted" with what was measured so far, then propagates. ``model``: an
     already loaded model for the suites that need one (the GUI's, or a test's). ``recorder``: an
-    engine.telemetry Recorder whose series and phase markers are saved with the run."""
+    engine.telemetry Recorder whose series and phase markers are saved with the run. ``on_metric``
+    sees each metric as soon as it is measured (a live chart)."""
     module = get_suite(suite)
     _apply_threads(opts)
     needs_model = getattr(module, "NEEDS_MODEL", False)
@@ -121,7 +127,7 @@ def run_suite(suite: str, opts: BenchOptions, sink: RunSink | None = None, *, na
     try:
         result = _new_result(suite, opts, plan, name, tags, notes)
         run_id = sink.begin_run(result) if sink is not None else None
-        _measure_and_close(plan, opts, result, sink, run_id, cancel, progress, recorder)
+        _measure_and_close(plan, opts, result, sink, run_id, cancel, progress, recorder, on_metric)
         return run_id, result
     finally:
         if plan.close is not None:

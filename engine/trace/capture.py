@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 _Tensor = torch.Tensor
 _IGNORE = ("", None, -1)
 _MASK_DTYPES = (torch.bool, torch.uint8)
+_PLAIN_ROLES = (cls.ROLE_COMPUTE, cls.ROLE_VIEW)
+_QUIET = (ON_TARGET, HOST)  # kinds that get no source line in "findings" mode
 
 
 class _DeviceNames(dict):
@@ -109,6 +111,9 @@ class Tracer(TorchDispatchMode):
         self._op_info: dict = {}
         self._dev = _DeviceNames()
         self._sites: dict = {}
+        self._max_events = self.options.max_events
+        self._all_sources = self.options.source == SOURCE_ALL
+        self._off_target_sources = self.options.source == SOURCE_FINDINGS
         self._unsubscribe = None
         self._gc_was_enabled = True
         self.start_ns = self.end_ns = 0
@@ -185,35 +190,35 @@ class Tracer(TorchDispatchMode):
         in_d = tuple([names[t.device] for t in ins])
         out_d = tuple([names[t.device] for t in outs])
         in_sh = tuple([t.shape for t in ins])
-        kind, direction = self._classify(role, name, in_d, in_sh, out_d, ins)
+        kind = None
+        if role in _PLAIN_ROLES:  # the common case: one device, the target; decided inline
+            devices = set(in_d)
+            devices.update(out_d)
+            if len(devices) == 1 and self.is_target(in_d[0] if in_d else out_d[0]):
+                kind, direction = ON_TARGET, ""
+        if kind is None:
+            kind, direction = self._classify(role, name, in_d, in_sh, out_d, ins)
+        source = self._source() if self._all_sources or (self._off_target_sources and kind not in _QUIET) else None
         stack = self.modules.stack
-        ev = OpEvent(self.seq, name, role, stack[-1] if stack else "", self._source(kind), in_d, out_d,
+        ev = OpEvent(self.seq, name, role, stack[-1] if stack else "", source, in_d, out_d,
                      tuple([t.dtype for t in ins]), tuple([t.dtype for t in outs]), in_sh,
                      tuple([t.shape for t in outs]), t0, t1 - t0, self.step, kind, direction)
         self.seq += 1
         blocking = self._transfer_details(ev, name, nb_index, args, kwargs, out) if kind == TRANSFER else False
         self.stats.add(ev, blocking)
-        if len(self.events) < self.options.max_events:
+        if len(self.events) < self._max_events:
             self.events.append(ev)
         else:
             self.dropped += 1
         return ev
 
     def _classify(self, role, name, in_d, in_sh, out_d, ins) -> tuple[str, str]:
-        if role == cls.ROLE_COMPUTE or role == cls.ROLE_VIEW:
-            devices = set(in_d)
-            devices.update(out_d)
-            if len(devices) == 1 and self.is_target(in_d[0] if in_d else out_d[0]):
-                return ON_TARGET, ""  # the common case, without building the arguments below
         in_scalar = tuple([not shape and d == "cpu" for d, shape in zip(in_d, in_sh)])
         copy_ends = _copy_ends(name, in_d, out_d) if role == cls.ROLE_COPY else None
         bool_index = role == cls.ROLE_INDEX and any(t.dtype in _MASK_DTYPES for t in ins[1:])
         return cls.classify(role, in_d, in_scalar, out_d, self.is_target, copy_ends, bool_index)
 
-    def _source(self, kind: str) -> str | None:
-        mode = self.options.source
-        if mode == SOURCE_OFF or (mode == SOURCE_FINDINGS and (kind == ON_TARGET or kind == HOST)):
-            return None
+    def _source(self) -> str | None:
         site = caller_site(1)
         if site is None:
             return None

@@ -29,3 +29,8 @@ def get_suite(name: str) -> ModuleType:
     except KeyError as e:
         raise ConfigError(f"unknown benchmark suite {name!r}; choose one of: {', '.join(SUITES)}") from e
     return importlib.import_module(f"{__name__}.{module}")
+
+
+def describe() -> dict[str, str]:
+    """{suite name: one-line description}, for menus and `--help`."""
+    return {name: get_suite(name).DESCRIPTION for name in SUITES}

@@ -21,9 +21,9 @@ struct Weights {
 // Per-call activation buffers, reused so the decode step allocates nothing.
 struct Scratch {
   std::vector<float> sx, dy;
-  std::vector<int8_t> qy;
+  std::vector<int8_t> qy, qyp;
   void ensure(int64_t K) {
-    if ((int64_t)qy.size() < K) { qy.resize(K); sx.resize(K / QK); dy.resize(K / QK); }
+    if ((int64_t)qy.size() < K) { qy.resize(K); qyp.resize(K); sx.resize(K / QK); dy.resize(K / QK); }
   }
 };
 
@@ -33,6 +33,9 @@ void matvec_multi(const float* x, int64_t K, const Weights* ws, float* const* ys
 
 // Row r of W dequantized to float32 (K values).
 void dequantize_row(const Weights& w, int64_t r, float* out);
+
+// Which generation of the SIMD kernels runs (1 or 2): for the A/B benchmarks only.
+void set_kernel_variant(int v);
 
 bool built_with_avx512();
 bool built_with_vnni();

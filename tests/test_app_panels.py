@@ -1,0 +1,187 @@
+"""Trace, Benchmarks and Runs in the real window with the real engine worker, plus the screenshots
+of every panel (docs/screenshots/*.png) that a person looks at.
+
+One window (one worker, one model load) serves the module."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest
+
+pytestmark = [pytest.mark.gui, pytest.mark.slow]
+
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+TINY_MATMUL = {"sizes": [64], "dtypes": ["float32"]}
+
+
+@pytest.fixture(scope="module")
+def window(qapp, tmp_path_factory):
+    from app.testing import open_window
+
+    win = open_window(qapp, tmp_path_factory.mktemp("gui-panels"))
+    yield win
+    win.close()
+
+
+def _trace(qtbot, window, variant="leaky-norm"):
+    panel = window.panels["trace"]
+    if panel.model.report is not None and (panel.model.result or {}).get("variant") == variant:
+        return panel
+    window.docks["trace"].raise_()
+    panel.variant.setCurrentText(variant)
+    panel.target.setCurrentIndex(panel.target.findData("meta"))
+    panel.tokens.setValue(2)
+    with qtbot.waitSignal(panel.model.finished, timeout=300_000):
+        panel.run_button.click()
+    return panel
+
+
+def _bench(qtbot, window, name, params=TINY_MATMUL, suite="matmul"):
+    panel = window.panels["bench"]
+    qtbot.waitUntil(lambda: panel.suite_combo.count() > 0, timeout=60_000)
+    window.docks["bench"].raise_()
+    panel.suite_combo.setCurrentText(suite)
+    panel.quick.setChecked(True)
+    for key, value in params.items():
+        panel.params.editors[key].setText(", ".join(map(str, value)))
+    panel.name_edit.setText(name)
+    panel.tags_edit.setText("gui-test")
+    with qtbot.waitSignal(panel.model.finished, timeout=300_000) as blocker:
+        panel.run_button.click()
+    return blocker.args[0]
+
+
+def test_trace_shows_the_planted_bug_findings(qtbot, window, tmp_path):
+    panel = _trace(qtbot, window)
+    report = panel.model.report
+    assert report["target"] == "meta" and report["findings"]
+    titles = [panel.findings.item(i).text() for i in range(panel.findings.count())]
+    assert any("[fallback]" in t and "attn_norm" in t for t in titles)
+    assert int(panel.cards["fallbacks"].value.text().replace(",", "")) > 0
+    assert panel.cards["fallbacks"].property("severity") == "bad"
+    total = panel.model.ops.total
+    panel.findings.setCurrentRow(0)  # click the finding: the table shows its ops
+    shown = panel.model.ops.rowCount()
+    assert 0 < shown < total
+    rows = [panel.model.ops.row_dict(r) for r in range(0, shown, max(shown // 50, 1))]
+    assert all(r["source"].startswith("engine/trace/planted.py") or "norm" in r["module"] for r in rows)
+    assert "planted.py" in panel.finding_detail.text() and "Fix:" in panel.finding_detail.text()
+    assert {"cpu", "meta"} <= set(panel.timeline.lanes)
+    out = panel.model.export_perfetto(str(tmp_path / "t.json"))
+    trace = json.loads(Path(out).read_text())
+    assert trace["traceEvents"] and trace["otherData"]["target"] == "meta"
+
+
+def test_trace_table_filters_by_device_and_class(qtbot, window):
+    panel = _trace(qtbot, window)
+    panel.findings.setCurrentRow(-1)
+    panel.device_filter.setCurrentIndex(panel.device_filter.findData("cpu"))
+    cpu = panel.model.ops.rowCount()
+    assert cpu > 0 and all(panel.model.ops.row_dict(r)["device"] == "cpu" for r in range(min(cpu, 100)))
+    panel.kind_filter.setCurrentIndex(panel.kind_filter.findData("fallback"))
+    assert 0 < panel.model.ops.rowCount() <= cpu
+    assert f"of {panel.model.ops.total:,} ops" in panel.count_label.text()
+    panel.device_filter.setCurrentIndex(0)
+    panel.kind_filter.setCurrentIndex(0)
+
+
+def test_tiny_benchmark_runs_to_completion_and_appears_in_runs(qtbot, window):
+    from app.stallmeter import StallMeter
+
+    meter = StallMeter(10).start()
+    try:
+        result = _bench(qtbot, window, "gui-matmul-a")
+    finally:
+        meter.stop()
+    assert result["status"] == "completed" and result["metrics"] >= 1
+    panel = window.panels["bench"]
+    assert panel.table.rowCount() >= 1 and "saved as run “gui-matmul-a”" in panel.status.text()
+    assert panel.progress.value() == 1000
+    runs = window.panels["runs"]
+    qtbot.waitUntil(lambda: any(r.info.name == "gui-matmul-a" for r in runs.rows), timeout=10_000)
+    stored = runs.model.load(result["run_id"])
+    assert stored.info.status == "completed" and "gui-test" in stored.info.tags
+    assert stored.result.telemetry, "the GUI attaches the run's telemetry window"
+    assert meter.max_blocked_ms < 100, meter.summary()
+
+
+def test_benchmark_cancel_keeps_the_run_as_aborted(qtbot, window):
+    panel = window.panels["bench"]
+    window.docks["bench"].raise_()
+    panel.suite_combo.setCurrentText("matmul")
+    panel.params.editors["sizes"].setText("64, 96, 128, 192, 256")
+    panel.name_edit.setText("gui-cancelled")
+    with qtbot.waitSignal(panel.model.point, timeout=300_000):
+        panel.run_button.click()
+    with qtbot.waitSignal(panel.model.failed, timeout=120_000):
+        panel.cancel_button.click()
+    assert "cancelled" in panel.status.text()
+    runs = window.panels["runs"]
+    qtbot.waitUntil(lambda: any(r.info.name == "gui-cancelled" for r in runs.rows), timeout=10_000)
+    info = next(r.info for r in runs.rows if r.info.name == "gui-cancelled")
+    assert info.status == "aborted" and info.metric_count >= 1
+
+
+def _two_runs(qtbot, window) -> list[int]:
+    runs = window.panels["runs"]
+    names = {r.info.name: r.info.id for r in runs.rows}
+    for name in ("gui-matmul-a", "gui-matmul-b"):
+        if name not in names:
+            names[name] = _bench(qtbot, window, name)["run_id"]
+    runs.refresh()
+    return [names["gui-matmul-a"], names["gui-matmul-b"]]
+
+
+def test_comparing_two_runs_shows_the_table(qtbot, window):
+    ids = _two_runs(qtbot, window)
+    runs = window.panels["runs"]
+    window.docks["runs"].raise_()
+    runs.select_ids(ids)
+    runs.compare_selected()
+    view = runs.compare_view
+    assert view.table.rowCount() >= 1
+    headers = [view.table.horizontalHeaderItem(c).text() for c in range(view.table.columnCount())]
+    assert headers[:4] == ["metric", "unit", "gui-matmul-a", "gui-matmul-b"] and headers[4] == "Δ gui-matmul-b"
+    delta = view.table.item(0, 4).text()
+    assert delta.startswith(("~", "+", "-")) and "p=" in delta
+    assert view.distributions.getPlotItem().listDataItems()
+
+
+def _shoot(qtbot, window, dock: str, name: str) -> Path:
+    window.docks[dock].raise_()
+    qtbot.waitExposed(window)
+    path = SCREENSHOTS / f"{name}.png"
+    assert window.grab().save(str(path)) and path.stat().st_size > 10_000
+    return path
+
+
+def test_screenshots_of_every_panel(qtbot, window):
+    """PNGs a person looks at: docs/screenshots/{chat,telemetry,trace,benchmarks,runs,compare}.png."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    chat = window.chat
+    chat.sampling.temperature.setValue(0.0)
+    chat.sampling.max_tokens.setValue(40)
+    chat.input.setPlainText("Give me three tips for writing fast Python code.")
+    with qtbot.waitSignal(chat.session.replyFinished, timeout=180_000):
+        chat.send_button.click()
+    _shoot(qtbot, window, "chat", "chat")
+    telemetry = window.panels["telemetry"]
+    telemetry.refresh(force=True)
+    assert telemetry.curves and any(b.isVisible() for b in telemetry.bands["cpu"])  # decode bands
+    _shoot(qtbot, window, "chat", "telemetry")
+    trace = _trace(qtbot, window)
+    trace.findings.setCurrentRow(0)
+    _shoot(qtbot, window, "trace", "trace")
+    ids = _two_runs(qtbot, window)
+    _shoot(qtbot, window, "bench", "benchmarks")
+    runs = window.panels["runs"]
+    runs.select_ids(ids[:1])
+    runs.open_selected()
+    _shoot(qtbot, window, "runs", "runs")
+    runs.select_ids(ids)
+    runs.compare_selected()
+    _shoot(qtbot, window, "runs", "compare")
