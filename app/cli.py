@@ -1,20 +1,23 @@
-"""Entry point of the `opscope` command: the engine's CLI plus `gui` (the default with no command)."""
+"""The `opscope` command with the desktop app attached: engine.cli's parser, plus `opscope gui` and
+`opscope` with no sub-command opening the window. The engine's CLI never imports Qt; this wrapper
+is where the app joins it, and PySide6 is imported only when the window actually opens."""
 from __future__ import annotations
 
 import sys
 
 
-def _gui(args) -> int:
-    from app.main import run  # Qt is imported only when the window is wanted
-
-    return run(args)
-
-
 def main(argv: list[str] | None = None) -> int:
     from engine.cli import main as engine_main
 
-    return engine_main(argv, gui=_gui)
+    from app.main import run
+
+    return engine_main(argv, gui=run)
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

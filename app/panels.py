@@ -85,6 +85,9 @@ def _runs(window) -> QWidget:
     from app.runs.panel import RunsPanel
 
     panel = RunsPanel(RunsModel(window.db_url, parent=window), window.notifier)
+    for plot in (panel.detail.histogram, panel.detail.telemetry, panel.compare_view.distributions,
+                 panel.compare_view.telemetry):
+        _follow_theme(window.theme, plot)
     bench = window.panels.get("bench")
     if hasattr(bench, "model"):
         bench.model.runSaved.connect(lambda _id: panel.refresh())

@@ -76,6 +76,10 @@ class ThemeManager(QObject):
         self._app.setStyleSheet(resources.stylesheet(theme))
         if theme != self.current:
             self.current = theme
+            import pyqtgraph as pg  # plots created from now on start in the theme's colours
+
+            background, foreground = self.plot_colors()
+            pg.setConfigOptions(background=background, foreground=foreground, antialias=False)
             log.debug("theme: %s", theme)
             self.changed.emit(theme)
 

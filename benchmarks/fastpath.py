@@ -51,23 +51,31 @@ def candidates(kern, mats: list) -> dict:
     bf16 = [dense.bfloat16() for _, dense in mats]
     packed = [p for p, _ in mats]
 
-    def q(mode):
-        return lambda x, p: kern.qlinear(x, p.qs, p.d, p.m, p.qtype, mode, 1 << 30, torch.float32)
+    def q(mode, variant):
+        def call(x, p):
+            kern.set_kernel_variant(variant)  # the same tiny cost for every kernel candidate
+            return kern.qlinear(x, p.qs, p.d, p.m, p.qtype, mode, 1 << 30, torch.float32)
+        return call
 
     return {
         "torch_f32": (lambda x, w: F.linear(x, w), f32),
         "torch_bf16": (lambda x, w: F.linear(x.bfloat16(), w).float(), bf16),
-        "q_f32act": (q(0), packed),
-        "q_q8act": (q(1), packed),
+        "q_f32act_v1": (q(0, 1), packed),
+        "q_f32act": (q(0, 2), packed),
+        "q_q8act_v1": (q(1, 1), packed),
+        "q_q8act": (q(1, 2), packed),
     }
+
+
+CLOCK = time.perf_counter  # --clock cpu: time.thread_time (this thread's CPU time; use with --threads 1)
 
 
 def time_once(fn, operands, x, calls: int) -> float:
     """Seconds per call over ``calls`` calls cycling through ``operands`` (CPU: no sync needed)."""
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     for i in range(calls):
         fn(x, operands[i % len(operands)])
-    return (time.perf_counter() - t0) / calls
+    return (CLOCK() - t0) / calls
 
 
 def run_shape(name: str, cands: dict, k_in: int, rounds: int, calls: int) -> dict[str, list[float]]:
@@ -90,13 +98,13 @@ def run_all_weights(cands_by_shape: dict, rounds: int) -> dict[str, list[float]]
     xs = {s: torch.randn(1, ops["torch_f32"][1][0].shape[1]) for s, ops in cands_by_shape.items()}
     for r in range(rounds + 1):
         for c in (list(names) if r % 2 == 0 else list(reversed(list(names)))):
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             for s, ops in cands_by_shape.items():
                 fn, mats = ops[c]
                 for w in mats:
                     fn(xs[s], w)
             if r:  # round 0 is the warm-up
-                samples[c].append(time.perf_counter() - t0)
+                samples[c].append(CLOCK() - t0)
     return samples
 
 
@@ -116,12 +124,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shapes", default="q,k,o,gate,down,head,all")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the main thread's CPU time, robust to other jobs' load (use --threads 1)")
     args = ap.parse_args()
+    global CLOCK
+    CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     kern = load_kernels()
     weights = read_weights(default_model_path())
     cands = {s: candidates(kern, weights[s]) for s in SHAPES}
-    print(f"threads={args.threads} rounds={args.rounds} avx512={kern.has_avx512()} vnni={kern.has_vnni()}")
+    print(f"clock={args.clock} threads={args.threads} rounds={args.rounds} avx512={kern.has_avx512()} vnni={kern.has_vnni()}")
     for s in args.shapes.split(","):
         if s == "all":
             continue

@@ -17,6 +17,7 @@ module hooks per model vs global; the garbage-collector pause off.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -46,18 +47,18 @@ class _Empty(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _decode_once(lm, options: TraceOptions | None, tokens: int) -> tuple[float, float]:
-    """(decode tok/s, ops per decode step) of one generation."""
+def _decode_once(lm, options: TraceOptions | None, tokens: int) -> tuple[float, float, int]:
+    """(decode tok/s, process CPU seconds of the whole generation, ops traced) of one generation."""
     from engine.generate import GenerationConfig
     from engine.trace.session import trace_generation
 
     config = GenerationConfig(max_tokens=tokens, ignore_eos=True)
+    c0 = time.process_time()
     if options is None:
         *_, finished = lm.generate("The capital of France is", config)
-        return finished.stats.decode_tok_s, float("nan")
+        return finished.stats.decode_tok_s, time.process_time() - c0, 0
     run = trace_generation(lm, "The capital of France is", config, options)
-    decode_steps = [s.ops for step, s in run.result.stats.steps.items() if 1 <= step < tokens]
-    return run.finished.stats.decode_tok_s, statistics.fmean(decode_steps)
+    return run.finished.stats.decode_tok_s, time.process_time() - c0, run.result.stats.ops
 
 
 def bench_decode(rounds: int, tokens: int) -> dict:
@@ -65,16 +66,17 @@ def bench_decode(rounds: int, tokens: int) -> dict:
 
     lm = load()
     _decode_once(lm, None, 4)  # warm-up: caches, lazy inits
-    samples = {name: [] for name in VARIANTS}
+    tok_s = {name: [] for name in VARIANTS}
+    cpu_s = {name: [] for name in VARIANTS}
     ops = []
     for r in range(rounds):
         order = list(VARIANTS)[r % len(VARIANTS):] + list(VARIANTS)[:r % len(VARIANTS)]
         for name in order:
-            tok_s, n_ops = _decode_once(lm, VARIANTS[name], tokens)
-            samples[name].append(tok_s)
-            if name == "source=findings":
-                ops.append(n_ops)
-    return {"tok_s": samples, "ops_per_step": statistics.median(ops)}
+            rate, cpu, n_ops = _decode_once(lm, VARIANTS[name], tokens)
+            tok_s[name].append(rate)
+            cpu_s[name].append(cpu)
+            ops += [n_ops] if n_ops else []
+    return {"tok_s": tok_s, "cpu_s": cpu_s, "ops_per_generation": statistics.median(ops), "tokens": tokens}
 
 
 def _op_loop(n: int) -> None:
@@ -83,26 +85,47 @@ def _op_loop(n: int) -> None:
         torch.add(x, x)
 
 
-def _time_ops(mode, n: int) -> float:
-    """Seconds per op of the loop under ``mode`` (None: no mode)."""
-    if mode is None:
-        t0 = time.perf_counter()
+def _time_ops(mode, n: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per op of the loop under ``mode`` (None: no mode). CPU time (this
+    process) is the steadier one on a shared machine: it does not count time other jobs ran."""
+    with mode if mode is not None else contextlib.nullcontext():
+        w0, c0 = time.perf_counter(), time.process_time()
         _op_loop(n)
-        return (time.perf_counter() - t0) / n
-    with mode:
-        t0 = time.perf_counter()
-        _op_loop(n)
-        return (time.perf_counter() - t0) / n
+        return (time.perf_counter() - w0) / n, (time.process_time() - c0) / n
 
 
 def bench_ops(rounds: int, n: int) -> dict:
     makers = {"no mode": lambda: None, "empty dispatch mode": _Empty}
     makers |= {name: (lambda o=opts: Tracer(o)) for name, opts in VARIANTS.items() if opts is not None}
     _time_ops(Tracer(TraceOptions()), 200)  # warm-up
+    wall = {name: [] for name in makers}
+    cpu = {name: [] for name in makers}
+    for _ in range(rounds):
+        for name, make in makers.items():
+            w, c = _time_ops(make(), n)
+            wall[name].append(w * 1e6)
+            cpu[name].append(c * 1e6)
+    return {"wall_us": wall, "cpu_us": cpu}
+
+
+def bench_hooks(rounds: int, calls: int = 200) -> dict:
+    """CPU µs per module call (forward of a 64-deep stack of tiny Linear layers, 2 ops each):
+    per-model hooks vs torch's global hooks vs a trace without module paths."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(64)])
+    x = torch.randn(1, 4)
+    makers = {"empty dispatch mode": _Empty,
+              "trace, no module paths": lambda: Tracer(TraceOptions()),
+              "hooks=model": lambda: Tracer(TraceOptions(hooks="model"), model=model),
+              "hooks=global": lambda: Tracer(TraceOptions(hooks="global"), model=model)}
     samples = {name: [] for name in makers}
     for _ in range(rounds):
         for name, make in makers.items():
-            samples[name].append(_time_ops(make(), n) * 1e6)
+            with torch.no_grad(), make():
+                c0 = time.process_time()
+                for _ in range(calls // 64 + 1):
+                    model(x)
+                samples[name].append((time.process_time() - c0) * 1e6 / ((calls // 64 + 1) * 65))
     return samples
 
 
@@ -112,20 +135,25 @@ def _summary(values: list[float]) -> str:
 
 def print_results(decode: dict | None, ops: dict) -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print("\nPer op (tiny add loop), µs per op: median (min..max)   overhead vs no mode")
-    base = statistics.median(ops["no mode"])
-    for name, values in ops.items():
-        print(f"  {name:<22} {_summary(values)}   +{statistics.median(values) - base:.2f}")
+    for clock in ("cpu_us", "wall_us"):
+        samples = ops[clock]
+        base = statistics.median(samples["no mode"])
+        print(f"\nPer op (tiny add loop), {clock[:-3]} µs per op: median (min..max)   extra vs no mode")
+        for name, values in samples.items():
+            print(f"  {name:<22} {_summary(values)}   +{statistics.median(values) - base:.2f}")
+    print("\nModule hooks, CPU µs per module call (op costs included): median (min..max)")
+    for name, values in ops["hooks_cpu_us_per_module_call"].items():
+        print(f"  {name:<22} {_summary(values)}")
     if decode is None:
         return
-    tok = decode["tok_s"]
-    base_tok = statistics.median(tok["untraced"])
-    n_ops = decode["ops_per_step"]
-    print(f"\nDecode, default model (CPU, float32), {n_ops:.0f} ops per decode step: tok/s median (min..max)")
-    for name, values in tok.items():
-        med = statistics.median(values)
-        extra_us = (1 / med - 1 / base_tok) * 1e6 / n_ops if name != "untraced" else 0.0
-        print(f"  {name:<22} {_summary(values)}   ratio {med / base_tok:.2f}   +{extra_us:.1f} µs/op")
+    tok, cpu, n_ops = decode["tok_s"], decode["cpu_s"], decode["ops_per_generation"]
+    base_tok, base_cpu = statistics.median(tok["untraced"]), statistics.median(cpu["untraced"])
+    print(f"\nDecode, default model (CPU, float32), {decode['tokens']} tokens, {n_ops:.0f} ops per generation")
+    print("  variant                decode tok/s median (min..max)   ratio   CPU s/generation   extra CPU µs/op")
+    for name in tok:
+        med_tok, med_cpu = statistics.median(tok[name]), statistics.median(cpu[name])
+        extra = (med_cpu - base_cpu) * 1e6 / n_ops
+        print(f"  {name:<22} {_summary(tok[name])}   {med_tok / base_tok:5.2f}   {med_cpu:8.2f}   {extra:+8.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     ops = bench_ops(args.rounds, args.ops)
+    ops["hooks_cpu_us_per_module_call"] = bench_hooks(args.rounds)
     decode = None if args.skip_decode else bench_decode(args.rounds, args.tokens)
     print_results(decode, ops)
     if args.json:

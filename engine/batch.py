@@ -14,7 +14,7 @@ import torch
 from engine import markers
 from engine.clock import now_ns
 from engine.events import Finished, PrefillFinished, PrefillStarted, Token, stats_from_times
-from engine.generate import GenerationConfig, ensure_cache
+from engine.generation_config import GenerationConfig, ensure_cache
 from engine.sampling import sample
 
 

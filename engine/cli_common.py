@@ -30,7 +30,7 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None
 
 
 def generation_config(args):
-    from engine.generate import GenerationConfig
+    from engine.generation_config import GenerationConfig
 
     return GenerationConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
@@ -49,4 +49,8 @@ def load_from_args(args):
         from engine.backends import get_backend
     except ImportError as e:
         raise ConfigError(f"--backend {backend}: backend plugins are not available in this build") from e
+    if args.threads is not None:
+        kwargs["threads"] = args.threads
+    if args.attention != "sdpa":
+        kwargs["attention"] = args.attention
     return get_backend(backend).load(args.model, **kwargs)

@@ -6,7 +6,7 @@ the next input, and one ``.item()`` brings it back for text and stop checks (the
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Iterator
 
 import torch
@@ -15,37 +15,13 @@ from engine import markers
 from engine.clock import now_ns
 from engine.errors import ConfigError
 from engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted, Token, stats_from_times
-from engine.sampling import SamplingParams, sample
+from engine.generation_config import GenerationConfig
+from engine.sampling import sample
+from engine.textstream import TextStream
+
+__all__ = ["GenerationConfig", "generate", "ensure_cache"]
 
 CACHE_ROUND = 256  # the static cache grows in steps so that most requests reuse it
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    max_tokens: int = 256
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    prefill_chunk: int = 512  # prompt tokens per forward pass during prefill (progress events)
-
-    def __post_init__(self):
-        checks = {
-            "max_tokens": self.max_tokens >= 1, "temperature": self.temperature >= 0,
-            "top_k": self.top_k >= 0, "top_p": 0 < self.top_p <= 1, "min_p": 0 <= self.min_p < 1,
-            "repetition_penalty": self.repetition_penalty > 0, "prefill_chunk": self.prefill_chunk >= 1,
-        }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            raise ConfigError(f"invalid generation setting {bad[0]}={getattr(self, bad[0])!r}")
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty)
 
 
 def ensure_cache(model, batch: int, length: int) -> None:
@@ -58,30 +34,13 @@ def ensure_cache(model, batch: int, length: int) -> None:
         model.setup_cache(batch, size)
 
 
-class _TextStream:
-    """Printable text out of token ids, holding back any tail that could start a stop string."""
-
-    def __init__(self, tokenizer, stop: tuple[str, ...]):
-        self.decoder, self.stop = tokenizer.stream(), stop
-        self.text, self.emitted = "", 0
-
-    def push(self, token_id: int) -> tuple[str, bool]:
-        self.text += self.decoder.push(token_id)
-        for s in self.stop:
-            i = self.text.find(s, max(0, self.emitted - len(s)))
-            if i >= 0:
-                self.text = self.text[:i]
-                return self._take(len(self.text)), True
-        hold = max((k for s in self.stop for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
-        return self._take(len(self.text) - hold), False
-
-    def finish(self) -> str:
-        self.text += self.decoder.flush()
-        return self._take(len(self.text))
-
-    def _take(self, upto: int) -> str:
-        piece, self.emitted = self.text[self.emitted:max(upto, self.emitted)], max(upto, self.emitted)
-        return piece
+def _generator(cfg: GenerationConfig, device: torch.device) -> torch.Generator | None:
+    """A seeded generator for sampling; none for greedy. The meta device (trace stand-in) has none."""
+    if cfg.temperature == 0:
+        return None
+    gen = torch.Generator(device=device if device.type != "meta" else "cpu")
+    gen.manual_seed(cfg.seed if cfg.seed is not None else torch.seed())
+    return gen
 
 
 def generate(model, tokenizer, prompt_ids: list[int], cfg: GenerationConfig = GenerationConfig(),
@@ -93,12 +52,12 @@ def generate(model, tokenizer, prompt_ids: list[int], cfg: GenerationConfig = Ge
     n = len(prompt_ids)
     ensure_cache(model, 1, n + cfg.max_tokens)
     device = model.embed.weight.device
-    gen = torch.Generator(device=device)
-    gen.manual_seed(cfg.seed if cfg.seed is not None else torch.seed())
+    gen = _generator(cfg, device)
     history = torch.zeros(n + cfg.max_tokens, dtype=torch.long, device=device)
-    stream, eos = _TextStream(tokenizer, cfg.stop), set() if cfg.ignore_eos else set(tokenizer.eos_ids)
+    stream, eos = TextStream(tokenizer, cfg.stop), set() if cfg.ignore_eos else set(tokenizer.eos_ids)
     with torch.inference_mode():
-        ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # the one prompt upload
+        # built on the host, then one upload the placement trace can see
+        ids = torch.tensor([prompt_ids], dtype=torch.long).to(device)
         history[:n] = ids[0]
         t_start = now_ns()
         yield PrefillStarted(n, t_start, request_ns)

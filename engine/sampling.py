@@ -5,19 +5,11 @@ truncations (top-k, top-p, min-p), then one multinomial draw with the request's 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from engine.generation_config import SamplingParams
 
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-
+__all__ = ["SamplingParams", "sample", "filter_logits", "apply_repetition_penalty"]
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     # logits [B,V]; seen [S] or [B,S] token ids. CTRL's rule: divide positive logits, multiply negative.

@@ -40,7 +40,7 @@ def _trace(qtbot, window, variant="leaky-norm"):
     return panel
 
 
-def _bench(qtbot, window, name, params=TINY_MATMUL, suite="matmul"):
+def _prepare_bench(qtbot, window, name, params=TINY_MATMUL, suite="matmul"):
     panel = window.panels["bench"]
     qtbot.waitUntil(lambda: panel.suite_combo.count() > 0, timeout=60_000)
     window.docks["bench"].raise_()
@@ -50,6 +50,14 @@ def _bench(qtbot, window, name, params=TINY_MATMUL, suite="matmul"):
         panel.params.editors[key].setText(", ".join(map(str, value)))
     panel.name_edit.setText(name)
     panel.tags_edit.setText("gui-test")
+    qtbot.waitExposed(panel)
+    return panel
+
+
+def _bench(qtbot, window, name, params=TINY_MATMUL, suite="matmul", meter=None):
+    panel = _prepare_bench(qtbot, window, name, params, suite)
+    if meter is not None:
+        meter.start()
     with qtbot.waitSignal(panel.model.finished, timeout=300_000) as blocker:
         panel.run_button.click()
     return blocker.args[0]
@@ -69,7 +77,8 @@ def test_trace_shows_the_planted_bug_findings(qtbot, window, tmp_path):
     assert 0 < shown < total
     rows = [panel.model.ops.row_dict(r) for r in range(0, shown, max(shown // 50, 1))]
     assert all(r["source"].startswith("engine/trace/planted.py") or "norm" in r["module"] for r in rows)
-    assert "planted.py" in panel.finding_detail.text() and "Fix:" in panel.finding_detail.text()
+    detail = panel.finding_detail.toPlainText()
+    assert "planted.py" in detail and "Fix:" in detail
     assert {"cpu", "meta"} <= set(panel.timeline.lanes)
     out = panel.model.export_perfetto(str(tmp_path / "t.json"))
     trace = json.loads(Path(out).read_text())
@@ -92,9 +101,9 @@ def test_trace_table_filters_by_device_and_class(qtbot, window):
 def test_tiny_benchmark_runs_to_completion_and_appears_in_runs(qtbot, window):
     from app.stallmeter import StallMeter
 
-    meter = StallMeter(10).start()
+    meter = StallMeter(10)
     try:
-        result = _bench(qtbot, window, "gui-matmul-a")
+        result = _bench(qtbot, window, "gui-matmul-a", meter=meter)
     finally:
         meter.stop()
     assert result["status"] == "completed" and result["metrics"] >= 1
@@ -152,8 +161,12 @@ def test_comparing_two_runs_shows_the_table(qtbot, window):
 
 
 def _shoot(qtbot, window, dock: str, name: str) -> Path:
+    from PySide6.QtWidgets import QApplication
+
     window.docks[dock].raise_()
     qtbot.waitExposed(window)
+    QApplication.processEvents()  # let pending layout requests (axis widths, splitters) settle
+    QApplication.processEvents()
     path = SCREENSHOTS / f"{name}.png"
     assert window.grab().save(str(path)) and path.stat().st_size > 10_000
     return path
@@ -171,8 +184,12 @@ def test_screenshots_of_every_panel(qtbot, window):
     _shoot(qtbot, window, "chat", "chat")
     telemetry = window.panels["telemetry"]
     telemetry.refresh(force=True)
-    assert telemetry.curves and any(b.isVisible() for b in telemetry.bands["cpu"])  # decode bands
+    assert telemetry.curves and any(b[0] == "decode" for b in telemetry.bands["cpu"].bands)
+    from PySide6.QtCore import Qt
+
+    window.resizeDocks([window.docks["chat"], window.docks["telemetry"]], [500, 900], Qt.Horizontal)
     _shoot(qtbot, window, "chat", "telemetry")
+    window.reset_layout()
     trace = _trace(qtbot, window)
     trace.findings.setCurrentRow(0)
     _shoot(qtbot, window, "trace", "trace")

@@ -110,15 +110,16 @@ def test_phase_markers_become_bands_on_every_plot(qtbot, host_panel):
     model.on_marker({"phase": "decode", "edge": "start", "t_ns": t - 1_500_000_000, "attrs": {}})
     panel.refresh(force=True)
     for key in panel.plots:
-        visible = [b for b in panel.bands[key] if b.isVisible()]
-        assert len(visible) == 2, key
-    decode = next(b for b in panel.bands["cpu"] if b.isVisible() and b.toolTip() == "decode")
-    lo, hi = decode.getRegion()
-    assert hi - lo >= 1.5  # still open: it runs up to now
+        assert [b[0] for b in panel.bands[key].bands] == ["decode", "prefill"], key
+    (_, lo, hi), _prefill = panel.bands["cpu"].bands
+    assert hi == pytest.approx(0.0, abs=0.5) and hi - lo >= 1.4  # still open: it runs up to now
+    assert panel.bands["cpu"].phases_at(-1.7) == ["prefill"]
+    assert "[decode]" in panel.readout_at(-1.0)
     model.on_marker({"phase": "decode", "edge": "end", "t_ns": t - 1_000_000_000, "attrs": {}})
     panel.refresh(force=True)
-    lo, hi = decode.getRegion()
+    (_, lo, hi), _prefill = panel.bands["cpu"].bands
     assert hi - lo == pytest.approx(0.5, abs=1e-6)
+    panel.grab()  # the bands paint
 
 
 def test_window_selector_pause_and_crosshair(qtbot, host_panel):

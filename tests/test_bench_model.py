@@ -15,6 +15,18 @@ pytestmark = pytest.mark.slow
 OPTS = BenchOptions(quick=True, repeat=2, min_time_s=0.0, warmup=1)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Two OpenMP threads on a shared 2-core machine run 10-20x slower than one (spin-waiting on
+    a descheduled peer); these tests check behaviour, not speed. Restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def lm():
     from engine.api import load

@@ -84,7 +84,6 @@ def test_trace_ops_sees_the_quantized_matmuls_and_the_sync(mlx_lm):
 
 # -- a tiny Hugging Face directory: the rotate-half RoPE path, GQA, llama3 scaling, untied head ---
 def write_tiny_hf_dir(path, seed: int = 0) -> None:
-    import torch
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -129,6 +128,70 @@ def test_hf_directory_generates_in_bfloat16(tiny_hf_dir):
     assert lm.model.layers[0].attn.q_proj.weight.dtype == mx.bfloat16
     events = list(lm.generate("w3 w4 w5", GenerationConfig(max_tokens=3, ignore_eos=True)))
     assert isinstance(events[-1], Finished) and events[-1].stats.generated_tokens == 3
+
+
+def write_tiny_metadata(w, tokens: list[str], **dims) -> None:
+    for add, value in ((w.add_block_count, 2), (w.add_context_length, 256),
+                       (w.add_embedding_length, dims["dim"]), (w.add_feed_forward_length, dims["hidden"]),
+                       (w.add_head_count, dims["heads"]), (w.add_head_count_kv, dims["kv"]),
+                       (w.add_rope_freq_base, 10000.0), (w.add_layer_norm_rms_eps, 1e-6),
+                       (w.add_tokenizer_model, "gpt2"), (w.add_tokenizer_pre, "default"),
+                       (w.add_token_list, tokens), (w.add_token_types, [3] + [1] * (len(tokens) - 1)),
+                       (w.add_token_merges, ["a b"]), (w.add_eos_token_id, 0)):
+        add(value)
+
+
+# -- a tiny GGUF with every tensor type mx.load handles: Q4_0/Q4_1/Q8_0 kept quantized, F16/BF16/F32
+# dense, Qwen2-style q/k/v biases, untied output, Q/K in GGUF's interleaved-RoPE row order ---------
+def write_tiny_gguf(path, seed: int = 0) -> None:
+    import gguf
+    from tokenizers import pre_tokenizers
+
+    rng, Q = np.random.default_rng(seed), gguf.GGMLQuantizationType
+    dim, hidden, heads, kv, hd = 64, 128, 4, 2, 16
+    tokens = ["<|endoftext|>"] + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["ab"]
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    write_tiny_metadata(w, tokens, dim=dim, hidden=hidden, heads=heads, kv=kv)
+
+    def tensor(name, shape, qtype, scale=0.1):
+        x = (rng.standard_normal(shape) * scale).astype(np.float32)
+        if qtype in (Q.F32, Q.F16):
+            w.add_tensor(name, x if qtype == Q.F32 else x.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+
+    tensor("token_embd.weight", (len(tokens), dim), Q.Q8_0, 1.0)
+    for i in range(2):
+        for name, shape, qtype in (("attn_norm.weight", (dim,), Q.F32), ("ffn_norm.weight", (dim,), Q.F32),
+                                   ("attn_q.weight", (heads * hd, dim), Q.Q4_0), ("attn_q.bias", (heads * hd,), Q.F32),
+                                   ("attn_k.weight", (kv * hd, dim), Q.Q4_1), ("attn_k.bias", (kv * hd,), Q.F32),
+                                   ("attn_v.weight", (kv * hd, dim), Q.Q8_0), ("attn_v.bias", (kv * hd,), Q.F32),
+                                   ("attn_output.weight", (dim, heads * hd), Q.F16),
+                                   ("ffn_gate.weight", (hidden, dim), Q.BF16), ("ffn_up.weight", (hidden, dim), Q.Q4_0),
+                                   ("ffn_down.weight", (dim, hidden), Q.F32)):
+            tensor(f"blk.{i}.{name}", shape, qtype)
+    tensor("output_norm.weight", (dim,), Q.F32)
+    tensor("output.weight", (len(tokens), dim), Q.F16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_of_mixed_types_matches_the_torch_engine(tmp_path):
+    import mlx.nn as nn
+
+    from engine.api import load
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    ids = list(range(1, 200, 3))
+    ref = load(path).logits(ids).numpy()
+    lm = get_backend("mlx").load(path)
+    layer = lm.model.layers[1]
+    assert isinstance(layer.attn.k_proj, nn.QuantizedLinear) and not isinstance(layer.mlp.gate_proj, nn.QuantizedLinear)
+    # MLX stores Q4_0/Q8_0 offsets as float16 (-8·d, -128·d): measured 3e-4 of the logit range here
+    assert np.abs(ref - lm.logits(ids)).max() <= 2e-3 * np.abs(ref).max()
 
 
 # -- pieces --------------------------------------------------------------------------------------

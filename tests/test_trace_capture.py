@@ -3,6 +3,8 @@ steps, markers, the garbage-collector pause, and CUDA device timing through a st
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -169,3 +171,11 @@ def test_device_timer_respects_its_cap():
     assert timer.start() is not None
     timer.stop(type("Op", (), {"device": "cuda:0", "device_dur_ns": None})(), timer.start())
     assert timer.start() is None
+
+
+def test_registering_the_cli_command_does_not_import_torch():
+    code = ("import argparse, sys, engine.trace.commands as c; "
+            "c.register(argparse.ArgumentParser().add_subparsers()); "
+            "import engine.trace; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -11,7 +11,7 @@ import pytest
 from engine.cli import main
 from engine.events import Finished
 from engine.generate import GenerationConfig
-from engine.trace import planted as planted_module
+import engine.trace.planted as planted_module
 from engine.trace.events import D2H, FALLBACK, H2D, TraceOptions
 from engine.trace.findings import STORM
 from engine.trace.render import render_text
@@ -29,8 +29,8 @@ def _bug_line(marker: str) -> str:
     return f"engine/trace/planted.py:{next(i for i, line in enumerate(lines, 1) if marker in line)}"
 
 
-def _report(lm, target: str, variant: str = CLEAN):
-    run = trace_generation(lm, "The capital of France is", CONFIG, TraceOptions(target=target),
+def _report(lm, target: str, variant: str = CLEAN, config: GenerationConfig = CONFIG):
+    run = trace_generation(lm, "The capital of France is", config, TraceOptions(target=target),
                            variant=variant, simulate=target == "meta")
     return run, build_report(run.result, run.notes)
 
@@ -66,7 +66,7 @@ def test_leaky_norm_named_on_the_meta_stand_in(lm):
 
 
 def test_per_element_copy_named_on_cpu(lm):
-    _, report = _report(lm, "cpu", PER_ELEMENT_COPY)
+    _, report = _report(lm, "cpu", PER_ELEMENT_COPY, GenerationConfig(max_tokens=2, ignore_eos=True))
     assert [f.kind for f in report.findings] == [STORM], render_text(report)
     storm = report.findings[0]
     assert storm.modules == ("norm",) and storm.sources == (_bug_line("BUG: per-element copy"),)

@@ -11,7 +11,7 @@ import torch
 
 from engine.models.config import ModelConfig
 from engine.models.llama import Transformer
-from engine.trace import planted as planted_module
+import engine.trace.planted as planted_module
 from engine.trace.capture import Tracer
 from engine.trace.events import D2H, FALLBACK, H2D, TRANSFER, TraceOptions
 from engine.trace.findings import STORM
@@ -19,7 +19,7 @@ from engine.trace.render import render_text
 from engine.trace.report import build_report
 from engine.trace.session import trace_model
 from engine.trace.simulate import simulated_device, to_device_stand_in
-from engine.trace.variants import CLEAN, LEAKY_NORM, PER_ELEMENT_COPY, planted
+from engine.trace.variants import CLEAN, LEAKY_NORM, PER_ELEMENT_COPY, plant
 
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, vocab_size=96, max_seq_len=64)
 IDS, TOKENS = [1, 5, 7], 4
@@ -79,7 +79,7 @@ def test_leaky_norm_is_invisible_on_a_host_target_but_same_numbers(tiny):
     tiny.drop_cache()
     with torch.inference_mode():
         clean = tiny(x, 0)
-        with planted(tiny, LEAKY_NORM):
+        with plant(tiny, LEAKY_NORM):
             leaky = tiny(x, 0)
     torch.testing.assert_close(leaky, clean, rtol=1e-5, atol=1e-5)
     assert _report(tiny, "cpu", LEAKY_NORM).clean
@@ -99,7 +99,7 @@ def test_per_element_copy_is_a_storm_named_by_module_and_line(tiny, target):
 
 def test_variant_swaps_are_restored(tiny):
     before = [(name, type(m)) for name, m in tiny.named_modules()]
-    with planted(tiny, PER_ELEMENT_COPY) as swapped:
+    with plant(tiny, PER_ELEMENT_COPY) as swapped:
         assert swapped == ["norm"]
         assert type(tiny.norm).__name__ == "PerElementCopy"
     assert [(name, type(m)) for name, m in tiny.named_modules()] == before

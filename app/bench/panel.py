@@ -8,7 +8,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
+                               QLabel, QLineEdit, QProgressBar, QPushButton, QSizePolicy, QSpinBox, QSplitter,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.bench.model import BenchModel, point_summary
@@ -83,11 +83,14 @@ class BenchPanel(QWidget):
         self.progress = QProgressBar(textVisible=True, value=0)
         self.status = QLabel("Choose a suite and press Run. Every point is saved as it completes.",
                              objectName="statsLine", wordWrap=True)
+        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.description.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.chart = pg.PlotWidget()
         self.table = QTableWidget(0, len(ROW_COLUMNS))
         self.table.setHorizontalHeaderLabels(ROW_COLUMNS)
         self.table.verticalHeader().setVisible(False)
         self._chart_unit: str | None = None
+        self._chart_names: list[str] = []
         self._build()
         self.suite_combo.currentIndexChanged.connect(lambda _i: self._show_suite())
         self.quick.toggled.connect(lambda _q: self._show_suite())
@@ -122,7 +125,8 @@ class BenchPanel(QWidget):
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
         self.chart.showGrid(x=True, y=True, alpha=0.2)
-        self.chart.setLabel("bottom", "point")
+        self.chart.setLabel("bottom", "point (median, bar = min … max of the raw samples)")
+        self.chart.getPlotItem().getAxis("bottom").enableAutoSIPrefix(False)
 
     def set_suites(self, suites: list[dict]) -> None:
         self.suites = {s["name"]: s for s in suites}
@@ -151,7 +155,7 @@ class BenchPanel(QWidget):
         self.cancel_button.setEnabled(True)
         self.table.setRowCount(0)
         self.chart.clear()
-        self._chart_unit = None
+        self._chart_unit, self._chart_names = None, []
         self.progress.setRange(0, 0)
         self.status.setText(f"running {suite}… (planning, warm-up)")
 
@@ -181,13 +185,13 @@ class BenchPanel(QWidget):
             self.chart.setLabel("left", point["unit"])
         if point["unit"] != self._chart_unit:
             return
-        x = float(sum(1 for p in self.model.points if p["unit"] == self._chart_unit) - 1)
+        self._chart_names.append(point["name"])
+        x = float(len(self._chart_names) - 1)
         self.chart.plot([x], [s["median"]], pen=None, symbol="o", symbolBrush="#3182ce", symbolSize=9)
         self.chart.addItem(pg.ErrorBarItem(x=np.array([x]), y=np.array([s["median"]]), top=np.array([s["hi"] - s["median"]]),
                                            bottom=np.array([s["median"] - s["lo"]]), beam=0.2))
-        label = pg.TextItem(point["name"], anchor=(0.5, 1.2), color="#718096")
-        label.setPos(x, s["hi"])
-        self.chart.addItem(label)
+        self.chart.getPlotItem().getAxis("bottom").setTicks([list(enumerate(self._chart_names))])
+        self.chart.setXRange(-0.5, x + 0.5, padding=0)
 
     def _on_finished(self, result: dict) -> None:
         self._done()

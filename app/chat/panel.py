@@ -64,6 +64,7 @@ class ChatPanel(QWidget):
         self.progress = QProgressBar(visible=False, textVisible=True)
         self.stats_label = QLabel(objectName="statsLine", wordWrap=True)
         self.system_prompt = QPlainTextEdit(placeholderText="e.g. You are a concise assistant.")
+        self.system_prompt.setMaximumHeight(110)
         self.sampling = SamplingForm()
         self._build()
         self._connect()

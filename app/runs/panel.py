@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView,
-                               QInputDialog, QLabel, QLineEdit, QMessageBox, QPushButton, QSplitter,
+                               QInputDialog, QLabel, QLineEdit, QMessageBox, QPushButton, QSizePolicy, QSplitter,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from app.runs.model import RunRow, RunsModel
@@ -43,6 +43,7 @@ class RunsPanel(QWidget):
         self.tabs.addTab(self.detail, "Run")
         self.tabs.addTab(self.compare_view, "Compare")
         self.count = QLabel(objectName="statsLine")
+        self.count.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self._build()
         self.search.textChanged.connect(lambda _t: self.refresh())
         for combo in self.filters.values():

@@ -10,15 +10,22 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QPushButton,
-                               QVBoxLayout, QWidget)
+                               QSizePolicy, QVBoxLayout, QWidget)
 
+from app.telemetry.bands import PhaseBands
 from app.telemetry.model import TelemetryModel
 from app.telemetry.plots import GPU_PLOTS, HOST_PLOTS, LINE_COLORS, PlotSpec, lines_for
 from app.theme import PHASE_COLORS
 from engine.clock import now_ns
 
 WINDOWS_S = (("30 s", 30), ("1 min", 60), ("5 min", 300), ("15 min", 900), ("1 h", 3600))
-MAX_BANDS = 150  # per plot; older bands in a long window are not drawn
+MAX_BANDS = 2000  # the newest bands in the window; a long benchmark marks every repetition
+
+
+def _phase_legend() -> str:
+    swatches = " ".join(f"<span style='background-color: rgb{rgb}'>&nbsp;&nbsp;&nbsp;</span> {name.replace('_', ' ')}"
+                        for name, rgb in PHASE_COLORS.items())
+    return f"Shaded phases: {swatches}"
 
 
 class TelemetryPanel(QWidget):
@@ -29,7 +36,7 @@ class TelemetryPanel(QWidget):
         self.paused = False
         self.plots: dict[str, pg.PlotItem] = {}
         self.curves: dict[str, pg.PlotDataItem] = {}
-        self.bands: dict[str, list[pg.LinearRegionItem]] = {}
+        self.bands: dict[str, PhaseBands] = {}
         self.cursors: list[pg.InfiniteLine] = []
         self.gpu_note = QLabel(objectName="panelHint", wordWrap=True, visible=False)
         self._entities: list[str] | None = None
@@ -43,6 +50,7 @@ class TelemetryPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(self._controls)
         layout.addWidget(self.gpu_note)
+        layout.addWidget(QLabel(_phase_legend(), objectName="statsLine"))
         layout.addWidget(self.graphics, 1)
         for spec in HOST_PLOTS:
             self._add_plot(spec)
@@ -59,6 +67,7 @@ class TelemetryPanel(QWidget):
         self.window_combo.currentIndexChanged.connect(lambda _i: self.set_window(self.window_combo.currentData()))
         self.pause_button = QPushButton("Pause", checkable=True, toggled=self.set_paused)
         self.readout = QLabel("Move the mouse over a plot to read values.", objectName="statsLine")
+        self.readout.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # long readouts never widen the window
         self._controls = QHBoxLayout()
         self._controls.addWidget(QLabel("Window"))
         self._controls.addWidget(self.window_combo)
@@ -84,7 +93,8 @@ class TelemetryPanel(QWidget):
         if self.plots:
             plot.setXLink(next(iter(self.plots.values())))
         self.plots[spec.key] = plot
-        self.bands[spec.key] = []
+        self.bands[spec.key] = PhaseBands(PHASE_COLORS)
+        plot.addItem(self.bands[spec.key], ignoreBounds=True)
         if self._colors:
             self._theme_plot(plot, self._colors[1])
         cursor = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#a0aec0", style=Qt.DashLine))
@@ -156,21 +166,10 @@ class TelemetryPanel(QWidget):
 
     def _update_bands(self, since_ns: int, until_ns: int) -> None:
         phases = self.model.phases_between(since_ns, until_ns, MAX_BANDS)
-        for key, plot in self.plots.items():
-            pool = self.bands[key]
-            while len(pool) < len(phases):
-                band = pg.LinearRegionItem(movable=False, pen=pg.mkPen(None))
-                band.setZValue(-10)
-                plot.addItem(band, ignoreBounds=True)
-                pool.append(band)
-            for band, phase in zip(pool, phases):
-                end = phase.end_ns if phase.end_ns is not None else until_ns
-                band.setRegion(((phase.start_ns - until_ns) / 1e9, (end - until_ns) / 1e9))
-                band.setBrush(pg.mkBrush(*PHASE_COLORS.get(phase.phase, (160, 160, 160)), 60))
-                band.setToolTip(phase.phase)
-                band.setVisible(True)
-            for band in pool[len(phases):]:
-                band.setVisible(False)
+        bands = [(p.phase, (p.start_ns - until_ns) / 1e9,
+                  ((p.end_ns if p.end_ns is not None else until_ns) - until_ns) / 1e9) for p in phases]
+        for item in self.bands.values():
+            item.set_bands(bands)
 
     # -- crosshair ------------------------------------------------------------------------------
     def _on_mouse(self, event) -> None:
@@ -185,7 +184,8 @@ class TelemetryPanel(QWidget):
         self.readout.setText(self.readout_at(x))
 
     def readout_at(self, x_s: float) -> str:
-        parts = [f"{-x_s:.1f} s ago"]
+        phases = next(iter(self.bands.values())).phases_at(x_s) if self.bands else []
+        parts = [f"{-x_s:.1f} s ago" + (f" [{', '.join(phases)}]" if phases else "")]
         for name, curve in self.curves.items():
             xs, ys = curve.getOriginalDataset()
             if xs is None or not len(xs):

@@ -5,8 +5,8 @@ import html
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel,
-                               QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSpinBox, QSplitter,
-                               QTableView, QVBoxLayout, QWidget)
+                               QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSizePolicy, QSpinBox,
+                               QSplitter, QTableView, QTextBrowser, QVBoxLayout, QWidget)
 
 from app.protocol import TraceRequest
 from app.trace.model import TraceModel
@@ -40,7 +40,7 @@ class TracePanel(QWidget):
         self._build_controls(variants or ["clean", "leaky-norm", "per-element-copy"])
         self._build_cards()
         self.findings = QListWidget()
-        self.finding_detail = QLabel(objectName="panelHint", wordWrap=True, textFormat=Qt.RichText)
+        self.finding_detail = QTextBrowser()
         self.table = QTableView(sortingEnabled=False)
         self.table.setModel(model.ops)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Interactive)
@@ -66,7 +66,8 @@ class TracePanel(QWidget):
         self.run_button = QPushButton("Trace", objectName="primary", clicked=self.run)
         self.export_button = QPushButton("Export Perfetto JSON…", clicked=self.export_dialog, enabled=False)
         self.status = QLabel("Trace records every tensor op of a short generation with its device.",
-                             objectName="statsLine")
+                             objectName="statsLine", wordWrap=True)
+        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
 
     def _build_cards(self) -> None:
         self.cards = {key: Card(title) for key, title in (
@@ -74,13 +75,18 @@ class TracePanel(QWidget):
             ("transfers", "transfers / token"), ("syncs", "syncs / token"), ("storms", "storms"))}
 
     def _build_layout(self) -> None:
-        controls = QHBoxLayout()
-        for label, widget in (("Prompt", self.prompt), ("Tokens", self.tokens), ("Variant", self.variant),
-                              ("Target", self.target)):
-            controls.addWidget(QLabel(label))
-            controls.addWidget(widget, 3 if widget is self.prompt else 0)
-        controls.addWidget(self.run_button)
-        controls.addWidget(self.export_button)
+        controls = QGridLayout()
+        controls.addWidget(QLabel("Prompt"), 0, 0)
+        controls.addWidget(self.prompt, 0, 1, 1, 3)
+        controls.addWidget(QLabel("Tokens"), 0, 4)
+        controls.addWidget(self.tokens, 0, 5)
+        controls.addWidget(self.run_button, 0, 6)
+        for col, (label, widget) in enumerate((("Variant", self.variant), ("Target", self.target))):
+            controls.addWidget(QLabel(label), 1, 2 * col)
+            controls.addWidget(widget, 1, 2 * col + 1)
+        controls.addWidget(self.export_button, 1, 5, 1, 2)
+        controls.setColumnStretch(1, 1)
+        controls.setColumnStretch(3, 2)
         cards = QGridLayout()
         for i, card in enumerate(self.cards.values()):
             cards.addWidget(card, 0, i)
@@ -89,7 +95,7 @@ class TracePanel(QWidget):
         col.setContentsMargins(0, 0, 0, 0)
         col.addWidget(QLabel("Findings — click one to see its ops"))
         col.addWidget(self.findings, 1)
-        col.addWidget(self.finding_detail)
+        col.addWidget(self.finding_detail, 2)
         top = QSplitter(Qt.Horizontal)
         top.addWidget(findings)
         top.addWidget(self._table_box())
@@ -98,6 +104,8 @@ class TracePanel(QWidget):
         body.addWidget(top)
         body.addWidget(self.timeline)
         body.setStretchFactor(0, 3)
+        body.setSizes([560, 200])
+        top.setSizes([330, 800])
         layout = QVBoxLayout(self)
         layout.addLayout(controls)
         layout.addWidget(self.status)
@@ -113,6 +121,7 @@ class TracePanel(QWidget):
         for widget in (self.module_filter, self.op_filter):
             widget.editingFinished.connect(self.apply_filters)
         self.count_label = QLabel("", objectName="statsLine")
+        self.count_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         row = QHBoxLayout()
         for widget in (self.device_filter, self.kind_filter, self.module_filter, self.op_filter, self.count_label):
             row.addWidget(widget)
@@ -151,7 +160,7 @@ class TracePanel(QWidget):
             return
         f = findings[row]
         evidence = "<br>".join(html.escape(str(line)) for line in f.get("evidence", {}).get("lines", [])[:6])
-        self.finding_detail.setText(f"<b>{html.escape(f['title'])}</b><br>{evidence}<br><b>Fix:</b> "
+        self.finding_detail.setHtml(f"<b>{html.escape(f['title'])}</b><br>{evidence}<br><b>Fix:</b> "
                                     f"{html.escape(f.get('fix', ''))}")
         self.apply_filters(tuple(f.get("sources", ())), tuple(f.get("modules", ())))
 
@@ -170,11 +179,13 @@ class TracePanel(QWidget):
         result = self.model.result or {}
         sim = " (simulated)" if result.get("simulated") else ""
         self.status.setText(f"{result.get('variant', '')} model on {report['target']}{sim}: {report['ops']:,} ops, "
-                            f"{report['tokens']} tokens. " + " ".join(report.get("notes", []))[:300])
+                            f"{report['tokens']} tokens; {len(report['findings'])} finding(s).")
+        self.status.setToolTip("\n".join(report.get("notes", [])))
         self._fill_cards(report)
         self._fill_findings(report)
         self._fill_filters()
         self.apply_filters()
+        self.table.resizeColumnsToContents()  # Qt samples a bounded number of rows for this
         self.timeline.show_ops(self.model.ops.columns)
 
     def _fill_cards(self, report: dict) -> None:
@@ -198,7 +209,8 @@ class TracePanel(QWidget):
             self.findings.addItem(item)
         if not report.get("findings"):
             self.findings.addItem("No findings: every op ran where it should (beyond the engine's needed I/O).")
-        self.finding_detail.setText("")
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in report.get("notes", []))
+        self.finding_detail.setHtml(f"<i>Click a finding to see its evidence, fix and ops.</i><ul>{notes}</ul>")
 
     def _fill_filters(self) -> None:
         for combo, key, label in ((self.device_filter, "device", "all devices"),

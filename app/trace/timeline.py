@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 
 from app.theme import DEVICE_COLORS, device_color
 
@@ -34,10 +35,13 @@ class TraceTimeline(pg.PlotWidget):
             xs = np.column_stack([t0[pick], t1[pick]]).ravel()
             ys = np.full(len(xs), float(y))
             color = DEVICE_COLORS[lane] if lane in DEVICE_COLORS else device_color(lane)
-            curve = self.plot(xs, ys, connect="pairs", pen=pg.mkPen(color, width=LANE_WIDTH_PX), name=lane)
+            pen = pg.mkPen(color, width=LANE_WIDTH_PX)
+            pen.setCapStyle(Qt.SquareCap)  # an op shorter than a pixel still shows as a small block
+            curve = self.plot(xs, ys, connect="pairs", pen=pen, name=lane)
             curve.setDownsampling(auto=False)
         axis = self.getPlotItem().getAxis("left")
         axis.setTicks([[(y, lane) for y, lane in enumerate(self.lanes)]])
+        axis.setWidth(max(60, 8 * max((len(lane) for lane in self.lanes), default=0)))  # labels never dropped
         self.setYRange(-0.8, len(self.lanes) - 0.2, padding=0)
         if len(t0):
             self.setXRange(0, float(t1.max()), padding=0.01)

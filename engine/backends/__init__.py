@@ -10,6 +10,7 @@ Public surface::
 Plugins declare themselves in the ``opscope.backends`` entry-point group; see docs/plugins.md.
 """
 from engine.backends.guard import GuardedBackend
+from engine.backends.loop import Stepper, check_prompt, stream_generation
 from engine.backends.protocol import (API_VERSION, Backend, DeviceInfo, LoadedModelLike, OpEvent,
                                       capabilities)
 from engine.backends.registry import (ENTRY_POINT_GROUP, IncompatiblePlugin, PluginInfo, Registry,
@@ -17,4 +18,5 @@ from engine.backends.registry import (ENTRY_POINT_GROUP, IncompatiblePlugin, Plu
 
 __all__ = ["API_VERSION", "Backend", "DeviceInfo", "ENTRY_POINT_GROUP", "GuardedBackend",
            "IncompatiblePlugin", "LoadedModelLike", "OpEvent", "PluginInfo", "Registry",
-           "capabilities", "default_registry", "get_backend", "list_backends", "refresh"]
+           "Stepper", "capabilities", "check_prompt", "default_registry", "get_backend",
+           "list_backends", "refresh", "stream_generation"]

@@ -34,9 +34,9 @@ class Stepper(Protocol):
 
 def text_stream(tokenizer, stop: tuple[str, ...]):
     """The engine's stop-string and UTF-8 hold-back logic, so every backend cuts text alike."""
-    from engine.generate import _TextStream  # TODO(lead): expose a public, torch-free TextStream
+    from engine.textstream import TextStream
 
-    return _TextStream(tokenizer, stop)
+    return TextStream(tokenizer, stop)
 
 
 def check_prompt(prompt_ids: list[int], cfg, max_seq_len: int) -> None:
@@ -69,7 +69,7 @@ def stream_generation(stepper: Stepper, tokenizer, prompt_ids: list[int], cfg,
 
 
 def _decode(stepper: Stepper, tokenizer, token_id: int, n: int, cfg, cancel, times) -> Iterator:
-    request_ns, t_start, t_prefill = times
+    t_prefill = times[2]
     stream = text_stream(tokenizer, cfg.stop)
     eos = set() if cfg.ignore_eos else set(tokenizer.eos_ids)
     token_ns, reason = [], "length"
@@ -92,10 +92,15 @@ def _decode(stepper: Stepper, tokenizer, token_id: int, n: int, cfg, cancel, tim
             break
         stepper.forward([token_id])
         token_id = stepper.sample()
+    yield _finished(reason, stream, token_ns, n, times)
+
+
+def _finished(reason: str, stream, token_ns: list[int], n: int, times) -> Finished:
+    request_ns, t_start, t_prefill = times
     tail = stream.finish() if reason != "stop_string" else ""
     end = now_ns()
     markers.emit(markers.DECODE, "end", end, tokens=len(token_ns))
     stats = stats_from_times(request_ns, t_start, t_prefill, n, token_ns or [t_prefill], end)
     if not token_ns:  # EOS first: TTFT is still the time to that token; nothing was generated
         stats = replace(stats, generated_tokens=0)
-    yield Finished(reason, stats, end, text=stream.text, tail=tail)
+    return Finished(reason, stats, end, text=stream.text, tail=tail)

@@ -12,7 +12,7 @@ and what to upgrade. Optional members (``trace_ops``, ``bench_matmul``, ``bench_
 added without raising the version: callers probe for them with :func:`capabilities`.
 
 Plugins import only engine's public API: ``engine.backends``, ``engine.events``, ``engine.errors``,
-``engine.generate.GenerationConfig``, ``engine.formats``, ``engine.tokenizer``, ``engine.api``,
+``engine.generation_config.GenerationConfig``, ``engine.formats``, ``engine.tokenizer``, ``engine.api``,
 ``engine.clock`` and ``engine.markers``.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Protocol, runtime_checkable
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 API_VERSION = 1
 
@@ -80,7 +80,7 @@ class LoadedModelLike(Protocol):
 
     * ``generate(prompt, config=None, cancel=None)`` takes a string (tokenized with the model's own
       tokenizer, special tokens added as the model asks) or a list of token ids, and a
-      ``engine.generate.GenerationConfig`` (``None`` means its defaults). It returns an iterator of
+      ``engine.generation_config.GenerationConfig`` (``None`` means its defaults). It returns an iterator of
       ``engine.events`` in the order PrefillStarted, PrefillProgress*, PrefillFinished, Token*,
       Finished, every ``t_ns`` from ``engine.clock.now_ns`` and non-decreasing. It honours
       ``max_tokens``, ``stop`` strings (the stop string is not part of ``Finished.text``),
@@ -158,8 +158,6 @@ class Backend(Protocol):
     def load(self, source: str | Path | None, device: str = "cpu", dtype: str = "float32",
              **options: Any) -> LoadedModelLike: ...
 
-
-TraceHook = Callable[[Callable[[OpEvent], None]], ContextManager[None]]
 
 REQUIRED_MEMBERS = ("name", "api_version", "is_available", "devices", "load")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from engine.backends.guard import GuardedBackend
 from engine.backends.protocol import API_VERSION, DeviceInfo, capabilities, missing_members
 from engine.backends.settings import disabled_plugins
-from engine.errors import BackendError
+from engine.errors import BackendError, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def _describe(info: PluginInfo, backend: GuardedBackend) -> PluginInfo:
     try:
         available, reason = backend.is_available()
         devices = tuple(backend.devices()) if available else ()
-    except BackendError as e:
+    except EngineError as e:  # a plugin's own typed error while probing: still only a status
         return replace(info, status=FAILED, error=str(e), api_version=backend.api_version)
     return replace(info, status=OK if available else UNAVAILABLE, reason="" if available else reason,
                    api_version=backend.api_version, devices=devices,

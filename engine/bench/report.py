@@ -6,6 +6,8 @@ import sys
 from contextlib import contextmanager
 from typing import IO, Iterator
 
+from rich.markup import escape
+
 from engine.bench.stats import summarize
 from engine.results import Metric, RunResult
 
@@ -31,21 +33,33 @@ def summary_table(result: RunResult, run_id, out: IO[str] = sys.stdout) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    title = f"{result.kind} — {result.status}" + (f" — saved as run {run_id}" if run_id is not None else " — not saved")
+    title = escape(f"{result.kind} — {result.status}") + (f" — saved as run {run_id}" if run_id is not None else " — not saved")
     table = Table(title=title, title_justify="left")
     for col, justify in (("metric", "left"), ("unit", "left"), ("median", "right"), ("± CI", "right"),
                          ("95% CI of median", "right"), ("n", "right"), ("notes", "left")):
         table.add_column(col, justify=justify, no_wrap=col in ("metric", "unit"))
     for m in result.metrics:
-        table.add_row(*_row(m))
+        table.add_row(*(escape(cell) for cell in _row(m)))
     console = Console(file=out, width=max(120, Console(file=out).width))
     console.print(table)
-    peaks = result.settings.get("suite_params", {}).get("peaks")
-    if peaks and "flop_s" in peaks:
-        console.print(f"MFU peak: {_fmt(peaks['flop_s'] or math.nan)} FLOP/s ({peaks['flop_source']}); "
-                      f"MBU peak: {_fmt(peaks['bytes_s'] or math.nan)} B/s ({peaks['bytes_source']})")
+    _print_peaks(console, result)
     if result.error:
-        console.print(f"[bold]run {result.status}:[/bold] {result.error}")
+        console.print(f"[bold]run {result.status}:[/bold] {escape(result.error)}")
+
+
+def _print_peaks(console, result: RunResult) -> None:
+    """Which peaks MFU/MBU divided by, and a warning when a ratio above 100% shows a peak too low."""
+    peaks = result.settings.get("suite_params", {}).get("peaks") or {}
+    for key, label, unit in (("flop_s", "MFU", "FLOP/s"), ("bytes_s", "MBU", "B/s")):
+        if peaks.get(key):
+            source = escape(str(peaks[key.replace("_s", "_source")]))
+            console.print(f"{label} peak: {_fmt(peaks[key])} {unit} ({source})")
+    over = [m.name for m in result.metrics if m.name.endswith((".mfu", ".mbu")) and m.samples
+            and sorted(m.samples)[len(m.samples) // 2] > 100]
+    if over:
+        console.print(f"[bold]warning:[/bold] {', '.join(over)} above 100%: the peak it divides by is too "
+                      f"low (measured on a busy machine?); run `opscope bench matmul` and "
+                      f"`opscope bench bandwidth` on a quiet machine to replace it")
 
 
 @contextmanager

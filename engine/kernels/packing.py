@@ -76,3 +76,16 @@ def dequantize_reference(w: PackedWeight):
         vals = torch.cat([q & 0x0F, q >> 4], dim=-1).float()  # low nibbles are 0..15, high 16..31
         return (vals * d + w.m.float().reshape(n, k // QK, 1)).reshape(n, k)
     return (w.qs.reshape(n, k // QK, QK).float() * d).reshape(n, k)
+
+
+def random_blocks(ggml_type: str, n: int, k: int, rng: "np.random.Generator") -> np.ndarray:
+    """Raw GGUF rows of random blocks, [n, bytes per row] uint8: synthetic weights for tests and
+    benchmarks (scales in the range real models use)."""
+    nb = k // 32
+    d = rng.uniform(0.002, 0.05, (n, nb, 1)).astype(np.float16).view(np.uint8)
+    if ggml_type == "Q4_1":
+        m = rng.uniform(-0.4, 0.1, (n, nb, 1)).astype(np.float16).view(np.uint8)
+        qs = rng.integers(0, 256, (n, nb, 16), dtype=np.uint8)
+        return np.concatenate([d, m, qs], axis=-1).reshape(n, nb * 20)
+    qs = rng.integers(-127, 128, (n, nb, 32), dtype=np.int8).view(np.uint8)
+    return np.concatenate([d, qs], axis=-1).reshape(n, nb * 34)

@@ -68,7 +68,7 @@ class Run:
 def run_generation(model, prompt=PROMPT, cancel_after: int | None = None, **config) -> Run:
     """Generate with a GenerationConfig built from ``config``; set the cancel event once
     ``cancel_after`` tokens have arrived. Checks the stream's shape before returning it."""
-    from engine.generate import GenerationConfig
+    from engine.generation_config import GenerationConfig
 
     cancel = threading.Event()
     events = []
@@ -161,7 +161,7 @@ def test_honours_cancel(conformance_model):
 
 
 def test_chat_uses_the_template(conformance_model):
-    from engine.generate import GenerationConfig
+    from engine.generation_config import GenerationConfig
 
     events = list(conformance_model.chat([{"role": "user", "content": "Say hi."}],
                                          GenerationConfig(max_tokens=2, ignore_eos=True)))

@@ -116,7 +116,7 @@ class Tracer(TorchDispatchMode):
         self._off_target_sources = self.options.source == SOURCE_FINDINGS
         self._unsubscribe = None
         self._gc_was_enabled = True
-        self.start_ns = self.end_ns = 0
+        self.start_ns = self.end_ns = self.device_timed = 0
 
     # -- region -----------------------------------------------------------------------------
     def __enter__(self):
@@ -155,7 +155,7 @@ class Tracer(TorchDispatchMode):
 
     def result(self) -> TraceResult:
         return TraceResult(self.options, self.events, self.stats, self.dropped, self.markers,
-                           self.token_ns, self.start_ns, self.end_ns, getattr(self, "device_timed", 0))
+                           self.token_ns, self.start_ns, self.end_ns, self.device_timed)
 
     # -- hot path ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

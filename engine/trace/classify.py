@@ -92,12 +92,9 @@ def direction(src: str, dst: str) -> str:
 def classify(role: str, in_devices: tuple[str, ...], in_scalar: tuple[bool, ...],
              out_devices: tuple[str, ...], is_target: DeviceMatcher,
              copy_src_dst: tuple[str, str] | None = None, bool_index: bool = False) -> tuple[str, str]:
-    """(kind, direction) of one op.
-
-    ``in_scalar[i]`` says input i is a 0-dim host tensor, which accelerators accept as a plain
-    scalar argument (no copy), so it does not make an op mixed. ``copy_src_dst`` is (source,
-    destination) device for copy ops. ``bool_index`` says an index op got a boolean mask.
-    """
+    """(kind, direction) of one op. ``in_scalar[i]``: input i is a 0-dim host tensor, which
+    accelerators take as a plain scalar argument (not mixed). ``copy_src_dst``: (source,
+    destination) of a copy op. ``bool_index``: an index op got a boolean mask."""
     if role == ROLE_SCALAR:  # a host read of a device value waits for the device
         src = in_devices[0] if in_devices else HOST_DEVICE
         if src != HOST_DEVICE:

@@ -49,7 +49,7 @@ def _io(r: PlacementReport) -> list[str]:
 def _findings(r: PlacementReport) -> list[str]:
     if r.clean:
         return ["", f"Findings: none: every compute op ran on {r.target}, and each decode step moved only "
-                    "what a correct engine needs (input id in, sampled id out)."]
+                    "what a correct engine needs (at most the input id in and the sampled id out)."]
     lines = ["", f"Findings ({len(r.findings)}):"]
     for i, f in enumerate(r.findings, 1):
         ev = f.evidence

@@ -16,7 +16,7 @@ from engine.clock import now_ns
 from engine.events import Finished, Token
 from engine.trace.capture import Tracer, TraceResult
 from engine.trace.events import TraceOptions
-from engine.trace.variants import CLEAN, planted
+from engine.trace.variants import CLEAN, plant
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def trace_generation(lm, prompt: str | list[int], config, options: TraceOptions 
     options = options or TraceOptions(target=str(lm.device))
     if simulate:
         return _trace_simulated(lm, prompt, config, options, variant)
-    with planted(lm.model, variant):
+    with plant(lm.model, variant):
         tracer = Tracer(options, model=lm.model)
         finished = _drive(tracer, lm.generate(prompt, config))
     return TraceRun(tracer.result(), variant, False, finished)
@@ -90,7 +90,7 @@ def _trace_stand_in(model, options: TraceOptions, variant: str, events: Callable
     from engine.trace.simulate import simulated_device, to_device_stand_in
 
     stand_in = to_device_stand_in(model, options.target)
-    with planted(stand_in, variant), simulated_device():
+    with plant(stand_in, variant), simulated_device():
         tracer = Tracer(options, model=stand_in)
         finished = _drive(tracer, events(stand_in))
     return TraceRun(tracer.result(), variant, True, finished, [SIMULATION_NOTE])
@@ -102,7 +102,7 @@ def trace_model(model, ids: list[int], max_tokens: int, options: TraceOptions, *
     benchmarks, stand-ins)."""
     if simulate:
         return _trace_stand_in(model, options, variant, lambda m: greedy_events(m, ids, max_tokens))
-    with planted(model, variant):
+    with plant(model, variant):
         tracer = Tracer(options, model=model)
         _drive(tracer, greedy_events(model, ids, max_tokens))
     return TraceRun(tracer.result(), variant, False)

@@ -5,18 +5,18 @@ engine/trace/planted.py, so reports name that file and line):
   leaky-norm        every RMSNorm computes on the CPU and copies back
   per-element-copy  the final norm's output is rebuilt element by element through .item()
 
-``planted(model, name)`` swaps them in for the duration of a with-block and restores the model.
+``plant(model, name)`` swaps them in for the duration of a with-block and restores the model.
 """
 from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from typing import Iterator
-
-from torch import nn
+from typing import TYPE_CHECKING, Iterator
 
 from engine.errors import ConfigError
-from engine.trace.planted import LeakyRMSNorm, PerElementCopy
+
+if TYPE_CHECKING:  # torch is imported on use: the CLI lists the variants without it
+    from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,8 @@ def _final_norm_path(model: nn.Module) -> str:
 
 def swaps_for(model: nn.Module, variant: str) -> dict[str, nn.Module]:
     """path → replacement module for a variant (empty for clean)."""
+    from engine.trace.planted import LeakyRMSNorm, PerElementCopy
+
     if variant == CLEAN:
         return {}
     if variant == LEAKY_NORM:
@@ -68,7 +70,7 @@ def _set(model: nn.Module, path: str, module: nn.Module) -> nn.Module:
 
 
 @contextmanager
-def planted(model: nn.Module, variant: str) -> Iterator[list[str]]:
+def plant(model: nn.Module, variant: str) -> Iterator[list[str]]:
     """Swap the variant's modules into ``model``; yields the swapped paths; restores on exit."""
     originals = {path: _set(model, path, new) for path, new in swaps_for(model, variant).items()}
     log.info("variant %s: swapped %d module(s)", variant, len(originals))

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engine.backends.loop import check_prompt, stream_generation
+from engine.backends import check_prompt, stream_generation
 from plugins.mlx_backend.sampling import Sampler
 
 

@@ -10,7 +10,7 @@ import mlx.core as mx
 from engine import markers
 from engine.clock import now_ns
 from engine.errors import ConfigError, DeviceError
-from engine.generate import GenerationConfig
+from engine.generation_config import GenerationConfig
 from plugins.mlx_backend.generate import generate
 from plugins.mlx_backend.model import MLXModelArgs, Transformer
 from plugins.mlx_backend.weights import apply_weights, mlx_dtype, read_tensors, weights_nbytes

@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.errors import ConfigError, ModelFormatError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,6 @@ _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16
 
 
 def mlx_dtype(name: str):
-    from engine.errors import ConfigError
-
     if name not in _DTYPES:
         raise ConfigError(f"dtype {name!r} is not supported by the mlx backend "
                           f"(supported: {', '.join(_DTYPES)})")
@@ -90,9 +88,8 @@ def quantized_modules(tensors: dict[str, mx.array]) -> dict[str, dict]:
             continue
         module = key[: -len(".scales")]
         packed = tensors[f"{module}.weight"]  # [out, in * bits / 32] uint32
-        # Groups per row and words per row fix both unknowns once group size is assumed
-        # to divide the row: bits = 32 * words / (groups * group_size). GGUF blocks are 32
-        # wide; MLX checkpoints say theirs in config, which the caller may pass instead.
+        # With the layer's input width known, words and groups per row fix bits and group size
+        # (quant_params), for GGUF blocks and MLX-quantized checkpoints alike.
         out[module] = {"words": packed.shape[-1], "groups": scales.shape[-1]}
     return out
 

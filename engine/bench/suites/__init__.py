@@ -20,6 +20,7 @@ SUITES: dict[str, str] = {
     "bandwidth": "bandwidth",
     "train-step": "train_step",
     "scaling": "scaling",
+    "peers": "peers",
 }
 
 

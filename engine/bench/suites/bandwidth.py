@@ -50,8 +50,10 @@ def _points(p: Params, device: str):
             yield make_point(n, device)
 
 
-def _finish(device: str):
+def _finish(device: str, record_peak: bool):
     def finish(outcomes: list[PointOutcome]) -> list[Metric]:
+        if not record_peak:  # a --quick buffer may sit partly in cache: not a memory peak
+            return []
         best = max((statistics.median(o.metrics[0].samples), o.point.name) for o in outcomes
                    if o.ok and o.metrics[0].samples) if any(o.ok for o in outcomes) else None
         if best is not None:
@@ -65,4 +67,4 @@ def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     p = params or (QUICK if opts.quick else Params())
     return SuitePlan(points=_points(p, opts.device), n_points=len(p.sizes_bytes),
                      settings={"sizes_bytes": list(p.sizes_bytes), "counting": "read + write"},
-                     finish=_finish(opts.device))
+                     finish=_finish(opts.device, record_peak=not opts.quick))

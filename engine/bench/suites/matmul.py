@@ -77,15 +77,17 @@ def _points(p: Params, device: str, outcomes: list[PointOutcome]) -> Iterator[Po
                 yield make_point(n, dtype, device)
 
 
-def _finish(device: str):
+def _finish(device: str, record_peak: bool):
     def finish(outcomes: list[PointOutcome]) -> list[Metric]:
-        """% of the measured peak per point; the peak per dtype is cached for MFU elsewhere."""
+        """% of the measured peak per point; the peak per dtype is cached for MFU elsewhere
+        (not from --quick runs: their sizes are too small to reach the peak)."""
         extra: list[Metric] = []
         for dtype in {o.point.params.get("dtype") for o in outcomes if o.ok}:
             best = _best(outcomes, dtype)
             if best is None:
                 continue
-            peaks.record(device, "matmul", dtype, best[1] * 1e9, f"matmul suite, n={best[0]}")
+            if record_peak:
+                peaks.record(device, "matmul", dtype, best[1] * 1e9, f"matmul suite, n={best[0]}")
             for o in outcomes:
                 m = o.metrics[0]
                 if o.ok and o.point.params.get("dtype") == dtype:
@@ -112,6 +114,6 @@ def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
                                 "call_budget_s": p.call_budget_s, "shape": "n×n @ n×n",
                                 "flops_per_call": "2·n³",
                                 "pct_peak": "% of the best median GFLOP/s of the same dtype in this run"},
-                      finish=_finish(opts.device))
+                      finish=_finish(opts.device, record_peak=not opts.quick))
     plan_.points = _points(p, opts.device, plan_.outcomes)
     return plan_

@@ -315,6 +315,33 @@ void q8_0_row_scalar(const float* x, const int8_t* qs, const c10::Half* d, int64
   y[row] = acc;
 }
 
+// Scalar rows with int8 activations (tails of the q8 path: same arithmetic as the SIMD kernels).
+void q4_1_row_scalar_q8(const int8_t* qy, const float* dy, const float* sx, const uint8_t* qs,
+                        const c10::Half* d, const c10::Half* m, int64_t K, int64_t row, float* y) {
+  const int64_t nb = K / QK;
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* q = qs + row * (K / 2) + b * 16;
+    const int8_t* yb = qy + b * QK;
+    int32_t t = 0;
+    for (int j = 0; j < 16; ++j) t += int32_t(q[j] & 0x0F) * yb[j] + int32_t(q[j] >> 4) * yb[j + 16];
+    acc += h2f(d, row * nb + b) * dy[b] * float(t) + h2f(m, row * nb + b) * sx[b];
+  }
+  y[row] = acc;
+}
+
+void q8_0_row_scalar_q8(const int8_t* qy, const float* dy, const int8_t* qs, const c10::Half* d, int64_t K,
+                        int64_t row, float* y) {
+  const int64_t nb = K / QK;
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t t = 0;
+    for (int j = 0; j < QK; ++j) t += int32_t(qs[row * K + b * QK + j]) * qy[b * QK + j];
+    acc += h2f(d, row * nb + b) * dy[b] * float(t);
+  }
+  y[row] = acc;
+}
+
 // Per-block sums of x (the Q4_1 "+m" term) and, for q8, x quantized to int8 per block with its
 // scale: qy in plain order and qyp in the pair order the 512-bit Q4_1 kernel reads (for blocks A, B:
 // A[0:16] B[0:16] A[16:32] B[16:32], matching low nibbles of both, then high nibbles of both).
@@ -384,6 +411,10 @@ void rows_range(const Weights& w, const Act& a, bool q8, int64_t r0, int64_t r1,
 #if defined(__AVX512F__)
   for (; r + 4 <= r1; r += 4) group4(w, a, q8, r, y);
 #endif
+  for (; r < r1 && q8; ++r) {
+    if (w.qtype == 0) q4_1_row_scalar_q8(a.qy, a.dy, a.sx, w.qs, w.d, w.m, w.K, r, y);
+    else q8_0_row_scalar_q8(a.qy, a.dy, reinterpret_cast<const int8_t*>(w.qs), w.d, w.K, r, y);
+  }
   for (; r < r1; ++r) {
     if (w.qtype == 0) q4_1_row_scalar(a.x, a.sx, w.qs, w.d, w.m, w.K, r, y);
     else q8_0_row_scalar(a.x, reinterpret_cast<const int8_t*>(w.qs), w.d, w.K, r, y);

@@ -83,8 +83,8 @@ class EchoModel:
         return self._stream(ids, config, cancel, request_ns)
 
     def _stream(self, ids: list[int], config, cancel, request_ns: int):
-        from engine.backends.loop import check_prompt, stream_generation
-        from engine.generate import GenerationConfig
+        from engine.backends import check_prompt, stream_generation
+        from engine.generation_config import GenerationConfig
 
         config = config or GenerationConfig()
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
