@@ -78,7 +78,7 @@ class LoadedModel:
         finally:
             for layer, c in zip(self.model.layers, cache):
                 layer.attn.cache = c
-            self.model.max_cache_len = cache[0].k.shape[2] if cache[0] is not None else 0
+            self.model.max_cache_len = cache[0].k.shape[1] if cache[0] is not None else 0
 
     def _check_ids(self, ids: list[int]) -> None:
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]

@@ -14,7 +14,8 @@ import torch
 from engine import markers
 from engine.clock import now_ns
 from engine.events import Finished, PrefillFinished, PrefillStarted, Token, stats_from_times
-from engine.generation_config import GenerationConfig, ensure_cache
+from engine.generate import ensure_cache
+from engine.generation_config import GenerationConfig
 from engine.sampling import sample
 
 

@@ -34,3 +34,4 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(base / "config"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(base / "cache"))
     monkeypatch.delenv("OPSCOPE_DB", raising=False)
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(base / "opscope-cache"))

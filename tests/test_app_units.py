@@ -289,3 +289,96 @@ def test_theme_follows_mode_and_styles_the_app(qapp):
     assert "QFrame#card" in qapp.styleSheet()
     theme.set_mode("system")  # the offscreen platform reports no dark preference
     assert theme.current in ("light", "dark")
+
+
+def test_desktop_entry_installs_and_uninstalls_under_a_prefix(tmp_path):
+    from app.desktop_entry import main
+
+    assert main(["--prefix", str(tmp_path)]) == 0
+    entry = tmp_path / "applications" / "opscope.desktop"
+    assert entry.read_bytes() == resources.read_bytes("opscope.desktop")
+    assert (tmp_path / "icons/hicolor/256x256/apps/opscope.png").read_bytes() == resources.icon_png(256)
+    assert (tmp_path / "icons/hicolor/scalable/apps/opscope.svg").exists()
+    assert main(["--prefix", str(tmp_path), "--uninstall"]) == 0
+    assert not entry.exists()
+
+
+# -- toolbar, notices, options --------------------------------------------------------------------
+@pytest.fixture
+def isolated_settings(tmp_path):
+    from app import settings
+
+    settings.use_directory(str(tmp_path / "settings"))
+    settings.settings().clear()
+    return settings
+
+
+def test_toolbar_lists_devices_with_reasons_and_remembers_recent_models(qtbot, isolated_settings):
+    from app.toolbar import DEFAULT_LABEL, ModelToolBar
+
+    bar = ModelToolBar()
+    qtbot.addWidget(bar)
+    info = {"backends": [{"name": "torch", "status": "ok", "devices": [
+        {"name": "cpu", "available": True, "reason": ""},
+        {"name": "cuda", "available": False, "reason": "torch 2.13.0+cpu is a CPU-only build"}]},
+        {"name": "mlx", "status": "failed", "error": "mlx is not installed", "devices": []}],
+        "dtypes": ["float32", "bfloat16"]}
+    bar.set_engine_info(info)
+    model = bar.device_combo.model()
+    assert model.item(0).isEnabled() and not model.item(1).isEnabled()
+    assert model.item(1).text() == "cuda — torch 2.13.0+cpu is a CPU-only build"
+    assert not bar.backend_combo.model().item(1).isEnabled()
+    assert bar.model_combo.itemText(0) == DEFAULT_LABEL
+    with qtbot.waitSignal(bar.loadRequested) as blocker:
+        bar.set_model("/models/tiny.gguf")
+    assert blocker.args[0].model == "/models/tiny.gguf"
+    assert isolated_settings.recent_models() == ["/models/tiny.gguf"]
+    with qtbot.waitSignal(bar.loadRequested) as blocker:
+        bar.dtype_combo.setCurrentText("bfloat16")
+    assert blocker.args[0].dtype == "bfloat16" and blocker.args[0].model == "/models/tiny.gguf"
+
+
+def test_notice_bar_shows_and_dismisses(qtbot):
+    from app.notify import NoticeBar, Notifier
+
+    notifier = Notifier()
+    bar = NoticeBar(notifier)
+    qtbot.addWidget(bar)
+    notifier.error("The engine process crashed.", "last output: Segmentation fault")
+    assert bar.isVisibleTo(bar.parentWidget() or bar) or bar.notice is not None
+    assert bar.text.text() == "The engine process crashed." and bar.details_button.isVisibleTo(bar)
+    with qtbot.waitSignal(bar.dismissed):
+        bar.dismiss()
+    assert bar.notice is None and notifier.history[-1].level == "error"
+
+
+def test_run_accepts_the_cli_namespace_or_argv():
+    import argparse
+
+    from app.main import _options
+
+    ns = _options(argparse.Namespace(model="m.gguf", db="sqlite:///x.db", debug=True, command="gui"))
+    assert (ns.model, ns.db, ns.debug, ns.device, ns.backend) == ("m.gguf", "sqlite:///x.db", True, "cpu", "torch")
+    assert _options(["--device", "cuda:0", "--theme", "dark"]).theme == "dark"
+    with pytest.raises(SystemExit):
+        _options(["--theme", "purple"])
+
+
+def test_chat_session_exports_markdown_and_json(qapp, tmp_path):
+    import json
+
+    from app.chat.session import ChatSession, Turn, format_stats
+
+    session = ChatSession(client=None)
+    session.system_prompt = "Be brief."
+    stats = {"ttft_ms": 812.0, "prefill_tok_s": 45.1, "decode_tok_s": 21.3, "prompt_tokens": 30,
+             "generated_tokens": 64}
+    session.history = [Turn("user", "Hi"), Turn("assistant", "Hello!", stats, "eos")]
+    line = format_stats(stats, "eos")
+    assert line == "TTFT 812 ms · prefill 45.1 tok/s · decode 21.3 tok/s · 30 prompt + 64 generated tokens · stop: eos"
+    assert format_stats({**stats, "decode_tok_s": None}, "length").count("–") == 1
+    md = session.save(tmp_path / "c.md").read_text()
+    assert "**user:** Hi" in md and line in md and "**system:** Be brief." in md
+    data = json.loads(session.save(tmp_path / "c.json").read_text())
+    assert data["system"] == "Be brief." and data["turns"][1]["stats"]["ttft_ms"] == 812.0
+    assert session.messages()[0] == {"role": "system", "content": "Be brief."}

@@ -8,10 +8,18 @@ paths). Tolerances, elementwise, with bound = |W| @ |x| (the size of the sum bef
 """
 from __future__ import annotations
 
+import os
+
 import gguf
 import numpy as np
 import pytest
 import torch
+
+from engine.kernels.build import cache_root
+
+# The test fixtures isolate XDG dirs per test; the compiled kernels are a build cache, not user
+# data: keep using the real one so a test session does not rebuild them (a minute of compiling).
+os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
 from engine.kernels import dequantize_reference, load_kernels, pack
 from engine.kernels.packing import random_blocks

@@ -9,11 +9,19 @@ default model, loaded once per module. Stated tolerances (logits of the default 
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
-from engine.errors import ConfigError
+from engine.kernels.build import cache_root
+
+# The test fixtures isolate XDG dirs per test; the compiled kernels are a build cache, not user
+# data: keep using the real one so a test session does not rebuild them (a minute of compiling).
+os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
+
+from engine.errors import ConfigError  # noqa: E402 (after the cache setting above)
 from engine.fastpath import FastPathOptions, apply, linear_names
 from engine.fastpath.qlinear import QuantLinear
 from engine.models.config import ModelConfig
@@ -114,12 +122,14 @@ def test_missing_compiler_is_a_typed_error(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def real():
+    """(reference LoadedModel, chat prompt ids, its 32 greedy tokens, teacher-forced logits [32, V])."""
     from engine.api import load
 
     ref = load()
     prompt = ref.tokenizer.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
     ids = ref.tokenizer.encode(prompt, add_special_tokens=False)
-    return ref, ids
+    want = greedy(ref, ids)
+    return ref, ids, want, decode_logits(ref.model, ids, want[:-1])
 
 
 def fast_model(options: FastPathOptions):
@@ -140,7 +150,7 @@ def greedy(lm, ids, n=32) -> list[int]:
 
 @pytest.mark.slow
 def test_real_packed_weights_equal_the_reference_weights(real):
-    ref, _ = real
+    ref = real[0]
     lm = fast_model(FastPathOptions(fused_decode=False))
     for name in ("layers.0.attn.q_proj", "layers.3.attn.k_proj", "layers.29.mlp.down_proj", "lm_head"):
         assert torch.equal(lm.model.get_submodule(name).weight, ref.model.get_submodule(name).weight), name
@@ -148,20 +158,17 @@ def test_real_packed_weights_equal_the_reference_weights(real):
 
 @pytest.mark.slow
 def test_real_greedy_32_tokens_and_logits_match_reference(real):
-    ref, ids = real
+    _, ids, want, ref_logits = real
     lm = fast_model(FastPathOptions(prefill_dtype="f32"))
-    want = greedy(ref, ids)
     assert greedy(lm, ids) == want
-    got, ref_logits = decode_logits(lm.model, ids, want[:-1]), decode_logits(ref.model, ids, want[:-1])
-    assert (got - ref_logits).abs().max().item() <= 1e-3
+    assert (decode_logits(lm.model, ids, want[:-1]) - ref_logits).abs().max().item() <= 1e-3
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec,floor", [("prefill_dtype=bf16", 0.9), ("activations=q8,prefill_dtype=f32", 0.8)])
 def test_real_lower_precision_agreement(real, spec, floor):
-    ref, ids = real
-    want = greedy(ref, ids)
+    _, ids, want, ref_logits = real
     lm = fast_model(FastPathOptions.from_string(spec))
-    got, ref_logits = decode_logits(lm.model, ids, want[:-1]), decode_logits(ref.model, ids, want[:-1])
+    got = decode_logits(lm.model, ids, want[:-1])
     agreement = (got.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
     assert agreement >= floor, f"{spec}: teacher-forced top-1 agreement {agreement:.3f} < {floor}"

@@ -184,9 +184,10 @@ def _done(n: int, elapsed_ns: int, cfg: RunnerConfig) -> bool:
 
 def _fraction(n: int, elapsed_ns: int, cfg: RunnerConfig) -> float:
     """How far a point is towards its stopping rule: both conditions must reach 1."""
-    by_count = n / cfg.min_reps
+    if _done(n, elapsed_ns, cfg):
+        return 1.0
     by_time = elapsed_ns / (cfg.min_time_s * 1e9) if cfg.min_time_s > 0 else 1.0
-    return min(1.0, min(by_count, by_time), n / cfg.max_reps if n >= cfg.max_reps else 1.0)
+    return min(1.0, n / cfg.min_reps, by_time)
 
 
 def _repeat(step: Step, point: Point, cfg: RunnerConfig, inner: int, cancel,
@@ -205,6 +206,7 @@ def _repeat(step: Step, point: Point, cfg: RunnerConfig, inner: int, cancel,
         markers.emit(markers.BENCH_ITER, "end", point=point.name, rep=rep)
         peak = tracker.peak_bytes() if tracker is not None else None
         samples.add(elapsed_ns / 1e9 / inner, out, peak)
+        del out  # the next rep's peak memory must not include this rep's output
         tick(_fraction(len(samples.primary), now_ns() - start_ns, cfg))
     return samples
 

@@ -38,7 +38,7 @@ def _apply_threads(opts: BenchOptions) -> None:
         torch.set_num_threads(opts.threads)
 
 
-def _status(result: RunResult, outcomes) -> tuple[str, str | None]:
+def _status(outcomes) -> tuple[str, str | None]:
     invalid = [o for o in outcomes if o.invalid]
     if invalid:  # a result that failed its own check (e.g. loss not decreasing) fails the run
         return "failed", f"{invalid[0].point.name}: {invalid[0].error}"
@@ -107,7 +107,7 @@ def _measure_and_close(plan: SuitePlan, opts: BenchOptions, result: RunResult, s
     except Exception as e:  # close the run with the reason before the error reaches the user
         _finish(sink, run_id, result, "failed", f"{type(e).__name__}: {e}")
         raise
-    _finish(sink, run_id, result, *_status(result, plan.outcomes))
+    _finish(sink, run_id, result, *_status(plan.outcomes))
 
 
 def run_suite(suite: str, opts: BenchOptions, sink: RunSink | None = None, *, name: str = "",

@@ -58,10 +58,10 @@ def apply(model, source, options: FastPathOptions = FastPathOptions()):
     non-CPU models and ``weights="dense"`` leave the weights as they are."""
     from engine.fastpath import decode, threads
 
-    if options.pin_threads:
-        threads.pin_threads()
     if options.weights == "q" and _can_quantize(model, source):
         try:
+            if options.pin_threads:
+                threads.pin_threads()
             counts = quantize_linears(model, source, options)
             log.info("fast path: quantized linears %s (activations %s, prefill %s)", counts,
                      options.activations, options.prefill_dtype)

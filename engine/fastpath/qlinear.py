@@ -49,9 +49,12 @@ class QuantLinear(nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.opscope.qlinear(x, self.qs, self.d, self.m, self.qtype, self.act_mode,
+        dtype = x.dtype  # the kernels take float32; a bf16/fp16 model gets its own dtype back
+        y = torch.ops.opscope.qlinear(x.float(), self.qs, self.d, self.m, self.qtype, self.act_mode,
                                       self.gemm_min_rows, self.gemm_dtype)
-        return y if self.bias is None else y + self.bias
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(dtype)
 
     @property
     def weight(self) -> torch.Tensor:

@@ -37,8 +37,13 @@ class KernelBuildError(BackendError):
 
 
 def cache_root() -> Path:
+    """``$OPSCOPE_KERNEL_CACHE``, else the per-user cache directory's ``kernels``."""
+    import os
+
     import platformdirs
 
+    if os.environ.get("OPSCOPE_KERNEL_CACHE"):
+        return Path(os.environ["OPSCOPE_KERNEL_CACHE"])
     return Path(platformdirs.user_cache_dir("opscope")) / "kernels"
 
 

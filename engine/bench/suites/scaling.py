@@ -8,7 +8,6 @@ recorded as skipped, with the numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from engine.bench import peaks
 from engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes

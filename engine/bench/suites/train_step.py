@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from engine.bench import peaks
 from engine.bench.options import BenchOptions, SuitePlan, check_torch_device

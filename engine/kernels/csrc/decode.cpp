@@ -99,16 +99,16 @@ class DecodeModel {
     layers_.push_back(std::move(L));
   }
 
-  // The model's KV cache buffers, [B, KV, S, D] float32 each; sequence 0 is used.
+  // The model's KV cache buffers, [B, S, KV, D] float32 each (engine.models.llama.KVCache); sequence 0 is used.
   void set_cache(std::vector<at::Tensor> k, std::vector<at::Tensor> v) {
     TORCH_CHECK(k.size() == layers_.size() && v.size() == layers_.size(), "one cache per layer");
     for (size_t l = 0; l < k.size(); ++l) {
       TORCH_CHECK(k[l].is_contiguous() && v[l].is_contiguous() && k[l].scalar_type() == at::kFloat &&
-                  k[l].size(1) == KV_ && k[l].size(3) == D_, "cache must be contiguous float32 [B, KV, S, D]");
+                  k[l].size(2) == KV_ && k[l].size(3) == D_, "cache must be contiguous float32 [B, S, KV, D]");
     }
     kc_ = std::move(k);
     vc_ = std::move(v);
-    S_ = kc_.empty() ? 0 : kc_[0].size(2);
+    S_ = kc_.empty() ? 0 : kc_[0].size(1);
     scores_.assign(H_ * S_, 0.f);
   }
 
@@ -154,10 +154,8 @@ class DecodeModel {
     rope(k_.data(), KV_, D_, cos_.data(), sin_.data());
     float* kc = kc_[l].data_ptr<float>();
     float* vc = vc_[l].data_ptr<float>();
-    for (int64_t g = 0; g < KV_; ++g) {
-      std::copy_n(k_.data() + g * D_, D_, kc + (g * S_ + pos) * D_);
-      std::copy_n(v_.data() + g * D_, D_, vc + (g * S_ + pos) * D_);
-    }
+    std::copy_n(k_.data(), KV_ * D_, kc + pos * KV_ * D_);  // row `pos` of [S, KV, D]
+    std::copy_n(v_.data(), KV_ * D_, vc + pos * KV_ * D_);
     attention(kc, vc, pos);
     matvecs(att_.data(), H_ * D_, {{&L.lin[3], o_.data()}});
     for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
@@ -175,18 +173,18 @@ class DecodeModel {
     at::parallel_for(0, H_, 1, [&](int64_t h0, int64_t h1) {
       for (int64_t h = h0; h < h1; ++h) {
         const float* q = q_.data() + h * D_;
-        const float* kh = kc + (h / rep) * S_ * D_;
-        const float* vh = vc + (h / rep) * S_ * D_;
+        const float* kh = kc + (h / rep) * D_;  // key t of this head at kh + t * KV_ * D_
+        const float* vh = vc + (h / rep) * D_;
         float* sc = scores_.data() + h * S_;
         float mx = -INFINITY;
-        for (int64_t t = 0; t <= pos; ++t) { sc[t] = dot(q, kh + t * D_, D_) * scale; mx = std::max(mx, sc[t]); }
+        for (int64_t t = 0; t <= pos; ++t) { sc[t] = dot(q, kh + t * KV_ * D_, D_) * scale; mx = std::max(mx, sc[t]); }
         float sum = 0.f;
         for (int64_t t = 0; t <= pos; ++t) { sc[t] = std::exp(sc[t] - mx); sum += sc[t]; }
         float* out = att_.data() + h * D_;
         std::fill_n(out, D_, 0.f);
         for (int64_t t = 0; t <= pos; ++t) {
           const float p = sc[t] / sum;
-          const float* vt = vh + t * D_;
+          const float* vt = vh + t * KV_ * D_;
           for (int64_t i = 0; i < D_; ++i) out[i] += p * vt[i];
         }
       }
