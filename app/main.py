@@ -62,7 +62,19 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     spec = LoadRequest(model=opts.model, device=opts.device, dtype=opts.dtype, backend=opts.backend)
     window = MainWindow(EngineClient(), theme, db_url=opts.db, initial_model=spec)
     window.show()
-    return app.exec()
+    code = app.exec()
+    close_window(window)
+    return code
+
+
+def close_window(window) -> None:
+    """Delete the window (its plots, the worker) while Qt still runs: left to the interpreter's
+    exit, pyqtgraph's scene items can be freed in an order that crashes the process."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    window.close()
+    window.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
 
 
 def main() -> None:

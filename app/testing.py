@@ -19,6 +19,12 @@ def wait_until(app, predicate: Callable[[], bool], timeout_s: float, what: str) 
         time.sleep(0.005)  # processEvents returns at once when idle; do not spin a core
 
 
+def close_window(window) -> None:
+    from app.main import close_window as close
+
+    close(window)
+
+
 def open_window(app, base: Path, *, theme: str = "light", threads: int | None = 1, timeout_s: float = 240):
     """The main window on a fresh settings dir and run store under ``base``, with the default model
     loaded (``threads=1`` leaves a core for the GUI on a 2-core machine)."""

@@ -24,7 +24,9 @@ def window(qapp, tmp_path_factory):
 
     win = open_window(qapp, tmp_path_factory.mktemp("gui"))
     yield win
-    win.close()
+    from app.testing import close_window
+
+    close_window(win)
 
 
 @pytest.fixture
@@ -151,6 +153,31 @@ def test_load_error_reaches_the_notice_bar(qtbot, window, tmp_path):
     assert blocker.args[0] == "ModelFormatError"
     window.load_model(LoadRequest(threads=1))  # back to the default for the next tests
     qtbot.waitUntil(lambda: not window.client.busy, timeout=120_000)
+
+
+def test_run_opens_the_window_and_returns_when_it_closes(qapp, window, tmp_path):
+    """What `opscope gui` calls: app.main.run(args) opens a window and returns its exit code."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.main import run
+    from app.main_window import MainWindow
+
+    closed = []
+
+    def close_the_new_window():
+        new = [w for w in QApplication.topLevelWidgets()
+               if isinstance(w, MainWindow) and w is not window and w.isVisible()]
+        if not new:
+            QTimer.singleShot(50, close_the_new_window)
+            return
+        closed.append(new[0].windowTitle())
+        new[0].close()
+        qapp.quit()  # run() returns from exec(); the module's window stays open
+
+    QTimer.singleShot(50, close_the_new_window)
+    assert run(["--db", f"sqlite:///{tmp_path / 'r.db'}", "--theme", "light"]) == 0
+    assert closed == ["OpScope"]
 
 
 def test_layout_and_geometry_are_saved(window):

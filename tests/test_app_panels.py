@@ -24,7 +24,9 @@ def window(qapp, tmp_path_factory):
 
     win = open_window(qapp, tmp_path_factory.mktemp("gui-panels"))
     yield win
-    win.close()
+    from app.testing import close_window
+
+    close_window(win)
 
 
 def _trace(qtbot, window, variant="leaky-norm"):
@@ -173,7 +175,7 @@ def _shoot(qtbot, window, dock: str, name: str) -> Path:
 
 
 def test_screenshots_of_every_panel(qtbot, window):
-    """PNGs a person looks at: docs/screenshots/{chat,telemetry,trace,benchmarks,runs,compare}.png."""
+    """PNGs a person looks at: docs/screenshots/{chat,telemetry,trace,benchmarks,runs,compare,dark-theme}.png."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     chat = window.chat
     chat.sampling.temperature.setValue(0.0)
@@ -202,3 +204,8 @@ def test_screenshots_of_every_panel(qtbot, window):
     runs.select_ids(ids)
     runs.compare_selected()
     _shoot(qtbot, window, "runs", "compare")
+    window.theme.set_mode("dark")
+    try:
+        _shoot(qtbot, window, "trace", "dark-theme")
+    finally:
+        window.theme.set_mode("light")
