@@ -288,7 +288,11 @@ class EngineClient(QObject):
 
     def _on_process_error(self, error: QProcess.ProcessError) -> None:
         if error == QProcess.FailedToStart:
-            message = f"could not start the engine worker ({' '.join(worker_command())}): {self._proc.errorString()}"
+            program, args = worker_command()
+            message = f"could not start the engine worker ({program} {' '.join(args)}): {self._proc.errorString()}"
+            self._outbox.clear()
+            self._watchdog.stop()
+            self._pinger.stop()
             jobs, self._jobs = list(self._jobs.values()), {}
             for job in jobs:
                 job._fail("EngineCrashed", message)

@@ -85,8 +85,7 @@ class MainWindow(QMainWindow):
 
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
-        file_menu.addAction("Open model…", lambda: self.toolbar._on_model_activated(
-            self.toolbar.model_combo.count() - 1), QKeySequence.Open)
+        file_menu.addAction("Open model…", self.toolbar.open_model_dialog, QKeySequence.Open)
         file_menu.addAction("Save conversation…", self.chat.save_dialog, QKeySequence.Save)
         file_menu.addSeparator()
         file_menu.addAction("Quit", self.close, QKeySequence.Quit)

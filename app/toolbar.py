@@ -26,7 +26,10 @@ class ModelToolBar(QToolBar):
         self.setObjectName("modelToolBar")
         self.model_combo = QComboBox(minimumContentsLength=28)
         self.backend_combo = QComboBox()
-        self.device_combo = QComboBox()
+        self.device_combo = QComboBox(minimumContentsLength=8)
+        # Unavailable devices carry their reason in the item text: the popup shows it in full,
+        # the closed combo must not grow to fit it.
+        self.device_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.dtype_combo = QComboBox()
         self.dtype_combo.addItems(["float32", "bfloat16", "float16"])
         self._backends: list[dict] = []
@@ -103,6 +106,9 @@ class ModelToolBar(QToolBar):
             self._changed()
             return
         self.model_combo.setCurrentIndex(self._last_model_index)
+        self.open_model_dialog()
+
+    def open_model_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open a model", "", "GGUF models (*.gguf);;All files (*)")
         if path:
             self.set_model(path)

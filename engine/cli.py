@@ -32,7 +32,11 @@ def build_parser(gui: Callable | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     if gui is not None:
         g = sub.add_parser("gui", help="open the desktop app (the default with no command)")
-        g.add_argument("--model", "-m", default=None)
+        g.add_argument("--model", "-m", default=None, help="GGUF file or HF directory (default: embedded model)")
+        g.add_argument("--device", default=None, help="cpu, cuda, cuda:N")
+        g.add_argument("--dtype", default=None, help="float32, bfloat16, float16")
+        g.add_argument("--backend", default=None, help="backend plugin")
+        g.add_argument("--theme", default=None, choices=("system", "light", "dark"))
         g.set_defaults(func=gui)
     for name in COMMAND_MODULES:
         try:

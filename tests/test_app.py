@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -155,29 +156,30 @@ def test_load_error_reaches_the_notice_bar(qtbot, window, tmp_path):
     qtbot.waitUntil(lambda: not window.client.busy, timeout=120_000)
 
 
-def test_run_opens_the_window_and_returns_when_it_closes(qapp, window, tmp_path):
-    """What `opscope gui` calls: app.main.run(args) opens a window and returns its exit code."""
-    from PySide6.QtCore import QTimer
-    from PySide6.QtWidgets import QApplication
+def test_run_opens_the_window_and_returns_when_it_closes(tmp_path):
+    """What `opscope gui` calls: app.main.run(args) opens the window, returns its exit code when
+    the window closes, and leaves no worker behind (run in a fresh process, as the CLI does)."""
+    import subprocess
+    import sys
 
-    from app.main import run
-    from app.main_window import MainWindow
-
-    closed = []
-
-    def close_the_new_window():
-        new = [w for w in QApplication.topLevelWidgets()
-               if isinstance(w, MainWindow) and w is not window and w.isVisible()]
-        if not new:
-            QTimer.singleShot(50, close_the_new_window)
-            return
-        closed.append(new[0].windowTitle())
-        new[0].close()
-        qapp.quit()  # run() returns from exec(); the module's window stays open
-
-    QTimer.singleShot(50, close_the_new_window)
-    assert run(["--db", f"sqlite:///{tmp_path / 'r.db'}", "--theme", "light"]) == 0
-    assert closed == ["OpScope"]
+    code = (
+        "import sys; from PySide6.QtCore import QTimer; from PySide6.QtWidgets import QApplication\n"
+        "from app import settings; settings.use_directory(sys.argv[1])\n"
+        "from app.main import run; from app.main_window import MainWindow\n"
+        "def close():\n"
+        "    wins = [w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible()]\n"
+        "    if wins and wins[0].client.pid: print('worker', wins[0].client.pid, flush=True); wins[0].close()\n"
+        "    else: QTimer.singleShot(50, close)\n"
+        "app = QApplication(['opscope']); QTimer.singleShot(50, close)\n"
+        "sys.exit(run(['--db', sys.argv[2], '--theme', 'dark']))\n")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "settings"), f"sqlite:///{tmp_path / 'r.db'}"],
+                         cwd=root, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    pid = int(out.stdout.split()[1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the worker exited with the window
 
 
 def test_layout_and_geometry_are_saved(window):

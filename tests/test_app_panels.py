@@ -174,15 +174,18 @@ def _shoot(qtbot, window, dock: str, name: str) -> Path:
     return path
 
 
+def _chat_reply(qtbot, chat, text: str) -> None:
+    chat.sampling.temperature.setValue(0.0)
+    chat.sampling.max_tokens.setValue(40)
+    chat.input.setPlainText(text)
+    with qtbot.waitSignal(chat.session.replyFinished, timeout=180_000):
+        chat.send_button.click()
+
+
 def test_screenshots_of_every_panel(qtbot, window):
     """PNGs a person looks at: docs/screenshots/{chat,telemetry,trace,benchmarks,runs,compare,dark-theme}.png."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    chat = window.chat
-    chat.sampling.temperature.setValue(0.0)
-    chat.sampling.max_tokens.setValue(40)
-    chat.input.setPlainText("Give me three tips for writing fast Python code.")
-    with qtbot.waitSignal(chat.session.replyFinished, timeout=180_000):
-        chat.send_button.click()
+    _chat_reply(qtbot, window.chat, "Give me three tips for writing fast Python code.")
     _shoot(qtbot, window, "chat", "chat")
     telemetry = window.panels["telemetry"]
     telemetry.refresh(force=True)

@@ -7,13 +7,12 @@ import json
 import math
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from app import protocol
-from app.protocol import (ChatRequest, DebugRequest, GenerateRequest, LoadRequest, PingRequest,
-                          ShutdownRequest, StopRequest)
+from app.protocol import (ChatRequest, DebugRequest, GenerateRequest, PingRequest, ShutdownRequest,
+                          StopRequest)
 from engine.events import Finished, Token, stats_from_times
 
 ROOT = str(__import__("pathlib").Path(__file__).resolve().parent.parent)

@@ -17,8 +17,10 @@ def point_summary(point: dict) -> dict:
     """Median and spread of a finished point's raw samples (what the live chart and table show)."""
     samples = [s for s in point.get("samples", []) if s is not None]
     if not samples:
-        return {"median": None, "lo": None, "hi": None, "n": 0}
-    return {"median": statistics.median(samples), "lo": min(samples), "hi": max(samples), "n": len(samples)}
+        return {"median": None, "lo": None, "hi": None, "q1": None, "q3": None, "n": 0}
+    q1, _q2, q3 = statistics.quantiles(samples, n=4, method="inclusive") if len(samples) > 1 else (samples[0],) * 3
+    return {"median": statistics.median(samples), "lo": min(samples), "hi": max(samples), "q1": q1, "q3": q3,
+            "n": len(samples)}
 
 
 class BenchModel(QObject):

@@ -92,6 +92,10 @@ class BenchPanel(QWidget):
         self._chart_unit: str | None = None
         self._chart_names: list[str] = []
         self._build()
+        self._connect()
+
+    def _connect(self) -> None:
+        model = self.model
         self.suite_combo.currentIndexChanged.connect(lambda _i: self._show_suite())
         self.quick.toggled.connect(lambda _q: self._show_suite())
         model.started.connect(self._on_started)
@@ -125,7 +129,7 @@ class BenchPanel(QWidget):
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
         self.chart.showGrid(x=True, y=True, alpha=0.2)
-        self.chart.setLabel("bottom", "point (median, bar = min … max of the raw samples)")
+        self.chart.setLabel("bottom", "point (median; bar = interquartile range of the raw samples)")
         self.chart.getPlotItem().getAxis("bottom").enableAutoSIPrefix(False)
 
     def set_suites(self, suites: list[dict]) -> None:
@@ -174,6 +178,7 @@ class BenchPanel(QWidget):
                  str(s["n"]), point["status"] if point["status"] == "ok" else f"{point['status']}: {point['error']}")
         for col, text in enumerate(cells):
             self.table.setItem(row, col, QTableWidgetItem(text))
+        self.table.resizeColumnsToContents()
         self._chart_point(point, s)
 
     def _chart_point(self, point: dict, s: dict) -> None:
@@ -188,8 +193,9 @@ class BenchPanel(QWidget):
         self._chart_names.append(point["name"])
         x = float(len(self._chart_names) - 1)
         self.chart.plot([x], [s["median"]], pen=None, symbol="o", symbolBrush="#3182ce", symbolSize=9)
-        self.chart.addItem(pg.ErrorBarItem(x=np.array([x]), y=np.array([s["median"]]), top=np.array([s["hi"] - s["median"]]),
-                                           bottom=np.array([s["median"] - s["lo"]]), beam=0.2))
+        # The bar is the interquartile range: one outlier on a busy machine must not hide the spread.
+        self.chart.addItem(pg.ErrorBarItem(x=np.array([x]), y=np.array([s["median"]]), top=np.array([s["q3"] - s["median"]]),
+                                           bottom=np.array([s["median"] - s["q1"]]), beam=0.2))
         self.chart.getPlotItem().getAxis("bottom").setTicks([list(enumerate(self._chart_names))])
         self.chart.setXRange(-0.5, x + 0.5, padding=0)
 

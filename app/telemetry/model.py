@@ -17,7 +17,6 @@ from PySide6.QtCore import QObject, Signal
 
 from app import qt_compat  # noqa: F401  (must run before any emit)
 from app.telemetry.source import EngineProcessSource
-from engine.clock import now_ns
 from engine.results import Marker, TelemetrySeries
 from engine.telemetry import Sampler, default_sources, write_csv
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QPushButton,
                                QSizePolicy, QVBoxLayout, QWidget)
 
@@ -96,7 +97,7 @@ class TelemetryPanel(QWidget):
         self.bands[spec.key] = PhaseBands(PHASE_COLORS)
         plot.addItem(self.bands[spec.key], ignoreBounds=True)
         if self._colors:
-            self._theme_plot(plot, self._colors[1])
+            self._theme_plot(plot, self._colors[1], self._colors[0])
         cursor = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#a0aec0", style=Qt.DashLine))
         cursor.setVisible(False)
         plot.addItem(cursor, ignoreBounds=True)
@@ -220,15 +221,23 @@ class TelemetryPanel(QWidget):
         self._colors = (background, foreground)
         self.graphics.setBackground(background)
         for plot in self.plots.values():
-            self._theme_plot(plot, foreground)
+            self._theme_plot(plot, foreground, background)
 
     @staticmethod
-    def _theme_plot(plot: pg.PlotItem, foreground: str) -> None:
+    def _theme_plot(plot: pg.PlotItem, foreground: str, background: str) -> None:
         for side in ("left", "bottom"):
             axis = plot.getAxis(side)
             axis.setPen(foreground)
             axis.setTextPen(foreground)
         plot.titleLabel.setText(plot.titleLabel.text, color=foreground)
+        if plot.legend is not None:
+            backdrop = QColor(background)
+            backdrop.setAlpha(210)  # readable over curves and phase bands
+            plot.legend.setBrush(backdrop)
+            plot.legend.setLabelTextColor(foreground)
+            for _sample, label in plot.legend.items:
+                label.setText(label.text)  # LabelItem re-renders its colour only on setText
+            plot.legend.setZValue(100)
 
     def shutdown(self) -> None:
         self.timer.stop()

@@ -75,18 +75,6 @@ class TracePanel(QWidget):
             ("transfers", "transfers / token"), ("syncs", "syncs / token"), ("storms", "storms"))}
 
     def _build_layout(self) -> None:
-        controls = QGridLayout()
-        controls.addWidget(QLabel("Prompt"), 0, 0)
-        controls.addWidget(self.prompt, 0, 1, 1, 3)
-        controls.addWidget(QLabel("Tokens"), 0, 4)
-        controls.addWidget(self.tokens, 0, 5)
-        controls.addWidget(self.run_button, 0, 6)
-        for col, (label, widget) in enumerate((("Variant", self.variant), ("Target", self.target))):
-            controls.addWidget(QLabel(label), 1, 2 * col)
-            controls.addWidget(widget, 1, 2 * col + 1)
-        controls.addWidget(self.export_button, 1, 5, 1, 2)
-        controls.setColumnStretch(1, 1)
-        controls.setColumnStretch(3, 2)
         cards = QGridLayout()
         for i, card in enumerate(self.cards.values()):
             cards.addWidget(card, 0, i)
@@ -107,10 +95,25 @@ class TracePanel(QWidget):
         body.setSizes([560, 200])
         top.setSizes([330, 800])
         layout = QVBoxLayout(self)
-        layout.addLayout(controls)
+        layout.addLayout(self._controls_layout())
         layout.addWidget(self.status)
         layout.addLayout(cards)
         layout.addWidget(body, 1)
+
+    def _controls_layout(self) -> QGridLayout:
+        controls = QGridLayout()
+        controls.addWidget(QLabel("Prompt"), 0, 0)
+        controls.addWidget(self.prompt, 0, 1, 1, 3)
+        controls.addWidget(QLabel("Tokens"), 0, 4)
+        controls.addWidget(self.tokens, 0, 5)
+        controls.addWidget(self.run_button, 0, 6)
+        for col, (label, widget) in enumerate((("Variant", self.variant), ("Target", self.target))):
+            controls.addWidget(QLabel(label), 1, 2 * col)
+            controls.addWidget(widget, 1, 2 * col + 1)
+        controls.addWidget(self.export_button, 1, 5, 1, 2)
+        controls.setColumnStretch(1, 1)
+        controls.setColumnStretch(3, 2)
+        return controls
 
     def _table_box(self) -> QWidget:
         self.device_filter, self.kind_filter = QComboBox(), QComboBox()

@@ -53,7 +53,7 @@ def _sec(t0_ns: int) -> float:
 
 
 class OpScopePeer:
-    """The engine through engine.api.load plus engine.fastpath.apply with the given settings."""
+    """The engine with its CPU fast path (engine.fastpath.load) under the given settings."""
 
     def __init__(self, name: str, path: Path, threads: int):
         from engine.fastpath import FastPathOptions
@@ -67,12 +67,12 @@ class OpScopePeer:
         return self.lm is not None
 
     def load(self) -> float:
-        from engine.api import load
-        from engine.fastpath import apply
+        from engine.fastpath import load
 
+        self.lm = None
+        gc.collect()
         t0 = now_ns()
-        lm = load(str(self.path), threads=self.threads)
-        apply(lm.model, lm.source, self.options)
+        lm = load(str(self.path), self.options, threads=self.threads)
         seconds = _sec(t0)
         self.lm = lm
         return seconds
