@@ -40,11 +40,14 @@ def _greedy(lm, ids, n):
 def test_greedy_32_tokens_match_transformers(lm, hf, prompt):
     tok, ref = hf
     ids = tok(prompt).input_ids
-    seq = list(ids)
-    with torch.no_grad():  # the reference's own greedy loop: argmax, EOS not special
+    out, expected = None, []
+    with torch.no_grad():  # the reference's own greedy loop with its own KV cache; EOS not special
+        x = torch.tensor([ids])
         for _ in range(32):
-            seq.append(int(ref(torch.tensor([seq])).logits[0, -1].argmax()))
-    assert _greedy(lm, ids, 32) == seq[len(ids):]
+            out = ref(x, past_key_values=out.past_key_values if out else None, use_cache=True)
+            expected.append(int(out.logits[0, -1].argmax()))
+            x = torch.tensor([[expected[-1]]])
+    assert _greedy(lm, ids, 32) == expected
 
 
 def test_kv_cache_decoding_equals_full_recompute(lm):

@@ -172,3 +172,14 @@ def test_real_lower_precision_agreement(real, spec, floor):
     got = decode_logits(lm.model, ids, want[:-1])
     agreement = (got.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
     assert agreement >= floor, f"{spec}: teacher-forced top-1 agreement {agreement:.3f} < {floor}"
+
+
+@pytest.mark.slow
+def test_fast_loader_builds_from_blocks_and_matches_reference(real):
+    from engine.fastpath import load
+
+    _, ids, want, ref_logits = real
+    lm = load(options=FastPathOptions(prefill_dtype="f32"))
+    assert isinstance(lm.model.layers[0].attn.q_proj, QuantLinear) and lm.load_ms > 0
+    assert greedy(lm, ids) == want
+    assert (decode_logits(lm.model, ids, want[:-1]) - ref_logits).abs().max().item() <= 1e-3
