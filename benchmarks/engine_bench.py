@@ -17,13 +17,14 @@ import resource
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from engine.api import load
 from engine.events import Finished, PrefillFinished, PrefillStarted
-from engine.generate import GenerationConfig
+from engine.generate import GenerationConfig, decode_threads
 
 
 def matmul_ceiling_tok_s(lm, reps: int = 20) -> list[float]:
@@ -31,7 +32,7 @@ def matmul_ceiling_tok_s(lm, reps: int = 20) -> list[float]:
     weights = [m.weight for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(1, 1, w.shape[1], dtype=w.dtype) for w in weights]
     out = []
-    with torch.inference_mode():
+    with torch.inference_mode(), decode_threads(lm.model):  # the same threads decode runs with
         for _ in range(3):
             for x, w in zip(inputs, weights):
                 F.linear(x, w)
@@ -95,6 +96,7 @@ def main() -> int:
         print(f"{dt:9} {_fmt(d['pp512'])} {_fmt(d['tg128'])} {_fmt(d['ceiling'])} "
               f"{d['tg_over_ceiling']['median']:>10.2f} {d['load_ms']['median']:>9.0f}")
     print(f"peak RSS {report['peak_rss_bytes'] / 2**20:.0f} MiB (all models of this run together)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     return 0

@@ -140,6 +140,8 @@ def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: 
     with markers.phase(markers.MODEL_LOAD, model=str(model or "default")):
         source = open_model(model)
         net = build_model(source, dev, dt, attention)
+    if dev.type == "cpu":
+        net.decode_threads = 1  # see engine.generate.decode_threads
     load_ms = (now_ns() - t0) / 1e6
     log.info("loaded %s on %s/%s in %.0f ms", source.path, dev, dt, load_ms)
     return LoadedModel(source, net, LoadOptions(device, dtype, attention, threads), load_ms)

@@ -153,3 +153,15 @@ def test_bad_packed_weights_are_rejected(kern):
         kern.qlinear(torch.randn(1, 48), w.qs, w.d, w.m, w.qtype, 0, 8, torch.float32)
     with pytest.raises(RuntimeError, match="float32 activations"):
         kern.qlinear(torch.randn(1, 64).double(), w.qs, w.d, w.m, w.qtype, 0, 8, torch.float32)
+
+
+def test_fastpath_build_command_reports_the_kernels(capsys):
+    import argparse
+
+    from engine.fastpath import commands
+
+    parser = argparse.ArgumentParser()
+    commands.register(parser.add_subparsers())
+    args = parser.parse_args(["fastpath", "build"])
+    assert args.func(args) == 0
+    assert "avx512=" in capsys.readouterr().out

@@ -76,6 +76,14 @@ def build_quantized(source, options: FastPathOptions, attention: str = "sdpa"):
     return model.eval().requires_grad_(False)
 
 
+def _build_pinned(source, options: FastPathOptions, attention: str):
+    if options.pin_threads:
+        from engine.fastpath.threads import pin_threads
+
+        pin_threads()
+    return build_quantized(source, options, attention)
+
+
 def load(model=None, options: FastPathOptions = FastPathOptions(), *, attention: str = "sdpa",
          threads: int | None = None):
     """engine.api.load for the CPU fast path: a LoadedModel (CPU, float32) with quantized linears.
@@ -93,11 +101,7 @@ def load(model=None, options: FastPathOptions = FastPathOptions(), *, attention:
         source = open_model(model)
         if options.weights == "q" and hasattr(source, "raw_tensor"):
             try:
-                if options.pin_threads:
-                    from engine.fastpath.threads import pin_threads
-
-                    pin_threads()
-                net = build_quantized(source, options, attention)
+                net = _build_pinned(source, options, attention)
                 return LoadedModel(source, net, LoadOptions("cpu", "float32", attention, threads),
                                    (now_ns() - t0) / 1e6)
             except KernelBuildError as e:
