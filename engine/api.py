@@ -27,6 +27,7 @@ class LoadOptions:
     dtype: str = "float32"
     attention: str = "sdpa"
     threads: int | None = None
+    fastpath: str = "off"
 
 
 class LoadedModel:
@@ -89,7 +90,7 @@ class LoadedModel:
         import psutil
         import torch
 
-        weights = sum(p.numel() * p.element_size() for p in _unique_params(self.model))
+        weights = sum(t.numel() * t.element_size() for t in _unique_tensors(self.model))
         cache = self.model.layers[0].attn.cache
         kv = 2 * len(self.model.layers) * cache.k.numel() * cache.k.element_size() if cache is not None else 0
         stats = {"weights_bytes": weights, "kv_cache_bytes": kv,
@@ -103,15 +104,28 @@ class LoadedModel:
     def describe(self) -> dict:
         return {"model": str(self.source.path), "format": self.source.format, "arch": self.config.arch,
                 "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
-                "attention": self.options.attention, "threads": _threads(), "backend": self.backend_name}
+                "attention": self.options.attention, "threads": _threads(), "backend": self.backend_name,
+                "fastpath": self.options.fastpath}
 
 
-def _unique_params(model):
+def _unique_tensors(model):
+    """Parameters and buffers (the fast path keeps packed weights as buffers), each once; the KV
+    cache is counted separately."""
     seen = set()
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            yield p
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if id(t) not in seen and ".cache." not in name and not name.startswith("inv_freq"):
+            seen.add(id(t))
+            yield t
+
+
+def _spec(options) -> str:
+    from dataclasses import asdict, fields
+
+    from engine.fastpath import FastPathOptions
+
+    default = FastPathOptions()
+    changed = [f"{f.name}={v}" for f in fields(options) if (v := asdict(options)[f.name]) != getattr(default, f.name)]
+    return "on" + (f" ({', '.join(changed)})" if changed else "")
 
 
 def _threads() -> int:
@@ -120,15 +134,48 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
+def fastpath_options(spec, device: str, dtype: str, model) -> "object | None":
+    """The fast-path options a load should use, or None for the plain torch model.
+
+    ``spec``: "auto" (default: the CPU fast path for a float32 GGUF on the CPU — the fastest correct
+    choice measured, see benchmarks/FASTPATH_NOTES.md), "off"/"dense", a FastPathOptions, or a
+    string like "activations=q8,prefill_dtype=bf16"."""
+    from engine.fastpath import FastPathOptions
+
+    if isinstance(spec, FastPathOptions):
+        return spec
+    spec = (spec or "auto").strip()
+    if spec in ("off", "dense", "none"):
+        return None
+    if str(device) != "cpu" or resolve_dtype(dtype) != resolve_dtype("float32"):
+        if spec == "auto":
+            return None
+        raise ConfigError("--fastpath: the CPU fast path runs on --device cpu in float32; use --fastpath off")
+    if spec == "auto":
+        from pathlib import Path
+
+        is_gguf = model is None or str(model).endswith(".gguf") or (Path(model).is_file())
+        return FastPathOptions() if is_gguf else None
+    return FastPathOptions.from_string(spec)
+
+
 def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: str = "sdpa",
-         threads: int | None = None) -> LoadedModel:
-    """Load ``model`` (a .gguf file or HF directory; None = the embedded default) onto ``device``."""
+         threads: int | None = None, fastpath="auto") -> LoadedModel:
+    """Load ``model`` (a .gguf file or HF directory; None = the embedded default) onto ``device``.
+    ``fastpath`` picks the CPU fast path (engine.fastpath) or the plain torch model ("off")."""
     import torch
 
     from engine.formats import open_model
     from engine.models.llama import ATTENTION_IMPLS
     from engine.models.loader import build_model
 
+    options = fastpath_options(fastpath, device, dtype, model)
+    if options is not None:
+        from engine.fastpath import load as load_fast
+
+        lm = load_fast(model, options, attention=attention, threads=threads)
+        lm.options = LoadOptions(device, dtype, attention, threads, fastpath=_spec(options))
+        return lm
     if attention not in ATTENTION_IMPLS:
         raise ConfigError(f"--attention {attention!r} is not one of {', '.join(ATTENTION_IMPLS)}")
     if threads is not None:

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "engine.bench.commands",
     "engine.store.commands",
     "engine.backends.commands",
+    "engine.fastpath.commands",
 )
 
 

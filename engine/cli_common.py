@@ -14,6 +14,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     g.add_argument("--attention", default="sdpa", choices=("sdpa", "naive"))
+    g.add_argument("--fastpath", default="auto", metavar="SPEC",
+                   help="CPU fast path: auto (on for float32 GGUF on cpu), off, or settings like "
+                        "'activations=q8,prefill_dtype=bf16'")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -44,7 +47,8 @@ def load_from_args(args):
     if backend == "torch":
         from engine.api import load
 
-        return load(args.model, attention=args.attention, threads=args.threads, **kwargs)
+        return load(args.model, attention=args.attention, threads=args.threads,
+                    fastpath=getattr(args, "fastpath", "auto"), **kwargs)
     try:
         from engine.backends import get_backend
     except ImportError as e:

@@ -9,6 +9,10 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The fast-path kernels are built once per machine (about a minute, `make setup` does it): keep
+# their cache out of the per-test temporary dirs below.
+os.environ.setdefault("OPSCOPE_KERNEL_CACHE", os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "opscope", "kernels"))
 
 
 @pytest.fixture(scope="session")

@@ -133,11 +133,18 @@ def real():
 
 
 def fast_model(options: FastPathOptions):
+    """The default model through engine.api.load + apply (the loader has its own test below)."""
     from engine.api import load
 
     lm = load()
     apply(lm.model, lm.source, options)
     return lm
+
+
+def fast_loaded(options: FastPathOptions):
+    from engine.fastpath import load
+
+    return load(options=options)
 
 
 def greedy(lm, ids, n=32) -> list[int]:
@@ -168,7 +175,7 @@ def test_real_greedy_32_tokens_and_logits_match_reference(real):
 @pytest.mark.parametrize("spec,floor", [("prefill_dtype=bf16", 0.9), ("activations=q8,prefill_dtype=f32", 0.8)])
 def test_real_lower_precision_agreement(real, spec, floor):
     _, ids, want, ref_logits = real
-    lm = fast_model(FastPathOptions.from_string(spec))
+    lm = fast_loaded(FastPathOptions.from_string(spec))
     got = decode_logits(lm.model, ids, want[:-1])
     agreement = (got.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
     assert agreement >= floor, f"{spec}: teacher-forced top-1 agreement {agreement:.3f} < {floor}"

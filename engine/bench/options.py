@@ -36,6 +36,7 @@ class BenchOptions:
     backend: str = "torch"
     threads: int | None = None
     attention: str = "sdpa"
+    fastpath: str = "auto"  # engine.api.load's fast-path setting (auto, off, or a settings string)
     repeat: int | None = None  # minimum repetitions per point (overrides the suite's default)
     min_time_s: float | None = None
     warmup: int | None = None

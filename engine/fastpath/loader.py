@@ -108,6 +108,6 @@ def load(model=None, options: FastPathOptions = FastPathOptions(), *, attention:
                 if options.on_error == "raise":
                     raise
                 log.warning("fast path unavailable, loading dense weights: %s", e)
-    lm = load_dense(model, attention=attention, threads=threads)
+    lm = load_dense(model, attention=attention, threads=threads, fastpath="off")
     apply(lm.model, lm.source, options)
     return lm

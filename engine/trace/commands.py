@@ -59,6 +59,8 @@ def _load(args):
     simulate = device in SIMULATED_DEVICES
     if simulate:
         args.device = "cpu"  # the stand-in is built from the CPU model
+    if getattr(args, "fastpath", "auto") == "auto":
+        args.fastpath = "off"  # placement is about torch ops; the fused C++ decode step is opaque
     lm = load_from_args(args)
     if not hasattr(lm, "model"):
         raise ConfigError(f"--backend {args.backend}: tracing needs a torch model (use --backend torch)")

@@ -54,9 +54,26 @@ def _drive(tracer: Tracer, events: Iterator) -> Finished | None:
     return finished
 
 
+def torch_twin(lm):
+    """The plain torch model of ``lm``: placement is a property of torch ops, and the CPU fast path
+    runs decode as one opaque C++ call that a dispatch mode cannot look into. Loaded once per lm."""
+    if getattr(getattr(lm, "options", None), "fastpath", "off") == "off":
+        return lm
+    twin = getattr(lm, "_trace_twin", None)
+    if twin is None:
+        from engine.api import load
+
+        o = lm.options
+        twin = load(lm.source.path, device=o.device, dtype=o.dtype, attention=o.attention, threads=o.threads,
+                    fastpath="off")
+        lm._trace_twin = twin
+    return twin
+
+
 def trace_generation(lm, prompt: str | list[int], config, options: TraceOptions | None = None, *,
                      variant: str = CLEAN, simulate: bool = False) -> TraceRun:
     """Trace one generation of ``lm`` (an engine.api.LoadedModel) with a planted-bug variant."""
+    lm = torch_twin(lm)
     options = options or TraceOptions(target=str(lm.device))
     if simulate:
         return _trace_simulated(lm, prompt, config, options, variant)

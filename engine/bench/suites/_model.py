@@ -22,7 +22,8 @@ def load_model(opts: BenchOptions):
                           f"(got {opts.backend!r}); `opscope bench llm` is the suite for other backends")
     from engine.api import load
 
-    return load(opts.model, device=opts.device, dtype=opts.dtype, attention=opts.attention, threads=opts.threads)
+    return load(opts.model, device=opts.device, dtype=opts.dtype, attention=opts.attention, threads=opts.threads,
+                fastpath=opts.fastpath)
 
 
 def random_tokens(n: int, vocab_size: int, seed: int, device, batch: int = 1):
