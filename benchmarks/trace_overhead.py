@@ -64,7 +64,7 @@ def _decode_once(lm, options: TraceOptions | None, tokens: int) -> tuple[float, 
 def bench_decode(rounds: int, tokens: int) -> dict:
     from engine.api import load
 
-    lm = load()
+    lm = load(fastpath="off")  # the torch model, which is what a trace runs on (see engine.trace.session.torch_twin)
     _decode_once(lm, None, 4)  # warm-up: caches, lazy inits
     tok_s = {name: [] for name in VARIANTS}
     cpu_s = {name: [] for name in VARIANTS}
