@@ -65,14 +65,34 @@ def test_llm_tiny_llama_bench_names_generation_metrics_and_mfu(lm):
     assert result.fingerprint["model"]["sha256"] and len(result.fingerprint["model"]["sha256"]) == 64
 
 
-def test_mbu_bytes_count_weights_once_and_the_embedding_row(lm):
-    cfg = lm.config
-    w = M.weight_bytes_per_step(lm.model)
-    total = sum(p.numel() * p.element_size() for p in {id(p): p for p in lm.model.parameters()}.values())
+@pytest.fixture(scope="module")
+def dense_lm():
+    from engine.api import load
+
+    return load(fastpath="off")
+
+
+def test_mbu_bytes_count_weights_once_and_the_embedding_row(dense_lm):
+    cfg = dense_lm.config
+    w = M.weight_bytes_per_step(dense_lm.model)
+    total = sum(p.numel() * p.element_size() for p in {id(p): p for p in dense_lm.model.parameters()}.values())
     if cfg.tie_embeddings:  # the output head reads the whole (shared) table
         assert w == total
     else:
         assert w == total - (cfg.vocab_size - 1) * cfg.dim * 4
+
+
+def test_mbu_bytes_of_the_fast_path_are_its_packed_blocks(lm, dense_lm):
+    """With the CPU fast path the head reads the table's Q8_0 blocks, the lookup one float32 row."""
+    if lm.options.fastpath == "off":
+        pytest.skip("the fast path is not active (no C compiler here)")
+    model = lm.model
+    tensors = {t.data_ptr(): t for n, t in list(model.named_parameters()) + list(model.named_buffers())
+               if ".cache." not in n and "inv_freq" not in n}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    row = model.embed.weight.shape[1] * 4
+    assert M.weight_bytes_per_step(model) == total - model.embed.weight.numel() * 4 + row
+    assert M.weight_bytes_per_step(model) < 0.9 * M.weight_bytes_per_step(dense_lm.model)
 
 
 def test_forward_flops_match_the_closed_form(lm):
