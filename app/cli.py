@@ -9,9 +9,32 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from engine.cli import main as engine_main
 
-    from app.main import run
+    return engine_main(argv, gui=_gui)
 
-    return engine_main(argv, gui=run)
+
+def _gui(args) -> int:
+    _check_display()
+    from app.main import run  # PySide6 is imported only when the window opens
+
+    return run(args)
+
+
+def _check_display() -> None:
+    """Qt aborts with 'Reinstalling the application may fix this problem' when it has no screen or
+    lacks xcb-cursor; say what is really wrong, in one line, before Qt gets there."""
+    import ctypes.util
+    import os
+
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
+        return
+    from engine.errors import ConfigError
+
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        raise ConfigError("no display to open the window on (DISPLAY and WAYLAND_DISPLAY are unset): run it "
+                          "in a desktop session, or use the headless commands (`opscope --help`)")
+    if not os.environ.get("WAYLAND_DISPLAY") and ctypes.util.find_library("xcb-cursor") is None:
+        raise ConfigError("Qt 6 needs the xcb-cursor library to open a window on X11: install it "
+                          "(Debian/Ubuntu: apt-get install libxcb-cursor0; Fedora: xcb-util-cursor)")
 
 
 def entry() -> None:
