@@ -39,3 +39,15 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(base / "cache"))
     monkeypatch.delenv("OPSCOPE_DB", raising=False)
     monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(base / "opscope-cache"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Two OpenMP threads on a shared 2-core machine run 10-20x slower than one (spin-waiting on
+    a descheduled peer); tests that check behaviour, not speed, use one. Restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

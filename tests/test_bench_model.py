@@ -11,20 +11,8 @@ from engine.bench.session import run_suite
 from engine.bench.suites import _model as M
 from engine.bench.suites import batch, kv_cache, llm
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 OPTS = BenchOptions(quick=True, repeat=2, min_time_s=0.0, warmup=1)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two OpenMP threads on a shared 2-core machine run 10-20x slower than one (spin-waiting on
-    a descheduled peer); these tests check behaviour, not speed. Restored afterwards."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

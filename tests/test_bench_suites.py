@@ -14,16 +14,7 @@ from engine.errors import ConfigError
 FAST = dict(quick=True, repeat=2, min_time_s=0.0, warmup=1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two OpenMP threads on a shared 2-core machine run 10-20x slower than one (spin-waiting on
-    a descheduled peer); these tests check behaviour, not speed. Restored afterwards."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(autouse=True)

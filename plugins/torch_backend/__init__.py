@@ -30,8 +30,9 @@ class TorchBackend:
 
     def load(self, source: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
              **options):
-        """engine.api.load. Options: ``threads`` (torch CPU threads), ``attention`` ("sdpa" | "naive")."""
-        unknown = set(options) - {"threads", "attention"}
+        """engine.api.load. Options: ``threads`` (torch CPU threads), ``attention`` ("sdpa" | "naive"),
+        ``fastpath`` ("auto" | "off" | a settings string, see engine.fastpath)."""
+        unknown = set(options) - {"threads", "attention", "fastpath"}
         if unknown:
             raise ConfigError(f"torch backend: unknown option(s) {', '.join(sorted(unknown))}")
         ok, reason = self.is_available()
