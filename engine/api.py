@@ -28,6 +28,7 @@ class LoadOptions:
     attention: str = "sdpa"
     threads: int | None = None
     fastpath: str = "off"
+    compile: str = "off"
 
 
 class LoadedModel:
@@ -160,16 +161,26 @@ def fastpath_options(spec, device: str, dtype: str, model) -> "object | None":
 
 
 def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: str = "sdpa",
-         threads: int | None = None, fastpath="auto") -> LoadedModel:
+         threads: int | None = None, fastpath="auto", compile: str = "off") -> LoadedModel:
     """Load ``model`` (a .gguf file or HF directory; None = the embedded default) onto ``device``.
-    ``fastpath`` picks the CPU fast path (engine.fastpath) or the plain torch model ("off")."""
+    ``fastpath`` picks the CPU fast path (engine.fastpath) or the plain torch model ("off");
+    ``compile="decode"`` runs the plain model's decode steps through torch.compile
+    (engine.models.compiled)."""
     import torch
 
     from engine.formats import open_model
+    from engine.models.compiled import COMPILE_MODES, enable_compiled_decode
     from engine.models.llama import ATTENTION_IMPLS
     from engine.models.loader import build_model
 
+    if compile not in COMPILE_MODES:
+        raise ConfigError(f"--compile {compile!r} is not one of {', '.join(COMPILE_MODES)}")
+    if compile != "off" and fastpath == "auto":
+        fastpath = "off"  # the compiled step belongs to the plain torch model
     options = fastpath_options(fastpath, device, dtype, model)
+    if options is not None and compile != "off":
+        raise ConfigError("--compile decode compiles the plain torch model; add --fastpath off "
+                          "(the fast path has its own compile_decode setting)")
     if options is not None:
         from engine.fastpath import load as load_fast
 
@@ -189,9 +200,11 @@ def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: 
         net = build_model(source, dev, dt, attention)
     if dev.type == "cpu":
         net.decode_threads = 1  # see engine.generate.decode_threads
+    if compile == "decode":
+        enable_compiled_decode(net)
     load_ms = (now_ns() - t0) / 1e6
     log.info("loaded %s on %s/%s in %.0f ms", source.path, dev, dt, load_ms)
-    return LoadedModel(source, net, LoadOptions(device, dtype, attention, threads), load_ms)
+    return LoadedModel(source, net, LoadOptions(device, dtype, attention, threads, compile=compile), load_ms)
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

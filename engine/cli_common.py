@@ -17,6 +17,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fastpath", default="auto", metavar="SPEC",
                    help="CPU fast path: auto (on for float32 GGUF on cpu), off, or settings like "
                         "'activations=q8,prefill_dtype=bf16'")
+    g.add_argument("--compile", default="off", choices=("off", "decode"),
+                   help="decode: torch.compile the plain model's decode step (first reply waits for the "
+                        "compile, ~35 s on 2 cores; implies --fastpath off)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -48,7 +51,8 @@ def load_from_args(args):
         from engine.api import load
 
         return load(args.model, attention=args.attention, threads=args.threads,
-                    fastpath=getattr(args, "fastpath", "auto"), **kwargs)
+                    fastpath=getattr(args, "fastpath", "auto"), compile=getattr(args, "compile", "off"),
+                    **kwargs)
     try:
         from engine.backends import get_backend
     except ImportError as e:

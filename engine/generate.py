@@ -31,7 +31,8 @@ def ensure_cache(model, batch: int, length: int) -> None:
                           f"{model.config.max_seq_len}; shorten the prompt or lower --max-tokens")
     cache = model.layers[0].attn.cache
     if cache is None or model.max_cache_len < length or cache.k.shape[0] < batch:
-        size = min(model.config.max_seq_len, -(-length // CACHE_ROUND) * CACHE_ROUND)
+        step = getattr(model, "cache_round", CACHE_ROUND)
+        size = min(model.config.max_seq_len, -(-length // step) * step)
         model.setup_cache(batch, size)
 
 

@@ -38,7 +38,7 @@ def options_from_args(args: argparse.Namespace):
 
     return BenchOptions(device=args.device, dtype=args.dtype, quick=args.quick, model=args.model,
                         backend=args.backend, threads=args.threads, attention=args.attention,
-                        fastpath=getattr(args, "fastpath", "auto"),
+                        fastpath=getattr(args, "fastpath", "auto"), compile=getattr(args, "compile", "off"),
                         repeat=args.repeat, min_time_s=args.min_time_s, warmup=args.warmup)
 
 

@@ -37,6 +37,7 @@ class BenchOptions:
     threads: int | None = None
     attention: str = "sdpa"
     fastpath: str = "auto"  # engine.api.load's fast-path setting (auto, off, or a settings string)
+    compile: str = "off"  # engine.api.load's compile setting (off, decode)
     repeat: int | None = None  # minimum repetitions per point (overrides the suite's default)
     min_time_s: float | None = None
     warmup: int | None = None

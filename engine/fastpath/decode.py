@@ -80,6 +80,11 @@ def enable_fused_decode(model, act_mode: int) -> bool:
 
 
 def compile_decode(model) -> None:
-    """torch.compile the model's forward (Inductor, C++ code generation on the CPU); the first call of
-    each new shape compiles, later ones reuse it."""
-    model.forward = torch.compile(model.forward, dynamic=False, fullgraph=False)
+    """torch.compile the single-token decode step (engine.models.compiled) where the fused C++ step
+    does not already run it."""
+    from engine.models.compiled import enable_compiled_decode
+
+    if getattr(model, "_fused_step", None) is not None:
+        log.info("fast path: compile_decode skipped: the fused C++ step runs decode")
+        return
+    enable_compiled_decode(model)

@@ -29,6 +29,7 @@ def build_model(source, device: torch.device, dtype: torch.dtype, attention: str
     _check_state(source, model, state)
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
+    model.settle_precision()
     model.inv_freq = rope_inv_freq(cfg, freq_factors).to(device)
     return model.eval().requires_grad_(False)
 
