@@ -37,6 +37,7 @@ class CompiledDecodeMixin:
     """Mixed into the model's class: batch-1 single-token decode with a cache runs compiled."""
 
     _compiled_step = None
+    _compiled_once = False
     _first_compiled_pos = _FIRST_COMPILED_POS
     # dynamo specialises the size of module buffers, so each new cache size compiles the step again
     # (10-30 s): engine.generate grows a compiled model's cache in large steps
@@ -47,6 +48,10 @@ class CompiledDecodeMixin:
         if (self._compiled_step is None or pad is not None or idx.shape != (1, 1) or not self.max_cache_len
                 or pos is None or pos < self._first_compiled_pos or torch.is_grad_enabled()):
             return super().forward(idx, input_pos, pad=pad, last_only=last_only)
+        if not self._compiled_once:
+            self._compiled_once = True
+            log.warning("compiling the decode step (torch.compile, once per process and cache size: "
+                        "~10-40 s on a small CPU); decode tok/s of this reply includes it")
         return self._compiled_step(idx, pos)
 
 
