@@ -95,8 +95,7 @@ def main() -> int:
             res[dt]["ceiling"].append(statistics.median(matmul_ceiling_tok_s(lm)))
     for key, lm in models.items():  # load time: a fresh load per repetition, after the rest
         for _ in range(2):
-            load_ms[key].append(load(dtype=str(lm.dtype).removeprefix("torch."), threads=args.threads,
-                                     fastpath=args.fastpath).load_ms)
+            load_ms[key].append(load(dtype=lm.options.dtype, threads=args.threads, fastpath=args.fastpath).load_ms)
     report = {"threads": args.threads, "reps": args.reps,
               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "dtypes": {}}
     print(f"{'variant':16} {'pp512 tok/s':>14} {'tg128 tok/s':>14} {'ceiling tok/s':>14} {'tg/ceiling':>10} {'load ms':>9}")

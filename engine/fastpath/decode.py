@@ -51,8 +51,7 @@ class FusedDecodeMixin:
     _fused_cache = ()  # (layer 0's KVCache,) last handed to the step; a tuple, not a submodule
 
     def forward(self, idx, input_pos=0, *, pad=None, last_only=False):
-        if (self._fused_step is None or pad is not None or idx.shape != (1, 1) or not self.max_cache_len
-                or torch.is_grad_enabled()):
+        if self._fused_step is None or not self.is_decode_step(idx, pad):
             return super().forward(idx, input_pos, pad=pad, last_only=last_only)
         self._sync_cache()
         pos = int(input_pos[0]) if isinstance(input_pos, torch.Tensor) else int(input_pos)

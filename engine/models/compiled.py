@@ -45,8 +45,8 @@ class CompiledDecodeMixin:
 
     def forward(self, idx, input_pos=0, *, pad=None, last_only=False):
         pos = input_pos if isinstance(input_pos, int) else None
-        if (self._compiled_step is None or pad is not None or idx.shape != (1, 1) or not self.max_cache_len
-                or pos is None or pos < self._first_compiled_pos or torch.is_grad_enabled()):
+        if (self._compiled_step is None or pos is None or pos < self._first_compiled_pos
+                or not self.is_decode_step(idx, pad)):
             return super().forward(idx, input_pos, pad=pad, last_only=last_only)
         if not self._compiled_once:
             self._compiled_once = True

@@ -202,6 +202,11 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         return self.lm_head(self.norm(x))
 
+    def is_decode_step(self, idx: torch.Tensor, pad) -> bool:
+        """A batch-1 single-token step with a KV cache and no autograd: what the compiled and fused
+        decode steps take over; everything else runs this forward."""
+        return pad is None and idx.shape == (1, 1) and bool(self.max_cache_len) and not torch.is_grad_enabled()
+
     def decode_static(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """One batch-1 decode step with shapes that do not depend on the position: idx [1,1], pos [1]
         (int64, on the model's device) → logits [1,1,V]. Attention reads the whole static cache under
