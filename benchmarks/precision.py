@@ -75,6 +75,8 @@ def candidates(path: Path, ids: list[int], threads: int):
     yield "opscope fast path prefill_dtype=bf16", ("prefill",), engine(fastpath="prefill_dtype=bf16")
     yield "opscope fast path activations=q8", ("decode",), engine(fastpath="activations=q8")
     yield "opscope plain torch bfloat16", ("prefill", "decode"), engine(fastpath="off", dtype="bfloat16")
+    yield "opscope plain torch --quantize int8", ("prefill",), engine(quantize="int8")
+    yield "opscope plain torch --quantize int4", ("prefill",), engine(quantize="int4")
     try:
         import llama_cpp  # noqa: F401
 
@@ -117,7 +119,7 @@ def main() -> int:
 
 
 def _line(r: dict) -> str:
-    return (f"{r['candidate']:<40} {r['mode']:<8} KL mean {r['kl_mean']:.2e} p99 {r['kl_p99']:.2e} "
+    return (f"{r['candidate']:<42} {r['mode']:<8} KL mean {r['kl_mean']:.2e} p99 {r['kl_p99']:.2e} "
             f"max {r['kl_max']:.2e}  top-1 {r['top1_agree']:.3f}  max|Δlogit| {r['max_abs_dlogit']:.3f}  "
             f"ppl {r['ppl']:.3f}")
 

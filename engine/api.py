@@ -29,6 +29,7 @@ class LoadOptions:
     threads: int | None = None
     fastpath: str = "off"
     compile: str = "off"
+    quantize: str = "off"
 
 
 class LoadedModel:
@@ -138,9 +139,13 @@ def _threads() -> int:
 def fastpath_options(spec, device: str, dtype: str, model) -> "object | None":
     """The fast-path options a load should use, or None for the plain torch model.
 
-    ``spec``: "auto" (default: the CPU fast path for a float32 GGUF on the CPU — the fastest correct
-    choice measured, see benchmarks/FASTPATH_NOTES.md), "off"/"dense", a FastPathOptions, or a
-    string like "activations=q8,prefill_dtype=bf16"."""
+    ``spec``: "auto" (default: the CPU fast path for a GGUF on the CPU in float32 or bfloat16 — the
+    fastest correct choice measured, see benchmarks/FASTPATH_NOTES.md), "off"/"dense", a
+    FastPathOptions, or a string like "activations=q8,prefill_dtype=bf16". In bfloat16 the fast path
+    keeps float32 activations and exact decode kernels and runs prefill GEMMs in bf16 (where the CPU
+    has native bf16), as the plain model's bf16 policy does (engine.models.llama.activation_dtype)."""
+    import torch
+
     from engine.fastpath import FastPathOptions
 
     if isinstance(spec, FastPathOptions):
@@ -148,39 +153,50 @@ def fastpath_options(spec, device: str, dtype: str, model) -> "object | None":
     spec = (spec or "auto").strip()
     if spec in ("off", "dense", "none"):
         return None
-    if str(device) != "cpu" or resolve_dtype(dtype) != resolve_dtype("float32"):
+    dt = resolve_dtype(dtype)
+    if str(device) != "cpu" or dt not in (torch.float32, torch.bfloat16):
         if spec == "auto":
             return None
-        raise ConfigError("--fastpath: the CPU fast path runs on --device cpu in float32; use --fastpath off")
+        raise ConfigError("--fastpath: the CPU fast path runs on --device cpu in float32 or bfloat16; "
+                          "use --fastpath off")
+    base = FastPathOptions()
+    if dt == torch.bfloat16:
+        from engine.kernels import native_bf16
+
+        base = FastPathOptions(prefill_dtype="bf16" if native_bf16() else "f32")
     if spec == "auto":
         from pathlib import Path
 
         is_gguf = model is None or str(model).endswith(".gguf") or (Path(model).is_file())
-        return FastPathOptions() if is_gguf else None
-    return FastPathOptions.from_string(spec)
+        return base if is_gguf else None
+    return FastPathOptions.from_string(spec, base)
 
 
 def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: str = "sdpa",
-         threads: int | None = None, fastpath="auto", compile: str = "off") -> LoadedModel:
+         threads: int | None = None, fastpath="auto", compile: str = "off", quantize: str = "off") -> LoadedModel:
     """Load ``model`` (a .gguf file or HF directory; None = the embedded default) onto ``device``.
     ``fastpath`` picks the CPU fast path (engine.fastpath) or the plain torch model ("off");
     ``compile="decode"`` runs the plain model's decode steps through torch.compile
-    (engine.models.compiled)."""
+    (engine.models.compiled); ``quantize="int8"|"int4"`` stores the plain model's layer weights
+    weight-only quantized (engine.models.woq)."""
     import torch
 
     from engine.formats import open_model
     from engine.models.compiled import COMPILE_MODES, enable_compiled_decode
     from engine.models.llama import ATTENTION_IMPLS
     from engine.models.loader import build_model
+    from engine.models.woq import WOQ_MODES, quantize_weights
 
     if compile not in COMPILE_MODES:
         raise ConfigError(f"--compile {compile!r} is not one of {', '.join(COMPILE_MODES)}")
-    if compile != "off" and fastpath == "auto":
-        fastpath = "off"  # the compiled step belongs to the plain torch model
+    if quantize not in WOQ_MODES:
+        raise ConfigError(f"--quantize {quantize!r} is not one of {', '.join(WOQ_MODES)}")
+    if (compile != "off" or quantize != "off") and fastpath == "auto":
+        fastpath = "off"  # the compiled step and weight-only quantization belong to the plain torch model
     options = fastpath_options(fastpath, device, dtype, model)
-    if options is not None and compile != "off":
-        raise ConfigError("--compile decode compiles the plain torch model; add --fastpath off "
-                          "(the fast path has its own compile_decode setting)")
+    if options is not None and (compile != "off" or quantize != "off"):
+        raise ConfigError("--compile and --quantize apply to the plain torch model; add --fastpath off "
+                          "(the fast path keeps the GGUF's own quantized blocks)")
     if options is not None:
         from engine.fastpath import load as load_fast
 
@@ -197,14 +213,15 @@ def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: 
     t0 = now_ns()
     with markers.phase(markers.MODEL_LOAD, model=str(model or "default")):
         source = open_model(model)
-        net = build_model(source, dev, dt, attention)
+        net = quantize_weights(build_model(source, dev, dt, attention), quantize)
     if dev.type == "cpu":
         net.decode_threads = 1  # see engine.generate.decode_threads
     if compile == "decode":
         enable_compiled_decode(net)
     load_ms = (now_ns() - t0) / 1e6
     log.info("loaded %s on %s/%s in %.0f ms", source.path, dev, dt, load_ms)
-    return LoadedModel(source, net, LoadOptions(device, dtype, attention, threads, compile=compile), load_ms)
+    return LoadedModel(source, net, LoadOptions(device, dtype, attention, threads, compile=compile,
+                                                                 quantize=quantize), load_ms)
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

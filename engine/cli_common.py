@@ -15,11 +15,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     g.add_argument("--attention", default="sdpa", choices=("sdpa", "naive"))
     g.add_argument("--fastpath", default="auto", metavar="SPEC",
-                   help="CPU fast path: auto (on for float32 GGUF on cpu), off, or settings like "
+                   help="CPU fast path: auto (on for a float32/bfloat16 GGUF on cpu), off, or settings like "
                         "'activations=q8,prefill_dtype=bf16'")
     g.add_argument("--compile", default="off", choices=("off", "decode"),
                    help="decode: torch.compile the plain model's decode step (first reply waits for the "
                         "compile, ~35 s on 2 cores; implies --fastpath off)")
+    g.add_argument("--quantize", default="off", choices=("off", "int8", "int4"),
+                   help="weight-only int8/int4 layer weights for the plain model (the GPU path; "
+                        "implies --fastpath off)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -52,7 +55,7 @@ def load_from_args(args):
 
         return load(args.model, attention=args.attention, threads=args.threads,
                     fastpath=getattr(args, "fastpath", "auto"), compile=getattr(args, "compile", "off"),
-                    **kwargs)
+                    quantize=getattr(args, "quantize", "off"), **kwargs)
     try:
         from engine.backends import get_backend
     except ImportError as e:

@@ -109,6 +109,27 @@ def test_options_parse_and_reject():
             FastPathOptions.from_string(bad)
 
 
+def test_load_dtype_picks_the_fast_path_settings(monkeypatch):
+    """float32 → exact fast path; bfloat16 → the fast path with bf16 prefill GEMMs where the CPU has
+    native bf16 (float32 GEMMs where it would be emulated); other dtypes/devices → plain torch."""
+    import engine.kernels as kernels
+    from engine.api import fastpath_options
+
+    gguf = "model.gguf"
+    assert fastpath_options("auto", "cpu", "float32", gguf) == FastPathOptions()
+    for native, want in ((True, "bf16"), (False, "f32")):
+        monkeypatch.setattr(kernels, "native_bf16", lambda native=native: native)
+        assert fastpath_options("auto", "cpu", "bfloat16", gguf) == FastPathOptions(prefill_dtype=want)
+        assert fastpath_options("activations=q8", "cpu", "bf16", gguf) == \
+            FastPathOptions(prefill_dtype=want, activations="q8")
+    assert fastpath_options("prefill_dtype=f32", "cpu", "bfloat16", gguf).prefill_dtype == "f32"
+    assert fastpath_options("auto", "cpu", "float16", gguf) is None
+    assert fastpath_options("auto", "cuda", "bfloat16", gguf) is None
+    assert fastpath_options("auto", "cpu", "float32", "some/hf-directory") is None
+    with pytest.raises(ConfigError, match="float32 or bfloat16"):
+        fastpath_options("activations=q8", "cpu", "float16", gguf)
+
+
 def test_missing_compiler_is_a_typed_error(tmp_path, monkeypatch):
     from engine.kernels import KernelBuildError
     from engine.kernels.build import _compile

@@ -39,7 +39,7 @@ def options_from_args(args: argparse.Namespace):
     return BenchOptions(device=args.device, dtype=args.dtype, quick=args.quick, model=args.model,
                         backend=args.backend, threads=args.threads, attention=args.attention,
                         fastpath=getattr(args, "fastpath", "auto"), compile=getattr(args, "compile", "off"),
-                        repeat=args.repeat, min_time_s=args.min_time_s, warmup=args.warmup)
+                        quantize=getattr(args, "quantize", "off"), repeat=args.repeat, min_time_s=args.min_time_s, warmup=args.warmup)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ class BenchOptions:
     attention: str = "sdpa"
     fastpath: str = "auto"  # engine.api.load's fast-path setting (auto, off, or a settings string)
     compile: str = "off"  # engine.api.load's compile setting (off, decode)
+    quantize: str = "off"  # engine.api.load's weight-only quantization (off, int8, int4)
     repeat: int | None = None  # minimum repetitions per point (overrides the suite's default)
     min_time_s: float | None = None
     warmup: int | None = None

@@ -1,7 +1,7 @@
 """Fast-path settings: each one a switch, so the benchmarks can measure its effect alone."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from engine.errors import ConfigError
 
@@ -35,15 +35,16 @@ class FastPathOptions:
         return {f"fastpath.{k}": v for k, v in asdict(self).items()}
 
     @classmethod
-    def from_string(cls, spec: str) -> "FastPathOptions":
-        """``"weights=q,activations=q8,compile_decode=1"`` → options (CLI / suite parameter form)."""
+    def from_string(cls, spec: str, base: "FastPathOptions | None" = None) -> "FastPathOptions":
+        """``"weights=q,activations=q8,compile_decode=1"`` → options (CLI / suite parameter form);
+        settings not named keep ``base``'s values (the defaults when None)."""
         kw: dict = {}
         for item in filter(None, (s.strip() for s in spec.split(","))):
             key, _, value = item.partition("=")
             if key not in cls.__dataclass_fields__:
                 raise ConfigError(f"fast path: unknown setting {key!r} (known: {', '.join(cls.__dataclass_fields__)})")
             kw[key] = _parse(cls.__dataclass_fields__[key].type, value, key)
-        return cls(**kw)
+        return replace(base, **kw) if base is not None else cls(**kw)
 
 
 def _parse(type_name, value: str, key: str):

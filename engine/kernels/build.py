@@ -58,6 +58,20 @@ def _cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+def native_bf16() -> bool:
+    """Whether the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX on x86, BF16 on Arm), so a
+    bf16 GEMM is faster than a float32 one rather than emulated."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    words = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            words.update(line.split(":", 1)[1].split())
+    return bool(words & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
 def build_key() -> str:
     import torch
 

@@ -23,7 +23,7 @@ def load_model(opts: BenchOptions):
     from engine.api import load
 
     return load(opts.model, device=opts.device, dtype=opts.dtype, attention=opts.attention, threads=opts.threads,
-                fastpath=opts.fastpath, compile=opts.compile)
+                fastpath=opts.fastpath, compile=opts.compile, quantize=opts.quantize)
 
 
 def random_tokens(n: int, vocab_size: int, seed: int, device, batch: int = 1):

@@ -41,7 +41,8 @@ class Params:
     pp: int = 512
     tg: int = 128
     peers: tuple[str, ...] = ("opscope", "llama_cpp", "hf_fp32", "hf_bf16",
-                              "opscope:weights=dense", "opscope:fused_decode=0", "opscope:activations=q8")
+                              "opscope:prefill_dtype=bf16", "opscope:activations=q8", "opscope:weights=dense",
+                              "opscope:fused_decode=0")
     load_peers: tuple[str, ...] = ("opscope", "llama_cpp")  # fresh loads per round: keep it short
 
 
