@@ -214,6 +214,9 @@ def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: 
     with markers.phase(markers.MODEL_LOAD, model=str(model or "default")):
         source = open_model(model)
         net = quantize_weights(build_model(source, dev, dt, attention), quantize)
+    if quantize != "off" and dev.type == "cpu":
+        log.warning("--quantize %s is the GPU path; on the CPU the default fast path is faster "
+                    "(it keeps the GGUF's own blocks)", quantize)
     if dev.type == "cpu":
         net.decode_threads = 1  # see engine.generate.decode_threads
     if compile == "decode":

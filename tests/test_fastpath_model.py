@@ -5,7 +5,8 @@ source with ``raw_tensor``, like Transformer.random: nothing downloaded). Slow t
 default model, loaded once per module. Stated tolerances (logits of the default model, |logit| ~ 20):
   * f32 activations, f32 prefill: |Δlogit| <= 1e-3 and greedy tokens equal for 32 tokens.
   * bf16 prefill GEMM: teacher-forced top-1 agreement >= 0.9 (measured 0.97).
-  * q8 activations (llama.cpp's scheme): teacher-forced top-1 agreement >= 0.8 (measured 0.88-0.91).
+  * q8 activations (llama.cpp's q8_1 scheme): teacher-forced top-1 agreement >= 0.8 (benchmarks/precision.py,
+    512 tokens: top-1 0.967, mean KL 4.2e-3 — llama.cpp itself: 0.953, 4.1e-3).
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 the rounding stays within half a quantization step, and the model keeps its predictions.
 
 Stated tolerances (default model, top-1 at every position of a chat prompt, vs float32):
-int8 top-1 agreement >= 0.9; int4 (groups of 64 along K, on top of the GGUF's own 4-bit) >= 0.6.
+int8 top-1 agreement >= 0.9; int4 >= 0.99 (groups of 32 = the Q4_1 GGUF's own blocks, so the
+re-quantization is lossless but for rounding: benchmarks/precision.py measured mean KL 2e-11).
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_int4_matches_group_quantization_through_torch_kernel(n, k):
 
 
 def test_int4_group_choice_and_unsupported_shapes():
-    assert int4_group(576, 576) == 64 and int4_group(4096, 4096) == 128 and int4_group(1536, 576) == 128
+    assert int4_group(576, 576) == 32 and int4_group(4096, 4096) == 32
     assert int4_group(576, 10) is None  # rows not a multiple of 8
     assert int4_group(40, 64) is None  # K not a multiple of 32
 
@@ -93,7 +94,7 @@ def test_bad_mode_and_fast_path_conflict():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode,floor", [("int8", 0.9), ("int4", 0.6)])
+@pytest.mark.parametrize("mode,floor", [("int8", 0.9), ("int4", 0.99)])
 def test_default_model_agreement(mode, floor):
     from engine.api import load
 
