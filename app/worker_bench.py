@@ -11,6 +11,7 @@ import typing
 from typing import Any
 
 from app.protocol import BenchRequest, LoadRequest
+from engine.bench.params import build_params
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +65,6 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     return value
 
-
-def build_params(module, values: dict, quick: bool):
-    """The suite's Params from the GUI's values (lists become tuples), starting from QUICK or defaults."""
-    from engine.errors import ConfigError
-
-    base = getattr(module, "QUICK", None) if quick else None
-    base = base or module.Params()
-    known = {f.name for f in dataclasses.fields(base)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"suite {module.NAME}: unknown parameter(s) {unknown}; known: {sorted(known)}")
-    converted = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    try:
-        return dataclasses.replace(base, **converted)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"suite {module.NAME}: bad parameters: {e}") from e
 
 
 class _ProgressSink:

@@ -70,6 +70,29 @@ def test_unavailable_device_is_one_line_and_exit_2(db, capsys):
     assert len(err) == 1 and err[0].startswith("opscope: error:") and "cuda" in err[0]
 
 
+def test_param_sets_suite_parameters_and_is_saved(db, capsys):
+    args = ["--db", db, "bench", "matmul", *FAST, "--name", "mm", "--param", "sizes=16,32",
+            "--param", "dtypes=float32"]
+    assert main(args) == 0
+    capsys.readouterr()
+    from engine.store import RunStore
+
+    with RunStore.open(db) as store:
+        run = store.load("mm").result
+    assert sorted({m.name for m in run.metrics if not m.name.endswith(".pct_peak")} & {
+        "matmul_float32_16", "matmul_float32_32", "matmul_float32_64"}) == ["matmul_float32_16", "matmul_float32_32"]
+    assert run.settings["suite_params"]["dtypes"] == ["float32"]
+
+
+@pytest.mark.parametrize("param, message", [("size=16", "KEY=VALUE with KEY one of"),
+                                            ("sizes=sixteen", "cannot read 'sixteen'"),
+                                            ("sizes", "KEY=VALUE")])
+def test_bad_param_is_one_line_and_exit_2(db, capsys, param, message):
+    assert main(["--db", db, "bench", "matmul", *FAST, "--param", param]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
 def test_bad_repeat_is_a_user_error(db, capsys):
     assert main(["--db", db, "bench", "matmul", "--repeat", "0"]) == 2
     assert "--repeat" in capsys.readouterr().err

@@ -23,6 +23,9 @@ def register(subparsers) -> None:
     g.add_argument("--min-time", type=float, default=None, dest="min_time_s",
                    help="minimum seconds of repetitions per point")
     g.add_argument("--warmup", type=int, default=None, help="warm-up calls per point (never recorded)")
+    g.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a suite parameter (repeatable; lists comma-separated), e.g. "
+                        "--param peers=opscope,llama_cpp --param tg=64")
     g.add_argument("--name", default="", help="unique run name (default: SUITE-DATE-TIME)")
     g.add_argument("--tag", action="append", default=[], help="tag the run (repeatable)")
     g.add_argument("--notes", default="", help="free text saved with the run")
@@ -46,7 +49,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from engine.bench.report import progress_bar, summary_table
     from engine.bench.session import run_suite
 
+    from engine.bench.params import parse_cli_params
+    from engine.bench.suites import get_suite
+
     opts = options_from_args(args)
+    params = parse_cli_params(get_suite(args.suite), args.param, opts.quick)
     store = sampler = None
     try:
         if not args.no_save:
@@ -56,8 +63,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sampler, recorder = _telemetry(args.telemetry)
         with progress_bar(f"bench {args.suite}") as progress:
             run_id, result = run_suite(args.suite, opts, store, name=args.name, tags=args.tag,
-                                       notes=args.notes, progress=progress, cancel=threading.Event(),
-                                       recorder=recorder)
+                                       notes=args.notes, params=params, progress=progress,
+                                       cancel=threading.Event(), recorder=recorder)
     finally:
         if sampler is not None:
             sampler.stop()

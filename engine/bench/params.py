@@ -1,0 +1,58 @@
+"""A suite's Params from user values: the GUI's form (typed values) or ``opscope bench --param
+KEY=VALUE`` (strings, converted by the type of the field's default)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from engine.errors import ConfigError
+
+
+def build_params(module, values: dict, quick: bool):
+    """The suite's Params from ``values`` (lists become tuples), starting from QUICK or defaults."""
+    base = getattr(module, "QUICK", None) if quick else None
+    base = base or module.Params()
+    known = {f.name for f in dataclasses.fields(base)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"suite {module.NAME}: unknown parameter(s) {unknown}; known: {sorted(known)}")
+    converted = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    try:
+        return dataclasses.replace(base, **converted)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"suite {module.NAME}: bad parameters: {e}") from e
+
+
+def parse_cli_params(module, pairs: list[str], quick: bool):
+    """``["peers=opscope,llama_cpp", "tg=64"]`` → the suite's Params (None when no pairs)."""
+    if not pairs:
+        return None
+    base = (getattr(module, "QUICK", None) if quick else None) or module.Params()
+    defaults = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    values = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or key not in defaults:
+            raise ConfigError(f"--param {pair!r}: expected KEY=VALUE with KEY one of {sorted(defaults)}")
+        values[key] = _convert(defaults[key], text.strip(), key)
+    return build_params(module, values, quick)
+
+
+def _convert(default, text: str, key: str):
+    try:
+        if isinstance(default, bool):
+            if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(text)
+            return text.lower() in ("1", "true", "yes", "on")
+        if isinstance(default, tuple):
+            items = [s.strip() for s in text.split(",") if s.strip()]
+            kinds = {type(v) for v in default}
+            return tuple(int(s) for s in items) if kinds == {int} else tuple(
+                float(s) for s in items) if kinds == {float} else tuple(items)
+        if isinstance(default, (int, float, str)):
+            return type(default)(text)
+        return json.loads(text)
+    except (ValueError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--param {key}: cannot read {text!r} as the type of its default "
+                          f"({default!r})") from e
