@@ -79,30 +79,40 @@ def generate(model, tokenizer, prompt_ids: list[int], cfg: GenerationConfig = Ge
 
 @contextmanager
 def decode_threads(model):
-    """Run decode steps with ``model.decode_threads`` intra-op threads, then restore the count.
+    """Run decode steps with ``model.decode_threads`` intra-op threads, then restore the count;
+    yields None, or for ``"auto"`` an engine.cpuload.LoadAwareThreads that the loop steps per token.
 
     Batch-1 matmuls use one thread here anyway (DESIGN.md); the extra threads only join the tiny
     parallel regions of norms and attention, and when another process holds the second core each
     region waits for a descheduled worker: decode measured 17 tok/s with 1 thread and 3.8 with 2
-    on this 2-core machine under load (interleaved, same run)."""
+    on this 2-core machine under load (interleaved, same run). The fast path's fused step does use
+    every thread, so it takes "auto": all of them unless other processes are busy."""
     want = getattr(model, "decode_threads", None)
     have = torch.get_num_threads()
+    if want == "auto":
+        from engine.cpuload import LoadAwareThreads
+
+        try:
+            yield LoadAwareThreads(have, torch.set_num_threads)
+        finally:
+            torch.set_num_threads(have)
+        return
     if want is None or want == have:
-        yield
+        yield None
         return
     torch.set_num_threads(want)
     try:
-        yield
+        yield None
     finally:
         torch.set_num_threads(have)
 
 
 def _decode(model, nxt, token_id, n, cfg, history, gen, stream, eos, cancel, times) -> Iterator:
-    with decode_threads(model):
-        yield from _decode_loop(model, nxt, token_id, n, cfg, history, gen, stream, eos, cancel, times)
+    with decode_threads(model) as threads:
+        yield from _decode_loop(model, nxt, token_id, n, cfg, history, gen, stream, eos, cancel, times, threads)
 
 
-def _decode_loop(model, nxt, token_id, n, cfg, history, gen, stream, eos, cancel, times) -> Iterator:
+def _decode_loop(model, nxt, token_id, n, cfg, history, gen, stream, eos, cancel, times, threads=None) -> Iterator:
     request_ns, t_start, t_prefill = times
     token_ns, reason = [], "length"
     markers.emit(markers.DECODE, "start", t_prefill)
@@ -123,6 +133,8 @@ def _decode_loop(model, nxt, token_id, n, cfg, history, gen, stream, eos, cancel
             break
         if i + 1 == cfg.max_tokens:
             break
+        if threads is not None:
+            threads.step()
         logits = model(nxt.view(1, 1), n + i)
         nxt = sample(logits[:, -1], cfg.sampling, history[:n + i + 1], gen)
         token_id = int(nxt.item())

@@ -72,6 +72,7 @@ def apply(model, source, options: FastPathOptions = FastPathOptions()):
         else:
             if options.fused_decode:
                 decode.enable_fused_decode(model, 1 if options.activations == "q8" else 0)
+            model.decode_threads = "auto" if options.adapt_threads else None  # engine.generate.decode_threads
     if options.compile_decode:
         decode.compile_decode(model)
     return model

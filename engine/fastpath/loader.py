@@ -73,6 +73,7 @@ def build_quantized(source, options: FastPathOptions, attention: str = "sdpa"):
         raise ModelFormatError(f"{source.path}: tensors left unloaded by the fast-path loader: {left[:4]}")
     if options.fused_decode:
         decode.enable_fused_decode(model, 1 if options.activations == "q8" else 0)
+    model.decode_threads = "auto" if options.adapt_threads else None  # engine.generate.decode_threads
     return model.eval().requires_grad_(False)
 
 

@@ -20,6 +20,7 @@ class FastPathOptions:
     fused_decode: bool = True  # one C++ call per decode token (all layers), instead of the torch model
     compile_decode: bool = False  # torch.compile the single-token decode step
     pin_threads: bool = False  # bind the OpenMP threads to distinct cores
+    adapt_threads: bool = True  # decode gives cores back while other processes use them (engine.cpuload)
     on_error: str = "fallback"  # when kernels cannot be built: keep plain torch, or raise
 
     def __post_init__(self):
