@@ -35,8 +35,12 @@ class EngineStatusBar(QStatusBar):
         client.memory.connect(self.on_memory)
 
     def on_model_loaded(self, info: dict) -> None:
-        self.device_label.setText(f"device: {info.get('device', '–')} · {info.get('dtype', '')}"
+        fast = info.get("fastpath", "off")
+        fast = f" · fast path{fast[2:]}" if fast.startswith("on") else ""  # "on (prefill_dtype=bf16)"
+        self.device_label.setText(f"device: {info.get('device', '–')} · {info.get('dtype', '')}{fast}"
                                   f" · {info.get('backend', '')}")
+        self.device_label.setToolTip("fast path: the GGUF's quantized weights with OpScope's CPU kernels "
+                                     "(benchmarks/FASTPATH_NOTES.md)" if fast else "")
         name = os.path.basename(info.get("path", "")) or "–"
         self.model_label.setText(f"model: {name}")
         self.model_label.setToolTip(info.get("path", ""))

@@ -173,6 +173,7 @@ def model_info(loaded, req: LoadRequest, *, load_ms: float, reused: bool) -> dic
         "has_chat_template": bool(getattr(source, "chat_template", None)),
         "device": str(getattr(loaded, "device", req.device)),
         "dtype": str(getattr(loaded, "dtype", req.dtype)).replace("torch.", ""),
+        "fastpath": str(getattr(getattr(loaded, "options", None), "fastpath", "off")),
         "backend": req.backend,
         "load_ms": load_ms,
         "reused": reused,

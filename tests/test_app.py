@@ -52,6 +52,7 @@ def test_model_loads_and_status_bar_shows_it(window):
     assert info["path"].endswith(".gguf") and info["device"] == "cpu" and info["dtype"] == "float32"
     bar = window.statusBar()
     assert "SmolLM2" in bar.model_label.text() and "cpu" in bar.device_label.text()
+    assert info["fastpath"].startswith("on") and "fast path" in bar.device_label.text()
 
 
 def test_toolbar_lists_devices_with_reasons(qtbot, window):
