@@ -223,8 +223,8 @@ def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: 
         enable_compiled_decode(net)
     load_ms = (now_ns() - t0) / 1e6
     log.info("loaded %s on %s/%s in %.0f ms", source.path, dev, dt, load_ms)
-    return LoadedModel(source, net, LoadOptions(device, dtype, attention, threads, compile=compile,
-                                                                 quantize=quantize), load_ms)
+    options = LoadOptions(device, dtype, attention, threads, compile=compile, quantize=quantize)
+    return LoadedModel(source, net, options, load_ms)
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

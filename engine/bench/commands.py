@@ -42,14 +42,14 @@ def options_from_args(args: argparse.Namespace):
     return BenchOptions(device=args.device, dtype=args.dtype, quick=args.quick, model=args.model,
                         backend=args.backend, threads=args.threads, attention=args.attention,
                         fastpath=getattr(args, "fastpath", "auto"), compile=getattr(args, "compile", "off"),
-                        quantize=getattr(args, "quantize", "off"), repeat=args.repeat, min_time_s=args.min_time_s, warmup=args.warmup)
+                        quantize=getattr(args, "quantize", "off"), repeat=args.repeat,
+                        min_time_s=args.min_time_s, warmup=args.warmup)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from engine.bench.params import parse_cli_params
     from engine.bench.report import progress_bar, summary_table
     from engine.bench.session import run_suite
-
-    from engine.bench.params import parse_cli_params
     from engine.bench.suites import get_suite
 
     opts = options_from_args(args)

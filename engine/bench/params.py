@@ -6,12 +6,17 @@ import dataclasses
 import json
 
 from engine.errors import ConfigError
+from engine.textparse import parse_bool
+
+
+def _base(module, quick: bool):
+    """The Params a run starts from: the suite's QUICK ones for ``--quick``, else its defaults."""
+    return (getattr(module, "QUICK", None) if quick else None) or module.Params()
 
 
 def build_params(module, values: dict, quick: bool):
     """The suite's Params from ``values`` (lists become tuples), starting from QUICK or defaults."""
-    base = getattr(module, "QUICK", None) if quick else None
-    base = base or module.Params()
+    base = _base(module, quick)
     known = {f.name for f in dataclasses.fields(base)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -27,7 +32,7 @@ def parse_cli_params(module, pairs: list[str], quick: bool):
     """``["peers=opscope,llama_cpp", "tg=64"]`` → the suite's Params (None when no pairs)."""
     if not pairs:
         return None
-    base = (getattr(module, "QUICK", None) if quick else None) or module.Params()
+    base = _base(module, quick)
     defaults = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     values = {}
     for pair in pairs:
@@ -42,9 +47,7 @@ def parse_cli_params(module, pairs: list[str], quick: bool):
 def _convert(default, text: str, key: str):
     try:
         if isinstance(default, bool):
-            if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise ValueError(text)
-            return text.lower() in ("1", "true", "yes", "on")
+            return parse_bool(text)
         if isinstance(default, tuple):
             items = [s.strip() for s in text.split(",") if s.strip()]
             kinds = {type(v) for v in default}

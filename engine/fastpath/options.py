@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from engine.errors import ConfigError
+from engine.textparse import parse_bool
 
 WEIGHTS = ("q", "dense")  # q: GGUF blocks kept quantized (fused kernels); dense: the model as loaded
 ACTIVATIONS = ("f32", "q8")  # decode matvec: exact fp32 activations, or int8 activations (llama.cpp's)
@@ -45,14 +46,15 @@ class FastPathOptions:
             if key not in cls.__dataclass_fields__:
                 raise ConfigError(f"fast path: unknown setting {key!r} (known: {', '.join(cls.__dataclass_fields__)})")
             kw[key] = _parse(cls.__dataclass_fields__[key].type, value, key)
-        return replace(base, **kw) if base is not None else cls(**kw)
+        return replace(base or cls(), **kw)
 
 
 def _parse(type_name, value: str, key: str):
     if type_name in ("bool", bool):
-        if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-            raise ConfigError(f"fast path: {key} takes a boolean, got {value!r}")
-        return value.lower() in ("1", "true", "yes", "on")
+        try:
+            return parse_bool(value)
+        except ValueError as e:
+            raise ConfigError(f"fast path: {key} takes a boolean, got {value!r}") from e
     if type_name in ("int", int):
         try:
             return int(value)

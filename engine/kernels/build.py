@@ -48,10 +48,11 @@ def cache_root() -> Path:
 
 
 def _cpu_flags() -> str:
-    """The CPU's feature flags (Linux), so builds for different CPUs never share a cache entry."""
+    """The CPU's feature flags (Linux: x86 "flags", Arm "Features"), so builds for different CPUs
+    never share a cache entry."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
@@ -61,15 +62,7 @@ def _cpu_flags() -> str:
 def native_bf16() -> bool:
     """Whether the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX on x86, BF16 on Arm), so a
     bf16 GEMM is faster than a float32 one rather than emulated."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    words = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            words.update(line.split(":", 1)[1].split())
-    return bool(words & {"avx512_bf16", "amx_bf16", "bf16"})
+    return bool(set(_cpu_flags().split()) & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def build_key() -> str:

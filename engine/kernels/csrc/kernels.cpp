@@ -88,8 +88,8 @@ void q8_0_row_scalar_q8(const int8_t* qy, const float* dy, const int8_t* qs, con
   y[row] = acc;
 }
 
-// Per-block sums of x (the Q4_1 "+m" term; of the quantized x for q8) and, for q8, x quantized to int8 per block with its
-// scale: qy in plain order and qyp in the pair order the 512-bit Q4_1 kernel reads (for blocks A, B:
+// Per-block sums of x for the Q4_1 "+m" term (of the quantized x for q8) and, for q8, x quantized
+// to int8 per block with its scale: qy in plain order and qyp in the pair order the 512-bit Q4_1 kernel reads (for blocks A, B:
 // A[0:16] B[0:16] A[16:32] B[16:32], matching low nibbles of both, then high nibbles of both).
 void prepare_activation(const float* x, int64_t K, bool quantize, float* sx, int8_t* qy, int8_t* qyp, float* dy) {
   const int64_t nb = K / QK;

@@ -8,7 +8,7 @@ inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __m
 inline __m512 load_h16(const c10::Half* p, int64_t n) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(n), p));
 }
-inline __m512 load_f16(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
+inline __m512 load_f32(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
 
 template <int R>
 void q4_1_rows_f32_v2(const float* x, const float* sx, const uint8_t* qs, const c10::Half* d,
@@ -20,7 +20,7 @@ void q4_1_rows_f32_v2(const float* x, const float* sx, const uint8_t* qs, const 
   const __m512i lo_mask = _mm512_set1_epi32(0x0F);
   for (int64_t c = 0; c < nb; c += 16) {
     const int64_t n = std::min<int64_t>(16, nb - c);
-    const __m512 sxv = load_f16(sx + c, n);
+    const __m512 sxv = load_f32(sx + c, n);
     for (int r = 0; r < R; ++r) {
       _mm512_store_ps(dbuf[r], load_h16(d + (row + r) * nb + c, n));
       macc[r] = _mm512_fmadd_ps(load_h16(m + (row + r) * nb + c, n), sxv, macc[r]);
@@ -91,7 +91,7 @@ void q4_1_rows_q8_v2(const int8_t* qyp, const float* dy, const float* sx, const 
   const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
   for (int64_t c = 0; c < nb; c += 16) {
     const int64_t n = std::min<int64_t>(16, nb - c);
-    const __m512 dyv = load_f16(dy + c, n), sxv = load_f16(sx + c, n);
+    const __m512 dyv = load_f32(dy + c, n), sxv = load_f32(sx + c, n);
     for (int r = 0; r < R; ++r) {
       _mm512_store_ps(dbuf[r], _mm512_mul_ps(load_h16(d + (row + r) * nb + c, n), dyv));
       macc[r] = _mm512_fmadd_ps(load_h16(m + (row + r) * nb + c, n), sxv, macc[r]);
@@ -132,7 +132,7 @@ void q8_0_rows_q8_v2(const int8_t* qy, const float* dy, const int8_t* qs, const 
   const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   for (int64_t c = 0; c < nb; c += 16) {
     const int64_t n = std::min<int64_t>(16, nb - c);
-    const __m512 dyv = load_f16(dy + c, n);
+    const __m512 dyv = load_f32(dy + c, n);
     for (int r = 0; r < R; ++r) _mm512_store_ps(dbuf[r], _mm512_mul_ps(load_h16(d + (row + r) * nb + c, n), dyv));
     int64_t b = 0;
     for (; b + 2 <= n; b += 2) {
