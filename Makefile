@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.opscope-installed
 
-.PHONY: setup run chat test test-fast postgres clean
+.PHONY: setup run chat test test-fast postgres clean screenshots
 
 setup: $(STAMP)
 
@@ -36,6 +36,18 @@ test: setup postgres
 
 test-fast: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -m "not slow"
+
+# Regenerates docs/screenshots/: the window at start and after a failed load (`opscope gui --screenshot`),
+# then every panel at work (the GUI test that shoots them, pointed at docs/screenshots). A scratch
+# home keeps the user's settings, recent models and runs out of the pictures.
+SHOTS := docs/screenshots
+screenshots: setup
+	@scratch=$$(mktemp -d) && export QT_QPA_PLATFORM=offscreen XDG_CONFIG_HOME=$$scratch/config \
+	  XDG_DATA_HOME=$$scratch/data && printf 'not a model' > $$scratch/broken.gguf && \
+	$(BIN)/opscope gui --screenshot $(SHOTS)/window.png && \
+	$(BIN)/opscope gui --model $$scratch/broken.gguf --screenshot $(SHOTS)/load-error.png && \
+	OPSCOPE_SCREENSHOT_DIR=$(abspath $(SHOTS)) $(BIN)/pytest -q -p no:cacheprovider \
+	  tests/test_app_panels.py -k screenshots && rm -rf $$scratch
 
 clean:
 	rm -rf $(VENV) build *.egg-info

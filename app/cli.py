@@ -7,16 +7,54 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from functools import partial
+
     from engine.cli import main as engine_main
 
-    return engine_main(argv, gui=_gui)
+    argv, screenshot = split_screenshot(sys.argv[1:] if argv is None else list(argv))
+    return engine_main(argv, gui=partial(_gui, screenshot=screenshot))
 
 
-def _gui(args) -> int:
+def _gui(args, screenshot: str | None = None) -> int:
     _check_display()
     from app.main import run  # PySide6 is imported only when the window opens
 
+    if screenshot is not None:
+        args.screenshot = screenshot
     return run(args)
+
+
+def split_screenshot(argv: list[str]) -> tuple[list[str], str | None]:
+    """Take the window-only option ``--screenshot PATH`` out of ``opscope [gui] …`` before the
+    engine's parser (which knows nothing of windows) sees it; other commands keep their argv."""
+    command = _command(argv)
+    if command not in (None, "gui"):
+        return argv, None
+    out, path, i = [], None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--screenshot" and i + 1 < len(argv):
+            path, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--screenshot="):
+            path = arg.split("=", 1)[1]
+        else:
+            out.append(arg)
+        i += 1
+    return out, path
+
+
+def _command(argv: list[str]) -> str | None:
+    """The sub-command: the first word that is neither an option nor the value of ``--db``."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--db":
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
 
 
 def _check_display() -> None:

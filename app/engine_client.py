@@ -49,6 +49,7 @@ class Job(QObject):
         self.result: dict | None = None
         self.error: tuple[str, str] | None = None
         self.traceback: str | None = None
+        self.reply: dict = {}  # the terminal error message as the worker sent it (extra fields included)
 
     @property
     def kind(self) -> str:
@@ -63,9 +64,9 @@ class Job(QObject):
             self.result = payload
             self.finished.emit(payload)
 
-    def _fail(self, error_type: str, message: str, tb: str | None = None) -> None:
+    def _fail(self, error_type: str, message: str, tb: str | None = None, reply: dict | None = None) -> None:
         if not self.done:
-            self.error, self.traceback = (error_type, message), tb
+            self.error, self.traceback, self.reply = (error_type, message), tb, reply or {}
             self.failed.emit(error_type, message)
 
 
@@ -81,6 +82,9 @@ class EngineClient(QObject):
     marker = Signal(dict)  # phase markers from the engine, on the shared monotonic clock
     memory = Signal(dict)
     modelLoaded = Signal(dict)  # model info after any successful load (also automatic reloads)
+    modelChanged = Signal(object)  # model info of what the worker holds now, None = nothing loaded
+    jobFailed = Signal(object)  # every Job that ends in an error (the window's one error funnel)
+    jobsChanged = Signal()  # a job was queued, started or ended (who waits on whom changed)
     crashed = Signal(str)  # a user-facing message: what happened, what was lost, what happens next
     workerStarted = Signal(int)  # pid
 
@@ -99,7 +103,7 @@ class EngineClient(QObject):
         self._ping_sent_at: float | None = None
         self.liveness_timeout_s = liveness_timeout_s
         self.pid: int | None = None
-        self.model_spec: LoadRequest | None = None
+        self.model_spec: LoadRequest | None = None  # what is loaded (reloaded after a restart)
         self.model_info: dict | None = None
         self.state = "stopped"
         self._watchdog = QTimer(self, interval=250, timeout=self._check_watchdog)
@@ -111,15 +115,26 @@ class EngineClient(QObject):
         if idle_timeout_s is None:
             idle_timeout_s = IDLE_TIMEOUT_S.get(request.type, DEFAULT_IDLE_TIMEOUT_S)
         job = Job(self._take_id(), request, idle_timeout_s)
-        self._jobs[job.id] = job
-        if isinstance(request, LoadRequest):
-            self.model_spec = request
-            job.finished.connect(self._on_loaded)
+        self._track(job)
         if not self._running():
             self._start(reload=not isinstance(request, LoadRequest))
         self._send(protocol.request_message(job.id, request))
         self._set_state("busy" if self._ready else self.state)
+        self.jobsChanged.emit()
         return job
+
+    def _track(self, job: Job) -> None:
+        self._jobs[job.id] = job
+        if isinstance(job.request, LoadRequest):
+            job.finished.connect(lambda info, j=job: self._on_loaded(j.request, info))
+            job.failed.connect(lambda *_a, j=job: self._on_load_failed(j))
+
+    def ahead_of(self, job: Job) -> Job | None:
+        """The job ``job`` waits for: the one running now, or the oldest queued before it."""
+        if job.running or job.done:
+            return None
+        waiting = [j for j in self._jobs.values() if j.id < job.id]
+        return next((j for j in waiting if j.running), waiting[0] if waiting else None)
 
     def stop(self, job: Job | None = None) -> None:
         """Cancel ``job`` (or whatever runs now); its stream ends with stop_reason "cancelled"."""
@@ -148,6 +163,10 @@ class EngineClient(QObject):
     def busy(self) -> bool:
         return bool(self._jobs)
 
+    def worker_output(self) -> str:
+        """The worker's last lines on stderr (its log and any crash report), for "Details"."""
+        return "\n".join(self._stderr_tail)
+
     # -- process management ---------------------------------------------------------------------
     def _start(self, reload: bool) -> None:
         self._buffer.clear()
@@ -169,8 +188,7 @@ class EngineClient(QObject):
         if reload and self.model_spec is not None:
             # The worker restarted: bring back the model the user had before the next request runs.
             job = Job(self._take_id(), self.model_spec, IDLE_TIMEOUT_S["load"])
-            job.finished.connect(self._on_loaded)
-            self._jobs[job.id] = job
+            self._track(job)
             self._send(protocol.request_message(job.id, self.model_spec))
 
     def _running(self) -> bool:
@@ -229,6 +247,7 @@ class EngineClient(QObject):
         if kind == "started":
             job.running = True
             job.started.emit()
+            self.jobsChanged.emit()
         elif kind == "event":
             job.event.emit(msg["event"])
         elif kind == "progress":
@@ -240,9 +259,11 @@ class EngineClient(QObject):
             if kind == "result":
                 job._finish({k: v for k, v in msg.items() if k not in ("id", "type")})
             else:
-                job._fail(msg.get("error_type", "EngineError"), msg.get("message", ""), msg.get("traceback"))
+                job._fail(msg.get("error_type", "EngineError"), msg.get("message", ""), msg.get("traceback"), msg)
+                self.jobFailed.emit(job)
             if not self._jobs:
                 self._set_state("idle")
+            self.jobsChanged.emit()
 
     def _on_ready(self, msg: dict) -> None:
         self._ready = True
@@ -253,9 +274,20 @@ class EngineClient(QObject):
             self._send(message)
         self._set_state("busy" if self._jobs else "idle")
 
-    def _on_loaded(self, info: dict) -> None:
-        self.model_info = info
+    def _on_loaded(self, spec: LoadRequest, info: dict) -> None:
+        self.model_spec, self.model_info = spec, info
         self.modelLoaded.emit(info)
+        self.modelChanged.emit(info)
+
+    def _on_load_failed(self, job: Job) -> None:
+        """A failed load: the worker says what it holds now (the previous model, or nothing)."""
+        if "model" not in job.reply:
+            return  # the worker died: the last good model comes back with the next request
+        info = job.reply["model"]
+        if info is None:
+            self.model_spec = None
+        self.model_info = info
+        self.modelChanged.emit(info)
 
     # -- failure handling -----------------------------------------------------------------------
     def _on_exit(self, exit_code: int, exit_status: QProcess.ExitStatus) -> None:
@@ -267,11 +299,7 @@ class EngineClient(QObject):
             self._set_state("stopped")
             return
         message = self._exit_message(exit_code, exit_status)
-        jobs, self._jobs = list(self._jobs.values()), {}
-        for job in jobs:
-            job._fail("EngineCrashed", message)
-        self._set_state("crashed")
-        self.crashed.emit(message)
+        self._fail_all(message)
 
     def _exit_message(self, exit_code: int, exit_status: QProcess.ExitStatus) -> str:
         running = next((j.kind for j in self._jobs.values() if j.running), None)
@@ -293,11 +321,17 @@ class EngineClient(QObject):
             self._outbox.clear()
             self._watchdog.stop()
             self._pinger.stop()
-            jobs, self._jobs = list(self._jobs.values()), {}
-            for job in jobs:
-                job._fail("EngineCrashed", message)
-            self._set_state("crashed")
-            self.crashed.emit(message)
+            self._fail_all(message)
+
+    def _fail_all(self, message: str) -> None:
+        """The worker is gone: every pending job fails with ``message``; ``crashed`` says it once."""
+        jobs, self._jobs = list(self._jobs.values()), {}
+        for job in jobs:
+            job._fail("EngineCrashed", message, "\n".join(self._stderr_tail))
+            self.jobFailed.emit(job)
+        self._set_state("crashed")
+        self.jobsChanged.emit()
+        self.crashed.emit(message)
 
     def _check_watchdog(self) -> None:
         now = time.monotonic()

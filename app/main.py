@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", help="run store URL (default: the user's SQLite database)")
     p.add_argument("--theme", choices=("system", "light", "dark"), help="override the system theme")
     p.add_argument("--debug", action="store_true", help="verbose logging")
+    p.add_argument("--screenshot", metavar="PATH",
+                   help="wait until the engine is idle (model loaded or failed), write a PNG of the window to "
+                        "PATH and exit")
     return p
 
 
@@ -43,6 +46,12 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
 
         return worker_main()
     opts = _options(args)
+    if opts.screenshot:
+        from app.screenshot import unwritable_reason
+
+        if (why := unwritable_reason(opts.screenshot)) is not None:
+            print(f"opscope: error: cannot write the screenshot to {opts.screenshot}: {why}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=logging.DEBUG if opts.debug else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from PySide6.QtWidgets import QApplication
@@ -61,6 +70,10 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     spec = LoadRequest(model=opts.model, device=opts.device, dtype=opts.dtype, backend=opts.backend)
     window = MainWindow(EngineClient(), theme, db_url=opts.db, initial_model=spec)
     window.show()
+    if opts.screenshot:
+        from app.screenshot import ScreenshotWhenIdle
+
+        ScreenshotWhenIdle(window, opts.screenshot)
     code = app.exec()
     close_window(window)
     return code

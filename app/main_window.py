@@ -1,22 +1,25 @@
-"""The main window: five dockable panels, the model toolbar, the notice bar and the status bar.
+"""The main window: five dockable panels, the model toolbar, the notification area and the status bar.
 
 Panels are QDockWidgets with stable object names, so QSettings can restore their arrangement and
 the window geometry between sessions. The window owns the EngineClient and shuts the worker down
-when it closes.
+when it closes. Every failure (engine jobs, a crashed worker, exports, uncaught exceptions) goes
+through ``self.notifier`` to the notification area; a failed model load also opens a dialog. The
+toolbar's model box and the status bar name the model the worker actually holds.
 """
 from __future__ import annotations
 
 import logging
+import os
 
 from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QSizePolicy, QTabWidget, QToolBar, QWidget
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QTabWidget, QWidget
 
 from app import settings
 from app.chat.panel import ChatPanel
 from app.chat.session import ChatSession
-from app.engine_client import EngineClient
-from app.notify import NoticeBar, Notifier
+from app.engine_client import EngineClient, Job
+from app.notify import Notice, NotificationArea, Notifier, details_dialog, install_excepthooks
 from app.panels import build_optional_panels
 from app.protocol import InfoRequest, LoadRequest
 from app.status import EngineStatusBar
@@ -26,6 +29,13 @@ from app.toolbar import ModelToolBar
 log = logging.getLogger(__name__)
 
 LAYOUT_VERSION = 1  # bump when dock object names change: old saved layouts are then ignored
+
+JOB_TEXT = {"chat": "The chat reply", "generate": "Generation", "trace": "The trace", "bench": "The benchmark",
+            "info": "Listing the engine's backends", "debug": "The debug request"}
+
+
+def _model_name(spec: LoadRequest) -> str:
+    return spec.model or "the embedded default model"
 
 
 class MainWindow(QMainWindow):
@@ -38,11 +48,14 @@ class MainWindow(QMainWindow):
         self.setWindowIcon(app_icon())
         self.setObjectName("mainWindow")
         self.client, self.theme, self.db_url = client, theme, db_url
+        self.save_layout_on_close = True  # off for non-interactive runs (--screenshot)
         self.notifier = Notifier(self)
+        self._uninstall_hooks = install_excepthooks(self.notifier)
+        self.error_dialog: QMessageBox | None = None
         self.docks: dict[str, QDockWidget] = {}
         self.toolbar = ModelToolBar(self)
         self.addToolBar(self.toolbar)
-        self._add_notice_bar()
+        self.notifications = NotificationArea(self.notifier, self)
         self.chat_session = ChatSession(client, self)
         self.chat = ChatPanel(self.chat_session)
         self._add_dock("chat", "Chat", self.chat, Qt.LeftDockWidgetArea)
@@ -55,18 +68,6 @@ class MainWindow(QMainWindow):
         self._start_engine(initial_model or LoadRequest())
 
     # -- construction ---------------------------------------------------------------------------
-    def _add_notice_bar(self) -> None:
-        self.addToolBarBreak()
-        bar = QToolBar("Notices", self, objectName="noticeToolBar", movable=False, floatable=False)
-        self.notice_bar = NoticeBar(self.notifier)
-        self.notice_bar.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Preferred)
-        bar.addWidget(self.notice_bar)
-        bar.toggleViewAction().setVisible(False)
-        self.addToolBar(bar)
-        bar.hide()  # an empty strip until there is something to say
-        self.notifier.posted.connect(lambda _notice: bar.show())
-        self.notice_bar.dismissed.connect(bar.hide)
-
     def add_panel(self, name: str, title: str, widget: QWidget, area=Qt.LeftDockWidgetArea,
                   tabify_with: str | None = None) -> QDockWidget:
         dock = self._add_dock(name, title, widget, area)
@@ -107,31 +108,67 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         self.toolbar.loadRequested.connect(self.load_model)
-        self.client.crashed.connect(lambda msg: self.notifier.error(msg, self.client_details()))
+        self.client.crashed.connect(lambda msg: self.notifier.error(msg, self.client.worker_output()))
+        self.client.jobFailed.connect(self._on_job_failed)
         self.client.modelLoaded.connect(self._on_model_loaded)
+        self.client.modelChanged.connect(self._on_model_changed)
+        self.notifier.posted.connect(self._on_notice)
 
     # -- engine ---------------------------------------------------------------------------------
     def _start_engine(self, spec: LoadRequest) -> None:
         info = self.client.submit(InfoRequest())
         info.finished.connect(self.toolbar.set_engine_info)
         info.finished.connect(self.engineInfo.emit)
-        info.failed.connect(lambda t, m: self.notifier.error(f"Could not list the engine's backends: {m}"))
         self.load_model(spec)
 
-    def load_model(self, spec: LoadRequest) -> None:
+    def load_model(self, spec: LoadRequest) -> Job:
         job = self.client.submit(spec)
-        self.statusBar().showMessage(f"Loading {spec.model or 'the embedded default model'}…")
-        job.failed.connect(lambda _t, msg: self.notifier.error(
-            f"Could not load {spec.model or 'the default model'} on {spec.device}/{spec.dtype}: {msg}"))
+        self.toolbar.show_model(spec, loaded=False)
+        self.statusBar().showMessage(f"Loading {_model_name(spec)}…")
+        job.failed.connect(lambda *_a: self.statusBar().showMessage(f"Could not load {_model_name(spec)}", 15000))
+        return job
 
     def _on_model_loaded(self, info: dict) -> None:
         self.statusBar().showMessage(f"Loaded {info.get('path', '')} in {info.get('load_ms', 0):.0f} ms", 8000)
 
+    def _on_model_changed(self, info: dict | None) -> None:
+        """Toolbar and status bar follow what the worker holds, whatever was asked for."""
+        self.toolbar.show_model(self.client.model_spec if info is not None else None, loaded=True)
+
+    def _on_job_failed(self, job: Job) -> None:
+        """The one place every failed engine job turns into something the user sees."""
+        error_type, message = job.error or ("EngineError", "")
+        if error_type == "Cancelled" or (error_type == "EngineCrashed" and job.kind != "load"):
+            return  # cancelled on purpose; a crash is reported once, by ``crashed``
+        details = job.traceback or self.client.worker_output()
+        if job.kind == "load":
+            self._load_failed(job.request, error_type, message, details, job.reply)
+            return
+        what = JOB_TEXT.get(job.kind, job.kind)
+        self.notifier.error(f"{what} failed — {error_type}: {message}", details)
+
+    def _load_failed(self, spec: LoadRequest, error_type: str, message: str, details: str, reply: dict) -> None:
+        if "model" in reply:
+            now = reply["model"]
+            kept = (f"{os.path.basename(now.get('path', ''))} is still loaded." if now else
+                    "No model is loaded: pick one in the toolbar (Model) or with File → Open model.")
+        else:
+            kept = "The engine restarts with the last model that loaded on the next request."
+        reason = message.rstrip(". ")
+        self.notifier.error(f"Could not load {_model_name(spec)} on {spec.device}/{spec.dtype} — "
+                            f"{error_type}: {reason}. {kept}", details, modal=True,
+                            title=f"Could not load {os.path.basename(spec.model or '') or _model_name(spec)}")
+
+    def _on_notice(self, notice: Notice) -> None:
+        if not notice.modal:
+            return
+        if self.error_dialog is not None:
+            self.error_dialog.done(0)
+        self.error_dialog = details_dialog(self, notice)
+        self.error_dialog.open()  # window-modal, asynchronous: the event loop keeps running
+
     def restart_engine(self) -> None:
         self.client.kill("restarted from the Engine menu")
-
-    def client_details(self) -> str:
-        return "\n".join(self.client._stderr_tail)
 
     def _set_theme(self, mode: str) -> None:
         self.theme.set_mode(mode)
@@ -160,7 +197,9 @@ class MainWindow(QMainWindow):
         settings.set_value("window/state", self.saveState(LAYOUT_VERSION))
 
     def closeEvent(self, event) -> None:
-        self.save_layout()
+        self._uninstall_hooks()
+        if self.save_layout_on_close:
+            self.save_layout()
         for panel in self.panels.values():
             if hasattr(panel, "shutdown"):
                 panel.shutdown()

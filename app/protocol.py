@@ -15,7 +15,8 @@ Replies (``type``):
     batch     a chunk of trace op rows (columns of equal length)
     memory    the loaded model's memory stats plus the worker's RSS
     result    terminal: the request's payload
-    error     terminal: error_type (an engine.errors class name), message, traceback (str or None)
+    error     terminal: error_type (an engine.errors class name), message, traceback (str or None);
+              a failed load adds ``model``: the info of the model still loaded, or None when none is
 """
 from __future__ import annotations
 

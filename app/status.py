@@ -31,8 +31,17 @@ class EngineStatusBar(QStatusBar):
         for label in (self.state_label, self.device_label, self.model_label, self.memory_label):
             self.addPermanentWidget(label)
         client.stateChanged.connect(lambda s: self.state_label.setText(STATE_TEXT.get(s, s)))
-        client.modelLoaded.connect(self.on_model_loaded)
+        client.modelChanged.connect(self.on_model_changed)
         client.memory.connect(self.on_memory)
+
+    def on_model_changed(self, info: dict | None) -> None:
+        """Name the model the engine holds now; after a failed load with nothing left, say so."""
+        if info is None:
+            self.model_label.setText("model: none loaded")
+            self.model_label.setToolTip("the last load failed: see the notification; pick a model in the toolbar")
+            self.device_label.setText("device: –")
+            return
+        self.on_model_loaded(info)
 
     def on_model_loaded(self, info: dict) -> None:
         fast = info.get("fastpath", "off")

@@ -38,5 +38,9 @@ def open_window(app, base: Path, *, theme: str = "light", threads: int | None = 
                         initial_model=LoadRequest(threads=threads))
     window.resize(1400, 900)
     window.show()
-    wait_until(app, lambda: window.client.model_info is not None, timeout_s, "the default model to load")
+    wait_until(app, lambda: window.client.model_info is not None or not window.client.busy, timeout_s,
+               "the default model to load")
+    if window.client.model_info is None:  # say why at once instead of waiting out the timeout
+        errors = [n.message for n in window.notifier.history if n.level == "error"]
+        raise AssertionError(f"the default model did not load: {errors or window.client.worker_output()}")
     return window

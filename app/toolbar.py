@@ -2,7 +2,9 @@
 
 Backends and devices come from the engine worker (InfoRequest), so the GUI never imports torch.
 Unavailable devices stay listed, greyed out, with the reason as their tooltip. Any change asks for
-a load through ``loadRequested``.
+a load through ``loadRequested``. The window calls ``show_model`` with what is being loaded and then
+with what the worker actually holds, so after a failed load the box goes back to the model in use
+(or says that none is loaded); a file joins the recent models only once it has loaded.
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from app import settings
 from app.protocol import LoadRequest
 
 DEFAULT_LABEL = "Embedded default · SmolLM2-135M-Instruct Q4_1"
+NO_MODEL_LABEL = "No model loaded"
 OPEN_FILE = "__open__"
+NO_MODEL = "__none__"
 
 
 class ModelToolBar(QToolBar):
@@ -33,6 +37,7 @@ class ModelToolBar(QToolBar):
         self.dtype_combo = QComboBox()
         self.dtype_combo.addItems(["float32", "bfloat16", "float16"])
         self._backends: list[dict] = []
+        self._shown: LoadRequest | None = None  # the spec show_model last showed
         self._updating = False
         for label, combo in (("Model ", self.model_combo), (" Backend ", self.backend_combo),
                              (" Device ", self.device_combo), (" Dtype ", self.dtype_combo)):
@@ -49,7 +54,7 @@ class ModelToolBar(QToolBar):
         """Fill backend/device/dtype pickers from the worker's InfoRequest answer."""
         self._updating = True
         self._backends = info.get("backends", [])
-        current = self.backend_combo.currentText() or "torch"
+        current = self._shown.backend if self._shown else self.backend_combo.currentText() or "torch"
         self.backend_combo.clear()
         for i, backend in enumerate(self._backends):
             self.backend_combo.addItem(backend["name"])
@@ -58,15 +63,15 @@ class ModelToolBar(QToolBar):
             _set_item(self.backend_combo, i, usable, "" if usable else why)
         self._select(self.backend_combo, current)
         if info.get("dtypes"):
-            dtype = self.dtype_combo.currentText()
+            dtype = self._shown.dtype if self._shown else self.dtype_combo.currentText()
             self.dtype_combo.clear()
             self.dtype_combo.addItems(info["dtypes"])
             self._select(self.dtype_combo, dtype)
-        self._fill_devices()
+        self._fill_devices(self._shown.device if self._shown else None)
         self._updating = False
 
-    def _fill_devices(self) -> None:
-        current = self.device_combo.currentText() or "cpu"
+    def _fill_devices(self, current: str | None = None) -> None:
+        current = current or self.device_combo.currentText() or "cpu"
         backend = next((b for b in self._backends if b["name"] == self.backend_combo.currentText()), None)
         self.device_combo.clear()
         for i, dev in enumerate((backend or {}).get("devices", [])):
@@ -76,26 +81,46 @@ class ModelToolBar(QToolBar):
 
     # -- the request ----------------------------------------------------------------------------
     def request(self) -> LoadRequest:
-        return LoadRequest(model=self.model_combo.currentData(), device=self.device_combo.currentText() or "cpu",
+        model = self.model_combo.currentData()
+        return LoadRequest(model=None if model == NO_MODEL else model, device=self.device_combo.currentText() or "cpu",
                            dtype=self.dtype_combo.currentText() or "float32",
                            backend=self.backend_combo.currentText() or "torch")
 
     def set_model(self, path: str | None) -> None:
-        """Select ``path`` (None = embedded default) and remember it among the recent models."""
-        if path:
-            settings.add_recent_model(path)
+        """Select ``path`` (None = embedded default) and ask for it to be loaded."""
         self._fill_models(path)
         self._changed()
+
+    def show_model(self, spec: LoadRequest | None, *, loaded: bool) -> None:
+        """Show ``spec`` without asking for a load: what is being loaded (``loaded=False``) or what
+        the engine holds (``loaded=True``; None = nothing). A loaded file joins the recent models."""
+        if spec is not None and spec.model and loaded:
+            settings.add_recent_model(spec.model)
+        self._fill_models(NO_MODEL if spec is None else spec.model)
+        self._shown = spec
+        if spec is not None:
+            self._updating = True
+            self._select(self.backend_combo, spec.backend)
+            self._fill_devices(spec.device)
+            self._select(self.dtype_combo, spec.dtype)
+            self._updating = False
 
     def _fill_models(self, selected: str | None) -> None:
         self._updating = True
         self.model_combo.clear()
+        if selected == NO_MODEL:
+            self.model_combo.addItem(NO_MODEL_LABEL, NO_MODEL)
+            self.model_combo.model().item(0).setEnabled(False)  # shown, never chosen
         self.model_combo.addItem(DEFAULT_LABEL, None)
-        for path in settings.recent_models():
+        paths = settings.recent_models()
+        if selected not in (None, NO_MODEL) and selected not in paths:
+            paths = [selected, *paths]  # being loaded: listed, not yet remembered
+        for path in paths:
             self.model_combo.addItem(os.path.basename(path.rstrip("/\\")) or path, path)
             self.model_combo.setItemData(self.model_combo.count() - 1, path, 3)  # 3 = ToolTipRole
         self.model_combo.addItem("Open model file…", OPEN_FILE)
-        index = self.model_combo.findData(selected) if selected else 0
+        default_index = 1 if selected == NO_MODEL else 0
+        index = self.model_combo.findData(selected) if selected else default_index
         self.model_combo.setCurrentIndex(max(index, 0))
         self._last_model_index = self.model_combo.currentIndex()
         self._updating = False

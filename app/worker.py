@@ -118,18 +118,22 @@ class Worker:
             else:
                 payload = self.state.handle(req, cancel)
             self._send_current("result", **payload)
-        except EngineError as e:
-            self._send_current("error", error_type=type(e).__name__, message=str(e), traceback=None)
+        except EngineError as e:  # a user error: one line, the traceback only for the GUI's details
+            self._fail(req, type(e).__name__, str(e))
         except MemoryError as e:
-            self._send_current("error", error_type="OutOfMemory",
-                               message=f"out of memory while running {req.type}: {e}",
-                               traceback=traceback.format_exc())
-        except Exception as e:  # a bug, not a user error: keep the traceback for the GUI's details
+            self._fail(req, "OutOfMemory", f"out of memory while running {req.type}: {e}")
+        except Exception as e:  # a bug, not a user error
             log.exception("%s request failed", req.type)
-            self._send_current("error", error_type=type(e).__name__, message=f"{req.type} failed: {e}",
-                               traceback=traceback.format_exc())
+            self._fail(req, type(e).__name__, f"{req.type} failed: {e}")
         finally:
             self.state.report_memory()
+
+    def _fail(self, req, error_type: str, message: str) -> None:
+        """The terminal error reply, with the traceback; a failed load also says what is loaded now
+        (``model``: the model info, or None when nothing is), so the GUI never has to guess."""
+        extra = {"model": self.state.info} if req.type == "load" else {}
+        self._send_current("error", error_type=error_type, message=message, traceback=traceback.format_exc(),
+                           **extra)
 
 
 def _debug(req: DebugRequest) -> dict:

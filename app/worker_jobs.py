@@ -6,6 +6,7 @@ honours the cancel flag; the return value is the payload of the terminal ``resul
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import threading
@@ -27,6 +28,7 @@ class EngineState:
         self.send = send
         self.loaded: Any = None
         self.load_spec: LoadRequest | None = None
+        self.info: dict | None = None  # model_info() of what is loaded now; None = nothing
         self._unsubscribe = _forward_markers(send)
 
     def handle(self, req, cancel: threading.Event) -> dict:
@@ -50,11 +52,32 @@ class EngineState:
     def load(self, req: LoadRequest, cancel: threading.Event) -> dict:
         if self.loaded is not None and req == self.load_spec:
             return model_info(self.loaded, req, load_ms=0.0, reused=True)
-        self.loaded = None  # drop the old weights before loading new ones: peak memory stays one model
+        previous = self.load_spec if self.loaded is not None else None
+        # Drop the old weights before loading new ones (peak memory stays one model); a failed load
+        # brings the old model back, so a bad file never leaves the user with nothing loaded.
+        self.loaded, self.load_spec, self.info = None, None, None
+        gc.collect()
         t0 = time.perf_counter()
-        self.loaded = _load_model(req)
-        self.load_spec = req
-        return model_info(self.loaded, req, load_ms=(time.perf_counter() - t0) * 1e3, reused=False)
+        try:
+            loaded = _load_model(req)
+        except BaseException:
+            if previous is not None:
+                self._restore(previous)
+            raise
+        self.loaded, self.load_spec = loaded, req
+        self.info = model_info(loaded, req, load_ms=(time.perf_counter() - t0) * 1e3, reused=False)
+        return self.info
+
+    def _restore(self, spec: LoadRequest) -> None:
+        """Reload ``spec`` after a failed load; on failure nothing stays loaded (``info`` says so)."""
+        t0 = time.perf_counter()
+        try:
+            self.loaded = _load_model(spec)
+        except Exception:
+            log.exception("could not reload %s after a failed load", spec.model or "the default model")
+            return
+        self.load_spec = spec
+        self.info = model_info(self.loaded, spec, load_ms=(time.perf_counter() - t0) * 1e3, reused=False)
 
     def generate(self, req: GenerateRequest, cancel: threading.Event) -> dict:
         events = self.require_model().generate(req.prompt, generation_config(req.config), cancel)

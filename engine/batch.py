@@ -2,7 +2,9 @@
 
 Rows are left-padded to the longest prompt; ``pad`` tells the model how many leading tokens of
 each row to mask and where its positions start, so every row sees exactly what it would alone.
-Yields the same event types as single generation, Token.seq naming the row.
+Yields the same event types as single generation, Token.seq naming the row. Each row stops on its
+own EOS or stop string (engine.decode_book); the batch ends when every row has, at ``max_tokens`` or
+on ``cancel``. Finished carries row 0's text and finish reason.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import torch
 
 from engine import markers
 from engine.clock import now_ns
-from engine.events import Finished, PrefillFinished, PrefillStarted, Token, stats_from_times
+from engine.decode_book import DecodeBook, decode_events
+from engine.events import PrefillFinished, PrefillStarted
 from engine.generate import ensure_cache
 from engine.generation_config import GenerationConfig
 from engine.sampling import sample
@@ -28,7 +31,6 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: GenerationCo
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed if cfg.seed is not None else torch.seed())
     rows = [[tokenizer.pad_id] * (L - len(p)) + list(p) for p in prompts]
-    eos = torch.tensor(sorted(tokenizer.eos_ids) or [-1], device=device)
     with torch.inference_mode():
         ids = torch.tensor(rows, dtype=torch.long, device=device)  # [B,L]
         pad = torch.tensor([L - len(p) for p in prompts], device=device)  # [B]
@@ -40,29 +42,12 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: GenerationCo
             out = nxt.tolist()  # sync
         t_prefill = now_ns()
         yield PrefillFinished(B * L, t_prefill)
-        done = torch.zeros(B, dtype=torch.bool, device=device)
-        texts, token_ns, reason = [[] for _ in range(B)], [], "length"
-        markers.emit(markers.DECODE, "start", t_prefill, batch=B)
-        for i in range(cfg.max_tokens):
-            t = now_ns() if i else t_prefill
-            if not cfg.ignore_eos:
-                done |= torch.isin(nxt, eos)
-            finished = done.tolist()
-            if all(finished):
-                reason = "eos"
-                break
-            token_ns.append(t)
-            for b, tok in enumerate(out):
-                if not finished[b]:
-                    texts[b].append(tok)
-                    yield Token(i, tok, "", t, seq=b)
-            if (cancel is not None and cancel.is_set()) or i + 1 == cfg.max_tokens:
-                reason = "cancelled" if cancel is not None and cancel.is_set() else "length"
-                break
+        book = DecodeBook(tokenizer, cfg, B * L, (request_ns, t0, t_prefill), cancel, rows=B, batch=B)
+
+        def advance(i: int, ids: list[int]) -> list[int]:
+            nonlocal nxt
             logits = model(nxt.view(B, 1), L + i, pad=pad)
             nxt = sample(logits[:, -1], cfg.sampling, None, gen)
-            out = nxt.tolist()
-        end = now_ns()
-        markers.emit(markers.DECODE, "end", end, batch=B)
-    stats = stats_from_times(request_ns, t0, t_prefill, B * L, token_ns or [t_prefill], end)
-    yield Finished(reason, stats, end, text=tokenizer.decode(texts[0]))
+            return nxt.tolist()  # the step's one sync
+
+        yield from decode_events(book, out, advance)

@@ -38,6 +38,8 @@ def build_parser(gui: Callable | None = None) -> argparse.ArgumentParser:
         g.add_argument("--dtype", default=None, help="float32, bfloat16, float16")
         g.add_argument("--backend", default=None, help="backend plugin")
         g.add_argument("--theme", default=None, choices=("system", "light", "dark"))
+        g.add_argument("--screenshot", metavar="PATH", default=None,
+                       help="write a PNG of the window once the engine is idle, then exit")
         g.set_defaults(func=gui)
     for name in COMMAND_MODULES:
         try:

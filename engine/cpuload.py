@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class _Reading:
     busy: int  # jiffies all cpus spent busy (user, nice, system, irq, softirq)
-    own: int  # jiffies this process spent (utime + stime)
+    own: int  # jiffies this process spent (utime + stime), and its children it waited for (cutime + cstime)
     t: float  # monotonic seconds
 
 
@@ -40,12 +40,22 @@ class OtherLoad:
         except (OSError, IndexError):
             return None
         user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in cpu[1:8])
-        return _Reading(user + nice + system + irq + softirq, int(own[11]) + int(own[12]), self.clock())
+        # a child we started and reaped (llama-bench in the peers suite) worked for us, not against us
+        mine = sum(int(v) for v in own[11:15])
+        return _Reading(user + nice + system + irq + softirq, mine, self.clock())
 
     def cores(self) -> float | None:
         """Busy cores of other processes since the previous call (or construction)."""
         now, last = self._read(), self._last
         self._last = now
+        return self.between(last, now)
+
+    def reading(self) -> _Reading | None:
+        """A reading to pass to ``between`` later (leaves ``cores()``'s window alone); None without /proc."""
+        return self._read()
+
+    def between(self, last: _Reading | None, now: _Reading | None) -> float | None:
+        """Busy cores of other processes from reading ``last`` to ``now``; None when unknown."""
         if now is None or last is None or now.t <= last.t:
             return None
         others = (now.busy - last.busy) - (now.own - last.own)

@@ -17,6 +17,7 @@ class PrefillStarted:
     prompt_tokens: int
     t_ns: int
     request_t_ns: int  # when the request arrived (before tokenization): TTFT starts here
+    cached_tokens: int = 0  # leading prompt tokens whose KV cache was reused: not prefilled again
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,7 @@ class GenerationStats:
     decode_tok_s: float  # tokens after the first over the time after the first
     total_ms: float
     itl_ms: tuple[float, ...] = field(default=(), repr=False)  # inter-token latencies after the first
+    cached_tokens: int = 0  # prompt tokens taken from the KV cache (not prefilled); prefill_tok_s excludes them
 
     @property
     def tpot_ms(self) -> float:
@@ -66,6 +68,7 @@ class GenerationStats:
             "decode_tok_s": self.decode_tok_s,
             "tpot_ms": self.tpot_ms,
             "total_ms": self.total_ms,
+            "cached_tokens": self.cached_tokens,
         }
 
 
@@ -82,9 +85,10 @@ Event = PrefillStarted | PrefillProgress | PrefillFinished | Token | Finished
 
 
 def stats_from_times(request_ns: int, prefill_start_ns: int, prefill_end_ns: int, prompt_tokens: int,
-                     token_ns: list[int], end_ns: int) -> GenerationStats:
+                     token_ns: list[int], end_ns: int, cached_tokens: int = 0) -> GenerationStats:
     """Standard metrics (../shared/DESIGN.md): TTFT from request to first token; ITL between
-    consecutive tokens after the first; decode tok/s = (n-1) / (t_last - t_first)."""
+    consecutive tokens after the first; decode tok/s = (n-1) / (t_last - t_first); prefill tok/s
+    over the prompt tokens actually prefilled (not the ``cached_tokens`` reused from the KV cache)."""
     n = len(token_ns)
     prefill_ms = (prefill_end_ns - prefill_start_ns) / 1e6
     ttft_ms = (token_ns[0] - request_ns) / 1e6 if n else float("nan")
@@ -95,8 +99,9 @@ def stats_from_times(request_ns: int, prefill_start_ns: int, prefill_end_ns: int
         generated_tokens=n,
         ttft_ms=ttft_ms,
         prefill_ms=prefill_ms,
-        prefill_tok_s=prompt_tokens / (prefill_ms / 1e3) if prefill_ms > 0 else float("nan"),
+        prefill_tok_s=(prompt_tokens - cached_tokens) / (prefill_ms / 1e3) if prefill_ms > 0 else float("nan"),
         decode_tok_s=(n - 1) / decode_s if decode_s > 0 else float("nan"),
         total_ms=(end_ns - request_ns) / 1e6,
         itl_ms=itl,
+        cached_tokens=cached_tokens,
     )

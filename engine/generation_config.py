@@ -27,6 +27,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     prefill_chunk: int = 512  # prompt tokens per forward pass during prefill (progress events)
+    reuse_prefix: bool = True  # keep the KV cache of the prompt's prefix the last generation left (chat turns)
 
     def __post_init__(self):
         checks = {

@@ -18,6 +18,10 @@ class Metric:
     params: dict[str, Any] = field(default_factory=dict)  # point parameters (size, dtype, batch, ...)
     status: str = "ok"  # "ok" | "failed"
     error: str | None = None  # why a failed point failed (e.g. "out of memory")
+    # "ok" | "noisy" | "disturbed" (engine.bench.quality); None: not measured by the runner, or old
+    quality: str | None = None
+    # foreign load while the samples were taken: {"other_cores": [per sample], "rerun": n, ...}
+    load: dict[str, Any] | None = None
 
 
 @dataclass
@@ -50,3 +54,4 @@ class RunResult:
     trace_summary: dict[str, Any] | None = None
     status: str = "completed"  # "running" | "completed" | "failed" | "aborted"
     error: str | None = None
+    quality: str | None = None  # the worst of the metrics' (engine.bench.quality)

@@ -1,5 +1,6 @@
-"""Tokenizers from GGUF metadata (BPE vocab + merges → the ``tokenizers`` library) or tokenizer.json,
-and chat templates rendered only in jinja2's immutable sandbox (templates come from model files)."""
+"""Tokenizers from GGUF metadata (byte-level BPE vocab + merges, or a SentencePiece vocabulary via
+engine/tokenizer_spm.py, → the ``tokenizers`` library) or tokenizer.json, and chat templates
+rendered only in jinja2's immutable sandbox (templates come from model files)."""
 from __future__ import annotations
 
 import json
@@ -31,9 +32,9 @@ class Tokenizer:
     """Encode/decode plus the special tokens and chat template the model's metadata declares."""
 
     def __init__(self, backend, *, bos_id: int | None, eos_ids: tuple[int, ...], add_bos: bool,
-                 chat_template: str | None, pad_id: int | None = None):
+                 chat_template: str | None, pad_id: int | None = None, add_eos: bool = False):
         self.backend = backend
-        self.bos_id, self.eos_ids, self.add_bos = bos_id, eos_ids, add_bos
+        self.bos_id, self.eos_ids, self.add_bos, self.add_eos = bos_id, eos_ids, add_bos, add_eos
         self.pad_id = pad_id if pad_id is not None else (eos_ids[0] if eos_ids else 0)
         self.chat_template = chat_template
 
@@ -48,6 +49,8 @@ class Tokenizer:
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
+        if add_special_tokens and self.add_eos and self.eos_ids:
+            ids = ids + [self.eos_ids[0]]
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -92,42 +95,70 @@ _FALLBACK_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m[
 
 
 class StreamDecoder:
-    """Turns token ids into printable text pieces without splitting multi-byte characters:
-    decode the pending ids and hold them back while the text ends in a replacement char."""
+    """Turns token ids into printable text pieces whose concatenation is ``decode(all ids)``.
+
+    Each push decodes the previous piece's ids plus the pending ones and emits what the pending ones
+    added: decoding the pending ids alone would lose a SentencePiece token's leading space (its
+    decoder strips the first one) and would split a character spread over several byte tokens. While
+    the text ends in a replacement char the pending ids are held back (a multi-byte character is
+    not complete yet), up to ``max_hold`` ids, after which the bytes really are invalid."""
+
+    max_hold = 8
 
     def __init__(self, tokenizer: Tokenizer):
         self.tok = tokenizer
+        self.context: list[int] = []  # ids of the last emitted piece
+        self.context_text = ""
         self.pending: list[int] = []
 
     def push(self, token_id: int) -> str:
         self.pending.append(token_id)
-        text = self.tok.decode(self.pending)
-        if text.endswith("\ufffd") and len(self.pending) < 8:
+        text = self.tok.decode(self.context + self.pending)
+        if text.endswith("\ufffd") and len(self.pending) < self.max_hold:
             return ""
-        self.pending.clear()
-        return text
+        return self._emit(text)
 
     def flush(self) -> str:
-        text = self.tok.decode(self.pending) if self.pending else ""
-        self.pending.clear()
-        return text
+        return self._emit(self.tok.decode(self.context + self.pending)) if self.pending else ""
+
+    def _emit(self, text: str) -> str:
+        if text.startswith(self.context_text):
+            piece = text[len(self.context_text):]
+        else:  # a decoder that rewrites earlier text: fall back to the pending ids alone
+            piece = self.tok.decode(self.pending)
+        self.context, self.pending = self.pending, []
+        self.context_text = self.tok.decode(self.context)
+        return piece
 
 
 # -- builders -------------------------------------------------------------------------------------
+SUPPORTED_GGUF_MODELS = ("gpt2", "llama", "gemma")
+
+
 def from_gguf(meta: dict, path: Path) -> Tokenizer:
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise UnsupportedModelError(f"{path}: tokenizer type {kind!r} is not supported (byte-level BPE 'gpt2' is)")
-    tokens = _required(meta, "tokenizer.ggml.tokens", path)
-    merges = _required(meta, "tokenizer.ggml.merges", path)
-    types = [int(t) for t in meta.get("tokenizer.ggml.token_type", ())]
-    backend = _byte_level_bpe(tokens, merges, types, str(meta.get("tokenizer.ggml.pre", "default")))
+    if kind == "gpt2":
+        tokens = _required(meta, "tokenizer.ggml.tokens", path)
+        merges = _required(meta, "tokenizer.ggml.merges", path)
+        types = [int(t) for t in meta.get("tokenizer.ggml.token_type", ())]
+        backend = _byte_level_bpe(tokens, merges, types, str(meta.get("tokenizer.ggml.pre", "default")))
+    elif kind in ("llama", "gemma"):
+        from engine.tokenizer_spm import spm_backend
+
+        backend = spm_backend(meta, path)
+    else:
+        said = "missing" if kind is None else f"{kind!r}"
+        raise UnsupportedModelError(
+            f"{path}: metadata field tokenizer.ggml.model is {said}; supported tokenizers are "
+            f"{', '.join(SUPPORTED_GGUF_MODELS)} (use a GGUF converted with one of those vocabularies)")
     eos = meta.get("tokenizer.ggml.eos_token_id")
     eot = meta.get("tokenizer.ggml.eot_token_id")
     eos_ids = tuple(dict.fromkeys(int(i) for i in (eos, eot) if i is not None))
     bos = meta.get("tokenizer.ggml.bos_token_id")
-    return Tokenizer(backend, bos_id=None if bos is None else int(bos), eos_ids=eos_ids,
-                     add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+    # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", kind != "gpt2"))
+    return Tokenizer(backend, bos_id=None if bos is None else int(bos), eos_ids=eos_ids, add_bos=add_bos,
+                     add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
                      chat_template=meta.get("tokenizer.chat_template"),
                      pad_id=meta.get("tokenizer.ggml.padding_token_id"))
 

@@ -41,6 +41,18 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(base / "opscope-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _quiet_proc(tmp_path_factory, monkeypatch):
+    """Benchmarks read other processes' CPU load from a fake, quiet /proc (engine.bench.quality), so
+    repetition counts do not depend on what else runs on this machine; tests of the load detection
+    set OPSCOPE_PROC=/proc themselves."""
+    root = tmp_path_factory.mktemp("proc")
+    (root / "self").mkdir()
+    (root / "stat").write_text("cpu  100 0 50 9999 0 0 0 0 0 0\n")
+    (root / "self" / "stat").write_text("42 (python) R 1 42 42 0 -1 0 0 0 0 0 10 5 0 0 20 0 1 0 100 0 0\n")
+    monkeypatch.setenv("OPSCOPE_PROC", str(root))
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Two OpenMP threads on a shared 2-core machine run 10-20x slower than one (spin-waiting on

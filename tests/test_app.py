@@ -68,9 +68,10 @@ def test_toolbar_lists_devices_with_reasons(qtbot, window):
 
 
 def test_chat_streams_a_reply_with_stats(qtbot, chat):
-    pieces, progress = [], []
+    pieces, progress, live, labels = [], [], [], []
     chat.session.textAppended.connect(pieces.append)
     chat.session.promptProgress.connect(lambda done, total: progress.append((done, total)))
+    chat.session.liveStats.connect(lambda stats: (live.append(stats), labels.append(chat.stats_label.text())))
     turn = _send(qtbot, chat, "What is the capital of France?", 12)
     assert turn.role == "assistant" and turn.content.strip()
     assert "".join(pieces).strip() == turn.content.strip()  # streamed pieces add up to the reply
@@ -80,6 +81,13 @@ def test_chat_streams_a_reply_with_stats(qtbot, chat):
     label = chat.stats_label.text()
     assert label.startswith("TTFT ") and "decode" in label and f"stop: {turn.stop_reason}" in label
     assert turn.content.strip()[:20] in chat.transcript.toPlainText()
+    # Live figures while streaming: TTFT from the first token on, then tokens as they arrive; the
+    # last live figures are the engine's final ones (same events, same definitions).
+    assert live[0]["generated_tokens"] == 1 and labels[0].startswith(f"TTFT {live[0]['ttft_ms']:.0f} ms")
+    assert labels[0].endswith("generating…")
+    assert [s["generated_tokens"] for s in live] == list(range(1, len(live) + 1))
+    final = {k: v for k, v in stats.items() if k not in ("itl_ms", "total_ms")}
+    assert {k: v for k, v in live[-1].items() if k != "total_ms"} == final
 
 
 def test_multi_turn_history_goes_to_the_engine(qtbot, chat):
@@ -90,6 +98,16 @@ def test_multi_turn_history_goes_to_the_engine(qtbot, chat):
     turn = _send(qtbot, chat, "What is my name?", 6)
     assert len(chat.session.history) == 4 and turn.stats["prompt_tokens"] > 20
     chat.system_prompt.setPlainText("")
+
+
+def test_regenerate_and_edit_the_last_message(qtbot, chat):
+    _send(qtbot, chat, "Name a colour.", 4)
+    with qtbot.waitSignal(chat.session.replyFinished, timeout=120_000) as blocker:
+        chat.regenerate_button.click()
+    assert [t.role for t in chat.session.history] == ["user", "assistant"] and blocker.args[0].stats
+    chat.edit_button.click()
+    assert chat.session.history == [] and chat.input.toPlainText() == "Name a colour."
+    assert not chat.regenerate_button.isEnabled()
 
 
 def test_stop_ends_a_long_reply(qtbot, chat):
@@ -125,12 +143,13 @@ def test_killed_worker_shows_an_error_and_the_next_request_recovers(qtbot, windo
     old_pid = window.client.pid
     with qtbot.waitSignal(window.client.crashed, timeout=30_000):
         os.kill(old_pid, signal.SIGKILL)
-    assert window.notice_bar.isVisible() or window.notice_bar.notice is not None
-    assert "crashed" in window.notice_bar.text.text() and "restarts on the next request" in window.notice_bar.text.text()
+    card = window.notifications.latest
+    assert window.notifications.isVisible() and card.isVisible()  # what the user sees, in the window
+    assert "crashed" in card.text.text() and "restarts on the next request" in card.text.text()
     assert "crashed" in window.statusBar().state_label.text()
     turn = _send(qtbot, chat, "Say hello.", 4)  # restarts the worker, reloads the model, answers
     assert turn.stats["generated_tokens"] >= 1 and window.client.pid != old_pid
-    window.notice_bar.dismiss()
+    window.notifications.dismiss_all()
 
 
 def test_hung_worker_is_killed_after_its_timeout_and_recovers(qtbot, window, chat):
@@ -139,22 +158,41 @@ def test_hung_worker_is_killed_after_its_timeout_and_recovers(qtbot, window, cha
         pass
     error_type, message = blocker.args
     assert error_type == "EngineCrashed" and "no sign of life for 1 s" in message
-    assert "no sign of life" in window.notice_bar.text.text()
+    card = window.notifications.latest
+    assert card.isVisible() and "no sign of life" in card.text.text()
     turn = _send(qtbot, chat, "Say hi.", 3)
     assert turn.stats["generated_tokens"] >= 1
-    window.notice_bar.dismiss()
+    window.notifications.dismiss_all()
 
 
-def test_load_error_reaches_the_notice_bar(qtbot, window, tmp_path):
+def test_a_failed_load_keeps_the_old_model(qtbot, window, chat, tmp_path):
+    """File → Open model on a file the engine refuses: a dialog and a notification say which file
+    and why; the default model stays loaded, the toolbar and status bar name it, and chat works."""
+    from app import settings
+    from app.toolbar import DEFAULT_LABEL
+
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a gguf file at all")
-    job = window.client.submit(LoadRequest(model=str(bad)))
-    job.failed.connect(lambda *_: None)
-    with qtbot.waitSignal(job.failed, timeout=60_000) as blocker:
-        pass
-    assert blocker.args[0] == "ModelFormatError"
-    window.load_model(LoadRequest(threads=1))  # back to the default for the next tests
+    loaded_before = window.client.model_info["path"]
+    with qtbot.waitSignal(window.client.jobFailed, timeout=120_000) as blocker:
+        window.toolbar.set_model(str(bad))  # what the Open dialog does with the chosen file
+        assert window.statusBar().currentMessage() == f"Loading {bad}…"
+    assert blocker.args[0].error[0] == "ModelFormatError"
     qtbot.waitUntil(lambda: not window.client.busy, timeout=120_000)
+    dialog = window.error_dialog
+    assert dialog.isVisible() and dialog.text() == "Could not load broken.gguf"
+    assert "not a GGUF file" in dialog.informativeText() and "Q4_1.gguf is still loaded" in dialog.informativeText()
+    card = window.notifications.latest
+    assert card.isVisible() and str(bad) in card.text.text() and "ModelFormatError" in card.text.text()
+    dialog.done(0)
+    assert window.client.model_info["path"] == loaded_before
+    assert "SmolLM2" in window.statusBar().model_label.text()
+    assert not window.statusBar().currentMessage().startswith("Loading")
+    assert window.toolbar.model_combo.currentText() == DEFAULT_LABEL
+    assert str(bad) not in settings.recent_models()
+    turn = _send(qtbot, chat, "Say hello.", 4)
+    assert turn.stats["generated_tokens"] >= 1 and not turn.error
+    window.notifications.dismiss_all()
 
 
 def test_run_opens_the_window_and_returns_when_it_closes(tmp_path):

@@ -1,6 +1,8 @@
 """Trace, Benchmarks and Runs in the real window with the real engine worker, plus the screenshots
-of every panel (docs/screenshots/*.png) that a person looks at.
+of every panel that a person looks at.
 
+The screenshots go to the test's tmp dir; `make screenshots` sets OPSCOPE_SCREENSHOT_DIR to
+docs/screenshots to regenerate the documentation's pictures (tests never write into the tree).
 One window (one worker, one model load) serves the module."""
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ import pytest
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 TINY_MATMUL = {"sizes": [64], "dtypes": ["float32"]}
 
 
@@ -137,6 +138,22 @@ def test_benchmark_cancel_keeps_the_run_as_aborted(qtbot, window):
     assert info.status == "aborted" and info.metric_count >= 1
 
 
+def test_a_chat_message_sent_during_a_benchmark_says_it_waits(qtbot, window):
+    panel = _prepare_bench(qtbot, window, "gui-while-chat", {"sizes": [64, 96, 128, 192, 256], "dtypes": ["float32"]})
+    chat = window.chat
+    with qtbot.waitSignal(panel.model.point, timeout=300_000):
+        panel.run_button.click()
+    chat.sampling.max_tokens.setValue(3)
+    chat.input.setPlainText("Hi")
+    chat.send_button.click()
+    assert chat.progress.isVisible() and chat.progress.format() == "Waiting for the benchmark to finish…"
+    with qtbot.waitSignal(chat.session.replyFinished, timeout=300_000):
+        pass
+    assert not panel.model.busy  # the engine runs one job at a time: the benchmark went first
+    assert chat.session.history[-1].stats["generated_tokens"] >= 1
+    window.chat_session.clear()
+
+
 def _two_runs(qtbot, window) -> list[int]:
     runs = window.panels["runs"]
     names = {r.info.name: r.info.id for r in runs.rows}
@@ -162,14 +179,21 @@ def test_comparing_two_runs_shows_the_table(qtbot, window):
     assert view.distributions.getPlotItem().listDataItems()
 
 
-def _shoot(qtbot, window, dock: str, name: str) -> Path:
+@pytest.fixture
+def screenshots(tmp_path) -> Path:
+    folder = Path(os.environ.get("OPSCOPE_SCREENSHOT_DIR") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _shoot(qtbot, window, dock: str, name: str, folder: Path) -> Path:
     from PySide6.QtWidgets import QApplication
 
     window.docks[dock].raise_()
     qtbot.waitExposed(window)
     QApplication.processEvents()  # let pending layout requests (axis widths, splitters) settle
     QApplication.processEvents()
-    path = SCREENSHOTS / f"{name}.png"
+    path = folder / f"{name}.png"
     assert window.grab().save(str(path)) and path.stat().st_size > 10_000
     return path
 
@@ -182,33 +206,33 @@ def _chat_reply(qtbot, chat, text: str) -> None:
         chat.send_button.click()
 
 
-def test_screenshots_of_every_panel(qtbot, window):
-    """PNGs a person looks at: docs/screenshots/{chat,telemetry,trace,benchmarks,runs,compare,dark-theme}.png."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+def test_screenshots_of_every_panel(qtbot, window, screenshots):
+    """PNGs a person looks at: {chat,telemetry,trace,benchmarks,runs,compare,dark-theme}.png."""
+    shoot = lambda dock, name: _shoot(qtbot, window, dock, name, screenshots)  # noqa: E731
     _chat_reply(qtbot, window.chat, "Give me three tips for writing fast Python code.")
-    _shoot(qtbot, window, "chat", "chat")
+    shoot("chat", "chat")
     telemetry = window.panels["telemetry"]
     telemetry.refresh(force=True)
     assert telemetry.curves and any(b[0] == "decode" for b in telemetry.bands["cpu"].bands)
     from PySide6.QtCore import Qt
 
     window.resizeDocks([window.docks["chat"], window.docks["telemetry"]], [500, 900], Qt.Horizontal)
-    _shoot(qtbot, window, "chat", "telemetry")
+    shoot("chat", "telemetry")
     window.reset_layout()
     trace = _trace(qtbot, window)
     trace.findings.setCurrentRow(0)
-    _shoot(qtbot, window, "trace", "trace")
+    shoot("trace", "trace")
     ids = _two_runs(qtbot, window)
-    _shoot(qtbot, window, "bench", "benchmarks")
+    shoot("bench", "benchmarks")
     runs = window.panels["runs"]
     runs.select_ids(ids[:1])
     runs.open_selected()
-    _shoot(qtbot, window, "runs", "runs")
+    shoot("runs", "runs")
     runs.select_ids(ids)
     runs.compare_selected()
-    _shoot(qtbot, window, "runs", "compare")
+    shoot("runs", "compare")
     window.theme.set_mode("dark")
     try:
-        _shoot(qtbot, window, "trace", "dark-theme")
+        shoot("trace", "dark-theme")
     finally:
         window.theme.set_mode("light")

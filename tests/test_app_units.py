@@ -331,25 +331,267 @@ def test_toolbar_lists_devices_with_reasons_and_remembers_recent_models(qtbot, i
     assert bar.model_combo.itemText(0) == DEFAULT_LABEL
     with qtbot.waitSignal(bar.loadRequested) as blocker:
         bar.set_model("/models/tiny.gguf")
-    assert blocker.args[0].model == "/models/tiny.gguf"
-    assert isolated_settings.recent_models() == ["/models/tiny.gguf"]
+    assert blocker.args[0].model == "/models/tiny.gguf" and bar.model_combo.currentText() == "tiny.gguf"
+    assert isolated_settings.recent_models() == []  # remembered once it has loaded, not before
     with qtbot.waitSignal(bar.loadRequested) as blocker:
         bar.dtype_combo.setCurrentText("bfloat16")
     assert blocker.args[0].dtype == "bfloat16" and blocker.args[0].model == "/models/tiny.gguf"
 
 
-def test_notice_bar_shows_and_dismisses(qtbot):
-    from app.notify import NoticeBar, Notifier
+def test_toolbar_shows_what_is_loaded_not_what_was_asked(qtbot, isolated_settings):
+    from app.protocol import LoadRequest
+    from app.toolbar import DEFAULT_LABEL, NO_MODEL_LABEL, ModelToolBar
 
-    notifier = Notifier()
-    bar = NoticeBar(notifier)
+    bar = ModelToolBar()
     qtbot.addWidget(bar)
-    notifier.error("The engine process crashed.", "last output: Segmentation fault")
-    assert bar.isVisibleTo(bar.parentWidget() or bar) or bar.notice is not None
-    assert bar.text.text() == "The engine process crashed." and bar.details_button.isVisibleTo(bar)
-    with qtbot.waitSignal(bar.dismissed):
-        bar.dismiss()
-    assert bar.notice is None and notifier.history[-1].level == "error"
+    asked = []
+    bar.loadRequested.connect(asked.append)
+    bar.show_model(LoadRequest(model="/models/bad.gguf"), loaded=False)  # being loaded
+    assert bar.model_combo.currentText() == "bad.gguf"
+    bar.show_model(LoadRequest(), loaded=True)  # it failed; the default is what the engine holds
+    assert bar.model_combo.currentText() == DEFAULT_LABEL and bar.model_combo.findData("/models/bad.gguf") < 0
+    bar.show_model(LoadRequest(model="/models/good.gguf", dtype="bfloat16"), loaded=True)
+    assert bar.model_combo.currentText() == "good.gguf" and bar.dtype_combo.currentText() == "bfloat16"
+    assert isolated_settings.recent_models() == ["/models/good.gguf"]
+    bar.show_model(None, loaded=True)  # nothing loaded
+    assert bar.model_combo.currentText() == NO_MODEL_LABEL
+    assert asked == []  # showing never asks for a load
+
+
+@pytest.fixture
+def host(qtbot):
+    """A shown main window for the notification area to live in (isVisible needs a shown top level)."""
+    from PySide6.QtWidgets import QMainWindow
+
+    from app.notify import NotificationArea, Notifier
+
+    window = QMainWindow()
+    window.notifier = Notifier(window)
+    window.notifications = NotificationArea(window.notifier, window)
+    window.resize(900, 600)
+    qtbot.addWidget(window)
+    window.show()
+    qtbot.waitExposed(window)
+    return window
+
+
+def test_notification_area_shows_the_reason_details_and_dismisses(qtbot, host):
+    area = host.notifications
+    assert not area.isVisible()
+    host.notifier.error("The engine process crashed.", "last output: Segmentation fault")
+    card = area.latest
+    assert area.isVisible() and card.isVisible() and card.text.isVisible()
+    assert card.text.text() == "The engine process crashed." and card.details_button.isVisible()
+    assert area.geometry().right() <= host.width() and area.geometry().bottom() <= host.height()
+    box = card.show_details()
+    assert box.isVisible() and box.detailedText() == "last output: Segmentation fault"
+    box.done(0)
+    card.dismiss_button.click()
+    assert not area.isVisible() and area.latest is None and host.notifier.history[-1].level == "error"
+
+
+@pytest.mark.qt_no_exception_capture
+def test_uncaught_exceptions_from_slots_and_threads_reach_the_notification_area(qtbot, host):
+    import threading
+
+    from PySide6.QtCore import QTimer
+
+    from app.notify import install_excepthooks
+
+    def broken_slot():
+        raise ValueError("a bug in a slot")
+
+    def broken_thread():
+        raise RuntimeError("a bug in a thread")
+
+    uninstall = install_excepthooks(host.notifier)
+    try:
+        QTimer.singleShot(0, broken_slot)
+        qtbot.waitUntil(lambda: host.notifications.latest is not None, timeout=5000)
+        card = host.notifications.latest
+        assert card.isVisible() and "ValueError: a bug in a slot" in card.text.text()
+        assert "Traceback" in card.notice.details and "broken_slot" in card.notice.details
+        thread = threading.Thread(target=broken_thread, name="exporter")
+        thread.start()
+        thread.join()
+        qtbot.waitUntil(lambda: "a bug in a thread" in host.notifications.latest.text.text(), timeout=5000)
+        assert "in exporter" in host.notifications.latest.text.text()
+    finally:
+        uninstall()
+
+
+def test_a_failed_export_is_reported_with_the_path(qtbot, host, tmp_path):
+    from app.notify import export_guard
+
+    target = tmp_path / "missing" / "conversation.md"
+    with export_guard(host.centralWidget() or host, "save the conversation", str(target)):
+        target.write_text("x")
+    card = host.notifications.latest
+    assert card.isVisible() and f"Could not save the conversation to {target}" in card.text.text()
+    assert "No such file or directory" in card.text.text() and "FileNotFoundError" in card.notice.details
+
+
+# -- the real window when the model given at start cannot load --------------------------------------
+@pytest.fixture(scope="module")
+def bad_start(qapp, tmp_path_factory):
+    """The window as `opscope gui --model BROKEN` opens it (the engine worker is real)."""
+    from app import settings
+    from app.engine_client import EngineClient
+    from app.main_window import MainWindow
+    from app.protocol import LoadRequest
+    from app.testing import close_window, wait_until
+    from app.theme import ThemeManager
+
+    base = tmp_path_factory.mktemp("bad-start")
+    bad = base / "broken.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    settings.use_directory(str(base / "settings"))
+    window = MainWindow(EngineClient(), ThemeManager(qapp, "light"), db_url=f"sqlite:///{base / 'runs.db'}",
+                        initial_model=LoadRequest(model=str(bad)))
+    window.resize(1200, 800)
+    window.show()
+    wait_until(qapp, lambda: not window.client.busy, 120, "the failed load")
+    yield window, bad
+    close_window(window)
+
+
+def test_a_model_that_fails_at_start_leaves_nothing_loaded_and_says_why(bad_start):
+    from app.toolbar import NO_MODEL_LABEL
+
+    window, bad = bad_start
+    assert window.client.model_info is None and window.client.model_spec is None
+    assert window.toolbar.model_combo.currentText() == NO_MODEL_LABEL
+    assert window.statusBar().model_label.text() == "model: none loaded"
+    assert not window.statusBar().currentMessage().startswith("Loading")
+    card = next(c for c in window.notifications.cards if str(bad) in c.text.text())
+    assert card.isVisible() and "ModelFormatError" in card.text.text() and "not a GGUF file" in card.text.text()
+    assert "No model is loaded" in card.text.text() and "Traceback" in card.notice.details
+    dialog = window.error_dialog
+    assert dialog.isVisible() and dialog.text() == "Could not load broken.gguf"
+    assert "not a GGUF file" in dialog.informativeText() and "Traceback" in dialog.detailedText()
+    dialog.done(0)
+
+
+def test_a_chat_message_without_a_model_says_why(qtbot, bad_start):
+    window, _bad = bad_start
+    chat = window.chat
+    chat.input.setPlainText("Hello?")
+    with qtbot.waitSignal(chat.session.replyFailed, timeout=60_000):
+        chat.send_button.click()
+    card = window.notifications.latest
+    assert card.isVisible() and card.text.text().startswith("The chat reply failed — ConfigError: no model is loaded")
+    assert "ConfigError" in chat.stats_label.text() and "no model is loaded" in chat.transcript.toPlainText()
+    window.chat_session.clear()
+
+
+def test_a_worker_crash_reaches_the_notification_area(qtbot, bad_start):
+    window, _bad = bad_start
+    job = window.client.submit(DebugRequest("crash"))
+    with qtbot.waitSignal(window.client.crashed, timeout=60_000):
+        pass
+    card = window.notifications.latest
+    assert job.error[0] == "EngineCrashed" and card.isVisible()
+    assert "The engine process crashed while running debug" in card.text.text()
+    assert "restarts on the next request" in card.text.text()
+    assert "crashed" in window.statusBar().state_label.text()
+    assert sum("crashed while running debug" in c.text.text() for c in window.notifications.cards) == 1
+
+
+def test_a_queued_chat_message_says_what_it_waits_for(qtbot, bad_start):
+    window, _bad = bad_start
+    chat = window.chat
+    blocker = window.client.submit(DebugRequest("hang"), idle_timeout_s=3.0)
+    qtbot.waitUntil(lambda: blocker.running, timeout=60_000)
+    chat.input.setPlainText("Are you there?")
+    chat.send_button.click()
+    assert chat.progress.isVisible() and chat.progress.format() == "Waiting for a debug request…"
+    with qtbot.waitSignal(chat.session.replyFailed, timeout=60_000):
+        pass  # the watchdog kills the hung worker; the queued message fails with it
+    window.notifications.dismiss_all()
+    window.chat_session.clear()
+
+
+# -- chat transcript: Markdown while streaming -------------------------------------------------------
+def _blocks(doc):
+    block, out = doc.begin(), []
+    while block.isValid():
+        out.append(block)
+        block = block.next()
+    return out
+
+
+def _fragments(block):
+    it, out = block.begin(), []
+    while not it.atEnd():
+        out.append(it.fragment())
+        it += 1
+    return out
+
+
+def test_transcript_renders_markdown_with_the_role_label_on_its_own_line(qtbot):
+    from PySide6.QtGui import QFont
+
+    from app.chat.session import Turn
+    from app.chat.transcript import ChatTranscript
+
+    view = ChatTranscript()
+    qtbot.addWidget(view)
+    reply = "1. Apple `pip` **bold** *it*\n2. Pear\n\n```python\nx = 1\n```\nDone <b>raw</b>"
+    view.show_turns([Turn("user", "List **two** fruits"), Turn("assistant", reply, {"ttft_ms": 5.0}, "eos")],
+                    lambda t: ("TTFT 5 ms", False), "")
+    blocks = _blocks(view.document())
+    texts = [b.text() for b in blocks]
+    assert texts[:3] == ["user", "List **two** fruits", "assistant"]  # the user's text is not Markdown
+    assert texts[3:] == ["Apple pip bold it", "Pear", "x = 1", "Done <b>raw</b>", "TTFT 5 ms"]
+    label = _fragments(blocks[2])
+    assert [f.charFormat().fontWeight() for f in label] == [QFont.Bold]
+    items = blocks[3:5]
+    assert all(b.textList() is not None for b in items) and blocks[5].textList() is None
+    pieces = {f.text(): f.charFormat() for f in _fragments(blocks[3])}
+    assert pieces["pip"].fontFixedPitch() and pieces["bold"].fontWeight() == QFont.Bold
+    assert pieces["it"].fontItalic() and pieces["Apple "].fontWeight() == QFont.Normal
+    code = _fragments(blocks[5])[0].charFormat()
+    assert code.fontFixedPitch() and blocks[5].blockFormat().background().style() != 0
+
+
+def test_streamed_markdown_is_rendered_apart_from_the_label_and_throttled(qtbot):
+    from PySide6.QtGui import QFont
+
+    from app.chat.session import Turn
+    from app.chat.transcript import RENDER_INTERVAL_MS, ChatTranscript
+
+    view = ChatTranscript()
+    qtbot.addWidget(view)
+    view.show_turns([Turn("user", "Fruits?")], lambda t: ("", False), "")
+    view.begin_stream()
+    text = ""
+    for piece in ["1", ".", " Apple", "\n", "2", ".", " Pe", "ar", "\n\n", "`x", "`"]:
+        text += piece
+        view.stream(text)
+    assert view.renders == 0  # nothing re-rendered per token: the throttle collects them
+    qtbot.waitUntil(lambda: view.renders == 1, timeout=RENDER_INTERVAL_MS * 20)
+    blocks = _blocks(view.document())
+    assert [b.text() for b in blocks] == ["user", "Fruits?", "assistant", "Apple", "Pear", "x"]
+    assert [f.charFormat().fontWeight() for f in _fragments(blocks[3])] == [QFont.Normal]  # no bleed
+    assert blocks[3].textList() is not None and _fragments(blocks[5])[0].charFormat().fontFixedPitch()
+
+
+def test_live_stats_use_the_engine_definitions(qapp):
+    """LiveTimes on the events of a generation gives what engine.events.stats_from_times gives."""
+    from engine.events import PrefillFinished, PrefillStarted, Token, stats_from_times
+
+    from app.chat.session import LiveTimes
+    from app.protocol import event_to_dict
+
+    events = [PrefillStarted(12, 1_100_000, 1_000_000), PrefillFinished(12, 9_000_000),
+              Token(0, 5, "Hi", 10_000_000), Token(1, 6, "", 14_000_000), Token(2, 7, "!", 19_000_000)]
+    times = LiveTimes()
+    assert times.stats() is None
+    changed = [times.on_event(event_to_dict(e)) for e in events]
+    assert changed == [False, False, True, True, True]
+    expected = stats_from_times(1_000_000, 1_100_000, 9_000_000, 12, [10_000_000, 14_000_000, 19_000_000],
+                                19_000_000).as_dict()
+    assert times.stats() == expected and expected["ttft_ms"] == 9.0 and expected["generated_tokens"] == 3
 
 
 def test_run_accepts_the_cli_namespace_or_argv():

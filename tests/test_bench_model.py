@@ -40,8 +40,10 @@ def test_llm_tiny_llama_bench_names_generation_metrics_and_mfu(lm):
     assert result.status == "completed", result.error
     for name in ("pp8", "tg4", "pp8@d8", "tg4@d8"):
         assert m[name].unit == "tok/s" and all(v > 0 for v in m[name].samples)
-        assert all(0 < v < 100 for v in m[f"{name}.mfu"].samples)
-    assert all(0 < v for v in m["tg4.mbu"].samples)
+        assert all(0 < v < 100 for v in m[f"{name}.mfu"].samples)  # of the theoretical peak
+        assert all(0 < v < 100 for v in m[f"{name}.mfu_measured"].samples)
+    assert all(0 < v for v in m["tg4.mbu_measured"].samples)  # a CPU has no theoretical bandwidth here
+    assert "tg4.mbu" not in m and m["tg4.mfu"].params["peak_basis"] == "theoretical"
     assert m["tg4@d8"].params == {"n_gen": 4, "depth": 8}
     reps = len(m["e2e_p8_g4"].samples)
     assert len(m["itl"].samples) == reps * 3  # every inter-token latency after the first token, kept raw
@@ -49,7 +51,8 @@ def test_llm_tiny_llama_bench_names_generation_metrics_and_mfu(lm):
     for i in range(reps):  # per request, p50 <= p95 <= p99
         assert m["itl_p50"].samples[i] <= m["itl_p95"].samples[i] <= m["itl_p99"].samples[i]
     settings = result.settings["suite_params"]
-    assert settings["peaks"]["flop_source"] == "measured: test"
+    assert settings["peaks"]["flop"]["measured"]["source"] == "test"
+    assert settings["peaks"]["flop"]["theoretical"]["basis"] == "theoretical"
     assert result.fingerprint["model"]["sha256"] and len(result.fingerprint["model"]["sha256"]) == 64
 
 
@@ -71,16 +74,37 @@ def test_mbu_bytes_count_weights_once_and_the_embedding_row(dense_lm):
 
 
 def test_mbu_bytes_of_the_fast_path_are_its_packed_blocks(lm, dense_lm):
-    """With the CPU fast path the head reads the table's Q8_0 blocks, the lookup one float32 row."""
+    """With the CPU fast path the head reads the table's Q8_0 blocks; a lookup into a table of its
+    own reads one row. Counting them must not dequantize the head (``lm_head.weight``)."""
     if lm.options.fastpath == "off":
         pytest.skip("the fast path is not active (no C compiler here)")
     model = lm.model
-    tensors = {t.data_ptr(): t for n, t in list(model.named_parameters()) + list(model.named_buffers())
-               if ".cache." not in n and "inv_freq" not in n}
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    row = model.embed.weight.shape[1] * 4
-    assert M.weight_bytes_per_step(model) == total - model.embed.weight.numel() * 4 + row
+    named = {t.data_ptr(): (n, t) for n, t in list(model.named_parameters()) + list(model.named_buffers())
+             if ".cache." not in n and "inv_freq" not in n and t.numel()}
+    head = {t.data_ptr() for t in list(model.lm_head.parameters()) + list(model.lm_head.buffers())}
+    total = sum(t.numel() * t.element_size() for _, t in named.values())
+    own_table = sum(t.numel() * t.element_size() for ptr, (n, t) in named.items()
+                    if n.startswith("embed.") and ptr not in head)
+    expected = total - own_table + own_table // lm.config.vocab_size
+    before = _reset_peak_rss_kb()
+    assert M.weight_bytes_per_step(model) == expected
+    assert _vm_kb("VmHWM") - before < 20_000, "weight_bytes_per_step materialized a dense weight"
     assert M.weight_bytes_per_step(model) < 0.9 * M.weight_bytes_per_step(dense_lm.model)
+
+
+def _vm_kb(key: str) -> int:
+    from pathlib import Path
+
+    return int(next(ln for ln in Path("/proc/self/status").read_text().splitlines()
+                    if ln.startswith(key + ":")).split()[1])
+
+
+def _reset_peak_rss_kb() -> int:
+    """Resets the peak RSS (VmHWM) to the current RSS (Linux clear_refs 5) and returns it."""
+    from pathlib import Path
+
+    Path("/proc/self/clear_refs").write_text("5")
+    return _vm_kb("VmHWM")
 
 
 def test_forward_flops_match_the_closed_form(lm):

@@ -169,7 +169,7 @@ def test_derived_and_peak_memory_metrics():
     out = measure_point(pt, RunnerConfig(warmup=0, min_reps=2, min_time_s=0))
     by = {m.name: m for m in out.metrics}
     assert by["alloc.mfu"].samples == [20.0, 20.0] and by["alloc.mfu"].params["peak_source"] == "test"
-    assert len(by["alloc.peak_mem"].samples) == 2 and min(by["alloc.peak_mem"].samples) > 16_000_000
+    assert len(by["alloc.peak_mem_bytes"].samples) == 2 and min(by["alloc.peak_mem_bytes"].samples) > 16_000_000
 
 
 def test_bad_runner_config_is_a_config_error():

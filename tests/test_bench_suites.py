@@ -45,22 +45,18 @@ def test_unknown_suite_lists_the_suites():
         get_suite("nope")
 
 
-def test_matmul_tiny_saves_gflops_pct_of_peak_and_caches_the_peak(store, cache_dir):
-    import statistics
-
-    (cache_dir / "peaks.json").unlink()  # no peak known yet: this run's best becomes it
+def test_matmul_tiny_saves_gflops_and_pct_of_the_theoretical_peak(store):
+    # the measured peak's rules (quiet, full, better) are tested in test_bench_peaks.py
     params = matmul.Params(dtypes=("float32", "bfloat16"), sizes=(32, 64))
-    full = BenchOptions(repeat=2, min_time_s=0.0, warmup=1)  # --quick runs do not record peaks
+    full = BenchOptions(repeat=2, min_time_s=0.0, warmup=1)
     run_id, result = run_suite("matmul", full, store, params=params, name="mm")
     m = by_name(result)
     assert result.status == "completed"
     assert all(v > 0 for v in m["matmul_float32_64"].samples)
-    medians = {n: statistics.median(m[f"matmul_bfloat16_{n}"].samples) for n in (32, 64)}
-    best_n = max(medians, key=medians.get)
-    assert statistics.median(m[f"matmul_bfloat16_{best_n}.pct_peak"].samples) == pytest.approx(100.0)
-    cached = peaks.cached("cpu", "matmul", "bfloat16")
-    assert cached.value == pytest.approx(medians[best_n] * 1e9)
-    assert cached.source == f"measured: matmul suite, n={best_n}"
+    theory = peaks.theoretical("cpu", "matmul", "bfloat16")
+    pct = m["matmul_bfloat16_64.pct_peak"]
+    assert pct.params["peak"] == theory.label and pct.params["peak_basis"] == "theoretical"
+    assert pct.samples == pytest.approx([g * 1e9 / theory.value * 100 for g in m["matmul_bfloat16_64"].samples])
     saved = store.get(run_id)
     assert saved.status == "completed" and {x.name for x in saved.metrics} == set(m)
     assert saved.fingerprint["settings"]["suite_params"]["sizes"] == [32, 64]
@@ -69,7 +65,7 @@ def test_matmul_tiny_saves_gflops_pct_of_peak_and_caches_the_peak(store, cache_d
 def test_quick_runs_do_not_record_peaks(store, cache_dir):
     (cache_dir / "peaks.json").unlink()
     run_suite("matmul", BenchOptions(**FAST), store, params=matmul.Params(dtypes=("float32",), sizes=(16,)))
-    assert peaks.cached("cpu", "matmul", "float32") is None
+    assert peaks.measured("cpu", "matmul", "float32") is None
 
 
 def test_matmul_skips_a_size_the_measured_rate_cannot_finish(store):
@@ -80,14 +76,17 @@ def test_matmul_skips_a_size_the_measured_rate_cannot_finish(store):
     assert result.status == "completed"  # a skipped size does not fail the run
 
 
-def test_bandwidth_tiny_counts_read_and_write(store, cache_dir):
+def test_bandwidth_tiny_counts_read_and_write(store, cache_dir, tmp_path, monkeypatch):
     (cache_dir / "peaks.json").unlink()
+    from test_bench_peaks import quiet_proc
+
+    monkeypatch.setattr(peaks, "PROC", quiet_proc(tmp_path))  # a /proc where no other process runs
     _, result = run_suite("bandwidth", BenchOptions(repeat=2, min_time_s=0.0, warmup=1), store,
                           params=bandwidth.Params(sizes_bytes=(8 * 2**20,)))
     m = by_name(result)["copy_8MiB"]
     assert m.unit == "GB/s" and m.params["bytes_moved_per_copy"] == 2 * 8 * 2**20
     assert all(v > 0 for v in m.samples)
-    assert "bandwidth suite" in peaks.cached("cpu", "bandwidth", None).source
+    assert peaks.measured("cpu", "bandwidth", None).value == max(m.samples) * 1e9
 
 
 @pytest.mark.slow
@@ -105,7 +104,7 @@ def test_attention_variants_agree_and_unavailable_backends_are_explained(store):
     _, result = run_suite("attention", BenchOptions(**FAST), store, params=p)
     m = by_name(result)
     assert m["attn_naive_24"].unit == "ms" and not m["attn_naive_24"].higher_is_better
-    assert m["attn_sdpa_flash_24.gflop_s"].samples and m["attn_sdpa_24.peak_mem"].unit == "bytes"
+    assert m["attn_sdpa_flash_24.gflop_s"].samples and m["attn_sdpa_24.peak_mem_bytes"].unit == "bytes"
     assert result.settings["suite_params"]["variants"]["sdpa_cudnn"].startswith("unavailable")
 
 

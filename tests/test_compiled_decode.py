@@ -71,7 +71,7 @@ def test_compiled_decode_matches_eager_float32():
     ref = Transformer.random(TINY, seed=1).eval()
     comp = Transformer.random(TINY, seed=1).eval()
     enable_compiled_decode(comp)
-    spy = comp._compiled_step = Spy(comp._compiled_step)
+    spy = comp.decode_step.fn = Spy(comp.decode_step.fn)
     prompt = torch.tensor([[5, 17, 3, 99]])
     want, got = decode_logits(ref, prompt, 12), decode_logits(comp, prompt, 12)
     assert spy.calls == 12  # every step from position 4 on ran compiled
@@ -100,7 +100,7 @@ def test_static_compiled_step_matches_eager_on_cpu():
     ref = Transformer.random(TINY, seed=1).eval()
     comp = Transformer.random(TINY, seed=1).eval()
     enable_compiled_decode(comp, static=True)
-    spy = comp._compiled_step = Spy(comp._compiled_step)
+    spy = comp.decode_step.fn = Spy(comp.decode_step.fn)
     prompt = torch.tensor([[5, 17]])
     want, got = decode_logits(ref, prompt, 8), decode_logits(comp, prompt, 8)
     assert spy.calls == 8
@@ -110,7 +110,7 @@ def test_static_compiled_step_matches_eager_on_cpu():
 def test_only_single_token_cached_decode_is_compiled():
     model = Transformer.random(TINY, seed=2).eval()
     enable_compiled_decode(model)
-    spy = model._compiled_step = Spy(lambda *a, **kw: pytest.fail("compiled step called"))
+    spy = model.decode_step.fn = Spy(lambda *a, **kw: pytest.fail("compiled step called"))
     with torch.no_grad():
         model(torch.tensor([[1, 2, 3]]), 0)  # no cache: reference pass
         model.setup_cache(2, 16)
@@ -144,6 +144,6 @@ def test_default_model_compiled_decode_equals_eager():
     eager = load(fastpath="off")
     want = [e.token_id for e in eager.generate("The capital of France is", cfg) if isinstance(e, Token)]
     comp = load(compile="decode")
-    spy = comp.model._compiled_step = Spy(comp.model._compiled_step)
+    spy = comp.model.decode_step.fn = Spy(comp.model.decode_step.fn)
     got = [e.token_id for e in comp.generate("The capital of France is", cfg) if isinstance(e, Token)]
     assert got == want and spy.calls == 7

@@ -132,8 +132,8 @@ def test_row_order_permutes_rows():
 def test_unsupported_type_is_a_typed_error():
     from engine.errors import UnsupportedModelError
 
-    with pytest.raises(UnsupportedModelError, match="Q6_K"):
-        pack("Q6_K", np.zeros((1, 210), np.uint8), (1, 256))
+    with pytest.raises(UnsupportedModelError, match="IQ2_XXS"):
+        pack("IQ2_XXS", np.zeros((1, 66), np.uint8), (1, 256))
 
 
 def test_bad_packed_weights_are_rejected(kern):

@@ -23,3 +23,15 @@ def test_import_linter_contracts_hold():
     assert exe, "import-linter is a test dependency"
     r = subprocess.run([exe], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:]
+    assert "engine: entry points above the API" in r.stdout  # the layers contracts were checked
+
+
+def test_public_api_is_importable_from_engine_api():
+    """LoadedModel and LoadOptions live in engine.loaded (below the fast path, which builds them);
+    engine.api re-exports them with load."""
+    import engine.api
+    import engine.loaded
+
+    assert engine.api.LoadedModel is engine.loaded.LoadedModel
+    assert engine.api.LoadOptions is engine.loaded.LoadOptions
+    assert callable(engine.api.load) and callable(engine.api.fastpath_options)

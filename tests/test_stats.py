@@ -119,3 +119,32 @@ def test_summary_as_dict_states_its_methods():
     d = stats.summarize([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).as_dict()
     assert d["percentile_method"] == "linear" and d["ci_method"] == "order-statistic"
     assert set(d) >= {"median", "ci_low", "ci_high", "p5", "p95", "p99", "mad", "noisy", "ci_halfwidth_pct"}
+
+
+@pytest.mark.parametrize("n, m", [(1, 1), (2, 3), (3, 3), (4, 4), (5, 5), (3, 7), (6, 6)])
+def test_min_p_value_is_scipys_exact_p_at_complete_separation(n, m):
+    a, b = list(range(n)), list(range(100, 100 + m))
+    exact = sps.mannwhitneyu(a, b, alternative="two-sided", method="exact").pvalue
+    assert stats.min_p_value(n, m) == pytest.approx(exact)
+    assert stats.mann_whitney_p(a, b) == pytest.approx(exact)  # what compare reports
+
+
+def test_which_sample_counts_can_reach_alpha():
+    assert stats.min_p_value(3, 3) == pytest.approx(0.1) and not stats.can_reach(3, 3, 0.05)
+    assert stats.min_p_value(5, 5) == pytest.approx(2 / 252) and stats.can_reach(5, 5, 0.05)
+    assert stats.can_reach(4, 4, 0.05) and not stats.can_reach(4, 4, 0.01)
+    assert stats.min_samples_per_side(0.05) == 4 and stats.min_samples_per_side(0.01) == 5
+    assert stats.min_p_value(0, 5) == 1.0
+
+
+def test_quick_runs_repeat_enough_to_show_a_clear_2x_change():
+    from engine.bench.runner import QUICK
+
+    n = QUICK.min_reps
+    slow = [1.0 + 0.1 * i for i in range(n)]
+    fast = [2.0 * v for v in slow]
+    assert stats.mann_whitney_p(slow, fast) <= 0.05
+    # two of the 25 pairs out of order (noise) still decide at 5+5: p = 2 * 4/252
+    fast[0], slow[-1] = 1.25, 2.1  # 1.3 and 2.1 now beat 1.25
+    assert stats.mann_whitney_p(slow, fast) == pytest.approx(8 / 252)
+    assert stats.mann_whitney_p(slow, fast) == sps.mannwhitneyu(slow, fast, alternative="two-sided").pvalue

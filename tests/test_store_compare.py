@@ -196,3 +196,62 @@ def test_long_names_become_ids_and_embedded_settings_are_not_repeated(tmp_path, 
     assert re.search(r"^what differs +#1 +#2$", out, re.M)
     assert re.search(r"^settings\.threads +2 +1$", out, re.M)
     assert "fingerprint.settings.threads" not in out
+
+
+def _small_run(name: str, scale: float, n: int, peak: str = "theoretical 294.4 GFLOP/s float32") -> RunResult:
+    """A run of n samples per metric: a rate, peak memory under its old name, and a utilisation."""
+    rates = [100.0 * scale + i for i in range(n)]
+    return RunResult(kind="llm", name=name, settings={"threads": 2}, metrics=[
+        Metric("tg16", "tok/s", rates),
+        Metric("tg16.peak_mem" if name.endswith("old") else "tg16.peak_mem_bytes", "bytes",
+               [7.164e8 + i for i in range(n)], higher_is_better=False),
+        Metric("tg16.mfu", "%", [r / 10 for r in rates], params={"peak": peak, "peak_value": 2.944e11,
+                                                                "peak_basis": "theoretical"})])
+
+
+def test_three_samples_per_side_say_n_too_small_instead_of_no_change(tmp_path, capsys):
+    path = tmp_path / "runs.sqlite"
+    with RunStore.open(path) as store:
+        store.save(_small_run("fast", 1.0, 3))
+        store.save(_small_run("slow", 0.2, 3))  # 5x slower, perfectly separated: p = 0.1 anyway
+    assert cli(path, "compare", "fast", "slow") == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("tg16 "))
+    assert "-79.21%? n too small to decide (need ≥ 4 per side, n=3+3)" in line and "~" not in line
+    assert cli(path, "compare", "fast", "slow", "--format", "json") == 0
+    d = _row(json.loads(capsys.readouterr().out), "tg16")["deltas"][0]
+    assert (d["decidable"], d["significant"], d["need_per_side"]) == (False, False, 4)
+    assert d["p_value"] == pytest.approx(sps.mannwhitneyu([100, 101, 102], [20, 21, 22],
+                                                          alternative="two-sided").pvalue) == pytest.approx(0.1)
+    assert cli(path, "compare", "fast", "slow", "--fail-on-regression", "10") == 3
+    assert "undecided: tg16 in 'slow': -79.21%" in capsys.readouterr().err
+    assert cli(path, "compare", "slow", "fast", "--fail-on-regression", "10") == 0  # faster: nothing to gate
+
+
+def test_bytes_read_in_binary_units_and_old_peak_mem_names_still_match(tmp_path, capsys):
+    path = tmp_path / "runs.sqlite"
+    with RunStore.open(path) as store:
+        store.save(_small_run("run-old", 1.0, 6))
+        store.save(_small_run("run-new", 1.0, 6))
+    assert cli(path, "compare", "run-old", "run-new") == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("tg16.peak_mem_bytes"))
+    assert line.count("683.2 MiB") == 2 and "e+08" not in out
+    assert cli(path, "show", "run-new") == 0
+    show = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("tg16.peak_mem_bytes"))
+    assert re.search(r"tg16\.peak_mem_bytes +MiB +6 +683\.2", show), show
+
+
+def test_utilisation_rows_name_their_peak_and_never_show_above_100(tmp_path, capsys):
+    path = tmp_path / "runs.sqlite"
+    with RunStore.open(path) as store:
+        store.save(_small_run("a", 1.0, 6))
+        store.save(_small_run("b", 1.0, 6, peak="measured 187.0 GFLOP/s float32 (2026-11-20)"))
+        store.save(_small_run("c", 11.0, 6))  # 1100+ tok/s: "110%" of the peak
+    assert cli(path, "compare", "a", "b", "c") == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("tg16.mfu"))
+    assert line.startswith("tg16.mfu (of theoretical 294.4 GFLOP/s float32)")
+    assert line.split()[-1] == "invalid"  # run c's 110%, never printed
+    assert not re.search(r"\b11\d\.\d", line)
+    assert "warning: tg16.mfu: the runs divide by different peaks" in out

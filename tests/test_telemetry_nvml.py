@@ -311,4 +311,4 @@ def test_live_tables_render_one_row_per_gpu(two_gpus):
     sampler.stop()
     assert "NVIDIA GPUs" in text and "host" in text
     gpu_rows = [line for line in text.splitlines() if "gpu0" in line or "gpu1" in line]
-    assert len(gpu_rows) == 2 and "1.0G" in gpu_rows[0] and "sw_pwr" in gpu_rows[0]
+    assert len(gpu_rows) == 2 and "1.00GiB" in gpu_rows[0] and "sw_pwr" in gpu_rows[0]

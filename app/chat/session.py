@@ -2,6 +2,9 @@
 
 Views subscribe to the signals; nothing here touches a widget. The whole history (plus the system
 prompt) goes to the worker on every turn and the engine renders it with the model's chat template.
+While a reply streams, ``liveStats`` carries TTFT, tokens and tok/s computed from the streamed
+events with the engine's own ``stats_from_times``: the numbers the final ``Finished`` event reports,
+by construction. A message that has to wait for another engine job says which (``waiting``).
 """
 from __future__ import annotations
 
@@ -12,8 +15,16 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
+from engine.events import stats_from_times
+
 from app.engine_client import EngineClient, Job
 from app.protocol import ChatRequest
+
+# What a queued chat message waits for, by the kind of the job ahead of it.
+WAIT_TEXT = {"load": "waiting for the model to load", "bench": "waiting for the benchmark to finish",
+             "trace": "waiting for the trace to finish", "chat": "waiting for the previous reply",
+             "generate": "waiting for a generation to finish", "info": "waiting for the engine to start",
+             "debug": "waiting for a debug request"}
 
 
 @dataclass
@@ -26,8 +37,9 @@ class Turn:
     extra: dict = field(default_factory=dict)
 
 
-def format_stats(stats: dict | None, stop_reason: str) -> str:
-    """One line a person reads: TTFT, prefill tok/s, decode tok/s, tokens, stop reason."""
+def format_stats(stats: dict | None, stop_reason: str, *, live: bool = False) -> str:
+    """One line a person reads: TTFT, prefill tok/s, decode tok/s, tokens, stop reason (or, while
+    the reply streams, that it is still generating)."""
     if not stats:
         return f"stop: {stop_reason}" if stop_reason else ""
 
@@ -35,9 +47,42 @@ def format_stats(stats: dict | None, stop_reason: str) -> str:
         value = stats.get(key)
         return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
 
+    end = "generating…" if live else f"stop: {stop_reason}"
+    cached = f" · {stats['cached_tokens']} cached" if stats.get("cached_tokens") else ""
     return (f"TTFT {num('ttft_ms', '.0f')} ms · prefill {num('prefill_tok_s', '.1f')} tok/s · "
             f"decode {num('decode_tok_s', '.1f')} tok/s · {stats.get('prompt_tokens', 0)} prompt + "
-            f"{stats.get('generated_tokens', 0)} generated tokens · stop: {stop_reason}")
+            f"{stats.get('generated_tokens', 0)} generated tokens{cached} · {end}")
+
+
+class LiveTimes:
+    """The timestamps of the reply being streamed, turned into stats exactly as the engine does."""
+
+    def __init__(self) -> None:
+        self.request_ns = self.prefill_start_ns = self.prefill_end_ns = 0
+        self.prompt_tokens = self.cached_tokens = 0
+        self.token_ns: list[int] = []
+
+    def on_event(self, event: dict) -> bool:
+        """Take one streamed event; True when the stats changed (a token of sequence 0 arrived)."""
+        kind = event["kind"]
+        if kind == "PrefillStarted":
+            self.request_ns, self.prefill_start_ns = event["request_t_ns"], event["t_ns"]
+            self.prompt_tokens = event["prompt_tokens"]
+            self.cached_tokens = event.get("cached_tokens", 0)  # reused from the engine's KV cache
+        elif kind == "PrefillFinished":
+            self.prefill_end_ns, self.prompt_tokens = event["t_ns"], event["prompt_tokens"]
+        elif kind == "Token" and event.get("seq", 0) == 0:
+            self.token_ns.append(event["t_ns"])
+            return True
+        return False
+
+    def stats(self) -> dict | None:
+        """GenerationStats.as_dict() as of the last token (None before the first one)."""
+        if not self.token_ns:
+            return None
+        prefill_end = self.prefill_end_ns or self.token_ns[0]
+        return stats_from_times(self.request_ns, self.prefill_start_ns, prefill_end, self.prompt_tokens,
+                                self.token_ns, self.token_ns[-1], self.cached_tokens).as_dict()
 
 
 class ChatSession(QObject):
@@ -45,6 +90,8 @@ class ChatSession(QObject):
     promptProgress = Signal(int, int)  # done, total prompt tokens
     firstToken = Signal()
     textAppended = Signal(str)  # a printable piece of the reply being streamed
+    liveStats = Signal(dict)  # GenerationStats.as_dict() as of the latest token
+    waiting = Signal(str)  # what the queued message waits for ("" once the engine runs it)
     replyFinished = Signal(object)  # the finished assistant Turn
     replyFailed = Signal(str)
     busyChanged = Signal(bool)
@@ -57,6 +104,7 @@ class ChatSession(QObject):
         self.history: list[Turn] = []
         self.pending = ""  # text of the reply being streamed
         self.job: Job | None = None
+        self.times = LiveTimes()
 
     @property
     def busy(self) -> bool:
@@ -71,15 +119,57 @@ class ChatSession(QObject):
         if self.busy or not text.strip():
             return None
         self.history.append(Turn("user", text))
-        self.pending = ""
+        return self._submit(config)
+
+    def regenerate(self, config: dict | None = None) -> Job | None:
+        """Drop the last reply and ask again with the same history; None when there is nothing to redo."""
+        if self.busy or not self.history:
+            return None
+        if self.history[-1].role == "assistant":
+            self.history.pop()
+        if not self.history or self.history[-1].role != "user":
+            return None
+        self.changed.emit()
+        return self._submit(config)
+
+    def take_last_message(self) -> str | None:
+        """Remove the last user message (and the reply to it) and return its text to be edited."""
+        if self.busy:
+            return None
+        index = next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i].role == "user"), None)
+        if index is None:
+            return None
+        text = self.history[index].content
+        del self.history[index:]
+        self.changed.emit()
+        return text
+
+    def _submit(self, config: dict | None) -> Job:
+        self.pending, self.times = "", LiveTimes()
         job = self.client.submit(ChatRequest(messages=self.messages(), config=dict(config or {})))
         job.event.connect(self._on_event)
         job.finished.connect(self._on_finished)
         job.failed.connect(self._on_failed)
+        job.started.connect(lambda: self.waiting.emit(""))
+        self.client.jobsChanged.connect(self._check_waiting)
         self.job = job
         self.busyChanged.emit(True)
         self.replyStarted.emit()
+        self._check_waiting()
         return job
+
+    def wait_reason(self) -> str:
+        """What the message being sent waits for; "" when the engine is on it (or nothing is sent)."""
+        if self.job is None or self.job.running:
+            return ""
+        if self.client.state == "starting":
+            return "waiting for the engine to start"
+        ahead = self.client.ahead_of(self.job)
+        return WAIT_TEXT.get(ahead.kind, f"waiting for {ahead.kind} to finish") if ahead is not None else ""
+
+    def _check_waiting(self) -> None:
+        if self.job is not None and not self.job.running:
+            self.waiting.emit(self.wait_reason())
 
     def stop(self) -> None:
         if self.job is not None:
@@ -92,18 +182,19 @@ class ChatSession(QObject):
 
     def _on_event(self, event: dict) -> None:
         kind = event["kind"]
-        if kind == "PrefillStarted":
-            self.promptProgress.emit(0, event["prompt_tokens"])
+        if kind == "PrefillStarted":  # tokens reused from the engine's KV cache count as done
+            self.promptProgress.emit(event.get("cached_tokens", 0), event["prompt_tokens"])
         elif kind == "PrefillProgress":
             self.promptProgress.emit(event["done_tokens"], event["total_tokens"])
         elif kind == "PrefillFinished":
             self.promptProgress.emit(event["prompt_tokens"], event["prompt_tokens"])
-        elif kind == "Token" and event.get("seq", 0) == 0:
+        if self.times.on_event(event):
             if event["index"] == 0:
                 self.firstToken.emit()
             if event["text"]:
                 self.pending += event["text"]
                 self.textAppended.emit(event["text"])
+            self.liveStats.emit(self.times.stats())
 
     def _on_finished(self, result: dict) -> None:
         # Finished.text is authoritative (stop strings are already removed from it).
@@ -118,6 +209,7 @@ class ChatSession(QObject):
         self.replyFailed.emit(message)
 
     def _end(self, turn: Turn) -> None:
+        self.client.jobsChanged.disconnect(self._check_waiting)
         self.history.append(turn)
         self.job, self.pending = None, ""
         self.busyChanged.emit(False)

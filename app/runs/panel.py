@@ -7,10 +7,11 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxL
                                QInputDialog, QLabel, QLineEdit, QMessageBox, QPushButton, QSizePolicy, QSplitter,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
+from app.notify import export_guard
 from app.runs.model import RunRow, RunsModel
 from app.runs.views import CompareView, RunDetailView
 
-COLUMNS = ("id", "name", "suite", "status", "tags", "model", "device", "created", "duration", "metrics")
+COLUMNS = ("id", "name", "suite", "status", "quality", "tags", "model", "device", "created", "duration", "metrics")
 
 
 class _SortItem(QTableWidgetItem):
@@ -22,6 +23,13 @@ class _SortItem(QTableWidgetItem):
 
     def __lt__(self, other) -> bool:
         return self.key < other.key if isinstance(other, _SortItem) else super().__lt__(other)
+
+
+def _quality_cell(quality: str | None) -> tuple[str, int]:
+    """Text and sort key (best first) of a run's quality (engine.bench.quality); "–" when unknown."""
+    from engine.bench.quality import QUALITIES
+
+    return (quality or "–", QUALITIES.index(quality) if quality in QUALITIES else len(QUALITIES))
 
 
 class RunsPanel(QWidget):
@@ -96,7 +104,8 @@ class RunsPanel(QWidget):
             info = row.info
             duration = info.duration_s
             cells = ((str(info.id), info.id), (info.name, info.name), (info.kind, info.kind),
-                     (info.status, info.status), (", ".join(info.tags), ", ".join(info.tags)),
+                     (info.status, info.status), _quality_cell(info.quality),
+                     (", ".join(info.tags), ", ".join(info.tags)),
                      (row.model, row.model), (row.device, row.device),
                      (f"{info.created_at:%Y-%m-%d %H:%M:%S}", info.created_at.timestamp()),
                      (f"{duration:.1f} s" if duration is not None else "–", duration or 0.0),
@@ -185,7 +194,8 @@ class RunsPanel(QWidget):
         if len(ids) == 1:
             path, _ = QFileDialog.getSaveFileName(self, "Export run", f"run-{ids[0]}.json", "JSON (*.json);;CSV (*.csv)")
             if path:
-                self._guard(lambda: self.model.export(ids[0], path))
+                with export_guard(self, f"export run {ids[0]}", path):
+                    self.model.export(ids[0], path)
 
     def _guard(self, action) -> None:
         from engine.errors import EngineError

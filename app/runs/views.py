@@ -80,6 +80,7 @@ class RunDetailView(QWidget):
         self.run = stored
         info, result = stored.info, stored.result
         self.header.setText(f"<b>{info.name}</b> (id {info.id}) · {info.kind} · {info.status}"
+                            f" · quality {info.quality or 'unknown'}"
                             f"{' · ' + info.error if info.error else ''} · {info.created_at:%Y-%m-%d %H:%M} · "
                             f"tags: {', '.join(info.tags) or '–'}")
         rows = []
@@ -175,14 +176,15 @@ class CompareView(QWidget):
             self.show_row(0)
 
     def _fill_table(self, comparison, names: list[str]) -> None:
-        from engine.store.render import cell_text, delta_text
+        from engine.store.render import cell_text, delta_text, disturbed_text
 
         headers = ["metric", "unit"] + names + [f"Δ {n}" for n in names[1:]]
         self.table.setColumnCount(len(headers))
         self.table.setHorizontalHeaderLabels(headers)
         self._rows = [row for section in comparison.sections for row in section.rows]
         _fill(self.table, [[row.label, row.unit] + [cell_text(c) for c in row.cells]
-                           + [delta_text(d) for d in row.deltas] for row in self._rows])
+                           + [delta_text(d) + disturbed_text(comparison, row, i, d)
+                              for i, d in enumerate(row.deltas, start=1)] for row in self._rows])
         for r, row in enumerate(self._rows):
             for i, d in enumerate(row.deltas):
                 if d is not None and d.significant:

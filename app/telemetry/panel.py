@@ -13,6 +13,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QPushButton,
                                QSizePolicy, QVBoxLayout, QWidget)
 
+from app.notify import export_guard
 from app.telemetry.bands import PhaseBands
 from app.telemetry.model import TelemetryModel
 from app.telemetry.plots import GPU_PLOTS, HOST_PLOTS, LINE_COLORS, PlotSpec, lines_for
@@ -210,12 +211,15 @@ class TelemetryPanel(QWidget):
     def export_png_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export plots", "telemetry.png", "PNG (*.png)")
         if path:
-            self.export_png(path)
+            with export_guard(self, "export the telemetry plots", path):
+                if not self.export_png(path):
+                    raise OSError("Qt could not write a PNG there (check the folder and its permissions)")
 
     def export_csv_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export telemetry", "telemetry.csv", "CSV (*.csv)")
         if path:
-            self.export_csv(path)
+            with export_guard(self, "export the telemetry", path):
+                self.export_csv(path)
 
     def apply_theme(self, background: str, foreground: str) -> None:
         self._colors = (background, foreground)

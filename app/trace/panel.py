@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHBo
                                QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSizePolicy, QSpinBox,
                                QSplitter, QTableView, QTextBrowser, QVBoxLayout, QWidget)
 
+from app.notify import export_guard
 from app.protocol import TraceRequest
 from app.trace.model import TraceModel
 from app.trace.timeline import TraceTimeline
@@ -146,7 +147,8 @@ class TracePanel(QWidget):
     def export_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export trace", "trace.perfetto.json", "JSON (*.json)")
         if path:
-            self.model.export_perfetto(path)
+            with export_guard(self, "export the trace", path):
+                self.model.export_perfetto(path)
 
     def apply_filters(self, sources: tuple[str, ...] = (), modules: tuple[str, ...] = ()) -> None:
         shown = self.model.ops.set_filter(

@@ -1,20 +1,21 @@
 """A generation loop for backend plugins: give it a Stepper, get the engine's exact event stream.
 
-The built-in torch engine (engine.generate) keeps its own loop so the sampled id can stay on the
-GPU; every other backend only has to run its model and sample, and this loop does the rest the
-same way: prompt-length checks, chunked prefill with progress events, EOS, ``max_tokens``, stop
-strings (held back until they cannot start one), ``cancel``, phase markers and statistics.
+The built-in torch engine (engine.generate) keeps its own prefill and step so the sampled id can
+stay on the GPU; every other backend only has to run its model and sample, and this loop does the
+rest: prompt-length checks, chunked prefill with progress events, then the decode bookkeeping all
+loops share (engine.decode_book: EOS, ``max_tokens``, stop strings held back until they cannot
+start one, ``cancel``, phase markers and statistics).
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from typing import Iterator, Protocol
 
 from engine import markers
 from engine.clock import now_ns
+from engine.decode_book import DecodeBook, decode_events
 from engine.errors import ConfigError
-from engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted, Token, stats_from_times
+from engine.events import PrefillFinished, PrefillProgress, PrefillStarted
 
 
 class Stepper(Protocol):
@@ -69,38 +70,8 @@ def stream_generation(stepper: Stepper, tokenizer, prompt_ids: list[int], cfg,
 
 
 def _decode(stepper: Stepper, tokenizer, token_id: int, n: int, cfg, cancel, times) -> Iterator:
-    t_prefill = times[2]
-    stream = text_stream(tokenizer, cfg.stop)
-    eos = set() if cfg.ignore_eos else set(tokenizer.eos_ids)
-    token_ns, reason = [], "length"
-    markers.emit(markers.DECODE, "start", t_prefill)
-    for i in range(cfg.max_tokens):
-        t = now_ns() if i else t_prefill
-        if token_id in eos:
-            reason = "eos"
-            break
-        piece, stopped = stream.push(token_id)
-        token_ns.append(t)
-        yield Token(i, token_id, piece, t)
-        if stopped:
-            reason = "stop_string"
-            break
-        if cancel is not None and cancel.is_set():
-            reason = "cancelled"
-            break
-        if i + 1 == cfg.max_tokens:
-            break
-        stepper.forward([token_id])
-        token_id = stepper.sample()
-    yield _finished(reason, stream, token_ns, n, times)
+    def advance(i: int, ids: list[int]) -> list[int]:
+        stepper.forward(ids)
+        return [stepper.sample()]
 
-
-def _finished(reason: str, stream, token_ns: list[int], n: int, times) -> Finished:
-    request_ns, t_start, t_prefill = times
-    tail = stream.finish() if reason != "stop_string" else ""
-    end = now_ns()
-    markers.emit(markers.DECODE, "end", end, tokens=len(token_ns))
-    stats = stats_from_times(request_ns, t_start, t_prefill, n, token_ns or [t_prefill], end)
-    if not token_ns:  # EOS first: TTFT is still the time to that token; nothing was generated
-        stats = replace(stats, generated_tokens=0)
-    return Finished(reason, stats, end, text=stream.text, tail=tail)
+    yield from decode_events(DecodeBook(tokenizer, cfg, n, times, cancel), [token_id], advance)

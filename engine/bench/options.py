@@ -1,12 +1,16 @@
 """What a user chooses for a benchmark run, and the plan a suite makes from it."""
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
-from engine.bench.runner import QUICK, Point, PointOutcome, RunnerConfig
+from engine.bench.runner import QUICK, QUICK_MIN_REPS, Point, PointOutcome, RunnerConfig
+from engine.bench.stats import min_samples_per_side
 from engine.errors import ConfigError
 from engine.results import Metric
+
+log = logging.getLogger(__name__)
 
 DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
                  "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -49,6 +53,10 @@ class BenchOptions:
             raise ConfigError(f"--repeat must be at least 1, got {self.repeat}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be at least 1, got {self.threads}")
+        if self.repeat is not None and self.repeat < min_samples_per_side(0.05):
+            log.warning("--repeat %d: with fewer than %d samples per point no comparison of this run can "
+                        "reach p < 0.05 (Mann-Whitney); %d or more recommended",
+                        self.repeat, min_samples_per_side(0.05), QUICK_MIN_REPS)
 
     def runner_config(self) -> RunnerConfig:
         base = QUICK if self.quick else RunnerConfig()

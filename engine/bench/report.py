@@ -8,25 +8,42 @@ from typing import IO, Iterator
 
 from rich.markup import escape
 
+from engine.bench.quality import DISTURBED, LEGEND, run_summary
 from engine.bench.stats import summarize
+from engine.bench.utilisation import over_ceiling, unit_label
 from engine.results import Metric, RunResult
+from engine.units import BYTE_UNITS, display_scale, format_rate, significant
 
 
 def _fmt(v: float) -> str:
-    if not math.isfinite(v):
-        return "—"
-    return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+    return significant(v) if math.isfinite(v) else "—"
 
 
 def _row(m: Metric) -> list[str]:
-    if m.status != "ok":
-        return [m.name, m.unit, "failed", "", "", "", m.error or ""]
+    problem = over_ceiling(m) if m.status == "ok" else None
+    if m.status != "ok" or problem:
+        why = problem or m.error or ""
+        return [m.name, unit_label(m), "invalid" if why.startswith("invalid") else "failed", "", "", "", "", why]
     s = summarize(m.samples)
-    ci = f"{_fmt(s.ci_low)} – {_fmt(s.ci_high)}" if s.n else ""
+    scale, unit = display_scale(m.unit, s.median)
+    ci = f"{_fmt(s.ci_low / scale)} – {_fmt(s.ci_high / scale)}" if s.n else ""
     note = f"noisy (IQR {s.noise_pct:.0f}%)" if s.noisy else ""
     if s.n and s.n < 10:
         note = (note + "; " if note else "") + f"{s.n} samples"
-    return [m.name, m.unit, _fmt(s.median), f"±{s.ci_halfwidth_pct:.1f}%" if s.n > 1 else "", ci, str(s.n), note]
+    unit = unit if m.unit in BYTE_UNITS else unit_label(m)
+    note = "; ".join(n for n in (note, _load_note(m)) if n)
+    return [m.name, unit, _fmt(s.median / scale), f"±{s.ci_halfwidth_pct:.1f}%" if s.n > 1 else "", ci, str(s.n),
+            m.quality or "—", note]
+
+
+def _load_note(m: Metric) -> str:
+    """Foreign load of a disturbed point, and how many of its samples were re-run."""
+    load = m.load or {}
+    cores = [c for c in load.get("other_cores") or [] if c is not None]
+    parts = [f"others busy {max(cores):.2f} cores"] if m.quality == DISTURBED and cores else []
+    if load.get("rerun"):
+        parts.append(f"{load['rerun']} re-run")
+    return ", ".join(parts)
 
 
 def summary_table(result: RunResult, run_id, out: IO[str] = sys.stdout) -> None:
@@ -36,30 +53,57 @@ def summary_table(result: RunResult, run_id, out: IO[str] = sys.stdout) -> None:
     title = escape(f"{result.kind} — {result.status}") + (f" — saved as run {run_id}" if run_id is not None else " — not saved")
     table = Table(title=title, title_justify="left")
     for col, justify in (("metric", "left"), ("unit", "left"), ("median", "right"), ("± CI", "right"),
-                         ("95% CI of median", "right"), ("n", "right"), ("notes", "left")):
+                         ("95% CI of median", "right"), ("n", "right"), ("quality", "left"), ("notes", "left")):
         table.add_column(col, justify=justify, no_wrap=col in ("metric", "unit"))
     for m in result.metrics:
         table.add_row(*(escape(cell) for cell in _row(m)))
     console = Console(file=out, width=max(120, Console(file=out).width))
     console.print(table)
-    _print_peaks(console, result)
+    for line in peak_lines(result.settings.get("suite_params", {})):
+        console.print(escape(line))
+    for line in quality_lines(result):
+        console.print(escape(line), soft_wrap=True)
     if result.error:
         console.print(f"[bold]run {result.status}:[/bold] {escape(result.error)}")
 
 
-def _print_peaks(console, result: RunResult) -> None:
-    """Which peaks MFU/MBU divided by, and a warning when a ratio above 100% shows a peak too low."""
-    peaks = result.settings.get("suite_params", {}).get("peaks") or {}
-    for key, label, unit in (("flop_s", "MFU", "FLOP/s"), ("bytes_s", "MBU", "B/s")):
-        if peaks.get(key):
-            source = escape(str(peaks[key.replace("_s", "_source")]))
-            console.print(f"{label} peak: {_fmt(peaks[key])} {unit} ({source})")
-    over = [m.name for m in result.metrics if m.name.endswith((".mfu", ".mbu")) and m.samples
-            and sorted(m.samples)[len(m.samples) // 2] > 100]
-    if over:
-        console.print(f"[bold]warning:[/bold] {', '.join(over)} above 100%: the peak it divides by is too "
-                      f"low (measured on a busy machine?); run `opscope bench matmul` and "
-                      f"`opscope bench bandwidth` on a quiet machine to replace it")
+def quality_lines(result: RunResult) -> list[str]:
+    """The run's quality on one line (``run quality: disturbed (...)``), then the legend."""
+    return [run_summary(result.metrics, result.quality), LEGEND]
+
+
+_LABELS = {"flop": ("MFU", "FLOP/s"), "bytes": ("MBU", "B/s")}
+
+
+def _peak_set_lines(label: str, ps: dict) -> list[str]:
+    lines = []
+    for basis in ("theoretical", "measured"):
+        peak = ps.get(basis)
+        if peak:
+            lines.append(f"{label} peak: {peak['label']} = {peak['source']}")
+        elif basis == "theoretical":
+            lines.append(f"{label} theoretical peak: not known for this device")
+    if ps.get("note"):
+        lines.append(f"{label} {ps['note']}")
+    return lines
+
+
+def peak_lines(suite_params: dict) -> list[str]:
+    """Which peaks the run's utilisation figures divide by, and what became of a peak it measured."""
+    pk = suite_params.get("peaks") or {}
+    lines: list[str] = []
+    for key, ps in pk.items():
+        if key in _LABELS and isinstance(ps, dict):  # a model suite: {"flop": set, "bytes": set}
+            lines += _peak_set_lines(_LABELS[key][0], ps)
+        elif isinstance(ps, dict) and "theoretical" in ps:  # matmul: one set per dtype
+            lines += _peak_set_lines(f"{key} matmul", ps)
+    for key, (label, unit) in (("flop_s", _LABELS["flop"]), ("bytes_s", _LABELS["bytes"])):
+        if pk.get(key):  # suites that divide by one peak (scaling, train-step)
+            lines.append(f"{label} peak: {format_rate(pk[key], unit)} ({pk[key.replace('_s', '_source')]})")
+    record = suite_params.get("peak_record")
+    for dtype, what in (record.items() if isinstance(record, dict) else [("", record)] if record else []):
+        lines.append(f"measured peak{' ' + dtype if dtype else ''}: {what}")
+    return lines
 
 
 @contextmanager

@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from engine import markers
 from engine.bench.devsync import synchronizer
 from engine.bench.memory import peak_tracker
+from engine.bench import quality as Q
+from engine.bench.quality import DISTURBED_CORES, LoadProbe
 from engine.clock import now_ns
 from engine.errors import Cancelled, ConfigError
 from engine.results import Metric
@@ -37,14 +39,27 @@ class RunnerConfig:
     min_time_s: float = 1.0
     max_reps: int = 10_000  # caps µs-sized points, which would otherwise reach min_time_s slowly
     min_rep_s: float = 1e-3  # points that allow it repeat the call inside one timed rep up to this
+    # A repetition taken while other processes kept this many CPU cores busy (or held the GPU) is
+    # disturbed and re-run (engine.bench.quality) while either budget lasts: rerun_factor times the
+    # clean repetitions (at least min_reps; 1.0: up to 2x the repetitions), or rerun_s seconds.
+    disturbed_cores: float = DISTURBED_CORES
+    rerun_factor: float = 1.0
+    rerun_s: float = 1.0
 
     def __post_init__(self):
         if self.warmup < 0 or self.min_reps < 1 or self.max_reps < self.min_reps or self.min_time_s < 0:
             raise ConfigError(f"impossible runner settings: {self}; need warmup >= 0, "
                               f"1 <= min_reps <= max_reps, min_time_s >= 0")
+        if self.disturbed_cores <= 0 or self.rerun_factor < 0 or self.rerun_s < 0:
+            raise ConfigError(f"impossible re-run settings: {self}; need disturbed_cores > 0, "
+                              f"rerun_factor >= 0, rerun_s >= 0")
 
 
-QUICK = RunnerConfig(warmup=1, min_reps=3, min_time_s=0.05, max_reps=200)
+# Repetitions decide what a comparison can show: with n samples per side the exact Mann-Whitney
+# test cannot go below p = 2 / C(2n, n) (3: 0.1, never significant at 0.05; 5: 0.0079, and a clear
+# 2x change stays significant with two of the 25 pairs out of order). 10 for full runs.
+QUICK_MIN_REPS = 5
+QUICK = RunnerConfig(warmup=1, min_reps=QUICK_MIN_REPS, min_time_s=0.05, max_reps=200)
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,19 @@ class Derived:
     fn: Callable[[float], float]
     params: Mapping[str, Any] = field(default_factory=dict)
     higher_is_better: bool = True
+    # A ceiling the values cannot pass (a utilisation: 100). A sample above it fails the metric,
+    # its samples kept, with the reason ``over_limit(highest value)`` gives (it may act on it).
+    limit: float | None = None
+    over_limit: Callable[[float], str] | None = None
+
+    def problem(self, values: Sequence[float]) -> str | None:
+        """Why ``values`` cannot be shown, or None."""
+        top = max((v for v in values if math.isfinite(v)), default=None)
+        if self.limit is None or top is None or top <= self.limit:
+            return None
+        if self.over_limit is not None:
+            return self.over_limit(top)
+        return f"invalid: {top:.4g} {self.unit} is above the ceiling of {self.limit:g}"
 
 
 @dataclass(frozen=True)
@@ -88,7 +116,7 @@ class Point:
     # the run: a result that is not valid must not pass as a fast one).
     check: Callable[[Mapping[str, list[float]]], str | None] | None = None
     max_inner: int = 1  # >1: a stateless step may be repeated inside one timed rep
-    track_memory: bool = False  # record "<name>.peak_mem" (bytes) per rep
+    track_memory: bool = False  # record "<name>.peak_mem_bytes" (bytes) per rep
 
 
 @dataclass(frozen=True)
@@ -145,36 +173,82 @@ def _warm_up(step: Step, sync, point: Point, cfg: RunnerConfig, cancel) -> int:
 
 
 class _Samples:
-    """Raw samples of one point as they arrive."""
+    """Raw samples of one point as they arrive, one entry per repetition; ``finish`` decides which
+    repetitions are kept (the clean ones where there are enough) and each one's foreign load."""
 
     def __init__(self, point: Point):
         self.point = point
         self.primary: list[float] = []
-        self.extras: dict[str, list[float]] = {e.name: [] for e in point.extras}
-        self.peak_mem: list[float] = []
+        self.rep_extras: list[dict[str, list[float]]] = []
+        self.peak_mem: list[float | None] = []
+        self.rep_s: list[float] = []
+        self.kept: list[int] | None = None  # indices of kept repetitions; None: all
+        self.loads: list = []
+        self.threshold = DISTURBED_CORES
 
-    def add(self, seconds_per_call: float, out: Any, peak_bytes: int | None) -> None:
+    def add(self, seconds_per_call: float, out: Any, peak_bytes: int | None, rep_s: float = 0.0) -> None:
         self.primary.append(float(self.point.value(seconds_per_call)))
+        extras: dict[str, list[float]] = {}
         if self.point.observe is not None:
             for name, v in self.point.observe(out).items():
                 vals = v if isinstance(v, (list, tuple)) else [v]
-                self.extras.setdefault(name, []).extend(float(x) for x in vals)
-        if peak_bytes is not None:
-            self.peak_mem.append(float(peak_bytes))
+                extras.setdefault(name, []).extend(float(x) for x in vals)
+        self.rep_extras.append(extras)
+        self.peak_mem.append(None if peak_bytes is None else float(peak_bytes))
+        self.rep_s.append(rep_s)
+
+    def finish(self, loads: list, cfg: RunnerConfig) -> None:
+        """Keeps the clean repetitions if there are at least ``min_reps`` of them, else all."""
+        self.loads, self.threshold = loads, cfg.disturbed_cores
+        disturbed = Q.split_disturbed(loads, cfg.disturbed_cores)
+        clean = [i for i, d in enumerate(disturbed) if not d]
+        self.kept = clean if len(clean) >= cfg.min_reps and len(clean) < len(loads) else None
+
+    def _keep(self) -> list[int]:
+        return list(range(len(self.primary))) if self.kept is None else self.kept
+
+    @property
+    def extras(self) -> dict[str, list[float]]:
+        """Each extra's values over the kept repetitions (declared extras first, even if empty)."""
+        out: dict[str, list[float]] = {e.name: [] for e in self.point.extras}
+        for i in self._keep():
+            for name, vals in self.rep_extras[i].items():
+                out.setdefault(name, []).extend(vals)
+        return out
+
+    def _load_record(self) -> dict[str, Any] | None:
+        if not self.loads:
+            return None
+        keep = set(self._keep())
+        dropped = [i for i in range(len(self.primary)) if i not in keep]
+        return Q.load_record([self.loads[i] for i in sorted(keep)], self.threshold,
+                             [self.primary[i] for i in dropped], [self.loads[i] for i in dropped])
+
+    def _metric(self, name, unit, vals, hib, params, status, error, record) -> Metric:
+        quality = None
+        if status == "ok" and record is not None and vals:
+            quality = Q.metric_quality(vals, [self.loads[i] for i in self._keep()], self.threshold)
+        return Metric(name, unit, vals, hib, params, status, error, quality, record)
 
     def metrics(self, status: str = "ok", error: str | None = None) -> list[Metric]:
-        p = self.point
+        p, keep, record = self.point, self._keep(), self._load_record()
         params = dict(p.params)
-        out = [Metric(p.name, p.unit, self.primary, p.higher_is_better, params, status, error)]
+        primary = [self.primary[i] for i in keep]
+        out = [self._metric(p.name, p.unit, primary, p.higher_is_better, params, status, error, record)]
         units = {e.name: e for e in p.extras}
         for name, vals in self.extras.items():
             e = units.get(name, Extra(name, ""))
-            out.append(Metric(name, e.unit, vals, e.higher_is_better, params, status, error))
-        if self.peak_mem:
-            out.append(Metric(f"{p.name}.peak_mem", "bytes", self.peak_mem, False, params, status, error))
+            # extras may hold several values per repetition: their quality follows the point's loads
+            out.append(self._metric(name, e.unit, vals, e.higher_is_better, params, status, error, record))
+        peaks = [self.peak_mem[i] for i in keep if self.peak_mem[i] is not None]
+        if peaks:
+            out.append(self._metric(f"{p.name}.peak_mem_bytes", "bytes", peaks, False, params, status, error,
+                                    record))
         for d in p.derived:
-            vals = [float(d.fn(v)) for v in self.primary]
-            out.append(Metric(d.name, d.unit, vals, d.higher_is_better, {**params, **d.params}, status, error))
+            vals = [float(d.fn(v)) for v in primary]
+            problem = d.problem(vals) if status == "ok" else None
+            out.append(self._metric(d.name, d.unit, vals, d.higher_is_better, {**params, **d.params},
+                                    "failed" if problem else status, problem or error, record))
         return out
 
 
@@ -190,13 +264,38 @@ def _fraction(n: int, elapsed_ns: int, cfg: RunnerConfig) -> float:
     return min(1.0, n / cfg.min_reps, by_time)
 
 
+def _rerun_over(samples: _Samples, disturbed: list[bool], cfg: RunnerConfig) -> bool:
+    """Whether the re-run budget for disturbed repetitions is spent."""
+    n_dist = sum(disturbed)
+    if not n_dist:
+        return False
+    dist_s = sum(t for t, d in zip(samples.rep_s, disturbed) if d)
+    clean = len(disturbed) - n_dist
+    return n_dist > cfg.rerun_factor * max(cfg.min_reps, clean) and dist_s > cfg.rerun_s
+
+
+def _stop(samples: _Samples, probe: LoadProbe, cfg: RunnerConfig, elapsed_ns: int) -> bool:
+    """The stopping rule over clean repetitions (those in a load window still open count as clean),
+    within the re-run budget."""
+    disturbed = Q.split_disturbed(probe.loads, cfg.disturbed_cores)
+    if _rerun_over(samples, disturbed, cfg) or len(disturbed) >= cfg.max_reps * (1 + cfg.rerun_factor):
+        return True
+    return _done(len(disturbed) - sum(disturbed), elapsed_ns, cfg)
+
+
 def _repeat(step: Step, point: Point, cfg: RunnerConfig, inner: int, cancel,
-            tick: Callable[[float], None]) -> _Samples:
+            tick: Callable[[float], None], probe: LoadProbe) -> _Samples:
     sync = synchronizer(point.device)
     tracker = peak_tracker(point.device) if point.track_memory else None
     samples = _Samples(point)
+    probe.start()
     start_ns = now_ns()
-    while not _done(len(samples.primary), now_ns() - start_ns, cfg):
+    while True:
+        if _stop(samples, probe, cfg, now_ns() - start_ns):
+            if not probe.pending:
+                break
+            probe.close()  # the last window's load may make it re-run some repetitions
+            continue
         check_cancel(cancel)
         rep = len(samples.primary)
         if tracker is not None:
@@ -205,9 +304,12 @@ def _repeat(step: Step, point: Point, cfg: RunnerConfig, inner: int, cancel,
         elapsed_ns, out = _timed(step, sync, inner)
         markers.emit(markers.BENCH_ITER, "end", point=point.name, rep=rep)
         peak = tracker.peak_bytes() if tracker is not None else None
-        samples.add(elapsed_ns / 1e9 / inner, out, peak)
+        samples.add(elapsed_ns / 1e9 / inner, out, peak, elapsed_ns / 1e9)
         del out  # the next rep's peak memory must not include this rep's output
-        tick(_fraction(len(samples.primary), now_ns() - start_ns, cfg))
+        probe.rep_done()
+        # below 1 until the point is done: re-runs and the last load window may still follow
+        tick(min(0.99, _fraction(len(samples.primary), now_ns() - start_ns, cfg)))
+    samples.finish(probe.loads, cfg)
     return samples
 
 
@@ -234,9 +336,10 @@ def measure_point(point: Point, cfg: RunnerConfig, cancel: threading.Event | Non
     """Measures one point; failures become a failed outcome, cancellation propagates."""
     step = None
     try:
+        probe = LoadProbe(gpu=Q.gpu_probe(point.device))
         step = point.prepare()
         inner = _warm_up(step, synchronizer(point.device), point, cfg, cancel)
-        samples = _repeat(step, point, cfg, inner, cancel, tick)
+        samples = _repeat(step, point, cfg, inner, cancel, tick, probe)
     except (Cancelled, KeyboardInterrupt):
         raise
     except Exception as e:  # a failed point is data, not a crash: record it and go on

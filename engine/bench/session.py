@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Protocol
 from engine.bench import fingerprint
 from engine.bench.memory import peak_unit_note
 from engine.bench.options import BenchOptions, SuitePlan
+from engine.bench.quality import worst
 from engine.bench.runner import ProgressFn, run_points
 from engine.bench.suites import get_suite
 from engine.errors import Cancelled
@@ -92,6 +93,7 @@ def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_i
 
 def _finish(sink, run_id, result: RunResult, status: str, error: str | None) -> None:
     result.status, result.error = status, error
+    result.quality = worst(m.quality for m in result.metrics if m.status == "ok")
     if sink is not None:
         sink.finish_run(run_id, status, error)
 

@@ -93,16 +93,8 @@ def cmd_chat(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from engine.formats import open_model
-    from engine.models.inspect import describe
+    from engine.models.inspect import format_text, inspect_path
 
-    info = describe(open_model(args.path))
-    if args.json:
-        print(json.dumps(info, indent=2))
-        return 0
-    width = max(len(k) for k in info)
-    for k, v in info.items():
-        if isinstance(v, dict):
-            v = ", ".join(f"{a} ×{b}" for a, b in v.items())
-        print(f"{k:<{width}}  {v}")
+    info = inspect_path(args.path)  # any GGUF's metadata, and in one line why it cannot run, if so
+    print(json.dumps(info, indent=2, default=str) if args.json else format_text(info))
     return 0

@@ -32,24 +32,58 @@ def _swap(model, name: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
+def _pack(source, name: str, layout: str = "auto"):
+    """The PackedWeight of GGUF tensor ``name``, or (None, type) when no kernel reads it."""
+    ggml_type, raw, shape = source.raw_tensor(name)
+    if not supported(ggml_type, shape[-1]) or len(shape) != 2:
+        return None, ggml_type
+    return pack(ggml_type, raw, shape, layout=layout), ggml_type
+
+
 def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
-    """Replace every linear whose GGUF tensor has a kernel; returns {ggml type: count swapped}."""
-    from engine.fastpath.qlinear import QuantLinear, ensure_op
+    """Replace every linear, and the token embedding, by a module over its GGUF blocks (each its
+    own type); returns {ggml type: count swapped} ("dense:TYPE" for tensors left as they are)."""
+    from engine.fastpath.qlinear import QuantEmbedding, QuantLinear, ensure_op
 
     ensure_op()
     counts: dict[str, int] = {}
+    tied = model.config.tie_embeddings
+    # A tied head reads the embedding's blocks: Q4_1/Q8_0 repacked for the tuned matvec; an untied
+    # embedding stays a view of the file (a lookup reads a few rows).
+    embed, embed_type = _pack(source, "embed.weight", "auto" if tied else "raw")
     for name in linear_names(model):
-        ggml_type, raw, shape = source.raw_tensor(_raw_name(model, name))
-        if not supported(ggml_type):
+        packed, ggml_type = (embed, embed_type) if name == "lm_head" and tied else _pack(source, _raw_name(model, name))
+        if packed is None:
             counts[f"dense:{ggml_type}"] = counts.get(f"dense:{ggml_type}", 0) + 1
             continue
         old = model.get_submodule(name)
         bias = getattr(old, "bias", None)
-        new = QuantLinear(pack(ggml_type, raw, shape), bias, act_mode=1 if options.activations == "q8" else 0,
+        new = QuantLinear(packed, bias, act_mode=1 if options.activations == "q8" else 0,
                           gemm_min_rows=options.gemm_min_rows, gemm_dtype=options.prefill_dtype)
         _swap(model, name, new)
         counts[ggml_type] = counts.get(ggml_type, 0) + 1
+        if name.endswith("down_proj") and hasattr(source, "release_pages"):
+            source.release_pages()  # a layer packed: its file pages need not stay resident beside the copies
+    if embed is not None:
+        model.embed = QuantEmbedding(embed)
+        counts[f"embed:{embed_type}"] = 1
+    else:
+        counts[f"dense:{embed_type}"] = counts.get(f"dense:{embed_type}", 0) + 1
     return counts
+
+
+def weight_bytes(model) -> int:
+    """Bytes the model's weights occupy: parameters and buffers, each storage counted once (a tied
+    head and the embedding share theirs); the KV cache and RoPE tables excluded."""
+    seen, total = set(), 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if ".cache." in name or "inv_freq" in name or t.device.type == "meta":
+            continue
+        key = (t.untyped_storage().data_ptr(), t.data_ptr())
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
 
 
 def apply(model, source, options: FastPathOptions = FastPathOptions()):
@@ -63,8 +97,8 @@ def apply(model, source, options: FastPathOptions = FastPathOptions()):
             if options.pin_threads:
                 threads.pin_threads()
             counts = quantize_linears(model, source, options)
-            log.info("fast path: quantized linears %s (activations %s, prefill %s)", counts,
-                     options.activations, options.prefill_dtype)
+            log.info("fast path: quantized weights %s (activations %s, prefill %s); weights %.1f MB",
+                     counts, options.activations, options.prefill_dtype, weight_bytes(model) / 1e6)
         except KernelBuildError as e:
             if options.on_error == "raise":
                 raise

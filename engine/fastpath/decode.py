@@ -1,8 +1,8 @@
 """Decode-step fast paths: the fused C++ step (one call per token) and torch.compile of the step.
 
-The fused step is swapped in by changing the model's class to a subclass whose forward sends
-batch-1 single-token calls with a KV cache to the C++ step and everything else (prefill, batches,
-cache-less reference passes) to the model's own forward. It reads the model's KV cache tensors, so
+The fused step is the model's decode step (``Transformer.set_decode_step``): the model's forward
+sends batch-1 single-token calls with a KV cache to the C++ step and everything else (prefill,
+batches, cache-less reference passes) to its own layers. It reads the model's KV cache tensors, so
 prefill by the torch model and decode by the fused step share one cache.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from engine.fastpath.qlinear import QuantLinear
+from engine.fastpath.qlinear import QuantEmbedding, QuantLinear
 
 log = logging.getLogger(__name__)
 
@@ -19,15 +19,26 @@ _LAYER_LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
-def _spec(lin: QuantLinear) -> tuple:
-    return (lin.qtype, lin.qs, lin.d, lin.m, lin.bias)
+def _spec(mod) -> tuple:
+    """(qtype, qs, d, m, bias) of a QuantLinear/QuantEmbedding; a dense float32 embedding as raw F32 rows."""
+    if isinstance(mod, (QuantLinear, QuantEmbedding)):
+        return mod.spec()
+    from engine.kernels.packing import QTYPE_RAW, RAW_TYPES
+
+    w = mod.weight.detach().contiguous()
+    return (QTYPE_RAW + RAW_TYPES["F32"][0], w.view(torch.uint8), None, None, None)
 
 
 def fusable(model) -> bool:
-    """True when every weight matmul is a QuantLinear and the model is float32 on the CPU."""
+    """True when every weight matmul is a QuantLinear (any mix of types) and the model is float32
+    on the CPU (the embedding quantized, or dense float32), and the config is the plain Llama block
+    (the C++ step knows no QK-norm, post norms, GeGLU, scales, soft-caps or sliding windows)."""
+    if not model.config.is_llama_core:
+        return False
     mods = [model.lm_head] + [layer.get_submodule(p) for layer in model.layers for p in _LAYER_LINEARS]
-    return (all(isinstance(m, QuantLinear) for m in mods) and model.embed.weight.dtype == torch.float32
-            and model.embed.weight.device.type == "cpu")
+    embed = model.embed
+    return (all(isinstance(m, QuantLinear) for m in mods) and embed.weight.device.type == "cpu"
+            and (isinstance(embed, QuantEmbedding) or embed.weight.dtype == torch.float32))
 
 
 def build_step(model, act_mode: int):
@@ -36,7 +47,7 @@ def build_step(model, act_mode: int):
 
     cfg = model.config
     step = load_kernels().DecodeModel(cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_dim,
-                                      float(cfg.norm_eps), act_mode, model.embed.weight, model.inv_freq,
+                                      float(cfg.norm_eps), act_mode, _spec(model.embed), model.inv_freq,
                                       model.norm.weight, _spec(model.lm_head))
     for layer in model.layers:
         step.add_layer(layer.attn_norm.weight, layer.mlp_norm.weight,
@@ -44,37 +55,33 @@ def build_step(model, act_mode: int):
     return step
 
 
-class FusedDecodeMixin:
-    """Mixed into the model's class: batch-1 single-token decode with a cache goes to the C++ step."""
+class FusedStep:
+    """The model's decode step (``Transformer.set_decode_step``) run by the C++ DecodeModel
+    ``kernel``, over the KV cache buffers the model holds now."""
 
-    _fused_step = None
-    _fused_cache = ()  # (layer 0's KVCache,) last handed to the step; a tuple, not a submodule
+    def __init__(self, layers, kernel):
+        self.layers, self.kernel = layers, kernel  # the model's ModuleList: no reference cycle
+        self.cache = None  # layer 0's KVCache last handed to the kernel
 
-    def forward(self, idx, input_pos=0, *, pad=None, last_only=False):
-        if self._fused_step is None or not self.is_decode_step(idx, pad):
-            return super().forward(idx, input_pos, pad=pad, last_only=last_only)
+    def __call__(self, idx: torch.Tensor, pos: int) -> torch.Tensor:
         self._sync_cache()
-        pos = int(input_pos[0]) if isinstance(input_pos, torch.Tensor) else int(input_pos)
-        return self._fused_step.step(int(idx[0, 0]), pos)
+        return self.kernel.step(int(idx[0, 0]), pos)
 
     def _sync_cache(self) -> None:
         cache = self.layers[0].attn.cache
-        if not self._fused_cache or cache is not self._fused_cache[0]:  # setup_cache() made new buffers
-            self._fused_step.set_cache([layer.attn.cache.k for layer in self.layers],
-                                       [layer.attn.cache.v for layer in self.layers])
-            self._fused_cache = (cache,)
+        if cache is not self.cache:  # setup_cache() made new buffers
+            self.kernel.set_cache([layer.attn.cache.k for layer in self.layers],
+                                  [layer.attn.cache.v for layer in self.layers])
+            self.cache = cache
 
 
 def enable_fused_decode(model, act_mode: int) -> bool:
-    """Swap in the fused decode step; False (model unchanged) when the model is not fusable."""
+    """Set the fused C++ decode step (``model.set_decode_step``); False (model unchanged) when the
+    model is not fusable."""
     if not fusable(model):
         log.info("fast path: fused decode needs every linear quantized (Q4_1/Q8_0) and float32; skipped")
         return False
-    base = type(model)
-    if not issubclass(base, FusedDecodeMixin):
-        model.__class__ = type(f"Fused{base.__name__}", (FusedDecodeMixin, base), {})
-    model._fused_step = build_step(model, act_mode)
-    model._fused_cache = ()
+    model.set_decode_step(FusedStep(model.layers, build_step(model, act_mode)))
     return True
 
 
@@ -83,7 +90,7 @@ def compile_decode(model) -> None:
     does not already run it."""
     from engine.models.compiled import enable_compiled_decode
 
-    if getattr(model, "_fused_step", None) is not None:
+    if isinstance(model.decode_step, FusedStep):
         log.info("fast path: compile_decode skipped: the fused C++ step runs decode")
         return
     enable_compiled_decode(model)

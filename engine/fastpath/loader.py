@@ -1,8 +1,9 @@
-"""Load a GGUF straight into the fast path: linears from their raw blocks, never dequantized.
+"""Load a GGUF straight into the fast path: linears and embedding from their raw blocks, never dequantized.
 
 engine.api.load dequantizes every tensor to float32 (about 1 s for the default model) and the fast
-path then throws the linears' dense copies away. Here only the embedding, the norms and any tensor
-without a kernel are dequantized; the linears are packed from the mapped file (0.3 s).
+path then throws the dense copies away. Here only the norms (and biases) are dequantized; the
+linears and the token embedding are read from the mapped file (Q4_1/Q8_0 repacked, every other
+type a view of the file's blocks).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from engine import markers
 from engine.clock import now_ns
 from engine.errors import ModelFormatError
-from engine.fastpath.apply import LINEAR_PATHS, quantize_linears
+from engine.fastpath.apply import quantize_linears, weight_bytes
 from engine.fastpath.options import FastPathOptions
 from engine.kernels import KernelBuildError, load_kernels, pack, supported
 
@@ -27,8 +28,8 @@ def dense_tensor(source, name: str) -> torch.Tensor:
     if kind in ("F32", "F16"):
         arr = np.array(raw.view(np.float32 if kind == "F32" else np.float16).reshape(shape), dtype=np.float32)
         t = torch.from_numpy(arr)
-    elif supported(kind):
-        w = pack(kind, raw, shape)
+    elif len(shape) == 2 and supported(kind, shape[1]):
+        w = pack(kind, raw, shape, layout="raw")
         t = load_kernels().dequantize(w.qs, w.d, w.m, w.qtype, shape[1], torch.float32)
     else:
         import gguf
@@ -42,38 +43,33 @@ def dense_tensor(source, name: str) -> torch.Tensor:
     return t
 
 
-def _quantizable(source, model) -> set[str]:
-    """Linears whose blocks have a kernel (a tied head reads the embedding's blocks)."""
-    names = {f"layers.{i}.{p}" for i in range(len(model.layers)) for p in LINEAR_PATHS}
-    if not model.config.tie_embeddings:
-        names.add("lm_head")
-    return {n for n in names if supported(source.raw_tensor(f"{n}.weight")[0])}
-
-
 def build_quantized(source, options: FastPathOptions, attention: str = "sdpa"):
-    """A Transformer on the CPU in float32 whose linears are QuantLinear, built from ``source``."""
+    """A Transformer on the CPU in float32 whose linears are QuantLinear and whose embedding is a
+    QuantEmbedding, built from ``source``; only the norms (and biases) are dense."""
     from engine.fastpath import decode
-    from engine.models.llama import Transformer, rope_inv_freq
+    from engine.models.llama import Transformer
 
     cfg = source.config
     with torch.device("meta"):
         model = Transformer(cfg, attention)
-    skip = {f"{n}.weight" for n in _quantizable(source, model)}
-    if cfg.tie_embeddings:
-        skip.add("lm_head.weight")
-    state = {k: dense_tensor(source, k) for k in model.state_dict() if k not in skip}
+    counts = quantize_linears(model, source, options)  # swaps modules of the empty (meta) model
+    skip = {"lm_head.weight"} if cfg.tie_embeddings else set()
+    state = {k: dense_tensor(source, k) for k, t in model.state_dict().items() if t.is_meta and k not in skip}
     model.load_state_dict(state, strict=False, assign=True)
     freqs = dense_tensor(source, "rope_freqs") if "rope_freqs" in source.tensor_names() else None
-    model.inv_freq = rope_inv_freq(cfg, freqs)
-    quantize_linears(model, source, options)
-    if cfg.tie_embeddings and model.lm_head.weight.is_meta:  # a tied head whose type has no kernel
-        model.lm_head.weight = model.embed.weight
+    model.set_rope(freqs, torch.device("cpu"))  # and the local RoPE of windowed layers (Gemma 3)
+    if cfg.tie_embeddings and isinstance(model.lm_head, torch.nn.Linear) and model.lm_head.weight.is_meta:
+        model.lm_head.weight = model.embed.weight  # a tied head whose type has no kernel
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
         raise ModelFormatError(f"{source.path}: tensors left unloaded by the fast-path loader: {left[:4]}")
+    log.info("fast path: %s: weights %s; %.1f MB in memory for a %.1f MB file", source.path, counts,
+             weight_bytes(model) / 1e6, getattr(source, "file_size_bytes", 0) / 1e6)
     if options.fused_decode:
         decode.enable_fused_decode(model, 1 if options.activations == "q8" else 0)
     model.decode_threads = "auto" if options.adapt_threads else None  # engine.generate.decode_threads
+    if hasattr(source, "release_pages"):
+        source.release_pages()  # the packed weights are copies: the file's pages are not needed (-1x file in RSS)
     return model.eval().requires_grad_(False)
 
 
@@ -88,12 +84,12 @@ def _build_pinned(source, options: FastPathOptions, attention: str):
 def load(model=None, options: FastPathOptions = FastPathOptions(), *, attention: str = "sdpa",
          threads: int | None = None):
     """engine.api.load for the CPU fast path: a LoadedModel (CPU, float32) with quantized linears.
-    Falls back to engine.api.load + apply when the file has no raw blocks, the options ask for
-    dense weights, or the kernels cannot be built (``options.on_error="fallback"``)."""
-    from engine.api import LoadedModel, LoadOptions
-    from engine.api import load as load_dense
+    Falls back to the plain model (engine.loaded.load_plain) + apply when the file has no raw
+    blocks, the options ask for dense weights, or the kernels cannot be built
+    (``options.on_error="fallback"``)."""
     from engine.fastpath.apply import apply
     from engine.formats import open_model
+    from engine.loaded import LoadedModel, LoadOptions, load_plain
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -109,6 +105,6 @@ def load(model=None, options: FastPathOptions = FastPathOptions(), *, attention:
                 if options.on_error == "raise":
                     raise
                 log.warning("fast path unavailable, loading dense weights: %s", e)
-    lm = load_dense(model, attention=attention, threads=threads, fastpath="off")
+    lm = load_plain(model, attention=attention, threads=threads)
     apply(lm.model, lm.source, options)
     return lm

@@ -1,25 +1,32 @@
-"""QuantLinear: an nn.Linear replacement fed from the GGUF's quantized blocks.
+"""QuantLinear and QuantEmbedding: nn.Linear / nn.Embedding replacements fed from the GGUF's blocks.
 
 Decode (few rows) runs the fused dequantize-matvec kernel; prefill (``gemm_min_rows`` rows or more)
-dequantizes the weight to bf16/fp32 and runs torch's GEMM. Both are one dispatcher op,
-``torch.ops.opscope.qlinear``, which torch.compile treats as an opaque call.
+dequantizes the weight tile by tile to bf16/fp32 and runs torch's GEMM. Both are one dispatcher op,
+``torch.ops.opscope.qlinear``, which torch.compile treats as an opaque call. An embedding lookup
+dequantizes only the rows it reads (``torch.ops.opscope.qembedding``); a tied output head and the
+embedding share one set of blocks.
 """
 from __future__ import annotations
 
+import logging
 import threading
 
 import torch
 import torch.nn as nn
+from torch.utils import _pytree as pytree
 
-from engine.kernels import PackedWeight, dequantize_reference, load_kernels
+from engine.kernels import KernelBuildError, PackedWeight, dequantize_reference, load_kernels
+
+log = logging.getLogger(__name__)
 
 _GEMM_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 _fake_lock = threading.Lock()
 _fake_registered = False
+_q8_logged: set[str] = set()
 
 
 def ensure_op() -> None:
-    """Load the kernels (registering the op) and its fake kernel for torch.compile, once."""
+    """Load the kernels (registering the ops) and their fake kernels for torch.compile, once."""
     global _fake_registered
     load_kernels()
     with _fake_lock:
@@ -28,24 +35,81 @@ def ensure_op() -> None:
 
         @torch.library.register_fake("opscope::qlinear")
         def _fake(x, qs, d, m, qtype, act_mode, gemm_min_rows, gemm_dtype):
-            return x.new_empty((*x.shape[:-1], d.shape[0]))
+            return x.new_empty((*x.shape[:-1], qs.shape[0]))
+
+        @torch.library.register_fake("opscope::qembedding")
+        def _fake_embedding(idx, qs, d, m, qtype, k):
+            return idx.new_empty((*idx.shape, k), dtype=torch.float32)
 
         _fake_registered = True
 
 
-class QuantLinear(nn.Module):
-    """y = x @ W^T (+ bias) with W kept as packed Q4_1/Q8_0 blocks (engine.kernels.PackedWeight)."""
+class BlocksWeight(torch.Tensor):
+    """A quantized matrix seen as a float32 [N, K] tensor: shape, dtype and device are free (code
+    that asks ``model.embed.weight.device`` pays nothing); any operation on it dequantizes the
+    blocks first, so its values are the real weights."""
 
-    def __init__(self, packed: PackedWeight, bias: torch.Tensor | None = None, *, act_mode: int = 0,
-                 gemm_min_rows: int = 8, gemm_dtype: str = "bf16"):
+    @staticmethod
+    def __new__(cls, packed: PackedWeight):
+        return torch.Tensor._make_wrapper_subclass(cls, packed.shape, dtype=torch.float32, device=packed.qs.device)
+
+    def __init__(self, packed: PackedWeight):
+        self.packed = packed
+
+    def __repr__(self) -> str:
+        return f"BlocksWeight({self.packed.ggml_type}, shape={tuple(self.shape)})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def dense(t):
+            return dequantize(t.packed) if isinstance(t, BlocksWeight) else t
+
+        return func(*pytree.tree_map(dense, args), **pytree.tree_map(dense, kwargs or {}))
+
+
+def dequantize(packed: PackedWeight) -> torch.Tensor:
+    """Dense float32 [N, K] of ``packed`` through the kernels (numpy reference where they are absent)."""
+    try:
+        kern = load_kernels()
+    except KernelBuildError:  # no compiler here: the slower reference gives the same values
+        return dequantize_reference(packed)
+    return kern.dequantize(packed.qs, packed.d, packed.m, packed.qtype, packed.shape[1], torch.float32)
+
+
+class _Blocks(nn.Module):
+    """Holds one PackedWeight's tensors as (non-persistent) buffers."""
+
+    def __init__(self, packed: PackedWeight):
         super().__init__()
-        self.out_features, self.in_features = packed.shape
         self.ggml_type, self.qtype = packed.ggml_type, packed.qtype
-        self.act_mode, self.gemm_min_rows = act_mode, gemm_min_rows
-        self.gemm_dtype = _GEMM_DTYPES[gemm_dtype]
+        self.shape = packed.shape
         self.register_buffer("qs", packed.qs, persistent=False)
         self.register_buffer("d", packed.d, persistent=False)
         self.register_buffer("m", packed.m, persistent=False)
+
+    @property
+    def packed(self) -> PackedWeight:
+        return PackedWeight(self.ggml_type, self.qs, self.d, self.m, self.shape)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.packed.nbytes
+
+
+class QuantLinear(_Blocks):
+    """y = x @ W^T (+ bias) with W kept quantized (engine.kernels.PackedWeight: SoA or raw blocks)."""
+
+    def __init__(self, packed: PackedWeight, bias: torch.Tensor | None = None, *, act_mode: int = 0,
+                 gemm_min_rows: int = 8, gemm_dtype: str = "bf16"):
+        super().__init__(packed)
+        self.out_features, self.in_features = packed.shape
+        if act_mode == 1 and packed.raw and packed.ggml_type not in _q8_logged:
+            _q8_logged.add(packed.ggml_type)
+            log.info("fast path: no int8-activation kernel for %s; its matmuls use float32 activations",
+                     packed.ggml_type)
+        self.act_mode = act_mode if not packed.raw else 0
+        self.gemm_min_rows = gemm_min_rows
+        self.gemm_dtype = _GEMM_DTYPES[gemm_dtype]
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,16 +120,37 @@ class QuantLinear(nn.Module):
             y = y + self.bias
         return y.to(dtype)
 
+    def spec(self) -> tuple:
+        """(qtype, qs, d, m, bias): the C++ DecodeModel's form of this linear."""
+        return self.packed.spec(self.bias)
+
     @property
     def weight(self) -> torch.Tensor:
         """Dense float32 weight, computed on demand (code that inspects .weight, tests)."""
-        return dequantize_reference(PackedWeight(self.ggml_type, self.qs, self.d, self.m,
-                                                 (self.out_features, self.in_features)))
-
-    @property
-    def weight_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+        return dequantize_reference(self.packed)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, {self.ggml_type}, "
                 f"act_mode={self.act_mode}, gemm_min_rows={self.gemm_min_rows}, gemm_dtype={self.gemm_dtype}")
+
+
+class QuantEmbedding(_Blocks):
+    """nn.Embedding over quantized rows: a lookup dequantizes the rows it reads."""
+
+    def __init__(self, packed: PackedWeight):
+        super().__init__(packed)
+        self.num_embeddings, self.embedding_dim = packed.shape
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return torch.ops.opscope.qembedding(idx, self.qs, self.d, self.m, self.qtype, self.embedding_dim)
+
+    def spec(self) -> tuple:
+        return self.packed.spec()
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The table as a float32 [V, dim] tensor whose metadata is free (BlocksWeight)."""
+        return BlocksWeight(self.packed)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.ggml_type}"

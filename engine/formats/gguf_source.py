@@ -9,14 +9,16 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.errors import UnsupportedModelError
 from engine.formats.gguf_header import TensorEntry, read_gguf_header
-from engine.models.config import ModelConfig, RopeScaling
+from engine.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
-# Types we dequantize (the issue's list; the gguf package implements them in numpy).
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+# Types we read: the dense path dequantizes them with the gguf package (numpy), the CPU fast path
+# has a kernel for each (engine/kernels). F32 holds norms (and the odd dense weight).
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 
 # GGUF tensor name → engine parameter name. One table per format (STYLE.md habit 2).
 _NAME_MAP = {
@@ -33,13 +35,33 @@ _BLOCK_MAP = {
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def engine_name(gguf_name: str) -> str | None:
+def engine_name(gguf_name: str, family=None) -> str | None:
+    """Engine parameter name of a GGUF tensor (``family``: its extra names), None if unknown."""
     if gguf_name in _NAME_MAP:
         return _NAME_MAP[gguf_name]
     m = _BLOCK_RE.match(gguf_name)
-    if m and m.group(2) in _BLOCK_MAP:
-        return f"layers.{m.group(1)}.{_BLOCK_MAP[m.group(2)]}.{m.group(3)}"
-    return None
+    extra = family.gguf_tensors if family is not None else {}
+    sub = extra.get(m.group(2)) or _BLOCK_MAP.get(m.group(2)) if m else None
+    return f"layers.{m.group(1)}.{sub}.{m.group(3)}" if sub else None
+
+
+def tensor_index(tensors, family, cfg: ModelConfig) -> dict[str, tuple[str, int, int | None]]:
+    """engine name → (GGUF name, first row, rows or None for all): fused tensors (Phi-3's attn_qkv,
+    gate|up in ffn_up) become row ranges of their GGUF tensor."""
+    index: dict[str, tuple[str, int, int | None]] = {}
+    for g in tensors:
+        m = _BLOCK_RE.match(g)
+        split = family.gguf_fused.get(m.group(2)) if m and family is not None else None
+        if split is None:
+            name = engine_name(g, family)
+            if name is not None:
+                index[name] = (g, 0, None)
+            continue
+        row = 0
+        for sub, rows in split(cfg):
+            index[f"layers.{m.group(1)}.{sub}.{m.group(3)}"] = (g, row, rows)
+            row += rows
+    return index
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -69,47 +91,15 @@ class GGUFSource:
         self._data = np.memmap(path, dtype=np.uint8, mode="r")
         self.arch = str(self.meta.get("general.architecture", "?"))
         self.config = self._config()
+        self._index = tensor_index(self.tensors, self.family, self.config)
         self._check_types()
 
     # -- metadata -------------------------------------------------------------------------------
-    def _get(self, key: str, default=None, required: bool = False):
-        full = f"{self.arch}.{key}"
-        if full not in self.meta:
-            if required:
-                raise ModelFormatError(f"{self.path}: metadata field {full} is missing")
-            return default
-        return self.meta[full]
-
     def _config(self) -> ModelConfig:
-        if self.arch not in ("llama", "mistral", "qwen2"):
-            raise UnsupportedModelError(
-                f"{self.path}: architecture {self.arch!r} is not supported (llama, mistral, qwen2 are)")
-        n_heads = int(self._get("attention.head_count", required=True))
-        dim = int(self._get("embedding_length", required=True))
-        vocab = int(self._get("vocab_size", 0)) or self._array_len("tokenizer.ggml.tokens")
-        return ModelConfig(
-            arch=self.arch, dim=dim, n_layers=int(self._get("block_count", required=True)),
-            n_heads=n_heads, n_kv_heads=int(self._get("attention.head_count_kv", n_heads)),
-            hidden_dim=int(self._get("feed_forward_length", required=True)), vocab_size=vocab,
-            head_dim=int(self._get("attention.key_length", 0) or 0),
-            norm_eps=float(self._get("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(self._get("rope.freq_base", 10000.0)),
-            rope_scaling=self._rope_scaling(),
-            max_seq_len=int(self._get("context_length", 2048)),
-            tie_embeddings="output.weight" not in self.tensors,
-            qkv_bias="blk.0.attn_q.bias" in self.tensors,
-        )
+        from engine.models.families import GGUFMeta, family_for_gguf
 
-    def _rope_scaling(self) -> RopeScaling | None:
-        kind = self._get("rope.scaling.type")
-        if kind in (None, "none"):
-            return None
-        if kind != "linear":
-            raise UnsupportedModelError(f"{self.path}: rope scaling type {kind!r} is not supported (linear is)")
-        return RopeScaling("linear", factor=float(self._get("rope.scaling.factor", 1.0)))
-
-    def _array_len(self, key: str) -> int:
-        return len(self.meta.get(key) or ())
+        self.family = family_for_gguf(self.arch, self.path)  # engine.models.families: one module per arch
+        return self.family.config_from_gguf(GGUFMeta(self.meta, self.arch, self.path, set(self.tensors)))
 
     def type_name(self, t: TensorEntry) -> str:
         import gguf
@@ -117,11 +107,13 @@ class GGUFSource:
         return gguf.GGMLQuantizationType(t.ggml_type).name
 
     def _check_types(self) -> None:
-        bad = sorted({self.type_name(t) for t in self.tensors.values()} - set(SUPPORTED_TYPES))
+        bad = [t for t in self.tensors.values() if self.type_name(t) not in SUPPORTED_TYPES]
         if bad:
+            others = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
             raise UnsupportedModelError(
-                f"{self.path}: quantization type(s) {', '.join(bad)} not supported "
-                f"(supported: {', '.join(SUPPORTED_TYPES)}); re-quantize to one of those")
+                f"{self.path}: tensor {bad[0].name}{others} has quantization type {self.type_name(bad[0])}, "
+                f"which is not supported; re-quantize the model to one of {', '.join(SUPPORTED_TYPES)} "
+                f"(e.g. llama-quantize --allow-requantize IN.gguf OUT.gguf Q4_K_M)")
 
     @property
     def quant_summary(self) -> dict[str, int]:
@@ -135,10 +127,12 @@ class GGUFSource:
     def raw_tensor(self, name: str) -> tuple[str, np.ndarray, tuple[int, ...]]:
         """(ggml type name, raw blocks as stored, logical numpy shape) for an engine parameter name,
         with Q/K rows already in rotate-half order."""
-        gname = self._gguf_name(name)
+        gname, row, rows = self._where(name)
         t = self.tensors[gname]
         shape = tuple(int(d) for d in reversed(t.shape))
         data = self._raw(t)
+        if rows is not None:  # one part of a fused tensor: whole rows, so quantized blocks split cleanly
+            data, shape = data[row:row + rows], (rows, *shape[1:])
         if gname.endswith(("attn_q.weight", "attn_k.weight")) and self.arch == "llama":
             heads = self.config.n_heads if "attn_q" in gname else self.config.n_kv_heads
             data = data[permute_qk_rows(shape[0], heads)]
@@ -152,22 +146,31 @@ class GGUFSource:
         flat = self._data[start:start + tensor_nbytes(t, self._known)]
         return flat.reshape(-1, tensor_nbytes(TensorEntry(t.name, t.shape[:1], t.ggml_type, 0), self._known))
 
-    def _gguf_name(self, name: str) -> str:
-        for g in self.tensors:
-            if engine_name(g) == name:
-                return g
-        raise KeyError(name)
+    def _where(self, name: str) -> tuple[str, int, int | None]:
+        return self._index[name]  # KeyError for a name the file does not hold
+
+    def release_pages(self) -> None:
+        """Drop the mapped file's pages from this process's resident set (MADV_DONTNEED) once the
+        weights live in packed copies: otherwise the file is counted a second time in RSS. The pages
+        stay in the page cache; tensors that still view the file fault them back in when read."""
+        import mmap
+
+        mm = getattr(self._data, "_mmap", None)  # np.memmap's mapping
+        if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mm.madvise(mmap.MADV_DONTNEED)
 
     def tensor_names(self) -> list[str]:
-        return [n for n in (engine_name(g) for g in self.tensors) if n is not None]
+        return list(self._index)
 
     def iter_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """(engine name, float32 ndarray in numpy/torch layout [out, in]) for every tensor."""
         import gguf
 
+        parts: dict[str, list[tuple[str, int, int | None]]] = {}
+        for name, (g, row, rows) in self._index.items():
+            parts.setdefault(g, []).append((name, row, rows))
         for t in self.tensors.values():
-            name = engine_name(t.name)
-            if name is None:
+            if t.name not in parts:
                 log.warning("%s: ignoring unknown tensor %s", self.path, t.name)
                 continue
             shape = tuple(int(d) for d in reversed(t.shape))
@@ -180,5 +183,6 @@ class GGUFSource:
             elif self.arch == "llama" and t.name.endswith(("attn_q.bias", "attn_k.bias")):
                 heads = self.config.n_heads if "attn_q" in t.name else self.config.n_kv_heads
                 w = unpermute_qk(w, heads)
-            yield name, w
+            for name, row, rows in parts[t.name]:
+                yield name, (w if rows is None else w[row:row + rows])  # row slices stay contiguous
 

@@ -9,10 +9,9 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.models.config import ModelConfig, RopeScaling
+from engine.errors import ModelFormatError
+from engine.models.config import ModelConfig
 
-_HF_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
         "lm_head.weight": "lm_head.weight"}
 _LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm",
@@ -23,57 +22,35 @@ _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 ENGINE_TO_HF = {v: k for k, v in _TOP.items()}
 
 
-def engine_name(hf_name: str) -> str | None:
+def _layer_map(family) -> dict[str, str]:
+    return {**_LAYER, **family.hf_tensors} if family is not None else _LAYER
+
+
+def engine_name(hf_name: str, family=None) -> str | None:
+    """Engine parameter name of a Hugging Face tensor (``family``: its extra names), None if unknown."""
     if hf_name in _TOP:
         return _TOP[hf_name]
     m = _LAYER_RE.match(hf_name)
-    if m and m.group(2) in _LAYER:
-        return f"layers.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
+    layer = _layer_map(family)
+    if m and m.group(2) in layer:
+        return f"layers.{m.group(1)}.{layer[m.group(2)]}.{m.group(3)}"
     return None
 
 
-def hf_name(engine: str) -> str:
+def hf_name(engine: str, family=None) -> str:
     """Inverse of engine_name (used to write HF directories from an engine state dict)."""
     if engine in ENGINE_TO_HF:
         return ENGINE_TO_HF[engine]
     m = re.match(r"layers\.(\d+)\.(.+)\.(weight|bias)$", engine)
-    inv = {v: k for k, v in _LAYER.items()}
+    inv = {v: k for k, v in _layer_map(family).items()}
     return f"model.layers.{m.group(1)}.{inv[m.group(2)]}.{m.group(3)}"
 
 
 def config_from_hf(cfg: dict, path: Path) -> ModelConfig:
-    arch = _HF_ARCHS.get((cfg.get("architectures") or ["?"])[0]) or cfg.get("model_type")
-    if arch not in ("llama", "mistral", "qwen2"):
-        raise UnsupportedModelError(f"{path}: architecture {cfg.get('architectures')} is not supported "
-                                    f"(Llama, Mistral, Qwen2 are)")
-    try:
-        n_heads = int(cfg["num_attention_heads"])
-        return ModelConfig(
-            arch=arch, dim=int(cfg["hidden_size"]), n_layers=int(cfg["num_hidden_layers"]), n_heads=n_heads,
-            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-            hidden_dim=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
-            head_dim=int(cfg.get("head_dim") or 0), norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)), rope_scaling=_rope(cfg.get("rope_scaling"), path),
-            max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)))
-    except (KeyError, TypeError, ValueError) as e:
-        raise ModelFormatError(f"{path}/config.json: missing or invalid field {e}") from e
+    """ModelConfig of a config.json, read by the family registered for its ``model_type``."""
+    from engine.models.families import family_for_hf
 
-
-def _rope(rs: dict | None, path: Path) -> RopeScaling | None:
-    if not rs:
-        return None
-    kind = rs.get("rope_type") or rs.get("type")
-    if kind in ("default", None):
-        return None
-    if kind == "linear":
-        return RopeScaling("linear", factor=float(rs["factor"]))
-    if kind == "llama3":
-        return RopeScaling("llama3", factor=float(rs["factor"]), low_freq_factor=float(rs["low_freq_factor"]),
-                           high_freq_factor=float(rs["high_freq_factor"]),
-                           original_max_position=int(rs["original_max_position_embeddings"]))
-    raise UnsupportedModelError(f"{path}: rope scaling {kind!r} is not supported (linear, llama3 are)")
+    return family_for_hf(cfg, path).config_from_hf(cfg, path)
 
 
 class HFDirSource:
@@ -88,7 +65,10 @@ class HFDirSource:
             cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ModelFormatError(f"{cfg_path}: not valid JSON: {e}") from e
-        self.config = config_from_hf(cfg, path)
+        from engine.models.families import family_for_hf
+
+        self.family = family_for_hf(cfg, path)
+        self.config = self.family.config_from_hf(cfg, path)
         self.shards = self._shards()
         self.file_size_bytes = sum(s.stat().st_size for s in self.shards)
         self.meta = {"config": cfg}
@@ -133,13 +113,27 @@ class HFDirSource:
         for shard in self.shards:
             with _open(shard, safe_open) as f:
                 for key in f.keys():
-                    name = engine_name(key)
-                    if name is None:
-                        continue
-                    try:
-                        yield name, f.get_tensor(key)
-                    except Exception as e:
-                        raise ModelFormatError(f"{shard}: tensor {key} is corrupt: {e}") from e
+                    yield from self._pieces(shard, key, f)
+
+    def _pieces(self, shard: Path, key: str, f) -> Iterator[tuple[str, "np.ndarray"]]:
+        m = _LAYER_RE.match(key)
+        split = self.family.hf_fused.get(m.group(2)) if m else None
+        name = engine_name(key, self.family)
+        if name is None and split is None:
+            return
+        try:
+            t = f.get_tensor(key)
+        except Exception as e:
+            raise ModelFormatError(f"{shard}: tensor {key} is corrupt: {e}") from e
+        if self.family.hf_norm_offset and key.endswith("norm.weight"):
+            t = t.float() + self.family.hf_norm_offset  # Gemma computes x·(1+w); the core computes x·w
+        if split is None:
+            yield name, t
+            return
+        row = 0
+        for sub, rows in split(self.config):  # fused q|k|v, gate|up (Phi-3): rows of the core's linears
+            yield f"layers.{m.group(1)}.{sub}.{m.group(3)}", t[row:row + rows]
+            row += rows
 
 
 def _open(shard: Path, safe_open):

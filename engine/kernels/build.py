@@ -25,8 +25,8 @@ from engine.errors import BackendError
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("kernels.cpp", "ops.cpp", "decode.cpp")
-_HEADERS = ("qkernels.h", "qtensors.h", "simd_v1.h", "simd_v2.h")
+_SOURCES = ("kernels.cpp", "raw.cpp", "ops.cpp", "decode.cpp")
+_HEADERS = ("qkernels.h", "qtensors.h", "gguf_types.h", "simd_v1.h", "simd_v2.h")
 _CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast")
 _LDFLAGS = ("-fopenmp",)
 _lock = threading.Lock()

@@ -8,9 +8,10 @@ attention as extern kernels, so the step gets close to its matmul-only ceiling
 
 Only single-token, batch-1 steps with a KV cache go to the compiled step; prefill (which Inductor
 made slower than eager oneDNN GEMMs: pp512 bf16 ~610 vs ~1,000 tok/s), batches, cache-less
-reference passes and autograd use the model's own forward. The position is a dynamic size, so one
-compiled graph serves every position from 2 on (positions 0 and 1 would each be specialised by
-dynamo; those steps run eagerly). The first compiled call compiles: ~35 s for the default model on
+reference passes and autograd use the model's own forward (``plain_forward``); the step is set
+through ``Transformer.set_decode_step``. The position is a dynamic size, so one compiled graph
+serves every position from 2 on (positions 0 and 1 would each be specialised by dynamo; those
+steps run eagerly). The first compiled call compiles: ~35 s for the default model on
 a 2-core CPU, ~12 s when Inductor's on-disk cache is warm.
 
 On CUDA the step is the static one (``Transformer.decode_static``: the position is a device tensor,
@@ -33,26 +34,26 @@ COMPILE_MODES = ("off", "decode")
 _FIRST_COMPILED_POS = 2  # dynamo specialises integer inputs 0 and 1; keep them out of the graph
 
 
-class CompiledDecodeMixin:
-    """Mixed into the model's class: batch-1 single-token decode with a cache runs compiled."""
+class CompiledStep:
+    """The model's decode step (``Transformer.set_decode_step``) through torch.compile: ``fn`` is the
+    compiled function; positions below ``first_pos`` are declined (None) and run eagerly."""
 
-    _compiled_step = None
-    _compiled_once = False
-    _first_compiled_pos = _FIRST_COMPILED_POS
     # dynamo specialises the size of module buffers, so each new cache size compiles the step again
-    # (10-30 s): engine.generate grows a compiled model's cache in large steps
+    # (10-30 s): engine.generate grows the cache of a model with this step in large steps
     cache_round = 2048
 
-    def forward(self, idx, input_pos=0, *, pad=None, last_only=False):
-        pos = input_pos if isinstance(input_pos, int) else None
-        if (self._compiled_step is None or pos is None or pos < self._first_compiled_pos
-                or not self.is_decode_step(idx, pad)):
-            return super().forward(idx, input_pos, pad=pad, last_only=last_only)
-        if not self._compiled_once:
-            self._compiled_once = True
+    def __init__(self, fn, first_pos: int):
+        self.fn, self.first_pos = fn, first_pos
+        self.compiled_once = False
+
+    def __call__(self, idx: torch.Tensor, pos: int) -> torch.Tensor | None:
+        if pos < self.first_pos:
+            return None
+        if not self.compiled_once:
+            self.compiled_once = True
             log.warning("compiling the decode step (torch.compile, once per process and cache size: "
                         "~10-40 s on a small CPU); decode tok/s of this reply includes it")
-        return self._compiled_step(idx, pos)
+        return self.fn(idx, pos)
 
 
 class StaticStep:
@@ -70,18 +71,14 @@ class StaticStep:
 
 
 def enable_compiled_decode(model, static: bool | None = None) -> None:
-    """Route ``model``'s decode steps through torch.compile (in place). The graph is built at the
-    first decode step, not here. ``static`` (default: on CUDA) picks the static-shape step."""
+    """Route ``model``'s decode steps through torch.compile (``model.set_decode_step``). The graph is
+    built at the first decode step, not here. ``static`` (default: on CUDA) picks the static-shape step."""
     device = model.embed.weight.device
     static = device.type == "cuda" if static is None else static
-    cls = type(model)
-    if not issubclass(cls, CompiledDecodeMixin):
-        model.__class__ = cls = type(f"Compiled{cls.__name__}", (CompiledDecodeMixin, cls), {})
     if static:
-        model._compiled_step = StaticStep(model, "reduce-overhead" if device.type == "cuda" else None)
-        model._first_compiled_pos = 0
+        step = CompiledStep(StaticStep(model, "reduce-overhead" if device.type == "cuda" else None), 0)
     else:
-        base_forward = cls.__mro__[cls.__mro__.index(CompiledDecodeMixin) + 1].forward
-        model._compiled_step = torch.compile(functools.partial(base_forward, model), dynamic=True)
-        model._first_compiled_pos = _FIRST_COMPILED_POS
+        step = CompiledStep(torch.compile(functools.partial(type(model).plain_forward, model), dynamic=True),
+                            _FIRST_COMPILED_POS)
+    model.set_decode_step(step)
     log.info("decode step (%s) compiled with torch.compile at its first call", "static" if static else "dynamic")

@@ -1,11 +1,14 @@
-"""The Llama family as data: one frozen config covers Llama 2/3, SmolLM/SmolLM2, Mistral and Qwen2."""
+"""Decoder-only transformers as data: one frozen config covers the Llama core and the switches the
+families in engine.models.families set on it (Mistral, Qwen2/3, Gemma 2/3, Phi-3). Every switch
+defaults to Llama behaviour."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from engine.errors import UnsupportedModelError
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "smollm")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm")
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,17 @@ class ModelConfig:
     tie_embeddings: bool = False
     qkv_bias: bool = False
     arch: str = "llama"
+    # Switches of the shared core; the defaults are Llama's (engine.models.families sets them).
+    qk_norm: bool = False  # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3)
+    post_norms: bool = False  # norms on the attention and MLP outputs before the residual add (Gemma 2/3)
+    mlp_act: str = "silu"  # gate activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    embed_scale: float = 1.0  # embeddings × this (Gemma: √dim)
+    attn_scale: float = 0.0  # query scale; 0 → 1/√head_dim
+    attn_softcap: float = 0.0  # scores → c·tanh(scores/c) when > 0 (Gemma 2)
+    final_softcap: float = 0.0  # logits → c·tanh(logits/c) when > 0 (Gemma 2)
+    sliding_window: int = 0  # keys within this many positions of the query; 0 → all
+    layer_windows: tuple[int, ...] = ()  # per-layer window (0 = global); () → sliding_window everywhere
+    rope_local_theta: float = 0.0  # RoPE base of windowed layers, unscaled (Gemma 3); 0 → the global RoPE
 
     def __post_init__(self):
         if self.head_dim == 0:
@@ -40,6 +54,12 @@ class ModelConfig:
         if self.arch not in SUPPORTED_ARCHS:
             raise UnsupportedModelError(
                 f"architecture {self.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+        if self.mlp_act not in MLP_ACTIVATIONS:
+            raise UnsupportedModelError(f"MLP activation {self.mlp_act!r} is not supported "
+                                        f"(supported: {', '.join(MLP_ACTIVATIONS)})")
+        if self.layer_windows and len(self.layer_windows) != self.n_layers:
+            raise UnsupportedModelError(f"layer_windows has {len(self.layer_windows)} entries for "
+                                        f"{self.n_layers} layers")
         bad = {k: v for k, v in self.shape_fields().items() if not 0 < v <= 1 << 24}
         if bad or self.n_heads % self.n_kv_heads:
             raise UnsupportedModelError(f"model config has impossible sizes: {bad or self.shape_fields()}")
@@ -52,12 +72,29 @@ class ModelConfig:
     def with_(self, **changes) -> "ModelConfig":
         return replace(self, **changes)
 
+    def window(self, layer: int) -> int:
+        """Sliding-window size of ``layer`` (0: it attends to every earlier position)."""
+        return self.layer_windows[layer] if self.layer_windows else self.sliding_window
+
+    def local_rope(self, layer: int) -> bool:
+        """Whether ``layer`` uses the local RoPE base (``rope_local_theta``) instead of the global one."""
+        return bool(self.rope_local_theta) and self.window(layer) > 0
+
+    @property
+    def is_llama_core(self) -> bool:
+        """True when no switch departs from the plain Llama block (what the fused C++ decode step runs)."""
+        return (not self.qk_norm and not self.post_norms and self.mlp_act == "silu" and self.embed_scale == 1.0
+                and self.attn_scale == 0.0 and not self.attn_softcap and not self.final_softcap
+                and not any(self.window(i) for i in range(self.n_layers)) and not self.rope_local_theta)
+
     @property
     def n_params(self) -> int:
         attn = self.dim * self.head_dim * (self.n_heads * 2 + self.n_kv_heads * 2)
         mlp = 3 * self.dim * self.hidden_dim
         embed = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
-        return self.n_layers * (attn + mlp + 2 * self.dim) + embed + self.dim
+        norms = (4 if self.post_norms else 2) * self.dim + (2 * self.head_dim if self.qk_norm else 0)
+        bias = self.head_dim * (self.n_heads + 2 * self.n_kv_heads) if self.qkv_bias else 0
+        return self.n_layers * (attn + mlp + norms + bias) + embed + self.dim
 
     def flops_per_token(self, context_len: int = 0) -> float:
         """Forward FLOPs per token: 2 per weight multiply-add (embedding lookup excluded) plus

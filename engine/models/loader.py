@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from engine.errors import ModelFormatError
-from engine.models.llama import Transformer, rope_inv_freq
+from engine.models.llama import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def build_model(source, device: torch.device, dtype: torch.dtype, attention: str
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
     model.settle_precision()
-    model.inv_freq = rope_inv_freq(cfg, freq_factors).to(device)
+    model.set_rope(freq_factors, device)
     return model.eval().requires_grad_(False)
 
 

@@ -3,7 +3,9 @@
 Runs are addressed by id or unique name. The database is the root parser's ``--db`` (default: see
 engine.store.db). ``runs compare`` with no runs compares the two latest completed runs of the same
 kind, oldest first, so ``opscope bench llm; opscope bench llm --dtype bfloat16; opscope runs compare``
-just works. Exit codes: 0 done, 1 a significant regression beyond --fail-on-regression, 2 user error.
+just works. Exit codes: 0 done, 1 a significant regression beyond --fail-on-regression, 2 user error,
+3 (with --fail-on-regression, and no regression found) a change for the worse beyond the threshold
+that the sample counts cannot test: too few repetitions to tell, which a gate must not pass.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from engine.errors import ConfigError
 
 REGRESSION_EXIT_CODE = 1
+UNDECIDED_EXIT_CODE = 3
 
 
 def _open_store(args: argparse.Namespace):
@@ -76,13 +79,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _write(render(cmp, args.format), args.output)
     if args.fail_on_regression is None:
         return 0
-    found = cmp.regressions(args.fail_on_regression)
+    return _gate(cmp, args.fail_on_regression)
+
+
+def _gate(cmp, threshold_pct: float) -> int:
+    """The verdict of --fail-on-regression on stderr, and its exit code."""
+    found, undecided = cmp.regressions(threshold_pct), cmp.undecided(threshold_pct)
     sys.stdout.flush()  # the table first, then the verdict, even through a pipe
     for reg in found:
         print(f"regression: {reg.row.label} in {cmp.runs[reg.run_index].name!r}: {reg.delta.delta_pct:+.2f}% "
-              f"vs {cmp.runs[0].name!r} (p={reg.delta.p_value:.3f}, limit {args.fail_on_regression:g}%)",
+              f"vs {cmp.runs[0].name!r} (p={reg.delta.p_value:.3f}, limit {threshold_pct:g}%)", file=sys.stderr)
+    for reg in undecided:
+        d = reg.delta
+        print(f"undecided: {reg.row.label} in {cmp.runs[reg.run_index].name!r}: {d.delta_pct:+.2f}% "
+              f"vs {cmp.runs[0].name!r}, but n={d.n_base}+{d.n_other} cannot reach p <= {cmp.alpha:g} "
+              f"(need >= {d.need_per_side} per side: rerun with --repeat {max(5, d.need_per_side)})",
               file=sys.stderr)
-    return REGRESSION_EXIT_CODE if found else 0
+    if found:
+        return REGRESSION_EXIT_CODE
+    return UNDECIDED_EXIT_CODE if undecided else 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -171,13 +186,15 @@ def _add_manage(sub) -> None:
 def _add_compare(sub) -> None:
     p = sub.add_parser("compare", help="compare runs with statistics (first = baseline)",
                        description="Per metric: median ± 95% CI, change vs the first run, Mann-Whitney U "
-                                   "p-value ('~' when p > alpha), a geomean per unit, and what differs.")
+                                   "p-value ('~' when p > alpha; 'n too small to decide' when the sample "
+                                   "counts cannot reach alpha), a geomean per unit, and what differs.")
     p.add_argument("runs", nargs="*", metavar="RUN",
                    help="two or more run ids or names; none: the two latest completed runs of the same kind")
     p.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
     p.add_argument("--alpha", type=_alpha, default=0.05, help="significance level (default 0.05)")
     p.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
-                   help=f"exit {REGRESSION_EXIT_CODE} when a metric gets significantly worse by more than PCT%%")
+                   help=f"exit {REGRESSION_EXIT_CODE} when a metric gets significantly worse by more than PCT%%; "
+                        f"exit {UNDECIDED_EXIT_CODE} when a change that large has too few samples to be tested")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     p.set_defaults(func=cmd_compare)
 

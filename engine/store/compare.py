@@ -3,7 +3,9 @@
 For every metric (matched across runs by name, unit and point parameters): each run's median with
 its 95% CI, the change of each later run against the first (the baseline) in percent of the
 baseline's median, and the two-sided Mann-Whitney U p-value of the raw samples. A change with
-p > alpha is reported as "~" (no significant difference) whatever its size. Metrics are grouped in
+p > alpha is reported as "~" (no significant difference) whatever its size, and only where the
+sample counts could have reached alpha at all: 3 vs 3 samples can never give p < 0.1, so such a
+row says "n too small to decide" instead of "~" (``Delta.decidable``). Metrics are grouped in
 one section per unit, each with a geometric-mean row (over metrics present in every run), as
 benchstat does: a geomean across units (tok/s with ms) would mix better-is-higher with
 better-is-lower and mean nothing.
@@ -16,7 +18,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from engine.bench.stats import DEFAULT_CONFIDENCE, Summary, geomean, mann_whitney_p, summarize
+from engine.bench.stats import (DEFAULT_CONFIDENCE, Summary, can_reach, geomean, mann_whitney_p,
+                                min_p_value, min_samples_per_side, summarize)
+from engine.bench.quality import DISTURBED
+from engine.bench.utilisation import PEAK_PARAMS, over_ceiling
 from engine.errors import ConfigError
 from engine.results import Metric
 from engine.store.convert import RunInfo, StoredRun
@@ -30,6 +35,11 @@ class Cell:
     status: str  # "ok" | "failed" | "missing"
     summary: Summary | None = None
     error: str | None = None
+    quality: str | None = None  # engine.bench.quality: "ok" | "noisy" | "disturbed"; None: unknown
+
+    @property
+    def disturbed(self) -> bool:
+        return self.quality == DISTURBED
 
     @property
     def few_samples(self) -> bool:
@@ -48,10 +58,13 @@ class Cell:
 class Delta:
     delta_pct: float  # (median / baseline median - 1) * 100
     p_value: float
-    significant: bool  # p <= alpha
+    significant: bool  # p <= alpha (and the sample counts can reach alpha)
     n_base: int
     n_other: int
     worse: bool  # in the direction the metric counts as worse (lower when higher_is_better)
+    decidable: bool = True  # False: n_base vs n_other samples cannot reach alpha, whatever the data
+    min_p: float = 0.0  # the smallest p these sample counts allow (2 / C(n+m, n))
+    need_per_side: int = 0  # the fewest samples per side that can reach alpha
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +76,18 @@ class Row:
     cells: tuple[Cell, ...]  # one per run
     deltas: tuple[Delta | None, ...]  # one per run after the first
 
+    def disturbed_pair(self, i: int) -> list[int]:
+        """Which of run 0 and run ``i`` (indices) had foreign load in this metric's samples."""
+        return [j for j in (0, i) if self.cells[j].disturbed]
+
     @property
     def label(self) -> str:
-        if not self.params:
-            return self.name
-        return f"{self.name} [{', '.join(f'{k}={v}' for k, v in sorted(self.params.items()))}]"
+        """The name, the point's parameters, and for a utilisation the peak it divides by."""
+        shown = {k: v for k, v in self.params.items() if k not in PEAK_PARAMS}
+        label = self.name
+        if shown:
+            label += f" [{', '.join(f'{k}={v}' for k, v in sorted(shown.items()))}]"
+        return label + (f" (of {self.params['peak']})" if self.params.get("peak") else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +124,25 @@ class Comparison:
                         found.append(Regression(row, i, d))
         return found
 
+    def undecided(self, threshold_pct: float = 0.0) -> list[Regression]:
+        """Changes for the worse by more than ``threshold_pct`` percent that the sample counts
+        cannot test at ``alpha``: neither a regression nor "no change"."""
+        found = []
+        for section in self.sections:
+            for row in section.rows:
+                for i, d in enumerate(row.deltas, start=1):
+                    if d is not None and not d.decidable and d.worse and abs(d.delta_pct) > threshold_pct:
+                        found.append(Regression(row, i, d))
+        return found
+
+    @property
+    def min_samples_per_side(self) -> int:
+        return min_samples_per_side(self.alpha)
+
+    @property
+    def has_undecidable(self) -> bool:
+        return any(d is not None and not d.decidable for s in self.sections for r in s.rows for d in r.deltas)
+
     @property
     def has_few_samples(self) -> bool:
         return any(c.few_samples for s in self.sections for r in s.rows for c in r.cells)
@@ -112,9 +151,23 @@ class Comparison:
     def has_noisy(self) -> bool:
         return any(c.noisy for s in self.sections for r in s.rows for c in r.cells)
 
+    @property
+    def has_disturbed(self) -> bool:
+        return any(c.disturbed for s in self.sections for r in s.rows for c in r.cells)
+
+
+LEGACY_NAMES = {".peak_mem": ".peak_mem_bytes"}  # runs saved before the unit was in the name
+
 
 def _metric_key(m: Metric) -> tuple[str, str, str]:
-    return m.name, m.unit, json.dumps(m.params, sort_keys=True, default=str)
+    name = m.name
+    for old, new in LEGACY_NAMES.items():
+        if name.endswith(old):
+            name = name[: -len(old)] + new
+    # which peak a utilisation divided by is shown, not matched: a re-measured peak must not split
+    # a row in two (a differing peak becomes a note instead)
+    params = {k: v for k, v in m.params.items() if k not in PEAK_PARAMS}
+    return name, m.unit, json.dumps(params, sort_keys=True, default=str)
 
 
 def _cell(metric: Metric | None, confidence: float) -> Cell:
@@ -122,8 +175,11 @@ def _cell(metric: Metric | None, confidence: float) -> Cell:
         return Cell("missing")
     if metric.status != "ok":
         return Cell("failed", error=metric.error or "failed")
+    problem = over_ceiling(metric)
+    if problem:
+        return Cell("failed", error=problem)
     summary = summarize(metric.samples, confidence)
-    return Cell("ok" if summary.n else "failed", summary, None if summary.n else "no samples")
+    return Cell("ok" if summary.n else "failed", summary, None if summary.n else "no samples", metric.quality)
 
 
 def _delta(base: Cell, other: Cell, base_m: Metric, other_m: Metric, higher_is_better: bool,
@@ -133,7 +189,10 @@ def _delta(base: Cell, other: Cell, base_m: Metric, other_m: Metric, higher_is_b
     pct = (other.summary.median / base.summary.median - 1.0) * 100.0
     p = mann_whitney_p(base_m.samples, other_m.samples)
     worse = pct < 0 if higher_is_better else pct > 0
-    return Delta(pct, p, bool(p <= alpha), base.summary.n, other.summary.n, worse)
+    n, m = base.summary.n, other.summary.n
+    decidable = can_reach(n, m, alpha)
+    return Delta(pct, p, bool(decidable and p <= alpha), n, m, worse, decidable, min_p_value(n, m),
+                 min_samples_per_side(alpha))
 
 
 def _row(key: tuple[str, str, str], metrics: list[Metric | None], alpha: float, confidence: float) -> Row:
@@ -143,7 +202,7 @@ def _row(key: tuple[str, str, str], metrics: list[Metric | None], alpha: float, 
         _delta(cells[0], cells[i], metrics[0], metrics[i], first.higher_is_better, alpha)
         if metrics[0] is not None and metrics[i] is not None else None
         for i in range(1, len(metrics)))
-    return Row(first.name, first.unit, dict(first.params), first.higher_is_better, cells, deltas)
+    return Row(key[0], first.unit, dict(first.params), first.higher_is_better, cells, deltas)
 
 
 def _section(unit: str, rows: list[Row]) -> Section:
@@ -178,9 +237,24 @@ def differences(runs: Sequence[StoredRun]) -> tuple[tuple[str, tuple[Any, ...]],
                  if not (k.startswith("fingerprint.settings.") and diffs.get(k[len("fingerprint."):]) == v))
 
 
+def _peak_notes(by_key: dict[tuple[str, str, str], list[Metric | None]]) -> list[str]:
+    notes = []
+    for key, metrics in by_key.items():
+        labels = [m.params.get("peak") for m in metrics if m is not None]
+        if len(set(labels)) > 1:
+            notes.append(f"{key[0]}: the runs divide by different peaks ({' / '.join(map(str, labels))}): "
+                         f"its change mixes speed with the denominator")
+    return notes
+
+
 def _run_notes(runs: Sequence[StoredRun]) -> tuple[str, ...]:
     notes = [f"run {r.info.name!r} is {r.info.status}" + (f" ({r.info.error})" if r.info.error else "")
              + ": its data may be partial" for r in runs if r.info.status != "completed"]
+    disturbed = [r.info.name for r in runs if r.info.quality == DISTURBED]
+    if disturbed:
+        notes.append(f"disturbed: {', '.join(repr(n) for n in disturbed)} ran while other processes held the "
+                     f"CPU or GPU: a change against {'it' if len(disturbed) == 1 else 'them'} may be the load, "
+                     f"not the settings; rerun on a quiet machine")
     kinds = sorted({r.info.kind for r in runs})
     if len(kinds) > 1:
         notes.append(f"the runs are of different kinds ({', '.join(kinds)}): only shared metrics compare")
@@ -202,5 +276,6 @@ def compare(runs: Sequence[StoredRun], *, alpha: float = DEFAULT_ALPHA,
     return Comparison(
         runs=tuple(r.info for r in runs),
         sections=tuple(_section(unit, rows) for unit, rows in sections.items()),
-        differences=differences(runs), alpha=alpha, confidence=confidence, notes=_run_notes(runs),
+        differences=differences(runs), alpha=alpha, confidence=confidence,
+        notes=_run_notes(runs) + tuple(_peak_notes(by_key)),
     )

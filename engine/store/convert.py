@@ -28,6 +28,7 @@ class RunInfo:
     finished_at: datetime | None
     error: str | None
     metric_count: int
+    quality: str | None = None  # "ok" | "noisy" | "disturbed"; None: unknown (older runs, no samples)
 
     @property
     def duration_s(self) -> float | None:
@@ -47,7 +48,7 @@ def run_info(row: RunRow, metric_count: int | None = None) -> RunInfo:
         id=row.id, name=row.name, kind=row.kind, status=row.status,
         tags=tuple(t.tag for t in row.tags), notes=row.notes or "",
         created_at=row.created_at, finished_at=row.finished_at, error=row.error,
-        metric_count=len(row.metrics) if metric_count is None else metric_count,
+        metric_count=len(row.metrics) if metric_count is None else metric_count, quality=row.quality,
     )
 
 
@@ -56,6 +57,7 @@ def metric_row(metric: Metric, position: int) -> MetricRow:
         position=position, name=metric.name, unit=metric.unit,
         higher_is_better=bool(metric.higher_is_better), params=dict(metric.params),
         status=metric.status, error=metric.error, samples=[float(v) for v in metric.samples],
+        quality=metric.quality, load=metric.load,
     )
 
 
@@ -85,10 +87,11 @@ def run_result(row: RunRow) -> RunResult:
         kind=row.kind, name=row.name, tags=[t.tag for t in row.tags], notes=row.notes or "",
         settings=row.settings or {}, fingerprint=row.fingerprint or {},
         metrics=[Metric(name=m.name, unit=m.unit, samples=list(m.samples), higher_is_better=m.higher_is_better,
-                        params=m.params or {}, status=m.status, error=m.error) for m in row.metrics],
+                        params=m.params or {}, status=m.status, error=m.error, quality=m.quality,
+                        load=m.load) for m in row.metrics],
         telemetry=merged_telemetry(row.telemetry),
         markers=[Marker(phase=m.phase, edge=m.edge, t_ns=m.t_ns, attrs=m.attrs or {}) for m in row.markers],
-        trace_summary=row.trace_summary, status=row.status, error=row.error,
+        trace_summary=row.trace_summary, status=row.status, error=row.error, quality=row.quality,
     )
 
 
@@ -103,11 +106,13 @@ def export_dict(stored: StoredRun) -> dict:
     info, result = stored.info, stored.result
     return {
         "format": EXPORT_FORMAT, "id": info.id, "name": info.name, "kind": info.kind,
-        "status": info.status, "error": info.error, "tags": list(info.tags), "notes": info.notes,
+        "status": info.status, "quality": info.quality, "error": info.error, "tags": list(info.tags),
+        "notes": info.notes,
         "created_at": _iso(info.created_at), "finished_at": _iso(info.finished_at),
         "settings": result.settings, "fingerprint": result.fingerprint,
         "metrics": [{"name": m.name, "unit": m.unit, "higher_is_better": m.higher_is_better,
                      "params": m.params, "status": m.status, "error": m.error, "samples": m.samples,
+                     "quality": m.quality, "load": m.load,
                      "summary": summarize(m.samples).as_dict()} for m in result.metrics],
         "telemetry": [{"name": t.name, "unit": t.unit, "t_ns": t.t_ns, "values": t.values}
                       for t in result.telemetry],

@@ -7,11 +7,12 @@ import json
 import math
 from typing import Any
 
-from engine.store.compare import MIN_SAMPLES, Cell, Comparison, Delta, Row, Section
 from engine.bench.stats import NOISE_THRESHOLD_PCT, PERCENTILE_METHOD
+from engine.store.compare import MIN_SAMPLES, Cell, Comparison, Delta, Row, Section
+from engine.units import BYTE_UNITS, format_bytes
 
 FORMATS = ("text", "markdown", "csv", "json")
-FEW_MARK, NOISY_MARK = "¹", "²"
+FEW_MARK, NOISY_MARK, DISTURBED_MARK = "¹", "²", "³"
 
 
 def fmt_value(v: float | None) -> str:
@@ -36,20 +37,35 @@ def _ci_text(pct: float) -> str:
     return f"± {pct:.1f}%" if pct < 1 else f"± {pct:.0f}%"
 
 
-def cell_text(cell: Cell) -> str:
+def fmt_unit_value(v: float | None, unit: str) -> str:
+    """A value of ``unit`` for reading: bytes in binary units (``683.2 MiB``), others as fmt_value."""
+    return format_bytes(v) if unit in BYTE_UNITS else fmt_value(v)
+
+
+def cell_text(cell: Cell, unit: str = "") -> str:
     if cell.status == "missing":
         return "—"
     if not cell.usable:
-        return "failed"
-    marks = (FEW_MARK if cell.few_samples else "") + (NOISY_MARK if cell.noisy else "")
-    return f"{fmt_value(cell.summary.median)} {_ci_text(cell.summary.ci_halfwidth_pct)}{marks}"
+        return "invalid" if (cell.error or "").startswith("invalid") else "failed"
+    marks = ((FEW_MARK if cell.few_samples else "") + (NOISY_MARK if cell.noisy else "")
+             + (DISTURBED_MARK if cell.disturbed else ""))
+    return f"{fmt_unit_value(cell.summary.median, unit)} {_ci_text(cell.summary.ci_halfwidth_pct)}{marks}"
 
 
 def delta_text(delta: Delta | None) -> str:
     if delta is None:
         return ""
+    if not delta.decidable:  # "~" would claim "no change"; these counts could not have shown one
+        return (f"{delta.delta_pct:+.2f}%? n too small to decide (need ≥ {delta.need_per_side} per side, "
+                f"n={delta.n_base}+{delta.n_other})")
     n = f"p={delta.p_value:.3f} n={delta.n_base}+{delta.n_other}"
     return f"{delta.delta_pct:+.2f}% ({n})" if delta.significant else f"~ ({n})"
+
+
+def disturbed_text(cmp: Comparison, row: Row, i: int, delta: Delta | None) -> str:
+    """" disturbed: NAME" on a change whose either side was measured under foreign load."""
+    names = [run_header(cmp.runs[j]) for j in row.disturbed_pair(i)]
+    return f"{' ' if delta is not None else ''}disturbed: {', '.join(names)}" if names else ""
 
 
 def _direction(section: Section) -> str:
@@ -75,14 +91,14 @@ def _section_lines(cmp: Comparison, section: Section) -> list[list[str]]:
         sub += ["median ± CI", f"vs {base}"]
     lines = [header, sub]
     for row in section.rows:
-        line = [row.label, cell_text(row.cells[0])]
-        for cell, delta in zip(row.cells[1:], row.deltas):
-            line += [cell_text(cell), delta_text(delta)]
+        line = [row.label, cell_text(row.cells[0], row.unit)]
+        for i, (cell, delta) in enumerate(zip(row.cells[1:], row.deltas), start=1):
+            line += [cell_text(cell, row.unit), delta_text(delta) + disturbed_text(cmp, row, i, delta)]
         lines.append(line)
     if section.geomeans is not None:
-        line = ["geomean", fmt_value(section.geomeans[0])]
+        line = ["geomean", fmt_unit_value(section.geomeans[0], section.unit)]
         for g, d in zip(section.geomeans[1:], section.geomean_deltas_pct):
-            line += [fmt_value(g), f"{d:+.2f}%"]
+            line += [fmt_unit_value(g, section.unit), f"{d:+.2f}%"]
         lines.append(line)
     return lines
 
@@ -103,8 +119,15 @@ def footnotes(cmp: Comparison) -> list[str]:
     notes = [f"median ± half-width of its {cmp.confidence:.0%} CI (order statistics; bootstrap below 6 samples); "
              f"change vs {cmp.runs[0].name!r}, two-sided Mann-Whitney U p-value; "
              f"~ = no significant difference (p > {cmp.alpha:g})"]
+    if cmp.has_undecidable:
+        notes.append(f"n too small to decide: with n vs m samples the smallest p Mann-Whitney can give is "
+                     f"2 / C(n+m, n) (3+3: 0.1); at alpha {cmp.alpha:g} it takes at least "
+                     f"{cmp.min_samples_per_side} per side; rerun with --repeat 5 or more")
     if cmp.has_few_samples:
         notes.append(f"{FEW_MARK} fewer than {MIN_SAMPLES} samples: wide CI, small changes cannot show as significant")
+    if cmp.has_disturbed:
+        notes.append(f"{DISTURBED_MARK} disturbed: other processes held the CPU or GPU while these samples were "
+                     f"taken (engine.bench.quality); the machine's speed, not the change, may explain a difference")
     if cmp.has_noisy:
         notes.append(f"{NOISY_MARK} noisy: IQR/median > {NOISE_THRESHOLD_PCT:g}% (percentiles: numpy "
                      f"'{PERCENTILE_METHOD}'); rerun on a quieter machine or with more repetitions")
@@ -112,7 +135,8 @@ def footnotes(cmp: Comparison) -> list[str]:
 
 
 def _run_legend(cmp: Comparison) -> list[str]:
-    return [f"#{r.id} {r.name}: {r.kind}, {r.status}, {r.created_at:%Y-%m-%d %H:%M} UTC"
+    return [f"#{r.id} {r.name}: {r.kind}, {r.status}, quality {r.quality or 'unknown'}, "
+            f"{r.created_at:%Y-%m-%d %H:%M} UTC"
             + (f", tags {', '.join(r.tags)}" if r.tags else "") for r in cmp.runs]
 
 
@@ -154,16 +178,19 @@ def _row_dict(cmp: Comparison, row: Row) -> dict[str, Any]:
     return {
         "name": row.name, "unit": row.unit, "params": row.params, "higher_is_better": row.higher_is_better,
         "cells": [{"run_id": run.id, "status": c.status, "error": c.error, "few_samples": c.few_samples,
-                   "noisy": c.noisy, "summary": _summary_dict(c)} for run, c in zip(cmp.runs, row.cells)],
+                   "noisy": c.noisy, "quality": c.quality, "summary": _summary_dict(c)}
+                  for run, c in zip(cmp.runs, row.cells)],
         "deltas": [None if d is None else {"run_id": run.id, "delta_pct": d.delta_pct, "p_value": d.p_value,
-                                           "significant": d.significant, "worse": d.worse}
+                                           "significant": d.significant, "worse": d.worse,
+                                           "decidable": d.decidable, "min_p_value": d.min_p,
+                                           "need_per_side": d.need_per_side}
                    for run, d in zip(cmp.runs[1:], row.deltas)],
     }
 
 
 def to_dict(cmp: Comparison) -> dict[str, Any]:
     return {
-        "runs": [{"id": r.id, "name": r.name, "kind": r.kind, "status": r.status,
+        "runs": [{"id": r.id, "name": r.name, "kind": r.kind, "status": r.status, "quality": r.quality,
                   "created_at": r.created_at.isoformat(), "tags": list(r.tags)} for r in cmp.runs],
         "alpha": cmp.alpha, "confidence": cmp.confidence, "percentile_method": PERCENTILE_METHOD,
         "sections": [{"unit": s.unit, "rows": [_row_dict(cmp, r) for r in s.rows],
@@ -181,7 +208,7 @@ def to_csv(cmp: Comparison) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["metric", "unit", "params", "run_id", "run_name", "status", "n", "median", "ci_low",
-                "ci_high", "delta_pct", "p_value", "significant", "few_samples", "noisy"])
+                "ci_high", "delta_pct", "p_value", "significant", "decidable", "few_samples", "noisy", "quality"])
     for section in cmp.sections:
         for row in section.rows:
             params = json.dumps(row.params, sort_keys=True, default=str)
@@ -190,7 +217,8 @@ def to_csv(cmp: Comparison) -> str:
                 w.writerow([row.name, row.unit, params, run.id, run.name, cell.status,
                             s.n if s else 0, s.median if s else "", s.ci_low if s else "",
                             s.ci_high if s else "", d.delta_pct if d else "", d.p_value if d else "",
-                            d.significant if d else "", cell.few_samples, cell.noisy])
+                            d.significant if d else "", d.decidable if d else "", cell.few_samples, cell.noisy,
+                            cell.quality or ""])
     return out.getvalue()
 
 

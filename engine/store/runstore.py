@@ -35,6 +35,13 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def _quality(metrics) -> str | None:
+    """A run's quality: the worst of its measured metrics' (Metric or MetricRow)."""
+    from engine.bench.quality import worst
+
+    return worst(m.quality for m in metrics if m.status == "ok")
+
+
 def validate_name(name: str) -> str:
     if not name or name != name.strip() or len(name) > _MAX_NAME_CHARS:
         raise ConfigError(f"run name {name!r} is not valid: use 1-{_MAX_NAME_CHARS} characters, "
@@ -127,7 +134,7 @@ class RunStore:
             created_at=_now(), finished_at=None if status == "running" else _now(),
             settings=dict(result.settings), fingerprint=dict(result.fingerprint),
             owner_host=me and me.host, owner_pid=me and me.pid, owner_started_s=me and me.started_s,
-            trace_summary=result.trace_summary,
+            trace_summary=result.trace_summary, quality=None if status == "running" else _quality(result.metrics),
             tags=[TagRow(tag=t) for t in dict.fromkeys(result.tags)],
             metrics=[convert.metric_row(m, i) for i, m in enumerate(result.metrics)],
             telemetry=[convert.telemetry_row(t) for t in result.telemetry],
@@ -180,6 +187,7 @@ class RunStore:
             if row is None:
                 raise RunNotFoundError(f"no saved run with id {run_id} in {self.display_url}")
             row.status, row.error, row.finished_at = status, error, _now()
+            row.quality = _quality(row.metrics)
             row.owner_host = row.owner_pid = row.owner_started_s = None
         self._open_runs.discard(run_id)
 

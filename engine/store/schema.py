@@ -82,6 +82,8 @@ class RunRow(Base):
     owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     owner_started_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     trace_summary: Mapped[dict | None] = mapped_column(JsonText, nullable=True)
+    # worst of its metrics' quality (engine.bench.quality); NULL for runs saved before it existed
+    quality: Mapped[str | None] = mapped_column(String(20), nullable=True)
 
     tags: Mapped[list[TagRow]] = relationship(cascade="all, delete-orphan", passive_deletes=True,
                                               order_by="TagRow.tag")
@@ -115,6 +117,8 @@ class MetricRow(Base):
     status: Mapped[str] = mapped_column(String(20))
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     samples: Mapped[list] = mapped_column(JsonText)  # raw, one per repetition
+    quality: Mapped[str | None] = mapped_column(String(20), nullable=True)  # "ok" | "noisy" | "disturbed"
+    load: Mapped[dict | None] = mapped_column(JsonText, nullable=True)  # foreign load per sample, re-runs
 
 
 class TelemetryRow(Base):

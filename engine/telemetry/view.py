@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from engine.telemetry.nvml import describe_reasons
+from engine.units import format_bytes
 
 Fmt = Callable[[float], str]
 
@@ -18,12 +19,7 @@ def _num(fmt: str) -> Fmt:
 
 
 def _bytes(v: float) -> str:
-    if math.isnan(v):
-        return "-"
-    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if abs(v) >= scale:
-            return f"{v / scale:.1f}{unit}"
-    return f"{v:.0f}B"
+    return "-" if math.isnan(v) else format_bytes(v, digits=3).replace(" ", "")  # "1.00GiB": narrow columns
 
 
 def _rate(v: float) -> str:

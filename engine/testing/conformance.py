@@ -122,7 +122,8 @@ def test_streams_events_in_order_with_max_tokens(conformance_model):
 
 
 def test_reports_prefill_progress_per_chunk(conformance_model):
-    run = run_generation(conformance_model, max_tokens=1, ignore_eos=True, prefill_chunk=4)
+    run = run_generation(conformance_model, max_tokens=1, ignore_eos=True, prefill_chunk=4,
+                         reuse_prefix=False)  # every chunk prefilled, none taken from the KV cache
     n = run.events[0].prompt_tokens
     progress = [e.done_tokens for e in run.events if isinstance(e, PrefillProgress)]
     assert progress == list(range(4, n, 4))

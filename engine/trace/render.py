@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 from engine.trace.report import GroupRow, PlacementReport
+from engine.units import format_bytes
 
 MAX_ROWS = 12
 
 
 def fmt_bytes(n: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
+    return format_bytes(n, digits=3)
 
 
 def render_text(report: PlacementReport, title: str = "") -> str:

@@ -79,8 +79,15 @@ def trace_generation(lm, prompt: str | list[int], config, options: TraceOptions 
         return _trace_simulated(lm, prompt, config, options, variant)
     with plant(lm.model, variant):
         tracer = Tracer(options, model=lm.model)
-        finished = _drive(tracer, lm.generate(prompt, config))
+        # the whole generation, not a 1-token prefill over a prefix left in the KV cache
+        finished = _drive(tracer, lm.generate(prompt, _no_reuse(config)))
     return TraceRun(tracer.result(), variant, False, finished)
+
+
+def _no_reuse(config):
+    from dataclasses import replace
+
+    return replace(config, reuse_prefix=False) if hasattr(config, "reuse_prefix") else config
 
 
 def _trace_simulated(lm, prompt, config, options: TraceOptions, variant: str) -> TraceRun:

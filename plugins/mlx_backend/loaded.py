@@ -9,7 +9,7 @@ import mlx.core as mx
 
 from engine import markers
 from engine.clock import now_ns
-from engine.errors import ConfigError, DeviceError
+from engine.errors import ConfigError, DeviceError, UnsupportedModelError
 from engine.generation_config import GenerationConfig
 from plugins.mlx_backend.generate import generate
 from plugins.mlx_backend.model import MLXModelArgs, Transformer
@@ -101,10 +101,24 @@ def load(path, device: str = "cpu", dtype: str = "float32", threads: int | None 
     t0 = now_ns()
     with markers.phase(markers.MODEL_LOAD, model=str(path or "default"), backend="mlx"):
         source = open_model(path)  # validates the header before mlx's reader sees the file
+        _check_family(source)
         model = _build(source, dev, dt)
     load_ms = (now_ns() - t0) / 1e6
     log.info("mlx loaded %s on %s/%s in %.0f ms", source.path, device, dtype, load_ms)
     return MLXLoadedModel(source, model, str(device).lower(), dtype, load_ms)
+
+
+# The MLX model is the plain Llama block with its own tensor names; other families' switches
+# (QK-norm, post-norms, soft-caps, windows) and phi3's fused tensors would load wrongly.
+_MLX_ARCHS = ("llama", "mistral", "qwen2", "smollm")
+
+
+def _check_family(source) -> None:
+    cfg = source.config
+    if cfg.arch not in _MLX_ARCHS or not cfg.is_llama_core:
+        raise UnsupportedModelError(
+            f"{source.path}: the mlx backend runs the plain Llama block ({', '.join(_MLX_ARCHS[:3])}); "
+            f"{cfg.arch!r} needs the torch backend (--backend torch)")
 
 
 def _build(source, dev, dt) -> Transformer:

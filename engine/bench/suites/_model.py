@@ -62,18 +62,20 @@ def forward_flops(cfg, n_tokens: int, start: int = 0, logits_tokens: int | None 
 
 def weight_bytes_per_step(model) -> int:
     """Bytes of weights a decode step reads: parameters and weight buffers (quantized blocks),
-    without the KV cache, RoPE tables, and the embedding table beyond its one row."""
+    without the KV cache, RoPE tables, and the embedding table beyond its one row (unless the output
+    head reads the same tensors). Reads only tensor metadata: ``lm_head.weight`` of a quantized head
+    would dequantize the whole table (+200 MB peak RSS on the default model)."""
+    head = {t.data_ptr() for t in list(model.lm_head.parameters()) + list(model.lm_head.buffers()) if t.numel()}
+    vocab = model.config.vocab_size
     seen, total = set(), 0
-    embed = model.embed.weight
-    tied = model.lm_head.weight is embed
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if ".cache." in name or "inv_freq" in name or t.data_ptr() in seen:
+        if ".cache." in name or "inv_freq" in name or not t.numel() or t.data_ptr() in seen:
             continue
         seen.add(t.data_ptr())
-        if t is embed and not tied:
-            total += embed.shape[1] * embed.element_size()
-            continue
-        total += t.numel() * t.element_size()
+        nbytes = t.numel() * t.element_size()
+        if name.startswith("embed.") and t.data_ptr() not in head:
+            nbytes //= vocab  # the lookup reads one row of the table (or of its blocks)
+        total += nbytes
     return total
 
 
@@ -82,11 +84,8 @@ def kv_bytes_per_position(cfg, dtype_bytes: int) -> int:
 
 
 def model_peaks(opts: BenchOptions, dtype: str | None = None) -> dict[str, Any]:
-    """The FLOP/s and bytes/s peaks MFU and MBU divide by, with their sources (run settings)."""
-    flops = peaks.get(opts.device, "matmul", dtype or opts.dtype)
-    bw = peaks.get(opts.device, "bandwidth")
-    return {"flop_s": flops.value if flops else None, "flop_source": flops.source if flops else None,
-            "bytes_s": bw.value if bw else None, "bytes_source": bw.source if bw else None}
+    """The FLOP/s and bytes/s peaks MFU and MBU divide by, theoretical and measured (run settings)."""
+    return peaks.model_peaks(opts.device, dtype or opts.dtype)
 
 
 def pct(achieved: float, peak: float | None) -> float:

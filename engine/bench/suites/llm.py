@@ -7,7 +7,8 @@
 - ``e2e_pP_gG``: one full request through LoadedModel.generate (P random prompt tokens, G tokens,
   EOS ignored), with ``ttft``, ``tpot``, ``itl`` (every inter-token latency, pooled) and per-request
   ``itl_p50/p95/p99`` from the engine's own events, so the CLI, the GUI and this suite agree.
-- MFU on pp and tg, MBU on tg (weights + KV cache read per step), against the peaks in settings.
+- MFU on pp and tg, MBU on tg (weights + KV cache read per step), against the theoretical and the
+  measured peaks in settings (engine.bench.utilisation: ``.mfu``, ``.mfu_measured``, ...).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import numpy as np
 
 from engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan
 from engine.bench.devsync import synchronizer
-from engine.bench.runner import Derived, Extra, Point, skipped_point
+from engine.bench import utilisation as U
+from engine.bench.runner import Extra, Point, skipped_point
 from engine.bench.suites import _model as M
 
 NAME = "llm"
@@ -60,7 +62,7 @@ def pp_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
     flops = M.forward_flops(cfg, n, depth, logits_tokens=1)
     return Point(name, "tok/s", prepare, value=lambda s: n / s, params={"n_prompt": n, "depth": depth},
                  device=opts.device, track_memory=True,
-                 derived=(Derived(f"{name}.mfu", "%", lambda tps: M.pct(tps / n * flops, pk["flop_s"])),))
+                 derived=U.derived(name, "mfu", lambda tps: tps / n * flops, pk, "flop"))
 
 
 def tg_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
@@ -69,14 +71,20 @@ def tg_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
     def prepare():
         import torch
 
+        from engine.generate import decode_threads
+
         lm.model.setup_cache(1, depth + n)
         M.fill_cache(lm.model, M.random_tokens(depth, cfg.vocab_size, 1, lm.device))
         toks = M.random_tokens(n, cfg.vocab_size, 3, lm.device)
         sync = synchronizer(opts.device)
 
         def step():
-            with torch.inference_mode():
+            # decode threads as generation picks them (engine.generate.decode_threads: the model's
+            # "auto" gives cores back to busy processes), so tg here equals decode in generation
+            with torch.inference_mode(), decode_threads(lm.model) as threads:
                 for i in range(n):
+                    if threads is not None:
+                        threads.step()
                     lm.model(toks[:, i:i + 1], depth + i, last_only=True)
                     sync(None)  # llama-bench waits for every token
         return step
@@ -86,8 +94,8 @@ def tg_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
         cfg, DTYPE_BYTES[opts.dtype]) * (depth + (n + 1) / 2)
     return Point(name, "tok/s", prepare, value=lambda s: n / s, params={"n_gen": n, "depth": depth},
                  device=opts.device, track_memory=True,
-                 derived=(Derived(f"{name}.mfu", "%", lambda tps: M.pct(tps * flops, pk["flop_s"])),
-                          Derived(f"{name}.mbu", "%", lambda tps: M.pct(tps * bytes_, pk["bytes_s"]))))
+                 derived=U.derived(name, "mfu", lambda tps: tps * flops, pk, "flop")
+                 + U.derived(name, "mbu", lambda tps: tps * bytes_, pk, "bytes"))
 
 
 def _gen_observe(n_gen: int):
@@ -107,7 +115,7 @@ def gen_point(lm, n_prompt: int, n_gen: int, opts: BenchOptions) -> Point:
 
     def prepare():
         ids = M.random_tokens(n_prompt, lm.config.vocab_size, 4, "cpu")[0].tolist()
-        config = GenerationConfig(max_tokens=n_gen, temperature=0.0, ignore_eos=True)
+        config = GenerationConfig(max_tokens=n_gen, temperature=0.0, ignore_eos=True, reuse_prefix=False)
 
         def step():
             for ev in lm.generate(ids, config):

@@ -1,20 +1,27 @@
-"""matmul: square GEMM throughput per dtype and size, GFLOP/s and % of the suite's measured peak.
+"""matmul: square GEMM throughput per dtype and size, GFLOP/s and % of the device's peaks.
 
-The best median over sizes for each dtype is this device's measured matmul peak: it is cached
-(engine.bench.peaks) and is what MFU elsewhere divides by. Sizes stop where memory ends or where
+Each point gets ``.pct_peak`` (of the theoretical peak) and ``.pct_peak_measured`` (of the measured
+peak), as engine.bench.utilisation defines them. The fastest repetition of the best size per
+dtype is this device's measured matmul peak when the run may set one (engine.bench.peaks: a full
+run, no other process busy on the CPU, better than the stored one); it is what MFU elsewhere
+divides by. Sizes stop where memory ends or where
 the rate measured at the previous size predicts a call longer than the point budget (float16 on a
 CPU without native half math runs at ~1 GFLOP/s: 8192³ would take 20 minutes per call).
 """
 from __future__ import annotations
 
+import logging
 import statistics
 from dataclasses import dataclass
 from typing import Iterator
 
-from engine.bench import peaks
+from engine.bench import peaks, utilisation
 from engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
 from engine.bench.runner import Point, PointOutcome, skipped_point
+from engine.errors import ConfigError
 from engine.results import Metric
+
+log = logging.getLogger(__name__)
 
 NAME = "matmul"
 DESCRIPTION = "square matmul GFLOP/s for float32/bfloat16/float16, 128…8192, % of measured peak"
@@ -26,6 +33,9 @@ class Params:
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     sizes: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
     call_budget_s: float = 2.0  # skip a size whose single call is predicted to take longer
+    # A planted regression for checking comparisons end to end: every timed call runs the matmul
+    # this many times while GFLOP/s counts one (1 = off; 2 halves the reported rate).
+    planted_slowdown: int = 1
 
 
 QUICK = Params(sizes=(128, 256), call_budget_s=0.5)
@@ -35,7 +45,7 @@ def point_name(dtype: str, n: int) -> str:
     return f"matmul_{dtype}_{n}"
 
 
-def make_point(n: int, dtype: str, device: str) -> Point:
+def make_point(n: int, dtype: str, device: str, planted_slowdown: int = 1) -> Point:
     def prepare():
         import torch
 
@@ -43,7 +53,14 @@ def make_point(n: int, dtype: str, device: str) -> Point:
         a = torch.randn(n, n, generator=g).to(device=device, dtype=getattr(torch, dtype))
         b = torch.randn(n, n, generator=g).to(device=device, dtype=getattr(torch, dtype))
         c = torch.empty_like(a)
-        return lambda: torch.matmul(a, b, out=c)
+        if planted_slowdown == 1:
+            return lambda: torch.matmul(a, b, out=c)
+
+        def slowed():
+            for _ in range(planted_slowdown):
+                out = torch.matmul(a, b, out=c)
+            return out
+        return slowed
 
     flop = 2.0 * n ** 3
     return Point(point_name(dtype, n), "GFLOP/s", prepare, value=lambda s: flop / s / 1e9,
@@ -74,46 +91,64 @@ def _points(p: Params, device: str, outcomes: list[PointOutcome]) -> Iterator[Po
                                     f"one call would take ~{call_s:.0f} s at the {rate[1]:.1f} GFLOP/s "
                                     f"measured at n={rate[0]} (budget {p.call_budget_s:g} s)", params)
             else:
-                yield make_point(n, dtype, device)
-
-
-def _finish(device: str, record_peak: bool):
-    def finish(outcomes: list[PointOutcome]) -> list[Metric]:
-        """% of the measured peak per point; the peak per dtype is cached for MFU elsewhere
-        (not from --quick runs: their sizes are too small to reach the peak)."""
-        extra: list[Metric] = []
-        for dtype in {o.point.params.get("dtype") for o in outcomes if o.ok}:
-            best = _best(outcomes, dtype)
-            if best is None:
-                continue
-            if record_peak:
-                peaks.record(device, "matmul", dtype, best[1] * 1e9, f"matmul suite, n={best[0]}")
-            for o in outcomes:
-                m = o.metrics[0]
-                if o.ok and o.point.params.get("dtype") == dtype:
-                    extra.append(Metric(f"{m.name}.pct_peak", "%", [v / best[1] * 100 for v in m.samples],
-                                        True, dict(m.params)))
-        return extra
-    return finish
+                yield make_point(n, dtype, device, p.planted_slowdown)
 
 
 def _best(outcomes: list[PointOutcome], dtype: str) -> tuple[int, float] | None:
-    meds = [(statistics.median(o.metrics[0].samples), o.point.params["n"]) for o in outcomes
+    """(size, GFLOP/s) of the fastest repetition of ``dtype`` in this run."""
+    best = [(max(o.metrics[0].samples), o.point.params["n"]) for o in outcomes
             if o.ok and o.point.params.get("dtype") == dtype and o.metrics[0].samples]
-    if not meds:
+    if not best:
         return None
-    med, n = max(meds)
-    return n, med
+    value, n = max(best)
+    return n, value
+
+
+def _pct_metrics(outcomes: list[PointOutcome], dtype: str, device: str) -> list[Metric]:
+    """% of the theoretical and of the measured peak per point of ``dtype``."""
+    pk = {"flop": peaks.peak_set(device, "matmul", dtype)}
+    out: list[Metric] = []
+    for o in outcomes:
+        m = o.metrics[0]
+        if not (o.ok and o.point.params.get("dtype") == dtype):
+            continue
+        for d in utilisation.derived(m.name, "pct_peak", lambda g: g * 1e9, pk, "flop"):
+            vals = [d.fn(v) for v in m.samples]
+            problem = d.problem(vals)
+            out.append(Metric(d.name, "%", vals, True, dict(m.params) | dict(d.params),
+                              "failed" if problem else "ok", problem))
+    return out
+
+
+def _finish(device: str, quick: bool, planted: bool, settings: dict, load):
+    def finish(outcomes: list[PointOutcome]) -> list[Metric]:
+        """Records the measured peak per dtype when this run may set it, then % of the peaks."""
+        other = load.cores()
+        extra: list[Metric] = []
+        recorded = settings.setdefault("peak_record", {})
+        for dtype in sorted({o.point.params.get("dtype") for o in outcomes if o.ok}):
+            best = _best(outcomes, dtype)
+            if best is None:
+                continue
+            recorded[dtype] = "not recorded: a planted slowdown's rate is no peak" if planted else \
+                peaks.record_measured(device, "matmul", dtype, best[1] * 1e9,
+                                      f"matmul suite, n={best[0]}, fastest repetition", quick=quick, other_cores=other)
+            log.info("matmul %s peak: %s", dtype, recorded[dtype])
+            extra += _pct_metrics(outcomes, dtype, device)
+        return extra
+    return finish
 
 
 def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     check_torch_device(opts.device)
     p = params or (QUICK if opts.quick else Params())
-    plan_ = SuitePlan(points=[], n_points=len(p.dtypes) * len(p.sizes),
-                      settings={"sizes": list(p.sizes), "dtypes": list(p.dtypes),
-                                "call_budget_s": p.call_budget_s, "shape": "n×n @ n×n",
-                                "flops_per_call": "2·n³",
-                                "pct_peak": "% of the best median GFLOP/s of the same dtype in this run"},
-                      finish=_finish(opts.device, record_peak=not opts.quick))
+    if p.planted_slowdown < 1:
+        raise ConfigError(f"matmul: planted_slowdown must be at least 1, got {p.planted_slowdown}")
+    settings = {"sizes": list(p.sizes), "dtypes": list(p.dtypes), "call_budget_s": p.call_budget_s,
+                "shape": "n×n @ n×n", "flops_per_call": "2·n³", "planted_slowdown": p.planted_slowdown,
+                "pct_peak": "% of the theoretical peak; pct_peak_measured: % of the measured peak",
+                "peaks": {dt: peaks.peak_set(opts.device, "matmul", dt) for dt in p.dtypes}}
+    plan_ = SuitePlan(points=[], n_points=len(p.dtypes) * len(p.sizes), settings=settings,
+                      finish=_finish(opts.device, opts.quick, p.planted_slowdown > 1, settings, peaks.load_probe()))
     plan_.points = _points(p, opts.device, plan_.outcomes)
     return plan_

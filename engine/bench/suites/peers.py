@@ -1,4 +1,5 @@
-"""peers: OpScope against llama.cpp (llama-cpp-python) and Hugging Face transformers on the same GGUF.
+"""peers: OpScope against llama.cpp (its own llama-bench, or llama-cpp-python) and Hugging Face
+transformers on the same GGUF.
 
 Every repetition is one round that runs each peer once, in alternating order (A B C, C B A, ...),
 so load from other jobs hits all peers alike; each peer's figure and its ratio to OpScope are
@@ -12,8 +13,13 @@ Metrics are ``<test>.<peer>`` (tok/s or ms) and ``<test>.ratio.<peer>`` = OpScop
 throughput (>1: OpScope faster) and peer / OpScope for load time (>1: OpScope loads faster).
 Peers: ``opscope`` (engine with its default CPU fast path), ``opscope:<fast-path settings>`` (e.g.
 ``opscope:weights=dense`` or ``opscope:fused_decode=0``: each fast path's own effect),
-``llama_cpp``, ``hf_fp32``, ``hf_bf16``. Peers that are not installed (the optional ``peers``
-extra: ``pip install -e '.[peers]'``) are reported as skipped points, never an error.
+``llama_bench`` (llama.cpp's own ``llama-bench`` binary, one child process per round:
+``llama-bench -m FILE -p N -n 0`` for pp and ``-p 0 -n N`` for tg, ``-t THREADS -r 1 -o json``; the
+figure is llama-bench's own sample, its load and warm-up excluded), ``llama_cpp`` (llama-cpp-python),
+``hf_fp32``, ``hf_bf16``. The llama-bench binary: the ``llama_bench`` parameter, else the
+``OPSCOPE_LLAMA_BENCH`` environment variable, else ``llama-bench`` on PATH; a path that is set but
+missing or broken is a ConfigError. Peers that are not installed (the optional ``peers`` extra:
+``pip install -e '.[peers]'``, or no llama-bench anywhere) are reported as skipped points, never an error.
 """
 from __future__ import annotations
 
@@ -40,13 +46,14 @@ REFERENCE = "opscope"
 class Params:
     pp: int = 512
     tg: int = 128
-    peers: tuple[str, ...] = ("opscope", "llama_cpp", "hf_fp32", "hf_bf16",
+    peers: tuple[str, ...] = ("opscope", "llama_bench", "hf_fp32", "hf_bf16",
                               "opscope:prefill_dtype=bf16", "opscope:activations=q8", "opscope:weights=dense",
                               "opscope:fused_decode=0")
     load_peers: tuple[str, ...] = ("opscope", "llama_cpp")  # fresh loads per round: keep it short
+    llama_bench: str = ""  # path of llama-bench; empty: $OPSCOPE_LLAMA_BENCH, else llama-bench on PATH
 
 
-QUICK = Params(pp=64, tg=16, peers=("opscope", "llama_cpp", "opscope:weights=dense"), load_peers=())
+QUICK = Params(pp=64, tg=16, peers=("opscope", "llama_bench", "opscope:weights=dense"), load_peers=())
 
 
 def _sec(t0_ns: int) -> float:
@@ -138,6 +145,37 @@ class LlamaCppPeer:
         return _sec(t0)
 
 
+class LlamaBenchPeer:
+    """llama.cpp's own llama-bench binary: one child process per round and test (engine.bench.llama_bench)."""
+
+    loaded = True  # every round loads the model in its own process; load time is not measured
+    measures_load = False
+
+    def __init__(self, name: str, path: Path, threads: int, binary: Path):
+        from engine.bench import llama_bench
+
+        self.name, self.path, self.threads, self.binary = name, path, threads, binary
+        self.version = llama_bench.check_binary(binary)
+
+    def load(self) -> float:
+        return 0.0
+
+    def _run(self, n_prompt: int, n_gen: int) -> float:
+        from engine.bench import llama_bench
+
+        result = llama_bench.run(self.binary, self.path, n_prompt, n_gen, self.threads)
+        seconds = result.pp_s if n_prompt else result.tg_s
+        if not seconds:
+            raise RuntimeError(f"llama-bench reported no {'pp' if n_prompt else 'tg'} sample for {self.path.name}")
+        return seconds[0]
+
+    def pp(self, toks) -> float:
+        return self._run(toks.shape[1], 0)
+
+    def tg(self, toks) -> float:
+        return self._run(0, toks.shape[1])
+
+
 class HFPeer:
     """Hugging Face transformers loading the GGUF itself (dequantized to fp32 or bf16)."""
 
@@ -190,9 +228,17 @@ def make_peer(name: str, path: Path, threads: int, p: Params):
         return OpScopePeer(name, path, threads)
     if name == "llama_cpp":
         return LlamaCppPeer(name, path, threads, n_ctx=max(p.pp, p.tg) + 16, n_batch=p.pp)
+    if name == "llama_bench":
+        from engine.bench import llama_bench
+
+        binary = llama_bench.find_binary(p.llama_bench or None)  # ConfigError: set but missing
+        if binary is None:
+            raise ImportError(f"no llama-bench: set --param llama_bench=PATH or ${llama_bench.ENV_VAR}, "
+                              f"or put llama-bench on PATH", name="llama-bench")
+        return LlamaBenchPeer(name, path, threads, binary)
     if name in ("hf_fp32", "hf_bf16"):
         return HFPeer(name, path, threads)
-    raise ConfigError(f"unknown peer {name!r}: use opscope[:settings], llama_cpp, hf_fp32, hf_bf16")
+    raise ConfigError(f"unknown peer {name!r}: use opscope[:settings], llama_bench, llama_cpp, hf_fp32, hf_bf16")
 
 
 def _round(peers: list, run, r: list[int]) -> dict[str, float]:
@@ -256,7 +302,8 @@ def _make_peers(path: Path, threads: int, p: Params) -> tuple[list, dict[str, st
         try:
             peers.append(make_peer(name, path, threads, p))
         except ImportError as e:
-            missing[name] = f"not installed ({e.name or e}); pip install -e '.[peers]'"
+            missing[name] = str(e) if name == "llama_bench" else \
+                f"not installed ({e.name or e}); pip install -e '.[peers]'"
     if not peers or peers[0].name != REFERENCE:
         raise ConfigError(f"the peers list must start with {REFERENCE!r}, got {list(p.peers)}")
     return peers, missing
@@ -265,7 +312,7 @@ def _make_peers(path: Path, threads: int, p: Params) -> tuple[list, dict[str, st
 def _points(peers: list, missing: dict[str, str], p: Params, vocab: int):
     for name, reason in missing.items():
         yield skipped_point(f"peer.{name}", "tok/s", reason)
-    loaders = [peer for peer in peers if peer.name in p.load_peers]
+    loaders = [peer for peer in peers if peer.name in p.load_peers and getattr(peer, "measures_load", True)]
     if loaders:
         yield _load_point(loaders)
     for peer in peers:
@@ -288,7 +335,10 @@ def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     settings: dict[str, Any] = {"pp": p.pp, "tg": p.tg, "peers": list(p.peers), "threads": threads,
                                 "missing_peers": missing, "model_file": str(path),
                                 "peer_versions": _versions()}
-    n_points = len(missing) + 2 + int(any(pr.name in p.load_peers for pr in peers))
+    settings["llama_bench_binaries"] = {pr.name: {"binary": str(pr.binary), "version": pr.version}
+                                        for pr in peers if isinstance(pr, LlamaBenchPeer)}
+    n_points = len(missing) + 2 + int(any(pr.name in p.load_peers and getattr(pr, "measures_load", True)
+                                          for pr in peers))
     return SuitePlan(points=_points(peers, missing, p, source.config.vocab_size), n_points=n_points,
                      settings=settings, model_source=source, close=lambda: peers.clear())
 

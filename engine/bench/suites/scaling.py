@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.bench import peaks
+from engine.bench import utilisation as U
 from engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
-from engine.bench.runner import Derived, Point, skipped_point
+from engine.bench.runner import Point, skipped_point
 from engine.bench.suites import _model as M
 
 NAME = "scaling"
@@ -49,7 +50,7 @@ def needed_bytes(cfg, p: Params, dtype: str) -> int:
     return int(weights + logits + acts)
 
 
-def make_point(name: str, p: Params, opts: BenchOptions, peak_flop_s: float | None) -> Point:
+def make_point(name: str, p: Params, opts: BenchOptions, pk: dict) -> Point:
     cfg = gpt2_config(name)
 
     def prepare():
@@ -70,26 +71,25 @@ def make_point(name: str, p: Params, opts: BenchOptions, peak_flop_s: float | No
     return Point(f"fwd_{name}", "tok/s", prepare, value=lambda s: tokens / s,
                  params={"model": name, "n_params": cfg.n_params, "batch": p.batch, "seq": p.seq},
                  device=opts.device, track_memory=True,
-                 derived=(Derived(f"fwd_{name}.mfu", "%", lambda tps: M.pct(tps / tokens * flops, peak_flop_s)),))
+                 derived=U.derived(f"fwd_{name}", "mfu", lambda tps: tps / tokens * flops, pk, "flop"))
 
 
-def _points(p: Params, opts: BenchOptions, peak_flop_s: float | None):
+def _points(p: Params, opts: BenchOptions, pk: dict):
     for name in p.models:
         need, free = needed_bytes(gpt2_config(name), p, opts.dtype), free_memory_bytes(opts.device)
         if need > 0.7 * free:
             yield skipped_point(f"fwd_{name}", "tok/s", f"needs ~{need / 2**30:.1f} GiB, "
                                 f"{free / 2**30:.1f} GiB free", {"model": name})
         else:
-            yield make_point(name, p, opts, peak_flop_s)
+            yield make_point(name, p, opts, pk)
 
 
 def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     check_torch_device(opts.device)
     p = params or (QUICK if opts.quick else Params())
-    peak = peaks.get(opts.device, "matmul", opts.dtype)
-    return SuitePlan(points=_points(p, opts, peak.value if peak else None), n_points=len(p.models),
+    pk = {"flop": peaks.peak_set(opts.device, "matmul", opts.dtype)}
+    return SuitePlan(points=_points(p, opts, pk), n_points=len(p.models),
                      settings={"models": {n: gpt2_config(n).shape_fields() | {"n_params": gpt2_config(n).n_params}
                                           for n in p.models},
                                "batch": p.batch, "seq": p.seq,
-                               "peaks": {"flop_s": peak and peak.value, "flop_source": peak and peak.source,
-                                         "bytes_s": None, "bytes_source": None}})
+                               "peaks": pk})

@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass, field
 
 from engine.bench import peaks
+from engine.bench import utilisation as U
 from engine.bench.options import BenchOptions, SuitePlan, check_torch_device
-from engine.bench.runner import Derived, Extra, Point
+from engine.bench.runner import Extra, Point
 from engine.bench.suites import _model as M
 
 NAME = "train-step"
@@ -124,10 +125,10 @@ def _trainer(p: Params, v: Variant, opts: BenchOptions):
     return step
 
 
-def make_point(p: Params, v: Variant, opts: BenchOptions, peak_flop_s: dict[str, float | None]) -> Point:
+def make_point(p: Params, v: Variant, opts: BenchOptions, pk: dict[str, dict]) -> Point:
     tokens = p.batch * p.seq * v.accum
     flops = 3 * M.forward_flops(p.model_config(), p.seq, 0, p.seq, batch=p.batch * v.accum)
-    peak = peak_flop_s.get(v.autocast or "float32")
+    peak = {"flop": pk[v.autocast or "float32"]}
     name = f"train_{v.label}"
     return Point(name, "tok/s", lambda: _trainer(p, v, opts), value=lambda s: tokens / s,
                  params={"variant": v.label, "autocast": v.autocast, "checkpoint": v.checkpoint,
@@ -136,20 +137,18 @@ def make_point(p: Params, v: Variant, opts: BenchOptions, peak_flop_s: dict[str,
                  observe=lambda loss: {f"{name}.loss": float(loss)},
                  extras=(Extra(f"{name}.loss", "nats"),),
                  check=lambda ex: loss_decreased({"loss": ex.get(f"{name}.loss", [])}),
-                 derived=(Derived(f"{name}.mfu", "%", lambda tps: M.pct(tps / tokens * flops, peak)),))
+                 derived=U.derived(name, "mfu", lambda tps: tps / tokens * flops, peak, "flop"))
 
 
 def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     check_torch_device(opts.device)
     p = params or (QUICK if opts.quick else Params())
-    found = {dt: peaks.get(opts.device, "matmul", dt) for dt in {v.autocast or "float32" for v in p.variants}}
-    pk = {dt: (peak.value if peak else None) for dt, peak in found.items()}
+    pk = {dt: peaks.peak_set(opts.device, "matmul", dt) for dt in {v.autocast or "float32" for v in p.variants}}
     cfg = p.model_config()
     return SuitePlan(points=[make_point(p, v, opts, pk) for v in p.variants], n_points=len(p.variants),
                      settings={"model_config": cfg.shape_fields(), "n_params": cfg.n_params,
                                "batch": p.batch, "seq": p.seq, "lr": p.lr, "optimizer": "AdamW",
                                "variants": [v.__dict__ for v in p.variants],
-                               "peaks": {dt: peak and {"flop_s": peak.value, "source": peak.source}
-                                         for dt, peak in found.items()},
+                               "peaks": pk,
                                "weights": "float32 master weights",
                                "loss_check": "mean of the last third of losses < mean of the first third"})

@@ -19,8 +19,10 @@
 namespace opscope {
 namespace {
 
-// (qtype, qs, d, m, bias): one packed linear as handed over from Python.
-using LinSpec = std::tuple<int64_t, at::Tensor, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::Tensor>>;
+// (qtype, qs, d, m, bias): one quantized matrix as handed over from Python (SoA: qs, d, m; raw
+// GGUF blocks: qs alone, d and m None).
+using LinSpec = std::tuple<int64_t, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::Tensor>,
+                           c10::optional<at::Tensor>>;
 
 struct Linear {
   Weights w;
@@ -31,7 +33,8 @@ struct Linear {
 Linear make_linear(const LinSpec& s, int64_t K) {
   Linear l;
   l.w = make_weights(std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s), K);
-  l.keep = {std::get<1>(s), std::get<2>(s)};
+  l.keep = {std::get<1>(s)};
+  if (std::get<2>(s)) l.keep.push_back(*std::get<2>(s));
   if (std::get<3>(s)) l.keep.push_back(*std::get<3>(s));
   if (std::get<4>(s)) {
     l.keep.push_back(std::get<4>(s)->contiguous().to(at::kFloat));
@@ -77,12 +80,11 @@ void rope(float* v, int64_t heads, int64_t D, const float* cs, const float* sn) 
 class DecodeModel {
  public:
   DecodeModel(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t hidden_dim,
-              double eps, int64_t act_mode, at::Tensor embed, at::Tensor inv_freq, at::Tensor final_norm,
+              double eps, int64_t act_mode, const LinSpec& embed, at::Tensor inv_freq, at::Tensor final_norm,
               const LinSpec& lm_head)
       : C_(dim), H_(n_heads), KV_(n_kv_heads), D_(head_dim), F_(hidden_dim), eps_(eps), q8_(act_mode == 1),
-        embed_(embed.contiguous()), inv_freq_(inv_freq.contiguous().to(at::kFloat)),
+        embed_(make_linear(embed, dim)), inv_freq_(inv_freq.contiguous().to(at::kFloat)),
         final_norm_(final_norm.contiguous().to(at::kFloat)), head_(make_linear(lm_head, dim)) {
-    TORCH_CHECK(embed_.scalar_type() == at::kFloat && embed_.size(1) == C_, "embedding must be float32 [V, dim]");
     TORCH_CHECK(H_ % KV_ == 0 && D_ % 2 == 0 && inv_freq_.numel() == D_ / 2, "inconsistent head sizes");
     x_.resize(C_); h_.resize(std::max(C_, F_)); q_.resize(H_ * D_); k_.resize(KV_ * D_); v_.resize(KV_ * D_);
     att_.resize(H_ * D_); o_.resize(C_); g_.resize(F_); u_.resize(F_); cos_.resize(D_ / 2); sin_.resize(D_ / 2);
@@ -115,8 +117,8 @@ class DecodeModel {
   // Logits [1, 1, V] for `token` at position `pos`; writes K/V at `pos` into the cache.
   at::Tensor step(int64_t token, int64_t pos) {
     TORCH_CHECK(pos >= 0 && pos < S_, "position ", pos, " outside the KV cache (", S_, ")");
-    TORCH_CHECK(token >= 0 && token < embed_.size(0), "token id ", token, " outside the vocabulary");
-    std::copy_n(embed_.data_ptr<float>() + token * C_, C_, x_.data());
+    TORCH_CHECK(token >= 0 && token < embed_.w.N, "token id ", token, " outside the vocabulary");
+    dequantize_row(embed_.w, token, x_.data());  // the embedding row read from its blocks
     for (int64_t i = 0; i < D_ / 2; ++i) {
       const float f = float(pos) * inv_freq_.data_ptr<float>()[i];
       cos_[i] = std::cos(f);
@@ -194,7 +196,8 @@ class DecodeModel {
   int64_t C_, H_, KV_, D_, F_, S_ = 0;
   double eps_;
   bool q8_;
-  at::Tensor embed_, inv_freq_, final_norm_;
+  Linear embed_;
+  at::Tensor inv_freq_, final_norm_;
   Linear head_;
   std::vector<Layer> layers_;
   std::vector<at::Tensor> kc_, vc_;
@@ -207,14 +210,18 @@ class DecodeModel {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   using opscope::DecodeModel;
   mod.def("qlinear", &opscope::qlinear, "fused dequantize-matvec / dequantize+GEMM over packed GGUF blocks");
-  mod.def("dequantize", &opscope::dequantize, "packed GGUF blocks to a dense [N, K] tensor");
+  mod.def("dequantize", &opscope::dequantize, "quantized weights to a dense [N, K] tensor");
+  mod.def("dequantize_scalar", &opscope::dequantize_scalar, "raw GGUF blocks to [N, K] float32, portable decoders");
+  mod.def("embedding", &opscope::qembedding, "rows idx of quantized weights, [*idx.shape, K] float32");
+  mod.def("raw_row_bytes", &opscope::raw_row_bytes, "bytes per row of K weights of a ggml type (-1: no kernel)");
+  mod.def("raw_block_size", &opscope::raw_block_size, "weights per block of a ggml type (0: no kernel)");
   mod.def("pin_threads", &opscope::pin_threads, "bind torch's OpenMP threads to the given cpus");
   mod.def("has_avx512", &opscope::built_with_avx512);
   mod.def("has_vnni", &opscope::built_with_vnni);
   mod.def("set_kernel_variant", &opscope::set_kernel_variant, "1 or 2: which SIMD kernels run (benchmarks)");
   pybind11::class_<DecodeModel>(mod, "DecodeModel")
-      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, at::Tensor, at::Tensor,
-                          at::Tensor, const opscope::LinSpec&>())
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, const opscope::LinSpec&,
+                          at::Tensor, at::Tensor, const opscope::LinSpec&>())
       .def("add_layer", &DecodeModel::add_layer)
       .def("set_cache", &DecodeModel::set_cache)
       .def("step", &DecodeModel::step, pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -126,6 +126,7 @@ void prepare_activation(const float* x, int64_t K, bool quantize, float* sx, int
 
 struct Act {
   const float* x;
+  const float* sxf;
   const float* sx;
   const int8_t* qy;
   const int8_t* qyp;
@@ -161,6 +162,7 @@ void group4(const Weights& w, const Act& a, bool q8, int64_t r, float* y) {
 
 // Rows [r0, r1) of one output vector; whole 4-row groups take the SIMD path.
 void rows_range(const Weights& w, const Act& a, bool q8, int64_t r0, int64_t r1, float* y) {
+  if (w.raw()) return raw_rows(w, a.x, a.sxf, r0, r1, y);  // float32 activations whatever q8 says
   int64_t r = r0;
 #if defined(__AVX512F__)
   for (; r + 4 <= r1; r += 4) group4(w, a, q8, r, y);
@@ -182,8 +184,16 @@ void matvec_multi(const float* x, int64_t K, const Weights* ws, float* const* ys
   q8 = false;  // no integer dot product here: the exact fp32 path instead
 #endif
   s.ensure(K);
-  prepare_activation(x, K, q8, s.sx.data(), s.qy.data(), s.qyp.data(), s.dy.data());
-  const Act a{x, s.sx.data(), s.qy.data(), s.qyp.data(), s.dy.data()};
+  bool soa = false, raw = false;  // the int8 copy and its sums are for SoA weights only
+  for (int i = 0; i < n; ++i) (ws[i].raw() ? raw : soa) = true;
+  if (soa) prepare_activation(x, K, q8, s.sx.data(), s.qy.data(), s.qyp.data(), s.dy.data());
+  if (raw)
+    for (int64_t b = 0; b < K / QK; ++b) {
+      float t = 0.f;
+      for (int j = 0; j < QK; ++j) t += x[b * QK + j];
+      s.sxf[b] = t;
+    }
+  const Act a{x, s.sxf.data(), s.sx.data(), s.qy.data(), s.qyp.data(), s.dy.data()};
   std::vector<int64_t> start(n + 1, 0);  // prefix sums of 4-row groups over the matrices
   for (int i = 0; i < n; ++i) start[i + 1] = start[i] + (ws[i].N + 3) / 4;
   at::parallel_for(0, start[n], GROUP_GRAIN, [&](int64_t g0, int64_t g1) {
@@ -195,6 +205,7 @@ void matvec_multi(const float* x, int64_t K, const Weights* ws, float* const* ys
 }
 
 void dequantize_row(const Weights& w, int64_t r, float* out) {
+  if (w.raw()) return raw_dequantize_row(w, r, out);
   const int64_t nb = w.K / QK;
   for (int64_t b = 0; b < nb; ++b) {
     const float dd = h2f(w.d, r * nb + b);

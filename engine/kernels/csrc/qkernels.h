@@ -8,22 +8,30 @@ namespace opscope {
 
 constexpr int64_t QK = 32;  // elements per GGUF block for Q4_1 and Q8_0
 
-// One packed weight matrix [N, K] (see kernels.cpp for the layout). Pointers only: the owner keeps
-// the tensors alive.
+// qtype codes: 0 = Q4_1 and 1 = Q8_0 repacked structure-of-arrays (kernels.cpp); QTYPE_RAW + t =
+// raw GGUF blocks of ggml type t as stored in the file (raw.cpp, gguf_types.h).
+constexpr int64_t QTYPE_RAW = 16;
+
+// One weight matrix [N, K]. Pointers only: the owner keeps the tensors alive.
 struct Weights {
-  int64_t qtype;  // 0 = Q4_1, 1 = Q8_0
-  const uint8_t* qs;
-  const c10::Half* d;
-  const c10::Half* m;  // Q4_1 only
+  int64_t qtype;
+  const uint8_t* qs;  // SoA quants, or the raw blocks [N, row_bytes]
+  const c10::Half* d;  // SoA only
+  const c10::Half* m;  // SoA Q4_1 only
   int64_t N, K;
+  int64_t ggml_type = -1;  // raw only
+  int64_t row_bytes = 0;  // raw only
+  bool raw() const { return qtype >= QTYPE_RAW; }
 };
 
 // Per-call activation buffers, reused so the decode step allocates nothing.
 struct Scratch {
-  std::vector<float> sx, dy;
+  std::vector<float> sx, dy, sxf;  // sxf: exact float32 block sums of x (raw-block kernels)
   std::vector<int8_t> qy, qyp;
   void ensure(int64_t K) {
-    if ((int64_t)qy.size() < K) { qy.resize(K); qyp.resize(K); sx.resize(K / QK); dy.resize(K / QK); }
+    if ((int64_t)qy.size() < K) {
+      qy.resize(K); qyp.resize(K); sx.resize(K / QK); dy.resize(K / QK); sxf.resize(K / QK + 1);
+    }
   }
 };
 
@@ -33,6 +41,16 @@ void matvec_multi(const float* x, int64_t K, const Weights* ws, float* const* ys
 
 // Row r of W dequantized to float32 (K values).
 void dequantize_row(const Weights& w, int64_t r, float* out);
+
+// Raw GGUF blocks (raw.cpp): weights per block of a ggml type (0: no kernel), bytes per row of K
+// weights (-1: no kernel or K not a whole number of blocks), rows [r0, r1) of y = W x, one row
+// dequantized (SIMD decoder; the scalar one for tests).
+int64_t raw_block_size(int64_t ggml_type);
+int64_t raw_row_bytes(int64_t ggml_type, int64_t K);
+// sx: sums of x per 32-block (the min/offset terms of the 32-weight block types).
+void raw_rows(const Weights& w, const float* x, const float* sx, int64_t r0, int64_t r1, float* y);
+void raw_dequantize_row(const Weights& w, int64_t r, float* out);
+void raw_dequantize_row_scalar(const Weights& w, int64_t r, float* out);
 
 // Which generation of the SIMD kernels runs (1 or 2): for the A/B benchmarks only.
 void set_kernel_variant(int v);

@@ -7,16 +7,22 @@
 
 namespace opscope {
 
-// Checks packed tensors against K and wraps their pointers (the caller keeps the tensors alive).
-Weights make_weights(int64_t qtype, const at::Tensor& qs, const at::Tensor& d,
+// Checks quantized tensors against K and wraps their pointers (the caller keeps the tensors alive):
+// SoA qs/d/m for qtype 0/1, raw blocks qs [N, row_bytes] (d, m absent) for QTYPE_RAW + ggml type.
+Weights make_weights(int64_t qtype, const at::Tensor& qs, const c10::optional<at::Tensor>& d,
                      const c10::optional<at::Tensor>& m, int64_t K);
 
-at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
+at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const c10::optional<at::Tensor>& d,
                    const c10::optional<at::Tensor>& m, int64_t qtype, int64_t act_mode,
                    int64_t gemm_min_rows, c10::ScalarType gemm_dtype);
 
-at::Tensor dequantize(const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
+at::Tensor dequantize(const at::Tensor& qs, const c10::optional<at::Tensor>& d, const c10::optional<at::Tensor>& m,
                       int64_t qtype, int64_t K, c10::ScalarType dtype);
+
+at::Tensor dequantize_scalar(const at::Tensor& qs, int64_t qtype, int64_t K);
+
+at::Tensor qembedding(const at::Tensor& idx, const at::Tensor& qs, const c10::optional<at::Tensor>& d,
+                      const c10::optional<at::Tensor>& m, int64_t qtype, int64_t K);
 
 std::vector<int64_t> pin_threads(std::vector<int64_t> cpus);
 

@@ -1,0 +1,149 @@
+"""A synthetic ~1B-parameter Llama (TinyLlama-1.1B's shape, random weights) in Q4_K_M: OpScope vs llama-bench.
+
+    .venv/bin/python benchmarks/synthetic_1b.py [--rounds 3] [--pp-rounds 2] [--threads 2] [--layers 22]
+
+1. Writes the model as an F16 GGUF with the project's own writer (engine.testing.gguf_writer: the
+   names, Q/K permutation and metadata llama.cpp's converter writes; a small byte-level BPE
+   tokenizer): dim 2048, 22 layers, ffn 5632, 32 heads, 4 KV heads, vocab 32000 (1.1 B parameters,
+   2.2 GB), then llama-quantize turns it into Q4_K_M (~0.67 GB; every row is a multiple of 256, so
+   the K types apply as in a real 1B download). Both files are cached in
+   ~/.cache/opscope/synthetic_1b (outside the repo); delete them with ``--clean``.
+2. Runs the comparison of benchmarks/gguf_types.py on the Q4_K_M file: interleaved rounds of
+   llama-bench (tg128 every round, pp512 in the first ``--pp-rounds``) and OpScope in a fresh process
+   each, peak RSS per process. Goals: tg128 ≥ 1.0× llama.cpp, peak RSS ≤ 1.3× llama.cpp's.
+3. Writes benchmarks/results/synthetic_1b.{md,json}.
+
+A benchmark only, never run in CI (minutes, 3 GB of disk, ~2 GB of RAM per process).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gguf_types as G  # noqa: E402  (benchmarks/gguf_types.py)
+
+CACHE = G.CACHE.parent / "synthetic_1b"
+SHAPE = dict(hidden_size=2048, num_hidden_layers=22, intermediate_size=5632, num_attention_heads=32,
+             num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-5,
+             rope_theta=10000.0, tie_word_embeddings=False)
+GOAL_RSS_VS_LLAMA = 1.3
+
+log = logging.getLogger("synthetic_1b")
+
+
+def n_params(cfg: dict) -> int:
+    from engine.testing.gguf_writer import tensor_shapes
+
+    total = 0
+    for shape in tensor_shapes(cfg).values():
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+def make_files(layers: int, threads: int, cache: Path) -> tuple[Path, Path, dict]:
+    """(F16 file, Q4_K_M file, config); both cached by layer count."""
+    from engine.testing.gguf_writer import hf_config, write_gguf
+
+    cfg = hf_config("llama", **(SHAPE | {"num_hidden_layers": layers}))
+    cache.mkdir(parents=True, exist_ok=True)
+    f16 = cache / f"llama-synthetic-{layers}L.F16.gguf"
+    if not f16.is_file():
+        _check_disk(cache, 2 * n_params(cfg) * 1.4)
+        log.info("writing %s (%.2f B parameters, F16)", f16, n_params(cfg) / 1e9)
+        tmp = f16.with_suffix(".tmp")
+        write_gguf(tmp, cfg, types="F16", seed=0, name=f"llama-synthetic-{layers}L")
+        tmp.rename(f16)
+    q = G.quantize(f16, "Q4_K_M", cache, threads)
+    return f16, q, cfg
+
+
+def _check_disk(where: Path, need_bytes: float) -> None:
+    free = shutil.disk_usage(where).free
+    if free < need_bytes:
+        raise SystemExit(f"{where}: {free / 2**30:.1f} GiB free, the synthetic model needs "
+                         f"{need_bytes / 2**30:.1f} GiB; free some space or pass --cache elsewhere")
+
+
+def measure(path: Path, rounds: int, pp_rounds: int, pp: int, tg: int, threads: int) -> dict:
+    """gguf_types' interleaved rounds; pp only in the first ``pp_rounds`` (pp512 of 1B is slow)."""
+    rec = {"type": "Q4_K_M (synthetic 1B)", "file": str(path), "file_bytes": path.stat().st_size,
+           "tensor_types": G.tensor_types(path), "rounds": []}
+    for r in range(rounds):
+        n_pp = pp if r < pp_rounds else 0
+        order = ("llama", "opscope") if r % 2 == 0 else ("opscope", "llama")
+        one = {}
+        for who in order:
+            one[who] = (G.run_llama if who == "llama" else G.run_opscope)(path, n_pp, tg, threads)
+        rec["rounds"].append(one)
+        log.info("round %d: %s", r + 1, G._round_line(one, pp, tg))
+        if "refused" in one["opscope"]:
+            break
+    return rec
+
+
+def markdown(rec: dict, meta: dict) -> str:
+    s = rec["summary"]
+    ratio = None
+    if s["rss_opscope"] and s["rss_llama"]:
+        ratio = s["rss_opscope"].median / s["rss_llama"].median
+    head = (f"# Synthetic 1B Llama (Q4_K_M): OpScope vs llama-bench\n\n"
+            f"Model: {meta['params_b']:.2f} B parameters, {meta['shape']}; random weights written by "
+            f"engine.testing.gguf_writer (F16), re-quantized by llama-quantize. {meta['threads']} threads, "
+            f"{meta['rounds']} rounds (pp{meta['pp']} in the first {meta['pp_rounds']}). Load average "
+            f"before {meta['load_before']}, after {meta['load_after']}. Goals: tg{meta['tg']} ≥ 1.0×, "
+            f"peak RSS ≤ {GOAL_RSS_VS_LLAMA}× llama.cpp's"
+            + (f" (measured {ratio:.2f}×: {'✓' if ratio <= GOAL_RSS_VS_LLAMA else '✗'})" if ratio else "")
+            + ".\n\n")
+    return head + G.markdown([rec], meta).split("\n\n", 2)[2]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pp-rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"])
+    ap.add_argument("--pp", type=int, default=512)
+    ap.add_argument("--tg", type=int, default=128)
+    ap.add_argument("--cache", default=str(CACHE))
+    ap.add_argument("--out", default=str(G.RESULTS / "synthetic_1b"))
+    ap.add_argument("--clean", action="store_true", help="delete the cached model files and exit")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    cache = Path(args.cache)
+    if args.clean:
+        shutil.rmtree(cache, ignore_errors=True)
+        return 0
+    f16, q, cfg = make_files(args.layers, args.threads, cache)
+    G.build_kernels()
+    meta = {"threads": args.threads, "rounds": args.rounds, "pp_rounds": args.pp_rounds, "pp": args.pp,
+            "tg": args.tg, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "load_before": G.loadavg(), "params_b": n_params(cfg) / 1e9, "source": str(f16),
+            "shape": {k: cfg[k] for k in SHAPE}}
+    rec = measure(q, args.rounds, args.pp_rounds, args.pp, args.tg, args.threads)
+    rec["summary"] = G.summarize(rec, args.pp, args.tg)
+    meta["load_after"] = G.loadavg()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "model": rec}, indent=1, default=G._json_default))
+    out.with_suffix(".md").write_text(markdown(rec, meta))
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

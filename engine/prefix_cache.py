@@ -1,0 +1,97 @@
+"""Which token ids the model's KV cache holds (sequence 0, batch 1), so that a new prompt sharing a
+prefix with them (the next chat turn) prefills only the rest, as llama.cpp's server does.
+
+The record lives on the model (``model.kv_prefix``) and describes one KVCache object (layer 0's):
+``setup_cache``/``drop_cache`` make or drop those objects, so a record of an older cache is never
+used. A path that writes the cache in place (batched generation, a trace, a cache-less reference
+pass) calls :func:`forget`; engine.generate.ensure_cache does so for every caller but generate.
+
+A generation first marks the record *open* (what it holds is being written) and seals it only when
+it ends, with a snapshot of layer 0's keys over the held positions: a record is reused only when it
+is sealed and that snapshot (one KV head's keys) still matches the cache bit for bit, so a writer that bypassed all of
+the above (a direct ``model(...)`` call on the same buffers) disables the reuse instead of
+corrupting the next reply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(eq=False)
+class PrefixRecord:
+    cache: object  # layer 0's KVCache the ids describe
+    ids: list[int] = field(default_factory=list)  # token at each cache position 0..len-1
+    keys: torch.Tensor | None = None  # layer 0's K (head 0) over those positions once sealed; None while open
+
+
+def _cache(model):
+    return model.layers[0].attn.cache
+
+
+def _keys(cache, m: int) -> torch.Tensor:
+    """Row 0's keys of KV head 0 at positions 0..m-1 [m, D]: a token written over any of them
+    changes them (one head is enough to notice, and 1/K of the memory of all)."""
+    return cache.k[0, :m, 0]
+
+
+def forget(model) -> None:
+    """Nothing in the cache may be reused any more (the caller writes it another way)."""
+    model.kv_prefix = None
+
+
+def held(model) -> list[int]:
+    """The ids whose K/V the cache holds at positions 0.. (row 0); [] when unknown or stale."""
+    rec = getattr(model, "kv_prefix", None)
+    cache = _cache(model)
+    if rec is None or rec.keys is None or cache is None or rec.cache is not cache or not rec.ids:
+        return []
+    m = len(rec.ids)
+    if cache.k.shape[1] < m or not torch.equal(_keys(cache, m), rec.keys):
+        return []
+    return rec.ids
+
+
+def reusable(model, prompt_ids: list[int]) -> int:
+    """How many leading positions of ``prompt_ids`` the cache already holds; at most len - 1, so the
+    last prompt token is always recomputed and gives the logits to sample from."""
+    ids = held(model)
+    n = min(len(ids), len(prompt_ids) - 1)
+    i = 0
+    while i < n and ids[i] == prompt_ids[i]:
+        i += 1
+    return i
+
+
+def open_record(model, ids: list[int]) -> PrefixRecord:
+    """Mark the cache as being written by one generation, holding ``ids`` so far; the generation
+    appends to ``record.ids`` after each forward pass that wrote more positions, then seals it."""
+    rec = PrefixRecord(_cache(model), list(ids))
+    model.kv_prefix = rec
+    return rec
+
+
+def seal(model, rec: PrefixRecord) -> None:
+    """End of the generation that opened ``rec``: make it reusable, unless something invalidated or
+    replaced it meanwhile (another generation, ``forget``, a new cache)."""
+    cache = _cache(model)
+    if getattr(model, "kv_prefix", None) is not rec or rec.cache is not cache or not rec.ids:
+        if getattr(model, "kv_prefix", None) is rec:
+            forget(model)
+        return
+    rec.keys = _keys(cache, len(rec.ids)).clone()
+
+
+def keep_on_resize(model, old_caches: list, keep: int) -> None:
+    """After ``setup_cache`` allocated a larger cache: copy positions 0..keep-1 of row 0 from
+    ``old_caches`` (one KVCache per layer) and re-seal the record over them."""
+    rec = getattr(model, "kv_prefix", None)
+    if rec is None or keep == 0:
+        forget(model)
+        return
+    for layer, old in zip(model.layers, old_caches):
+        layer.attn.cache.k[0, :keep] = old.k[0, :keep]
+        layer.attn.cache.v[0, :keep] = old.v[0, :keep]
+    model.kv_prefix = PrefixRecord(_cache(model), rec.ids[:keep])
+    seal(model, model.kv_prefix)
