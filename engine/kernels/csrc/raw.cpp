@@ -157,8 +157,6 @@ void rows_b32(const float* x, const float* sx, const float* xs, const Weights& w
   }
   for (int r = 0; r < R; ++r) y[row + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], macc[r]));
 }
-#endif
-
 
 // The K types (gguf_types.h prep): per superblock and row the quants are decoded to bytes and the
 // group scales to floats in buffers once, then read back 16 weights per load. Groups of 32 with
@@ -266,6 +264,8 @@ void rows_k(const float* x, const float* sx, const Weights& w, int64_t row, floa
   for (int r = 0; r < R; ++r)  // w = sc*q - mn: the mins' term subtracted
     y[row + r] = _mm512_reduce_add_ps(_mm512_sub_ps(acc[r], _mm512_zextps256_ps512(macc[r])));
 }
+#endif  // OPSCOPE_AVX512_RAW
+
 }  // namespace
 
 int64_t raw_block_size(int64_t ggml_type) {
