@@ -126,7 +126,7 @@ def _timed(make, lm, n: int, warm_n: int, opts) -> float:
     return time.perf_counter() - t0
 
 
-def child_main(path: str, pp: int, tg: int, threads: int) -> int:
+def child_main(path: str, pp: int, tg: int, threads: int, fastpath: str = "auto") -> int:
     """One OpScope measurement in this fresh process; one JSON line on stdout."""
     phases = Phases()
     phases.mark("python")
@@ -144,7 +144,7 @@ def child_main(path: str, pp: int, tg: int, threads: int) -> int:
 
     out: dict = {"file": path}
     try:
-        lm = load(path, threads=threads)
+        lm = load(path, threads=threads, fastpath=fastpath)
     except EngineError as e:
         print(json.dumps(out | {"refused": str(e).splitlines()[0], "phases": phases.rows}))
         return 3
@@ -174,12 +174,12 @@ def build_kernels() -> None:
                    cwd=REPO, check=False)
 
 
-def run_opscope(path: Path, pp: int, tg: int, threads: int) -> dict:
+def run_opscope(path: Path, pp: int, tg: int, threads: int, fastpath: str = "auto") -> dict:
     from engine.bench.llama_bench import run_child
 
     env = os.environ | {"OMP_NUM_THREADS": str(threads)}
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), "--pp", str(pp),
-            "--tg", str(tg), "--threads", str(threads)]
+            "--tg", str(tg), "--threads", str(threads), "--fastpath", fastpath]
     child = run_child(argv, env=env)
     lines = [ln for ln in child.stdout.splitlines() if ln.startswith("{")]
     if not lines:
@@ -211,14 +211,16 @@ def run_llama(path: Path, pp: int, tg: int, threads: int) -> dict:
             "peak_rss_bytes": r.peak_rss_bytes, "wall_s": r.wall_s, "info": r.info}
 
 
-def measure_type(kind: str, path: Path, rounds: int, pp: int, tg: int, threads: int) -> dict:
+def measure_type(kind: str, path: Path, rounds: int, pp: int, tg: int, threads: int,
+                 fastpath: str = "auto") -> dict:
     rec: dict = {"type": kind, "file": str(path), "file_bytes": path.stat().st_size,
                  "tensor_types": tensor_types(path), "rounds": []}
     for r in range(rounds):
         order = ("llama", "opscope") if r % 2 == 0 else ("opscope", "llama")
         one = {}
         for who in order:
-            one[who] = (run_llama if who == "llama" else run_opscope)(path, pp, tg, threads)
+            one[who] = (run_llama(path, pp, tg, threads) if who == "llama"
+                        else run_opscope(path, pp, tg, threads, fastpath))
         rec["rounds"].append(one)
         log.info("%s round %d: %s", kind, r + 1, _round_line(one, pp, tg))
         if "refused" in one["opscope"]:
@@ -321,7 +323,9 @@ def _linears(counts: dict) -> str:
 
 def markdown(records: list[dict], meta: dict) -> str:
     pp, tg = meta["pp"], meta["tg"]
-    head = (f"# GGUF types: OpScope vs llama-bench ({meta['threads']} threads, {meta['rounds']} rounds)\n\n"
+    spec = meta.get("fastpath", "auto")
+    head = (f"# GGUF types: OpScope vs llama-bench ({meta['threads']} threads, {meta['rounds']} rounds"
+            f"{'' if spec == 'auto' else ', OpScope fast path ' + spec})\n\n"
             f"Source: {meta['source']} (re-quantized by llama-quantize --allow-requantize; F16/BF16 straight "
             f"from it). Started {meta['started']}, load average before {meta['load_before']}, after "
             f"{meta['load_after']} (1/5/15 min; the machine has {os.cpu_count()} cores). Figures: median "
@@ -392,6 +396,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default=str(RESULTS / "gguf_types"), help="results path without suffix")
     ap.add_argument("--render", default=None, metavar="JSON",
                     help="re-render the Markdown table from a raw JSON this script wrote, and exit")
+    ap.add_argument("--fastpath", default="auto",
+                    help="OpScope's fast-path spec, e.g. activations=q8 (llama.cpp's int8-activation scheme)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -401,6 +407,7 @@ def run(args: argparse.Namespace, source: Path, types: list[str], title_extra: d
     if args.quick:
         args.pp, args.tg, args.rounds = 64, 16, 1
     meta = {"source": str(source), "threads": args.threads, "rounds": args.rounds, "pp": args.pp, "tg": args.tg,
+            "fastpath": args.fastpath,
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": loadavg(),
             "tools": str(TOOLS)} | (title_extra or {})
     build_kernels()
@@ -412,7 +419,7 @@ def run(args: argparse.Namespace, source: Path, types: list[str], title_extra: d
             log.error("%s", e)
     records = []
     for kind, path in files.items():
-        rec = measure_type(kind, path, args.rounds, args.pp, args.tg, args.threads)
+        rec = measure_type(kind, path, args.rounds, args.pp, args.tg, args.threads, args.fastpath)
         rec["summary"] = summarize(rec, args.pp, args.tg)
         records.append(rec)
         _write(records, meta | {"load_after": loadavg()}, Path(args.out))  # partial results survive a kill
@@ -442,7 +449,7 @@ def render(raw: Path) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
-        return child_main(args.child, args.pp, args.tg, args.threads)
+        return child_main(args.child, args.pp, args.tg, args.threads, args.fastpath)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.render:
         return render(Path(args.render))
