@@ -207,16 +207,10 @@ def test_fused_decode_with_mixed_types_matches_torch():
     assert isinstance(fast.lm_head, QuantLinear) and fast.lm_head.qs is fast.embed.qs  # tied: one set of blocks
     assert fusable(fast) and fast.decode_step is not None  # the fused C++ step runs decode
 
-    def logits(model, prompt, steps):
-        model.setup_cache(1, len(prompt) + len(steps) + 1)
-        with torch.inference_mode():
-            out = [model(torch.tensor([prompt]), 0, last_only=True)[0, -1]]
-            for i, tok in enumerate(steps):
-                out.append(model(torch.tensor([[tok]]), len(prompt) + i)[0, -1])
-        return torch.stack(out)
+    from test_fastpath_model import decode_logits
 
     prompt, steps = list(range(3, 20)), [7, 99, 12, 150, 1, 64]
-    got, want = logits(fast, prompt, steps), logits(ref, prompt, steps)
+    got, want = decode_logits(fast, prompt, steps), decode_logits(ref, prompt, steps)
     assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
 
 
