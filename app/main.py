@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -20,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--backend", default="torch")
-    p.add_argument("--db", help="run store URL (default: the user's SQLite database)")
+    p.add_argument("--db", help="run store URL (default: $OPSCOPE_DB, else the store last opened in the Runs "
+                                "panel, else the user's SQLite database)")
     p.add_argument("--theme", choices=("system", "light", "dark"), help="override the system theme")
     p.add_argument("--debug", action="store_true", help="verbose logging")
     p.add_argument("--screenshot", metavar="PATH",
@@ -68,7 +70,9 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     app.setWindowIcon(app_icon())
     theme = ThemeManager(app, opts.theme or str(settings.value("ui/theme", "system")))
     spec = LoadRequest(model=opts.model, device=opts.device, dtype=opts.dtype, backend=opts.backend)
-    window = MainWindow(EngineClient(), theme, db_url=opts.db, initial_model=spec)
+    # --db wins; otherwise the store last opened from the Runs panel (None: the default SQLite file).
+    db_url = opts.db or os.environ.get("OPSCOPE_DB") or str(settings.value("runs/store", "") or "") or None
+    window = MainWindow(EngineClient(), theme, db_url=db_url, initial_model=spec)
     window.show()
     if opts.screenshot:
         from app.screenshot import ScreenshotWhenIdle

@@ -4,10 +4,13 @@ Panels are QDockWidgets with stable object names, so QSettings can restore their
 the window geometry between sessions. The window owns the EngineClient and shuts the worker down
 when it closes. Every failure (engine jobs, a crashed worker, exports, uncaught exceptions) goes
 through ``self.notifier`` to the notification area; a failed model load also opens a dialog. The
-toolbar's model box and the status bar name the model the worker actually holds.
+toolbar's model box and the status bar name the model the worker actually holds. The engine
+settings (Engine → Settings…: threads, attention, fast path, compile, quantize, context length) go
+with every load and are persisted; they always describe the model the worker holds.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -18,6 +21,7 @@ from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QTabWidget,
 from app import settings
 from app.chat.panel import ChatPanel
 from app.chat.session import ChatSession
+from app.engine_settings import EngineSettings
 from app.engine_client import EngineClient, Job
 from app.notify import Notice, NotificationArea, Notifier, details_dialog, install_excepthooks
 from app.panels import build_optional_panels
@@ -38,6 +42,10 @@ def _model_name(spec: LoadRequest) -> str:
     return spec.model or "the embedded default model"
 
 
+def _short_name(spec: LoadRequest) -> str:
+    return os.path.basename(spec.model.rstrip("/\\")) if spec.model else "the embedded default model"
+
+
 class MainWindow(QMainWindow):
     engineInfo = Signal(dict)  # backends, devices, dtypes, suites, trace variants (InfoRequest)
 
@@ -52,11 +60,15 @@ class MainWindow(QMainWindow):
         self.notifier = Notifier(self)
         self._uninstall_hooks = install_excepthooks(self.notifier)
         self.error_dialog: QMessageBox | None = None
+        self.engine_settings = EngineSettings.from_json(settings.value("engine/settings"))
+        self.load_options: dict | None = None  # what each engine setting may take (from the worker)
+        self.settings_dialog = None
         self.docks: dict[str, QDockWidget] = {}
         self.toolbar = ModelToolBar(self)
         self.addToolBar(self.toolbar)
         self.notifications = NotificationArea(self.notifier, self)
         self.chat_session = ChatSession(client, self)
+        self.chat_session.context_length = self.engine_settings.context_length
         self.chat = ChatPanel(self.chat_session)
         self._add_dock("chat", "Chat", self.chat, Qt.LeftDockWidgetArea)
         self.panels: dict[str, QWidget] = {}
@@ -103,11 +115,14 @@ class MainWindow(QMainWindow):
             group.addAction(action)
             themes.addAction(action)
         engine = self.menuBar().addMenu("&Engine")
+        engine.addAction("Settings…", self.open_engine_settings, QKeySequence.Preferences)
         engine.addAction("Stop current job", lambda: self.client.stop(None))
         engine.addAction("Restart engine", self.restart_engine)
 
     def _connect(self) -> None:
         self.toolbar.loadRequested.connect(self.load_model)
+        self.toolbar.settingsRequested.connect(self.open_engine_settings)
+        self.engineInfo.connect(lambda info: setattr(self, "load_options", info.get("load_options")))
         self.client.crashed.connect(lambda msg: self.notifier.error(msg, self.client.worker_output()))
         self.client.jobFailed.connect(self._on_job_failed)
         self.client.modelLoaded.connect(self._on_model_loaded)
@@ -116,24 +131,62 @@ class MainWindow(QMainWindow):
 
     # -- engine ---------------------------------------------------------------------------------
     def _start_engine(self, spec: LoadRequest) -> None:
+        if any(getattr(spec, k) != getattr(LoadRequest(), k) for k in self.engine_settings.load_fields()):
+            # Model options given at launch (or by a test) win over the saved settings.
+            self.engine_settings = self.engine_settings.with_load_fields(spec)
         info = self.client.submit(InfoRequest())
         info.finished.connect(self.toolbar.set_engine_info)
         info.finished.connect(self.engineInfo.emit)
         self.load_model(spec)
 
     def load_model(self, spec: LoadRequest) -> Job:
+        """Load ``spec`` (model, backend, device, dtype) with the engine settings' model options."""
+        spec = dataclasses.replace(spec, **self.engine_settings.load_fields())
         job = self.client.submit(spec)
         self.toolbar.show_model(spec, loaded=False)
-        self.statusBar().showMessage(f"Loading {_model_name(spec)}…")
-        job.failed.connect(lambda *_a: self.statusBar().showMessage(f"Could not load {_model_name(spec)}", 15000))
+        self.statusBar().showMessage(f"Loading {_short_name(spec)}…")
+        job.failed.connect(lambda *_a: self.statusBar().showMessage(f"Could not load {_short_name(spec)}", 15000))
         return job
 
     def _on_model_loaded(self, info: dict) -> None:
-        self.statusBar().showMessage(f"Loaded {info.get('path', '')} in {info.get('load_ms', 0):.0f} ms", 8000)
+        # The file name only: a full path pushes the permanent labels off a 1400 px window.
+        name = os.path.basename(str(info.get("path", "")).rstrip("/\\")) or "the model"
+        self.statusBar().showMessage(f"Loaded {name} in {info.get('load_ms', 0):.0f} ms", 8000)
 
     def _on_model_changed(self, info: dict | None) -> None:
         """Toolbar and status bar follow what the worker holds, whatever was asked for."""
         self.toolbar.show_model(self.client.model_spec if info is not None else None, loaded=True)
+        if info is not None and self.client.model_spec is not None:
+            # The settings name what is loaded: after a failed reload, the options still in use.
+            self._store_engine_settings(self.engine_settings.with_load_fields(self.client.model_spec))
+
+    # -- engine settings ------------------------------------------------------------------------
+    def open_engine_settings(self):
+        from app.settings_dialog import EngineSettingsDialog
+
+        if self.settings_dialog is not None:
+            self.settings_dialog.done(0)
+        context = (self.client.model_info or {}).get("config", {}).get("max_seq_len", 0)
+        self.settings_dialog = EngineSettingsDialog(self.engine_settings, self.load_options,
+                                                    model_context=context, parent=self)
+        self.settings_dialog.applied.connect(self.apply_engine_settings)
+        self.settings_dialog.open()
+        return self.settings_dialog
+
+    def apply_engine_settings(self, new: EngineSettings) -> Job | None:
+        """Use ``new``; reload the model when a model option changed (the old model stays on failure)."""
+        loaded = self.client.model_spec
+        self._store_engine_settings(new)
+        self.chat_session.context_length = new.context_length
+        current = {k: getattr(loaded, k) for k in new.load_fields()} if loaded is not None else None
+        if current == new.load_fields():
+            self.statusBar().showMessage("Engine settings applied (no reload needed)", 8000)
+            return None
+        return self.load_model(self.toolbar.request())
+
+    def _store_engine_settings(self, new: EngineSettings) -> None:
+        self.engine_settings = new
+        settings.set_value("engine/settings", new.to_json())
 
     def _on_job_failed(self, job: Job) -> None:
         """The one place every failed engine job turns into something the user sees."""

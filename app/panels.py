@@ -10,6 +10,8 @@ import logging
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from app import settings
+
 log = logging.getLogger(__name__)
 
 
@@ -91,6 +93,9 @@ def _runs(window) -> QWidget:
     bench = window.panels.get("bench")
     if hasattr(bench, "model"):
         bench.model.runSaved.connect(lambda _id: panel.refresh())
+        panel.storeChanged.connect(lambda url: setattr(bench.model, "db_url", url))
+    panel.storeChanged.connect(lambda url: setattr(window, "db_url", url))
+    panel.storeChanged.connect(lambda url: settings.set_value("runs/store", url))  # the next start opens it
     panel.refresh()
     return panel
 
@@ -102,11 +107,22 @@ def _follow_theme(theme, target) -> None:
         if hasattr(target, "apply_theme"):
             target.apply_theme(background, foreground)
             return
+        import pyqtgraph as pg
+
+        # Titles set later (a run opened, a metric picked) take pyqtgraph's default foreground:
+        # make it the theme's, and re-render the title shown now.
+        pg.setConfigOption("foreground", foreground)
         target.setBackground(background)
+        item = target.getPlotItem()
         for side in ("left", "bottom"):
-            axis = target.getPlotItem().getAxis(side)
+            axis = item.getAxis(side)
             axis.setPen(foreground)
             axis.setTextPen(foreground)
+        item.titleLabel.setText(item.titleLabel.text, color=foreground)
+        if item.legend is not None:
+            item.legend.setLabelTextColor(foreground)
+            for _sample, label in item.legend.items:
+                label.setText(label.text)
 
     apply()
     theme.changed.connect(apply)

@@ -39,6 +39,9 @@ class LoadRequest:
     backend: str = "torch"
     attention: str = "sdpa"
     threads: int | None = None
+    fastpath: str = "auto"  # engine.api.load's fastpath: auto | off | a settings string
+    compile: str = "off"
+    quantize: str = "off"
     type: str = "load"
 
 
@@ -53,6 +56,7 @@ class GenerateRequest:
 class ChatRequest:
     messages: list = field(default_factory=list)  # [{"role": ..., "content": ...}]
     config: dict = field(default_factory=dict)
+    context_length: int = 0  # keep the newest turns that fit, with the reply, in this many tokens; 0 = the model's
     type: str = "chat"
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QFileDialog, QLabel, QToolBar, QWidget
+from PySide6.QtWidgets import QComboBox, QFileDialog, QLabel, QToolBar, QToolButton, QWidget
 
 from app import settings
 from app.protocol import LoadRequest
@@ -24,6 +24,7 @@ NO_MODEL = "__none__"
 
 class ModelToolBar(QToolBar):
     loadRequested = Signal(object)  # LoadRequest
+    settingsRequested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Model", parent)
@@ -43,6 +44,10 @@ class ModelToolBar(QToolBar):
                              (" Device ", self.device_combo), (" Dtype ", self.dtype_combo)):
             self.addWidget(QLabel(label))
             self.addWidget(combo)
+        self.settings_button = QToolButton(text="Settings…", toolTip="Threads, fast path, compile, quantize, "
+                                           "context length (Engine → Settings…)")
+        self.settings_button.clicked.connect(self.settingsRequested.emit)
+        self.addWidget(self.settings_button)
         self._fill_models(None)
         self.model_combo.activated.connect(self._on_model_activated)
         self.backend_combo.currentIndexChanged.connect(self._on_backend_changed)

@@ -84,8 +84,9 @@ class EngineState:
         return self._stream(events)
 
     def chat(self, req: ChatRequest, cancel: threading.Event) -> dict:
-        events = self.require_model().chat(list(req.messages), generation_config(req.config), cancel)
-        return self._stream(events)
+        loaded, config = self.require_model(), generation_config(req.config)
+        messages = fit_context(loaded, list(req.messages), req.context_length, config.max_tokens)
+        return self._stream(loaded.chat(messages, config, cancel))
 
     def _stream(self, events) -> dict:
         finished = None
@@ -123,7 +124,54 @@ def engine_info() -> dict:
     from engine.devices import DTYPES
 
     return {"backends": _backends(), "dtypes": list(DTYPES), "suites": _suites(),
-            "trace_variants": _trace_variants()}
+            "trace_variants": _trace_variants(), "load_options": load_options()}
+
+
+def load_options() -> dict:
+    """What each model option of a load may take (the settings dialog is built from this)."""
+    from engine.fastpath import options as fp
+    from engine.models.compiled import COMPILE_MODES
+    from engine.models.woq import WOQ_MODES
+
+    choices = {"weights": fp.WEIGHTS, "activations": fp.ACTIVATIONS, "prefill_dtype": fp.PREFILL_DTYPES,
+               "on_error": fp.ON_ERROR}
+    default = fp.FastPathOptions()
+    fields = []
+    for f in dataclasses.fields(fp.FastPathOptions):
+        value = getattr(default, f.name)
+        kind = "choice" if f.name in choices else "bool" if isinstance(value, bool) else "int"
+        fields.append({"name": f.name, "type": kind, "default": value,
+                       **({"choices": list(choices[f.name])} if kind == "choice" else {})})
+    return {"attention": ["sdpa", "naive"], "compile": list(COMPILE_MODES), "quantize": list(WOQ_MODES),
+            "fastpath_fields": fields}
+
+
+def fit_context(loaded, messages: list[dict], context_length: int, max_tokens: int) -> list[dict]:
+    """The newest messages whose chat prompt plus ``max_tokens`` fit in ``context_length`` tokens (0 =
+    the model's own limit); system messages always stay. Too long even alone: a ConfigError."""
+    from engine.errors import ConfigError
+
+    limit = getattr(getattr(loaded, "config", None), "max_seq_len", 0) or 0
+    if context_length:
+        limit = min(limit, context_length) if limit else context_length
+    if not limit or getattr(loaded, "tokenizer", None) is None:
+        return messages
+
+    def prompt_tokens(msgs: list[dict]) -> int:
+        text = loaded.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+        return len(loaded.tokenizer.encode(text, add_special_tokens=False))
+
+    kept = list(messages)
+    while prompt_tokens(kept) + max_tokens > limit:
+        oldest = next((i for i, m in enumerate(kept[:-1]) if m.get("role") != "system"), None)
+        if oldest is None:
+            raise ConfigError(f"the last message ({prompt_tokens(kept)} prompt tokens) and max tokens "
+                              f"({max_tokens}) do not fit the context length of {limit} tokens; shorten the "
+                              f"message, lower max tokens or raise the context length in Engine → Settings")
+        del kept[oldest]
+    if len(kept) < len(messages):
+        log.info("chat: dropped the %d oldest message(s) to fit %d tokens", len(messages) - len(kept), limit)
+    return kept
 
 
 def _backends() -> list[dict]:
@@ -178,10 +226,14 @@ def _load_model(req: LoadRequest):
         # registry round-trip, so the app works even when plugin discovery is broken.
         from engine import api
 
-        return api.load(req.model, device=req.device, dtype=req.dtype, **options)
+        return api.load(req.model, device=req.device, dtype=req.dtype, fastpath=req.fastpath,
+                        compile=req.compile, quantize=req.quantize, **options)
     from engine.backends import get_backend
 
-    return get_backend(req.backend).load(req.model, req.device, req.dtype, **options)
+    # Other backends get the torch-only options only when set, so a plugin without them still loads.
+    extra = {k: v for k, v in (("fastpath", req.fastpath), ("compile", req.compile), ("quantize", req.quantize))
+             if v not in ("auto", "off")}
+    return get_backend(req.backend).load(req.model, req.device, req.dtype, **options, **extra)
 
 
 def model_info(loaded, req: LoadRequest, *, load_ms: float, reused: bool) -> dict:

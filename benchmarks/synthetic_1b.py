@@ -74,7 +74,8 @@ def _check_disk(where: Path, need_bytes: float) -> None:
                          f"{need_bytes / 2**30:.1f} GiB; free some space or pass --cache elsewhere")
 
 
-def measure(path: Path, rounds: int, pp_rounds: int, pp: int, tg: int, threads: int) -> dict:
+def measure(path: Path, rounds: int, pp_rounds: int, pp: int, tg: int, threads: int,
+            fastpath: str = "auto") -> dict:
     """gguf_types' interleaved rounds; pp only in the first ``pp_rounds`` (pp512 of 1B is slow)."""
     rec = {"type": "Q4_K_M (synthetic 1B)", "file": str(path), "file_bytes": path.stat().st_size,
            "tensor_types": G.tensor_types(path), "rounds": []}
@@ -83,7 +84,8 @@ def measure(path: Path, rounds: int, pp_rounds: int, pp: int, tg: int, threads: 
         order = ("llama", "opscope") if r % 2 == 0 else ("opscope", "llama")
         one = {}
         for who in order:
-            one[who] = (G.run_llama if who == "llama" else G.run_opscope)(path, n_pp, tg, threads)
+            one[who] = (G.run_llama(path, n_pp, tg, threads) if who == "llama"
+                        else G.run_opscope(path, n_pp, tg, threads, fastpath))
         rec["rounds"].append(one)
         log.info("round %d: %s", r + 1, G._round_line(one, pp, tg))
         if "refused" in one["opscope"]:
@@ -99,7 +101,8 @@ def markdown(rec: dict, meta: dict) -> str:
     head = (f"# Synthetic 1B Llama (Q4_K_M): OpScope vs llama-bench\n\n"
             f"Model: {meta['params_b']:.2f} B parameters, {meta['shape']}; random weights written by "
             f"engine.testing.gguf_writer (F16), re-quantized by llama-quantize. {meta['threads']} threads, "
-            f"{meta['rounds']} rounds (pp{meta['pp']} in the first {meta['pp_rounds']}). Load average "
+            f"{meta['rounds']} rounds (pp{meta['pp']} in the first {meta['pp_rounds']})"
+            f"{'' if meta.get('fastpath', 'auto') == 'auto' else ', OpScope fast path ' + meta['fastpath']}. Load average "
             f"before {meta['load_before']}, after {meta['load_after']}. Goals: tg{meta['tg']} ≥ 1.0×, "
             f"peak RSS ≤ {GOAL_RSS_VS_LLAMA}× llama.cpp's"
             + (f" (measured {ratio:.2f}×: {'✓' if ratio <= GOAL_RSS_VS_LLAMA else '✗'})" if ratio else "")
@@ -118,6 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cache", default=str(CACHE))
     ap.add_argument("--out", default=str(G.RESULTS / "synthetic_1b"))
     ap.add_argument("--clean", action="store_true", help="delete the cached model files and exit")
+    ap.add_argument("--fastpath", default="auto",
+                    help="OpScope's fast-path settings, e.g. activations=q8 (engine.fastpath.FastPathOptions)")
     return ap.parse_args(argv)
 
 
@@ -133,8 +138,8 @@ def main(argv=None) -> int:
     meta = {"threads": args.threads, "rounds": args.rounds, "pp_rounds": args.pp_rounds, "pp": args.pp,
             "tg": args.tg, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "load_before": G.loadavg(), "params_b": n_params(cfg) / 1e9, "source": str(f16),
-            "shape": {k: cfg[k] for k in SHAPE}}
-    rec = measure(q, args.rounds, args.pp_rounds, args.pp, args.tg, args.threads)
+            "shape": {k: cfg[k] for k in SHAPE}, "fastpath": args.fastpath}
+    rec = measure(q, args.rounds, args.pp_rounds, args.pp, args.tg, args.threads, args.fastpath)
     rec["summary"] = G.summarize(rec, args.pp, args.tg)
     meta["load_after"] = G.loadavg()
     out = Path(args.out)

@@ -9,10 +9,15 @@ variants alike), medians and min..max over rounds, ratios to the untraced baseli
 2. Per op: ``--ops`` tiny additions (1×16 float32) in a loop, so the op itself costs ~1 µs and the
    trace's cost dominates. An empty TorchDispatchMode is the floor any dispatch-mode trace pays.
 
+3. Scripts (``--scripts``): examples/slow_train.py and fast_train.py run in this process as
+   `opscope trace -- python SCRIPT` runs them (engine.trace.script), untraced vs traced with the
+   training-health checks, wall and CPU seconds per run; the load average is printed with them.
+
 Variants: source lines off / only for off-target ops ("findings", the default) / for every op;
 module hooks per model vs global; the garbage-collector pause off.
 
     .venv/bin/python benchmarks/trace_overhead.py [--rounds 5] [--tokens 16] [--ops 5000] [--json out.json]
+    .venv/bin/python benchmarks/trace_overhead.py --scripts-only --rounds 5 --steps 30
 """
 from __future__ import annotations
 
@@ -129,6 +134,57 @@ def bench_hooks(rounds: int, calls: int = 200) -> dict:
     return samples
 
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _run_script_once(path: Path, steps: int, traced: bool) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run of an example script, its output discarded."""
+    import io
+
+    from engine.trace.events import TraceOptions
+    from engine.trace.script import ScriptSpec, run_script, trace_script
+
+    spec = ScriptSpec(path=str(path), args=("--steps", str(steps), "--device", "cpu"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        w0, c0 = time.perf_counter(), time.process_time()
+        outcome = trace_script(spec, TraceOptions(target="cpu")).outcome if traced else run_script(spec)
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    assert outcome.exit_code == 0, outcome.error
+    return wall, cpu
+
+
+def bench_scripts(rounds: int, steps: int) -> dict:
+    import os
+
+    out = {"steps": steps, "load_average": list(os.getloadavg())}
+    for name in ("slow_train.py", "fast_train.py"):
+        path = EXAMPLES / name
+        _run_script_once(path, 2, True)  # warm-up: imports, lazy inits
+        samples = {"untraced": {"wall_s": [], "cpu_s": []}, "traced": {"wall_s": [], "cpu_s": []}}
+        for r in range(rounds):
+            for variant in (("untraced", "traced") if r % 2 == 0 else ("traced", "untraced")):
+                wall, cpu = _run_script_once(path, steps, variant == "traced")
+                samples[variant]["wall_s"].append(wall)
+                samples[variant]["cpu_s"].append(cpu)
+        out[name] = samples
+    out["load_average_after"] = list(os.getloadavg())
+    return out
+
+
+def print_scripts(res: dict) -> None:
+    print(f"\nExample scripts, {res['steps']} steps, in-process (load average before "
+          f"{', '.join(f'{v:.1f}' for v in res['load_average'])}; after "
+          f"{', '.join(f'{v:.1f}' for v in res['load_average_after'])})")
+    print("  script           variant    wall s median (min..max)        CPU s median (min..max)     traced/untraced")
+    for name in ("slow_train.py", "fast_train.py"):
+        base_w = statistics.median(res[name]["untraced"]["wall_s"])
+        base_c = statistics.median(res[name]["untraced"]["cpu_s"])
+        for variant, v in res[name].items():
+            ratio = (f"wall {statistics.median(v['wall_s']) / base_w:.2f}×, "
+                     f"CPU {statistics.median(v['cpu_s']) / base_c:.2f}×")
+            print(f"  {name:<16} {variant:<10} {_summary(v['wall_s'])}   {_summary(v['cpu_s'])}   {ratio}")
+
+
 def _summary(values: list[float]) -> str:
     return f"{statistics.median(values):8.2f}  ({min(values):.2f}..{max(values):.2f})"
 
@@ -163,13 +219,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", type=int, default=5000)
     p.add_argument("--skip-decode", action="store_true", help="only the per-op loop (no model)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--steps", type=int, default=30, help="steps of each example script (--scripts)")
+    p.add_argument("--scripts", action="store_true", help="also time the example scripts traced vs untraced")
+    p.add_argument("--scripts-only", action="store_true", help="only the example scripts")
     args = p.parse_args(argv)
+    if args.scripts_only:
+        res = bench_scripts(args.rounds, args.steps)
+        print_scripts(res)
+        if args.json:
+            args.json.write_text(json.dumps({"scripts": res}, indent=1))
+        return 0
     ops = bench_ops(args.rounds, args.ops)
     ops["hooks_cpu_us_per_module_call"] = bench_hooks(args.rounds)
     decode = None if args.skip_decode else bench_decode(args.rounds, args.tokens)
     print_results(decode, ops)
+    scripts = bench_scripts(args.rounds, args.steps) if args.scripts else None
+    if scripts:
+        print_scripts(scripts)
     if args.json:
-        args.json.write_text(json.dumps({"ops_us": ops, "decode": decode}, indent=1))
+        args.json.write_text(json.dumps({"ops_us": ops, "decode": decode, "scripts": scripts}, indent=1))
     return 0
 
 

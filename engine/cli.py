@@ -1,7 +1,11 @@
 """The `opscope` command: every capability of the workbench, headless.
 
 User errors (EngineError) print one line and exit with the error's code (2); --debug shows the
-traceback. The GUI is started by app.cli, which wraps this parser (the engine never imports Qt).
+traceback. Bad flags fail while parsing, in one line, before anything is loaded. Ctrl-C at any
+moment (even while torch is still being imported) prints ``opscope: interrupted`` and exits 130;
+SIGTERM prints ``opscope: terminated`` and exits 143, after the same clean-up (a run in progress is
+closed as aborted in the store). The GUI is started by app.cli, which wraps this parser (the engine
+never imports Qt). ``--debug`` and ``--db`` are accepted before or after the sub-command.
 """
 from __future__ import annotations
 
@@ -9,10 +13,12 @@ import argparse
 import errno
 import importlib
 import logging
+import signal
 import sys
 from typing import Callable
 
-from engine.errors import EngineError
+from engine.cli_args import CliParser, Terminated, stderr_line, suppressed_copy
+from engine.errors import Cancelled, EngineError
 
 # Each module has register(subparsers); a module of an area not yet built is skipped.
 COMMAND_MODULES = (
@@ -24,12 +30,69 @@ COMMAND_MODULES = (
     "engine.backends.commands",
     "engine.fastpath.commands",
 )
+# Which module registers each command: `opscope generate …` imports only engine.commands.generate, so
+# a bad flag fails in a fraction of a second instead of after importing torch for every command
+# (engine.fastpath's package imports it). A command missing here still works: every module is then
+# imported, as for `opscope --help`.
+COMMAND_HOMES = {
+    "generate": "engine.commands.generate", "chat": "engine.commands.generate",
+    "models": "engine.commands.generate", "trace": "engine.trace.commands",
+    "monitor": "engine.telemetry.commands", "bench": "engine.bench.commands", "runs": "engine.store.commands",
+    "plugins": "engine.backends.commands", "fastpath": "engine.fastpath.commands",
+}
+EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
 
 
-def build_parser(gui: Callable | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opscope", description="Performance workbench for local transformer models.")
+def _on_signal(signum: int, _frame) -> None:
+    if signum == signal.SIGTERM:
+        raise Terminated()
+    raise KeyboardInterrupt()
+
+
+def install_signal_handlers() -> dict:
+    """From the first line of main: Ctrl-C and SIGTERM become exceptions main turns into one line.
+    Returns the handlers they replace (main puts them back: tests call it in-process). A signal the
+    parent set to be ignored (a background job of a script: `opscope bench … &`) stays ignored."""
+    return {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
+            if signal.getsignal(sig) is not signal.SIG_IGN}
+
+
+def add_global_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    p.add_argument("--db", default=None, help="run store URL (SQLAlchemy; default: SQLite in the user data dir)")
+    p.add_argument("--db", default=None, metavar="URL",
+                   help="run store URL (SQLAlchemy) or SQLite file (default: SQLite in the user data dir)")
+
+
+def command_word(argv: list[str]) -> str | None:
+    """The sub-command in ``argv``: the first word that is neither an option nor ``--db``'s value."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--db":
+            skip = True
+        elif arg == "--":
+            return None
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def _modules_for(argv: list[str] | None, gui: Callable | None) -> tuple[str, ...]:
+    if argv is None:
+        return COMMAND_MODULES
+    word = command_word(argv)
+    if gui is not None and (word == "gui" or (word is None and not {"-h", "--help"} & set(argv))):
+        return ()  # the window: no engine command is parsed
+    home = COMMAND_HOMES.get(word)
+    return (home,) if home in COMMAND_MODULES else COMMAND_MODULES
+
+
+def build_parser(gui: Callable | None = None, argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `opscope` parser; given ``argv``, only the module of its command is imported (all without)."""
+    p = CliParser(prog="opscope", description="Performance workbench for local transformer models.",
+                  global_flags=suppressed_copy(add_global_flags))
+    add_global_flags(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     if gui is not None:
         g = sub.add_parser("gui", help="open the desktop app (the default with no command)")
@@ -41,7 +104,7 @@ def build_parser(gui: Callable | None = None) -> argparse.ArgumentParser:
         g.add_argument("--screenshot", metavar="PATH", default=None,
                        help="write a PNG of the window once the engine is idle, then exit")
         g.set_defaults(func=gui)
-    for name in COMMAND_MODULES:
+    for name in _modules_for(argv, gui):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -53,35 +116,66 @@ def build_parser(gui: Callable | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, gui: Callable | None = None) -> int:
-    parser = build_parser(gui)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
-    func = getattr(args, "func", None)
-    if func is None:
-        if gui is None:
-            parser.print_help()
-            return 0
-        args.model = None
-        func = gui
-    return _run(func, args)
+    previous = install_signal_handlers()
+    try:
+        return _main(argv, gui)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def _main(argv: list[str] | None, gui: Callable | None) -> int:
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)  # known before parsing: Ctrl-C may come then
+    try:
+        argv = sys.argv[1:] if argv is None else list(argv)
+        parser = build_parser(gui, argv)
+        args = parser.parse_args(argv)
+        logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+        func = getattr(args, "func", None)
+        if func is None:
+            if gui is None:
+                parser.print_help()
+                return 0
+            args.model = None
+            func = gui
+        if func is gui:  # Qt's event loop runs no Python for a signal handler: let SIGTERM end it
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return _run(func, args)
+    except KeyboardInterrupt as e:
+        return _interrupted(e, None, debug)
+
+
+def _interrupted(e: BaseException, cancelled: Cancelled | None, debug: bool) -> int:
+    """One line for Ctrl-C or SIGTERM (a second one while this prints changes nothing)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    terminated = isinstance(e, Terminated) or isinstance(getattr(cancelled, "__cause__", None), Terminated)
+    detail = f" ({cancelled})" if cancelled is not None else ""
+    if debug:
+        import traceback
+
+        traceback.print_exception(cancelled or e)
+    stderr_line(("terminated" if terminated else "interrupted") + detail)
+    return EXIT_SIGTERM if terminated else EXIT_SIGINT
 
 
 def _run(func: Callable, args) -> int:
     try:
         return int(func(args) or 0)
+    except KeyboardInterrupt as e:
+        return _interrupted(e, None, args.debug)
+    except Cancelled as e:  # a long job stopped by Ctrl-C/SIGTERM: what it kept is in the message
+        return _interrupted(e.__cause__ or e, e, args.debug)
     except EngineError as e:
         if args.debug:
             raise
         print(f"opscope: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("opscope: interrupted", file=sys.stderr)
-        return 130
     except OSError as e:
         if args.debug:
             raise
-        hint = " — free some disk space and retry" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        hint = " — free some disk space and retry" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
         where = f": {e.filename}" if e.filename else ""
         print(f"opscope: error: {e.strerror or e}{where}{hint}", file=sys.stderr)
         return 1

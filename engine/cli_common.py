@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from engine import cli_args as check
 from engine.errors import ConfigError
 
 
@@ -12,7 +13,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", default="torch", help="backend plugin (see `opscope plugins list`)")
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     g.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
-    g.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
+    g.add_argument("--threads", type=check.threads, default=None,
+                   help=f"CPU threads, 1…{check.logical_cpus()} (default: torch's choice)")
     g.add_argument("--attention", default="sdpa", choices=("sdpa", "naive"))
     g.add_argument("--fastpath", default="auto", metavar="SPEC",
                    help="CPU fast path: auto (on for a float32/bfloat16 GGUF on cpu), off, or settings like "
@@ -27,14 +29,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-tokens", "-n", type=int, default=max_tokens)
-    g.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--max-tokens", "-n", type=check.max_tokens, default=max_tokens, help="≥ 1")
+    g.add_argument("--temperature", "-t", type=check.temperature, default=0.0, help="≥ 0; 0 = greedy")
+    g.add_argument("--top-k", type=check.count, default=0, help="≥ 0; 0 = off")
+    g.add_argument("--top-p", type=check.top_p, default=1.0, help="(0, 1]; 1 = off")
+    g.add_argument("--min-p", type=check.min_p, default=0.0, help="[0, 1); 0 = off")
+    g.add_argument("--repetition-penalty", type=check.repetition_penalty, default=1.0, help="> 0; 1 = off")
+    g.add_argument("--seed", type=check.seed, default=None, help=f"0…{check.SEED_MAX}")
+    g.add_argument("--stop", action="append", type=check.utf8_text, default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
 
 

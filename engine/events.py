@@ -53,6 +53,11 @@ class GenerationStats:
     total_ms: float
     itl_ms: tuple[float, ...] = field(default=(), repr=False)  # inter-token latencies after the first
     cached_tokens: int = 0  # prompt tokens taken from the KV cache (not prefilled); prefill_tok_s excludes them
+    # joules per prefilled token and per decoded token after the first (engine.energy); NaN where no
+    # counter is readable, ``energy_source`` then says why ("N/A: ...")
+    prefill_j_per_token: float = float("nan")
+    decode_j_per_token: float = float("nan")
+    energy_source: str = ""
 
     @property
     def tpot_ms(self) -> float:
@@ -69,6 +74,9 @@ class GenerationStats:
             "tpot_ms": self.tpot_ms,
             "total_ms": self.total_ms,
             "cached_tokens": self.cached_tokens,
+            "prefill_j_per_token": self.prefill_j_per_token,
+            "decode_j_per_token": self.decode_j_per_token,
+            "energy_source": self.energy_source,
         }
 
 

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import torch
 
-from engine import markers, prefix_cache
+from engine import energy, markers, prefix_cache
 from engine.clock import now_ns
 from engine.decode_book import DecodeBook, decode_events
 from engine.errors import ConfigError
@@ -82,6 +82,8 @@ def _generate(model, tokenizer, prompt_ids, reused, record, cfg, cancel, request
         # built on the host, then one upload the placement trace can see
         ids = torch.tensor([prompt_ids], dtype=torch.long).to(device)
         history[:n] = ids[0]
+        meter = energy.meter_for(device)
+        prefill_energy = meter.span()
         t_start = now_ns()
         yield PrefillStarted(n, t_start, request_ns, cached_tokens=reused)
         reuse_fields = {"cached": reused} if reused else {}  # marker ``tokens``: those prefilled
@@ -94,11 +96,14 @@ def _generate(model, tokenizer, prompt_ids, reused, record, cfg, cancel, request
         nxt = sample(logits[:, -1], cfg.sampling, history[:n], gen)  # [1]
         token_id = int(nxt.item())  # sync: prefill is done when this returns
         t_prefill = now_ns()
+        prefill_j, decode_energy = prefill_energy.joules(), meter.span()
         markers.emit(markers.PREFILL, "end", t_prefill, tokens=n - reused, **reuse_fields)
         yield PrefillFinished(n, t_prefill)
         book = DecodeBook(tokenizer, cfg, n, (request_ns, t_start, t_prefill), cancel)
         for event in _decode(model, nxt, token_id, n, cfg, history, gen, book, record.ids):
-            yield _with_cached(event, reused) if isinstance(event, Finished) else event
+            if isinstance(event, Finished):
+                event = _with_energy(_with_cached(event, reused), meter, prefill_j, decode_energy.joules())
+            yield event
 
 
 def _with_cached(done: Finished, cached: int) -> Finished:
@@ -106,6 +111,15 @@ def _with_cached(done: Finished, cached: int) -> Finished:
     st = done.stats
     rate = (st.prompt_tokens - cached) / (st.prefill_ms / 1e3) if st.prefill_ms > 0 else st.prefill_tok_s
     return replace(done, stats=replace(st, cached_tokens=cached, prefill_tok_s=rate))
+
+
+def _with_energy(done: Finished, meter, prefill_j: float | None, decode_j: float | None) -> Finished:
+    """Finished with J/token of prefill (tokens prefilled) and decode (tokens after the first)."""
+    st = done.stats
+    source = meter.source if meter.available else f"N/A: {meter.reason}"
+    return replace(done, stats=replace(
+        st, prefill_j_per_token=energy.per_token(prefill_j, st.prompt_tokens - st.cached_tokens),
+        decode_j_per_token=energy.per_token(decode_j, st.generated_tokens - 1), energy_source=source))
 
 
 @contextmanager

@@ -32,8 +32,10 @@ class Tokenizer:
     """Encode/decode plus the special tokens and chat template the model's metadata declares."""
 
     def __init__(self, backend, *, bos_id: int | None, eos_ids: tuple[int, ...], add_bos: bool,
-                 chat_template: str | None, pad_id: int | None = None, add_eos: bool = False):
+                 chat_template: str | None, pad_id: int | None = None, add_eos: bool = False,
+                 template_source: tuple = (None, "chat_template")):
         self.backend = backend
+        self.template_source = template_source  # (file, key) the template came from, for its errors
         self.bos_id, self.eos_ids, self.add_bos, self.add_eos = bos_id, eos_ids, add_bos, add_eos
         self.pad_id = pad_id if pad_id is not None else (eos_ids[0] if eos_ids else 0)
         self.chat_template = chat_template
@@ -62,31 +64,17 @@ class Tokenizer:
     # -- chat -----------------------------------------------------------------------------------
     @cached_property
     def _template(self):
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from engine.chat_template import ChatTemplate
 
-        def raise_exception(message):
-            raise TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
-        try:
-            return env.from_string(self.chat_template or _FALLBACK_TEMPLATE)
-        except Exception as e:
-            raise ModelFormatError(f"the model's chat template does not compile: {e}") from e
+        if self.chat_template is None:
+            return ChatTemplate(_FALLBACK_TEMPLATE, "built-in", "ChatML fallback")
+        return ChatTemplate(self.chat_template, *self.template_source)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        from jinja2.exceptions import SecurityError, TemplateError
-
         tok = lambda i: self.token_text(i) if i is not None else ""  # noqa: E731
-        try:
-            return self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=tok(self.bos_id), eos_token=tok(self.eos_ids[0] if self.eos_ids else None))
-        except (SecurityError, TemplateError) as e:
-            raise ModelFormatError(f"the model's chat template failed: {e}") from e
+        return self._template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=tok(self.bos_id), eos_token=tok(self.eos_ids[0] if self.eos_ids else None))
 
 
 # Used only when a model ships no template: ChatML, the most common.
@@ -141,7 +129,11 @@ def from_gguf(meta: dict, path: Path) -> Tokenizer:
         tokens = _required(meta, "tokenizer.ggml.tokens", path)
         merges = _required(meta, "tokenizer.ggml.merges", path)
         types = [int(t) for t in meta.get("tokenizer.ggml.token_type", ())]
-        backend = _byte_level_bpe(tokens, merges, types, str(meta.get("tokenizer.ggml.pre", "default")))
+        try:
+            backend = _byte_level_bpe(tokens, merges, types, str(meta.get("tokenizer.ggml.pre", "default")))
+        except Exception as e:  # the tokenizers library's own errors: a bad merge, a duplicate token…
+            raise ModelFormatError(f"{path}: the BPE vocabulary (tokenizer.ggml.tokens/merges) is invalid: "
+                                   f"{' '.join(str(e).split())[:200]}; convert the model again") from e
     elif kind in ("llama", "gemma"):
         from engine.tokenizer_spm import spm_backend
 
@@ -160,7 +152,8 @@ def from_gguf(meta: dict, path: Path) -> Tokenizer:
     return Tokenizer(backend, bos_id=None if bos is None else int(bos), eos_ids=eos_ids, add_bos=add_bos,
                      add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
                      chat_template=meta.get("tokenizer.chat_template"),
-                     pad_id=meta.get("tokenizer.ggml.padding_token_id"))
+                     pad_id=meta.get("tokenizer.ggml.padding_token_id"),
+                     template_source=(path, "tokenizer.chat_template"))
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str], types: list[int], pre: str):
@@ -208,7 +201,8 @@ def from_hf_dir(directory: Path) -> Tokenizer:
     if cfg.get("eos_token"):
         eos_ids = tuple(dict.fromkeys(eos_ids + (_token_id(backend, cfg["eos_token"]),)))
     return Tokenizer(backend, bos_id=bos_id, eos_ids=tuple(i for i in eos_ids if i is not None),
-                     add_bos=bool(cfg.get("add_bos_token", False)), chat_template=cfg.get("chat_template"))
+                     add_bos=bool(cfg.get("add_bos_token", False)), chat_template=cfg.get("chat_template"),
+                     template_source=(directory / "tokenizer_config.json", "chat_template"))
 
 
 def _token_id(backend, token) -> int | None:

@@ -1,6 +1,22 @@
-"""PyInstaller's entry script: the window, or (with --engine-worker) the engine worker process,
-which a frozen app starts by running itself again (app.engine_client.worker_command)."""
-from app.main import main
+"""PyInstaller's entry script. The one executable of a bundle is three things:
+- the engine worker, which the window starts by running the bundle again with ``--engine-worker``
+  (app.engine_client.worker_command);
+- the window: no arguments, window options only, or ``gui`` (``opscope-gui``, ``opscope-gui gui
+  --screenshot window.png``);
+- the headless ``opscope`` command: ``opscope-gui generate "Hello" -n 8``, ``opscope-gui models inspect``.
+"""
+import sys
+
+
+def main() -> None:
+    if "--engine-worker" in sys.argv[1:]:
+        from app.main import main as window_or_worker
+
+        window_or_worker()
+    from app.cli import main as cli
+
+    sys.exit(cli())
+
 
 if __name__ == "__main__":
     main()

@@ -112,7 +112,8 @@ def test_tiny_benchmark_runs_to_completion_and_appears_in_runs(qtbot, window):
     assert result["status"] == "completed" and result["metrics"] >= 1
     panel = window.panels["bench"]
     assert panel.table.rowCount() >= 1 and "saved as run “gui-matmul-a”" in panel.status.text()
-    assert panel.progress.value() == 1000
+    assert panel.progress.value() == 1000 and panel.progress.text().startswith("1 / 1 points")
+    assert panel.table.item(0, 2).text().endswith(" GFLOP/s")  # the median with its unit
     runs = window.panels["runs"]
     qtbot.waitUntil(lambda: any(r.info.name == "gui-matmul-a" for r in runs.rows), timeout=10_000)
     stored = runs.model.load(result["run_id"])
@@ -207,7 +208,8 @@ def _chat_reply(qtbot, chat, text: str) -> None:
 
 
 def test_screenshots_of_every_panel(qtbot, window, screenshots):
-    """PNGs a person looks at: {chat,telemetry,trace,benchmarks,runs,compare,dark-theme}.png."""
+    """PNGs a person looks at: {chat,telemetry,trace,benchmarks,runs,compare,dark-theme,dark-runs,settings,
+    store-switch}.png."""
     shoot = lambda dock, name: _shoot(qtbot, window, dock, name, screenshots)  # noqa: E731
     _chat_reply(qtbot, window.chat, "Give me three tips for writing fast Python code.")
     shoot("chat", "chat")
@@ -234,5 +236,33 @@ def test_screenshots_of_every_panel(qtbot, window, screenshots):
     window.theme.set_mode("dark")
     try:
         shoot("trace", "dark-theme")
+        shoot("runs", "dark-runs")
     finally:
         window.theme.set_mode("light")
+    _settings_and_store_shots(qtbot, window, screenshots, ids)
+
+
+def _settings_and_store_shots(qtbot, window, folder: Path, ids: list[int]) -> None:
+    """settings.png (Engine → Settings…) and store-switch.png (the Runs panel on a team store)."""
+    from PySide6.QtWidgets import QApplication
+
+    dialog = window.open_engine_settings()
+    qtbot.waitExposed(dialog)
+    QApplication.processEvents()
+    assert dialog.grab().save(str(folder / "settings.png"))
+    dialog.reject()
+    runs = window.panels["runs"]
+    team = folder.parent / "team-store.sqlite" if "OPSCOPE_SCREENSHOT_DIR" not in os.environ else None
+    import tempfile
+
+    team = team or Path(tempfile.mkdtemp(prefix="opscope-team-")) / "team.sqlite"
+    local = runs.model.db_url
+    runs.select_ids(ids)
+    assert runs.push_selected(str(team)).pushed
+    try:
+        assert runs.open_store(str(team)) and "team" in runs.store_label.text()
+        runs.select_ids([runs.rows[0].info.id])
+        runs.open_selected()
+        _shoot(qtbot, window, "runs", "store-switch", folder)
+    finally:
+        runs.open_store(local)

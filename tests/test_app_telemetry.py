@@ -173,3 +173,71 @@ def test_an_hour_of_10hz_history_is_clipped_to_the_view(qtbot):
     panel.window_combo.setCurrentIndex(0)  # 30 s: only the last 300 samples are even read
     assert _points(panel, "host.cpu_pct") <= 301
     panel.timer.stop()
+
+
+def _fake_nvml(monkeypatch, procs=()):
+    from test_telemetry_nvml import FakeGpu, FakeNvml
+
+    gpus = [FakeGpu("NVIDIA H100 80GB HBM3", procs=procs),
+            FakeGpu("NVIDIA H100 80GB HBM3", unsupported=("nvmlDeviceGetPcieThroughput",))]
+    return FakeNvml(gpus).install(monkeypatch)
+
+
+def test_pcie_and_throttle_reasons_are_plotted_where_nvml_reports_them(qtbot, monkeypatch):
+    pytest.importorskip("pynvml")
+    from engine.telemetry.nvml import NvmlSource
+
+    _fake_nvml(monkeypatch)
+    model, panel = _panel(qtbot, [NvmlSource()])
+    try:
+        qtbot.waitUntil(lambda: "gpu0.pcie_tx_bytes_s" in panel.curves and _points(panel, "gpu0.pcie_tx_bytes_s") >= 2,
+                        timeout=10_000)
+        assert {"gpu_pcie", "gpu_reasons"} <= set(panel.plots)
+        title = panel.plots["gpu_pcie"].titleLabel.text
+        assert title.startswith("<b>PCIe throughput</b> (MiB/s)") and "gpu0 TX (to host)" in title
+        xs, ys = panel.curves["gpu0.pcie_rx_bytes_s"].getOriginalDataset()
+        assert ys[-1] == pytest.approx(2000 / 1024)  # NVML's 2000 KB/s in MiB/s
+        assert "gpu1.pcie_tx_bytes_s" not in panel.curves  # gpu1's NVML does not report PCIe
+        qtbot.waitUntil(lambda: "gpu0.clock_event_reasons#sw_pwr" in panel.curves, timeout=10_000)
+        panel.refresh(force=True)
+        _x, lane = panel.curves["gpu0.clock_event_reasons#sw_pwr"].getOriginalDataset()
+        _x, other = panel.curves["gpu0.clock_event_reasons#hw_therm"].getOriginalDataset()
+        assert lane[-1] == 2.0 and np.isnan(other).all()  # the sw_pwr lane is the third one, hw_therm is off
+        ticks = panel.plots["gpu_reasons"].getAxis("left")._tickLevels[0]
+        assert (2, "sw_pwr") in ticks
+        text = panel.readout_at(float(xs[-1]))
+        assert "gpu0 sw_pwr active" in text and "gpu0 RX (to GPU) 1.95 MiB/s" in text
+    finally:
+        panel.shutdown()
+
+
+def test_vram_of_the_engine_worker_not_of_the_gui(qtbot, monkeypatch):
+    """The per-process VRAM line sums the engine worker's pid (a real worker process)."""
+    pytest.importorskip("pynvml")
+    from app.engine_client import EngineClient
+    from app.protocol import PingRequest
+    from engine.telemetry.nvml import NvmlSource
+
+    fake = _fake_nvml(monkeypatch)
+    client = EngineClient()
+    nvml = NvmlSource()
+    model = TelemetryModel(client, interval_ms=20, history_s=60, sources=[nvml, EngineProcessSource()])
+    try:
+        with qtbot.waitSignal(client.workerStarted, timeout=60_000):
+            client.submit(PingRequest())
+        assert client.pid and client.pid != os.getpid()
+        assert nvml.pids == {client.pid}
+        fake.gpus[0].procs = ((os.getpid(), 100 * 2**20), (client.pid, 300 * 2**20))
+        model.start()
+        panel = TelemetryPanel(model, refresh_ms=30)
+        qtbot.addWidget(panel)
+        panel.show()
+        qtbot.waitUntil(lambda: "gpu0.proc_mem_bytes" in panel.curves
+                        and _points(panel, "gpu0.proc_mem_bytes") >= 2, timeout=10_000)
+        _xs, ys = panel.curves["gpu0.proc_mem_bytes"].getOriginalDataset()
+        assert ys[-1] == pytest.approx(300 / 1024)  # GiB: the worker's 300 MiB, not the GUI's 100
+        assert panel.curves["gpu0.proc_mem_bytes"].name() == "gpu0 engine process"
+        panel.shutdown()
+    finally:
+        model.stop()
+        client.shutdown()

@@ -464,7 +464,7 @@ def test_a_model_that_fails_at_start_leaves_nothing_loaded_and_says_why(bad_star
     assert window.statusBar().model_label.text() == "model: none loaded"
     assert not window.statusBar().currentMessage().startswith("Loading")
     card = next(c for c in window.notifications.cards if str(bad) in c.text.text())
-    assert card.isVisible() and "ModelFormatError" in card.text.text() and "not a GGUF file" in card.text.text()
+    assert card.isVisible() and "BadMagic" in card.text.text() and "not a GGUF file" in card.text.text()
     assert "No model is loaded" in card.text.text() and "Traceback" in card.notice.details
     dialog = window.error_dialog
     assert dialog.isVisible() and dialog.text() == "Could not load broken.gguf"

@@ -94,8 +94,9 @@ def test_bad_param_is_one_line_and_exit_2(db, capsys, param, message):
 
 
 def test_bad_repeat_is_a_user_error(db, capsys):
-    assert main(["--db", db, "bench", "matmul", "--repeat", "0"]) == 2
-    assert "--repeat" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # checked by the parser, before anything runs
+        main(["--db", db, "bench", "matmul", "--repeat", "0"])
+    assert e.value.code == 2 and "--repeat" in capsys.readouterr().err
 
 
 def test_unknown_suite_is_rejected_by_the_parser(db, capsys):
@@ -141,3 +142,22 @@ def test_summary_table_states_the_peaks_and_never_prints_above_100_pct():
     row = next(ln for ln in text.splitlines() if "fwd_gpt2-small.mfu" in ln)
     assert "invalid" in row and not any(v in text for v in ("150", "160", "170"))
     assert "bad [/bold] x" in text  # error text is shown, not read as markup
+
+
+def test_load_threshold_flag_sets_when_a_repetition_is_disturbed(db, capsys):
+    from engine.store import RunStore
+
+    tiny = ["--param", "sizes=32", "--param", "dtypes=float32"]
+    # 64 cores of foreign load cannot happen on any machine this runs on: nothing is disturbed
+    assert main(["--db", db, "bench", "matmul", "--quick", *tiny, "--load-threshold", "64", "--name", "lax"]) == 0
+    with RunStore.open(db) as store:
+        run = store.load("lax").result
+    assert run.settings["load_threshold"] == 64.0 and run.settings["runner"]["disturbed_cores"] == 64.0
+    assert all(m.quality != "disturbed" for m in run.metrics)
+    assert main(["--db", db, "bench", "matmul", "--quick", *tiny, "--name", "default"]) == 0
+    with RunStore.open(db) as store:
+        assert store.load("default").result.settings["runner"]["disturbed_cores"] == 0.25
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["--db", db, "bench", "matmul", "--load-threshold", "-1"])
+    assert e.value.code == 2 and "--load-threshold: -1 is out of range" in capsys.readouterr().err

@@ -98,13 +98,56 @@ def test_matvec_matches_float64(kern, ggml_type, layout):
     check_close(y, x, dense)
 
 
-@pytest.mark.parametrize("ggml_type", TYPES)
-def test_q8_request_on_a_generic_type_runs_float32(kern, ggml_type):
+# int8-activation kernels of raw blocks (AVX-512 VNNI builds), activations quantized per 256
+# (llama.cpp's Q8_K, the K types) or per 32 (its Q8_0/Q8_1, the 32-weight types)
+Q8_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]
+
+
+def q8_model(x: np.ndarray, block: int) -> np.ndarray:
+    """float64 model of the activation quantization: per ``block`` values, scale amax/127 in
+    float32, x * (1/scale) rounded to nearest even."""
+    xb = x.reshape(x.shape[0], -1, block).astype(np.float32)
+    scale = (np.abs(xb).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.where(scale > 0, np.float32(1) / np.where(scale > 0, scale, 1), 0).astype(np.float32)
+    q = np.rint(xb * inv)
+    assert np.abs(q).max() <= 127
+    return (q * scale.astype(np.float64)).reshape(x.shape)
+
+
+@pytest.mark.parametrize("ggml_type", [t for t in TYPES if t not in Q8_TYPES])
+def test_q8_request_without_an_int8_kernel_runs_float32(kern, ggml_type):
+    assert not kern.raw_has_q8(RAW_TYPES[ggml_type][0])
     raw, dense, k = blocks(ggml_type, seed=2)
     w = pack(ggml_type, raw, (N_ROWS, k), layout="raw")
     x = torch.randn(2, k)
     y = kern.qlinear(x, w.qs, w.d, w.m, w.qtype, 1, 1 << 30, torch.float32)
     check_close(y, x, dense)
+
+
+@pytest.mark.parametrize("n_rows", [N_ROWS, 4, 3])
+@pytest.mark.parametrize("ggml_type", Q8_TYPES)
+def test_q8_matvec_matches_quantized_x(kern, ggml_type, n_rows):
+    """int8 activations: exactly the dequantized weights times the int8-rounded x, up to float32
+    summation order (1e-6 of the bound, where the rounding of x itself is ~1e-3)."""
+    raw, dense, k = blocks(ggml_type, n=n_rows, seed=7)
+    w = pack(ggml_type, raw, (n_rows, k), layout="raw")
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(11))
+    block = RAW_TYPES[ggml_type][1]
+    x[1, :block] = 0  # an all-zero activation block (scale 0)
+    x[2, block + 7] = 40.0  # one large value: the rest of its block rounds coarsely
+    y = kern.qlinear(x, w.qs, w.d, w.m, w.qtype, 1, 1 << 30, torch.float32)
+    if not kern.has_vnni():  # builds without AVX512-VNNI fall back to exact float32 activations
+        assert not kern.raw_has_q8(RAW_TYPES[ggml_type][0])
+        check_close(y, x, dense)
+        return
+    assert kern.raw_has_q8(RAW_TYPES[ggml_type][0])
+    xq = q8_model(x.numpy(), block)
+    xd, wd = x.double().numpy(), dense.astype(np.float64)
+    bound = np.abs(xd) @ np.abs(wd).T
+    err = np.abs(y.double().numpy() - xq @ wd.T) / np.maximum(bound, 1e-30)
+    assert err.max() <= 1e-6, f"error {err.max():.3g} x bound"
+    # the test can tell: the float32 x misses by far more than the tolerance
+    assert (np.abs(y.double().numpy() - xd @ wd.T) / np.maximum(bound, 1e-30)).max() > 1e-5
 
 
 @pytest.mark.parametrize("ggml_type,layout", CASES)
@@ -183,10 +226,9 @@ class MixedSource:
         return self.blocks[name]
 
 
-def test_fused_decode_with_mixed_types_matches_torch():
-    from engine.fastpath import FastPathOptions, apply
-    from engine.fastpath.decode import fusable
-    from engine.fastpath.qlinear import QuantEmbedding, QuantLinear
+def mixed_pair(options):
+    """(torch reference with the blocks' dequantized weights, the same model on the fast path)."""
+    from engine.fastpath import apply
     from engine.models.config import ModelConfig
     from engine.models.llama import Transformer
 
@@ -200,8 +242,16 @@ def test_fused_decode_with_mixed_types_matches_torch():
             ref.get_submodule(name.removesuffix(".weight")).weight.copy_(torch.from_numpy(dense.astype(np.float32)))
     fast = Transformer.random(cfg, seed=1)
     fast.load_state_dict(ref.state_dict())
-    apply(fast.eval(), source, FastPathOptions(prefill_dtype="f32"))
-    ref.eval()
+    apply(fast.eval(), source, options)
+    return ref.eval(), fast
+
+
+def test_fused_decode_with_mixed_types_matches_torch():
+    from engine.fastpath import FastPathOptions
+    from engine.fastpath.decode import fusable
+    from engine.fastpath.qlinear import QuantEmbedding, QuantLinear
+
+    ref, fast = mixed_pair(FastPathOptions(prefill_dtype="f32"))
     assert isinstance(fast.embed, QuantEmbedding) and fast.embed.ggml_type == "Q6_K"
     assert [fast.layers[1].get_submodule(p).ggml_type for p in ("attn.q_proj", "mlp.down_proj")] == ["Q2_K", "Q4_1"]
     assert isinstance(fast.lm_head, QuantLinear) and fast.lm_head.qs is fast.embed.qs  # tied: one set of blocks
@@ -212,6 +262,26 @@ def test_fused_decode_with_mixed_types_matches_torch():
     prompt, steps = list(range(3, 20)), [7, 99, 12, 150, 1, 64]
     got, want = decode_logits(fast, prompt, steps), decode_logits(ref, prompt, steps)
     assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+
+
+def test_fused_decode_with_int8_activations_uses_the_int8_kernels(kern):
+    """activations=q8: every linear whose type has an int8 kernel runs it (act_mode 1), in the
+    fused step too; logits stay within the int8 rounding of the float32 ones."""
+    from engine.fastpath import FastPathOptions
+    from engine.fastpath.qlinear import QuantLinear
+
+    ref, fast = mixed_pair(FastPathOptions(prefill_dtype="f32", activations="q8"))
+    modes = {m.ggml_type: m.act_mode for m in fast.modules() if isinstance(m, QuantLinear)}
+    q8 = set(Q8_TYPES) | {"Q8_0"} if kern.has_vnni() else set()  # Q8_0: the SoA kernel
+    assert modes == {t: int(t in q8 or (t in SOA and kern.has_vnni())) for t in modes}
+    from test_fastpath_model import decode_logits
+
+    prompt, steps = list(range(3, 20)), [7, 99, 12, 150, 1, 64]
+    got, want = decode_logits(fast, prompt, steps), decode_logits(ref, prompt, steps)
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() <= 5e-2 * scale
+    if kern.has_vnni():  # the int8 kernels ran: not the float32 result
+        assert (got - want).abs().max().item() > 1e-4 * scale
 
 
 # -- unsupported types ----------------------------------------------------------------------------
@@ -227,6 +297,10 @@ def test_unsupported_type_names_the_tensor(tmp_path):
         w.add_uint32(f"llama.{key}", value)
     w.add_tensor("token_embd.weight", np.zeros((8, 66), np.uint8), raw_shape=(8, 66),
                  raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
+    for name, shape in (("attn_q", (256, 256)), ("attn_k", (256, 256)), ("attn_v", (256, 256)),
+                        ("attn_output", (256, 256)), ("ffn_gate", (512, 256)), ("ffn_up", (512, 256)),
+                        ("ffn_down", (256, 512)), ("attn_norm", (256,)), ("ffn_norm", (256,))):
+        w.add_tensor(f"blk.0.{name}.weight", np.zeros(shape, np.float32))  # a complete model but for the type
     w.add_tensor("output_norm.weight", np.ones(256, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -312,3 +312,13 @@ def test_live_tables_render_one_row_per_gpu(two_gpus):
     assert "NVIDIA GPUs" in text and "host" in text
     gpu_rows = [line for line in text.splitlines() if "gpu0" in line or "gpu1" in line]
     assert len(gpu_rows) == 2 and "1.00GiB" in gpu_rows[0] and "sw_pwr" in gpu_rows[0]
+
+
+def test_set_pids_follows_another_process_and_none_reads_na(two_gpus):
+    src = NvmlSource()
+    src.open()
+    src.set_pids({99999})  # e.g. the engine worker, which is not this process
+    assert src.sample()["gpu0.proc_mem_bytes"] == 4096 * MiB
+    src.set_pids(set())  # no worker running: nothing to attribute
+    assert math.isnan(src.sample()["gpu0.proc_mem_bytes"])
+    src.close()

@@ -88,6 +88,8 @@ def test_cli_trace_writes_report_and_exports(tmp_path, capsys):
 
 
 def test_cli_rejects_bad_flags_before_loading(capsys):
-    assert main(["trace", "Hi", "--tokens", "0"]) == 2
-    assert "--tokens must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # argparse checks the range (engine.cli_args)
+        main(["trace", "Hi", "--tokens", "0"])
+    assert e.value.code == 2
+    assert "--tokens: 0 is out of range" in capsys.readouterr().err
     assert main(["trace", "Hi", "--out", "/nonexistent/dir/t.json"]) == 2

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.bench.model import BenchModel, point_summary
+from app.tables import fit_columns, with_unit
 
 ROW_COLUMNS = ("point", "params", "median", "min … max", "unit", "n", "status")
 
@@ -167,18 +168,21 @@ class BenchPanel(QWidget):
         self.progress.setRange(0, 1000)
         self.progress.setValue(int(1000 * done / max(total, 1)))
         eta = f", about {eta_s:.0f} s left" if eta_s is not None else ""
-        self.progress.setFormat(f"{done:.1f} / {total} points{eta}")
+        done_text = f"{done:.0f}" if float(done).is_integer() else f"{done:.1f}"  # "1 / 1", never "1.0 / 1"
+        self.progress.setFormat(f"{done_text} / {total} points{eta}")
 
     def _on_point(self, point: dict) -> None:
         s = point_summary(point)
         row = self.table.rowCount()
         self.table.insertRow(row)
         params = ", ".join(f"{k}={v}" for k, v in point.get("params", {}).items())
-        cells = (point["name"], params, _fmt(s["median"]), f"{_fmt(s['lo'])} … {_fmt(s['hi'])}", point["unit"],
+        unit = point["unit"]
+        cells = (point["name"], params, with_unit(s["median"], unit),
+                 f"{with_unit(s['lo'], unit)} … {with_unit(s['hi'], unit)}", unit,
                  str(s["n"]), point["status"] if point["status"] == "ok" else f"{point['status']}: {point['error']}")
         for col, text in enumerate(cells):
             self.table.setItem(row, col, QTableWidgetItem(text))
-        self.table.resizeColumnsToContents()
+        fit_columns(self.table, max_px=170)  # the params column must leave room for the numbers
         self._chart_point(point, s)
 
     def _chart_point(self, point: dict, s: dict) -> None:
@@ -216,8 +220,3 @@ class BenchPanel(QWidget):
         if self.progress.maximum() == 0:
             self.progress.setRange(0, 1000)
 
-
-def _fmt(value) -> str:
-    if value is None:
-        return "–"
-    return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"

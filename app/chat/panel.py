@@ -6,12 +6,16 @@ stats. A message that has to wait for another engine job says what it waits for.
 """
 from __future__ import annotations
 
+import json
+
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox,
+                               QHBoxLayout, QLabel, QLineEdit,
                                QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
 
+from app import settings
 from app.chat.session import ChatSession, Turn, format_stats
 from app.chat.transcript import ChatTranscript
 from app.notify import export_guard
@@ -24,31 +28,114 @@ EMPTY_HINT = ("<p style='color:#718096'><i>Ask the model something below and pre
               "</i></p>")
 
 
+PRESETS = {  # LM Studio-like starting points; any edit makes the settings "Custom"
+    "Precise": {"temperature": 0.2, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1},
+    "Balanced": {"temperature": 0.7, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1},
+    "Creative": {"temperature": 1.1, "top_k": 100, "top_p": 0.98, "min_p": 0.02, "repetition_penalty": 1.05},
+    "Greedy": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0},
+}
+CUSTOM = "Custom"
+
+
 class SamplingForm(QGroupBox):
-    """Sampling controls → a dict of engine.generate.GenerationConfig fields."""
+    """Sampling controls and presets → a dict of engine.generate.GenerationConfig fields (persisted)."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Sampling", parent)
-        self.max_tokens = _spin(QSpinBox(), 1, 4096, 128)
+        self.preset = QComboBox()
+        self.preset.addItems([*PRESETS, CUSTOM])
+        self.preset.setToolTip("Precise: focused and repeatable · Balanced: the default · Creative: more varied · "
+                               "Greedy: always the most likely token · Custom: your own values")
+        self.max_tokens = _spin(QSpinBox(suffix=" tokens"), 1, 4096, 128)
         self.temperature = _spin(QDoubleSpinBox(singleStep=0.1, decimals=2), 0.0, 5.0, 0.7)
         self.top_k = _spin(QSpinBox(), 0, 1000, 40)
         self.top_p = _spin(QDoubleSpinBox(singleStep=0.05, decimals=2), 0.01, 1.0, 0.95)
         self.min_p = _spin(QDoubleSpinBox(singleStep=0.01, decimals=2), 0.0, 0.99, 0.05)
         self.repetition_penalty = _spin(QDoubleSpinBox(singleStep=0.05, decimals=2), 0.5, 2.0, 1.1)
         self.seed = _spin(QSpinBox(specialValueText="random"), -1, 2**31 - 1, -1)
+        self.stop_strings = QLineEdit(placeholderText="e.g. User:|\\n\\n", clearButtonEnabled=True)
+        self.stop_strings.setToolTip("Stop the reply at any of these strings: separate several with |, "
+                                     "write a line break as \\n")
+        self.ignore_eos = QCheckBox("ignore", toolTip="Generate max tokens even past the model's "
+                                    "end-of-text token (fixed-length measurements)")
+        self.reuse_prefix = QCheckBox("reuse", checked=True, toolTip="Reuse the KV cache of the conversation so "
+                                      "far: each turn prefills only what is new")
+        self.prefill_chunk = _spin(QSpinBox(suffix=" tokens", singleStep=64), 1, 8192, PREFILL_CHUNK)
+        self.prefill_chunk.setToolTip("Prompt tokens per forward pass while prefilling (smaller: finer progress)")
         self.temperature.setToolTip("0 = greedy (deterministic)")
+        self.top_k.setSpecialValueText("off")
         form = QFormLayout(self)
+        form.addRow("Preset", self.preset)
         for label, widget in (("Max tokens", self.max_tokens), ("Temperature", self.temperature),
                               ("Top-k", self.top_k), ("Top-p", self.top_p), ("Min-p", self.min_p),
-                              ("Repetition penalty", self.repetition_penalty), ("Seed", self.seed)):
+                              ("Repetition penalty", self.repetition_penalty), ("Seed", self.seed),
+                              ("Stop at", self.stop_strings), ("End of text", self.ignore_eos),
+                              ("Prompt cache", self.reuse_prefix), ("Prefill chunk", self.prefill_chunk)):
             form.addRow(label, widget)
+        self._restore()
+        self.preset.currentTextChanged.connect(self.apply_preset)
+        for widget in self._sampling_widgets().values():
+            widget.valueChanged.connect(self._on_edited)
+        for widget in (self.max_tokens, self.seed, self.prefill_chunk):
+            widget.valueChanged.connect(lambda _v: self._save())
+        self.stop_strings.editingFinished.connect(self._save)
+        for box in (self.ignore_eos, self.reuse_prefix):
+            box.toggled.connect(lambda _b: self._save())
+
+    def _sampling_widgets(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
+                "repetition_penalty": self.repetition_penalty}
+
+    def apply_preset(self, name: str) -> None:
+        if name in PRESETS:
+            self._applying = True
+            for key, widget in self._sampling_widgets().items():
+                widget.setValue(PRESETS[name][key])
+            self._applying = False
+        self._save()
+
+    def _on_edited(self, _value=None) -> None:
+        if getattr(self, "_applying", False):
+            return
+        values = {k: w.value() for k, w in self._sampling_widgets().items()}
+        match = next((n for n, p in PRESETS.items() if all(abs(values[k] - v) < 1e-9 for k, v in p.items())), CUSTOM)
+        self.preset.blockSignals(True)
+        self.preset.setCurrentText(match)
+        self.preset.blockSignals(False)
+        self._save()
+
+    def _save(self) -> None:
+        settings.set_value("chat/sampling", json.dumps({"preset": self.preset.currentText(), **self.config()}))
+
+    def _restore(self) -> None:
+        try:
+            saved = json.loads(str(settings.value("chat/sampling", "") or "{}"))
+        except ValueError:
+            saved = {}
+        widgets = {**self._sampling_widgets(), "max_tokens": self.max_tokens, "prefill_chunk": self.prefill_chunk}
+        for key, widget in widgets.items():
+            if isinstance(saved.get(key), (int, float)):
+                widget.setValue(saved[key])
+        if isinstance(saved.get("seed"), int):
+            self.seed.setValue(saved["seed"])
+        if isinstance(saved.get("stop"), list):
+            self.stop_strings.setText("|".join(s.replace("\n", "\\n") for s in saved["stop"]))
+        for key, box in (("ignore_eos", self.ignore_eos), ("reuse_prefix", self.reuse_prefix)):
+            if isinstance(saved.get(key), bool):
+                box.setChecked(saved[key])
+        self.preset.setCurrentText(saved.get("preset") if saved.get("preset") in (*PRESETS, CUSTOM) else "Balanced")
 
     def config(self) -> dict:
         seed = self.seed.value()
         return {"max_tokens": self.max_tokens.value(), "temperature": self.temperature.value(),
                 "top_k": self.top_k.value(), "top_p": self.top_p.value(), "min_p": self.min_p.value(),
                 "repetition_penalty": self.repetition_penalty.value(), "seed": None if seed < 0 else seed,
-                "prefill_chunk": PREFILL_CHUNK}
+                "stop": self.stops(), "ignore_eos": self.ignore_eos.isChecked(),
+                "reuse_prefix": self.reuse_prefix.isChecked(), "prefill_chunk": self.prefill_chunk.value()}
+
+    def stops(self) -> list[str]:
+        """The stop strings typed, ``|``-separated, with ``\\n`` read as a line break."""
+        return [p.replace("\\n", "\n") for p in self.stop_strings.text().split("|") if p]
 
 
 def _spin(widget, low, high, value):

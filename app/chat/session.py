@@ -51,7 +51,17 @@ def format_stats(stats: dict | None, stop_reason: str, *, live: bool = False) ->
     cached = f" · {stats['cached_tokens']} cached" if stats.get("cached_tokens") else ""
     return (f"TTFT {num('ttft_ms', '.0f')} ms · prefill {num('prefill_tok_s', '.1f')} tok/s · "
             f"decode {num('decode_tok_s', '.1f')} tok/s · {stats.get('prompt_tokens', 0)} prompt + "
-            f"{stats.get('generated_tokens', 0)} generated tokens{cached} · {end}")
+            f"{stats.get('generated_tokens', 0)} generated tokens{cached}{_energy(stats, num)} · {end}")
+
+
+def _energy(stats: dict, num) -> str:
+    """J/token of prefill and decode (engine.energy), or "energy N/A" where no counter is readable."""
+    source = stats.get("energy_source")
+    if not source:
+        return ""
+    if source.startswith("N/A"):
+        return " · energy N/A"
+    return f" · {num('prefill_j_per_token', '.3g')} J/tok prefill, {num('decode_j_per_token', '.3g')} J/tok decode"
 
 
 class LiveTimes:
@@ -101,6 +111,7 @@ class ChatSession(QObject):
         super().__init__(parent)
         self.client = client
         self.system_prompt = ""
+        self.context_length = 0  # tokens the worker fits the conversation into; 0 = the model's limit
         self.history: list[Turn] = []
         self.pending = ""  # text of the reply being streamed
         self.job: Job | None = None
@@ -146,7 +157,8 @@ class ChatSession(QObject):
 
     def _submit(self, config: dict | None) -> Job:
         self.pending, self.times = "", LiveTimes()
-        job = self.client.submit(ChatRequest(messages=self.messages(), config=dict(config or {})))
+        job = self.client.submit(ChatRequest(messages=self.messages(), config=dict(config or {}),
+                                             context_length=self.context_length))
         job.event.connect(self._on_event)
         job.finished.connect(self._on_finished)
         job.failed.connect(self._on_failed)

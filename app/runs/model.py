@@ -45,6 +45,33 @@ class RunsModel(QObject):
             self._store.close()
             self._store = None
 
+    @property
+    def display_url(self) -> str:
+        from engine.store import db
+
+        return db.display_url(db.resolve_url(self.db_url))
+
+    def switch_store(self, url: str) -> str:
+        """Open the store at ``url`` (an SQLite file or any SQLAlchemy URL) and show its runs. The new
+        store is opened (and migrated) before the old one closes: on failure the old one stays and the
+        error (an engine StoreError/ConfigError with the reason) propagates. Returns its display URL."""
+        from engine.store import RunStore
+
+        new = RunStore.open(url.strip())
+        self.close()
+        self._store, self.db_url = new, new.url
+        self._labels.clear()
+        self.changed.emit()
+        return new.display_url
+
+    def push(self, run_ids: list[int], url: str):
+        """Copy runs to the store at ``url`` (engine.store.push); returns its PushReport."""
+        from engine.store import RunStore
+        from engine.store.push import push_runs
+
+        with RunStore.open(url.strip()) as target:
+            return push_runs(self.store, run_ids, target)
+
     # -- reading --------------------------------------------------------------------------------
     def rows(self, *, text: str = "", kind: str = "", tag: str = "", model: str = "", device: str = "") -> list[RunRow]:
         infos = self.store.list(kind=kind or None, tag=tag or None, name_contains=text or None)

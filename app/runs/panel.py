@@ -2,13 +2,14 @@
 tag, delete (after a confirmation) and export."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView,
                                QInputDialog, QLabel, QLineEdit, QMessageBox, QPushButton, QSizePolicy, QSplitter,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from app.notify import export_guard
 from app.runs.model import RunRow, RunsModel
+from app.runs.roofline import RooflineView
 from app.runs.views import CompareView, RunDetailView
 
 COLUMNS = ("id", "name", "suite", "status", "quality", "tags", "model", "device", "created", "duration", "metrics")
@@ -33,6 +34,8 @@ def _quality_cell(quality: str | None) -> tuple[str, int]:
 
 
 class RunsPanel(QWidget):
+    storeChanged = Signal(str)  # the URL of the store now shown (benchmarks save there too)
+
     def __init__(self, model: RunsModel, notifier=None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.model, self.notifier = model, notifier
@@ -47,11 +50,16 @@ class RunsPanel(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.detail, self.compare_view = RunDetailView(), CompareView()
+        self.roofline_view = RooflineView()
         self.tabs = QTabWidget()
         self.tabs.addTab(self.detail, "Run")
         self.tabs.addTab(self.compare_view, "Compare")
+        self.tabs.addTab(self.roofline_view, "Roofline")
         self.count = QLabel(objectName="statsLine")
         self.count.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.store_label = QLabel(objectName="statsLine", textInteractionFlags=Qt.TextSelectableByMouse)
+        self.store_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.empty_hint = QLabel(objectName="panelHint", wordWrap=True, visible=False)
         self._build()
         self.search.textChanged.connect(lambda _t: self.refresh())
         for combo in self.filters.values():
@@ -66,8 +74,16 @@ class RunsPanel(QWidget):
             combo.setToolTip(f"filter by {key}")
             top.addWidget(combo, 1)
         top.addWidget(QPushButton("Refresh", clicked=self.refresh))
+        store_row = QHBoxLayout()
+        store_row.addWidget(QLabel("Store:"))
+        store_row.addWidget(self.store_label, 1)
+        store_row.addWidget(QPushButton("Open store…", clicked=self.open_store_dialog,
+                                        toolTip="Show the runs of another SQLite file or a PostgreSQL URL"))
+        store_row.addWidget(QPushButton("Copy to store…", clicked=self.push_dialog,
+                                        toolTip="Copy the selected runs to another store, e.g. the team's"))
         actions = QHBoxLayout()
         for text, slot in (("Open", self.open_selected), ("Compare", self.compare_selected),
+                           ("Roofline", self.roofline_selected),
                            ("Rename…", self.rename_dialog), ("Tags…", self.tag_dialog),
                            ("Delete…", self.delete_selected), ("Export…", self.export_dialog)):
             actions.addWidget(QPushButton(text, clicked=slot))
@@ -76,7 +92,9 @@ class RunsPanel(QWidget):
         upper = QWidget()
         col = QVBoxLayout(upper)
         col.setContentsMargins(0, 0, 0, 0)
+        col.addLayout(store_row)
         col.addLayout(top)
+        col.addWidget(self.empty_hint)
         col.addWidget(self.table, 1)
         col.addLayout(actions)
         split = QSplitter(Qt.Vertical)
@@ -96,6 +114,8 @@ class RunsPanel(QWidget):
             return
         self._fill_filters(everything)
         self._fill_table()
+        self.store_label.setText(self.model.display_url)
+        self.store_label.setToolTip(self.model.display_url)
 
     def _fill_table(self) -> None:
         self.table.setSortingEnabled(False)
@@ -116,6 +136,11 @@ class RunsPanel(QWidget):
                 self.table.setItem(r, c, item)
         self.table.setSortingEnabled(True)
         self.count.setText(f"{len(self.rows)} run(s)")
+        filtered = bool(self.search.text().strip()) or any(c.currentData() for c in self.filters.values())
+        self.empty_hint.setText("No run matches the search and filters: clear them to see every run." if filtered
+                                else "No runs in this store yet: run a benchmark in the Benchmarks panel, or open "
+                                     "another store (Open store…).")
+        self.empty_hint.setVisible(not self.rows)
 
     def _fill_filters(self, rows: list[RunRow]) -> None:
         values = {"kind": {r.info.kind for r in rows}, "tag": {t for r in rows for t in r.info.tags},
@@ -144,12 +169,75 @@ class RunsPanel(QWidget):
                 self.table.selectRow(r)
         self.table.setSelectionMode(mode)
 
+    # -- store --------------------------------------------------------------------------------
+    def open_store(self, location: str) -> bool:
+        """Show the runs of the store at ``location``; on failure the current store stays and the
+        reason goes to the notification area."""
+        from app.runs.store_dialog import remember_store
+
+        if not location:
+            return False
+        try:
+            shown = self.model.switch_store(location)
+        except Exception as e:  # any failure to open is the user's to see, never fatal
+            self._error(f"Could not open the run store {location} — {type(e).__name__}: {e}. "
+                        f"Still showing {self.model.display_url}.")
+            return False
+        remember_store(location)
+        self.storeChanged.emit(self.model.db_url)
+        self.count.setText(f"Opened {shown}")
+        return True
+
+    def push_selected(self, location: str):
+        """Copy the selected runs to the store at ``location``; returns the PushReport or None."""
+        from app.runs.store_dialog import remember_store
+
+        ids = self.selected_ids()
+        if not ids:
+            self._error("Select the runs to copy first (Ctrl+click for several).")
+            return None
+        try:
+            report = self.model.push(ids, location)
+        except Exception as e:
+            self._error(f"Could not copy {len(ids)} run(s) to {location} — {type(e).__name__}: {e}")
+            return None
+        remember_store(location)
+        self.count.setText(report.summary())
+        if self.notifier is not None:
+            self.notifier.info(report.summary(), "\n".join(report.lines()))
+        return report
+
+    def open_store_dialog(self) -> None:
+        from app.runs.store_dialog import StoreDialog
+
+        dialog = StoreDialog("Open a run store", "Open", "", self)
+        if dialog.exec():
+            self.open_store(dialog.location())
+
+    def push_dialog(self) -> None:
+        from app.runs.store_dialog import StoreDialog
+
+        if not self.selected_ids():
+            self._error("Select the runs to copy first (Ctrl+click for several).")
+            return
+        dialog = StoreDialog(f"Copy {len(self.selected_ids())} run(s) to a store", "Copy", "", self)
+        if dialog.exec():
+            self.push_selected(dialog.location())
+
     # -- actions --------------------------------------------------------------------------------
     def open_selected(self) -> None:
         ids = self.selected_ids()
         if ids:
             self.detail.show_run(self.model.load(ids[0]))
             self.tabs.setCurrentWidget(self.detail)
+
+    def roofline_selected(self) -> None:
+        ids = self.selected_ids()
+        if not ids:
+            self._error("Select an llm, matmul or attention run to see its roofline.")
+            return
+        self.roofline_view.show_run(self.model.load(ids[0]))
+        self.tabs.setCurrentWidget(self.roofline_view)
 
     def compare_selected(self) -> None:
         ids = self.selected_ids()

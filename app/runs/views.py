@@ -10,6 +10,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QHeaderView, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
                                QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
 
+from app.tables import with_unit
 from app.telemetry.plots import LINE_COLORS
 
 TELEMETRY_PREFERENCE = ("gpu0.util_pct", "host.cpu_pct", "engine.cpu_pct", "engine.rss_bytes")
@@ -27,20 +28,60 @@ def _table(headers: list[str]) -> QTableWidget:
 
 
 def _fill(table: QTableWidget, rows: list[list[str]]) -> None:
+    from app.tables import fit_columns
+
     table.setRowCount(len(rows))
     for r, cells in enumerate(rows):
         for c, text in enumerate(cells):
             table.setItem(r, c, QTableWidgetItem(text))
+    fit_columns(table)
 
 
-def _histogram(plot: pg.PlotItem, samples: list[float], color: str, name: str) -> None:
-    values = np.asarray([s for s in samples if s is not None and np.isfinite(s)], dtype=float)
+def _finite(samples: list[float]) -> np.ndarray:
+    return np.asarray([s for s in samples if s is not None and np.isfinite(s)], dtype=float)
+
+
+def _sample_scale(unit: str, samples: list[float]) -> tuple[float, str]:
+    """(divisor, unit label) for showing ``samples``: bytes in the binary unit that fits their median."""
+    from engine.units import display_scale
+
+    values = _finite(samples)
+    return display_scale(unit, float(np.median(values)) if len(values) else 0.0)
+
+
+def _histogram(plot: pg.PlotItem, samples: list[float], color: str, name: str, divisor: float = 1.0) -> int:
+    """Draw the histogram of ``samples / divisor``; returns the tallest bin's count."""
+    values = _finite(samples)
     if not len(values):
-        return
+        return 0
     bins = max(5, min(40, int(np.sqrt(len(values))) * 2))
-    counts, edges = np.histogram(values, bins=bins)
+    counts, edges = np.histogram(values / divisor, bins=bins)
     plot.plot(edges, counts, stepMode="center", fillLevel=0, brush=pg.mkBrush(QColor(color).red(),
               QColor(color).green(), QColor(color).blue(), 70), pen=pg.mkPen(color, width=1.5), name=name)
+    return int(counts.max())
+
+
+def _count_axis(plot: pg.PlotItem, tallest: int) -> None:
+    """Whole-number ticks on a count axis (3 samples must not read 0.5, 1.5, 2.5)."""
+    step = max(1, int(np.ceil(tallest / 5)))
+    plot.getAxis("left").setTickSpacing(step, step)
+    plot.setLabel("left", "repetitions")
+
+
+def _series_values(series) -> tuple[np.ndarray, str]:
+    """A telemetry series' values and unit label, bytes in a binary unit."""
+    from engine.units import display_scale
+
+    values = np.asarray(series.values, dtype=float)
+    finite = values[np.isfinite(values)]
+    divisor, label = display_scale(series.unit, float(np.median(finite)) if len(finite) else 0.0)
+    return values / divisor, label
+
+
+def _keyed(title: str, keys: list[tuple[str, str]]) -> str:
+    """``title`` followed by a coloured key per line (the legend, in the title row)."""
+    return title + "&nbsp;&nbsp;" + "&nbsp;&nbsp;".join(f"<span style='color:{c}'>━</span>&nbsp;{name}"
+                                                        for name, c in keys)
 
 
 def _telemetry_series(result) -> object | None:
@@ -75,7 +116,6 @@ class RunDetailView(QWidget):
 
     def show_run(self, stored) -> None:
         from engine.bench.stats import summarize
-        from engine.store.render import fmt_value
 
         self.run = stored
         info, result = stored.info, stored.result
@@ -86,9 +126,9 @@ class RunDetailView(QWidget):
         rows = []
         for m in result.metrics:
             s = summarize(m.samples) if m.samples else None
-            rows.append([m.name, _params(m.params), fmt_value(s.median) if s else "–",
-                         f"{fmt_value(s.ci_low)} … {fmt_value(s.ci_high)}" if s else "–", str(len(m.samples)),
-                         m.unit, m.status if m.status == "ok" else f"{m.status}: {m.error}"])
+            rows.append([m.name, _params(m.params), with_unit(s.median, m.unit) if s else "–",
+                         f"{with_unit(s.ci_low, m.unit)} … {with_unit(s.ci_high, m.unit)}" if s else "–",
+                         str(len(m.samples)), m.unit, m.status if m.status == "ok" else f"{m.status}: {m.error}"])
         _fill(self.metrics, rows)
         self._show_telemetry(result)
         self._show_fingerprint(result.fingerprint)
@@ -101,8 +141,10 @@ class RunDetailView(QWidget):
         if self.run is None or not 0 <= row < len(self.run.result.metrics):
             return
         m = self.run.result.metrics[row]
-        self.histogram.setLabel("bottom", f"{m.name} ({m.unit})")
-        _histogram(self.histogram.getPlotItem(), m.samples, LINE_COLORS[0], m.name)
+        divisor, unit = _sample_scale(m.unit, m.samples)
+        self.histogram.setLabel("bottom", f"{m.name} ({unit or 'no unit'})")
+        _count_axis(self.histogram.getPlotItem(), _histogram(self.histogram.getPlotItem(), m.samples,
+                                                             LINE_COLORS[0], m.name, divisor))
 
     def _show_telemetry(self, result) -> None:
         self.telemetry.clear()
@@ -111,8 +153,10 @@ class RunDetailView(QWidget):
             self.telemetry.setTitle("no telemetry was recorded with this run")
             return
         t = (np.asarray(series.t_ns) - series.t_ns[0]) / 1e9
-        self.telemetry.setTitle(f"{series.name} ({series.unit})")
-        self.telemetry.plot(t, np.asarray(series.values, dtype=float), pen=pg.mkPen(LINE_COLORS[0], width=1.5))
+        values, unit = _series_values(series)
+        self.telemetry.setTitle(f"{series.name} ({unit})")
+        self.telemetry.plot(t, values, pen=pg.mkPen(LINE_COLORS[0], width=1.5))
+        self.telemetry.setLabel("left", unit)
         self.telemetry.setLabel("bottom", "seconds since the run started")
 
     def _show_fingerprint(self, fingerprint: dict) -> None:
@@ -144,10 +188,9 @@ class CompareView(QWidget):
         self.header = QLabel("Select two or more runs and press Compare.", objectName="panelHint", wordWrap=True)
         self.table = _table(["metric"])
         self.diff = _table(["field"])
+        # Keys in the title row, not a legend box over the bars and lines.
         self.distributions = pg.PlotWidget(title="raw samples of the selected metric, per run")
-        self.distributions.addLegend()
         self.telemetry = pg.PlotWidget(title="telemetry, per run")
-        self.telemetry.addLegend()
         tabs = QTabWidget()
         tabs.addTab(self.distributions, "Distributions")
         tabs.addTab(self.telemetry, "Telemetry")
@@ -182,7 +225,7 @@ class CompareView(QWidget):
         self.table.setColumnCount(len(headers))
         self.table.setHorizontalHeaderLabels(headers)
         self._rows = [row for section in comparison.sections for row in section.rows]
-        _fill(self.table, [[row.label, row.unit] + [cell_text(c) for c in row.cells]
+        _fill(self.table, [[row.label, row.unit] + [cell_text(c, row.unit) for c in row.cells]
                            + [delta_text(d) + disturbed_text(comparison, row, i, d)
                               for i, d in enumerate(row.deltas, start=1)] for row in self._rows])
         for r, row in enumerate(self._rows):
@@ -201,20 +244,37 @@ class CompareView(QWidget):
         if not 0 <= row < len(self._rows):
             return
         key = self._rows[row]
-        self.distributions.setLabel("bottom", f"{key.name} ({key.unit})")
-        for i, run in enumerate(self.runs):
-            metric = next((m for m in run.result.metrics if m.name == key.name and m.unit == key.unit
-                           and m.params == key.params), None)
-            if metric is not None:
-                _histogram(self.distributions.getPlotItem(), metric.samples, LINE_COLORS[i % len(LINE_COLORS)],
-                           run.info.name)
+        tallest, keys = 0, []
+        metrics = [(i, run, next((m for m in run.result.metrics if m.name == key.name and m.unit == key.unit
+                                  and m.params == key.params), None)) for i, run in enumerate(self.runs)]
+        metrics = [(i, run, m) for i, run, m in metrics if m is not None]
+        # One scale for every run (the first's), so the histograms stay comparable.
+        divisor, unit = _sample_scale(key.unit, metrics[0][2].samples if metrics else [])
+        for i, run, metric in metrics:
+            color = LINE_COLORS[i % len(LINE_COLORS)]
+            tallest = max(tallest, _histogram(self.distributions.getPlotItem(), metric.samples, color,
+                                              run.info.name, divisor))
+            keys.append((run.info.name, color))
+        self.distributions.setTitle(_keyed("raw samples per run", keys))
+        self.distributions.setLabel("bottom", f"{key.name} ({unit or 'no unit'})")
+        _count_axis(self.distributions.getPlotItem(), tallest)
 
     def _show_telemetry(self, runs) -> None:
         self.telemetry.clear()
+        drawn = []
         for i, run in enumerate(runs):
             series = _telemetry_series(run.result)
             if series is not None and series.t_ns:
                 t = (np.asarray(series.t_ns) - series.t_ns[0]) / 1e9
-                self.telemetry.plot(t, np.asarray(series.values, dtype=float), name=f"{run.info.name}: {series.name}",
+                values, unit = _series_values(series)
+                self.telemetry.plot(t, values, name=f"{run.info.name}: {series.name} ({unit})",
                                     pen=pg.mkPen(LINE_COLORS[i % len(LINE_COLORS)], width=1.5))
+                drawn.append((f"{run.info.name}: {series.name} ({unit})", LINE_COLORS[i % len(LINE_COLORS)]))
+        names = [d[0].split(": ", 1)[0] for d in drawn]
+        missing = [r.info.name for r in runs if r.info.name not in names]
+        if not drawn:
+            self.telemetry.setTitle("No telemetry to compare: none of these runs recorded any")
+        else:
+            self.telemetry.setTitle(_keyed("telemetry", drawn) + (f" · none recorded for {', '.join(missing)}"
+                                                                   if missing else ""))
         self.telemetry.setLabel("bottom", "seconds since each run started")

@@ -44,11 +44,18 @@ class TelemetryModel(QObject):
         self.sampler = Sampler(sources, interval_ms, history_s=history_s)
         self.phases: collections.deque[Phase] = collections.deque(maxlen=MAX_PHASES)
         self._markers: collections.deque[Marker] = collections.deque(maxlen=2 * MAX_PHASES)
+        # GPU sources report the memory of the engine worker, not of this (GUI) process.
+        self._gpu_sources = [s for s in sources if callable(getattr(s, "set_pids", None))]
         if client is not None:
-            client.workerStarted.connect(self.engine_source.set_pid)
+            client.workerStarted.connect(self.follow_worker)
             client.marker.connect(self.on_marker)
-            if client.pid:
-                self.engine_source.set_pid(client.pid)
+            self.follow_worker(client.pid)
+
+    def follow_worker(self, pid: int | None) -> None:
+        """Per-process series (RSS, CPU, GPU memory) follow the engine worker ``pid`` (None: no worker)."""
+        self.engine_source.set_pid(pid)
+        for source in self._gpu_sources:
+            source.set_pids({pid} if pid else set())
 
     def start(self) -> None:
         # wait=False: opening NVML can take seconds; the panel discovers series as they appear.

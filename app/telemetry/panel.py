@@ -16,7 +16,8 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QGraphicsItem, QHBoxLayou
 from app.notify import export_guard
 from app.telemetry.bands import PhaseBands
 from app.telemetry.model import TelemetryModel
-from app.telemetry.plots import GPU_PLOTS, HOST_PLOTS, LINE_COLORS, PlotSpec, lines_for
+from app.telemetry.plots import (GPU_PLOTS, HOST_PLOTS, LINE_COLORS, REASONS_SUFFIX, PlotSpec, line_scale, lines_for,
+                                 reason_names)
 from app.theme import PHASE_COLORS
 from engine.clock import now_ns
 
@@ -43,6 +44,10 @@ class TelemetryPanel(QWidget):
         self.gpu_note = QLabel(objectName="panelHint", wordWrap=True, visible=False)
         self._entities: list[str] | None = None
         self._scale: dict[str, float] = {}
+        self._units: dict[str, str] = {}
+        self._lanes: dict[str, tuple[str, int, int]] = {}  # lane curve -> (bitmask series, bit, lane)
+        self._specs: dict[str, PlotSpec] = {}
+        self._keys: dict[str, list[tuple[str, str, bool]]] = {}  # plot -> its lines' (label, colour, dashed)
         self.refresh_count = 0
         self.now_ns = now_ns()  # the time x = 0 stands for in the last refresh
         self._colors: tuple[str, str] | None = None
@@ -51,6 +56,7 @@ class TelemetryPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(self._controls)
+        layout.addWidget(self.readout)
         layout.addWidget(self.gpu_note)
         layout.addWidget(QLabel(_phase_legend(), objectName="statsLine"))
         layout.addWidget(self.graphics, 1)
@@ -68,25 +74,29 @@ class TelemetryPanel(QWidget):
         self.window_combo.setCurrentIndex(1)
         self.window_combo.currentIndexChanged.connect(lambda _i: self.set_window(self.window_combo.currentData()))
         self.pause_button = QPushButton("Pause", checkable=True, toggled=self.set_paused)
-        self.readout = QLabel("Move the mouse over a plot to read values.", objectName="statsLine")
-        self.readout.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # long readouts never widen the window
+        # On its own full-width line, wrapping: every series with its unit must stay readable.
+        self.readout = QLabel("Move the mouse over a plot to read values.", objectName="statsLine", wordWrap=True)
+        self.readout.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Minimum)  # long readouts never widen the window
         self._controls = QHBoxLayout()
         self._controls.addWidget(QLabel("Window"))
         self._controls.addWidget(self.window_combo)
         self._controls.addWidget(self.pause_button)
         self._controls.addWidget(QPushButton("Export PNG…", clicked=self.export_png_dialog))
         self._controls.addWidget(QPushButton("Export CSV…", clicked=self.export_csv_dialog))
-        self._controls.addWidget(self.readout, 1)
+        self._controls.addStretch(1)
 
     def _add_plot(self, spec: PlotSpec) -> pg.PlotItem:
         plot = self.graphics.addPlot(row=len(self.plots), col=0)
-        plot.setTitle(f"{spec.title} ({spec.unit})", size="9pt")
+        self._specs[spec.key], self._keys[spec.key] = spec, []
         plot.showGrid(x=True, y=True, alpha=0.2)
         plot.setDownsampling(auto=True, mode="peak")
         plot.setClipToView(True)
         plot.setMouseEnabled(x=False, y=False)  # the window follows "now"; pause to explore
-        plot.addLegend(offset=(-4, 4), labelTextSize="8pt", brush=(0, 0, 0, 40))
         plot.getAxis("bottom").setLabel("seconds ago")
+        plot.getAxis("left").setLabel(spec.unit)
+        if spec.lanes:
+            plot.getAxis("left").setTicks([[(i, name) for i, name in enumerate(reason_names())]])
+            plot.setYRange(-0.5, len(reason_names()) - 0.5, padding=0)
         for side in ("left", "bottom"):
             # The grid belongs to the axis item and spans the plot, so every curve update would
             # repaint (re-rasterize) the axis text; a device cache turns that into a blit. The
@@ -95,6 +105,7 @@ class TelemetryPanel(QWidget):
         if self.plots:
             plot.setXLink(next(iter(self.plots.values())))
         self.plots[spec.key] = plot
+        self._set_title(spec.key)
         self.bands[spec.key] = PhaseBands(PHASE_COLORS)
         plot.addItem(self.bands[spec.key], ignoreBounds=True)
         if self._colors:
@@ -115,8 +126,14 @@ class TelemetryPanel(QWidget):
         specs = HOST_PLOTS + (GPU_PLOTS if entities else ())
         for spec in specs:
             for i, (name, label, dashed) in enumerate(lines_for(spec, entities)):
-                if name in names and name not in self.curves:
+                base = name.split(REASONS_SUFFIX)[0]
+                if base in names and name not in self.curves and (not spec.per_gpu or self._reported(base)):
                     self._add_curve(spec, name, label, dashed, i)
+
+    def _reported(self, name: str) -> bool:
+        """Whether the device reports ``name`` (NVML answers N/A, i.e. NaN, for what it does not)."""
+        _t, values = self.model.series(name, now_ns() - 10 * 10**9)
+        return bool(np.isfinite(values).any())
 
     def _sync_gpu_plots(self, entities: list[str]) -> None:
         if entities:
@@ -136,10 +153,32 @@ class TelemetryPanel(QWidget):
         # Peak downsampling keeps each bucket's min and max: one bucket per pixel column already
         # draws the exact envelope (pyqtgraph's default of 5 per pixel draws 5x the points).
         curve = self.plots[spec.key].plot(name=label, pen=pen, connect="finite", autoDownsampleFactor=1.0)
+        key_label = label.rsplit(" ", 1)[0] if spec.lanes else label  # lanes: the axis names the reason
+        if key_label not in [k[0] for k in self._keys[spec.key]]:
+            self._keys[spec.key].append((key_label, color, dashed))
+            self._set_title(spec.key)
         curve.setDownsampling(auto=True, method="peak")
         curve.setClipToView(True)
         self.curves[name] = curve
-        self._scale[name] = spec.scale
+        base, _, reason = name.partition(REASONS_SUFFIX)
+        self._scale[name] = line_scale(spec, base)
+        self._units[name] = spec.unit
+        if spec.lanes:
+            from engine.telemetry.nvml import REASON_BITS
+
+            lane = reason_names().index(reason)
+            self._lanes[name] = (base, REASON_BITS[lane][0], lane)
+            curve.setPen(pg.mkPen(color, width=4))  # a lane reads as a bar while the reason is active
+
+    def _set_title(self, key: str) -> None:
+        """Title, unit and the key of every line, in the title row: a legend inside the plot would
+        cover the data (the 100 % line of the CPU plot sits right where a legend goes)."""
+        spec = self._specs[key]
+        swatches = "&nbsp;&nbsp;".join(f"<span style='color:{c}'>{'┅' if dashed else '━'}</span>&nbsp;{label}"
+                                       for label, c, dashed in self._keys[key])
+        text = f"<b>{spec.title}</b> ({spec.unit})" + (f"&nbsp;&nbsp;&nbsp;{swatches}" if swatches else "")
+        foreground = self._colors[1] if self._colors else None
+        self.plots[key].setTitle(text, size="9pt", **({"color": foreground} if foreground else {}))
 
     # -- live update ----------------------------------------------------------------------------
     def set_window(self, seconds: int) -> None:
@@ -163,6 +202,12 @@ class TelemetryPanel(QWidget):
         since = now - self.window_s * 10**9
         self.now_ns = now
         for name, curve in self.curves.items():
+            if name in self._lanes:
+                base, bit, lane = self._lanes[name]
+                t_ns, mask = self.model.series(base, since)
+                active = np.isfinite(mask) & ((np.nan_to_num(mask).astype(np.int64) & bit) != 0)
+                curve.setData((t_ns - now) / 1e9, np.where(active, float(lane), np.nan))
+                continue
             t_ns, values = self.model.series(name, since)
             curve.setData((t_ns - now) / 1e9, values * self._scale[name])
         first = next(iter(self.plots.values()))
@@ -197,8 +242,12 @@ class TelemetryPanel(QWidget):
             if xs is None or not len(xs):
                 continue
             i = int(np.clip(np.searchsorted(xs, x_s), 0, len(xs) - 1))
-            if np.isfinite(ys[i]):
-                parts.append(f"{curve.name()} {ys[i]:.3g}")
+            if not np.isfinite(ys[i]):
+                continue
+            if name in self._lanes:
+                parts.append(f"{curve.name()} active")
+            else:
+                parts.append(f"{curve.name()} {ys[i]:.3g} {self._units[name]}")
         return " · ".join(parts)
 
     # -- export / theme -------------------------------------------------------------------------

@@ -66,6 +66,8 @@ class TracePanel(QWidget):
             self.target.addItem(label, value)
         self.run_button = QPushButton("Trace", objectName="primary", clicked=self.run)
         self.export_button = QPushButton("Export Perfetto JSON…", clicked=self.export_dialog, enabled=False)
+        self.script_button = QPushButton("Trace a script…", clicked=self.open_script_dialog)
+        self.script_dialog = None
         self.status = QLabel("Trace records every tensor op of a short generation with its device.",
                              objectName="statsLine", wordWrap=True)
         self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
@@ -112,6 +114,7 @@ class TracePanel(QWidget):
             controls.addWidget(QLabel(label), 1, 2 * col)
             controls.addWidget(widget, 1, 2 * col + 1)
         controls.addWidget(self.export_button, 1, 5, 1, 2)
+        controls.addWidget(self.script_button, 0, 7)
         controls.setColumnStretch(1, 1)
         controls.setColumnStretch(3, 2)
         return controls
@@ -143,6 +146,31 @@ class TracePanel(QWidget):
 
     def run(self) -> None:
         self.model.run(self.request())
+
+    def open_script_dialog(self):
+        """Trace a user's own script (app/trace/script_dialog.py); its report shows here."""
+        if self.script_dialog is None:
+            from app.trace.script_dialog import ScriptTraceDialog
+
+            self.script_dialog = ScriptTraceDialog(getattr(self.window(), "db_url", None), self)
+            self.script_dialog.report_ready.connect(self.show_script_report)
+        self.script_dialog.show()
+        self.script_dialog.raise_()
+        return self.script_dialog
+
+    def show_script_report(self, result: dict) -> None:
+        """A script's trace from the dialog: its ops, report and Perfetto file, as for the model."""
+        self.model.ops.clear()
+        self.model.ops.add_batch(result["columns"])
+        self.model.ops.commit()
+        self.model.result = dict(result, variant="script")
+        self.model.report = result["report"]
+        self.show_report(result["report"])
+        r = result["report"]
+        saved = f"; saved as run {result['run_name']}" if result.get("run_name") else ""
+        self.status.setText(f"{r.get('script', 'script')} on {r['target']}: {r['ops']:,} ops, {r['tokens']} steps "
+                            f"({r.get('step_source', '')}); {len(r['findings'])} finding(s); exit code "
+                            f"{result['exit_code']}{saved}.")
 
     def export_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export trace", "trace.perfetto.json", "JSON (*.json)")
@@ -202,6 +230,9 @@ class TracePanel(QWidget):
         self.cards["on_target"].set(f"{on_target:.1f}%", "good" if not report["findings"] else "bad")
         self.cards["time_on_target"].set(f"{report['time_on_target_pct']:.1f}%")
         self.cards["fallbacks"].set(f"{fallback_ops:,}", "bad" if fallback_ops else "good")
+        unit = report.get("unit", "token")  # a script's trace reports per step
+        self.cards["transfers"].title.setText(f"transfers / {unit}")
+        self.cards["syncs"].title.setText(f"syncs / {unit}")
         self.cards["transfers"].set(f"{transfers:.1f}")
         self.cards["syncs"].set(f"{report['syncs_per_token']:.1f}")
         self.cards["storms"].set(str(storms), "bad" if storms else "good")

@@ -46,11 +46,14 @@ class BenchOptions:
     repeat: int | None = None  # minimum repetitions per point (overrides the suite's default)
     min_time_s: float | None = None
     warmup: int | None = None
+    load_threshold: float | None = None  # foreign CPU cores that make a repetition disturbed (None: default)
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         if self.repeat is not None and self.repeat < 1:
             raise ConfigError(f"--repeat must be at least 1, got {self.repeat}")
+        if self.load_threshold is not None and not self.load_threshold > 0:
+            raise ConfigError(f"--load-threshold must be a number of cores above 0, got {self.load_threshold}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be at least 1, got {self.threads}")
         if self.repeat is not None and self.repeat < min_samples_per_side(0.05):
@@ -67,6 +70,7 @@ class BenchOptions:
             min_time_s=base.min_time_s if self.min_time_s is None else self.min_time_s,
             max_reps=max(base.max_reps, min_reps),
             min_rep_s=base.min_rep_s,
+            disturbed_cores=base.disturbed_cores if self.load_threshold is None else self.load_threshold,
         )
 
     def as_settings(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 from engine.errors import ConfigError
 from engine.textparse import parse_bool
@@ -40,8 +41,22 @@ def parse_cli_params(module, pairs: list[str], quick: bool):
         key = key.strip()
         if not sep or key not in defaults:
             raise ConfigError(f"--param {pair!r}: expected KEY=VALUE with KEY one of {sorted(defaults)}")
-        values[key] = _convert(defaults[key], text.strip(), key)
+        values[key] = _check_range(defaults[key], _convert(defaults[key], text.strip(), key), key)
     return build_params(module, values, quick)
+
+
+def _check_range(default, value, key: str):
+    """Every numeric suite parameter is a size, count, depth or time: finite and at least 1 (at least
+    0 where the default itself uses 0, e.g. a context depth of 0), checked before anything loads."""
+    items = default if isinstance(default, tuple) else (default,)
+    numbers = [v for v in (value if isinstance(value, tuple) else (value,))
+               if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    lowest = 0 if any(d == 0 for d in items if isinstance(d, (int, float))) else 1
+    for v in numbers:
+        if not math.isfinite(v) or v < lowest or (lowest == 1 and isinstance(v, float) and v <= 0):
+            low = "a finite number > 0" if isinstance(v, float) else f"a whole number ≥ {lowest}"
+            raise ConfigError(f"--param {key}: {v} is out of range: use {low}")
+    return value
 
 
 def _convert(default, text: str, key: str):

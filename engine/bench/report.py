@@ -61,6 +61,8 @@ def summary_table(result: RunResult, run_id, out: IO[str] = sys.stdout) -> None:
     console.print(table)
     for line in peak_lines(result.settings.get("suite_params", {})):
         console.print(escape(line))
+    if result.settings.get("suite_params", {}).get("energy"):
+        console.print(escape(f"energy: {result.settings['suite_params']['energy']}"), soft_wrap=True)
     for line in quality_lines(result):
         console.print(escape(line), soft_wrap=True)
     if result.error:

@@ -4,12 +4,14 @@ from __future__ import annotations
 import json
 import sys
 
+from engine.cli_args import Terminated, utf8_text
 from engine.cli_common import add_model_args, add_sampling_args, generation_config, load_from_args
+from engine.errors import ConfigError
 
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt, streaming")
-    p.add_argument("prompt")
+    p.add_argument("prompt", type=utf8_text, help="the prompt; - reads it from stdin")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_model_args(p)
@@ -17,7 +19,7 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="interactive multi-turn chat using the model's chat template")
-    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--system", type=utf8_text, default=None, help="system prompt")
     add_model_args(p)
     add_sampling_args(p, max_tokens=512)
     p.set_defaults(func=cmd_chat)
@@ -51,9 +53,20 @@ def _stream(events, out=sys.stdout, quiet: bool = False):
     return final
 
 
+def read_stdin_prompt() -> str:
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"the prompt on stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset "
+                          f"{e.start}): pass the text in UTF-8") from e
+
+
 def cmd_generate(args) -> int:
-    lm = load_from_args(args)
+    if args.prompt == "-":
+        args.prompt = read_stdin_prompt()
     cfg = generation_config(args)
+    lm = load_from_args(args)
     events = lm.chat([{"role": "user", "content": args.prompt}], cfg) if args.chat else lm.generate(args.prompt, cfg)
     done = _stream(events, quiet=args.json)
     if args.json:
@@ -73,7 +86,12 @@ def cmd_chat(args) -> int:
     while True:
         try:
             line = input("\n> ").strip()
-        except (EOFError, KeyboardInterrupt):
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"chat input is not valid UTF-8 (byte 0x{e.object[e.start]:02x}): "
+                              f"type or pipe text in UTF-8") from e
+        except (EOFError, KeyboardInterrupt) as e:
+            if isinstance(e, Terminated):
+                raise
             print(file=sys.stderr)
             return 0
         if not line:
@@ -84,7 +102,9 @@ def cmd_chat(args) -> int:
         history.append({"role": "user", "content": line})
         try:
             done = _stream(lm.chat(history, cfg))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            if isinstance(e, Terminated):
+                raise
             print("\n[stopped]", file=sys.stderr)
             history.pop()
             continue

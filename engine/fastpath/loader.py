@@ -8,6 +8,7 @@ type a view of the file's blocks).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -105,6 +106,7 @@ def load(model=None, options: FastPathOptions = FastPathOptions(), *, attention:
                 if options.on_error == "raise":
                     raise
                 log.warning("fast path unavailable, loading dense weights: %s", e)
+                options = replace(options, weights="dense")  # apply must not try (and log) the kernels again
     lm = load_plain(model, attention=attention, threads=threads)
     apply(lm.model, lm.source, options)
     return lm

@@ -44,6 +44,16 @@ def ensure_op() -> None:
         _fake_registered = True
 
 
+def _raw_has_q8(ggml_type: str) -> bool:
+    """Whether the kernels built here run raw blocks of ``ggml_type`` with int8 activations."""
+    from engine.kernels.packing import RAW_TYPES
+
+    try:
+        return bool(load_kernels().raw_has_q8(RAW_TYPES[ggml_type][0]))
+    except KernelBuildError:
+        return False
+
+
 class BlocksWeight(torch.Tensor):
     """A quantized matrix seen as a float32 [N, K] tensor: shape, dtype and device are free (code
     that asks ``model.embed.weight.device`` pays nothing); any operation on it dequantizes the
@@ -103,11 +113,12 @@ class QuantLinear(_Blocks):
                  gemm_min_rows: int = 8, gemm_dtype: str = "bf16"):
         super().__init__(packed)
         self.out_features, self.in_features = packed.shape
-        if act_mode == 1 and packed.raw and packed.ggml_type not in _q8_logged:
+        int8_kernel = not packed.raw or _raw_has_q8(packed.ggml_type)
+        if act_mode == 1 and not int8_kernel and packed.ggml_type not in _q8_logged:
             _q8_logged.add(packed.ggml_type)
             log.info("fast path: no int8-activation kernel for %s; its matmuls use float32 activations",
                      packed.ggml_type)
-        self.act_mode = act_mode if not packed.raw else 0
+        self.act_mode = act_mode if int8_kernel else 0
         self.gemm_min_rows = gemm_min_rows
         self.gemm_dtype = _GEMM_DTYPES[gemm_dtype]
         self.bias = bias

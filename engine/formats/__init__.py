@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.errors import ModelFormatError
+from engine.errors import BadMagic, ModelFormatError
+from engine.formats.files import PICKLE_SUFFIXES
 
 __all__ = ["open_model", "ModelSource"]
 
@@ -18,22 +19,27 @@ class ModelSource:
 
 
 def open_model(path: str | Path | None = None):
+    """The source of ``path`` (None: the embedded default model): a .gguf file, one .safetensors
+    file (config.json and tokenizer files beside it), or a Hugging Face directory. A file path loads
+    exactly that file or fails; nothing else in its directory is tried in its place."""
     from engine.defaults import default_model_path
+    from engine.formats.files import check_regular_file, is_pickle, refuse_pickle
 
     p = Path(path).expanduser() if path is not None else default_model_path()
     if not p.exists():
         raise ModelFormatError(f"{p}: no such file or directory; give a .gguf file or a Hugging Face model directory")
     if p.is_dir():
         return _hf(p)
-    if p.stat().st_size == 0:
-        raise ModelFormatError(f"{p}: file is empty (0 bytes)")
+    check_regular_file(p)
     with open(p, "rb") as f:
-        magic = f.read(4)
-    if magic == b"GGUF":
+        head = f.read(8)
+    if head[:4] == b"GGUF":
         return _gguf(p)
     if p.suffix == ".safetensors":
-        return _hf(p.parent)
-    raise ModelFormatError(f"{p}: not a GGUF file (magic {magic!r}) nor a Hugging Face model directory")
+        return _hf(p.parent, only=p)
+    if is_pickle(head) or p.suffix in PICKLE_SUFFIXES:
+        raise refuse_pickle(p)
+    raise BadMagic(p, f"not a GGUF file (magic {head[:4]!r} at byte 0, expected b'GGUF') nor a .safetensors file")
 
 
 def _gguf(p: Path):
@@ -45,15 +51,20 @@ def _gguf(p: Path):
     return src
 
 
-def _hf(p: Path):
+def _hf(p: Path, only: Path | None = None):
+    from engine.formats.files import refuse_pickle
     from engine.formats.hf_source import HFDirSource
     from engine.tokenizer import from_hf_dir
 
-    if not (p / "config.json").is_file() and not list(p.glob("*.safetensors")) and not list(p.glob("*.gguf")):
-        raise ModelFormatError(f"{p}: directory holds no model (no config.json, *.safetensors or *.gguf)")
-    ggufs = sorted(p.glob("*.gguf"))
-    if not (p / "config.json").is_file() and ggufs:
-        return _gguf(ggufs[0])
-    src = HFDirSource(p)
+    if only is None and not (p / "config.json").is_file():
+        ggufs = sorted(p.glob("*.gguf"))
+        if ggufs:
+            return _gguf(ggufs[0])
+        if not list(p.glob("*.safetensors")):
+            pickles = sorted(f for f in p.iterdir() if f.suffix in PICKLE_SUFFIXES)
+            if pickles:
+                raise refuse_pickle(pickles[0])
+            raise ModelFormatError(f"{p}: directory holds no model (no config.json, *.safetensors or *.gguf)")
+    src = HFDirSource(p, only=only)
     src.tokenizer = from_hf_dir(p)
     return src

@@ -9,8 +9,9 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.errors import UnsupportedModelError
+from engine.errors import MissingMetadata, MissingTensor, UnsupportedModelError
 from engine.formats.gguf_header import TensorEntry, read_gguf_header
+from engine.formats.gguf_tensors import check_tensor_shapes, check_vocabulary
 from engine.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,13 @@ class GGUFSource:
         self.meta = self.header.meta
         self.tensors: dict[str, TensorEntry] = {t.name: t for t in self.header.tensors}
         self._data = np.memmap(path, dtype=np.uint8, mode="r")
-        self.arch = str(self.meta.get("general.architecture", "?"))
+        if "general.architecture" not in self.meta:
+            raise MissingMetadata(path, "metadata key general.architecture is missing")
+        self.arch = self.meta["general.architecture"]
         self.config = self._config()
+        if self.tensors:  # a vocabulary-only file (llama.cpp ships such) opens for its tokenizer; loading
+            check_tensor_shapes(path, self.tensors, self.family, self.config)  # it stops at MissingTensor
+        check_vocabulary(path, self.meta, self.config)
         self._index = tensor_index(self.tensors, self.family, self.config)
         self._check_types()
 
@@ -147,7 +153,10 @@ class GGUFSource:
         return flat.reshape(-1, tensor_nbytes(TensorEntry(t.name, t.shape[:1], t.ggml_type, 0), self._known))
 
     def _where(self, name: str) -> tuple[str, int, int | None]:
-        return self._index[name]  # KeyError for a name the file does not hold
+        if name not in self._index:
+            raise MissingTensor(self.path, f"holds no tensor for the {self.arch} model's {name} (a vocabulary-only "
+                                           f"file, or tensors left out)")
+        return self._index[name]
 
     def release_pages(self) -> None:
         """Drop the mapped file's pages from this process's resident set (MADV_DONTNEED) once the

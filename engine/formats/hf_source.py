@@ -9,7 +9,10 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.errors import ModelFormatError
+from engine.errors import MissingMetadata, ModelFormatError, UnsafeFormat, WrongMetadataType
+from engine.formats.files import PICKLE_SUFFIXES, refuse_pickle
+from engine.formats.gguf_spec import article
+from engine.formats.safetensors_header import read_safetensors_header
 from engine.models.config import ModelConfig
 
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
@@ -53,43 +56,98 @@ def config_from_hf(cfg: dict, path: Path) -> ModelConfig:
     return family_for_hf(cfg, path).config_from_hf(cfg, path)
 
 
+# config.json fields the engine reads → the JSON types allowed (None is "not set" for optional ones)
+_INT, _NUM, _BOOL = (int,), (int, float), (bool,)
+CONFIG_TYPES = {
+    "hidden_size": _INT, "num_hidden_layers": _INT, "num_attention_heads": _INT, "num_key_value_heads": _INT,
+    "intermediate_size": _INT, "vocab_size": _INT, "head_dim": _INT, "max_position_embeddings": _INT,
+    "sliding_window": _INT, "sliding_window_pattern": _INT, "query_pre_attn_scalar": _NUM,
+    "rms_norm_eps": _NUM, "rope_theta": _NUM, "attn_logit_softcapping": _NUM, "final_logit_softcapping": _NUM,
+    "rope_local_base_freq": _NUM, "partial_rotary_factor": _NUM,
+    "tie_word_embeddings": _BOOL, "attention_bias": _BOOL, "model_type": (str,),
+}
+CONFIG_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+def read_config_json(path: Path) -> dict:
+    """config.json parsed with every key unique and every field the engine reads of its JSON type
+    (a number given as a string is an error, not a silent int())."""
+    from engine.formats.safetensors_header import _unique_pairs
+
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_pairs(path))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ModelFormatError(f"{path}: not valid JSON: {e}") from e
+    if not isinstance(cfg, dict):
+        raise WrongMetadataType(path, f"holds a JSON {type(cfg).__name__}, not an object")
+    for key, types in CONFIG_TYPES.items():
+        v = cfg.get(key)
+        if v is None:
+            if key in CONFIG_REQUIRED:
+                raise MissingMetadata(path, f"field {key} is missing")
+            continue
+        if isinstance(v, bool) and bool not in types or not isinstance(v, types):
+            raise WrongMetadataType(path, f"field {key} is {v!r} (a JSON {_json_type(v)}); it must be "
+                                          f"{' or '.join(article(_json_type(t())) for t in types)}")
+    return cfg
+
+
+def _json_type(v) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "object"}.get(type(v), type(v).__name__)
+
+
 class HFDirSource:
     format = "safetensors"
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, only: Path | None = None):
+        """``path``: the model directory; ``only``: one .safetensors file in it to load alone."""
+        self.path = only if only is not None else path
+        self.directory = path
         cfg_path = path / "config.json"
         if not cfg_path.is_file():
-            raise ModelFormatError(f"{path}: no config.json — not a Hugging Face model directory")
-        try:
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ModelFormatError(f"{cfg_path}: not valid JSON: {e}") from e
+            where = f"{only.name} has no config.json beside it" if only is not None else "no config.json"
+            raise MissingMetadata(self.path, f"{where} — not a Hugging Face model",
+                                  "put the model's config.json (and tokenizer files) in the same directory")
+        self.shards = [only] if only is not None else self._shards()
+        cfg = read_config_json(cfg_path)
         from engine.models.families import family_for_hf
 
         self.family = family_for_hf(cfg, path)
         self.config = self.family.config_from_hf(cfg, path)
-        self.shards = self._shards()
+        self.headers = {s: read_safetensors_header(s) for s in self.shards}
         self.file_size_bytes = sum(s.stat().st_size for s in self.shards)
         self.meta = {"config": cfg}
         self._dtypes: Counter = Counter()
 
     def _shards(self) -> list[Path]:
-        index = self.path / "model.safetensors.index.json"
+        index = self.directory / "model.safetensors.index.json"
         if index.is_file():
             try:
                 weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
+                files = set(weight_map.values())
+            except (json.JSONDecodeError, KeyError, UnicodeDecodeError, TypeError, AttributeError) as e:
                 raise ModelFormatError(f"{index}: invalid shard index: {e}") from e
-            shards = sorted({self.path / Path(f).name for f in weight_map.values()})
+            shards = sorted(self._inside(index, f) for f in files)
         else:
-            shards = sorted(self.path.glob("*.safetensors"))
+            shards = sorted(self.directory.glob("*.safetensors"))
         if not shards:
-            raise ModelFormatError(f"{self.path}: no *.safetensors files")
+            pickles = sorted(f for f in self.directory.iterdir() if f.suffix in PICKLE_SUFFIXES)
+            if pickles:
+                raise refuse_pickle(pickles[0])
+            raise ModelFormatError(f"{self.directory}: no *.safetensors files")
         missing = [s for s in shards if not s.is_file()]
         if missing:
             raise ModelFormatError(f"{missing[0]}: shard listed in the index is missing")
         return shards
+
+    def _inside(self, index: Path, name) -> Path:
+        """A shard path of the index, refused unless it names a file inside the model directory."""
+        rel = Path(name) if isinstance(name, str) else None
+        if rel is None or rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise UnsafeFormat(index, f"shard path {name!r} in weight_map leaves the model directory",
+                               "shards must be files inside the model directory; fix the index")
+        return self.directory / rel
 
     @property
     def chat_template(self) -> str | None:

@@ -13,6 +13,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import platform
+import re
 import shutil
 import sys
 import threading
@@ -25,7 +26,7 @@ from engine.errors import BackendError
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("kernels.cpp", "raw.cpp", "ops.cpp", "decode.cpp")
+_SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "ops.cpp", "decode.cpp")
 _HEADERS = ("qkernels.h", "qtensors.h", "gguf_types.h", "simd_v1.h", "simd_v2.h")
 _CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast")
 _LDFLAGS = ("-fopenmp",)
@@ -100,9 +101,38 @@ def _compile(name: str, build_dir: Path) -> ModuleType:
         raise KernelBuildError(f"building the CPU kernels in {build_dir} failed: {e}") from e
 
 
-@lru_cache(maxsize=1)
+_failure: KernelBuildError | None = None  # remembered: a failed build is not retried in this process
+
+
+def _one_line(message: str) -> str:
+    """A compiler's output as one log line: the summary (without ninja's "[1/6] c++ ..." command
+    line) and the first compiler diagnostic; the whole output goes to the debug log."""
+    lines = [x.strip() for x in message.splitlines() if x.strip()]
+    if not lines:
+        return message.strip()
+    head = re.split(r": \[\d+/\d+\] ", lines[0], maxsplit=1)[0]
+    diag = next((x for x in lines[1:] if "error:" in x), "") or next((x for x in lines[1:] if "error" in x.lower()), "")
+    return f"{head}: {diag}"[:500] if diag else head[:500]
+
+
 def load_kernels() -> ModuleType:
-    """The compiled kernel module (building it on first use); KernelBuildError if impossible."""
+    """The compiled kernel module (building it on first use); KernelBuildError, with a one-line
+    message, for any failure (sources missing from an install, no compiler, a compile or load
+    error), so that every caller can fall back to plain torch."""
+    global _failure
+    if _failure is not None:
+        raise _failure
+    try:
+        return _load_kernels()
+    except Exception as e:  # noqa: BLE001 (whatever breaks here, the fallback is plain torch, not a crash)
+        log.debug("CPU kernel build failed", exc_info=True)
+        detail = str(e) if isinstance(e, KernelBuildError) else f"the CPU kernels cannot be built: {type(e).__name__}: {e}"
+        _failure = KernelBuildError(_one_line(detail))
+        raise _failure from e
+
+
+@lru_cache(maxsize=1)
+def _load_kernels() -> ModuleType:
     import torch  # noqa: F401  (the extension links against torch's libraries, loaded first)
 
     name = f"opscope_qlinear_{build_key()}"

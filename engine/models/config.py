@@ -3,9 +3,10 @@ families in engine.models.families set on it (Mistral, Qwen2/3, Gemma 2/3, Phi-3
 defaults to Llama behaviour."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
-from engine.errors import UnsupportedModelError
+from engine.errors import InvalidHyperparameters, UnsupportedModelError
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
@@ -18,6 +19,40 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+
+
+MAX_SIZE = 1 << 24
+
+
+def check_hyperparameters(cfg: "ModelConfig") -> None:
+    """Sizes positive and consistent before anything divides by them or allocates from them;
+    InvalidHyperparameters names the field (the loaders add the file)."""
+    def bad(detail: str):
+        raise InvalidHyperparameters(None, detail)
+
+    for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "vocab_size", "max_seq_len"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_SIZE:
+            bad(f"{name} is {v!r}: it must be an integer from 1 to {MAX_SIZE}")
+    if isinstance(cfg.head_dim, bool) or not isinstance(cfg.head_dim, int) or not 0 <= cfg.head_dim <= MAX_SIZE:
+        bad(f"head_dim is {cfg.head_dim!r}: it must be an integer from 1 to {MAX_SIZE}")
+    if cfg.head_dim == 0 and cfg.dim % cfg.n_heads:
+        bad(f"{cfg.n_heads} heads do not divide the width {cfg.dim} (and no head dim is given)")
+    if (cfg.head_dim or cfg.dim // cfg.n_heads) % 2:
+        bad(f"head dim {cfg.head_dim or cfg.dim // cfg.n_heads} is odd; rotary embeddings need an even one")
+    if cfg.n_heads % cfg.n_kv_heads:
+        bad(f"{cfg.n_kv_heads} kv heads do not divide the {cfg.n_heads} query heads")
+    for name in ("norm_eps", "rope_theta", "embed_scale", "attn_scale", "attn_softcap", "final_softcap",
+                 "rope_local_theta"):
+        v = getattr(cfg, name)
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            bad(f"{name} is {v!r}: it must be a finite number ≥ 0")
+    if cfg.rope_theta <= 0:
+        bad(f"rope_theta is {cfg.rope_theta!r}: it must be > 0")
+    if cfg.rope_scaling is not None and not (math.isfinite(cfg.rope_scaling.factor) and cfg.rope_scaling.factor > 0):
+        bad(f"rope scaling factor is {cfg.rope_scaling.factor!r}: it must be a finite number > 0")
+    if any(w < 0 for w in (cfg.sliding_window, *cfg.layer_windows)):
+        bad(f"sliding window is negative ({min((cfg.sliding_window, *cfg.layer_windows))})")
 
 
 @dataclass(frozen=True)
@@ -49,6 +84,7 @@ class ModelConfig:
     rope_local_theta: float = 0.0  # RoPE base of windowed layers, unscaled (Gemma 3); 0 → the global RoPE
 
     def __post_init__(self):
+        check_hyperparameters(self)
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.dim // self.n_heads)
         if self.arch not in SUPPORTED_ARCHS:
@@ -60,9 +96,6 @@ class ModelConfig:
         if self.layer_windows and len(self.layer_windows) != self.n_layers:
             raise UnsupportedModelError(f"layer_windows has {len(self.layer_windows)} entries for "
                                         f"{self.n_layers} layers")
-        bad = {k: v for k, v in self.shape_fields().items() if not 0 < v <= 1 << 24}
-        if bad or self.n_heads % self.n_kv_heads:
-            raise UnsupportedModelError(f"model config has impossible sizes: {bad or self.shape_fields()}")
 
     def shape_fields(self) -> dict[str, int]:
         return {"dim": self.dim, "n_layers": self.n_layers, "n_heads": self.n_heads,

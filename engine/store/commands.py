@@ -1,4 +1,4 @@
-"""`opscope runs ...`: list, show, compare, delete, tag, rename, notes, export saved runs.
+"""`opscope runs ...`: list, show, compare, roofline, delete, tag, rename, notes, export, push saved runs.
 
 Runs are addressed by id or unique name. The database is the root parser's ``--db`` (default: see
 engine.store.db). ``runs compare`` with no runs compares the two latest completed runs of the same
@@ -14,16 +14,27 @@ import json
 import sys
 from pathlib import Path
 
+from engine.cli_args import positive_int
 from engine.errors import ConfigError
 
 REGRESSION_EXIT_CODE = 1
 UNDECIDED_EXIT_CODE = 3
 
 
-def _open_store(args: argparse.Namespace):
+def open_store(url: str | None, write: bool = False):
+    """The run store for a command. Only a command that saves new runs (``write``) creates a missing
+    SQLite store, and says so on stderr; the others raise db.StoreMissingError, creating nothing."""
+    from engine.cli_args import stderr_line
     from engine.store import RunStore
 
-    return RunStore.open(getattr(args, "db", None))
+    store = RunStore.open(url, create=write)
+    if store.created:
+        stderr_line(f"created run store {store.location}")
+    return store
+
+
+def _open_store(args: argparse.Namespace):
+    return open_store(getattr(args, "db", None))
 
 
 def _write(text: str, output: str | None) -> None:
@@ -39,7 +50,17 @@ def _write(text: str, output: str | None) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     from engine.store.views import list_dicts, list_text
 
-    with _open_store(args) as store:
+    from engine.store.db import StoreMissingError
+
+    try:
+        store = _open_store(args)
+    except StoreMissingError as e:  # reading creates nothing: say where the runs would be
+        note = f"no saved runs: no run store at {e.path} yet (`opscope bench SUITE` creates it)"
+        _write("[]\n" if args.format == "json" else note + "\n", None)
+        if args.format == "json":
+            print(note, file=sys.stderr)
+        return 0
+    with store:
         runs = store.list(kind=args.kind, status=args.status, tag=args.tag, name_contains=args.name,
                           limit=args.limit)
     _write(json.dumps(list_dicts(runs), indent=2) + "\n" if args.format == "json" else list_text(runs), None)
@@ -139,6 +160,36 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_roofline(args: argparse.Namespace) -> int:
+    from engine.bench import roofline
+
+    with _open_store(args) as store:
+        roof = roofline.from_run(store.load(args.run).result)
+    if args.out:
+        suffix = Path(args.out).suffix.lower()
+        if suffix == ".svg":
+            _write(roofline.svg(roof), args.out)
+        elif suffix == ".png":
+            roofline.png(roof, args.out)
+        else:
+            raise ConfigError(f"--out {args.out}: give a .svg or .png file name")
+    _write(json.dumps(roof.as_dict(), indent=2) + "\n" if args.format == "json" else roofline.text(roof), None)
+    if args.out:
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from engine.store.push import push_runs
+
+    with _open_store(args) as source, open_store(args.to, write=True) as target:
+        report = push_runs(source, args.runs, target)
+    for line in report.lines():
+        print(line)
+    print(report.summary())
+    return 0
+
+
 def _percent(text: str) -> float:
     try:
         value = float(text)
@@ -181,6 +232,13 @@ def _add_manage(sub) -> None:
     p.add_argument("--format", choices=("json", "csv"), default="json")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     p.set_defaults(func=cmd_export)
+    p = sub.add_parser("push", help="copy runs to another store (a team's PostgreSQL URL or SQLite file)",
+                       description="Copy runs, with all their data, names and times, from this store (--db) "
+                                   "to the store at --to. Runs whose name the target already has are skipped.")
+    p.add_argument("runs", nargs="*", metavar="RUN", help="run ids or names (default: every finished run)")
+    p.add_argument("--to", required=True, metavar="URL",
+                   help="target store: postgresql+psycopg://user@host/db, sqlite:///path or a file path")
+    p.set_defaults(func=cmd_push)
 
 
 def _add_compare(sub) -> None:
@@ -207,12 +265,18 @@ def register(subparsers) -> None:
     p.add_argument("--status", choices=("running", "completed", "failed", "aborted"))
     p.add_argument("--tag", help="only runs with this tag")
     p.add_argument("--name", help="only runs whose name contains this")
-    p.add_argument("--limit", type=int, help="at most this many")
+    p.add_argument("--limit", type=positive_int, help="at most this many")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_list)
     p = sub.add_parser("show", help="one run: metrics with statistics, settings, fingerprint")
     p.add_argument("run", metavar="RUN", help="run id or name")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_show)
+    p = sub.add_parser("roofline", help="an llm/matmul/attention run's points against the compute and "
+                                         "bandwidth ceilings (FLOP/byte)")
+    p.add_argument("run", metavar="RUN", help="run id or name")
+    p.add_argument("--out", metavar="FILE", help="also draw it: FILE.svg (always), FILE.png (needs matplotlib)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_roofline)
     _add_compare(sub)
     _add_manage(sub)

@@ -222,6 +222,9 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = json.dumps(value, sort_keys=True, default=str) if isinstance(value, (list, dict)) else value
 
 
+DERIVED_SETTINGS = (".suite_params.roofline.", ".suite_params.energy")
+
+
 def differences(runs: Sequence[StoredRun]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
     """Settings and fingerprint fields whose values are not the same in every run (None = absent)."""
     flat = []
@@ -232,9 +235,11 @@ def differences(runs: Sequence[StoredRun]) -> tuple[tuple[str, tuple[Any, ...]],
         flat.append(fields)
     keys = list(dict.fromkeys(k for f in flat for k in f))
     diffs = {k: tuple(f.get(k) for f in flat) for k in keys if len({repr(f.get(k)) for f in flat}) > 1}
-    # a fingerprint may embed the settings it was taken with: say each difference once
+    # a fingerprint may embed the settings it was taken with: say each difference once; derived
+    # bookkeeping (the roofline's work per token follows from the model and its settings) is no setting
     return tuple((k, v) for k, v in diffs.items()
-                 if not (k.startswith("fingerprint.settings.") and diffs.get(k[len("fingerprint."):]) == v))
+                 if not (k.startswith("fingerprint.settings.") and diffs.get(k[len("fingerprint."):]) == v)
+                 and not any(part in k for part in DERIVED_SETTINGS))
 
 
 def _peak_notes(by_key: dict[tuple[str, str, str], list[Metric | None]]) -> list[str]:

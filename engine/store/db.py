@@ -52,6 +52,68 @@ def display_url(url: str) -> str:
         return url
 
 
+class StoreMissingError(StoreError):
+    """A command that only reads found no SQLite store at its path; it creates none."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        super().__init__(f"no run store at {path} yet (nothing saved there): `opscope bench SUITE` creates it, "
+                         f"or pass --db")
+
+
+def location(url: str) -> str:
+    """Where a store is, for people: a SQLite file's path, else the URL without its password."""
+    try:
+        path = _sqlite_file(url)
+    except ArgumentError:
+        path = None
+    return str(path) if path is not None else display_url(url)
+
+
+def missing_sqlite_file(url: str) -> Path | None:
+    """The SQLite file ``url`` names when it does not exist yet (None: it exists, or not SQLite)."""
+    try:
+        path = _sqlite_file(url)
+    except ArgumentError:
+        return None
+    return path if path is not None and not path.exists() else None
+
+
+# SQLite's own words for the failures people meet → what to do about them.
+_SQLITE_HINTS = (
+    ("readonly database", "the file is read-only: make it writable or pass another --db"),
+    ("unable to open database file", "cannot open or create the file: its folder must exist and be writable; "
+                                     "or pass another --db"),
+    ("file is not a database", "the file is not a SQLite database, or is corrupt: move it away (a new store "
+                               "is then created) or pass another --db"),
+    ("malformed", "the database is corrupt: move it away (a new store is then created) or pass another --db"),
+    ("disk is full", "the disk is full (or a file-size limit was reached): free some space and retry"),
+    ("disk i/o error", "the disk failed to read or write it (full, or a file-size limit?): free some space "
+                       "and retry"),
+    ("database is locked", "another process holds it locked: retry when it is done"),
+)
+
+
+def db_error_reason(e: BaseException) -> str:
+    """The database's message in one line, without the SQL statement and its parameters (they stay
+    on the exception, shown by --debug), and what to do when it is a failure people meet."""
+    if isinstance(e, OSError):
+        message = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+    else:
+        message = str(getattr(e, "orig", None) or e).split("\n")[0]
+        message = message.split(" [SQL:")[0].split(" (Background on this error")[0].strip()
+    for needle, hint in _SQLITE_HINTS:
+        if needle in message.lower():
+            return f"{hint} ({message})"
+    return message
+
+
+def store_error(url: str, what: str, e: BaseException) -> StoreError:
+    """One line for a failed store operation: where, what, why, what to do."""
+    log.debug("run store %s: cannot %s", display_url(url), what, exc_info=e)
+    return StoreError(f"run store {location(url)}: cannot {what}: {db_error_reason(e)}")
+
+
 def _sqlite_file(url: str) -> Path | None:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
@@ -80,16 +142,27 @@ def _tune_sqlite(engine: Engine, is_file: bool) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def create_db_engine(url: str) -> Engine:
-    """An Engine for ``url`` (already resolved), with SQLite tuned; the database is not touched."""
+def create_db_engine(url: str, create: bool = True) -> Engine:
+    """An Engine for ``url`` (already resolved), with SQLite tuned; the database is not touched.
+    ``create=False`` (commands that only read): a missing SQLite file raises StoreMissingError and
+    nothing is created; else its folder is made as needed."""
     try:
         sqlite_path = _sqlite_file(url)
         is_sqlite = make_url(url).get_backend_name() == "sqlite"
-        if sqlite_path is not None:
+    except ArgumentError as e:
+        raise StoreError(f"cannot open run database {display_url(url)}: {e}; "
+                         f"pass a SQLAlchemy URL or a file path with --db") from e
+    if sqlite_path is not None and not sqlite_path.exists():
+        if not create:
+            raise StoreMissingError(sqlite_path)
+        try:
             sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise store_error(url, f"create its folder {sqlite_path.parent}", e) from e
+    try:
         connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S} if is_sqlite else {}
         engine = create_engine(url, connect_args=connect_args)
-    except (ArgumentError, SQLAlchemyError, ImportError, OSError) as e:
+    except (ArgumentError, SQLAlchemyError, ImportError) as e:
         raise StoreError(f"cannot open run database {display_url(url)}: {e}; "
                          f"pass a SQLAlchemy URL or a file path with --db") from e
     if is_sqlite:
@@ -141,4 +214,4 @@ def migrate(engine: Engine, revision: str = "head") -> None:
         raise StoreError(f"run database {display_url(str(engine.url))} has a schema this OpScope does "
                          f"not know ({e}); upgrade OpScope or use another --db") from e
     except SQLAlchemyError as e:
-        raise StoreError(f"cannot migrate run database {display_url(str(engine.url))}: {e}") from e
+        raise store_error(str(engine.url), "open it", e) from e

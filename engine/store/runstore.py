@@ -59,15 +59,20 @@ class RunStore:
         self.url = url
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._open_runs: set[int] = set()  # begun here, not finished yet
+        self.created = False  # set by open(): this process created the SQLite file
 
     @classmethod
-    def open(cls, url: str | os.PathLike | None = None) -> RunStore:
-        """Open (creating or migrating as needed) the database at ``url``; see engine.store.db."""
+    def open(cls, url: str | os.PathLike | None = None, create: bool = True) -> RunStore:
+        """Open (creating or migrating as needed) the database at ``url``; see engine.store.db.
+        ``create=False``: a missing SQLite file raises db.StoreMissingError instead of being created.
+        ``store.created`` says whether this call created the SQLite file."""
         resolved = db.resolve_url(url)
-        engine = db.create_db_engine(resolved)
+        created = db.missing_sqlite_file(resolved) is not None
+        engine = db.create_db_engine(resolved, create=create)
         try:
             db.migrate(engine)
             store = cls(engine, resolved)
+            store.created = created
             store.abort_stale_runs()
         except BaseException:
             engine.dispose()
@@ -89,6 +94,11 @@ class RunStore:
     def display_url(self) -> str:
         return db.display_url(self.url)
 
+    @property
+    def location(self) -> str:
+        """A SQLite store's file path, else its URL without the password."""
+        return db.location(self.url)
+
     @contextmanager
     def _transaction(self, what: str) -> Iterator[Session]:
         """A session in one committed transaction; database failures become StoreError."""
@@ -96,7 +106,7 @@ class RunStore:
             with self._sessions() as session, session.begin():
                 yield session
         except SQLAlchemyError as e:
-            raise StoreError(f"run store {self.display_url}: cannot {what}: {e}") from e
+            raise db.store_error(self.url, what, e) from e
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -144,6 +154,16 @@ class RunStore:
             s.add(row)
             s.flush()
             return row.id
+
+    def import_run(self, stored: StoredRun) -> int:
+        """Insert a run read from another store as it was: same name, status, times, quality and data
+        (``opscope runs push``). The name must be free here; the caller decides what to skip."""
+        info, result = stored.info, stored.result
+        row = self._insert_named(result, info.status, validate_name(info.name))
+        with self._transaction(f"keep the times of run {info.name!r}") as s:
+            copied = s.get(RunRow, row)
+            copied.created_at, copied.finished_at, copied.quality = info.created_at, info.finished_at, info.quality
+        return row
 
     def _running_row(self, s: Session, run_id: int) -> RunRow:
         row = s.get(RunRow, run_id)

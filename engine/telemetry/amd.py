@@ -93,11 +93,16 @@ class AmdSmiSource(Source):
             "proc_mem_bytes": self._proc_mem(h),
         }
 
+    def set_pids(self, pids: set[int]) -> None:
+        """Sum the GPU memory of ``pids`` from the next tick on (empty: N/A); see NvmlSource.set_pids."""
+        self.pids = frozenset(pids)
+
     def _proc_mem(self, h: Any) -> Any:
-        procs = self._query("amdsmi_get_gpu_process_list", h)
+        pids = self.pids
+        procs = self._query("amdsmi_get_gpu_process_list", h) if pids else NA
         if procs is NA:
             return NA
-        return sum(to_float(p.get("mem", 0)) for p in procs if p.get("pid") in self.pids)
+        return sum(to_float(p.get("mem", 0)) for p in procs if p.get("pid") in pids)
 
 
 def _power(info: dict) -> Any:

@@ -18,19 +18,21 @@ MONITOR_HISTORY_S = 60.0  # the monitor shows the latest values only; keep its r
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from engine import cli_args as check
+
     p = subparsers.add_parser(
         "monitor", help="live GPU/host telemetry table (like nvidia-smi dmon)",
         description="Show GPU (NVML, amdsmi) and host (CPU, RAM, a process) telemetry live. "
                     "Ctrl-C stops.")
-    p.add_argument("--interval", type=float, default=1000.0, metavar="MS",
+    p.add_argument("--interval", type=check.telemetry_interval_ms(), default=1000.0, metavar="MS",
                    help="sampling interval in ms, 20..60000 (default 1000)")
-    p.add_argument("--duration", type=float, default=None, metavar="S",
+    p.add_argument("--duration", type=check.positive_seconds, default=None, metavar="S",
                    help="stop after S seconds (default: run until Ctrl-C)")
     p.add_argument("--csv", type=Path, default=None, metavar="FILE",
                    help="also write every sample to FILE as CSV")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object per sample (JSON Lines) instead of the table")
-    p.add_argument("--pid", type=int, default=None,
+    p.add_argument("--pid", type=check.positive_int, default=None,
                    help="process whose RSS, CPU %% and GPU memory to show (default: the monitor)")
     p.add_argument("--no-pcie", action="store_true",
                    help="skip NVML PCIe throughput (each read blocks ~20 ms in the driver)")
@@ -55,8 +57,11 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         out.notes(sampler.sources)
         sink = CsvSink(args.csv, sampler.units) if args.csv else None
         _loop(sampler, snapshots, out, sink, args.duration)
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt as e:  # Ctrl-C is how the monitor stops; SIGTERM still ends with 143
+        from engine.cli_args import Terminated
+
+        if isinstance(e, Terminated):
+            raise
     except BrokenPipeError:  # `opscope monitor | head`: the reader left; not an error
         _silence_stdout()
     finally:

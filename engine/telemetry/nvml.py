@@ -157,6 +157,11 @@ class NvmlSource(Source):
                              "lost": not usable})
         self._handles.append(handle if usable else None)
 
+    def set_pids(self, pids: set[int]) -> None:
+        """Sum the GPU memory of ``pids`` from the next tick on (the GUI: the engine worker's pid, which
+        changes when the worker restarts; empty: no process, ``proc_mem_bytes`` reads N/A)."""
+        self.pids = frozenset(pids)
+
     def close(self) -> None:
         self.nvml.shutdown()
         super().close()
@@ -220,9 +225,12 @@ class NvmlSource(Source):
         return value
 
     def _proc_mem(self, procs: Any) -> Any:
+        pids = self.pids  # one read: the GUI thread may swap the set between ticks
         if procs is NA or procs is GPU_LOST:
             return procs
-        used = [p.usedGpuMemory for p in procs if p.pid in self.pids]
+        if not pids:
+            return NA
+        used = [p.usedGpuMemory for p in procs if p.pid in pids]
         if any(u is None for u in used):  # WDDM (Windows) does not report per-process memory
             return NA
         return sum(used)
@@ -258,3 +266,4 @@ _REASON_BITS: tuple[tuple[int, str], ...] = (
     (0x1, "idle"), (0x2, "app_clk"), (0x4, "sw_pwr"), (0x8, "hw_slow"), (0x10, "sync_boost"),
     (0x20, "sw_therm"), (0x40, "hw_therm"), (0x80, "pwr_brake"), (0x100, "display"),
 )
+REASON_BITS = _REASON_BITS  # (bit, short name) of every clock-event (throttle) reason, for plots

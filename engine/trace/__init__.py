@@ -21,6 +21,8 @@ _EXPORTS = {
     "Finding": "engine.trace.findings", "render_text": "engine.trace.render",
     "chrome_trace": "engine.trace.export", "write_chrome_trace": "engine.trace.export",
     "write_jsonl": "engine.trace.export", "plant": "engine.trace.variants", "VARIANTS": "engine.trace.variants",
+    "trace_script": "engine.trace.script", "ScriptSpec": "engine.trace.script", "parse_command": "engine.trace.script",
+    "script_report": "engine.trace.script_cli", "HealthOptions": "engine.trace.health",
 }
 __all__ = sorted(_EXPORTS)
 

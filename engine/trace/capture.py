@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import gc
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -58,6 +60,7 @@ class TraceResult:
     start_ns: int = 0
     end_ns: int = 0
     device_timed: int = 0  # ops with a CUDA device time
+    step_unit: str = "token"  # what ends a step: a generated token, or a step of a user's script
 
     @property
     def tokens(self) -> int:
@@ -117,6 +120,7 @@ class Tracer(TorchDispatchMode):
         self._unsubscribe = None
         self._gc_was_enabled = True
         self.start_ns = self.end_ns = self.device_timed = 0
+        self._suspended = False
 
     # -- region -----------------------------------------------------------------------------
     def __enter__(self):
@@ -153,6 +157,17 @@ class Tracer(TorchDispatchMode):
         self.token_ns.append(now_ns() if t_ns is None else t_ns)
         self.step += 1
 
+    mark_step = mark_token  # a user's script: each step (opscope.step(), optimizer.step()) ends one
+
+    @contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Ops run inside are not recorded: the trace's own bookkeeping (training-health reads)."""
+        was, self._suspended = self._suspended, True
+        try:
+            yield
+        finally:
+            self._suspended = was
+
     def result(self) -> TraceResult:
         return TraceResult(self.options, self.events, self.stats, self.dropped, self.markers,
                            self.token_ns, self.start_ns, self.end_ns, self.device_timed)
@@ -163,7 +178,7 @@ class Tracer(TorchDispatchMode):
         info = self._op_info.get(func)
         if info is None:
             info = self._learn(func)
-        if info is _IGNORE:
+        if info is _IGNORE or self._suspended:
             return func(*args, **kwargs)
         timer = self._timer
         start = timer.start() if timer is not None else None

@@ -1,16 +1,22 @@
 """`opscope trace "prompt" --tokens 8 [--variant ...] [--out trace.json] [--jsonl events.jsonl] [--json]`
+`opscope trace [--target cuda] [--telemetry MS] -- python SCRIPT [ARGS]` (or `-- python -m MODULE [ARGS]`)
+`opscope trace diff A B` (engine.trace.script_cli)
 
 Prints the placement report of one generation. ``--device meta`` loads the model on the CPU and
 traces a stand-in copy on the meta device under FakeTensorMode: an accelerator's op stream and
-placement (not its times or values) on a machine without one.
+placement (not its times or values) on a machine without one. With ``-- python SCRIPT [ARGS]``
+(or ``-- python -m MODULE``) it traces your own script instead: its steps, placement and training
+health, saved as a run; ``diff A B`` compares two saved script traces (docs/trace.md).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from engine import cli_args as check
 from engine.cli_common import add_model_args
 from engine.errors import ConfigError
+from engine.trace.script_cli import add_script_args, cmd_diff, cmd_script, is_python
 
 SIMULATED_DEVICES = ("meta",)
 HOST_TARGET_NOTE = ("the target is the host (cpu), so a fallback to the CPU cannot show; run with "
@@ -22,8 +28,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("trace", help="trace every tensor op of a generation with its device; print the placement report",
                        description=__doc__.split("\n\n")[1])
-    p.add_argument("prompt", nargs="?", default="The capital of France is")
-    p.add_argument("--tokens", type=int, default=8, help="tokens to generate (greedy, EOS ignored)")
+    p.add_argument("prompt", nargs="*", type=check.utf8_text, default=None,
+                   help="the prompt; or `-- python SCRIPT [ARGS]` to trace your own script; or `diff A B`")
+    p.add_argument("--tokens", type=check.positive_int, default=8, help="tokens to generate (greedy, EOS ignored)")
     add_model_args(p)
     p.add_argument("--variant", choices=VARIANTS, default=CLEAN, help="planted-bug model variant")
     p.add_argument("--out", type=Path, default=None, help="write a Chrome trace / Perfetto JSON here")
@@ -31,8 +38,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--source", choices=("off", "findings", "all"), default="findings",
                    help="source lines: none, only for ops off the target (default), or for every op")
-    p.add_argument("--max-events", type=int, default=200_000, help="events stored (counts stay exact past it)")
+    p.add_argument("--max-events", type=check.count, default=200_000, help="events stored (counts stay exact past it)")
     p.add_argument("--hooks", choices=("model", "global"), default="model", help="module-path hooks")
+    add_script_args(p)
     p.set_defaults(func=cmd_trace)
 
 
@@ -68,6 +76,16 @@ def _load(args):
 
 
 def cmd_trace(args) -> int:
+    words = list(args.prompt or [])
+    if words[:1] == ["diff"]:
+        return cmd_diff(args, words[1:])
+    if len(words) > 1 and is_python(words[0]):
+        return cmd_script(args, words)
+    args.prompt = " ".join(words) if words else "The capital of France is"
+    return cmd_model_trace(args)
+
+
+def cmd_model_trace(args) -> int:
     from engine.generate import GenerationConfig
     from engine.trace.export import write_chrome_trace, write_jsonl
     from engine.trace.render import render_text

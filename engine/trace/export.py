@@ -85,11 +85,13 @@ def _engine_events(result: TraceResult) -> list[dict]:
             open_at[key] = m.t_ns
         elif key in open_at:
             t0 = open_at.pop(key)
-            out.append({"ph": "X", "name": m.phase, "cat": "phase", "ts": _us(t0, start),
+            name = str(m.attrs.get("region", m.phase))  # a user's opscope.region("name") shows by its name
+            out.append({"ph": "X", "name": name, "cat": "phase", "ts": _us(t0, start),
                         "dur": max(_us(m.t_ns, t0), 0.001), "pid": ENGINE_PID, "tid": OPS_TID,
                         "args": {k: str(v) for k, v in m.attrs.items()}})
     for i, t in enumerate(result.token_ns):
-        out.append({"ph": "i", "s": "p", "name": f"token {i}", "cat": "token", "ts": _us(t, start),
+        unit = result.step_unit
+        out.append({"ph": "i", "s": "p", "name": f"{unit} {i}", "cat": unit, "ts": _us(t, start),
                     "pid": ENGINE_PID, "tid": TOKENS_TID})
     return out
 

@@ -18,7 +18,7 @@ from engine.trace.events import D2H, FALLBACK, H2D, MIXED, SYNC, TRANSFER, Trace
 from engine.trace.modstack import ROOT
 
 STORM = "storm"
-_ENGINE_SCOPES = ("", ROOT)  # outside the model, or the model's own forward: the engine's I/O
+_ENGINE_LOOP = "(engine loop, outside the model)"
 
 
 @dataclass(frozen=True)
@@ -46,31 +46,48 @@ def decode_bytes(group: Group, tokens: int) -> float:
     return group.bytes_moved / max(len(group.steps), 1)
 
 
-def engine_io_groups(stats: TraceStats, tokens: int) -> tuple[set, list[str]]:
+@dataclass(frozen=True)
+class IoPolicy:
+    """What a step may move without a finding: per slot (H2D, D2H, "sync") a name and a count per
+    step, from code outside any module in ``scopes``. ``any_size_h2d``: uploads of any size are
+    accepted every step (a training loop's batches), not only in step 0 (a prompt)."""
+
+    names: dict
+    capacity: dict
+    scopes: tuple = ("", ROOT)
+    any_size_h2d: bool = False
+
+
+GENERATION_IO = IoPolicy({H2D: "input id H2D", D2H: "sampled id D2H", "sync": "sampled id read"},
+                         {H2D: 1, D2H: 1, "sync": 1})
+# A script's loop: a few batch tensors uploaded and one value (the loss) read back per step.
+SCRIPT_IO = IoPolicy({H2D: "input batch H2D", D2H: "value read D2H", "sync": "value read (loss or metric)"},
+                     {H2D: 4, D2H: 1, "sync": 1}, scopes=("",), any_size_h2d=True)
+
+
+def engine_io_groups(stats: TraceStats, tokens: int, policy: IoPolicy = GENERATION_IO) -> tuple[set, list[str]]:
     """Keys of the groups accepted as the engine's needed I/O, and a line describing each."""
     accepted, lines = set(), []
     used: dict[str, Counter] = defaultdict(Counter)  # slot → count per step
     for key, group in sorted(stats.groups.items(), key=lambda kv: kv[1].first_seq):
-        slot = _io_slot(group, stats.tiny_bytes)
-        if slot is None or any(used[slot][s] + c > 1 for s, c in group.steps.items()):
+        slot = _io_slot(group, stats.tiny_bytes, policy)
+        cap = policy.capacity.get(slot, 0)
+        if slot is None or any(used[slot][s] + c > cap for s, c in group.steps.items()):
             continue
         used[slot].update(group.steps)
         if group.blocking or (group.kind == SYNC and group.direction == D2H):
             used["sync"].update(group.steps)  # a blocking read is also the step's one sync
         accepted.add(key)
-        lines.append(f"{_IO_NAMES[slot]}: {group.count}× {_ops_text(group)} at {group.source or '?'}")
+        lines.append(f"{policy.names[slot]}: {group.count}× {_ops_text(group)} at {group.source or '?'}")
     return accepted, lines
 
 
-_IO_NAMES = {H2D: "input id H2D", D2H: "sampled id D2H", "sync": "sampled id read"}
-
-
-def _io_slot(group: Group, tiny_bytes: int) -> str | None:
+def _io_slot(group: Group, tiny_bytes: int, policy: IoPolicy) -> str | None:
     """Which needed I/O a group could be: only outside the model, and after the prompt upload
     (step 0, any size) only a few ids' worth of bytes per copy (logits or activations are not)."""
-    if group.module not in _ENGINE_SCOPES:
+    if group.module not in policy.scopes:
         return None
-    prompt_upload = group.direction == H2D and set(group.steps) == {0}
+    prompt_upload = group.direction == H2D and (policy.any_size_h2d or set(group.steps) == {0})
     if not prompt_upload and group.bytes_moved > tiny_bytes * max(group.count, 1):
         return None
     if group.direction in (H2D, D2H) and group.kind in (TRANSFER, SYNC):
@@ -78,18 +95,19 @@ def _io_slot(group: Group, tiny_bytes: int) -> str | None:
     return "sync" if group.kind == SYNC else None
 
 
-def build_findings(stats: TraceStats, opts: TraceOptions, tokens: int, accepted: set) -> list[Finding]:
-    storms, absorbed = _storms(stats, opts, tokens)
+def build_findings(stats: TraceStats, opts: TraceOptions, tokens: int, accepted: set,
+                   unit: str = "token") -> list[Finding]:
+    storms, absorbed = _storms(stats, opts, tokens, unit)
     rest = [g for k, g in stats.groups.items()
             if k not in accepted and (g.module, g.source) not in absorbed]
-    findings = storms + [_merged_finding(gs, opts.target, tokens) for gs in _merge(rest)]
+    findings = storms + [_merged_finding(gs, opts.target, tokens, unit) for gs in _merge(rest)]
     return sorted(findings, key=lambda f: (_SEVERITY[f.severity], -f.evidence.get("host_ms", 0.0)))
 
 
 _SEVERITY = {"high": 0, "medium": 1, "low": 2}
 
 
-def _storms(stats: TraceStats, opts: TraceOptions, tokens: int) -> tuple[list[Finding], set]:
+def _storms(stats: TraceStats, opts: TraceOptions, tokens: int, unit: str) -> tuple[list[Finding], set]:
     per_place: dict[tuple, Counter] = defaultdict(Counter)  # (pattern, source) → step → count
     for (step, _kind, pattern, source), n in stats.tiny.items():
         per_place[(pattern, source)][step] += n
@@ -97,17 +115,18 @@ def _storms(stats: TraceStats, opts: TraceOptions, tokens: int) -> tuple[list[Fi
     findings = []
     for (pattern, source), steps in hot.items():
         groups = [g for g in stats.groups.values() if (g.module, g.source) == (pattern, source)]
-        findings.append(_storm_finding(pattern, source, steps, groups, opts.target, tokens))
+        findings.append(_storm_finding(pattern, source, steps, groups, opts.target, tokens, unit))
     return findings, set(hot)
 
 
-def _storm_finding(pattern, source, steps: Counter, groups: list[Group], target, tokens) -> Finding:
+def _storm_finding(pattern, source, steps: Counter, groups: list[Group], target, tokens, unit) -> Finding:
     where = source or "an unknown line (trace with source lines on)"
-    what = ", ".join(f"{_kind_text(g)} ×{decode_rate(g, tokens):g}/token" for g in groups)
-    ev = _evidence(groups, tokens)
+    what = ", ".join(f"{_kind_text(g)} ×{decode_rate(g, tokens):g}/{unit}" for g in groups)
+    mod = _mod_text((pattern,)) if unit == "token" or pattern else "(script, outside any module)"
+    ev = _evidence(groups, tokens, unit)
     ev.update(max_per_step=max(steps.values()), steps_with_storm=len(steps))
     return Finding(
-        STORM, "high", f"{_mod_text((pattern,))}: {max(steps.values())} tiny transfers/syncs in one step "
+        STORM, "high", f"{mod}: {max(steps.values())} tiny transfers/syncs in one step "
         f"at {where} ({what}): a per-element loop",
         (pattern,), (source,) if source else (), ev,
         f"replace the per-element Python loop at {where} with one tensor op on {target} "
@@ -126,18 +145,20 @@ def _merge(groups: list[Group]) -> list[list[Group]]:
     return [sorted(gs, key=lambda g: g.first_seq) for gs in by_sources.values()]
 
 
-def _merged_finding(groups: list[Group], target: str, tokens: int) -> Finding:
+def _merged_finding(groups: list[Group], target: str, tokens: int, unit: str) -> Finding:
     kinds = {g.kind for g in groups}
     kind = next(k for k in (FALLBACK, MIXED, TRANSFER, SYNC) if k in kinds)
     patterns = tuple(dict.fromkeys(g.module for g in groups))
     sources = tuple(dict.fromkeys(g.source for g in groups if g.source))
-    ev = _evidence(groups, tokens)
+    ev = _evidence(groups, tokens, unit)
     title, fix = _TEXT[kind](groups, patterns, target, ev)
+    if unit != "token":  # the texts below speak of a generation's tokens; a script's steps read the same
+        title = title.replace(" per token", f" per {unit}").replace(_ENGINE_LOOP, "(script, outside any module)")
     severity = "high" if kind in (FALLBACK, MIXED) or ev["count_per_token"] > 2 else "medium"
     return Finding(kind, severity, title, patterns, sources, ev, fix)
 
 
-def _evidence(groups: list[Group], tokens: int) -> dict:
+def _evidence(groups: list[Group], tokens: int, unit: str = "token") -> dict:
     ops: Counter = Counter()
     for g in groups:
         ops.update(g.ops)
@@ -157,11 +178,11 @@ def _evidence(groups: list[Group], tokens: int) -> dict:
         "devices": sorted({d for g in groups for d in g.devices}),
         "modules": len(modules), "module_examples": modules[:4],
         "bytes_per_token": round(sum(decode_bytes(g, tokens) for g in groups)),
-        "lines": _lines(groups, tokens),
+        "lines": _lines(groups, tokens, unit),
     }
 
 
-def _lines(groups: list[Group], tokens: int) -> list[str]:
+def _lines(groups: list[Group], tokens: int, unit: str = "token") -> list[str]:
     """One line per source line and kind, over all module patterns: where, what, how often."""
     per_line: dict[tuple, list[Group]] = defaultdict(list)
     for g in groups:
@@ -173,7 +194,7 @@ def _lines(groups: list[Group], tokens: int) -> list[str]:
             ops.update(g.ops)
         names = ", ".join(op.split(".")[1] for op, _ in ops.most_common(5))
         rate = sum(decode_rate(g, tokens) for g in gs)
-        out.append(f"{source or '?'}: {kind} {direction}".rstrip() + f" ({names}) {rate:g}/token, {sum(g.count for g in gs)} in all")
+        out.append(f"{source or '?'}: {kind} {direction}".rstrip() + f" ({names}) {rate:g}/{unit}, {sum(g.count for g in gs)} in all")
     return out
 
 
@@ -235,7 +256,7 @@ def _kib(n: float) -> str:
 
 
 def _mod_text(patterns) -> str:
-    names = [p if p not in ("",) else "(engine loop, outside the model)" for p in patterns]
+    names = [p if p not in ("",) else _ENGINE_LOOP for p in patterns]
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 

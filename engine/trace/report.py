@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from engine.trace.aggregate import Group, TraceStats
 from engine.trace.capture import TraceResult
 from engine.trace.events import DIRECTIONS, FALLBACK, KINDS, MIXED, ON_TARGET, SYNC, TRANSFER
-from engine.trace.findings import Finding, build_findings, decode_rate, engine_io_groups
+from engine.trace.findings import GENERATION_IO, Finding, IoPolicy, build_findings, decode_rate, engine_io_groups
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class PlacementReport:
     expected: list[str] = field(default_factory=list)  # engine I/O accepted as needed
     notes: list[str] = field(default_factory=list)
     source_lines: str = "findings"
+    unit: str = "token"  # what a step is: a generated token, or a step of a user's script
 
     @property
     def clean(self) -> bool:
@@ -72,12 +73,15 @@ class PlacementReport:
         return d
 
 
-def build_report(result: TraceResult, notes: list[str] | None = None) -> PlacementReport:
+def build_report(result: TraceResult, notes: list[str] | None = None, *, unit: str = "token",
+                 io: IoPolicy = GENERATION_IO) -> PlacementReport:
+    """``unit``/``io``: "token" and the engine's I/O for a generation; a script's trace passes
+    "step" and engine.trace.findings.SCRIPT_IO."""
     stats, opts = result.stats, result.options
     tokens = result.tokens
     decode_steps = max(tokens - 1, 0)
-    expected_keys, expected = engine_io_groups(stats, tokens)
-    findings = build_findings(stats, opts, tokens, expected_keys)
+    expected_keys, expected = engine_io_groups(stats, tokens, io)
+    findings = build_findings(stats, opts, tokens, expected_keys, unit)
     use_device = bool(stats.kind_device_ns)
     times = stats.kind_device_ns if use_device else stats.kind_host_ns
     total_time = sum(times.values()) or 1
@@ -92,7 +96,7 @@ def build_report(result: TraceResult, notes: list[str] | None = None) -> Placeme
         syncs=stats.syncs_total(), syncs_per_token=_syncs_per_token(stats, tokens),
         fallbacks=[_row(g, tokens) for g in _sorted(stats, (FALLBACK,))],
         off_target_groups=[_row(g, tokens) for g in _sorted(stats, (TRANSFER, SYNC, MIXED))],
-        findings=findings, expected=expected, notes=list(notes or []), source_lines=opts.source,
+        findings=findings, expected=expected, notes=list(notes or []), source_lines=opts.source, unit=unit,
     )
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 _TORCH_DIR = ""
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__))
 # The capture's own files; the rest of engine/trace (the planted bugs, notably) is user code.
-_MACHINERY = frozenset(os.path.join(_THIS_DIR, name) for name in (
-    "capture.py", "source.py", "modstack.py", "simulate.py", "devtime.py"))
+_MACHINERY = frozenset([os.path.join(_THIS_DIR, name) for name in (
+    "capture.py", "source.py", "modstack.py", "simulate.py", "devtime.py", "health.py", "script.py")]
+                       + [os.path.join(os.path.dirname(_THIS_DIR), "userapi.py")])
 _skip_cache: dict[str, bool] = {}
 
 

@@ -21,6 +21,7 @@ SUITES: dict[str, str] = {
     "train-step": "train_step",
     "scaling": "scaling",
     "peers": "peers",
+    "crossover": "crossover",
 }
 
 

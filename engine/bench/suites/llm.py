@@ -44,6 +44,21 @@ def _suffix(depth: int) -> str:
     return f"@d{depth}" if depth else ""
 
 
+def pp_work(lm, n: int, depth: int, dtype: str) -> dict[str, float]:
+    """FLOP and bytes per token of ppN@dD (engine.bench.roofline): weights read once per pass."""
+    cfg = lm.config
+    read = M.weight_bytes_per_step(lm.model) + M.kv_bytes_per_position(cfg, DTYPE_BYTES[dtype]) * (depth + n)
+    return {"flop": M.forward_flops(cfg, n, depth, logits_tokens=1) / n, "bytes": read / n}
+
+
+def tg_work(lm, n: int, depth: int, dtype: str) -> dict[str, float]:
+    """FLOP and bytes per token of tgN@dD: every step reads the weights and the cache so far."""
+    cfg = lm.config
+    flops = sum(M.forward_flops(cfg, 1, depth + i, 1) for i in range(n)) / n
+    read = M.weight_bytes_per_step(lm.model) + M.kv_bytes_per_position(cfg, DTYPE_BYTES[dtype]) * (depth + (n + 1) / 2)
+    return {"flop": flops, "bytes": read}
+
+
 def pp_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
     cfg, name = lm.config, f"pp{n}{_suffix(depth)}"
 
@@ -89,9 +104,8 @@ def tg_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
                     sync(None)  # llama-bench waits for every token
         return step
 
-    flops = sum(M.forward_flops(cfg, 1, depth + i, 1) for i in range(n)) / n
-    bytes_ = M.weight_bytes_per_step(lm.model) + M.kv_bytes_per_position(
-        cfg, DTYPE_BYTES[opts.dtype]) * (depth + (n + 1) / 2)
+    work = tg_work(lm, n, depth, opts.dtype)
+    flops, bytes_ = work["flop"], work["bytes"]
     return Point(name, "tok/s", prepare, value=lambda s: n / s, params={"n_gen": n, "depth": depth},
                  device=opts.device, track_memory=True,
                  derived=U.derived(name, "mfu", lambda tps: tps * flops, pk, "flop")
@@ -104,9 +118,27 @@ def _gen_observe(n_gen: int):
             raise RuntimeError(f"generation stopped after {stats.generated_tokens} of {n_gen} tokens")
         itl = np.asarray(stats.itl_ms)
         p50, p95, p99 = np.percentile(itl, (50, 95, 99), method="linear") if itl.size else (np.nan,) * 3
-        return {"ttft": stats.ttft_ms, "tpot": stats.tpot_ms, "itl": list(stats.itl_ms),
-                "itl_p50": p50, "itl_p95": p95, "itl_p99": p99, "decode": stats.decode_tok_s}
+        out = {"ttft": stats.ttft_ms, "tpot": stats.tpot_ms, "itl": list(stats.itl_ms),
+               "itl_p50": p50, "itl_p95": p95, "itl_p99": p99, "decode": stats.decode_tok_s}
+        for key in ("prefill_j_per_token", "decode_j_per_token"):  # engine.energy; absent where N/A
+            v = getattr(stats, key, float("nan"))
+            if np.isfinite(v):
+                out[key] = v
+        return out
     return observe
+
+
+def energy_meter(device: str):
+    from engine import energy
+
+    return energy.meter_for(device)
+
+
+def energy_setting(device: str) -> str:
+    """What the J/token figures come from, or why there are none (shown under the table)."""
+    m = energy_meter(device)
+    return f"J/token from {m.source} (the whole package/board, other processes included)" if m.available \
+        else f"J/token N/A: {m.reason}"
 
 
 def gen_point(lm, n_prompt: int, n_gen: int, opts: BenchOptions) -> Point:
@@ -125,6 +157,8 @@ def gen_point(lm, n_prompt: int, n_gen: int, opts: BenchOptions) -> Point:
         return step
 
     extras = tuple(Extra(n, "ms") for n in ("ttft", "tpot", "itl", "itl_p50", "itl_p95", "itl_p99"))
+    if energy_meter(opts.device).available:
+        extras += (Extra("prefill_j_per_token", "J/tok"), Extra("decode_j_per_token", "J/tok"))
     return Point(f"e2e_p{n_prompt}_g{n_gen}", "ms", prepare, value=lambda s: s * 1e3, higher_is_better=False,
                  params={"n_prompt": n_prompt, "n_gen": n_gen}, device=opts.device, track_memory=True,
                  observe=_gen_observe(n_gen), extras=extras + (Extra("decode", "tok/s", True),))
@@ -142,6 +176,16 @@ def _points(lm, p: Params, opts: BenchOptions, pk: dict):
     yield gen_point(lm, p.gen_prompt, p.gen_tokens, opts)
 
 
+def _roofline_work(lm, p: Params, opts: BenchOptions) -> dict[str, dict[str, float]]:
+    """FLOP and bytes per token of every pp/tg point that fits the context (for the roofline)."""
+    out = {}
+    for depth in p.depths:
+        for kind, n, work in (("pp", p.pp, pp_work), ("tg", p.tg, tg_work)):
+            if depth + n <= lm.config.max_seq_len:
+                out[f"{kind}{n}{_suffix(depth)}"] = work(lm, n, depth, opts.dtype)
+    return out
+
+
 def plan(opts: BenchOptions, params: Params | None = None, model: Any = None) -> SuitePlan:
     p = params or (QUICK if opts.quick else Params())
     lm = model if model is not None else M.load_model(opts)
@@ -149,7 +193,8 @@ def plan(opts: BenchOptions, params: Params | None = None, model: Any = None) ->
     settings = {"pp": p.pp, "tg": p.tg, "depths": list(p.depths), "gen_prompt": p.gen_prompt,
                 "gen_tokens": p.gen_tokens, "peaks": pk, "model_memory": lm.memory_stats(),
                 "weights_bytes_per_decode_step": M.weight_bytes_per_step(lm.model),
-                "model": lm.describe() if hasattr(lm, "describe") else {}}
+                "model": lm.describe() if hasattr(lm, "describe") else {},
+                "roofline": _roofline_work(lm, p, opts), "energy": energy_setting(opts.device)}
     close = None if model is not None else (lambda: lm.model.drop_cache())
     return SuitePlan(points=_points(lm, p, opts, pk), n_points=2 * len(p.depths) + 1, settings=settings,
                      model_source=lm.source, close=close)

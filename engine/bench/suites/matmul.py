@@ -34,8 +34,9 @@ class Params:
     sizes: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
     call_budget_s: float = 2.0  # skip a size whose single call is predicted to take longer
     # A planted regression for checking comparisons end to end: every timed call runs the matmul
-    # this many times while GFLOP/s counts one (1 = off; 2 halves the reported rate).
-    planted_slowdown: int = 1
+    # round(10 × this) times while GFLOP/s counts 10 (1 = off; 2 halves the reported rate, 1.1 is a
+    # 10% slowdown).
+    planted_slowdown: float = 1.0
 
 
 QUICK = Params(sizes=(128, 256), call_budget_s=0.5)
@@ -45,7 +46,13 @@ def point_name(dtype: str, n: int) -> str:
     return f"matmul_{dtype}_{n}"
 
 
-def make_point(n: int, dtype: str, device: str, planted_slowdown: int = 1) -> Point:
+PLANTED_UNIT = 10  # a planted slowdown's step counts this many matmuls and runs round(factor × it)
+
+
+def make_point(n: int, dtype: str, device: str, planted_slowdown: float = 1.0) -> Point:
+    counted = 1 if planted_slowdown == 1 else PLANTED_UNIT
+    calls = 1 if planted_slowdown == 1 else round(PLANTED_UNIT * planted_slowdown)
+
     def prepare():
         import torch
 
@@ -57,12 +64,12 @@ def make_point(n: int, dtype: str, device: str, planted_slowdown: int = 1) -> Po
             return lambda: torch.matmul(a, b, out=c)
 
         def slowed():
-            for _ in range(planted_slowdown):
+            for _ in range(calls):
                 out = torch.matmul(a, b, out=c)
             return out
         return slowed
 
-    flop = 2.0 * n ** 3
+    flop = 2.0 * n ** 3 * counted
     return Point(point_name(dtype, n), "GFLOP/s", prepare, value=lambda s: flop / s / 1e9,
                  params={"n": n, "dtype": dtype},
                  device=device, max_inner=1000)
@@ -149,6 +156,6 @@ def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
                 "pct_peak": "% of the theoretical peak; pct_peak_measured: % of the measured peak",
                 "peaks": {dt: peaks.peak_set(opts.device, "matmul", dt) for dt in p.dtypes}}
     plan_ = SuitePlan(points=[], n_points=len(p.dtypes) * len(p.sizes), settings=settings,
-                      finish=_finish(opts.device, opts.quick, p.planted_slowdown > 1, settings, peaks.load_probe()))
+                      finish=_finish(opts.device, opts.quick, p.planted_slowdown != 1, settings, peaks.load_probe()))
     plan_.points = _points(p, opts.device, plan_.outcomes)
     return plan_

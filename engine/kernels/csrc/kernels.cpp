@@ -8,7 +8,9 @@
 // Two activation modes:
 //   act_mode 0 ("f32"): weights dequantized exactly to fp32 in registers, fp32 FMA accumulation.
 //   act_mode 1 ("q8"):  activations quantized per 32-block to int8 (llama.cpp's Q8 scheme), integer
-//                       dot products (AVX512-VNNI), fp32 accumulation of the block sums.
+//                       dot products (AVX512-VNNI), fp32 accumulation of the block sums. Raw blocks
+//                       of the types raw_q8.cpp covers take the same path there (the K types with
+//                       activations per 256); the other raw types run float32 whatever q8 says.
 // Rows are split across threads with at::parallel_for (torch's OpenMP pool, torch.set_num_threads).
 #include "qkernels.h"
 
@@ -131,6 +133,7 @@ struct Act {
   const int8_t* qy;
   const int8_t* qyp;
   const float* dy;
+  const Q8K* k;  // the K types' int8 activations (when q8 and some matrix has such a kernel)
 };
 
 int g_variant = 2;  // 1: first kernels (per-block scalar scale conversion), 2: current
@@ -162,7 +165,10 @@ void group4(const Weights& w, const Act& a, bool q8, int64_t r, float* y) {
 
 // Rows [r0, r1) of one output vector; whole 4-row groups take the SIMD path.
 void rows_range(const Weights& w, const Act& a, bool q8, int64_t r0, int64_t r1, float* y) {
-  if (w.raw()) return raw_rows(w, a.x, a.sxf, r0, r1, y);  // float32 activations whatever q8 says
+  if (w.raw()) {  // int8 activations where the type has a kernel for them, else float32
+    if (q8 && raw_has_q8(w.ggml_type)) return raw_rows_q8(w, Act8{a.qy, a.dy, a.sx, a.k}, r0, r1, y);
+    return raw_rows(w, a.x, a.sxf, r0, r1, y);
+  }
   int64_t r = r0;
 #if defined(__AVX512F__)
   for (; r + 4 <= r1; r += 4) group4(w, a, q8, r, y);
@@ -184,16 +190,24 @@ void matvec_multi(const float* x, int64_t K, const Weights* ws, float* const* ys
   q8 = false;  // no integer dot product here: the exact fp32 path instead
 #endif
   s.ensure(K);
-  bool soa = false, raw = false;  // the int8 copy and its sums are for SoA weights only
-  for (int i = 0; i < n; ++i) (ws[i].raw() ? raw : soa) = true;
-  if (soa) prepare_activation(x, K, q8, s.sx.data(), s.qy.data(), s.qyp.data(), s.dy.data());
+  // per 32: the SoA layouts' sums (and int8 copy for q8), raw 32-weight types' int8 copy; per 256:
+  // the K types' int8 copy
+  bool per32 = false, raw = false, per256 = false;
+  for (int i = 0; i < n; ++i) {
+    const int q8_block = q8 && ws[i].raw() ? raw_q8_block(ws[i].ggml_type) : 0;
+    if (!ws[i].raw() || q8_block == 32) per32 = true;
+    if (ws[i].raw()) raw = true;
+    if (q8_block == 256) per256 = true;
+  }
+  if (per32) prepare_activation(x, K, q8, s.sx.data(), s.qy.data(), s.qyp.data(), s.dy.data());
+  if (per256) prepare_q8k(x, K, s.k);
   if (raw)
     for (int64_t b = 0; b < K / QK; ++b) {
       float t = 0.f;
       for (int j = 0; j < QK; ++j) t += x[b * QK + j];
       s.sxf[b] = t;
     }
-  const Act a{x, s.sxf.data(), s.sx.data(), s.qy.data(), s.qyp.data(), s.dy.data()};
+  const Act a{x, s.sxf.data(), s.sx.data(), s.qy.data(), s.qyp.data(), s.dy.data(), &s.k};
   std::vector<int64_t> start(n + 1, 0);  // prefix sums of 4-row groups over the matrices
   for (int i = 0; i < n; ++i) start[i + 1] = start[i] + (ws[i].N + 3) / 4;
   at::parallel_for(0, start[n], GROUP_GRAIN, [&](int64_t g0, int64_t g1) {

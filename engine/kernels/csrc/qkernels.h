@@ -24,8 +24,18 @@ struct Weights {
   bool raw() const { return qtype >= QTYPE_RAW; }
 };
 
+// Activations quantized per 256 values for the K types' int8 kernels (raw_q8.cpp; llama.cpp's
+// block_q8_K): int8 values in plain order and in Q4_K/Q5_K's sub-block order, the scale per 256,
+// the sums of the int8 values per 16 and per 32.
+struct Q8K {
+  std::vector<int8_t> q, q4, qx;  // qx: IQ4_XS's order
+  std::vector<float> d;
+  std::vector<int16_t> bs16, bs32;
+};
+
 // Per-call activation buffers, reused so the decode step allocates nothing.
 struct Scratch {
+  Q8K k;
   std::vector<float> sx, dy, sxf;  // sxf: exact float32 block sums of x (raw-block kernels)
   std::vector<int8_t> qy, qyp;
   void ensure(int64_t K) {
@@ -50,6 +60,20 @@ int64_t raw_row_bytes(int64_t ggml_type, int64_t K);
 // sx: sums of x per 32-block (the min/offset terms of the 32-weight block types).
 void raw_rows(const Weights& w, const float* x, const float* sx, int64_t r0, int64_t r1, float* y);
 void raw_dequantize_row(const Weights& w, int64_t r, float* out);
+// int8 activations (raw_q8.cpp): whether ggml type t has such a kernel in this build (AVX-512
+// x (K a multiple of 256) quantized for the K types, rows [r0, r1) of y = W x_q.
+// VNNI), in blocks of 32 (per-32 activations, kernels.cpp's) or 256 (Q8K); 0: none.
+int raw_q8_block(int64_t ggml_type);
+bool raw_has_q8(int64_t ggml_type);
+void prepare_q8k(const float* x, int64_t K, Q8K& a);
+// The int8 activations: per 32 (qy plain order, dy scales, sx = dy * sums of qy) and per 256.
+struct Act8 {
+  const int8_t* qy;
+  const float* dy;
+  const float* sx;
+  const Q8K* k;
+};
+void raw_rows_q8(const Weights& w, const Act8& a, int64_t r0, int64_t r1, float* y);
 void raw_dequantize_row_scalar(const Weights& w, int64_t r, float* out);
 
 // Which generation of the SIMD kernels runs (1 or 2): for the A/B benchmarks only.

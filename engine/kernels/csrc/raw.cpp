@@ -8,7 +8,8 @@
 //   rows_k    256-weight superblocks (the K types, IQ4_XS): quants decoded to bytes and group
 //             scales to floats once per superblock and row, the scale factored out per 32-group
 //   rows_raw  the rest (F32, F16, BF16): 16 weights decoded at a time, two FMA chains per row.
-// Rows are split across threads by the caller (matvec_multi's at::parallel_for).
+// Rows are split across threads by the caller (matvec_multi's at::parallel_for). The int8-activation
+// ("q8") kernels of the same blocks are in raw_q8.cpp.
 #include "gguf_types.h"
 #include "qkernels.h"
 

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.errors import MissingMetadata, ModelFormatError, ModelLoadError, UnsupportedModelError
 from engine.models.config import ModelConfig, RopeScaling
 
 FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
 # A fused tensor's split: (engine sub-name, rows) in row order, from the model's config.
 Split = Callable[[ModelConfig], list[tuple[str, int]]]
+
+
+PER_LAYER_KEYS = ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
 
 
 class GGUFMeta:
@@ -36,9 +39,14 @@ class GGUFMeta:
         full = f"{self.arch}.{key}"
         if full not in self.meta:
             if required:
-                raise ModelFormatError(f"{self.path}: metadata field {full} is missing")
+                raise MissingMetadata(self.path, f"metadata key {full}, which the {self.arch} architecture "
+                                                 f"needs, is missing")
             return default
-        return self.meta[full]
+        value = self.meta[full]
+        if hasattr(value, "shape") and key in PER_LAYER_KEYS:  # GGUF allows per-layer head and FFN sizes
+            raise UnsupportedModelError(f"{self.path}: metadata key {full} gives one value per layer; this engine "
+                                        f"runs models whose layers all have the same sizes")
+        return value.tolist() if hasattr(value, "shape") else value
 
     def raw(self, key: str, default=None):
         return self.meta.get(key, default)
@@ -61,12 +69,16 @@ class Family:
 
     def config_from_gguf(self, m: GGUFMeta) -> ModelConfig:
         base = _common_gguf(m)
-        return _build(m.path, {**base, "arch": self.name, **self.gguf_fields(m, base)})
+        keys = {f: f"{m.arch}.{k}" for f, k in GGUF_KEYS.items()}
+        _build(m.path, base, keys)  # sizes checked before a family divides by them
+        return _build(m.path, {**base, "arch": self.name, **self.gguf_fields(m, base)}, keys)
 
     def config_from_hf(self, cfg: dict, path: Path) -> ModelConfig:
         try:
             base = _common_hf(cfg, path)
-            return _build(path, {**base, "arch": self.name, **self.hf_fields(cfg, base)})
+            _build(Path(path) / "config.json", base, HF_KEYS)
+            return _build(Path(path) / "config.json", {**base, "arch": self.name, **self.hf_fields(cfg, base)},
+                          HF_KEYS)
         except (KeyError, TypeError, ValueError) as e:
             raise ModelFormatError(f"{path}/config.json: missing or invalid field {e}") from e
 
@@ -209,8 +221,23 @@ def pattern_windows(n_layers: int, window: int, pattern) -> tuple[int, ...]:
     return tuple(window if n == 0 or i % n < n - 1 else 0 for i in range(n_layers))
 
 
-def _build(path, fields: dict) -> ModelConfig:
+# ModelConfig field → the key it is read from, to name it in errors
+GGUF_KEYS = {"dim": "embedding_length", "n_layers": "block_count", "n_heads": "attention.head_count",
+             "n_kv_heads": "attention.head_count_kv", "hidden_dim": "feed_forward_length", "vocab_size": "vocab_size",
+             "head_dim": "attention.key_length", "max_seq_len": "context_length",
+             "norm_eps": "attention.layer_norm_rms_epsilon", "rope_theta": "rope.freq_base"}
+HF_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+           "n_kv_heads": "num_key_value_heads", "hidden_dim": "intermediate_size", "vocab_size": "vocab_size",
+           "head_dim": "head_dim", "max_seq_len": "max_position_embeddings", "norm_eps": "rms_norm_eps",
+           "rope_theta": "rope_theta"}
+
+
+def _build(path, fields: dict, keys: Mapping[str, str] = {}) -> ModelConfig:  # noqa: B006 (read only)
     try:
         return ModelConfig(**fields)
+    except ModelLoadError as e:
+        field_name = e.detail.split(" ", 1)[0]
+        detail = f"{keys[field_name]}{e.detail[len(field_name):]}" if field_name in keys else e.detail
+        raise type(e)(path, detail, e.fix) from e
     except UnsupportedModelError as e:
         raise UnsupportedModelError(f"{path}: {e}") from e

@@ -1,0 +1,97 @@
+"""The Runs panel's Roofline tab: an llm/matmul/attention run's points by arithmetic intensity
+against the compute and bandwidth ceilings (engine.bench.roofline), log-log, with PNG/SVG export."""
+from __future__ import annotations
+
+import math
+
+import pyqtgraph as pg
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from app.notify import export_guard
+
+_ROOF_COLOURS = ("#c0392b", "#2980b9", "#8e44ad", "#16a085")
+
+
+class RooflineView(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.roof = None
+        self.plot = pg.PlotWidget()
+        self.plot.setLogMode(x=True, y=True)
+        self.plot.setLabel("bottom", "arithmetic intensity (FLOP/byte)")
+        self.plot.setLabel("left", "FLOP/s")
+        self.plot.showGrid(x=True, y=True, alpha=0.2)
+        self.legend = self.plot.addLegend(offset=(-10, 10))
+        self.summary = QLabel("Open an llm, matmul or attention run to see its roofline.", wordWrap=True)
+        self.summary.setObjectName("statsLine")
+        self.export_png = QPushButton("Export PNG…", clicked=lambda: self.export_dialog("png"), enabled=False)
+        self.export_svg = QPushButton("Export SVG…", clicked=lambda: self.export_dialog("svg"), enabled=False)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.summary, 1)
+        buttons.addWidget(self.export_png)
+        buttons.addWidget(self.export_svg)
+        col = QVBoxLayout(self)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.addWidget(self.plot, 1)
+        col.addLayout(buttons)
+
+    def show_run(self, stored) -> bool:
+        """Draws ``stored`` (engine.store StoredRun); False (and says why) for a run it cannot place."""
+        from engine.bench import roofline
+        from engine.errors import EngineError
+
+        self.plot.clear()
+        self.legend.clear()
+        try:
+            self.roof = roofline.from_run(stored.result)
+        except EngineError as e:
+            self.roof = None
+            self.summary.setText(str(e))
+            self.export_png.setEnabled(False)
+            self.export_svg.setEnabled(False)
+            return False
+        self._draw(self.roof)
+        self.export_png.setEnabled(True)
+        self.export_svg.setEnabled(True)
+        return True
+
+    def _draw(self, roof) -> None:
+        from engine.bench import roofline
+
+        # setLogMode plots log10 of the data: give it the raw values
+        for i, (label, pts) in enumerate(roofline.roof_lines(roof)):
+            xs, ys = zip(*pts)
+            self.plot.plot(list(xs), list(ys), pen=pg.mkPen(_ROOF_COLOURS[i % 4], width=2), name=label)
+        if roof.points:
+            xs = [p.intensity for p in roof.points]
+            ys = [p.flop_s for p in roof.points]
+            self.plot.plot(xs, ys, pen=None, symbol="o", symbolSize=8, name="points")
+            for p in roof.points:
+                text = pg.TextItem(p.name, anchor=(0, 1))
+                text.setPos(math.log10(p.intensity), math.log10(p.flop_s))
+                self.plot.addItem(text)
+        lines = [ln for ln in roofline.text(roof).splitlines()[1:4] if ln.strip()]
+        self.summary.setText(" · ".join(s.strip() for s in lines + roof.notes))
+
+    def export_dialog(self, kind: str) -> None:
+        if self.roof is None:
+            return
+        path, _ = QFileDialog.getSaveFileName(self, f"Export roofline ({kind.upper()})",
+                                              f"roofline-{self.roof.run}.{kind}", f"{kind.upper()} (*.{kind})")
+        if path:
+            self.export(path)
+
+    def export(self, path: str) -> None:
+        """Writes the shown roofline: SVG from the engine (the same as `opscope runs roofline --out`),
+        PNG from this plot."""
+        from pathlib import Path
+
+        from engine.bench import roofline
+
+        with export_guard(self, "export the roofline", path):
+            if path.lower().endswith(".svg"):
+                Path(path).write_text(roofline.svg(self.roof), encoding="utf-8")
+            else:
+                from pyqtgraph.exporters import ImageExporter
+
+                ImageExporter(self.plot.plotItem).export(path)

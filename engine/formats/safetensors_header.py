@@ -1,0 +1,115 @@
+"""Bounds-checked reader of a safetensors header (an 8-byte length, then a JSON table), checked
+before the ``safetensors`` library maps the file: every tensor's dtype known, its shape a list of
+non-negative integers, its byte range of the size dtype × shape implies, and the ranges contiguous
+from 0 to the end of the file (what the format requires), with no name given twice."""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import (BadMagic, DuplicateEntry, LimitExceeded, TensorOutOfBounds, TensorOverlap, Truncated,
+                           WrongMetadataType)
+from engine.formats.files import check_regular_file
+
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+MAX_DIMS = 8
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
+
+
+@dataclass(frozen=True)
+class SafetensorsEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # byte offsets relative to the data section
+    end: int
+
+
+def _unique_pairs(path: Path):
+    def hook(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise DuplicateEntry(path, f"the JSON header names {k!r} twice")
+            seen.add(k)
+        return dict(pairs)
+    return hook
+
+
+def read_safetensors_header(path: Path) -> list[SafetensorsEntry]:
+    size = check_regular_file(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise Truncated(path, f"file is {size} bytes, shorter than a safetensors header length (8 bytes)")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER_BYTES:
+            raise LimitExceeded(path, f"header length {n} (at byte 0) exceeds the safetensors limit "
+                                      f"{MAX_HEADER_BYTES}")
+        if n > size - 8:
+            raise Truncated(path, f"header of {n} bytes runs past the end of the file ({size} bytes)")
+        raw = f.read(n)
+    if not raw.lstrip().startswith(b"{"):
+        raise BadMagic(path, f"not a safetensors file (header starts {raw[:8]!r}, expected a JSON object)")
+    try:
+        table = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_pairs(path))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        if isinstance(e, DuplicateEntry):
+            raise
+        raise WrongMetadataType(path, f"the JSON header is not valid JSON ({e})") from None
+    if not isinstance(table, dict):
+        raise WrongMetadataType(path, "the JSON header is not an object of tensors")
+    entries = [_entry(path, k, v) for k, v in table.items() if k != "__metadata__"]
+    _check_metadata(path, table.get("__metadata__"))
+    _check_layout(path, entries, size - 8 - n)
+    return entries
+
+
+def _entry(path: Path, name: str, v) -> SafetensorsEntry:
+    if not isinstance(v, dict):
+        raise WrongMetadataType(path, f"tensor {name}: entry is a {type(v).__name__}, not an object")
+    dtype, shape, offsets = v.get("dtype"), v.get("shape"), v.get("data_offsets")
+    if dtype not in DTYPE_BYTES:
+        raise WrongMetadataType(path, f"tensor {name} has dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+            or not all(type(d) is int and 0 <= d < 1 << 40 for d in shape)):
+        raise WrongMetadataType(path, f"tensor {name} has shape {shape!r}; a shape is a list of at most "
+                                      f"{MAX_DIMS} non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)):
+        raise WrongMetadataType(path, f"tensor {name} has data_offsets {offsets!r}; expected [begin, end]")
+    begin, end = offsets
+    numel = 1
+    for d in shape:
+        numel *= d
+    if end - begin != numel * DTYPE_BYTES[dtype]:
+        raise TensorOutOfBounds(path, f"tensor {name} spans bytes {begin}..{end} ({end - begin} bytes) but "
+                                      f"{dtype} × {tuple(shape)} needs {numel * DTYPE_BYTES[dtype]}")
+    return SafetensorsEntry(name, dtype, tuple(shape), begin, end)
+
+
+def _check_metadata(path: Path, meta) -> None:
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise WrongMetadataType(path, "__metadata__ must map strings to strings")
+
+
+def _check_layout(path: Path, entries: list[SafetensorsEntry], data_bytes: int) -> None:
+    prev = None
+    for e in sorted(entries, key=lambda e: (e.begin, e.end)):
+        at = prev.end if prev else 0
+        if e.begin < at:
+            raise TensorOverlap(path, f"tensor {e.name} (bytes {e.begin}..{e.end}) overlaps tensor {prev.name} "
+                                      f"(bytes {prev.begin}..{prev.end})")
+        if e.begin > at:
+            raise TensorOutOfBounds(path, f"tensor {e.name} starts at byte {e.begin}, leaving a gap after byte "
+                                          f"{at}; safetensors tensors must be contiguous")
+        prev = e
+    end = prev.end if prev else 0
+    if end > data_bytes:
+        raise Truncated(path, f"tensor {prev.name} ends at data byte {end} but the file holds {data_bytes} "
+                              f"bytes of data")
+    if end < data_bytes:
+        raise TensorOutOfBounds(path, f"the tensors cover {end} bytes but the data section holds {data_bytes}; "
+                                      f"safetensors data must be exactly the tensors")

@@ -1,0 +1,52 @@
+"""examples/slow_train.py with its two bugs fixed (see there):
+
+1. The targets come from one tensor op on the device (`x @ w`), not a Python loop of `.item()`.
+2. `optimizer.zero_grad()` runs before `backward()`, so `step()` sees the gradients.
+
+The loss is read back once every 10 steps for the log line, not every step.
+"""
+import argparse
+
+import torch
+from torch import nn
+
+import opscope
+
+
+class TinyNet(nn.Module):
+    def __init__(self, d_in: int = 32, d_hidden: int = 64):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(d_in, d_hidden), nn.ReLU(), nn.Linear(d_hidden, d_hidden), nn.ReLU())
+        self.head = nn.Linear(d_hidden, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))  # [B, 1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    model = TinyNet().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    w = torch.randn(32, device=device) / 32 ** 0.5
+    data = torch.randn(args.batch, 32, device=device)  # one fixed batch: small and deterministic
+    for step in range(args.steps):
+        with opscope.region("data"):
+            x = data  # [B, D]
+            y = (x @ w).unsqueeze(1)  # [B, 1], on the device
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        opscope.step()
+        if step % 10 == 0 or step == args.steps - 1:
+            print(f"step {step:3d}  loss {loss.item():.4f}")
+
+
+if __name__ == "__main__":
+    main()

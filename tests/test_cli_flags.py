@@ -1,0 +1,157 @@
+"""Every bad flag fails while the command line is parsed: one line with the valid range, exit 2.
+
+Each case names a model path that does not exist: had the flag got past the parser, the command
+would have tried to open the model and printed that error instead, so the exact line also proves
+that nothing was loaded. Real processes through the installed `opscope` script.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.bench.suites import SUITES
+
+OPSCOPE = str(Path(sys.executable).parent / "opscope")
+NEVER = "/nonexistent/never-opened.gguf"
+CPUS = os.cpu_count()
+
+
+def opscope(*args, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    argv = [OPSCOPE, *[a if isinstance(a, bytes) else str(a) for a in args]]
+    return subprocess.run(argv, input=stdin, capture_output=True, timeout=120)
+
+
+def one_line(r: subprocess.CompletedProcess) -> str:
+    err = r.stderr.decode("utf-8", "replace")
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    return err.rstrip("\n")
+
+
+MODEL = ("--model", NEVER)
+CASES = [
+    (("generate", "hi", *MODEL, "--threads", "0"),
+     f"argument --threads: 0 is out of range: use 1…{CPUS} (the logical CPUs here)"),
+    (("generate", "hi", *MODEL, "--threads", "100000"),
+     f"argument --threads: 100000 is out of range: use 1…{CPUS} (the logical CPUs here)"),
+    (("generate", "hi", *MODEL, "--threads", "-3"),
+     f"argument --threads: -3 is out of range: use 1…{CPUS} (the logical CPUs here)"),
+    (("generate", "hi", *MODEL, "--threads", "two"),
+     f"argument --threads: 'two' is not a whole number: use 1…{CPUS} (the logical CPUs here)"),
+    (("generate", "hi", *MODEL, "--temperature", "inf"),
+     "argument --temperature/-t: inf is out of range: use a finite number ≥ 0 (0 = greedy)"),
+    (("generate", "hi", *MODEL, "-t", "nan"),
+     "argument --temperature/-t: nan is out of range: use a finite number ≥ 0 (0 = greedy)"),
+    (("generate", "hi", *MODEL, "--temperature", "-0.5"),
+     "argument --temperature/-t: -0.5 is out of range: use a finite number ≥ 0 (0 = greedy)"),
+    (("generate", "hi", *MODEL, "--seed", "-1"), "argument --seed: -1 is out of range: use 0…4294967295"),
+    (("generate", "hi", *MODEL, "--top-p", "0"), "argument --top-p: 0 is out of range: use a finite number (0, 1]"),
+    (("generate", "hi", *MODEL, "--top-p", "1.5"),
+     "argument --top-p: 1.5 is out of range: use a finite number (0, 1]"),
+    (("generate", "hi", *MODEL, "--top-k", "-1"), "argument --top-k: -1 is out of range: use a whole number ≥ 0"),
+    (("generate", "hi", *MODEL, "--min-p", "1"), "argument --min-p: 1 is out of range: use a finite number [0, 1)"),
+    (("generate", "hi", *MODEL, "--max-tokens", "0"),
+     "argument --max-tokens/-n: 0 is out of range: use 1…1000000"),
+    (("generate", "hi", *MODEL, "--repetition-penalty", "0"),
+     "argument --repetition-penalty: 0 is out of range: use a finite number > 0 (1 = off)"),
+    (("chat", *MODEL, "--temperature", "inf"),
+     "argument --temperature/-t: inf is out of range: use a finite number ≥ 0 (0 = greedy)"),
+    (("chat", *MODEL, "--seed", "-1"), "argument --seed: -1 is out of range: use 0…4294967295"),
+    (("trace", "hi", *MODEL, "--tokens", "0"), "argument --tokens: 0 is out of range: use a whole number ≥ 1"),
+    (("trace", "hi", *MODEL, "--threads", "0"),
+     f"argument --threads: 0 is out of range: use 1…{CPUS} (the logical CPUs here)"),
+    (("bench", "llm", *MODEL, "--repeat", "0"), "argument --repeat: 0 is out of range: use a whole number ≥ 1"),
+    (("bench", "llm", *MODEL, "--warmup", "-1"), "argument --warmup: -1 is out of range: use a whole number ≥ 0"),
+    (("bench", "llm", *MODEL, "--min-time", "inf"),
+     "argument --min-time: inf is out of range: use a finite number ≥ 0"),
+    (("bench", "llm", *MODEL, "--telemetry", "5"),
+     "argument --telemetry: 5 is out of range: use a finite number 20…60000"),
+    (("bench", "llm", *MODEL, "--threads", "100000"),
+     f"argument --threads: 100000 is out of range: use 1…{CPUS} (the logical CPUs here)"),
+    (("bench", "llm", *MODEL, "--param", "tg=-1"), "--param tg: -1 is out of range: use a whole number ≥ 1"),
+    (("bench", "batch", *MODEL, "--param", "batches=1,0"),
+     "--param batches: 0 is out of range: use a whole number ≥ 1"),
+    (("bench", "llm", *MODEL, "--param", "depths=0,-5"),
+     "--param depths: -5 is out of range: use a whole number ≥ 0"),
+    (("bench", "nope"), f"argument SUITE: invalid choice: 'nope' (choose from {', '.join(SUITES)})"),
+    (("runs", "list", "--limit", "0"), "argument --limit: 0 is out of range: use a whole number ≥ 1"),
+    (("runs", "list", "--status", "done"),
+     "argument --status: invalid choice: 'done' (choose from running, completed, failed, aborted)"),
+    (("runs", "compare", "--alpha", "2"), "argument --alpha: the significance level must be between 0 and 1, e.g. 0.05"),
+    (("monitor", "--interval", "1"), "argument --interval: 1 is out of range: use a finite number 20…60000"),
+    (("monitor", "--duration", "-1"), "argument --duration: -1 is out of range: use a finite number > 0"),
+    (("gui", "--theme", "x"), "argument --theme: invalid choice: 'x' (choose from system, light, dark)"),
+    (("generate", "hi", *MODEL, "--nope"), "unrecognized arguments: --nope"),
+    (("generate",), "the following arguments are required: prompt"),
+    (("nosuchcommand",), "argument COMMAND: invalid choice: 'nosuchcommand' (choose from gui, generate, chat, models, "),
+]
+
+
+@pytest.mark.parametrize("argv,line", CASES, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in CASES])
+def test_bad_flag_is_one_line_before_anything_loads(argv, line):
+    r = opscope(*argv)
+    assert r.returncode == 2
+    printed = one_line(r)
+    if line.endswith(" "):  # the list of every command is long: its start is enough
+        assert printed.startswith(f"opscope: error: {line}")
+    else:
+        assert printed == f"opscope: error: {line}"
+    assert r.stdout == b""
+
+
+def test_non_utf8_prompt_in_argv_is_one_line():
+    r = opscope("generate", b"ab\xff\xfe", *MODEL)
+    assert r.returncode == 2
+    assert one_line(r) == ("opscope: error: argument prompt: not valid UTF-8 text (byte 0xff at character 2): "
+                           "pass the text in UTF-8")
+
+
+def test_non_utf8_prompt_on_stdin_is_one_line():
+    r = opscope("generate", "-", *MODEL, stdin=b"caf\xe9 au lait")  # Latin-1, not UTF-8
+    assert r.returncode == 2
+    assert one_line(r) == ("opscope: error: the prompt on stdin is not valid UTF-8 (byte 0xe9 at offset 3): "
+                           "pass the text in UTF-8")
+
+
+def test_a_good_stdin_prompt_reaches_the_model_loader():
+    """The counterpart: valid UTF-8 on stdin passes, and the next thing to fail is the model path."""
+    r = opscope("generate", "-", *MODEL, stdin="café".encode())
+    assert r.returncode == 2 and NEVER in one_line(r)
+
+
+# --- global flags before or after the sub-command ---------------------------------------------
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_db_flag_before_or_after_the_command(tmp_path, where):
+    db = tmp_path / "elsewhere" / "runs.sqlite"
+    argv = ["--db", db, "runs", "list"] if where == "before" else ["runs", "list", "--db", db]
+    r = opscope(*argv)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode() == f"no saved runs: no run store at {db} yet (`opscope bench SUITE` creates it)\n"
+    assert not db.parent.exists()  # reading creates nothing
+
+
+def test_db_flag_after_a_nested_command_wins_over_the_one_before(tmp_path):
+    first, second = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    r = opscope("--db", first, "runs", "list", "--db", second)
+    assert str(second) in r.stdout.decode() and str(first) not in r.stdout.decode()
+
+
+@pytest.mark.parametrize("argv", [["--debug", "generate", "hi", *MODEL], ["generate", "hi", *MODEL, "--debug"],
+                                  ["models", "inspect", NEVER, "--debug"]])
+def test_debug_flag_before_or_after_the_command_shows_the_traceback(argv):
+    r = opscope(*argv)
+    assert r.returncode != 0 and b"Traceback (most recent call last)" in r.stderr
+
+
+def test_without_debug_the_same_error_is_one_line():
+    r = opscope("generate", "hi", *MODEL)
+    assert r.returncode == 2 and NEVER in one_line(r)
+
+
+def test_help_still_lists_the_global_flags_on_a_command():
+    r = opscope("bench", "--help")
+    assert r.returncode == 0 and b"--db URL" in r.stdout and b"--debug" in r.stdout
