@@ -1,4 +1,4 @@
 """``python -m app`` opens the OpScope window."""
-from app.main import main
+from opscope.app.main import main
 
 main()

@@ -10,7 +10,7 @@ def main(argv: list[str] | None = None) -> int:
     from functools import partial
 
     try:
-        from engine.cli import main as engine_main  # installs the one-line Ctrl-C handling
+        from opscope.engine.cli import main as engine_main  # installs the one-line Ctrl-C handling
     except KeyboardInterrupt:
         print("opscope: interrupted", file=sys.stderr)
         return 130
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _gui(args, screenshot: str | None = None) -> int:
     _check_display()
-    from app.main import run  # PySide6 is imported only when the window opens
+    from opscope.app.main import run  # PySide6 is imported only when the window opens
 
     if screenshot is not None:
         args.screenshot = screenshot
@@ -74,7 +74,7 @@ def _check_display() -> None:
 
     if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
         return
-    from engine.errors import ConfigError
+    from opscope.engine.errors import ConfigError
 
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         raise ConfigError("no display to open the window on (DISPLAY and WAYLAND_DISPLAY are unset): run it "

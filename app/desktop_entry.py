@@ -1,8 +1,8 @@
 """Install (or remove) the freedesktop menu entry and icons for the current user (Linux, BSD).
 
-    python -m app.desktop_entry            # ~/.local/share/applications + hicolor icons
-    python -m app.desktop_entry --uninstall
-    python -m app.desktop_entry --prefix /usr/local/share   # system-wide (run as root)
+    python -m opscope.app.desktop_entry            # ~/.local/share/applications + hicolor icons
+    python -m opscope.app.desktop_entry --uninstall
+    python -m opscope.app.desktop_entry --prefix /usr/local/share   # system-wide (run as root)
 
 Reads the files through importlib.resources, so it works from a checkout or an installed wheel.
 """
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import resources
+from opscope import resources
 
 APP_ID = "opscope"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
-from app import protocol, qt_compat  # noqa: F401  (qt_compat: must run before any emit)
-from app.protocol import LoadRequest, PingRequest, Request, ShutdownRequest, StopRequest
+from opscope.app import protocol, qt_compat  # noqa: F401  (qt_compat: must run before any emit)
+from opscope.app.protocol import LoadRequest, PingRequest, Request, ShutdownRequest, StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +71,10 @@ class Job(QObject):
 
 
 def worker_command() -> tuple[str, list[str]]:
-    """How to start the worker: ``python -m app.worker``, or the frozen app with a flag."""
+    """How to start the worker: ``python -m opscope.app.worker``, or the frozen app with a flag."""
     if getattr(sys, "frozen", False):
         return sys.executable, ["--engine-worker"]
-    return sys.executable, ["-m", "app.worker"]
+    return sys.executable, ["-m", "opscope.app.worker"]
 
 
 class EngineClient(QObject):

@@ -44,12 +44,12 @@ def _options(args: argparse.Namespace | Sequence[str] | None) -> argparse.Namesp
 def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """Open the window and run the event loop; returns the exit code."""
     if isinstance(args, (list, tuple)) and "--engine-worker" in args:
-        from app.worker import main as worker_main
+        from opscope.app.worker import main as worker_main
 
         return worker_main()
     opts = _options(args)
     if opts.screenshot:
-        from app.screenshot import unwritable_reason
+        from opscope.app.screenshot import unwritable_reason
 
         if (why := unwritable_reason(opts.screenshot)) is not None:
             print(f"opscope: error: cannot write the screenshot to {opts.screenshot}: {why}", file=sys.stderr)
@@ -58,11 +58,11 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from PySide6.QtWidgets import QApplication
 
-    from app import settings
-    from app.engine_client import EngineClient
-    from app.main_window import MainWindow
-    from app.protocol import LoadRequest
-    from app.theme import ThemeManager, app_icon
+    from opscope.app import settings
+    from opscope.app.engine_client import EngineClient
+    from opscope.app.main_window import MainWindow
+    from opscope.app.protocol import LoadRequest
+    from opscope.app.theme import ThemeManager, app_icon
 
     app = QApplication.instance() or QApplication([sys.argv[0]])
     app.setApplicationName("OpScope")
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     window = MainWindow(EngineClient(), theme, db_url=db_url, initial_model=spec)
     window.show()
     if opts.screenshot:
-        from app.screenshot import ScreenshotWhenIdle
+        from opscope.app.screenshot import ScreenshotWhenIdle
 
         ScreenshotWhenIdle(window, opts.screenshot)
     code = app.exec()

@@ -18,17 +18,17 @@ from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QTabWidget, QWidget
 
-from app import settings
-from app.chat.panel import ChatPanel
-from app.chat.session import ChatSession
-from app.engine_settings import EngineSettings
-from app.engine_client import EngineClient, Job
-from app.notify import Notice, NotificationArea, Notifier, details_dialog, install_excepthooks
-from app.panels import build_optional_panels
-from app.protocol import InfoRequest, LoadRequest
-from app.status import EngineStatusBar
-from app.theme import ThemeManager, app_icon
-from app.toolbar import ModelToolBar
+from opscope.app import settings
+from opscope.app.chat.panel import ChatPanel
+from opscope.app.chat.session import ChatSession
+from opscope.app.engine_settings import EngineSettings
+from opscope.app.engine_client import EngineClient, Job
+from opscope.app.notify import Notice, NotificationArea, Notifier, details_dialog, install_excepthooks
+from opscope.app.panels import build_optional_panels
+from opscope.app.protocol import InfoRequest, LoadRequest
+from opscope.app.status import EngineStatusBar
+from opscope.app.theme import ThemeManager, app_icon
+from opscope.app.toolbar import ModelToolBar
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class MainWindow(QMainWindow):
 
     # -- engine settings ------------------------------------------------------------------------
     def open_engine_settings(self):
-        from app.settings_dialog import EngineSettingsDialog
+        from opscope.app.settings_dialog import EngineSettingsDialog
 
         if self.settings_dialog is not None:
             self.settings_dialog.done(0)

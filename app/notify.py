@@ -22,7 +22,7 @@ from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMessageBox, QPushButton, QVBoxLayout,
                                QWidget)
 
-from app import qt_compat  # noqa: F401  (must run before any emit)
+from opscope.app import qt_compat  # noqa: F401  (must run before any emit)
 
 log = logging.getLogger(__name__)
 

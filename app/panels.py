@@ -10,7 +10,7 @@ import logging
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from app import settings
+from opscope.app import settings
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,8 @@ def build_optional_panels(window) -> None:
 
 
 def _telemetry(window) -> QWidget:
-    from app.telemetry.model import TelemetryModel
-    from app.telemetry.panel import TelemetryPanel
+    from opscope.app.telemetry.model import TelemetryModel
+    from opscope.app.telemetry.panel import TelemetryPanel
 
     model = TelemetryModel(window.client, parent=window)
     model.start()
@@ -54,8 +54,8 @@ def _telemetry(window) -> QWidget:
 
 
 def _trace(window) -> QWidget:
-    from app.trace.model import TraceModel
-    from app.trace.panel import TracePanel
+    from opscope.app.trace.model import TraceModel
+    from opscope.app.trace.panel import TracePanel
 
     panel = TracePanel(TraceModel(window.client, parent=window))
     _follow_theme(window.theme, panel.timeline)
@@ -72,8 +72,8 @@ def _set_variants(panel, variants) -> None:
 
 
 def _bench(window) -> QWidget:
-    from app.bench.model import BenchModel
-    from app.bench.panel import BenchPanel
+    from opscope.app.bench.model import BenchModel
+    from opscope.app.bench.panel import BenchPanel
 
     model = BenchModel(window.client, window.db_url, parent=window)
     panel = BenchPanel(model)
@@ -83,8 +83,8 @@ def _bench(window) -> QWidget:
 
 
 def _runs(window) -> QWidget:
-    from app.runs.model import RunsModel
-    from app.runs.panel import RunsPanel
+    from opscope.app.runs.model import RunsModel
+    from opscope.app.runs.panel import RunsPanel
 
     panel = RunsPanel(RunsModel(window.db_url, parent=window), window.notifier)
     for plot in (panel.detail.histogram, panel.detail.telemetry, panel.compare_view.distributions,

@@ -13,7 +13,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox,
                                QLabel, QSpinBox, QVBoxLayout, QWidget)
 
-from app.engine_settings import (FALLBACK_LOAD_OPTIONS, FASTPATH_MODES, EngineSettings, fastpath_spec_from,
+from opscope.app.engine_settings import (FALLBACK_LOAD_OPTIONS, FASTPATH_MODES, EngineSettings, fastpath_spec_from,
                                  fastpath_values_from)
 
 FASTPATH_HELP = {"auto": "auto — on for a float32/bfloat16 GGUF on the CPU",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer
 
-from app import qt_compat  # noqa: F401  (must run before any emit)
+from opscope.app import qt_compat  # noqa: F401  (must run before any emit)
 
 _SCHEDSTAT = Path("/proc/thread-self/schedstat")
 

@@ -5,7 +5,7 @@ import os
 
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
-from app.engine_client import EngineClient
+from opscope.app.engine_client import EngineClient
 
 STATE_TEXT = {"stopped": "engine stopped", "starting": "engine starting…", "idle": "engine ready",
               "busy": "engine busy", "crashed": "engine crashed — restarts on the next request"}

@@ -23,8 +23,8 @@ def fit_columns(table: QTableWidget, max_px: int = MAX_COLUMN_PX) -> None:
 
 def with_unit(v: float | None, unit: str) -> str:
     """A value as people read it, with its unit: bytes in binary units (engine.units), never 7.108e+08."""
-    from engine.store.render import fmt_unit_value
-    from engine.units import BYTE_UNITS
+    from opscope.engine.store.render import fmt_unit_value
+    from opscope.engine.units import BYTE_UNITS
 
     if v is None:
         return "–"

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from app.protocol import LoadRequest
+from opscope.app.protocol import LoadRequest
 
 
 def wait_until(app, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -20,7 +20,7 @@ def wait_until(app, predicate: Callable[[], bool], timeout_s: float, what: str) 
 
 
 def close_window(window) -> None:
-    from app.main import close_window as close
+    from opscope.app.main import close_window as close
 
     close(window)
 
@@ -28,10 +28,10 @@ def close_window(window) -> None:
 def open_window(app, base: Path, *, theme: str = "light", threads: int | None = 1, timeout_s: float = 240):
     """The main window on a fresh settings dir and run store under ``base``, with the default model
     loaded (``threads=1`` leaves a core for the GUI on a 2-core machine)."""
-    from app import settings
-    from app.engine_client import EngineClient
-    from app.main_window import MainWindow
-    from app.theme import ThemeManager
+    from opscope.app import settings
+    from opscope.app.engine_client import EngineClient
+    from opscope.app.main_window import MainWindow
+    from opscope.app.theme import ThemeManager
 
     settings.use_directory(str(base / "settings"))
     window = MainWindow(EngineClient(), ThemeManager(app, theme), db_url=f"sqlite:///{base / 'runs.db'}",

@@ -11,8 +11,8 @@ from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette, QPixmap
 from PySide6.QtWidgets import QApplication
 
-import resources
-from app import qt_compat  # noqa: F401  (must run before any emit)
+from opscope import resources
+from opscope.app import qt_compat  # noqa: F401  (must run before any emit)
 
 log = logging.getLogger(__name__)
 

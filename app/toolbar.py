@@ -13,8 +13,8 @@ import os
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QLabel, QToolBar, QToolButton, QWidget
 
-from app import settings
-from app.protocol import LoadRequest
+from opscope.app import settings
+from opscope.app.protocol import LoadRequest
 
 DEFAULT_LABEL = "Embedded default · SmolLM2-135M-Instruct Q4_1"
 NO_MODEL_LABEL = "No model loaded"

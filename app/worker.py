@@ -1,4 +1,4 @@
-"""The engine worker process: ``python -m app.worker`` (or ``opscope-gui --engine-worker`` frozen).
+"""The engine worker process: ``python -m opscope.app.worker`` (or ``opscope-gui --engine-worker`` frozen).
 
 Speaks app.protocol on stdin/stdout and never imports Qt. A reader thread takes requests off stdin
 so that ``stop`` and ``ping`` are answered while a job runs; jobs run one at a time on the main
@@ -14,8 +14,8 @@ import threading
 import traceback
 from typing import BinaryIO
 
-from app import protocol
-from app.protocol import DebugRequest, PingRequest, ShutdownRequest, StopRequest
+from opscope.app import protocol
+from opscope.app.protocol import DebugRequest, PingRequest, ShutdownRequest, StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Worker:
     """Runs requests in order; owns the cancel flag of the running one."""
 
     def __init__(self, channel: Channel) -> None:
-        from app.worker_jobs import EngineState
+        from opscope.app.worker_jobs import EngineState
 
         self.channel = channel
         self.state = EngineState(send=self._send_current)
@@ -110,7 +110,7 @@ class Worker:
             self._current = None
 
     def _execute(self, req, cancel: threading.Event) -> None:
-        from engine.errors import EngineError
+        from opscope.engine.errors import EngineError
 
         try:
             if isinstance(req, DebugRequest):

@@ -10,8 +10,8 @@ import time
 import typing
 from typing import Any
 
-from app.protocol import BenchRequest, LoadRequest
-from engine.bench.params import build_params
+from opscope.app.protocol import BenchRequest, LoadRequest
+from opscope.engine.bench.params import build_params
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ PROGRESS_INTERVAL_S = 0.1  # the runner reports fractional progress often; the G
 
 def suite_catalog() -> list[dict]:
     """Every suite with its description and parameters (name, kind, default, quick value)."""
-    from engine.bench.suites import SUITES, get_suite
+    from opscope.engine.bench.suites import SUITES, get_suite
 
     out = []
     for name in SUITES:
@@ -120,10 +120,10 @@ def _throttled_progress(send):
 
 
 def run_bench(loaded, spec: LoadRequest | None, req: BenchRequest, send, cancel: threading.Event) -> dict:
-    from engine.bench.options import BenchOptions
-    from engine.bench.session import run_suite
-    from engine.bench.suites import get_suite
-    from engine.store import RunStore
+    from opscope.engine.bench.options import BenchOptions
+    from opscope.engine.bench.session import run_suite
+    from opscope.engine.bench.suites import get_suite
+    from opscope.engine.store import RunStore
 
     module = get_suite(req.suite)
     spec = spec or LoadRequest()
@@ -150,7 +150,7 @@ def _telemetry():
     """A sampler in this process (host, GPUs and this process's allocators) and a recorder over
     the run; (None, None) if telemetry cannot start, which never stops a benchmark."""
     try:
-        from engine.telemetry import Recorder, Sampler
+        from opscope.engine.telemetry import Recorder, Sampler
 
         sampler = Sampler(interval_ms=100, history_s=4 * 3600).start()
         return sampler, Recorder(sampler).start()

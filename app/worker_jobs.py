@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from app.protocol import (BenchRequest, ChatRequest, GenerateRequest, LoadRequest, TraceRequest,
+from opscope.app.protocol import (BenchRequest, ChatRequest, GenerateRequest, LoadRequest, TraceRequest,
                           event_to_dict)
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class EngineState:
 
     def require_model(self):
         if self.loaded is None:
-            from engine.errors import ConfigError
+            from opscope.engine.errors import ConfigError
 
             raise ConfigError("no model is loaded in the engine: pick a model in the toolbar first")
         return self.loaded
@@ -100,12 +100,12 @@ class EngineState:
         return {"stop_reason": finished["stop_reason"], "stats": finished["stats"], "text": finished["text"]}
 
     def trace(self, req: TraceRequest, cancel: threading.Event) -> dict:
-        from app.worker_trace import run_trace
+        from opscope.app.worker_trace import run_trace
 
         return run_trace(self.require_model(), req, self.send, cancel)
 
     def bench(self, req: BenchRequest, cancel: threading.Event) -> dict:
-        from app.worker_bench import run_bench
+        from opscope.app.worker_bench import run_bench
 
         return run_bench(self.loaded, self.load_spec, req, self.send, cancel)
 
@@ -121,7 +121,7 @@ class EngineState:
 
 def engine_info() -> dict:
     """Backends and their devices (with reasons), dtypes, suites and trace variants."""
-    from engine.devices import DTYPES
+    from opscope.engine.devices import DTYPES
 
     return {"backends": _backends(), "dtypes": list(DTYPES), "suites": _suites(),
             "trace_variants": _trace_variants(), "load_options": load_options()}
@@ -129,9 +129,9 @@ def engine_info() -> dict:
 
 def load_options() -> dict:
     """What each model option of a load may take (the settings dialog is built from this)."""
-    from engine.fastpath import options as fp
-    from engine.models.compiled import COMPILE_MODES
-    from engine.models.woq import WOQ_MODES
+    from opscope.engine.fastpath import options as fp
+    from opscope.engine.models.compiled import COMPILE_MODES
+    from opscope.engine.models.woq import WOQ_MODES
 
     choices = {"weights": fp.WEIGHTS, "activations": fp.ACTIVATIONS, "prefill_dtype": fp.PREFILL_DTYPES,
                "on_error": fp.ON_ERROR}
@@ -149,7 +149,7 @@ def load_options() -> dict:
 def fit_context(loaded, messages: list[dict], context_length: int, max_tokens: int) -> list[dict]:
     """The newest messages whose chat prompt plus ``max_tokens`` fit in ``context_length`` tokens (0 =
     the model's own limit); system messages always stay. Too long even alone: a ConfigError."""
-    from engine.errors import ConfigError
+    from opscope.engine.errors import ConfigError
 
     limit = getattr(getattr(loaded, "config", None), "max_seq_len", 0) or 0
     if context_length:
@@ -175,13 +175,13 @@ def fit_context(loaded, messages: list[dict], context_length: int, max_tokens: i
 
 
 def _backends() -> list[dict]:
-    from engine.backends import list_backends
+    from opscope.engine.backends import list_backends
 
     infos = [info.as_dict() for info in list_backends(load=True)]
     torch_info = next((i for i in infos if i["name"] == "torch"), None)
     if torch_info is None or torch_info["status"] != "ok":
         # The built-in engine serves "torch" even when its plugin entry is missing or broken.
-        from engine.devices import available_devices
+        from opscope.engine.devices import available_devices
 
         devices = [{"name": n, "kind": n.split(":")[0], "available": ok, "reason": why}
                    for n, ok, why in available_devices()]
@@ -191,21 +191,21 @@ def _backends() -> list[dict]:
 
 
 def _suites() -> list[dict]:
-    from app.worker_bench import suite_catalog
+    from opscope.app.worker_bench import suite_catalog
 
     return suite_catalog()
 
 
 def _trace_variants() -> list[str]:
-    from engine.trace.variants import VARIANTS
+    from opscope.engine.trace.variants import VARIANTS
 
     return list(VARIANTS)
 
 
 def generation_config(values: dict):
     """A dict from the GUI → engine.generate.GenerationConfig; unknown keys are a ConfigError."""
-    from engine.errors import ConfigError
-    from engine.generate import GenerationConfig
+    from opscope.engine.errors import ConfigError
+    from opscope.engine.generate import GenerationConfig
 
     known = {f.name for f in dataclasses.fields(GenerationConfig)}
     unknown = sorted(set(values) - known)
@@ -224,11 +224,11 @@ def _load_model(req: LoadRequest):
     if req.backend == "torch":
         # The built-in engine *is* the torch backend (its plugin is a thin wrapper over it): no
         # registry round-trip, so the app works even when plugin discovery is broken.
-        from engine import api
+        from opscope.engine import api
 
         return api.load(req.model, device=req.device, dtype=req.dtype, fastpath=req.fastpath,
                         compile=req.compile, quantize=req.quantize, **options)
-    from engine.backends import get_backend
+    from opscope.engine.backends import get_backend
 
     # Other backends get the torch-only options only when set, so a plugin without them still loads.
     extra = {k: v for k, v in (("fastpath", req.fastpath), ("compile", req.compile), ("quantize", req.quantize))
@@ -262,7 +262,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _forward_markers(send: Send) -> Callable[[], None]:
-    from engine import markers
+    from opscope.engine import markers
 
     def forward(marker) -> None:
         send("marker", phase=marker.phase, edge=marker.edge, t_ns=marker.t_ns, attrs=dict(marker.attrs))

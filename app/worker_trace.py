@@ -10,7 +10,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from app.protocol import TraceRequest
+from opscope.app.protocol import TraceRequest
 
 BATCH_ROWS = 4000
 COLUMNS = ("seq", "op", "kind", "direction", "device", "module", "source", "step", "t_us", "dur_us", "bytes",
@@ -18,12 +18,12 @@ COLUMNS = ("seq", "op", "kind", "direction", "device", "module", "source", "step
 
 
 def run_trace(loaded, req: TraceRequest, send, cancel: threading.Event) -> dict:
-    from engine.errors import ConfigError
-    from engine.generate import GenerationConfig
-    from engine.trace.events import TraceOptions
-    from engine.trace.export import write_chrome_trace
-    from engine.trace.report import build_report
-    from engine.trace.session import trace_generation
+    from opscope.engine.errors import ConfigError
+    from opscope.engine.generate import GenerationConfig
+    from opscope.engine.trace.events import TraceOptions
+    from opscope.engine.trace.export import write_chrome_trace
+    from opscope.engine.trace.report import build_report
+    from opscope.engine.trace.session import trace_generation
 
     if not hasattr(loaded, "model"):
         raise ConfigError("tracing needs a torch model: switch the backend to torch")

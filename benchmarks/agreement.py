@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.bench import agreement  # noqa: E402
+from opscope.engine.bench import agreement  # noqa: E402
 
 DEFAULT_LLAMA_BENCH = Path(__file__).resolve().parents[2] / "shared/tools/llama.cpp/llama-bench"
 
@@ -42,7 +42,7 @@ def main() -> int:
 
     import torch
 
-    from engine.defaults import default_model_path
+    from opscope.engine.defaults import default_model_path
 
     torch.set_num_threads(args.threads)
     rows = [agreement.matmul(int(n), args.dtype, args.rounds) for n in args.sizes.split(",")]

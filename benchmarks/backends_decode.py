@@ -12,9 +12,9 @@ import argparse
 import json
 import statistics
 
-from engine.backends import get_backend
-from engine.events import Finished
-from engine.generate import GenerationConfig
+from opscope.engine.backends import get_backend
+from opscope.engine.events import Finished
+from opscope.engine.generate import GenerationConfig
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 

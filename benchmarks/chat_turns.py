@@ -18,10 +18,10 @@ import statistics
 import time
 from pathlib import Path
 
-from engine import prefix_cache
-from engine.api import load
-from engine.events import Finished, Token
-from engine.generate import GenerationConfig
+from opscope.engine import prefix_cache
+from opscope.engine.api import load
+from opscope.engine.events import Finished, Token
+from opscope.engine.generate import GenerationConfig
 
 USER_TURNS = (
     "Hi! Can you help me plan a short trip to Paris?",

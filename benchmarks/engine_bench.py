@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.api import load
-from engine.events import Finished, PrefillFinished, PrefillStarted
-from engine.generate import GenerationConfig, decode_threads
+from opscope.engine.api import load
+from opscope.engine.events import Finished, PrefillFinished, PrefillStarted
+from opscope.engine.generate import GenerationConfig, decode_threads
 
 
 def matmul_ceiling_tok_s(lm, reps: int = 20) -> list[float]:

@@ -30,9 +30,9 @@ import numpy as np  # noqa: E402
 from PySide6.QtCore import QEvent, QObject  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from app.telemetry.model import TelemetryModel  # noqa: E402
-from app.telemetry.panel import TelemetryPanel  # noqa: E402
-from engine.clock import now_ns  # noqa: E402
+from opscope.app.telemetry.model import TelemetryModel  # noqa: E402
+from opscope.app.telemetry.panel import TelemetryPanel  # noqa: E402
+from opscope.engine.clock import now_ns  # noqa: E402
 
 HOUR_TICKS = 36_000
 PERIOD_NS = 100_000_000

@@ -39,7 +39,7 @@ log = logging.getLogger("synthetic_1b")
 
 
 def n_params(cfg: dict) -> int:
-    from engine.testing.gguf_writer import tensor_shapes
+    from opscope.engine.testing.gguf_writer import tensor_shapes
 
     total = 0
     for shape in tensor_shapes(cfg).values():
@@ -52,7 +52,7 @@ def n_params(cfg: dict) -> int:
 
 def make_files(layers: int, threads: int, cache: Path) -> tuple[Path, Path, dict]:
     """(F16 file, Q4_K_M file, config); both cached by layer count."""
-    from engine.testing.gguf_writer import hf_config, write_gguf
+    from opscope.engine.testing.gguf_writer import hf_config, write_gguf
 
     cfg = hf_config("llama", **(SHAPE | {"num_hidden_layers": layers}))
     cache.mkdir(parents=True, exist_ok=True)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
-from engine.telemetry import Sampler, default_sources  # noqa: E402
-from engine.telemetry.nvml import GPU_FIELDS  # noqa: E402
+from opscope.engine.telemetry import Sampler, default_sources  # noqa: E402
+from opscope.engine.telemetry.nvml import GPU_FIELDS  # noqa: E402
 
 
 def trial(interval_ms: float | None, seconds: float) -> dict[str, float]:

@@ -34,8 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
-from engine.trace.capture import Tracer  # noqa: E402
-from engine.trace.events import TraceOptions  # noqa: E402
+from opscope.engine.trace.capture import Tracer  # noqa: E402
+from opscope.engine.trace.events import TraceOptions  # noqa: E402
 
 VARIANTS = {  # name → TraceOptions (None: untraced)
     "untraced": None,
@@ -54,8 +54,8 @@ class _Empty(TorchDispatchMode):
 
 def _decode_once(lm, options: TraceOptions | None, tokens: int) -> tuple[float, float, int]:
     """(decode tok/s, process CPU seconds of the whole generation, ops traced) of one generation."""
-    from engine.generate import GenerationConfig
-    from engine.trace.session import trace_generation
+    from opscope.engine.generate import GenerationConfig
+    from opscope.engine.trace.session import trace_generation
 
     config = GenerationConfig(max_tokens=tokens, ignore_eos=True)
     c0 = time.process_time()
@@ -67,7 +67,7 @@ def _decode_once(lm, options: TraceOptions | None, tokens: int) -> tuple[float, 
 
 
 def bench_decode(rounds: int, tokens: int) -> dict:
-    from engine.api import load
+    from opscope.engine.api import load
 
     lm = load(fastpath="off")  # the torch model, which is what a trace runs on (see engine.trace.session.torch_twin)
     _decode_once(lm, None, 4)  # warm-up: caches, lazy inits
@@ -141,8 +141,8 @@ def _run_script_once(path: Path, steps: int, traced: bool) -> tuple[float, float
     """(wall, CPU) seconds of one run of an example script, its output discarded."""
     import io
 
-    from engine.trace.events import TraceOptions
-    from engine.trace.script import ScriptSpec, run_script, trace_script
+    from opscope.engine.trace.events import TraceOptions
+    from opscope.engine.trace.script import ScriptSpec, run_script, trace_script
 
     spec = ScriptSpec(path=str(path), args=("--steps", str(steps), "--device", "cpu"))
     with contextlib.redirect_stdout(io.StringIO()):

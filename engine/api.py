@@ -6,10 +6,10 @@
 """
 from __future__ import annotations
 
-from engine.devices import resolve_dtype
-from engine.errors import ConfigError
-from engine.generate import GenerationConfig
-from engine.loaded import LoadedModel, LoadOptions, load_plain
+from opscope.engine.devices import resolve_dtype
+from opscope.engine.errors import ConfigError
+from opscope.engine.generate import GenerationConfig
+from opscope.engine.loaded import LoadedModel, LoadOptions, load_plain
 
 __all__ = ["GenerationConfig", "LoadOptions", "LoadedModel", "fastpath_options", "load"]
 
@@ -17,7 +17,7 @@ __all__ = ["GenerationConfig", "LoadOptions", "LoadedModel", "fastpath_options",
 def _spec(options) -> str:
     from dataclasses import asdict, fields
 
-    from engine.fastpath import FastPathOptions
+    from opscope.engine.fastpath import FastPathOptions
 
     default = FastPathOptions()
     changed = [f"{f.name}={v}" for f in fields(options) if (v := asdict(options)[f.name]) != getattr(default, f.name)]
@@ -34,7 +34,7 @@ def fastpath_options(spec, device: str, dtype: str, model) -> "object | None":
     has native bf16), as the plain model's bf16 policy does (engine.models.llama.activation_dtype)."""
     import torch
 
-    from engine.fastpath import FastPathOptions
+    from opscope.engine.fastpath import FastPathOptions
 
     if isinstance(spec, FastPathOptions):
         return spec
@@ -49,7 +49,7 @@ def fastpath_options(spec, device: str, dtype: str, model) -> "object | None":
                           "use --fastpath off")
     base = FastPathOptions()
     if dt == torch.bfloat16:
-        from engine.kernels import native_bf16
+        from opscope.engine.kernels import native_bf16
 
         base = FastPathOptions(prefill_dtype="bf16" if native_bf16() else "f32")
     if spec == "auto":
@@ -67,8 +67,8 @@ def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: 
     ``compile="decode"`` runs the plain model's decode steps through torch.compile
     (engine.models.compiled); ``quantize="int8"|"int4"`` stores the plain model's layer weights
     weight-only quantized (engine.models.woq)."""
-    from engine.models.compiled import COMPILE_MODES
-    from engine.models.woq import WOQ_MODES
+    from opscope.engine.models.compiled import COMPILE_MODES
+    from opscope.engine.models.woq import WOQ_MODES
 
     if compile not in COMPILE_MODES:
         raise ConfigError(f"--compile {compile!r} is not one of {', '.join(COMPILE_MODES)}")
@@ -81,7 +81,7 @@ def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: 
         raise ConfigError("--compile and --quantize apply to the plain torch model; add --fastpath off "
                           "(the fast path keeps the GGUF's own quantized blocks)")
     if options is not None:
-        from engine.fastpath import load as load_fast
+        from opscope.engine.fastpath import load as load_fast
 
         lm = load_fast(model, options, attention=attention, threads=threads)
         lm.options = LoadOptions(device, dtype, attention, threads, fastpath=_spec(options))

@@ -13,13 +13,13 @@ from typing import Iterator
 
 import torch
 
-from engine import markers
-from engine.clock import now_ns
-from engine.decode_book import DecodeBook, decode_events
-from engine.events import PrefillFinished, PrefillStarted
-from engine.generate import ensure_cache
-from engine.generation_config import GenerationConfig
-from engine.sampling import sample
+from opscope.engine import markers
+from opscope.engine.clock import now_ns
+from opscope.engine.decode_book import DecodeBook, decode_events
+from opscope.engine.events import PrefillFinished, PrefillStarted
+from opscope.engine.generate import ensure_cache
+from opscope.engine.generation_config import GenerationConfig
+from opscope.engine.sampling import sample
 
 
 def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: GenerationConfig = GenerationConfig(),

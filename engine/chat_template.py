@@ -19,7 +19,7 @@ import time
 from datetime import datetime
 from functools import cached_property
 
-from engine.errors import ChatTemplateError, UnsafeTemplate
+from opscope.engine.errors import ChatTemplateError, UnsafeTemplate
 
 MAX_TEMPLATE_CHARS = 256 * 1024
 MAX_CHARS = 1 << 20  # any one string the template builds, and the output, beyond the messages' own size

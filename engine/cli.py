@@ -17,28 +17,28 @@ import signal
 import sys
 from typing import Callable
 
-from engine.cli_args import CliParser, Terminated, stderr_line, suppressed_copy
-from engine.errors import Cancelled, EngineError
+from opscope.engine.cli_args import CliParser, Terminated, stderr_line, suppressed_copy
+from opscope.engine.errors import Cancelled, EngineError
 
 # Each module has register(subparsers); a module of an area not yet built is skipped.
 COMMAND_MODULES = (
-    "engine.commands.generate",
-    "engine.trace.commands",
-    "engine.telemetry.commands",
-    "engine.bench.commands",
-    "engine.store.commands",
-    "engine.backends.commands",
-    "engine.fastpath.commands",
+    "opscope.engine.commands.generate",
+    "opscope.engine.trace.commands",
+    "opscope.engine.telemetry.commands",
+    "opscope.engine.bench.commands",
+    "opscope.engine.store.commands",
+    "opscope.engine.backends.commands",
+    "opscope.engine.fastpath.commands",
 )
 # Which module registers each command: `opscope generate …` imports only engine.commands.generate, so
 # a bad flag fails in a fraction of a second instead of after importing torch for every command
 # (engine.fastpath's package imports it). A command missing here still works: every module is then
 # imported, as for `opscope --help`.
 COMMAND_HOMES = {
-    "generate": "engine.commands.generate", "chat": "engine.commands.generate",
-    "models": "engine.commands.generate", "trace": "engine.trace.commands",
-    "monitor": "engine.telemetry.commands", "bench": "engine.bench.commands", "runs": "engine.store.commands",
-    "plugins": "engine.backends.commands", "fastpath": "engine.fastpath.commands",
+    "generate": "opscope.engine.commands.generate", "chat": "opscope.engine.commands.generate",
+    "models": "opscope.engine.commands.generate", "trace": "opscope.engine.trace.commands",
+    "monitor": "opscope.engine.telemetry.commands", "bench": "opscope.engine.bench.commands", "runs": "opscope.engine.store.commands",
+    "plugins": "opscope.engine.backends.commands", "fastpath": "opscope.engine.fastpath.commands",
 }
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
 

@@ -74,7 +74,7 @@ def telemetry_interval_ms() -> Callable[[str], float]:
 
     def bound(name: str) -> Callable[[], float]:
         def read() -> float:
-            from engine.telemetry import sampler
+            from opscope.engine.telemetry import sampler
 
             return getattr(sampler, name)
         return read

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from engine import cli_args as check
-from engine.errors import ConfigError
+from opscope.engine import cli_args as check
+from opscope.engine.errors import ConfigError
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -41,7 +41,7 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None
 
 
 def generation_config(args):
-    from engine.generation_config import GenerationConfig
+    from opscope.engine.generation_config import GenerationConfig
 
     return GenerationConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
@@ -53,13 +53,13 @@ def load_from_args(args):
     backend = getattr(args, "backend", "torch") or "torch"
     kwargs = dict(device=args.device, dtype=args.dtype)
     if backend == "torch":
-        from engine.api import load
+        from opscope.engine.api import load
 
         return load(args.model, attention=args.attention, threads=args.threads,
                     fastpath=getattr(args, "fastpath", "auto"), compile=getattr(args, "compile", "off"),
                     quantize=getattr(args, "quantize", "off"), **kwargs)
     try:
-        from engine.backends import get_backend
+        from opscope.engine.backends import get_backend
     except ImportError as e:
         raise ConfigError(f"--backend {backend}: backend plugins are not available in this build") from e
     if args.threads is not None:

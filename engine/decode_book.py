@@ -20,10 +20,10 @@ import threading
 from dataclasses import replace
 from typing import Callable, Iterator
 
-from engine import markers
-from engine.clock import now_ns
-from engine.events import Finished, Token, stats_from_times
-from engine.textstream import TextStream
+from opscope.engine import markers
+from opscope.engine.clock import now_ns
+from opscope.engine.events import Finished, Token, stats_from_times
+from opscope.engine.textstream import TextStream
 
 
 class DecodeBook:

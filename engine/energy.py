@@ -125,8 +125,8 @@ class NvmlEnergyMeter(Meter):
 
     def __init__(self, nvml_index: int, nvml: Any = None, period_s: float = POWER_PERIOD_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        from engine.telemetry.base import NA
-        from engine.telemetry.nvml import Nvml
+        from opscope.engine.telemetry.base import NA
+        from opscope.engine.telemetry.nvml import Nvml
 
         self.NA, self.nv, self.own = NA, nvml or Nvml(), nvml is None
         self.period_s, self.clock = period_s, clock

@@ -12,13 +12,13 @@ from typing import Iterator
 
 import torch
 
-from engine import energy, markers, prefix_cache
-from engine.clock import now_ns
-from engine.decode_book import DecodeBook, decode_events
-from engine.errors import ConfigError
-from engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted
-from engine.generation_config import GenerationConfig
-from engine.sampling import sample
+from opscope.engine import energy, markers, prefix_cache
+from opscope.engine.clock import now_ns
+from opscope.engine.decode_book import DecodeBook, decode_events
+from opscope.engine.errors import ConfigError
+from opscope.engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted
+from opscope.engine.generation_config import GenerationConfig
+from opscope.engine.sampling import sample
 
 __all__ = ["GenerationConfig", "generate", "ensure_cache"]
 
@@ -135,7 +135,7 @@ def decode_threads(model):
     want = getattr(model, "decode_threads", None)
     have = torch.get_num_threads()
     if want == "auto":
-        from engine.cpuload import LoadAwareThreads
+        from opscope.engine.cpuload import LoadAwareThreads
 
         try:
             yield LoadAwareThreads(have, torch.set_num_threads)

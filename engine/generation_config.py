@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import ConfigError
+from opscope.engine.errors import ConfigError
 
 
 @dataclass(frozen=True)

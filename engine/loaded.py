@@ -11,11 +11,11 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator
 
-from engine import markers
-from engine.clock import now_ns
-from engine.devices import resolve_device, resolve_dtype
-from engine.errors import ConfigError
-from engine.generate import GenerationConfig, generate
+from opscope.engine import markers
+from opscope.engine.clock import now_ns
+from opscope.engine.devices import resolve_device, resolve_dtype
+from opscope.engine.errors import ConfigError
+from opscope.engine.generate import GenerationConfig, generate
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +59,12 @@ class LoadedModel:
 
     def generate_batch(self, prompts: list[str | list[int]], config: GenerationConfig = GenerationConfig(),
                        cancel: threading.Event | None = None) -> Iterator:
-        from engine.batch import generate_batch
+        from opscope.engine.batch import generate_batch
 
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for one in ids:
             self._check_ids(one)
-        from engine import prefix_cache
+        from opscope.engine import prefix_cache
 
         prefix_cache.forget(self.model)  # the batch overwrites row 0 of the cache
         return generate_batch(self.model, self.tokenizer, ids, config, cancel)
@@ -74,7 +74,7 @@ class LoadedModel:
         import torch
 
         self._check_ids(ids)
-        from engine import prefix_cache
+        from opscope.engine import prefix_cache
 
         prefix_cache.forget(self.model)  # a reference pass leaves nothing to reuse
         cache = [layer.attn.cache for layer in self.model.layers]
@@ -137,11 +137,11 @@ def load_plain(model=None, *, device: str = "cpu", dtype: str = "float32", atten
     ``quantize`` as in engine.api.load, whose checks of them have run."""
     import torch
 
-    from engine.formats import open_model
-    from engine.models.compiled import enable_compiled_decode
-    from engine.models.llama import ATTENTION_IMPLS
-    from engine.models.loader import build_model
-    from engine.models.woq import quantize_weights
+    from opscope.engine.formats import open_model
+    from opscope.engine.models.compiled import enable_compiled_decode
+    from opscope.engine.models.llama import ATTENTION_IMPLS
+    from opscope.engine.models.loader import build_model
+    from opscope.engine.models.woq import quantize_weights
 
     if attention not in ATTENTION_IMPLS:
         raise ConfigError(f"--attention {attention!r} is not one of {', '.join(ATTENTION_IMPLS)}")

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from engine.clock import now_ns
+from opscope.engine.clock import now_ns
 
 log = logging.getLogger(__name__)
 

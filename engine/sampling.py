@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.generation_config import SamplingParams
+from opscope.engine.generation_config import SamplingParams
 
 __all__ = ["SamplingParams", "sample", "filter_logits", "apply_repetition_penalty"]
 

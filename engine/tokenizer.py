@@ -9,7 +9,7 @@ from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
-from engine.errors import ModelFormatError, UnsupportedModelError
+from opscope.engine.errors import ModelFormatError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Tokenizer:
     # -- chat -----------------------------------------------------------------------------------
     @cached_property
     def _template(self):
-        from engine.chat_template import ChatTemplate
+        from opscope.engine.chat_template import ChatTemplate
 
         if self.chat_template is None:
             return ChatTemplate(_FALLBACK_TEMPLATE, "built-in", "ChatML fallback")
@@ -135,7 +135,7 @@ def from_gguf(meta: dict, path: Path) -> Tokenizer:
             raise ModelFormatError(f"{path}: the BPE vocabulary (tokenizer.ggml.tokens/merges) is invalid: "
                                    f"{' '.join(str(e).split())[:200]}; convert the model again") from e
     elif kind in ("llama", "gemma"):
-        from engine.tokenizer_spm import spm_backend
+        from opscope.engine.tokenizer_spm import spm_backend
 
         backend = spm_backend(meta, path)
     else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import ModelFormatError
+from opscope.engine.errors import ModelFormatError
 
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4
 SPACE = "\u2581"  # ▁, SentencePiece's visible space

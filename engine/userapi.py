@@ -17,7 +17,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from engine import markers
+from opscope.engine import markers
 
 REGION = "region"  # the marker phase of a user region; its name is the marker's "region" attribute
 

@@ -17,5 +17,5 @@ if [ $# -ge 1 ]; then
 else
     PYTHON="${PYTHON:-$here/.venv/bin/python}"
     [ -x "$PYTHON" ] || PYTHON=python3
-    cd "$here" && "$PYTHON" -m app.desktop_entry
+    cd "$here" && "$PYTHON" -m opscope.app.desktop_entry
 fi

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PySide6.QtGui import QGuiApplication, QImage
 
-import resources
+from opscope import resources
 
 OUT = Path(__file__).resolve().parent
 

@@ -11,7 +11,7 @@ from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QGuiApplication, QImage, QPainter
 from PySide6.QtSvg import QSvgRenderer
 
-import resources
+from opscope import resources
 
 
 def render(svg: bytes, size: int) -> QImage:

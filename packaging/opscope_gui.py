@@ -10,10 +10,10 @@ import sys
 
 def main() -> None:
     if "--engine-worker" in sys.argv[1:]:
-        from app.main import main as window_or_worker
+        from opscope.app.main import main as window_or_worker
 
         window_or_worker()
-    from app.cli import main as cli
+    from opscope.app.cli import main as cli
 
     sys.exit(cli())
 

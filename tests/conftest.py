@@ -17,7 +17,7 @@ os.environ.setdefault("OPSCOPE_KERNEL_CACHE", os.path.join(
 
 @pytest.fixture(scope="session")
 def default_model_path():
-    from engine.defaults import default_model_path as find
+    from opscope.engine.defaults import default_model_path as find
 
     return find()
 
@@ -25,7 +25,7 @@ def default_model_path():
 @pytest.fixture(scope="session")
 def lm():
     """The embedded default model on CPU in float32 (shared: do not mutate it)."""
-    from engine.api import load
+    from opscope.engine.api import load
 
     return load()
 

@@ -12,7 +12,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
 
-from app.protocol import DebugRequest, LoadRequest
+from opscope.app.protocol import DebugRequest, LoadRequest
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
@@ -21,11 +21,11 @@ GREEDY = {"temperature": 0.0, "seed": 0}
 
 @pytest.fixture(scope="module")
 def window(qapp, tmp_path_factory):
-    from app.testing import open_window
+    from opscope.app.testing import open_window
 
     win = open_window(qapp, tmp_path_factory.mktemp("gui"))
     yield win
-    from app.testing import close_window
+    from opscope.app.testing import close_window
 
     close_window(win)
 
@@ -129,7 +129,7 @@ def test_event_loop_never_stalls_during_generation(qtbot, chat):
 
     Time the OS kept the GUI thread waiting for a CPU (other processes on a shared machine) is
     not the app's doing and is taken out (StallMeter reads it from /proc on Linux)."""
-    from app.stallmeter import StallMeter
+    from opscope.app.stallmeter import StallMeter
 
     meter = StallMeter(10).start()
     try:
@@ -169,8 +169,8 @@ def test_hung_worker_is_killed_after_its_timeout_and_recovers(qtbot, window, cha
 def test_a_failed_load_keeps_the_old_model(qtbot, window, chat, tmp_path):
     """File → Open model on a file the engine refuses: a dialog and a notification say which file
     and why; the default model stays loaded, the toolbar and status bar name it, and chat works."""
-    from app import settings
-    from app.toolbar import DEFAULT_LABEL
+    from opscope.app import settings
+    from opscope.app.toolbar import DEFAULT_LABEL
 
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a gguf file at all")
@@ -204,8 +204,8 @@ def test_run_opens_the_window_and_returns_when_it_closes(tmp_path):
 
     code = (
         "import sys; from PySide6.QtCore import QTimer; from PySide6.QtWidgets import QApplication\n"
-        "from app import settings; settings.use_directory(sys.argv[1])\n"
-        "from app.main import run; from app.main_window import MainWindow\n"
+        "from opscope.app import settings; settings.use_directory(sys.argv[1])\n"
+        "from opscope.app.main import run; from opscope.app.main_window import MainWindow\n"
         "def close():\n"
         "    wins = [w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible()]\n"
         "    if wins and wins[0].client.pid: print('worker', wins[0].client.pid, flush=True); wins[0].close()\n"
@@ -223,7 +223,7 @@ def test_run_opens_the_window_and_returns_when_it_closes(tmp_path):
 
 
 def test_layout_and_geometry_are_saved(window):
-    from app import settings
+    from opscope.app import settings
 
     window.save_layout()
     assert settings.value("window/state") and settings.value("window/geometry")

@@ -21,11 +21,11 @@ TINY_MATMUL = {"sizes": [64], "dtypes": ["float32"]}
 
 @pytest.fixture(scope="module")
 def window(qapp, tmp_path_factory):
-    from app.testing import open_window
+    from opscope.app.testing import open_window
 
     win = open_window(qapp, tmp_path_factory.mktemp("gui-panels"))
     yield win
-    from app.testing import close_window
+    from opscope.app.testing import close_window
 
     close_window(win)
 
@@ -102,7 +102,7 @@ def test_trace_table_filters_by_device_and_class(qtbot, window):
 
 
 def test_tiny_benchmark_runs_to_completion_and_appears_in_runs(qtbot, window):
-    from app.stallmeter import StallMeter
+    from opscope.app.stallmeter import StallMeter
 
     meter = StallMeter(10)
     try:

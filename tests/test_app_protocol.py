@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from app import protocol
-from app.protocol import (ChatRequest, DebugRequest, GenerateRequest, PingRequest, ShutdownRequest,
+from opscope.app import protocol
+from opscope.app.protocol import (ChatRequest, DebugRequest, GenerateRequest, PingRequest, ShutdownRequest,
                           StopRequest)
-from engine.events import Finished, Token, stats_from_times
+from opscope.engine.events import Finished, Token, stats_from_times
 
 ROOT = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
 
@@ -76,7 +76,7 @@ class _Sink(io.RawIOBase):
 
 @pytest.fixture
 def worker():
-    from app.worker import Channel, Worker
+    from opscope.app.worker import Channel, Worker
 
     sink = _Sink()
     return Worker(Channel(sink)), sink
@@ -127,8 +127,8 @@ def test_generate_without_a_model_is_a_config_error_not_a_crash(worker):
 
 
 def test_unknown_sampling_setting_is_rejected_with_the_known_ones():
-    from app.worker_jobs import generation_config
-    from engine.errors import ConfigError
+    from opscope.app.worker_jobs import generation_config
+    from opscope.engine.errors import ConfigError
 
     assert generation_config({"max_tokens": 3, "stop": ["\n"]}).stop == ("\n",)
     with pytest.raises(ConfigError, match="temprature"):
@@ -142,7 +142,7 @@ def test_shutdown_stops_reading_and_cancels(worker):
 
 
 def test_worker_modules_never_import_qt():
-    code = ("import sys, app.worker, app.worker_jobs, app.protocol, app.telemetry.source;"
+    code = ("import sys, opscope.app.worker, opscope.app.worker_jobs, opscope.app.protocol, opscope.app.telemetry.source; from opscope import app;"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('PySide6', 'pyqtgraph', 'shiboken6')];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
@@ -150,13 +150,13 @@ def test_worker_modules_never_import_qt():
 
 def test_worker_process_keeps_stdout_for_messages_and_exits_when_stdin_closes():
     """A library printing to stdout inside the worker must not corrupt the message stream."""
-    code = ("from app.worker import Channel; c = Channel.from_stdio(); print('library noise');"
+    code = ("from opscope.app.worker import Channel; c = Channel.from_stdio(); print('library noise');"
             "import os; os.write(1, b'C noise\\n'); c.send({'id': None, 'type': 'ready'})")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=60)
     assert [json.loads(line) for line in out.stdout.splitlines()] == [{"id": None, "type": "ready"}]
     assert b"library noise" in out.stderr and b"C noise" in out.stderr
 
-    proc = subprocess.Popen([sys.executable, "-m", "app.worker"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "opscope.app.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, cwd=ROOT)
     ready = json.loads(proc.stdout.readline())
     assert ready["type"] == "ready" and ready["pid"] == proc.pid

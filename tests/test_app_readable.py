@@ -10,9 +10,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import numpy as np
 import pytest
 
-from engine.clock import now_ns
-from engine.results import Metric, RunResult
-from engine.store.convert import RunInfo, StoredRun
+from opscope.engine.clock import now_ns
+from opscope.engine.results import Metric, RunResult
+from opscope.engine.store.convert import RunInfo, StoredRun
 
 pytestmark = pytest.mark.gui
 
@@ -31,7 +31,7 @@ def _tick_values(plot, axis: str) -> list[float]:
 
 
 def test_run_detail_cells_carry_units_and_bytes_are_binary(qtbot):
-    from app.runs.views import RunDetailView
+    from opscope.app.runs.views import RunDetailView
 
     view = RunDetailView()
     qtbot.addWidget(view)
@@ -51,8 +51,8 @@ def test_run_detail_cells_carry_units_and_bytes_are_binary(qtbot):
 
 
 def test_compare_without_telemetry_says_why(qtbot):
-    from app.runs.views import CompareView
-    from engine.store.compare import compare
+    from opscope.app.runs.views import CompareView
+    from opscope.engine.store.compare import compare
 
     view = CompareView()
     qtbot.addWidget(view)
@@ -68,8 +68,8 @@ def test_compare_without_telemetry_says_why(qtbot):
 
 
 def _panel_with(qtbot, samples: dict[str, float]):
-    from app.telemetry.model import TelemetryModel
-    from app.telemetry.panel import TelemetryPanel
+    from opscope.app.telemetry.model import TelemetryModel
+    from opscope.app.telemetry.panel import TelemetryPanel
 
     model = TelemetryModel(None, interval_ms=100, history_s=60, sources=[])  # fed below, not started
     t = now_ns()
@@ -101,8 +101,8 @@ def test_host_and_engine_cpu_share_one_scale_and_the_readout_has_units(qtbot):
 def test_dark_theme_titles_use_the_theme_foreground(qtbot, qapp):
     import pyqtgraph as pg
 
-    from app.panels import _follow_theme
-    from app.theme import ThemeManager
+    from opscope.app.panels import _follow_theme
+    from opscope.app.theme import ThemeManager
 
     theme = ThemeManager(qapp, "dark")
     plot = pg.PlotWidget(title="raw samples")
@@ -119,7 +119,7 @@ def test_dark_theme_titles_use_the_theme_foreground(qtbot, qapp):
 
 
 def test_long_params_never_push_the_numbers_out_of_view(qtbot):
-    from app.runs.views import RunDetailView
+    from opscope.app.runs.views import RunDetailView
 
     view = RunDetailView()
     qtbot.addWidget(view)
@@ -135,8 +135,8 @@ def test_long_params_never_push_the_numbers_out_of_view(qtbot):
 
 
 def test_compare_keys_sit_in_the_title_not_over_the_bars(qtbot):
-    from app.runs.views import CompareView
-    from engine.store.compare import compare
+    from opscope.app.runs.views import CompareView
+    from opscope.engine.store.compare import compare
 
     view = CompareView()
     qtbot.addWidget(view)

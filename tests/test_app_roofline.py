@@ -7,7 +7,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
 
-from engine.results import Metric, RunResult
+from opscope.engine.results import Metric, RunResult
 
 pytestmark = [pytest.mark.gui]
 
@@ -24,8 +24,8 @@ def _matmul_run():
 
 @pytest.fixture
 def db(tmp_path, monkeypatch):
-    from engine.bench import peaks
-    from engine.store import RunStore
+    from opscope.engine.bench import peaks
+    from opscope.engine.store import RunStore
 
     monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     peaks.record("cpu", "bandwidth", None, 20e9, "test: 20 GB/s")
@@ -37,8 +37,8 @@ def db(tmp_path, monkeypatch):
 
 
 def test_roofline_tab_draws_points_and_roofs_and_exports(qtbot, db, tmp_path):
-    from app.runs.model import RunsModel
-    from app.runs.panel import RunsPanel
+    from opscope.app.runs.model import RunsModel
+    from opscope.app.runs.panel import RunsPanel
 
     model = RunsModel(db)
     panel = RunsPanel(model)

@@ -9,14 +9,14 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
 
-from app.engine_settings import FALLBACK_LOAD_OPTIONS, EngineSettings
+from opscope.app.engine_settings import FALLBACK_LOAD_OPTIONS, EngineSettings
 
 pytestmark = [pytest.mark.gui]
 
 
 @pytest.fixture(scope="module")
 def window(qapp, tmp_path_factory):
-    from app.testing import close_window, open_window
+    from opscope.app.testing import close_window, open_window
 
     win = open_window(qapp, tmp_path_factory.mktemp("gui-settings"))
     yield win
@@ -36,7 +36,7 @@ def _reload(qtbot, window, action):
 
 
 def test_the_gui_offers_what_the_engine_accepts():
-    from app.worker_jobs import load_options
+    from opscope.app.worker_jobs import load_options
 
     assert load_options() == FALLBACK_LOAD_OPTIONS
 
@@ -60,7 +60,7 @@ def test_settings_dialog_shows_every_model_option(qtbot, window):
 
 
 def test_fast_path_settings_apply_by_reloading_and_persist(qtbot, window):
-    from app import settings
+    from opscope.app import settings
 
     dialog = window.open_engine_settings()
     dialog.fastpath.setCurrentIndex(dialog.fastpath.findData("on"))
@@ -114,8 +114,8 @@ def test_context_length_goes_with_every_chat_request(qtbot, window):
 
 
 def test_sampling_presets_fill_the_form_and_edits_make_it_custom(qtbot, tmp_path):
-    from app import settings
-    from app.chat.panel import SamplingForm
+    from opscope.app import settings
+    from opscope.app.chat.panel import SamplingForm
 
     settings.use_directory(str(tmp_path))
     form = SamplingForm()
@@ -153,8 +153,8 @@ def test_engine_settings_round_trip_and_ignore_garbage():
 
 
 def test_fit_context_drops_the_oldest_turns_to_fit(lm):
-    from app.worker_jobs import fit_context
-    from engine.errors import ConfigError
+    from opscope.app.worker_jobs import fit_context
+    from opscope.engine.errors import ConfigError
 
     system = {"role": "system", "content": "You are brief."}
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message number {i} " * 20}

@@ -11,8 +11,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import pytest
 from test_store_pg import pg_server, pg_url  # noqa: F401  (fixtures: the session's real server)
 
-from engine.results import Metric, RunResult, TelemetrySeries
-from engine.store import RunStore
+from opscope.engine.results import Metric, RunResult, TelemetrySeries
+from opscope.engine.store import RunStore
 
 pytestmark = [pytest.mark.gui]
 
@@ -29,10 +29,10 @@ def _fill(url: str, *names: str) -> None:
 def panel(qtbot, tmp_path):
     from PySide6.QtWidgets import QMainWindow
 
-    from app import settings
-    from app.notify import NotificationArea, Notifier
-    from app.runs.model import RunsModel
-    from app.runs.panel import RunsPanel
+    from opscope.app import settings
+    from opscope.app.notify import NotificationArea, Notifier
+    from opscope.app.runs.model import RunsModel
+    from opscope.app.runs.panel import RunsPanel
 
     settings.use_directory(str(tmp_path / "settings"))
     _fill(str(tmp_path / "local.sqlite"), "local-a", "local-b")
@@ -99,7 +99,7 @@ def test_copy_selected_runs_to_a_second_sqlite_store(panel, tmp_path):
 
 
 def _opscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "opscope.app.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_runs_push_headless_to_sqlite(tmp_path):

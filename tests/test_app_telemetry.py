@@ -12,12 +12,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import numpy as np
 import pytest
 
-from app.telemetry.model import TelemetryModel
-from app.telemetry.panel import TelemetryPanel
-from app.telemetry.source import EngineProcessSource
-from engine.clock import now_ns
-from engine.telemetry import Source
-from engine.telemetry.host import HostSource
+from opscope.app.telemetry.model import TelemetryModel
+from opscope.app.telemetry.panel import TelemetryPanel
+from opscope.app.telemetry.source import EngineProcessSource
+from opscope.engine.clock import now_ns
+from opscope.engine.telemetry import Source
+from opscope.engine.telemetry.host import HostSource
 
 pytestmark = pytest.mark.gui
 
@@ -185,7 +185,7 @@ def _fake_nvml(monkeypatch, procs=()):
 
 def test_pcie_and_throttle_reasons_are_plotted_where_nvml_reports_them(qtbot, monkeypatch):
     pytest.importorskip("pynvml")
-    from engine.telemetry.nvml import NvmlSource
+    from opscope.engine.telemetry.nvml import NvmlSource
 
     _fake_nvml(monkeypatch)
     model, panel = _panel(qtbot, [NvmlSource()])
@@ -214,9 +214,9 @@ def test_pcie_and_throttle_reasons_are_plotted_where_nvml_reports_them(qtbot, mo
 def test_vram_of_the_engine_worker_not_of_the_gui(qtbot, monkeypatch):
     """The per-process VRAM line sums the engine worker's pid (a real worker process)."""
     pytest.importorskip("pynvml")
-    from app.engine_client import EngineClient
-    from app.protocol import PingRequest
-    from engine.telemetry.nvml import NvmlSource
+    from opscope.app.engine_client import EngineClient
+    from opscope.app.protocol import PingRequest
+    from opscope.engine.telemetry.nvml import NvmlSource
 
     fake = _fake_nvml(monkeypatch)
     client = EngineClient()

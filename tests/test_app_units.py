@@ -10,9 +10,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import numpy as np
 import pytest
 
-import resources
-from app.engine_client import EngineClient
-from app.protocol import DebugRequest, PingRequest
+from opscope import resources
+from opscope.app.engine_client import EngineClient
+from opscope.app.protocol import DebugRequest, PingRequest
 
 pytestmark = pytest.mark.gui
 
@@ -84,7 +84,7 @@ def _ops(n: int) -> dict[str, list]:
 
 
 def test_op_table_model_filters_150k_rows(qapp):
-    from app.trace.ops_model import OpTableModel
+    from opscope.app.trace.ops_model import OpTableModel
     from PySide6.QtCore import Qt
 
     model = OpTableModel()
@@ -107,7 +107,7 @@ def test_op_table_model_filters_150k_rows(qapp):
 def test_op_table_view_renders_only_what_is_visible(qtbot):
     from PySide6.QtWidgets import QTableView
 
-    from app.trace.ops_model import OpTableModel
+    from opscope.app.trace.ops_model import OpTableModel
 
     model = OpTableModel()
     model.add_batch(_ops(120_000))
@@ -129,8 +129,8 @@ def test_op_table_view_renders_only_what_is_visible(qtbot):
 # -- runs panel on a real store -------------------------------------------------------------------
 @pytest.fixture
 def store_url(tmp_path):
-    from engine.results import Metric, RunResult, TelemetrySeries
-    from engine.store import RunStore
+    from opscope.engine.results import Metric, RunResult, TelemetrySeries
+    from opscope.engine.store import RunStore
 
     url = f"sqlite:///{tmp_path / 'runs.db'}"
     rng = np.random.default_rng(1)
@@ -146,8 +146,8 @@ def store_url(tmp_path):
 
 @pytest.fixture
 def runs_panel(qtbot, store_url):
-    from app.runs.model import RunsModel
-    from app.runs.panel import RunsPanel
+    from opscope.app.runs.model import RunsModel
+    from opscope.app.runs.panel import RunsPanel
 
     panel = RunsPanel(RunsModel(store_url))
     qtbot.addWidget(panel)
@@ -224,7 +224,7 @@ def test_rename_tag_delete_and_export(runs_panel, tmp_path):
 
 
 def test_rename_to_a_taken_name_reports_the_error(runs_panel):
-    from engine.errors import ConfigError
+    from opscope.engine.errors import ConfigError
 
     base = next(r.info.id for r in runs_panel.rows if r.info.name == "base")
     with pytest.raises(ConfigError, match="already exists"):
@@ -233,7 +233,7 @@ def test_rename_to_a_taken_name_reports_the_error(runs_panel):
 
 # -- benchmark parameter form ---------------------------------------------------------------------
 def test_param_form_round_trips_every_kind(qtbot):
-    from app.bench.panel import ParamForm
+    from opscope.app.bench.panel import ParamForm
 
     fields = [{"name": "pp", "kind": "int", "default": 512, "quick": 64},
               {"name": "budget", "kind": "float", "default": 2.0, "quick": 0.5},
@@ -249,9 +249,9 @@ def test_param_form_round_trips_every_kind(qtbot):
 
 
 def test_bench_params_reach_the_suite_dataclass():
-    from app.worker_bench import build_params, suite_catalog
-    from engine.bench.suites import get_suite
-    from engine.errors import ConfigError
+    from opscope.app.worker_bench import build_params, suite_catalog
+    from opscope.engine.bench.suites import get_suite
+    from opscope.engine.errors import ConfigError
 
     catalog = {s["name"]: s for s in suite_catalog()}
     assert {"llm", "matmul", "bandwidth"} <= set(catalog)
@@ -278,7 +278,7 @@ def test_resources_are_found_through_importlib_resources():
 def test_theme_follows_mode_and_styles_the_app(qapp):
     from PySide6.QtGui import QPalette
 
-    from app.theme import ThemeManager
+    from opscope.app.theme import ThemeManager
 
     theme = ThemeManager(qapp, "dark")
     seen = []
@@ -292,7 +292,7 @@ def test_theme_follows_mode_and_styles_the_app(qapp):
 
 
 def test_desktop_entry_installs_and_uninstalls_under_a_prefix(tmp_path):
-    from app.desktop_entry import main
+    from opscope.app.desktop_entry import main
 
     assert main(["--prefix", str(tmp_path)]) == 0
     entry = tmp_path / "applications" / "opscope.desktop"
@@ -306,7 +306,7 @@ def test_desktop_entry_installs_and_uninstalls_under_a_prefix(tmp_path):
 # -- toolbar, notices, options --------------------------------------------------------------------
 @pytest.fixture
 def isolated_settings(tmp_path):
-    from app import settings
+    from opscope.app import settings
 
     settings.use_directory(str(tmp_path / "settings"))
     settings.settings().clear()
@@ -314,7 +314,7 @@ def isolated_settings(tmp_path):
 
 
 def test_toolbar_lists_devices_with_reasons_and_remembers_recent_models(qtbot, isolated_settings):
-    from app.toolbar import DEFAULT_LABEL, ModelToolBar
+    from opscope.app.toolbar import DEFAULT_LABEL, ModelToolBar
 
     bar = ModelToolBar()
     qtbot.addWidget(bar)
@@ -339,8 +339,8 @@ def test_toolbar_lists_devices_with_reasons_and_remembers_recent_models(qtbot, i
 
 
 def test_toolbar_shows_what_is_loaded_not_what_was_asked(qtbot, isolated_settings):
-    from app.protocol import LoadRequest
-    from app.toolbar import DEFAULT_LABEL, NO_MODEL_LABEL, ModelToolBar
+    from opscope.app.protocol import LoadRequest
+    from opscope.app.toolbar import DEFAULT_LABEL, NO_MODEL_LABEL, ModelToolBar
 
     bar = ModelToolBar()
     qtbot.addWidget(bar)
@@ -363,7 +363,7 @@ def host(qtbot):
     """A shown main window for the notification area to live in (isVisible needs a shown top level)."""
     from PySide6.QtWidgets import QMainWindow
 
-    from app.notify import NotificationArea, Notifier
+    from opscope.app.notify import NotificationArea, Notifier
 
     window = QMainWindow()
     window.notifier = Notifier(window)
@@ -396,7 +396,7 @@ def test_uncaught_exceptions_from_slots_and_threads_reach_the_notification_area(
 
     from PySide6.QtCore import QTimer
 
-    from app.notify import install_excepthooks
+    from opscope.app.notify import install_excepthooks
 
     def broken_slot():
         raise ValueError("a bug in a slot")
@@ -421,7 +421,7 @@ def test_uncaught_exceptions_from_slots_and_threads_reach_the_notification_area(
 
 
 def test_a_failed_export_is_reported_with_the_path(qtbot, host, tmp_path):
-    from app.notify import export_guard
+    from opscope.app.notify import export_guard
 
     target = tmp_path / "missing" / "conversation.md"
     with export_guard(host.centralWidget() or host, "save the conversation", str(target)):
@@ -435,12 +435,12 @@ def test_a_failed_export_is_reported_with_the_path(qtbot, host, tmp_path):
 @pytest.fixture(scope="module")
 def bad_start(qapp, tmp_path_factory):
     """The window as `opscope gui --model BROKEN` opens it (the engine worker is real)."""
-    from app import settings
-    from app.engine_client import EngineClient
-    from app.main_window import MainWindow
-    from app.protocol import LoadRequest
-    from app.testing import close_window, wait_until
-    from app.theme import ThemeManager
+    from opscope.app import settings
+    from opscope.app.engine_client import EngineClient
+    from opscope.app.main_window import MainWindow
+    from opscope.app.protocol import LoadRequest
+    from opscope.app.testing import close_window, wait_until
+    from opscope.app.theme import ThemeManager
 
     base = tmp_path_factory.mktemp("bad-start")
     bad = base / "broken.gguf"
@@ -456,7 +456,7 @@ def bad_start(qapp, tmp_path_factory):
 
 
 def test_a_model_that_fails_at_start_leaves_nothing_loaded_and_says_why(bad_start):
-    from app.toolbar import NO_MODEL_LABEL
+    from opscope.app.toolbar import NO_MODEL_LABEL
 
     window, bad = bad_start
     assert window.client.model_info is None and window.client.model_spec is None
@@ -531,8 +531,8 @@ def _fragments(block):
 def test_transcript_renders_markdown_with_the_role_label_on_its_own_line(qtbot):
     from PySide6.QtGui import QFont
 
-    from app.chat.session import Turn
-    from app.chat.transcript import ChatTranscript
+    from opscope.app.chat.session import Turn
+    from opscope.app.chat.transcript import ChatTranscript
 
     view = ChatTranscript()
     qtbot.addWidget(view)
@@ -557,8 +557,8 @@ def test_transcript_renders_markdown_with_the_role_label_on_its_own_line(qtbot):
 def test_streamed_markdown_is_rendered_apart_from_the_label_and_throttled(qtbot):
     from PySide6.QtGui import QFont
 
-    from app.chat.session import Turn
-    from app.chat.transcript import RENDER_INTERVAL_MS, ChatTranscript
+    from opscope.app.chat.session import Turn
+    from opscope.app.chat.transcript import RENDER_INTERVAL_MS, ChatTranscript
 
     view = ChatTranscript()
     qtbot.addWidget(view)
@@ -578,10 +578,10 @@ def test_streamed_markdown_is_rendered_apart_from_the_label_and_throttled(qtbot)
 
 def test_live_stats_use_the_engine_definitions(qapp):
     """LiveTimes on the events of a generation gives what engine.events.stats_from_times gives."""
-    from engine.events import PrefillFinished, PrefillStarted, Token, stats_from_times
+    from opscope.engine.events import PrefillFinished, PrefillStarted, Token, stats_from_times
 
-    from app.chat.session import LiveTimes
-    from app.protocol import event_to_dict
+    from opscope.app.chat.session import LiveTimes
+    from opscope.app.protocol import event_to_dict
 
     events = [PrefillStarted(12, 1_100_000, 1_000_000), PrefillFinished(12, 9_000_000),
               Token(0, 5, "Hi", 10_000_000), Token(1, 6, "", 14_000_000), Token(2, 7, "!", 19_000_000)]
@@ -597,7 +597,7 @@ def test_live_stats_use_the_engine_definitions(qapp):
 def test_run_accepts_the_cli_namespace_or_argv():
     import argparse
 
-    from app.main import _options
+    from opscope.app.main import _options
 
     ns = _options(argparse.Namespace(model="m.gguf", db="sqlite:///x.db", debug=True, command="gui"))
     assert (ns.model, ns.db, ns.debug, ns.device, ns.backend) == ("m.gguf", "sqlite:///x.db", True, "cpu", "torch")
@@ -609,7 +609,7 @@ def test_run_accepts_the_cli_namespace_or_argv():
 def test_chat_session_exports_markdown_and_json(qapp, tmp_path):
     import json
 
-    from app.chat.session import ChatSession, Turn, format_stats
+    from opscope.app.chat.session import ChatSession, Turn, format_stats
 
     session = ChatSession(client=None)
     session.system_prompt = "Be brief."

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats import open_model
+from opscope.engine.errors import ModelFormatError, UnsupportedModelError
+from opscope.engine.formats import open_model
 
 
 def _cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "opscope.app.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def _header(n_tensors: int, n_kv: int, body: bytes = b"") -> bytes:

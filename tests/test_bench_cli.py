@@ -5,12 +5,12 @@ import threading
 
 import pytest
 
-from engine.bench import peaks
-from engine.bench.options import BenchOptions
-from engine.bench.session import run_suite
-from engine.bench.suites import matmul
-from engine.cli import main
-from engine.errors import Cancelled
+from opscope.engine.bench import peaks
+from opscope.engine.bench.options import BenchOptions
+from opscope.engine.bench.session import run_suite
+from opscope.engine.bench.suites import matmul
+from opscope.engine.cli import main
+from opscope.engine.errors import Cancelled
 
 FAST = ["--quick", "--repeat", "2", "--min-time", "0", "--warmup", "0"]
 
@@ -29,7 +29,7 @@ def db(tmp_path):
 
 
 def test_cancel_mid_suite_keeps_finished_points_and_marks_the_run_aborted(db):
-    from engine.store import RunStore
+    from opscope.engine.store import RunStore
 
     cancel = threading.Event()
 
@@ -56,7 +56,7 @@ def test_bench_saves_prints_and_compares(db, capsys):
     capsys.readouterr()
     assert main(["--db", db, "runs", "compare", "bw-a", "bw-b"]) == 0
     assert "copy_64MiB" in capsys.readouterr().out
-    from engine.store import RunStore
+    from opscope.engine.store import RunStore
 
     with RunStore.open(db) as store:
         info = store.info("bw-a")
@@ -75,7 +75,7 @@ def test_param_sets_suite_parameters_and_is_saved(db, capsys):
             "--param", "dtypes=float32"]
     assert main(args) == 0
     capsys.readouterr()
-    from engine.store import RunStore
+    from opscope.engine.store import RunStore
 
     with RunStore.open(db) as store:
         run = store.load("mm").result
@@ -106,8 +106,8 @@ def test_unknown_suite_is_rejected_by_the_parser(db, capsys):
 
 
 def test_telemetry_and_bench_iter_markers_are_saved_with_the_run(db):
-    from engine.store import RunStore
-    from engine.telemetry.recorder import Recorder
+    from opscope.engine.store import RunStore
+    from opscope.engine.telemetry.recorder import Recorder
 
     rec = Recorder(None)  # markers only: no sampler thread on a shared 2-core machine
     params = matmul.Params(dtypes=("float32",), sizes=(16,))
@@ -125,8 +125,8 @@ def test_telemetry_and_bench_iter_markers_are_saved_with_the_run(db):
 def test_summary_table_states_the_peaks_and_never_prints_above_100_pct():
     import io
 
-    from engine.bench.report import summary_table
-    from engine.results import Metric, RunResult
+    from opscope.engine.bench.report import summary_table
+    from opscope.engine.results import Metric, RunResult
 
     peaks_used = {"flop_s": 1e9, "flop_source": "measured: matmul suite, n=128", "bytes_s": None}
     run = RunResult(kind="scaling", settings={"suite_params": {"peaks": peaks_used}}, metrics=[
@@ -145,7 +145,7 @@ def test_summary_table_states_the_peaks_and_never_prints_above_100_pct():
 
 
 def test_load_threshold_flag_sets_when_a_repetition_is_disturbed(db, capsys):
-    from engine.store import RunStore
+    from opscope.engine.store import RunStore
 
     tiny = ["--param", "sizes=32", "--param", "dtypes=float32"]
     # 64 cores of foreign load cannot happen on any machine this runs on: nothing is disturbed

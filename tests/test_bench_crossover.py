@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.bench.runner import Point, PointOutcome
-from engine.bench.suites import crossover
-from engine.cli import main
-from engine.results import Metric
+from opscope.engine.bench.runner import Point, PointOutcome
+from opscope.engine.bench.suites import crossover
+from opscope.engine.cli import main
+from opscope.engine.results import Metric
 
 
 def test_one_device_machine_says_so_in_one_line_and_what_it_would_compare(capsys, tmp_path):
@@ -64,8 +64,8 @@ def test_crossover_metrics_from_recorded_points():
 def test_the_whole_suite_runs_with_the_cpu_standing_in_for_the_accelerator():
     """Every point (CPU call, device call, transfer) and the finish step, for real; with the CPU on
     both sides no size can be a clear win, so each workload ends with a crossover metric either way."""
-    from engine.bench.options import BenchOptions
-    from engine.bench.session import run_suite
+    from opscope.engine.bench.options import BenchOptions
+    from opscope.engine.bench.session import run_suite
 
     params = crossover.Params(matmul=(16, 64), attention=(16,), decode=(64,), accelerator="cpu")
     _, result = run_suite("crossover", BenchOptions(quick=True, threads=1), params=params)

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from engine.bench import fingerprint
+from opscope.engine.bench import fingerprint
 
 
 @pytest.fixture(autouse=True)

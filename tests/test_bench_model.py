@@ -5,11 +5,11 @@ import math
 
 import pytest
 
-from engine.bench import peaks
-from engine.bench.options import BenchOptions
-from engine.bench.session import run_suite
-from engine.bench.suites import _model as M
-from engine.bench.suites import batch, kv_cache, llm
+from opscope.engine.bench import peaks
+from opscope.engine.bench.options import BenchOptions
+from opscope.engine.bench.session import run_suite
+from opscope.engine.bench.suites import _model as M
+from opscope.engine.bench.suites import batch, kv_cache, llm
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 OPTS = BenchOptions(quick=True, repeat=2, min_time_s=0.0, warmup=1)
@@ -17,7 +17,7 @@ OPTS = BenchOptions(quick=True, repeat=2, min_time_s=0.0, warmup=1)
 
 @pytest.fixture(scope="module")
 def lm():
-    from engine.api import load
+    from opscope.engine.api import load
 
     return load()
 
@@ -58,7 +58,7 @@ def test_llm_tiny_llama_bench_names_generation_metrics_and_mfu(lm):
 
 @pytest.fixture(scope="module")
 def dense_lm():
-    from engine.api import load
+    from opscope.engine.api import load
 
     return load(fastpath="off")
 

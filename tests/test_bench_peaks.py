@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench import peaks, theoretical
-from engine.bench.options import BenchOptions
-from engine.bench.session import run_suite
-from engine.bench.suites import matmul
+from opscope.engine.bench import peaks, theoretical
+from opscope.engine.bench.options import BenchOptions
+from opscope.engine.bench.session import run_suite
+from opscope.engine.bench.suites import matmul
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -238,7 +238,7 @@ def test_a_matmul_run_beside_a_busy_process_records_nothing(busy_cpu):
 
 
 def test_exceeding_a_measured_peak_invalidates_it_and_no_table_prints_it():
-    from engine.bench.report import summary_table
+    from opscope.engine.bench.report import summary_table
 
     peaks.record("cpu", "matmul", "float32", 0.5e9, "a peak taken on a busy machine")
     _, result = run_suite("matmul", BenchOptions(quick=True, **FULL), None,

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench import quality as Q
-from engine.bench.runner import Point, RunnerConfig, run_points
-from engine.results import RunResult
-from engine.store import RunStore, db as store_db
+from opscope.engine.bench import quality as Q
+from opscope.engine.bench.runner import Point, RunnerConfig, run_points
+from opscope.engine.results import RunResult
+from opscope.engine.store import RunStore, db as store_db
 
 SLOW_REP_S = 0.12  # longer than quality.MIN_WINDOW_S: every repetition gets a load window of its own
 
@@ -108,7 +108,7 @@ def test_load_throughout_spends_the_budget_then_keeps_all_as_disturbed(tmp_path,
 
 
 def test_every_metric_of_a_disturbed_point_carries_its_load(tmp_path, monkeypatch):
-    from engine.bench.runner import Derived, Extra
+    from opscope.engine.bench.runner import Derived, Extra
 
     monkeypatch.setenv("OPSCOPE_PROC", str(tmp_path))
     base = busy_proc_point(tmp_path, disturbed_reps=None)
@@ -121,7 +121,7 @@ def test_every_metric_of_a_disturbed_point_carries_its_load(tmp_path, monkeypatc
 
 
 def test_bad_threshold_is_a_config_error():
-    from engine.errors import ConfigError
+    from opscope.engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match="disturbed_cores"):
         RunnerConfig(disturbed_cores=0)
@@ -150,7 +150,7 @@ def test_other_gpu_processes_exclude_ours(monkeypatch):
 # --- the CLI with a real busy process ------------------------------------------------------------
 
 def _bench(db: str, name: str, capsys) -> str:
-    from engine.cli import main
+    from opscope.engine.cli import main
 
     args = ["--db", db, "bench", "matmul", "--quick", "--name", name, "--param", "sizes=16",
             "--param", "dtypes=float32"]
@@ -184,7 +184,7 @@ def test_busy_process_marks_samples_disturbed_reruns_and_prints_it(tmp_path, mon
 
 def _save_pair(tmp_path, monkeypatch) -> str:
     """Two saved runs of the same point: "calm" on a quiet fake /proc, "stormy" under load throughout."""
-    from engine.bench.quality import worst
+    from opscope.engine.bench.quality import worst
 
     path = tmp_path / "runs.db"
     with RunStore.open(path) as store:
@@ -198,7 +198,7 @@ def _save_pair(tmp_path, monkeypatch) -> str:
 
 
 def test_quality_is_saved_listed_and_shown(tmp_path, monkeypatch):
-    from engine.store.views import list_dicts, list_text, show_text
+    from opscope.engine.store.views import list_dicts, list_text, show_text
 
     path = _save_pair(tmp_path, monkeypatch)
     with RunStore.open(path) as store:
@@ -215,8 +215,8 @@ def test_quality_is_saved_listed_and_shown(tmp_path, monkeypatch):
 
 
 def test_compare_names_the_disturbed_side_on_the_row_and_in_the_summary(tmp_path, monkeypatch):
-    from engine.store.compare import compare
-    from engine.store.render import render
+    from opscope.engine.store.compare import compare
+    from opscope.engine.store.render import render
 
     path = _save_pair(tmp_path, monkeypatch)
     with RunStore.open(path) as store:
@@ -232,7 +232,7 @@ def test_compare_names_the_disturbed_side_on_the_row_and_in_the_summary(tmp_path
 
 
 def test_a_database_from_before_quality_opens_with_unknown_quality(tmp_path):
-    from engine.store.views import list_text
+    from opscope.engine.store.views import list_text
 
     path = tmp_path / "old.sqlite"
     engine = store_db.create_db_engine(f"sqlite:///{path}")
@@ -257,7 +257,7 @@ def test_a_database_from_before_quality_opens_with_unknown_quality(tmp_path):
 
 
 def test_summary_table_prints_quality_column_and_line(tmp_path, monkeypatch):
-    from engine.bench.report import summary_table
+    from opscope.engine.bench.report import summary_table
 
     write_proc(tmp_path, 1000)
     monkeypatch.setenv("OPSCOPE_PROC", str(tmp_path))
@@ -295,9 +295,9 @@ def _threads_per_decode_call(model, run) -> list[int]:
 def test_tg_points_decode_with_the_threads_generation_uses(lm):
     import torch
 
-    from engine.bench.options import BenchOptions
-    from engine.bench.suites import llm
-    from engine.generate import GenerationConfig
+    from opscope.engine.bench.options import BenchOptions
+    from opscope.engine.bench.suites import llm
+    from opscope.engine.generate import GenerationConfig
 
     have = torch.get_num_threads()
     assert have >= 2 and lm.model.decode_threads == "auto"  # else both paths would trivially agree
@@ -321,8 +321,8 @@ def test_tg_points_decode_with_the_threads_generation_uses(lm):
 
 
 def test_runs_panel_lists_quality(qtbot, tmp_path, monkeypatch):
-    from app.runs.model import RunsModel
-    from app.runs.panel import COLUMNS, RunsPanel
+    from opscope.app.runs.model import RunsModel
+    from opscope.app.runs.panel import COLUMNS, RunsPanel
 
     path = _save_pair(tmp_path, monkeypatch)
     panel = RunsPanel(RunsModel(f"sqlite:///{path}"))

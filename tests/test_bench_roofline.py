@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from engine.bench import peaks, roofline
-from engine.cli import main
-from engine.results import Metric, RunResult
-from engine.store import RunStore
+from opscope.engine.bench import peaks, roofline
+from opscope.engine.cli import main
+from opscope.engine.results import Metric, RunResult
+from opscope.engine.store import RunStore
 
 TH = {"value": 500e9, "source": "test", "basis": "theoretical", "kind": "matmul", "dtype": "float32",
       "label": "theoretical 500 GFLOP/s"}
@@ -73,7 +73,7 @@ def test_attention_points_from_the_run_settings():
 
 
 def test_other_run_kinds_are_refused_in_one_line():
-    from engine.errors import ConfigError
+    from opscope.engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match="a roofline places llm, matmul, attention points"):
         roofline.from_run(RunResult(kind="kv_cache", name="kv"))
@@ -100,9 +100,9 @@ def test_cli_text_json_and_svg(tmp_path, capsys):
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_real_llm_run_places_pp_and_tg_by_their_stored_work(tmp_path, capsys, lm):
-    from engine.bench.options import BenchOptions
-    from engine.bench.session import run_suite
-    from engine.bench.suites import get_suite
+    from opscope.engine.bench.options import BenchOptions
+    from opscope.engine.bench.session import run_suite
+    from opscope.engine.bench.suites import get_suite
 
     llm = get_suite("llm")
     params = llm.Params(pp=16, tg=4, depths=(0,), gen_prompt=8, gen_tokens=2)

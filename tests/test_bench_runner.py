@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from engine import markers
-from engine.bench import runner
-from engine.bench.runner import Derived, Extra, Point, RunnerConfig, measure_point, run_points
-from engine.errors import Cancelled, ConfigError
+from opscope.engine import markers
+from opscope.engine.bench import runner
+from opscope.engine.bench.runner import Derived, Extra, Point, RunnerConfig, measure_point, run_points
+from opscope.engine.errors import Cancelled, ConfigError
 
 
 class FakeClock:

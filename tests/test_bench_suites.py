@@ -5,11 +5,11 @@ import math
 
 import pytest
 
-from engine.bench import peaks
-from engine.bench.options import BenchOptions
-from engine.bench.session import run_suite
-from engine.bench.suites import attention, bandwidth, get_suite, matmul, scaling, train_step
-from engine.errors import ConfigError
+from opscope.engine.bench import peaks
+from opscope.engine.bench.options import BenchOptions
+from opscope.engine.bench.session import run_suite
+from opscope.engine.bench.suites import attention, bandwidth, get_suite, matmul, scaling, train_step
+from opscope.engine.errors import ConfigError
 
 FAST = dict(quick=True, repeat=2, min_time_s=0.0, warmup=1)
 
@@ -29,7 +29,7 @@ def cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def store(tmp_path):
-    from engine.store import RunStore
+    from opscope.engine.store import RunStore
 
     s = RunStore.open(f"sqlite:///{tmp_path / 'runs.db'}")
     yield s

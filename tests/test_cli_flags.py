@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench.suites import SUITES
+from opscope.engine.bench.suites import SUITES
 
 OPSCOPE = str(Path(sys.executable).parent / "opscope")
 NEVER = "/nonexistent/never-opened.gguf"

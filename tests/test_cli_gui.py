@@ -12,7 +12,7 @@ import pytest
 @pytest.mark.parametrize("argv", [[], ["gui"]])
 def test_no_display_is_one_clear_line(argv):
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
-    r = subprocess.run([sys.executable, "-m", "app.cli", *argv], capture_output=True, text=True, env=env,
+    r = subprocess.run([sys.executable, "-m", "opscope.app.cli", *argv], capture_output=True, text=True, env=env,
                        timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().startswith("opscope: error: no display") and r.stderr.count("\n") == 1
@@ -21,7 +21,7 @@ def test_no_display_is_one_clear_line(argv):
 def _opscope(argv, tmp_path, timeout=300):
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path / "config"),
            "XDG_DATA_HOME": str(tmp_path / "data")}
-    return subprocess.run([sys.executable, "-m", "app.cli", *argv], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "opscope.app.cli", *argv], capture_output=True, text=True, env=env,
                           timeout=timeout)
 
 
@@ -51,7 +51,7 @@ def test_screenshot_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, wher
 
 
 def test_screenshot_option_is_taken_only_from_the_gui_command():
-    from app.cli import split_screenshot
+    from opscope.app.cli import split_screenshot
 
     assert split_screenshot(["gui", "--screenshot", "a.png", "-m", "m.gguf"]) == (["gui", "-m", "m.gguf"], "a.png")
     assert split_screenshot(["--db", "sqlite:///x", "--screenshot=b.png"]) == (["--db", "sqlite:///x"], "b.png")

@@ -18,8 +18,8 @@ import json
 import pytest
 from scipy import stats as sps
 
-from engine.cli import main
-from engine.store import RunStore
+from opscope.engine.cli import main
+from opscope.engine.store import RunStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import ConfigError
-from engine.models.compiled import enable_compiled_decode
-from engine.models.config import ModelConfig
-from engine.models.llama import Transformer
+from opscope.engine.errors import ConfigError
+from opscope.engine.models.compiled import enable_compiled_decode
+from opscope.engine.models.config import ModelConfig
+from opscope.engine.models.llama import Transformer
 
 TINY = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab_size=160,
                    max_seq_len=128, tie_embeddings=True)
@@ -124,7 +124,7 @@ def test_only_single_token_cached_decode_is_compiled():
 
 
 def test_load_rejects_bad_compile_settings():
-    from engine.api import load
+    from opscope.engine.api import load
 
     with pytest.raises(ConfigError, match="--compile"):
         load(compile="always")
@@ -136,9 +136,9 @@ def test_load_rejects_bad_compile_settings():
 def test_default_model_compiled_decode_equals_eager():
     """The real model, float32, plain torch: 8 greedy tokens compiled = eager (the compile takes
     ~35 s on 2 cores, once per test session with Inductor's disk cache)."""
-    from engine.api import load
-    from engine.events import Token
-    from engine.generate import GenerationConfig
+    from opscope.engine.api import load
+    from opscope.engine.events import Token
+    from opscope.engine.generate import GenerationConfig
 
     cfg = GenerationConfig(max_tokens=8)
     eager = load(fastpath="off")

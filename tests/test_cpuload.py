@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cpuload import LoadAwareThreads, OtherLoad
+from opscope.engine.cpuload import LoadAwareThreads, OtherLoad
 
 
 def fake_proc(root: Path, busy: tuple[int, int, int, int, int], own: tuple[int, int]) -> None:
@@ -77,8 +77,8 @@ def test_a_real_busy_process_is_seen(tmp_path):
 def test_fast_path_decodes_with_load_aware_threads():
     import torch
 
-    from engine.api import load
-    from engine.generate import decode_threads
+    from opscope.engine.api import load
+    from opscope.engine.generate import decode_threads
 
     lm = load()  # the default model through the fast path
     assert lm.model.decode_threads == "auto"

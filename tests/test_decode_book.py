@@ -14,17 +14,17 @@ import threading
 import pytest
 import torch
 
-from engine.events import Finished, Token
-from engine.generation_config import GenerationConfig
-from engine.models.config import ModelConfig
-from engine.models.llama import Transformer
+from opscope.engine.events import Finished, Token
+from opscope.engine.generation_config import GenerationConfig
+from opscope.engine.models.config import ModelConfig
+from opscope.engine.models.llama import Transformer
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from engine.formats import open_model
+    from opscope.engine.formats import open_model
 
     return open_model(None).tokenizer
 
@@ -73,15 +73,15 @@ def run(loop: str, model, tokenizer, prompt: list[int], cfg: GenerationConfig, c
     """Events of one generation by ``loop``; ``cancel_at``: set cancel while handling that Token."""
     cancel = threading.Event()
     if loop == "generate":
-        from engine.generate import generate
+        from opscope.engine.generate import generate
 
         events = generate(model, tokenizer, prompt, cfg, cancel)
     elif loop == "batch":
-        from engine.batch import generate_batch
+        from opscope.engine.batch import generate_batch
 
         events = generate_batch(model, tokenizer, [prompt, [tokenizer.pad_id + 1] + prompt], cfg, cancel)
     else:
-        from engine.backends.loop import stream_generation
+        from opscope.engine.backends.loop import stream_generation
 
         events = stream_generation(TorchStepper(model), tokenizer, prompt, cfg, cancel)
     out = []
@@ -168,7 +168,7 @@ def test_stop_string_held_back_then_released_at_the_end(loop, tokenizer, script)
 
 def test_batch_rows_finish_on_their_own(tokenizer, script):
     """Row 1 meets EOS first; row 0 runs on to its stop string; Finished reports row 0."""
-    from engine.batch import generate_batch
+    from opscope.engine.batch import generate_batch
 
     chain = script[:6]  # The quick brown fox jumps over
     model = scripted_model(tokenizer, chain + [tokenizer.eos_ids[0]])

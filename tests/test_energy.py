@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import energy
+from opscope.engine import energy
 
 
 def _zone(root: Path, name: str, label: str, uj: int, wrap: int = 262143328850) -> Path:
@@ -83,8 +83,8 @@ class _Heater(threading.Thread):
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_generation_stats_carry_joules_per_token_from_rapl(powercap, lm):
-    from engine.events import Finished
-    from engine.generate import GenerationConfig
+    from opscope.engine.events import Finished
+    from opscope.engine.generate import GenerationConfig
 
     for extra in ("intel-rapl:1", "intel-rapl:0:0"):
         import shutil
@@ -108,8 +108,8 @@ def test_generation_stats_carry_joules_per_token_from_rapl(powercap, lm):
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_generation_without_a_counter_says_n_a_and_why(tmp_path, monkeypatch, lm):
-    from engine.events import Finished
-    from engine.generate import GenerationConfig
+    from opscope.engine.events import Finished
+    from opscope.engine.generate import GenerationConfig
 
     monkeypatch.setenv(energy.POWERCAP_ENV, str(tmp_path / "nothing"))
     energy.reset()
@@ -178,7 +178,7 @@ def test_no_nvidia_driver_here_is_n_a_with_the_reason():
 
 
 def test_the_chat_stats_line_shows_joules_per_token_or_n_a():
-    from app.chat.session import format_stats
+    from opscope.app.chat.session import format_stats
 
     stats = {"ttft_ms": 40.0, "prefill_tok_s": 300.0, "decode_tok_s": 20.0, "prompt_tokens": 20,
              "generated_tokens": 8, "prefill_j_per_token": 0.0123, "decode_j_per_token": 0.5,

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.events import Finished, Token
-from engine.generate import GenerationConfig
+from opscope.engine.events import Finished, Token
+from opscope.engine.generate import GenerationConfig
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from engine.testing.gguf_writer import hf_config, random_tensors, write_gguf  # noqa: E402
+from opscope.engine.testing.gguf_writer import hf_config, random_tensors, write_gguf  # noqa: E402
 
 WINDOW = 16
 PROMPT_LEN = 40  # > WINDOW: the windowed layers drop keys during prefill and decode
@@ -118,8 +118,8 @@ def ref_greedy(model, ids: list[int], n: int = GREEDY) -> list[int]:
 
 
 def our_greedy(lm, ids: list[int], n: int = GREEDY) -> list[int]:
-    from engine.events import Token
-    from engine.generate import GenerationConfig
+    from opscope.engine.events import Token
+    from opscope.engine.generate import GenerationConfig
 
     cfg = GenerationConfig(max_tokens=n, ignore_eos=True, prefill_chunk=12)  # chunked prefill: masks at start>0
     return [ev.token_id for ev in lm.generate(ids, cfg) if isinstance(ev, Token)]
@@ -138,7 +138,7 @@ def check_against_reference(lm, ref, family: str) -> float:
 
 @pytest.mark.parametrize("family", list(CASES))
 def test_eager_matches_transformers(family, files, references, one_torch_thread):
-    from engine.api import load
+    from opscope.engine.api import load
 
     lm = load(str(files(family, "F32")), fastpath="off")
     # llama.cpp writes Mistral as a llama-arch file; its window comes from the metadata
@@ -149,8 +149,8 @@ def test_eager_matches_transformers(family, files, references, one_torch_thread)
 
 @pytest.mark.parametrize("family", list(CASES))
 def test_fastpath_matches_transformers(family, files, references, one_torch_thread):
-    from engine.api import load
-    from engine.fastpath.qlinear import QuantLinear
+    from opscope.engine.api import load
+    from opscope.engine.fastpath.qlinear import QuantLinear
 
     lm = load(str(files(family, "Q8_0")), fastpath="auto")
     assert isinstance(lm.model.layers[0].attn.q_proj, QuantLinear)  # the quantized kernels run
@@ -163,7 +163,7 @@ def test_compiled_decode_matches_transformers(family, files, references, one_tor
     """Compiling is slow (20-40 s per family on a quiet 2-core CPU, minutes on a busy one): the two
     families whose step differs most from Llama's (soft-caps through the naive attention; windows,
     local RoPE, QK-norm, post-norms, GeGLU, scales). test_compiled_decode covers the Llama core."""
-    from engine.api import load
+    from opscope.engine.api import load
 
     lm = load(str(files(family, "F32")), fastpath="off", compile="decode")
     check_against_reference(lm, references(family, "F32"), family)
@@ -173,7 +173,7 @@ def test_compiled_decode_matches_transformers(family, files, references, one_tor
 def test_static_decode_step_matches_transformers(family, files, references, one_torch_thread):
     """decode_static (the step CUDA graphs capture: the whole cache under a mask) applies windows,
     local RoPE and soft-caps as the forward does; run eagerly here, position by position."""
-    from engine.api import load
+    from opscope.engine.api import load
 
     ref = references(family, "F32")
     ids = _prompt(CASES[family].cfg["vocab_size"])
@@ -191,7 +191,7 @@ def test_static_decode_step_matches_transformers(family, files, references, one_
 @pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
 def test_fused_decode_runs_llama_core_families(family, files):
     """The fused C++ step runs plain Llama blocks only; families made of them keep it."""
-    from engine.api import load
+    from opscope.engine.api import load
 
     lm = load(str(files(family, "Q8_0")), fastpath="auto")
     assert lm.model.decode_step is not None
@@ -199,8 +199,8 @@ def test_fused_decode_runs_llama_core_families(family, files):
 
 @pytest.mark.parametrize("family", ["mistral", "qwen3", "gemma2", "gemma3"])
 def test_fused_decode_refused_for_other_switches(family, files):
-    from engine.api import load
-    from engine.fastpath.decode import fusable
+    from opscope.engine.api import load
+    from opscope.engine.fastpath.decode import fusable
 
     lm = load(str(files(family, "Q8_0")), fastpath="auto")
     assert not fusable(lm.model)
@@ -220,7 +220,7 @@ def test_switches_are_exercised(family, files, references):
 def save_hf_directory(ref, gguf_path, directory):
     """``ref`` saved with save_pretrained (a GGUF-loaded model counts as quantized and refuses: a
     plain copy is saved), plus a tokenizer.json (OpScope's tokenizer of the same GGUF)."""
-    from engine.api import load
+    from opscope.engine.api import load
 
     cfg = ref.config.__class__.from_dict({k: v for k, v in ref.config.to_dict().items()
                                           if k != "quantization_config"})
@@ -236,7 +236,7 @@ def test_hf_directory_matches_transformers(family, files, references, tmp_path, 
     qkv and gate_up), loaded by OpScope and by transformers itself."""
     from transformers import AutoModelForCausalLM
 
-    from engine.api import load
+    from opscope.engine.api import load
 
     save_hf_directory(references(family, "F32"), files(family, "F32"), tmp_path)
     ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
@@ -267,8 +267,8 @@ def mamba_gguf(tmp_path):
 
 
 def test_unknown_architecture_names_it_and_the_supported_list(mamba_gguf):
-    from engine.errors import UnsupportedModelError
-    from engine.formats import open_model
+    from opscope.engine.errors import UnsupportedModelError
+    from opscope.engine.formats import open_model
 
     with pytest.raises(UnsupportedModelError) as e:
         open_model(mamba_gguf)
@@ -277,7 +277,7 @@ def test_unknown_architecture_names_it_and_the_supported_list(mamba_gguf):
 
 
 def test_inspect_prints_metadata_of_a_file_it_cannot_run(mamba_gguf, capsys):
-    from engine.cli import main
+    from opscope.engine.cli import main
 
     assert main(["models", "inspect", str(mamba_gguf)]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -289,7 +289,7 @@ def test_inspect_prints_metadata_of_a_file_it_cannot_run(mamba_gguf, capsys):
 
 
 def test_inspect_describes_a_family_model(files, capsys):
-    from engine.cli import main
+    from opscope.engine.cli import main
 
     assert main(["models", "inspect", str(files("gemma2", "Q8_0"))]) == 0
     out = capsys.readouterr().out

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from engine.kernels.build import cache_root
+from opscope.engine.kernels.build import cache_root
 
 # The test fixtures isolate XDG dirs per test; the compiled kernels are a build cache, not user
 # data: keep using the real one so a test session does not rebuild them (a minute of compiling).
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
-from engine.kernels import dequantize_reference, load_kernels, pack
-from engine.kernels.packing import random_blocks
+from opscope.engine.kernels import dequantize_reference, load_kernels, pack
+from opscope.engine.kernels.packing import random_blocks
 
 # (N, K) of every weight matmul in SmolLM2-135M: q/o, k/v, gate/up, down, the tied Q8_0 head.
 MODEL_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
@@ -130,7 +130,7 @@ def test_row_order_permutes_rows():
 
 
 def test_unsupported_type_is_a_typed_error():
-    from engine.errors import UnsupportedModelError
+    from opscope.engine.errors import UnsupportedModelError
 
     with pytest.raises(UnsupportedModelError, match="IQ2_XXS"):
         pack("IQ2_XXS", np.zeros((1, 66), np.uint8), (1, 256))
@@ -147,7 +147,7 @@ def test_bad_packed_weights_are_rejected(kern):
 def test_fastpath_build_command_reports_the_kernels(capsys):
     import argparse
 
-    from engine.fastpath import commands
+    from opscope.engine.fastpath import commands
 
     parser = argparse.ArgumentParser()
     commands.register(parser.add_subparsers())

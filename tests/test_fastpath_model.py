@@ -16,18 +16,18 @@ import numpy as np
 import pytest
 import torch
 
-from engine.kernels.build import cache_root
+from opscope.engine.kernels.build import cache_root
 
 # The test fixtures isolate XDG dirs per test; the compiled kernels are a build cache, not user
 # data: keep using the real one so a test session does not rebuild them (a minute of compiling).
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
-from engine.errors import ConfigError  # noqa: E402 (after the cache setting above)
-from engine.fastpath import FastPathOptions, apply, linear_names
-from engine.fastpath.qlinear import QuantLinear
-from engine.models.config import ModelConfig
-from engine.models.llama import Transformer
-from engine.kernels.packing import random_blocks
+from opscope.engine.errors import ConfigError  # noqa: E402 (after the cache setting above)
+from opscope.engine.fastpath import FastPathOptions, apply, linear_names
+from opscope.engine.fastpath.qlinear import QuantLinear
+from opscope.engine.models.config import ModelConfig
+from opscope.engine.models.llama import Transformer
+from opscope.engine.kernels.packing import random_blocks
 
 TINY = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab_size=160,
                    max_seq_len=128, tie_embeddings=True)
@@ -50,7 +50,7 @@ class BlocksSource:
 
 def tiny_pair(options: FastPathOptions):
     """(reference model with the blocks' dequantized weights, fast-path copy of it)."""
-    from engine.kernels import dequantize_reference, pack
+    from opscope.engine.kernels import dequantize_reference, pack
 
     ref = Transformer.random(TINY, seed=1)
     source = BlocksSource(ref)
@@ -84,7 +84,7 @@ def test_tiny_model_matches_reference(spec):
 
 def test_fused_step_is_used_and_follows_a_new_cache():
     _, fast = tiny_pair(FastPathOptions(prefill_dtype="f32"))
-    from engine.fastpath.decode import FusedStep
+    from opscope.engine.fastpath.decode import FusedStep
 
     assert type(fast) is Transformer and isinstance(fast.decode_step, FusedStep)
     first = decode_logits(fast, [5, 6, 7], [8, 9])
@@ -115,8 +115,8 @@ def test_options_parse_and_reject():
 def test_load_dtype_picks_the_fast_path_settings(monkeypatch):
     """float32 → exact fast path; bfloat16 → the fast path with bf16 prefill GEMMs where the CPU has
     native bf16 (float32 GEMMs where it would be emulated); other dtypes/devices → plain torch."""
-    import engine.kernels as kernels
-    from engine.api import fastpath_options
+    import opscope.engine.kernels as kernels
+    from opscope.engine.api import fastpath_options
 
     gguf = "model.gguf"
     assert fastpath_options("auto", "cpu", "float32", gguf) == FastPathOptions()
@@ -134,8 +134,8 @@ def test_load_dtype_picks_the_fast_path_settings(monkeypatch):
 
 
 def test_missing_compiler_is_a_typed_error(tmp_path, monkeypatch):
-    from engine.kernels import KernelBuildError
-    from engine.kernels.build import _compile
+    from opscope.engine.kernels import KernelBuildError
+    from opscope.engine.kernels.build import _compile
 
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no c++ / g++ to be found
     with pytest.raises(KernelBuildError, match="no C\\+\\+ compiler"):
@@ -147,7 +147,7 @@ def test_missing_compiler_is_a_typed_error(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def real():
     """(reference LoadedModel, chat prompt ids, its 32 greedy tokens, teacher-forced logits [32, V])."""
-    from engine.api import load
+    from opscope.engine.api import load
 
     ref = load()
     prompt = ref.tokenizer.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
@@ -158,7 +158,7 @@ def real():
 
 def fast_model(options: FastPathOptions):
     """The default model through engine.api.load + apply (the loader has its own test below)."""
-    from engine.api import load
+    from opscope.engine.api import load
 
     lm = load()
     apply(lm.model, lm.source, options)
@@ -166,14 +166,14 @@ def fast_model(options: FastPathOptions):
 
 
 def fast_loaded(options: FastPathOptions):
-    from engine.fastpath import load
+    from opscope.engine.fastpath import load
 
     return load(options=options)
 
 
 def greedy(lm, ids, n=32) -> list[int]:
-    from engine.events import Token
-    from engine.generate import GenerationConfig
+    from opscope.engine.events import Token
+    from opscope.engine.generate import GenerationConfig
 
     return [e.token_id for e in lm.generate(ids, GenerationConfig(max_tokens=n, ignore_eos=True))
             if isinstance(e, Token)]
@@ -207,7 +207,7 @@ def test_real_lower_precision_agreement(real, spec, floor):
 
 @pytest.mark.slow
 def test_fast_loader_builds_from_blocks_and_matches_reference(real):
-    from engine.fastpath import load
+    from opscope.engine.fastpath import load
 
     _, ids, want, ref_logits = real
     lm = load(options=FastPathOptions(prefill_dtype="f32"))

@@ -5,13 +5,13 @@ import os
 
 import pytest
 
-from engine.kernels.build import cache_root
+from opscope.engine.kernels.build import cache_root
 
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))  # see tests/test_fastpath_model.py
 
-from engine.bench.options import BenchOptions  # noqa: E402
-from engine.bench.suites import get_suite  # noqa: E402
-from engine.errors import ConfigError  # noqa: E402
+from opscope.engine.bench.options import BenchOptions  # noqa: E402
+from opscope.engine.bench.suites import get_suite  # noqa: E402
+from opscope.engine.errors import ConfigError  # noqa: E402
 
 
 def test_suite_is_registered():
@@ -35,7 +35,7 @@ def test_first_peer_must_be_opscope(default_model_path):
 
 @pytest.mark.slow
 def test_quick_run_records_each_peer_and_its_ratio():
-    from engine.bench.session import run_suite
+    from opscope.engine.bench.session import run_suite
 
     peers = get_suite("peers")
     params = peers.Params(pp=16, tg=4, peers=("opscope", "opscope:weights=dense"), load_peers=("opscope",))

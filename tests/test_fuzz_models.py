@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.testing.gguf_craft import Craft
+from opscope.engine.testing.gguf_craft import Craft
 
 AS_LIMIT_BYTES = 2 << 30
 CASE_TIMEOUT_S = 60.0  # a stuck case; the usual one takes milliseconds
@@ -39,7 +39,7 @@ class _Err:  # logging writes to whatever sys.stderr is now (each case has its o
     def write(self, s): sys.stderr.write(s)
     def flush(self): pass
 logging.basicConfig(level=logging.WARNING, stream=_Err(), format="%(levelname)s %(name)s: %(message)s")
-from engine.cli import main
+from opscope.engine.cli import main
 real_out = sys.stdout
 for line in sys.stdin:
     case = json.loads(line)
@@ -213,9 +213,9 @@ def _embedded_header(path: Path) -> tuple[bytes, list, int, tuple[int, int]]:
 def _safetensors_cases(tmp: Path, tiny: Path, rng) -> list[dict]:
     from safetensors.numpy import save_file
 
-    from engine.formats import open_model
-    from engine.formats.hf_source import hf_name
-    from engine.testing.gguf_writer import hf_config
+    from opscope.engine.formats import open_model
+    from opscope.engine.formats.hf_source import hf_name
+    from opscope.engine.testing.gguf_writer import hf_config
 
     src = open_model(tiny)
     base = tmp / "st-base.safetensors"
@@ -258,7 +258,7 @@ def _safetensors_cases(tmp: Path, tiny: Path, rng) -> list[dict]:
 
 @pytest.mark.slow
 def test_fuzzed_model_files_exit_0_or_2_with_one_line(tmp_path, default_model_path):
-    from engine.testing.gguf_writer import hf_config, write_gguf
+    from opscope.engine.testing.gguf_writer import hf_config, write_gguf
 
     rng = random.Random(SEED)
     tiny = write_gguf(tmp_path / "tiny.gguf", hf_config("llama"), types="Q8_0")

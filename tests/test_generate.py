@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from engine.errors import ConfigError
-from engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted, Token
-from engine.generate import GenerationConfig
+from opscope.engine.errors import ConfigError
+from opscope.engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted, Token
+from opscope.engine.generate import GenerationConfig
 
 pytestmark = pytest.mark.slow
 

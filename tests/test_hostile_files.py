@@ -19,16 +19,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import errors as E
-from engine.formats import open_model
-from engine.testing.gguf_craft import ARRAY, F32, STRING, U32, Craft
+from opscope.engine import errors as E
+from opscope.engine.formats import open_model
+from opscope.engine.testing.gguf_craft import ARRAY, F32, STRING, U32, Craft
 
 DAMAGED = "the file is damaged or was not written by a GGUF/safetensors converter; download or convert it again"
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    from engine.testing.gguf_writer import hf_config, write_gguf
+    from opscope.engine.testing.gguf_writer import hf_config, write_gguf
 
     return write_gguf(tmp_path_factory.mktemp("valid") / "tiny.gguf", hf_config("llama"), types="Q8_0")
 
@@ -52,7 +52,7 @@ def _rejects(path, cls, message: str):
 
 
 def _cli(*args, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "opscope.engine.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=Path(__file__).resolve().parents[1])
 
 
@@ -358,8 +358,8 @@ def hf_dir(tmp_path, tiny):
     """A valid tiny HF directory (config.json, tokenizer, one safetensors file) beside a valid GGUF."""
     from safetensors.numpy import save_file
 
-    from engine.formats.hf_source import hf_name
-    from engine.testing.gguf_writer import hf_config
+    from opscope.engine.formats.hf_source import hf_name
+    from opscope.engine.testing.gguf_writer import hf_config
 
     src = open_model(tiny)
     d = tmp_path / "hf"
@@ -408,7 +408,7 @@ def test_lone_safetensors_file_without_config(tmp_path):
 def test_bad_safetensors_header(tmp_path, header, data, cls, detail):
     p = _safetensors(tmp_path / "w.safetensors", header, b"\0" * data)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    from engine.formats.safetensors_header import read_safetensors_header
+    from opscope.engine.formats.safetensors_header import read_safetensors_header
 
     with pytest.raises(cls) as info:
         read_safetensors_header(p)
@@ -420,7 +420,7 @@ def test_duplicate_name_in_safetensors_header(tmp_path):
           b'"data_offsets": [0, 4]}}'
     p = tmp_path / "w.safetensors"
     p.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 4)
-    from engine.formats.safetensors_header import read_safetensors_header
+    from opscope.engine.formats.safetensors_header import read_safetensors_header
 
     with pytest.raises(E.DuplicateEntry, match=r"the JSON header names 'a' twice"):
         read_safetensors_header(p)

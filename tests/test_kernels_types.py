@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.kernels.build import cache_root
+from opscope.engine.kernels.build import cache_root
 
 # The compiled kernels are a build cache, not user data: keep the real one (see test_fastpath_kernels).
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
-from engine.kernels import load_kernels, pack  # noqa: E402
-from engine.kernels.packing import RAW_TYPES, random_blocks  # noqa: E402
+from opscope.engine.kernels import load_kernels, pack  # noqa: E402
+from opscope.engine.kernels.packing import RAW_TYPES, random_blocks  # noqa: E402
 
 TYPES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS"]
@@ -173,7 +173,7 @@ def test_gemm_tiles_a_tall_matrix(kern):
 
 @pytest.mark.parametrize("ggml_type,layout", CASES)
 def test_embedding_rows_equal_ggml(ggml_type, layout):
-    from engine.fastpath.qlinear import QuantEmbedding, ensure_op
+    from opscope.engine.fastpath.qlinear import QuantEmbedding, ensure_op
 
     ensure_op()
     raw, dense, k = blocks(ggml_type, seed=5)
@@ -190,7 +190,7 @@ def test_embedding_rows_equal_ggml(ggml_type, layout):
 
 
 def test_k_not_a_whole_number_of_blocks_is_rejected(kern):
-    from engine.errors import UnsupportedModelError
+    from opscope.engine.errors import UnsupportedModelError
 
     raw = random_blocks("Q4_K", 2, 256, np.random.default_rng(6))
     w = pack("Q4_K", raw, (2, 256))
@@ -212,7 +212,7 @@ class MixedSource:
     """Raw GGUF blocks for a model, each linear its own type; a Q6_K (tied) embedding."""
 
     def __init__(self, model, seed: int = 0):
-        from engine.fastpath import linear_names
+        from opscope.engine.fastpath import linear_names
 
         rng = np.random.default_rng(seed)
         self.blocks = {}
@@ -228,9 +228,9 @@ class MixedSource:
 
 def mixed_pair(options):
     """(torch reference with the blocks' dequantized weights, the same model on the fast path)."""
-    from engine.fastpath import apply
-    from engine.models.config import ModelConfig
-    from engine.models.llama import Transformer
+    from opscope.engine.fastpath import apply
+    from opscope.engine.models.config import ModelConfig
+    from opscope.engine.models.llama import Transformer
 
     cfg = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=512, vocab_size=160,
                       max_seq_len=64, tie_embeddings=True)
@@ -247,9 +247,9 @@ def mixed_pair(options):
 
 
 def test_fused_decode_with_mixed_types_matches_torch():
-    from engine.fastpath import FastPathOptions
-    from engine.fastpath.decode import fusable
-    from engine.fastpath.qlinear import QuantEmbedding, QuantLinear
+    from opscope.engine.fastpath import FastPathOptions
+    from opscope.engine.fastpath.decode import fusable
+    from opscope.engine.fastpath.qlinear import QuantEmbedding, QuantLinear
 
     ref, fast = mixed_pair(FastPathOptions(prefill_dtype="f32"))
     assert isinstance(fast.embed, QuantEmbedding) and fast.embed.ggml_type == "Q6_K"
@@ -267,8 +267,8 @@ def test_fused_decode_with_mixed_types_matches_torch():
 def test_fused_decode_with_int8_activations_uses_the_int8_kernels(kern):
     """activations=q8: every linear whose type has an int8 kernel runs it (act_mode 1), in the
     fused step too; logits stay within the int8 rounding of the float32 ones."""
-    from engine.fastpath import FastPathOptions
-    from engine.fastpath.qlinear import QuantLinear
+    from opscope.engine.fastpath import FastPathOptions
+    from opscope.engine.fastpath.qlinear import QuantLinear
 
     ref, fast = mixed_pair(FastPathOptions(prefill_dtype="f32", activations="q8"))
     modes = {m.ggml_type: m.act_mode for m in fast.modules() if isinstance(m, QuantLinear)}
@@ -287,8 +287,8 @@ def test_fused_decode_with_int8_activations_uses_the_int8_kernels(kern):
 # -- unsupported types ----------------------------------------------------------------------------
 
 def test_unsupported_type_names_the_tensor(tmp_path):
-    from engine.errors import UnsupportedModelError
-    from engine.formats.gguf_source import GGUFSource
+    from opscope.engine.errors import UnsupportedModelError
+    from opscope.engine.formats.gguf_source import GGUFSource
 
     path = tmp_path / "iq2.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
@@ -315,7 +315,7 @@ def test_unsupported_type_names_the_tensor(tmp_path):
 @pytest.fixture(scope="session")
 def requantized(tmp_path_factory):
     """{type: path} of the default model re-quantized by llama.cpp's llama-quantize."""
-    from engine.defaults import default_model_path
+    from opscope.engine.defaults import default_model_path
 
     tool = LLAMA_CPP / "llama-quantize"
     if not tool.is_file():
@@ -332,8 +332,8 @@ def requantized(tmp_path_factory):
 
 
 def greedy(lm, ids, n=16) -> list[int]:
-    from engine.events import Token
-    from engine.generate import GenerationConfig
+    from opscope.engine.events import Token
+    from opscope.engine.generate import GenerationConfig
 
     return [e.token_id for e in lm.generate(ids, GenerationConfig(max_tokens=n, ignore_eos=True))
             if isinstance(e, Token)]
@@ -344,10 +344,10 @@ def greedy(lm, ids, n=16) -> list[int]:
 @pytest.mark.parametrize("kind,types,size_ratio", [("Q4_K_M", {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}, 1.0),
                                                    ("Q4_0", {"Q4_0"}, 20 / 18)])
 def test_requantized_file_matches_dense_path(requantized, kind, types, size_ratio):
-    from engine.api import load
-    from engine.fastpath.apply import weight_bytes
-    from engine.fastpath.decode import fusable
-    from engine.fastpath.qlinear import QuantEmbedding, QuantLinear
+    from opscope.engine.api import load
+    from opscope.engine.fastpath.apply import weight_bytes
+    from opscope.engine.fastpath.decode import fusable
+    from opscope.engine.fastpath.qlinear import QuantEmbedding, QuantLinear
 
     fast = load(requantized[kind])
     model = fast.model
@@ -367,10 +367,10 @@ def test_requantized_file_matches_dense_path(requantized, kind, types, size_rati
 def test_fused_decode_reads_a_dense_embedding_as_float32_rows():
     """An embedding whose type has no kernel stays a dense float32 table; the fused step reads its
     rows through the F32 decoder."""
-    from engine.fastpath import FastPathOptions, apply, linear_names
-    from engine.fastpath.decode import fusable
-    from engine.models.config import ModelConfig
-    from engine.models.llama import Transformer
+    from opscope.engine.fastpath import FastPathOptions, apply, linear_names
+    from opscope.engine.fastpath.decode import fusable
+    from opscope.engine.models.config import ModelConfig
+    from opscope.engine.models.llama import Transformer
 
     cfg = ModelConfig(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab_size=50,
                       max_seq_len=32, tie_embeddings=False)

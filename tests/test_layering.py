@@ -10,9 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_engine_import_loads_no_qt():
-    code = ("import sys, engine.api, engine.cli, engine.generate, engine.formats; "
+    code = ("import sys, opscope.engine.api, opscope.engine.cli, opscope.engine.generate, opscope.engine.formats; from opscope import engine; "
             "engine.cli.build_parser(); "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('PySide6', 'pyqtgraph', 'shiboken6', 'app')]; "
+            "bad = [m for m in sys.modules if m.removeprefix('opscope.').split('.')[0] in ('PySide6', 'pyqtgraph', 'shiboken6', 'app')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -29,8 +29,10 @@ def test_import_linter_contracts_hold():
 def test_public_api_is_importable_from_engine_api():
     """LoadedModel and LoadOptions live in engine.loaded (below the fast path, which builds them);
     engine.api re-exports them with load."""
-    import engine.api
-    import engine.loaded
+    import opscope.engine.api
+    from opscope import engine
+    import opscope.engine.loaded
+    from opscope import engine
 
     assert engine.api.LoadedModel is engine.loaded.LoadedModel
     assert engine.api.LoadOptions is engine.loaded.LoadOptions

@@ -22,7 +22,7 @@ def _rss_file_kb() -> int:
 def test_release_pages_drops_the_mapped_file_from_rss(default_model_path):
     import numpy as np
 
-    from engine.formats import open_model
+    from opscope.engine.formats import open_model
 
     source = open_model(str(default_model_path))
     source.release_pages()
@@ -48,8 +48,8 @@ def test_a_model_built_on_meta_imports_no_sympy():
     """Python meta kernels (normal_, scalar ** tensor) import ~800 modules, +70 MB RSS for good."""
     got = _child("""
 import json, sys, torch
-from engine.formats import open_model
-from engine.models.llama import Transformer
+from opscope.engine.formats import open_model
+from opscope.engine.models.llama import Transformer
 with torch.device("meta"):
     Transformer(open_model(None).config)
 print(json.dumps({"sympy": "sympy" in sys.modules}))
@@ -63,9 +63,9 @@ def test_pp_and_tg_peak_rss_within_file_kv_and_450_mib(default_model_path):
     got = _child("""
 import json, torch
 from pathlib import Path
-from engine.api import load
-from engine.bench.options import BenchOptions
-from engine.bench.suites import llm
+from opscope.engine.api import load
+from opscope.engine.bench.options import BenchOptions
+from opscope.engine.bench.suites import llm
 torch.set_num_threads(1)
 lm = load(None, threads=1)
 pk, opts = {"flop_s": None, "bytes_s": None}, BenchOptions(threads=1)

@@ -135,12 +135,12 @@ FALLBACK = """
 import logging, sys
 from pathlib import Path
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-import engine.kernels.build as build
+import opscope.engine.kernels.build as build
 if sys.argv[1] != "-":
     build._CSRC = Path(sys.argv[1])
-from engine.api import load
-from engine.generate import generate
-from engine.generation_config import GenerationConfig
+from opscope.engine.api import load
+from opscope.engine.generate import generate
+from opscope.engine.generation_config import GenerationConfig
 lm = load()
 ids = lm.tokenizer.encode("The capital of France is", add_special_tokens=False)
 events = list(generate(lm.model, lm.tokenizer, ids, GenerationConfig(max_tokens=3, ignore_eos=True)))

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.kernels.build import cache_root
+from opscope.engine.kernels.build import cache_root
 
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))  # see tests/test_fastpath_model.py
 
-from engine.bench import llama_bench  # noqa: E402
-from engine.bench.options import BenchOptions  # noqa: E402
-from engine.bench.suites import get_suite  # noqa: E402
-from engine.errors import ConfigError  # noqa: E402
+from opscope.engine.bench import llama_bench  # noqa: E402
+from opscope.engine.bench.options import BenchOptions  # noqa: E402
+from opscope.engine.bench.suites import get_suite  # noqa: E402
+from opscope.engine.errors import ConfigError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA_BENCH = REPO.parent / "shared" / "tools" / "llama.cpp" / "llama-bench"
@@ -80,7 +80,7 @@ def test_a_failing_run_says_why(tmp_path, binary):
 
 
 def test_cli_bad_binary_path_is_one_line_exit_2(tmp_path, capsys, default_model_path):
-    from engine.cli import main
+    from opscope.engine.cli import main
 
     db = str(tmp_path / "runs.db")
     code = main(["--db", db, "bench", "peers", "--model", str(default_model_path), "--quick", "--no-save",
@@ -105,7 +105,7 @@ def test_no_binary_anywhere_is_a_skipped_peer(monkeypatch, default_model_path):
 
 @pytest.mark.slow
 def test_suite_records_llama_bench_samples_beside_opscope(binary, monkeypatch):
-    from engine.bench.session import run_suite
+    from opscope.engine.bench.session import run_suite
 
     monkeypatch.delenv(llama_bench.ENV_VAR, raising=False)
     peers = get_suite("peers")

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends import API_VERSION, DeviceInfo, Registry, capabilities
-from engine.backends import registry as registry_mod
-from engine.backends.settings import disabled_plugins, set_enabled, settings_path
-from engine.errors import BackendError, ConfigError, ModelFormatError
+from opscope.engine.backends import API_VERSION, DeviceInfo, Registry, capabilities
+from opscope.engine.backends import registry as registry_mod
+from opscope.engine.backends.settings import disabled_plugins, set_enabled, settings_path
+from opscope.engine.errors import BackendError, ConfigError, ModelFormatError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 GOOD = f"""
-from engine.backends import DeviceInfo
+from opscope.engine.backends import DeviceInfo
 class Backend:
     name = "{{name}}"
     api_version = {API_VERSION}
@@ -80,8 +80,8 @@ def test_discovery_reads_metadata_without_importing(registry):
 
 
 def test_engine_lists_plugins_without_importing_them_or_their_frameworks():
-    code = ("import json, sys, engine.backends as b; names = [i.name for i in b.list_backends(load=False)];"
-            "print(json.dumps([names, [m for m in sys.modules if m.split('.')[0] in ('plugins', 'mlx', 'torch')]]))")
+    code = ("import json, sys, opscope.engine.backends as b; names = [i.name for i in b.list_backends(load=False)];"
+            "print(json.dumps([names, [m for m in sys.modules if m.removeprefix('opscope.').split('.')[0] in ('plugins', 'mlx', 'torch')]]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     names, imported = json.loads(out.stdout)
     assert {"mlx", "torch"} <= set(names) and imported == []
@@ -184,7 +184,7 @@ def run_cli(*args: str, extra_path: Path | None = None) -> subprocess.CompletedP
     env = dict(os.environ)
     if extra_path is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "opscope.engine.cli", *args], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=120)
 
 

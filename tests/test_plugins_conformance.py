@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.testing.conformance import *  # noqa: F401,F403  the kit's fixtures and tests
+from opscope.engine.testing.conformance import *  # noqa: F401,F403  the kit's fixtures and tests
 
 pytestmark = pytest.mark.slow  # loads the default model per backend
 

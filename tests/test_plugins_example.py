@@ -17,7 +17,7 @@ DIST = "opscope-example-backend"
 
 
 def opscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "opscope.engine.cli", *args], capture_output=True, text=True,
                           cwd=ROOT, env=dict(os.environ), timeout=120)
 
 

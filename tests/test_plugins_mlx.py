@@ -8,13 +8,13 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from engine.backends import OpEvent, get_backend  # noqa: E402
-from engine.errors import UnsupportedModelError  # noqa: E402
-from engine.events import Finished, Token  # noqa: E402
-from engine.generate import GenerationConfig  # noqa: E402
-from plugins.mlx_backend.model import MLXModelArgs, Transformer  # noqa: E402
-from plugins.mlx_backend.sampling import Sampler  # noqa: E402
-from plugins.mlx_backend.weights import quant_params, rename  # noqa: E402
+from opscope.engine.backends import OpEvent, get_backend  # noqa: E402
+from opscope.engine.errors import UnsupportedModelError  # noqa: E402
+from opscope.engine.events import Finished, Token  # noqa: E402
+from opscope.engine.generate import GenerationConfig  # noqa: E402
+from opscope.plugins.mlx_backend.model import MLXModelArgs, Transformer  # noqa: E402
+from opscope.plugins.mlx_backend.sampling import Sampler  # noqa: E402
+from opscope.plugins.mlx_backend.weights import quant_params, rename  # noqa: E402
 
 PARITY_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,")
 # Measured here: max |Δ logit| = 1.1e-4 over every position and the whole vocabulary (logits span
@@ -87,8 +87,8 @@ def write_tiny_hf_dir(path, seed: int = 0) -> None:
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from engine.formats.hf_source import config_from_hf, hf_name
-    from engine.models.llama import Transformer as TorchTransformer
+    from opscope.engine.formats.hf_source import config_from_hf, hf_name
+    from opscope.engine.models.llama import Transformer as TorchTransformer
 
     hf_cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
@@ -115,7 +115,7 @@ def tiny_hf_dir(tmp_path_factory):
 
 
 def test_hf_directory_matches_the_torch_engine(tiny_hf_dir):
-    from engine.api import load
+    from opscope.engine.api import load
 
     ids = [3, 17, 42, 5, 9, 60, 2, 33] * 12  # 96 positions: past llama3's low-frequency band
     ref = load(tiny_hf_dir).logits(ids).numpy()
@@ -181,7 +181,7 @@ def write_tiny_gguf(path, seed: int = 0) -> None:
 def test_gguf_of_mixed_types_matches_the_torch_engine(tmp_path):
     import mlx.nn as nn
 
-    from engine.api import load
+    from opscope.engine.api import load
 
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path)

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.backends import OpEvent, get_backend
-from engine.errors import ConfigError, DeviceError
-from plugins.torch_backend import TorchBackend
-from plugins.torch_backend.devices import torch_devices
+from opscope.engine.backends import OpEvent, get_backend
+from opscope.engine.errors import ConfigError, DeviceError
+from opscope.plugins.torch_backend import TorchBackend
+from opscope.plugins.torch_backend.devices import torch_devices
 
 
 def fake_gpus(monkeypatch, *, hip: str | None, cuda: str | None, names: list[str]):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.events import Finished, PrefillFinished, PrefillStarted, Token
-from engine.generate import GenerationConfig
+from opscope.engine.events import Finished, PrefillFinished, PrefillStarted, Token
+from opscope.engine.generate import GenerationConfig
 
 TURNS = ["What is the capital of France?", "Tell me one fact about it.", "And about Germany?"]
 TOKENS = 20
@@ -15,7 +15,7 @@ TOKENS = 20
 @pytest.fixture(scope="module", params=["auto", "off"])
 def models(request, one_torch_thread):
     """(model that reuses, fresh model used only without reuse) for one load path."""
-    from engine.api import load
+    from opscope.engine.api import load
 
     return load(fastpath=request.param), load(fastpath=request.param)
 
@@ -64,7 +64,7 @@ def common(a: list[int], b: list[int]) -> int:
 def converse(lm, fresh, messages):
     """Run the turns on ``lm`` with reuse and on ``fresh`` without, checking each turn; returns
     the messages with the replies and the ids ``lm`` fed last."""
-    from engine import prefix_cache
+    from opscope.engine import prefix_cache
 
     prefix_cache.forget(lm.model)  # start from an unknown cache, as after a load
     messages, held = list(messages), []
@@ -137,8 +137,8 @@ def _logits(lm):
 
 
 def _bench_suite(lm):
-    from engine.bench.options import BenchOptions
-    from engine.bench.suites.llm import pp_point
+    from opscope.engine.bench.options import BenchOptions
+    from opscope.engine.bench.suites.llm import pp_point
 
     pp_point(lm, 8, 16, BenchOptions(), {}).prepare()()  # setup_cache, fill, one measured step
 
@@ -174,7 +174,7 @@ def test_reuse_off_prefills_everything(models):
 def test_shared_model_reuses_across_generate_calls(lm):
     """The session model (fast path) too; its record is dropped afterwards so that other tests see
     it as they found it."""
-    from engine import prefix_cache
+    from opscope.engine import prefix_cache
 
     ids = lm.tokenizer.encode("The quick brown fox jumps over the lazy dog")
     try:
@@ -186,7 +186,7 @@ def test_shared_model_reuses_across_generate_calls(lm):
 
 
 def test_stats_line_shows_the_cached_count():
-    from app.chat.session import format_stats
+    from opscope.app.chat.session import format_stats
 
     stats = {"ttft_ms": 40.0, "prefill_tok_s": 300.0, "decode_tok_s": 20.0, "prompt_tokens": 200,
              "generated_tokens": 8, "cached_tokens": 180}
@@ -199,7 +199,7 @@ def test_stats_line_shows_the_cached_count():
 def test_the_window_reuses_the_conversation_in_the_worker(qapp, qtbot, tmp_path):
     """The worker keeps one model across chat turns: the second turn's reply says how many prompt
     tokens came from the cache, and the stats line shows it."""
-    from app.testing import close_window, open_window
+    from opscope.app.testing import close_window, open_window
 
     win = open_window(qapp, tmp_path)
     try:

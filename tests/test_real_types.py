@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.kernels.build import cache_root
+from opscope.engine.kernels.build import cache_root
 
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
@@ -79,7 +79,7 @@ TEXT = (
 
 
 def requantized(kind: str) -> Path:
-    from engine.defaults import default_model_path
+    from opscope.engine.defaults import default_model_path
 
     if not (gguf_types.TOOLS / "llama-quantize").is_file():
         pytest.fail(f"llama-quantize not found in {gguf_types.TOOLS}: these tests need llama.cpp's tools "
@@ -104,9 +104,9 @@ def scores_against_llama_cpp(path: Path, text_file: Path, lm) -> dict:
 
 def load_fast(kind: str):
     """The file on the fast path, every linear in its own blocks and the fused decode step on."""
-    from engine.api import load
-    from engine.fastpath.decode import fusable
-    from engine.fastpath.qlinear import QuantLinear
+    from opscope.engine.api import load
+    from opscope.engine.fastpath.decode import fusable
+    from opscope.engine.fastpath.qlinear import QuantLinear
 
     lm = load(str(requantized(kind)), threads=1)
     found = {m.ggml_type for m in lm.model.modules() if isinstance(m, QuantLinear)}
@@ -134,7 +134,7 @@ def test_a_neighbouring_file_fails(text_file):
 
 @pytest.fixture(scope="module")
 def hf():
-    from engine.defaults import default_model_path
+    from opscope.engine.defaults import default_model_path
 
     return precision.HFReference(default_model_path())
 
@@ -142,7 +142,7 @@ def hf():
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", HF_TYPES)
 def test_fast_path_equals_transformers_and_eager(kind, hf):
-    from engine.api import load
+    from opscope.engine.api import load
 
     path, fast = requantized(kind), load_fast(kind)
     ids = precision.chat_prompt_ids(fast)

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.slow
 def hf_dir(tmp_path_factory, default_model_path):
     from safetensors.numpy import save_file
 
-    from engine.formats import open_model
-    from engine.formats.hf_source import hf_name
+    from opscope.engine.formats import open_model
+    from opscope.engine.formats.hf_source import hf_name
 
     src = open_model(default_model_path)
     cfg = src.config
@@ -44,7 +44,7 @@ def hf_dir(tmp_path_factory, default_model_path):
 
 
 def test_hf_directory_gives_same_logits(lm, hf_dir):
-    from engine.api import load
+    from opscope.engine.api import load
 
     other = load(hf_dir)
     assert other.source.format == "safetensors"
@@ -67,8 +67,8 @@ def test_transformers_reads_the_same_directory(lm, hf_dir):
 def test_missing_shard_is_a_clear_error(hf_dir, tmp_path):
     import shutil
 
-    from engine.errors import ModelFormatError
-    from engine.formats import open_model
+    from opscope.engine.errors import ModelFormatError
+    from opscope.engine.formats import open_model
 
     broken = tmp_path / "broken"
     shutil.copytree(hf_dir, broken)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling import SamplingParams, apply_repetition_penalty, filter_logits, sample
+from opscope.engine.sampling import SamplingParams, apply_repetition_penalty, filter_logits, sample
 
 lp = pytest.importorskip("transformers.generation.logits_process")
 

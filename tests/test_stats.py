@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from engine.bench import stats
+from opscope.engine.bench import stats
 
 
 def test_percentiles_are_numpy_linear_type_7():
@@ -129,6 +129,12 @@ def test_min_p_value_is_scipys_exact_p_at_complete_separation(n, m):
     assert stats.mann_whitney_p(a, b) == pytest.approx(exact)  # what compare reports
 
 
+def test_min_p_value_of_thousands_of_samples_is_tiny_not_an_overflow():
+    # full runs of fast points keep thousands of samples: C(n+m, n) no longer fits a float
+    assert stats.min_p_value(2000, 2000) == 0.0 and stats.can_reach(2000, 2000, 0.05)
+    assert stats.min_p_value(30, 30) == pytest.approx(2 / math.comb(60, 30), rel=1e-9)
+
+
 def test_which_sample_counts_can_reach_alpha():
     assert stats.min_p_value(3, 3) == pytest.approx(0.1) and not stats.can_reach(3, 3, 0.05)
     assert stats.min_p_value(5, 5) == pytest.approx(2 / 252) and stats.can_reach(5, 5, 0.05)
@@ -138,7 +144,7 @@ def test_which_sample_counts_can_reach_alpha():
 
 
 def test_quick_runs_repeat_enough_to_show_a_clear_2x_change():
-    from engine.bench.runner import QUICK
+    from opscope.engine.bench.runner import QUICK
 
     n = QUICK.min_reps
     slow = [1.0 + 0.1 * i for i in range(n)]

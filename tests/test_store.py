@@ -6,10 +6,10 @@ import sqlite3
 
 import pytest
 
-from engine.errors import ConfigError, RunNotFoundError, StoreError
-from engine.markers import Marker as LiveMarker
-from engine.results import Marker, Metric, RunResult, TelemetrySeries
-from engine.store import RunStore, db
+from opscope.engine.errors import ConfigError, RunNotFoundError, StoreError
+from opscope.engine.markers import Marker as LiveMarker
+from opscope.engine.results import Marker, Metric, RunResult, TelemetrySeries
+from opscope.engine.store import RunStore, db
 
 
 @pytest.fixture

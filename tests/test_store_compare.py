@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from engine.cli import main
-from engine.results import Metric, RunResult
-from engine.store import RunStore
-from engine.store.compare import compare
-from engine.store.render import render
+from opscope.engine.cli import main
+from opscope.engine.results import Metric, RunResult
+from opscope.engine.store import RunStore
+from opscope.engine.store.compare import compare
+from opscope.engine.store.render import render
 
 N = 12
 
@@ -173,7 +173,7 @@ def test_user_errors_exit_2_with_one_line(saved, capsys):
 @pytest.mark.slow  # a fresh interpreter importing the whole CLI: ~2 s here
 def test_cli_unknown_run_prints_one_clear_line_and_exits_2(saved):
     path, _, _ = saved
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "--db", str(path), "runs", "show", "no-such-run"],
+    proc = subprocess.run([sys.executable, "-m", "opscope.engine.cli", "--db", str(path), "runs", "show", "no-such-run"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stdout == ""

@@ -10,13 +10,13 @@ import textwrap
 
 import pytest
 
-from engine.store import RunStore
+from opscope.engine.store import RunStore
 
 # Writes metric after metric until killed, printing each index once its commit has returned.
 WRITER = textwrap.dedent("""
     import sys
-    from engine.results import Metric, RunResult
-    from engine.store import RunStore
+    from opscope.engine.results import Metric, RunResult
+    from opscope.engine.store import RunStore
 
     store = RunStore.open(sys.argv[1])
     run_id = store.begin_run(RunResult(kind="crash", name="doomed", settings={"pid": "child"}))

@@ -44,8 +44,8 @@ def one_line(r: subprocess.CompletedProcess) -> str:
 
 
 def _store_with_one_run(path: Path) -> None:
-    from engine.results import RunResult
-    from engine.store import RunStore
+    from opscope.engine.results import RunResult
+    from opscope.engine.store import RunStore
 
     with RunStore.open(path) as store:
         store.save(RunResult(kind="matmul", name="first"))

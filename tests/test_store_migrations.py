@@ -8,10 +8,10 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from engine.errors import StoreError
-from engine.results import Metric, RunResult, TelemetrySeries
-from engine.store import RunStore, db
-from engine.store.schema import Base
+from opscope.engine.errors import StoreError
+from opscope.engine.results import Metric, RunResult, TelemetrySeries
+from opscope.engine.store import RunStore, db
+from opscope.engine.store.schema import Base
 
 FIRST_REVISION = "0001"
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ConfigError, RunNotFoundError
-from engine.results import Marker, Metric, RunResult, TelemetrySeries
-from engine.store import RunStore, db
-from engine.store.compare import compare
+from opscope.engine.errors import ConfigError, RunNotFoundError
+from opscope.engine.results import Marker, Metric, RunResult, TelemetrySeries
+from opscope.engine.store import RunStore, db
+from opscope.engine.store.compare import compare
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -125,7 +125,7 @@ def test_first_revision_database_upgrades_in_place_on_postgres(pg_url):
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from engine.store.schema import Base
+    from opscope.engine.store.schema import Base
 
     engine = db.create_db_engine(pg_url)
     db.migrate(engine, "0001")

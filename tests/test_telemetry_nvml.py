@@ -14,10 +14,10 @@ import pytest
 
 pynvml = pytest.importorskip("pynvml")
 
-from engine.telemetry import NA, Sampler  # noqa: E402
-from engine.telemetry.commands import register  # noqa: E402
-from engine.telemetry.host import HostSource  # noqa: E402
-from engine.telemetry.nvml import GPU_FIELDS, GPU_LOST, Nvml, NvmlSource, describe_reasons  # noqa: E402
+from opscope.engine.telemetry import NA, Sampler  # noqa: E402
+from opscope.engine.telemetry.commands import register  # noqa: E402
+from opscope.engine.telemetry.host import HostSource  # noqa: E402
+from opscope.engine.telemetry.nvml import GPU_FIELDS, GPU_LOST, Nvml, NvmlSource, describe_reasons  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -187,7 +187,7 @@ def test_two_gpus_report_every_field_in_engine_units(two_gpus):
 def test_unsupported_fields_read_nan_and_are_logged_once(two_gpus, caplog):
     src = NvmlSource()
     src.open()
-    with caplog.at_level(logging.DEBUG, logger="engine.telemetry.nvml"):
+    with caplog.at_level(logging.DEBUG, logger="opscope.engine.telemetry.nvml"):
         samples = [src.sample() for _ in range(3)]
     for v in samples:
         assert math.isnan(v["gpu1.power_w"]) and math.isnan(v["gpu1.pcie_tx_bytes_s"])
@@ -300,7 +300,7 @@ def test_live_tables_render_one_row_per_gpu(two_gpus):
 
     from rich.console import Console
 
-    from engine.telemetry.view import MonitorView
+    from opscope.engine.telemetry.view import MonitorView
 
     sampler = Sampler([HostSource(), NvmlSource()], interval_ms=100)
     snap = sampler.sample_now()

@@ -10,12 +10,12 @@ import numpy as np
 import psutil
 import pytest
 
-from engine import markers
-from engine.clock import now_ns
-from engine.results import Marker, RunResult, TelemetrySeries
-from engine.telemetry import (Recorder, Sampler, Source, pair_phases, read_json, summarize,
+from opscope.engine import markers
+from opscope.engine.clock import now_ns
+from opscope.engine.results import Marker, RunResult, TelemetrySeries
+from opscope.engine.telemetry import (Recorder, Sampler, Source, pair_phases, read_json, summarize,
                               write_csv, write_json)
-from engine.telemetry.summary import summarize_series
+from opscope.engine.telemetry.summary import summarize_series
 
 S = 1_000_000_000  # ns per second
 
@@ -144,15 +144,15 @@ def test_json_round_trips_and_writes_nan_as_null(tmp_path):
 
 @pytest.fixture(scope="module")
 def model():
-    api = pytest.importorskip("engine.api")
+    api = pytest.importorskip("opscope.engine.api")
     return api.load()
 
 
 @pytest.mark.slow
 def test_phases_of_a_real_generation_line_up_with_samples(model):
-    from engine.events import Finished
-    from engine.generate import GenerationConfig
-    from engine.telemetry.host import HostSource
+    from opscope.engine.events import Finished
+    from opscope.engine.generate import GenerationConfig
+    from opscope.engine.telemetry.host import HostSource
 
     sampler = Sampler([HostSource()], interval_ms=20).start()
     t_before = now_ns()

@@ -9,9 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from engine.errors import ConfigError
-from engine.telemetry import Sampler, Snapshot, Source
-from engine.telemetry.history import History
+from opscope.engine.errors import ConfigError
+from opscope.engine.telemetry import Sampler, Snapshot, Source
+from opscope.engine.telemetry.history import History
 
 
 class CountingSource(Source):

@@ -11,10 +11,10 @@ import types
 import psutil
 import pytest
 
-from engine.telemetry.allocators import MlxSource, TorchCudaSource
-from engine.telemetry.amd import AMD_FIELDS, AmdSmiSource
-from engine.telemetry.host import HostSource
-from engine.telemetry.sources import default_sources
+from opscope.engine.telemetry.allocators import MlxSource, TorchCudaSource
+from opscope.engine.telemetry.amd import AMD_FIELDS, AmdSmiSource
+from opscope.engine.telemetry.host import HostSource
+from opscope.engine.telemetry.sources import default_sources
 
 
 def _burn_cpu(seconds: float) -> None:

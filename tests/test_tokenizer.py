@@ -29,7 +29,7 @@ def ref_tok(default_model_path):
 
 @pytest.fixture(scope="module")
 def tok(default_model_path):
-    from engine.formats import open_model
+    from opscope.engine.formats import open_model
 
     return open_model(default_model_path).tokenizer
 
@@ -66,8 +66,8 @@ def test_chat_template_matches_reference(tok, ref_tok):
 
 
 def test_chat_template_is_sandboxed():
-    from engine.errors import ModelFormatError
-    from engine.tokenizer import Tokenizer
+    from opscope.engine.errors import ModelFormatError
+    from opscope.engine.tokenizer import Tokenizer
 
     hostile = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
     t = Tokenizer(None, bos_id=None, eos_ids=(), add_bos=False, chat_template=hostile)

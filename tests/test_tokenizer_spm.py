@@ -174,7 +174,7 @@ class Vocab:
 
     def __init__(self, root: Path, name: str, model_file: Path, *, arch: str, template: str,
                  user_defined: tuple[str, ...] = (), compat_arch: str | None = None):
-        from engine.formats import open_model
+        from opscope.engine.formats import open_model
 
         self.name, self.model_file = name, model_file
         self.path = _write_gguf(root / name / "model.gguf", model_file, arch=arch, template=template,
@@ -281,7 +281,7 @@ def test_merge_order_comes_from_scores_for_llama_and_from_positions_for_gemma(vo
     """A SentencePiece file lists its pieces best first, so scores and positions agree on it; these
     files make them disagree. Llama's merges follow the scores, Gemma's the positions (its scores
     do not follow its merge order), as in transformers."""
-    from engine.formats import open_model
+    from opscope.engine.formats import open_model
 
     shuffled = _write_gguf(tmp_path / "llama" / "model.gguf", vocabs["llama-unigram"].model_file, arch="llama",
                            shuffle=1)
@@ -296,7 +296,7 @@ def test_merge_order_comes_from_scores_for_llama_and_from_positions_for_gemma(vo
 
 def test_gemma_model_name_is_the_gemma_vocabulary(vocabs, tmp_path):
     """Some files say tokenizer.ggml.model = "gemma" whatever their architecture."""
-    from engine.formats import open_model
+    from opscope.engine.formats import open_model
 
     v = vocabs["gemma-bpe"]
     path = _write_gguf(tmp_path / "model.gguf", v.model_file, arch="llama", tok_model="gemma",
@@ -354,7 +354,7 @@ def test_special_tokens_from_metadata(vocabs):
 
 
 def test_add_eos_token_from_metadata(vocabs, tmp_path):
-    from engine.formats import open_model
+    from opscope.engine.formats import open_model
 
     v = vocabs["llama-bpe"]
     path = _write_gguf(tmp_path / "model.gguf", v.model_file, arch="llama", add_eos=True)
@@ -400,8 +400,8 @@ def test_llama_chat_prompt_matches_llama_cpp(vocabs, tmp_path):
 # -- refused vocabularies --------------------------------------------------------------------------------
 @pytest.mark.parametrize("model", ["bert", "rwkv", "t5"])
 def test_unsupported_tokenizer_model_is_one_clear_line(vocabs, tmp_path, model):
-    from engine.errors import UnsupportedModelError
-    from engine.formats import open_model
+    from opscope.engine.errors import UnsupportedModelError
+    from opscope.engine.formats import open_model
 
     path = _write_gguf(tmp_path / "model.gguf", vocabs["llama-bpe"].model_file, arch="llama", tok_model=model)
     with pytest.raises(UnsupportedModelError) as err:
@@ -411,8 +411,8 @@ def test_unsupported_tokenizer_model_is_one_clear_line(vocabs, tmp_path, model):
 
 
 def test_missing_scores_is_a_format_error(vocabs, tmp_path):
-    from engine.errors import ModelFormatError
-    from engine.tokenizer import from_gguf
+    from opscope.engine.errors import ModelFormatError
+    from opscope.engine.tokenizer import from_gguf
 
     meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁a"]}
     with pytest.raises(ModelFormatError, match="tokenizer.ggml.scores"):

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from engine import markers
-from engine.errors import ConfigError
-from engine.trace.capture import Tracer
-from engine.trace.devtime import DeviceTimer
-from engine.trace.events import ON_TARGET, SYNC, TraceOptions
-from engine.trace.modstack import ROOT
+from opscope.engine import markers
+from opscope.engine.errors import ConfigError
+from opscope.engine.trace.capture import Tracer
+from opscope.engine.trace.devtime import DeviceTimer
+from opscope.engine.trace.events import ON_TARGET, SYNC, TraceOptions
+from opscope.engine.trace.modstack import ROOT
 
 
 class _Inner(nn.Module):
@@ -174,8 +174,8 @@ def test_device_timer_respects_its_cap():
 
 
 def test_registering_the_cli_command_does_not_import_torch():
-    code = ("import argparse, sys, engine.trace.commands as c; "
+    code = ("import argparse, sys, opscope.engine.trace.commands as c; "
             "c.register(argparse.ArgumentParser().add_subparsers()); "
-            "import engine.trace; print('torch' in sys.modules)")
+            "import opscope.engine.trace; from opscope import engine; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from engine.errors import ConfigError
-from engine.trace import classify as cls
-from engine.trace.capture import Tracer
-from engine.trace.events import D2D, D2H, FALLBACK, H2D, HOST, MIXED, ON_TARGET, SYNC, TRANSFER, TraceOptions
-from engine.trace.simulate import simulated_device
+from opscope.engine.errors import ConfigError
+from opscope.engine.trace import classify as cls
+from opscope.engine.trace.capture import Tracer
+from opscope.engine.trace.events import D2D, D2H, FALLBACK, H2D, HOST, MIXED, ON_TARGET, SYNC, TRANSFER, TraceOptions
+from opscope.engine.trace.simulate import simulated_device
 
 META = cls.DeviceMatcher("meta")
 CPU = cls.DeviceMatcher("cpu")

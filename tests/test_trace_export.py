@@ -8,15 +8,15 @@ import math
 import pytest
 import torch
 
-from engine import markers
-from engine.models.config import ModelConfig
-from engine.models.llama import Transformer
-from engine.trace.capture import Tracer
-from engine.trace.events import TRANSFER, TraceOptions
-from engine.trace.export import chrome_trace, write_chrome_trace, write_jsonl
-from engine.trace.report import build_report
-from engine.trace.session import trace_model
-from engine.trace.variants import LEAKY_NORM
+from opscope.engine import markers
+from opscope.engine.models.config import ModelConfig
+from opscope.engine.models.llama import Transformer
+from opscope.engine.trace.capture import Tracer
+from opscope.engine.trace.events import TRANSFER, TraceOptions
+from opscope.engine.trace.export import chrome_trace, write_chrome_trace, write_jsonl
+from opscope.engine.trace.report import build_report
+from opscope.engine.trace.session import trace_model
+from opscope.engine.trace.variants import LEAKY_NORM
 
 TINY = ModelConfig(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=32, vocab_size=64, max_seq_len=32)
 

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
-from engine.events import Finished
-from engine.generate import GenerationConfig
-import engine.trace.planted as planted_module
-from engine.trace.events import D2H, FALLBACK, H2D, TraceOptions
-from engine.trace.findings import STORM
-from engine.trace.render import render_text
-from engine.trace.report import build_report
-from engine.trace.session import trace_generation
-from engine.trace.variants import CLEAN, LEAKY_NORM, PER_ELEMENT_COPY
+from opscope.engine.cli import main
+from opscope.engine.events import Finished
+from opscope.engine.generate import GenerationConfig
+import opscope.engine.trace.planted as planted_module
+from opscope.engine.trace.events import D2H, FALLBACK, H2D, TraceOptions
+from opscope.engine.trace.findings import STORM
+from opscope.engine.trace.render import render_text
+from opscope.engine.trace.report import build_report
+from opscope.engine.trace.session import trace_generation
+from opscope.engine.trace.variants import CLEAN, LEAKY_NORM, PER_ELEMENT_COPY
 
 pytestmark = pytest.mark.slow
 CONFIG = GenerationConfig(max_tokens=3, ignore_eos=True)

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models.config import ModelConfig
-from engine.models.llama import Transformer
-import engine.trace.planted as planted_module
-from engine.trace.capture import Tracer
-from engine.trace.events import D2H, FALLBACK, H2D, TRANSFER, TraceOptions
-from engine.trace.findings import STORM
-from engine.trace.render import render_text
-from engine.trace.report import build_report
-from engine.trace.session import trace_model
-from engine.trace.simulate import simulated_device, to_device_stand_in
-from engine.trace.variants import CLEAN, LEAKY_NORM, PER_ELEMENT_COPY, plant
+from opscope.engine.models.config import ModelConfig
+from opscope.engine.models.llama import Transformer
+import opscope.engine.trace.planted as planted_module
+from opscope.engine.trace.capture import Tracer
+from opscope.engine.trace.events import D2H, FALLBACK, H2D, TRANSFER, TraceOptions
+from opscope.engine.trace.findings import STORM
+from opscope.engine.trace.render import render_text
+from opscope.engine.trace.report import build_report
+from opscope.engine.trace.session import trace_model
+from opscope.engine.trace.simulate import simulated_device, to_device_stand_in
+from opscope.engine.trace.variants import CLEAN, LEAKY_NORM, PER_ELEMENT_COPY, plant
 
 TINY = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, vocab_size=96, max_seq_len=64)
 IDS, TOKENS = [1, 5, 7], 4

@@ -29,7 +29,7 @@ def _line(path: Path, marker: str) -> int:
 
 
 def _opscope(args: list[str], cwd: Path, db: Path | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "engine.cli", "--db", str(db or cwd / "runs.sqlite"), *args]
+    cmd = [sys.executable, "-m", "opscope.engine.cli", "--db", str(db or cwd / "runs.sqlite"), *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
@@ -250,7 +250,7 @@ def test_saved_traces_are_runs_and_diff(tmp_path):
         """)
     _trace(tmp_path, ["python", slow.name], "--target", "cpu", "--name", "slow-run", "--telemetry", "20", db=db)
     _trace(tmp_path, ["python", fast.name], "--target", "cpu", "--name", "fast-run", db=db)
-    from engine.store import RunStore
+    from opscope.engine.store import RunStore
 
     with RunStore.open(str(db)) as store:
         run = store.get("slow-run")

@@ -34,9 +34,9 @@ def _run(qtbot, dialog, script) -> dict:
 
 
 def test_trace_a_script_from_the_window_and_diff(qtbot, tmp_path):
-    from app.engine_client import EngineClient
-    from app.trace.model import TraceModel
-    from app.trace.panel import TracePanel
+    from opscope.app.engine_client import EngineClient
+    from opscope.app.trace.model import TraceModel
+    from opscope.app.trace.panel import TracePanel
 
     (tmp_path / "slow.py").write_text(textwrap.dedent(SLOW))
     (tmp_path / "fast.py").write_text(textwrap.dedent(FAST))

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from engine.units import display_scale, format_bytes, format_rate, significant
+from opscope.engine.units import display_scale, format_bytes, format_rate, significant
 
 
 @pytest.mark.parametrize("n, text", [
@@ -31,7 +31,7 @@ def test_significant_digits_and_display_scale():
 
 @pytest.mark.slow
 def test_models_inspect_prints_the_file_size_in_mib(default_model_path, capsys):
-    from engine.cli import main
+    from opscope.engine.cli import main
 
     assert main(["models", "inspect", str(default_model_path)]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("file_size "))

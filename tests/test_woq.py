@@ -12,10 +12,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.errors import ConfigError
-from engine.models.config import ModelConfig
-from engine.models.llama import Transformer
-from engine.models.woq import Int4Linear, Int8Linear, int4_group, quantize_weights
+from opscope.engine.errors import ConfigError
+from opscope.engine.models.config import ModelConfig
+from opscope.engine.models.llama import Transformer
+from opscope.engine.models.woq import Int4Linear, Int8Linear, int4_group, quantize_weights
 
 TINY = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128,
                    max_seq_len=128)
@@ -83,7 +83,7 @@ def test_quantize_model_replaces_layer_linears_and_keeps_predictions(mode):
 
 
 def test_bad_mode_and_fast_path_conflict():
-    from engine.api import load
+    from opscope.engine.api import load
 
     with pytest.raises(ConfigError, match="--quantize"):
         quantize_weights(Transformer.random(TINY), "int3")
@@ -96,7 +96,7 @@ def test_bad_mode_and_fast_path_conflict():
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,floor", [("int8", 0.9), ("int4", 0.99)])
 def test_default_model_agreement(mode, floor):
-    from engine.api import load
+    from opscope.engine.api import load
 
     ref = load(fastpath="off")
     lm = load(quantize=mode)

@@ -11,8 +11,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QLabel, QLineEdit, QProgressBar, QPushButton, QSizePolicy, QSpinBox, QSplitter,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from app.bench.model import BenchModel, point_summary
-from app.tables import fit_columns, with_unit
+from opscope.app.bench.model import BenchModel, point_summary
+from opscope.app.tables import fit_columns, with_unit
 
 ROW_COLUMNS = ("point", "params", "median", "min … max", "unit", "n", "status")
 

@@ -15,10 +15,10 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog
                                QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
 
-from app import settings
-from app.chat.session import ChatSession, Turn, format_stats
-from app.chat.transcript import ChatTranscript
-from app.notify import export_guard
+from opscope.app import settings
+from opscope.app.chat.session import ChatSession, Turn, format_stats
+from opscope.app.chat.transcript import ChatTranscript
+from opscope.app.notify import export_guard
 
 # Prompt tokens per forward pass: small enough that a long conversation shows prompt progress
 # moving, large enough that the extra passes cost little.

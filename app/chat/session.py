@@ -15,10 +15,10 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.events import stats_from_times
+from opscope.engine.events import stats_from_times
 
-from app.engine_client import EngineClient, Job
-from app.protocol import ChatRequest
+from opscope.app.engine_client import EngineClient, Job
+from opscope.app.protocol import ChatRequest
 
 # What a queued chat message waits for, by the kind of the job ahead of it.
 WAIT_TEXT = {"load": "waiting for the model to load", "bench": "waiting for the benchmark to finish",

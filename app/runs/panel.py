@@ -7,10 +7,10 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxL
                                QInputDialog, QLabel, QLineEdit, QMessageBox, QPushButton, QSizePolicy, QSplitter,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
-from app.notify import export_guard
-from app.runs.model import RunRow, RunsModel
-from app.runs.roofline import RooflineView
-from app.runs.views import CompareView, RunDetailView
+from opscope.app.notify import export_guard
+from opscope.app.runs.model import RunRow, RunsModel
+from opscope.app.runs.roofline import RooflineView
+from opscope.app.runs.views import CompareView, RunDetailView
 
 COLUMNS = ("id", "name", "suite", "status", "quality", "tags", "model", "device", "created", "duration", "metrics")
 
@@ -28,7 +28,7 @@ class _SortItem(QTableWidgetItem):
 
 def _quality_cell(quality: str | None) -> tuple[str, int]:
     """Text and sort key (best first) of a run's quality (engine.bench.quality); "–" when unknown."""
-    from engine.bench.quality import QUALITIES
+    from opscope.engine.bench.quality import QUALITIES
 
     return (quality or "–", QUALITIES.index(quality) if quality in QUALITIES else len(QUALITIES))
 
@@ -173,7 +173,7 @@ class RunsPanel(QWidget):
     def open_store(self, location: str) -> bool:
         """Show the runs of the store at ``location``; on failure the current store stays and the
         reason goes to the notification area."""
-        from app.runs.store_dialog import remember_store
+        from opscope.app.runs.store_dialog import remember_store
 
         if not location:
             return False
@@ -190,7 +190,7 @@ class RunsPanel(QWidget):
 
     def push_selected(self, location: str):
         """Copy the selected runs to the store at ``location``; returns the PushReport or None."""
-        from app.runs.store_dialog import remember_store
+        from opscope.app.runs.store_dialog import remember_store
 
         ids = self.selected_ids()
         if not ids:
@@ -208,14 +208,14 @@ class RunsPanel(QWidget):
         return report
 
     def open_store_dialog(self) -> None:
-        from app.runs.store_dialog import StoreDialog
+        from opscope.app.runs.store_dialog import StoreDialog
 
         dialog = StoreDialog("Open a run store", "Open", "", self)
         if dialog.exec():
             self.open_store(dialog.location())
 
     def push_dialog(self) -> None:
-        from app.runs.store_dialog import StoreDialog
+        from opscope.app.runs.store_dialog import StoreDialog
 
         if not self.selected_ids():
             self._error("Select the runs to copy first (Ctrl+click for several).")
@@ -245,7 +245,7 @@ class RunsPanel(QWidget):
             self._error("Select two or more runs to compare (Ctrl+click); the oldest one is the baseline.")
             return
         runs = [self.model.load(i) for i in ids]
-        from engine.store.compare import compare
+        from opscope.engine.store.compare import compare
 
         self.compare_view.show_comparison(compare(runs), runs)
         self.tabs.setCurrentWidget(self.compare_view)
@@ -286,7 +286,7 @@ class RunsPanel(QWidget):
                     self.model.export(ids[0], path)
 
     def _guard(self, action) -> None:
-        from engine.errors import EngineError
+        from opscope.engine.errors import EngineError
 
         try:
             action()

@@ -7,7 +7,7 @@ import math
 import pyqtgraph as pg
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from app.notify import export_guard
+from opscope.app.notify import export_guard
 
 _ROOF_COLOURS = ("#c0392b", "#2980b9", "#8e44ad", "#16a085")
 
@@ -37,8 +37,8 @@ class RooflineView(QWidget):
 
     def show_run(self, stored) -> bool:
         """Draws ``stored`` (engine.store StoredRun); False (and says why) for a run it cannot place."""
-        from engine.bench import roofline
-        from engine.errors import EngineError
+        from opscope.engine.bench import roofline
+        from opscope.engine.errors import EngineError
 
         self.plot.clear()
         self.legend.clear()
@@ -56,7 +56,7 @@ class RooflineView(QWidget):
         return True
 
     def _draw(self, roof) -> None:
-        from engine.bench import roofline
+        from opscope.engine.bench import roofline
 
         # setLogMode plots log10 of the data: give it the raw values
         for i, (label, pts) in enumerate(roofline.roof_lines(roof)):
@@ -86,7 +86,7 @@ class RooflineView(QWidget):
         PNG from this plot."""
         from pathlib import Path
 
-        from engine.bench import roofline
+        from opscope.engine.bench import roofline
 
         with export_guard(self, "export the roofline", path):
             if path.lower().endswith(".svg"):

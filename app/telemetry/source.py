@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from engine.telemetry import Source
+from opscope.engine.telemetry import Source
 
 
 class EngineProcessSource(Source):

@@ -5,9 +5,9 @@ import shutil
 
 from PySide6.QtCore import QObject, Signal
 
-from app.engine_client import EngineClient, Job
-from app.protocol import TraceRequest
-from app.trace.ops_model import OpTableModel
+from opscope.app.engine_client import EngineClient, Job
+from opscope.app.protocol import TraceRequest
+from opscope.app.trace.ops_model import OpTableModel
 
 
 class TraceModel(QObject):

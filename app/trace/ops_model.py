@@ -11,7 +11,7 @@ import numpy as np
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtGui import QColor
 
-from app.theme import device_color
+from opscope.app.theme import device_color
 
 # (column key, header, format)
 COLUMNS = (("seq", "#", "{}"), ("op", "op", "{}"), ("kind", "class", "{}"), ("direction", "dir", "{}"),

@@ -8,10 +8,10 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHBo
                                QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSizePolicy, QSpinBox,
                                QSplitter, QTableView, QTextBrowser, QVBoxLayout, QWidget)
 
-from app.notify import export_guard
-from app.protocol import TraceRequest
-from app.trace.model import TraceModel
-from app.trace.timeline import TraceTimeline
+from opscope.app.notify import export_guard
+from opscope.app.protocol import TraceRequest
+from opscope.app.trace.model import TraceModel
+from opscope.app.trace.timeline import TraceTimeline
 
 SIMULATE = (("as loaded (its own device)", ""), ("simulated accelerator (meta)", "meta"))
 SEVERITY_MARK = {"high": "●", "medium": "◐", "low": "○"}
@@ -150,7 +150,7 @@ class TracePanel(QWidget):
     def open_script_dialog(self):
         """Trace a user's own script (app/trace/script_dialog.py); its report shows here."""
         if self.script_dialog is None:
-            from app.trace.script_dialog import ScriptTraceDialog
+            from opscope.app.trace.script_dialog import ScriptTraceDialog
 
             self.script_dialog = ScriptTraceDialog(getattr(self.window(), "db_url", None), self)
             self.script_dialog.report_ready.connect(self.show_script_report)

@@ -2,18 +2,18 @@
 
 Public surface::
 
-    from engine.backends import get_backend, list_backends
+    from opscope.engine.backends import get_backend, list_backends
     backend = get_backend("mlx")                 # imported on first use; BackendError if unusable
     model = backend.load(None, device="cpu")     # None: the embedded default model
     for event in model.generate("Hello", config): ...
 
 Plugins declare themselves in the ``opscope.backends`` entry-point group; see docs/plugins.md.
 """
-from engine.backends.guard import GuardedBackend
-from engine.backends.loop import Stepper, check_prompt, stream_generation
-from engine.backends.protocol import (API_VERSION, Backend, DeviceInfo, LoadedModelLike, OpEvent,
+from opscope.engine.backends.guard import GuardedBackend
+from opscope.engine.backends.loop import Stepper, check_prompt, stream_generation
+from opscope.engine.backends.protocol import (API_VERSION, Backend, DeviceInfo, LoadedModelLike, OpEvent,
                                       capabilities)
-from engine.backends.registry import (ENTRY_POINT_GROUP, IncompatiblePlugin, PluginInfo, Registry,
+from opscope.engine.backends.registry import (ENTRY_POINT_GROUP, IncompatiblePlugin, PluginInfo, Registry,
                                       default_registry, get_backend, list_backends, refresh)
 
 __all__ = ["API_VERSION", "Backend", "DeviceInfo", "ENTRY_POINT_GROUP", "GuardedBackend",

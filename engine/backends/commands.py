@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from engine.backends.registry import DISABLED, PluginInfo, default_registry
-from engine.backends.settings import disabled_plugins, set_enabled
-from engine.errors import BackendError
+from opscope.engine.backends.registry import DISABLED, PluginInfo, default_registry
+from opscope.engine.backends.settings import disabled_plugins, set_enabled
+from opscope.engine.errors import BackendError
 
 
 def register(subparsers) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from engine.backends.protocol import DeviceInfo, OPTIONAL_MEMBERS
-from engine.errors import BackendError, EngineError
+from opscope.engine.backends.protocol import DeviceInfo, OPTIONAL_MEMBERS
+from opscope.engine.errors import BackendError, EngineError
 
 
 def call_guarded(plugin_name: str, what: str, fn: Callable, *args, **kwargs):

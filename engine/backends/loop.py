@@ -11,11 +11,11 @@ from __future__ import annotations
 import threading
 from typing import Iterator, Protocol
 
-from engine import markers
-from engine.clock import now_ns
-from engine.decode_book import DecodeBook, decode_events
-from engine.errors import ConfigError
-from engine.events import PrefillFinished, PrefillProgress, PrefillStarted
+from opscope.engine import markers
+from opscope.engine.clock import now_ns
+from opscope.engine.decode_book import DecodeBook, decode_events
+from opscope.engine.errors import ConfigError
+from opscope.engine.events import PrefillFinished, PrefillProgress, PrefillStarted
 
 
 class Stepper(Protocol):
@@ -35,7 +35,7 @@ class Stepper(Protocol):
 
 def text_stream(tokenizer, stop: tuple[str, ...]):
     """The engine's stop-string and UTF-8 hold-back logic, so every backend cuts text alike."""
-    from engine.textstream import TextStream
+    from opscope.engine.textstream import TextStream
 
     return TextStream(tokenizer, stop)
 

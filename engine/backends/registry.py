@@ -15,10 +15,10 @@ import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from engine.backends.guard import GuardedBackend
-from engine.backends.protocol import API_VERSION, DeviceInfo, capabilities, missing_members
-from engine.backends.settings import disabled_plugins
-from engine.errors import BackendError, EngineError
+from opscope.engine.backends.guard import GuardedBackend
+from opscope.engine.backends.protocol import API_VERSION, DeviceInfo, capabilities, missing_members
+from opscope.engine.backends.settings import disabled_plugins
+from opscope.engine.errors import BackendError, EngineError
 
 log = logging.getLogger(__name__)
 

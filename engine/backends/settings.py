@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from engine.errors import ConfigError
+from opscope.engine.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

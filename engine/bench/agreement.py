@@ -44,8 +44,8 @@ def load_average() -> tuple[float, float, float]:
 
 
 def _opscope_matmul(n: int, dtype: str, min_time_s: float) -> float:
-    from engine.bench.runner import RunnerConfig, measure_point
-    from engine.bench.suites.matmul import make_point
+    from opscope.engine.bench.runner import RunnerConfig, measure_point
+    from opscope.engine.bench.suites.matmul import make_point
 
     cfg = RunnerConfig(warmup=2, min_reps=10, min_time_s=min_time_s)
     outcome = measure_point(make_point(n, dtype, "cpu"), cfg)
@@ -75,7 +75,7 @@ def matmul(n: int, dtype: str = "float32", rounds: int = 5, min_time_s: float = 
     preemptions (and disturbed ones are re-run), blocked_autorange's 10-100 ms blocks average the
     time slices away (measured at load average 5 on 2 cores: 158 vs 54 GFLOP/s). Hence
     ``other_cores``: agreement is a claim about a quiet machine."""
-    from engine.cpuload import OtherLoad
+    from opscope.engine.cpuload import OtherLoad
 
     load = OtherLoad()
     ours, theirs = [], []
@@ -93,12 +93,12 @@ def llama_bench(model: Path, binary: Path, pp: int = 512, tg: int = 128, reps: i
     alternated ``rounds`` times (direct, suite, direct, suite, ..., direct) and each side pooled."""
     import torch
 
-    from engine.bench import llama_bench as lb
-    from engine.bench.options import BenchOptions
-    from engine.bench.session import run_suite
-    from engine.bench.suites import get_suite
+    from opscope.engine.bench import llama_bench as lb
+    from opscope.engine.bench.options import BenchOptions
+    from opscope.engine.bench.session import run_suite
+    from opscope.engine.bench.suites import get_suite
 
-    from engine.cpuload import OtherLoad
+    from opscope.engine.cpuload import OtherLoad
 
     load = OtherLoad()
     threads = threads or torch.get_num_threads()

@@ -5,13 +5,13 @@ import argparse
 import sys
 import threading
 
-from engine.bench.suites import SUITES
+from opscope.engine.bench.suites import SUITES
 
 
 def register(subparsers) -> None:
-    from engine import cli_args as check
-    from engine.bench.quality import DISTURBED_CORES
-    from engine.cli_common import add_model_args
+    from opscope.engine import cli_args as check
+    from opscope.engine.bench.quality import DISTURBED_CORES
+    from opscope.engine.cli_common import add_model_args
 
     p = subparsers.add_parser(
         "bench", help="run a benchmark suite and save the run",
@@ -43,7 +43,7 @@ def register(subparsers) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
-    from engine.bench.options import BenchOptions
+    from opscope.engine.bench.options import BenchOptions
 
     return BenchOptions(device=args.device, dtype=args.dtype, quick=args.quick, model=args.model,
                         backend=args.backend, threads=args.threads, attention=args.attention,
@@ -54,21 +54,21 @@ def options_from_args(args: argparse.Namespace):
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from engine.bench.params import parse_cli_params
-    from engine.bench.report import progress_bar, summary_table
-    from engine.bench.session import run_suite
-    from engine.bench.suites import get_suite
+    from opscope.engine.bench.params import parse_cli_params
+    from opscope.engine.bench.report import progress_bar, summary_table
+    from opscope.engine.bench.session import run_suite
+    from opscope.engine.bench.suites import get_suite
 
     opts = options_from_args(args)
     params = parse_cli_params(get_suite(args.suite), args.param, opts.quick)
     if opts.backend == "torch":  # a device that cannot run fails before a store is created for it
-        from engine.bench.options import check_torch_device
+        from opscope.engine.bench.options import check_torch_device
 
         check_torch_device(opts.device)
     store = sampler = None
     try:
         if not args.no_save:
-            from engine.store.commands import open_store
+            from opscope.engine.store.commands import open_store
 
             store = open_store(args.db, write=True)
         sampler, recorder = _telemetry(args.telemetry)
@@ -89,8 +89,8 @@ def _telemetry(interval_ms: float | None):
     """(sampler, recorder) when telemetry was asked for, else (None, None)."""
     if interval_ms is None:
         return None, None
-    from engine.telemetry.recorder import Recorder
-    from engine.telemetry.sampler import Sampler
+    from opscope.engine.telemetry.recorder import Recorder
+    from opscope.engine.telemetry.sampler import Sampler
 
     sampler = Sampler(interval_ms=interval_ms).start()
     return sampler, Recorder(sampler)

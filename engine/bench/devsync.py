@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from engine.errors import DeviceError
+from opscope.engine.errors import DeviceError
 
 Sync = Callable[[Any], None]
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine.bench.paths import cache_dir
+from opscope.engine.bench.paths import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.errors import ConfigError
+from opscope.engine.errors import ConfigError
 
 ENV_VAR = "OPSCOPE_LLAMA_BENCH"
 BINARY = "llama-bench"

@@ -11,7 +11,7 @@ import logging
 import re
 from pathlib import Path
 
-from engine.bench.devsync import parse_device
+from opscope.engine.bench.devsync import parse_device
 
 log = logging.getLogger(__name__)
 

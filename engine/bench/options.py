@@ -5,10 +5,10 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
-from engine.bench.runner import QUICK, QUICK_MIN_REPS, Point, PointOutcome, RunnerConfig
-from engine.bench.stats import min_samples_per_side
-from engine.errors import ConfigError
-from engine.results import Metric
+from opscope.engine.bench.runner import QUICK, QUICK_MIN_REPS, Point, PointOutcome, RunnerConfig
+from opscope.engine.bench.stats import min_samples_per_side
+from opscope.engine.errors import ConfigError
+from opscope.engine.results import Metric
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class BenchOptions:
 
 def check_torch_device(device: str):
     """The torch.device for ``device``, or a DeviceError saying why it cannot be used."""
-    from engine.devices import resolve_device
+    from opscope.engine.devices import resolve_device
 
     return resolve_device(device)
 

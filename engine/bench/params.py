@@ -6,8 +6,8 @@ import dataclasses
 import json
 import math
 
-from engine.errors import ConfigError
-from engine.textparse import parse_bool
+from opscope.engine.errors import ConfigError
+from opscope.engine.textparse import parse_bool
 
 
 def _base(module, quick: bool):

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.bench import theoretical as T
-from engine.bench.paths import cache_dir
-from engine.units import format_rate
+from opscope.engine.bench import theoretical as T
+from opscope.engine.bench.paths import cache_dir
+from opscope.engine.units import format_rate
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def device_key(device: str) -> str:
     if dev.type == "cuda":
         return f"cuda|{torch.cuda.get_device_name(dev)}"
     if dev.type == "cpu":
-        from engine.bench.fingerprint import cpu_model
+        from opscope.engine.bench.fingerprint import cpu_model
 
         return f"cpu|{cpu_model()}|threads={torch.get_num_threads()}"
     return dev.type
@@ -144,7 +144,7 @@ def _load() -> dict[str, Any]:
 
 
 def _save(data: dict[str, Any]) -> None:
-    from engine.bench.fingerprint import _write_json_atomic
+    from opscope.engine.bench.fingerprint import _write_json_atomic
 
     _write_json_atomic(cache_dir() / _FILE, data | {"version": _VERSION})
 
@@ -200,7 +200,7 @@ def record_measured(device: str, kind: str, dtype: str | None, value: float, sou
 def load_probe():
     """Starts watching other processes' CPU load; ``.cores()`` later gives their mean busy cores
     since now (None where /proc cannot say)."""
-    from engine.cpuload import OtherLoad
+    from opscope.engine.cpuload import OtherLoad
 
     return OtherLoad(PROC)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from engine.bench.stats import NOISE_THRESHOLD_PCT, summarize
+from opscope.engine.bench.stats import NOISE_THRESHOLD_PCT, summarize
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +65,14 @@ class GpuOthers:
     wrapper: never raises, None where NVML cannot say)."""
 
     def __init__(self, index: int = 0, nvml: Any = None, pid: int | None = None):
-        from engine.telemetry.nvml import Nvml
+        from opscope.engine.telemetry.nvml import Nvml
 
         self.index, self.pid = index, os.getpid() if pid is None else pid
         self.nvml = nvml or Nvml()
         self._handle: Any = None
 
     def count(self) -> int | None:
-        from engine.telemetry.base import _NotAvailable
+        from opscope.engine.telemetry.base import _NotAvailable
 
         if not self.nvml.init():
             return None
@@ -115,7 +115,7 @@ class LoadProbe:
 
     def __init__(self, proc: Path | None = None, gpu: GpuOthers | None = None,
                  min_window_s: float = MIN_WINDOW_S, clock: Callable[[], float] = time.monotonic):
-        from engine.cpuload import OtherLoad
+        from opscope.engine.cpuload import OtherLoad
 
         self.cpu = OtherLoad(proc_root() if proc is None else proc, clock)
         self.gpu, self.min_window_s, self.clock = gpu, min_window_s, clock

@@ -8,11 +8,11 @@ from typing import IO, Iterator
 
 from rich.markup import escape
 
-from engine.bench.quality import DISTURBED, LEGEND, run_summary
-from engine.bench.stats import summarize
-from engine.bench.utilisation import over_ceiling, unit_label
-from engine.results import Metric, RunResult
-from engine.units import BYTE_UNITS, display_scale, format_rate, significant
+from opscope.engine.bench.quality import DISTURBED, LEGEND, run_summary
+from opscope.engine.bench.stats import summarize
+from opscope.engine.bench.utilisation import over_ceiling, unit_label
+from opscope.engine.results import Metric, RunResult
+from opscope.engine.units import BYTE_UNITS, display_scale, format_rate, significant
 
 
 def _fmt(v: float) -> str:

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.results import RunResult
+from opscope.engine.results import RunResult
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SUITES = ("llm", "matmul", "attention")
@@ -160,7 +160,7 @@ def _missing(ceilings: list[Ceiling]) -> list[str]:
 
 
 def _ceilings(result: RunResult, device: str, dtype: str) -> list[Ceiling]:
-    from engine.bench import peaks
+    from opscope.engine.bench import peaks
 
     sp = result.settings.get("suite_params", {})
     stored = sp.get("peaks") or {}
@@ -183,7 +183,7 @@ def _ceilings(result: RunResult, device: str, dtype: str) -> list[Ceiling]:
 
 def from_run(result: RunResult) -> Roofline:
     """The roofline of a stored llm, matmul or attention run; ConfigError for another kind."""
-    from engine.errors import ConfigError
+    from opscope.engine.errors import ConfigError
 
     if result.kind not in SUITES:
         raise ConfigError(f"run {result.name!r} is a {result.kind!r} run; a roofline places "
@@ -213,7 +213,7 @@ def from_run(result: RunResult) -> Roofline:
 
 
 def text(roof: Roofline) -> str:
-    from engine.units import format_rate
+    from opscope.engine.units import format_rate
 
     lines = [f"roofline of {roof.kind} run {roof.run!r} ({roof.device}, {roof.dtype})"]
     for c in roof.ceilings:
@@ -272,7 +272,7 @@ def roof_lines(roof: Roofline) -> list[tuple[str, list[tuple[float, float]]]]:
 
 def svg(roof: Roofline, width: int = 800, height: int = 520) -> str:
     """The roofline as a self-contained SVG (no plotting library needed)."""
-    from engine.units import format_rate
+    from opscope.engine.units import format_rate
 
     (x0, x1), (y0, y1) = plot_ranges(roof)
     left, right, top, bottom = 80, 20, 40, 60
@@ -314,7 +314,7 @@ def svg(roof: Roofline, width: int = 800, height: int = 520) -> str:
 
 def png(roof: Roofline, path: str) -> None:
     """Writes a PNG with matplotlib; ConfigError naming the way out where it is not installed."""
-    from engine.errors import ConfigError
+    from opscope.engine.errors import ConfigError
 
     try:
         import matplotlib

@@ -16,14 +16,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from engine import markers
-from engine.bench.devsync import synchronizer
-from engine.bench.memory import peak_tracker
-from engine.bench import quality as Q
-from engine.bench.quality import DISTURBED_CORES, LoadProbe
-from engine.clock import now_ns
-from engine.errors import Cancelled, ConfigError
-from engine.results import Metric
+from opscope.engine import markers
+from opscope.engine.bench.devsync import synchronizer
+from opscope.engine.bench.memory import peak_tracker
+from opscope.engine.bench import quality as Q
+from opscope.engine.bench.quality import DISTURBED_CORES, LoadProbe
+from opscope.engine.clock import now_ns
+from opscope.engine.errors import Cancelled, ConfigError
+from opscope.engine.results import Metric
 
 log = logging.getLogger(__name__)
 

@@ -178,7 +178,9 @@ def min_p_value(n: int, m: int) -> float:
     complete separation, 2 / C(n+m, n) (ties only raise it); 1 when either side is empty."""
     if n < 1 or m < 1:
         return 1.0
-    return min(1.0, 2.0 / math.comb(n + m, n))
+    # in logs: C(n+m, n) outgrows a float (10^308) by ~520+520 samples, which full runs reach
+    log_comb = math.lgamma(n + m + 1) - math.lgamma(n + 1) - math.lgamma(m + 1)
+    return min(1.0, 2.0 * math.exp(-log_comb))
 
 
 def can_reach(n: int, m: int, alpha: float) -> bool:

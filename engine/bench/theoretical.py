@@ -238,7 +238,7 @@ def _nvml_index(torch_index: int) -> int:
 
 def nvml_clocks(torch_index: int, nvml: Any = None) -> GpuClocks | None:
     """Name and maximum clocks of a GPU from NVML (engine.telemetry.nvml's wrapper); None without NVML."""
-    from engine.telemetry.nvml import Nvml
+    from opscope.engine.telemetry.nvml import Nvml
 
     nv = nvml or Nvml()
     try:
@@ -249,7 +249,7 @@ def nvml_clocks(torch_index: int, nvml: Any = None) -> GpuClocks | None:
 
 
 def _read_clocks(nv: Any, torch_index: int) -> GpuClocks | None:
-    from engine.telemetry.base import NA
+    from opscope.engine.telemetry.base import NA
     import pynvml
 
     h = nv.query("nvmlDeviceGetHandleByIndex", _nvml_index(torch_index))

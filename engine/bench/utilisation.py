@@ -12,10 +12,10 @@ import logging
 import math
 from typing import Any, Callable
 
-from engine.bench import peaks
-from engine.bench.runner import Derived
-from engine.results import Metric
-from engine.units import format_rate
+from opscope.engine.bench import peaks
+from opscope.engine.bench.runner import Derived
+from opscope.engine.results import Metric
+from opscope.engine.units import format_rate
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 import sys
 
-from engine.cli_args import Terminated, utf8_text
-from engine.cli_common import add_model_args, add_sampling_args, generation_config, load_from_args
-from engine.errors import ConfigError
+from opscope.engine.cli_args import Terminated, utf8_text
+from opscope.engine.cli_common import add_model_args, add_sampling_args, generation_config, load_from_args
+from opscope.engine.errors import ConfigError
 
 
 def register(sub) -> None:
@@ -39,7 +39,7 @@ def summary_line(stats) -> str:
 
 
 def _stream(events, out=sys.stdout, quiet: bool = False):
-    from engine.events import Finished, Token
+    from opscope.engine.events import Finished, Token
 
     final = None
     for ev in events:
@@ -113,7 +113,7 @@ def cmd_chat(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from engine.models.inspect import format_text, inspect_path
+    from opscope.engine.models.inspect import format_text, inspect_path
 
     info = inspect_path(args.path)  # any GGUF's metadata, and in one line why it cannot run, if so
     print(json.dumps(info, indent=2, default=str) if args.json else format_text(info))

@@ -5,8 +5,8 @@ import logging
 
 import torch.nn as nn
 
-from engine.fastpath.options import FastPathOptions
-from engine.kernels import KernelBuildError, pack, supported
+from opscope.engine.fastpath.options import FastPathOptions
+from opscope.engine.kernels import KernelBuildError, pack, supported
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _pack(source, name: str, layout: str = "auto"):
 def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
     """Replace every linear, and the token embedding, by a module over its GGUF blocks (each its
     own type); returns {ggml type: count swapped} ("dense:TYPE" for tensors left as they are)."""
-    from engine.fastpath.qlinear import QuantEmbedding, QuantLinear, ensure_op
+    from opscope.engine.fastpath.qlinear import QuantEmbedding, QuantLinear, ensure_op
 
     ensure_op()
     counts: dict[str, int] = {}
@@ -90,7 +90,7 @@ def apply(model, source, options: FastPathOptions = FastPathOptions()):
     """Apply the CPU fast path to ``model`` (an engine.models.llama.Transformer on the CPU, loaded
     from ``source``) in place, and return it. Sources without raw quantized blocks (safetensors),
     non-CPU models and ``weights="dense"`` leave the weights as they are."""
-    from engine.fastpath import decode, threads
+    from opscope.engine.fastpath import decode, threads
 
     if options.weights == "q" and _can_quantize(model, source):
         try:

@@ -13,9 +13,9 @@ def register(subparsers) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from engine.clock import now_ns
-    from engine.kernels import load_kernels
-    from engine.kernels.build import build_key, cache_root
+    from opscope.engine.clock import now_ns
+    from opscope.engine.kernels import load_kernels
+    from opscope.engine.kernels.build import build_key, cache_root
 
     t0 = now_ns()
     kern = load_kernels()  # KernelBuildError (an EngineError) says what is missing

@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from engine.fastpath.qlinear import QuantEmbedding, QuantLinear
+from opscope.engine.fastpath.qlinear import QuantEmbedding, QuantLinear
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ def _spec(mod) -> tuple:
     """(qtype, qs, d, m, bias) of a QuantLinear/QuantEmbedding; a dense float32 embedding as raw F32 rows."""
     if isinstance(mod, (QuantLinear, QuantEmbedding)):
         return mod.spec()
-    from engine.kernels.packing import QTYPE_RAW, RAW_TYPES
+    from opscope.engine.kernels.packing import QTYPE_RAW, RAW_TYPES
 
     w = mod.weight.detach().contiguous()
     return (QTYPE_RAW + RAW_TYPES["F32"][0], w.view(torch.uint8), None, None, None)
@@ -43,7 +43,7 @@ def fusable(model) -> bool:
 
 def build_step(model, act_mode: int):
     """The C++ DecodeModel over ``model``'s packed weights (norms, embedding and rope shared)."""
-    from engine.kernels import load_kernels
+    from opscope.engine.kernels import load_kernels
 
     cfg = model.config
     step = load_kernels().DecodeModel(cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_dim,
@@ -88,7 +88,7 @@ def enable_fused_decode(model, act_mode: int) -> bool:
 def compile_decode(model) -> None:
     """torch.compile the single-token decode step (engine.models.compiled) where the fused C++ step
     does not already run it."""
-    from engine.models.compiled import enable_compiled_decode
+    from opscope.engine.models.compiled import enable_compiled_decode
 
     if isinstance(model.decode_step, FusedStep):
         log.info("fast path: compile_decode skipped: the fused C++ step runs decode")

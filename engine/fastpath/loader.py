@@ -13,12 +13,12 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from engine import markers
-from engine.clock import now_ns
-from engine.errors import ModelFormatError
-from engine.fastpath.apply import quantize_linears, weight_bytes
-from engine.fastpath.options import FastPathOptions
-from engine.kernels import KernelBuildError, load_kernels, pack, supported
+from opscope.engine import markers
+from opscope.engine.clock import now_ns
+from opscope.engine.errors import ModelFormatError
+from opscope.engine.fastpath.apply import quantize_linears, weight_bytes
+from opscope.engine.fastpath.options import FastPathOptions
+from opscope.engine.kernels import KernelBuildError, load_kernels, pack, supported
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def dense_tensor(source, name: str) -> torch.Tensor:
 
         t = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(shape).copy())
     if name.endswith(("attn.q_proj.bias", "attn.k_proj.bias")) and getattr(source, "arch", "") == "llama":
-        from engine.formats.gguf_source import permute_qk_rows  # raw_tensor reorders weights only
+        from opscope.engine.formats.gguf_source import permute_qk_rows  # raw_tensor reorders weights only
 
         heads = source.config.n_heads if "q_proj" in name else source.config.n_kv_heads
         t = t[torch.from_numpy(permute_qk_rows(shape[0], heads))]
@@ -47,8 +47,8 @@ def dense_tensor(source, name: str) -> torch.Tensor:
 def build_quantized(source, options: FastPathOptions, attention: str = "sdpa"):
     """A Transformer on the CPU in float32 whose linears are QuantLinear and whose embedding is a
     QuantEmbedding, built from ``source``; only the norms (and biases) are dense."""
-    from engine.fastpath import decode
-    from engine.models.llama import Transformer
+    from opscope.engine.fastpath import decode
+    from opscope.engine.models.llama import Transformer
 
     cfg = source.config
     with torch.device("meta"):
@@ -76,7 +76,7 @@ def build_quantized(source, options: FastPathOptions, attention: str = "sdpa"):
 
 def _build_pinned(source, options: FastPathOptions, attention: str):
     if options.pin_threads:
-        from engine.fastpath.threads import pin_threads
+        from opscope.engine.fastpath.threads import pin_threads
 
         pin_threads()
     return build_quantized(source, options, attention)
@@ -88,9 +88,9 @@ def load(model=None, options: FastPathOptions = FastPathOptions(), *, attention:
     Falls back to the plain model (engine.loaded.load_plain) + apply when the file has no raw
     blocks, the options ask for dense weights, or the kernels cannot be built
     (``options.on_error="fallback"``)."""
-    from engine.fastpath.apply import apply
-    from engine.formats import open_model
-    from engine.loaded import LoadedModel, LoadOptions, load_plain
+    from opscope.engine.fastpath.apply import apply
+    from opscope.engine.formats import open_model
+    from opscope.engine.loaded import LoadedModel, LoadOptions, load_plain
 
     if threads is not None:
         torch.set_num_threads(threads)

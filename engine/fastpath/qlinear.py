@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from engine.kernels import KernelBuildError, PackedWeight, dequantize_reference, load_kernels
+from opscope.engine.kernels import KernelBuildError, PackedWeight, dequantize_reference, load_kernels
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def ensure_op() -> None:
 
 def _raw_has_q8(ggml_type: str) -> bool:
     """Whether the kernels built here run raw blocks of ``ggml_type`` with int8 activations."""
-    from engine.kernels.packing import RAW_TYPES
+    from opscope.engine.kernels.packing import RAW_TYPES
 
     try:
         return bool(load_kernels().raw_has_q8(RAW_TYPES[ggml_type][0]))

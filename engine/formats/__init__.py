@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.errors import BadMagic, ModelFormatError
-from engine.formats.files import PICKLE_SUFFIXES
+from opscope.engine.errors import BadMagic, ModelFormatError
+from opscope.engine.formats.files import PICKLE_SUFFIXES
 
 __all__ = ["open_model", "ModelSource"]
 
@@ -22,8 +22,8 @@ def open_model(path: str | Path | None = None):
     """The source of ``path`` (None: the embedded default model): a .gguf file, one .safetensors
     file (config.json and tokenizer files beside it), or a Hugging Face directory. A file path loads
     exactly that file or fails; nothing else in its directory is tried in its place."""
-    from engine.defaults import default_model_path
-    from engine.formats.files import check_regular_file, is_pickle, refuse_pickle
+    from opscope.engine.defaults import default_model_path
+    from opscope.engine.formats.files import check_regular_file, is_pickle, refuse_pickle
 
     p = Path(path).expanduser() if path is not None else default_model_path()
     if not p.exists():
@@ -43,8 +43,8 @@ def open_model(path: str | Path | None = None):
 
 
 def _gguf(p: Path):
-    from engine.formats.gguf_source import GGUFSource
-    from engine.tokenizer import from_gguf
+    from opscope.engine.formats.gguf_source import GGUFSource
+    from opscope.engine.tokenizer import from_gguf
 
     src = GGUFSource(p)
     src.tokenizer = from_gguf(src.meta, p)
@@ -52,9 +52,9 @@ def _gguf(p: Path):
 
 
 def _hf(p: Path, only: Path | None = None):
-    from engine.formats.files import refuse_pickle
-    from engine.formats.hf_source import HFDirSource
-    from engine.tokenizer import from_hf_dir
+    from opscope.engine.formats.files import refuse_pickle
+    from opscope.engine.formats.hf_source import HFDirSource
+    from opscope.engine.tokenizer import from_hf_dir
 
     if only is None and not (p / "config.json").is_file():
         ggufs = sorted(p.glob("*.gguf"))

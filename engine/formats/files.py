@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from engine.errors import NotARegularFile, Truncated, UnsafeFormat
+from opscope.engine.errors import NotARegularFile, Truncated, UnsafeFormat
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import (BadMagic, DuplicateEntry, LimitExceeded, ModelFormatError, TensorMisaligned,
+from opscope.engine.errors import (BadMagic, DuplicateEntry, LimitExceeded, ModelFormatError, TensorMisaligned,
                            TensorOutOfBounds, TensorOverlap, Truncated, UnsupportedModelError,
                            UnsupportedVersion, WrongMetadataType, _printable)
-from engine.formats import gguf_spec
-from engine.formats.files import check_regular_file
+from opscope.engine.formats import gguf_spec
+from opscope.engine.formats.files import check_regular_file
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

@@ -9,10 +9,10 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.errors import MissingMetadata, MissingTensor, UnsupportedModelError
-from engine.formats.gguf_header import TensorEntry, read_gguf_header
-from engine.formats.gguf_tensors import check_tensor_shapes, check_vocabulary
-from engine.models.config import ModelConfig
+from opscope.engine.errors import MissingMetadata, MissingTensor, UnsupportedModelError
+from opscope.engine.formats.gguf_header import TensorEntry, read_gguf_header
+from opscope.engine.formats.gguf_tensors import check_tensor_shapes, check_vocabulary
+from opscope.engine.models.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class GGUFSource:
 
     # -- metadata -------------------------------------------------------------------------------
     def _config(self) -> ModelConfig:
-        from engine.models.families import GGUFMeta, family_for_gguf
+        from opscope.engine.models.families import GGUFMeta, family_for_gguf
 
         self.family = family_for_gguf(self.arch, self.path)  # engine.models.families: one module per arch
         return self.family.config_from_gguf(GGUFMeta(self.meta, self.arch, self.path, set(self.tensors)))
@@ -146,7 +146,7 @@ class GGUFSource:
 
     def _raw(self, t: TensorEntry) -> np.ndarray:
         """Raw blocks, one row per output row: [rows, bytes_per_row] (a view of the mapped file)."""
-        from engine.formats.gguf_header import tensor_nbytes
+        from opscope.engine.formats.gguf_header import tensor_nbytes
 
         start = self.header.data_start + t.offset
         flat = self._data[start:start + tensor_nbytes(t, self._known)]

@@ -9,11 +9,11 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.errors import MissingMetadata, ModelFormatError, UnsafeFormat, WrongMetadataType
-from engine.formats.files import PICKLE_SUFFIXES, refuse_pickle
-from engine.formats.gguf_spec import article
-from engine.formats.safetensors_header import read_safetensors_header
-from engine.models.config import ModelConfig
+from opscope.engine.errors import MissingMetadata, ModelFormatError, UnsafeFormat, WrongMetadataType
+from opscope.engine.formats.files import PICKLE_SUFFIXES, refuse_pickle
+from opscope.engine.formats.gguf_spec import article
+from opscope.engine.formats.safetensors_header import read_safetensors_header
+from opscope.engine.models.config import ModelConfig
 
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
         "lm_head.weight": "lm_head.weight"}
@@ -51,7 +51,7 @@ def hf_name(engine: str, family=None) -> str:
 
 def config_from_hf(cfg: dict, path: Path) -> ModelConfig:
     """ModelConfig of a config.json, read by the family registered for its ``model_type``."""
-    from engine.models.families import family_for_hf
+    from opscope.engine.models.families import family_for_hf
 
     return family_for_hf(cfg, path).config_from_hf(cfg, path)
 
@@ -72,7 +72,7 @@ CONFIG_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "i
 def read_config_json(path: Path) -> dict:
     """config.json parsed with every key unique and every field the engine reads of its JSON type
     (a number given as a string is an error, not a silent int())."""
-    from engine.formats.safetensors_header import _unique_pairs
+    from opscope.engine.formats.safetensors_header import _unique_pairs
 
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_pairs(path))
@@ -111,7 +111,7 @@ class HFDirSource:
                                   "put the model's config.json (and tokenizer files) in the same directory")
         self.shards = [only] if only is not None else self._shards()
         cfg = read_config_json(cfg_path)
-        from engine.models.families import family_for_hf
+        from opscope.engine.models.families import family_for_hf
 
         self.family = family_for_hf(cfg, path)
         self.config = self.family.config_from_hf(cfg, path)

@@ -9,9 +9,9 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import (BadMagic, DuplicateEntry, LimitExceeded, TensorOutOfBounds, TensorOverlap, Truncated,
+from opscope.engine.errors import (BadMagic, DuplicateEntry, LimitExceeded, TensorOutOfBounds, TensorOverlap, Truncated,
                            WrongMetadataType)
-from engine.formats.files import check_regular_file
+from opscope.engine.formats.files import check_regular_file
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 MAX_DIMS = 8

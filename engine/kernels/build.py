@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 
-from engine.errors import BackendError
+from opscope.engine.errors import BackendError
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.errors import UnsupportedModelError
+from opscope.engine.errors import UnsupportedModelError
 
 QK = 32
 QTYPES = {"Q4_1": 0, "Q8_0": 1}  # the structure-of-arrays layouts

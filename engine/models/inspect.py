@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from engine.errors import EngineError
-from engine.units import format_bytes
+from opscope.engine.errors import EngineError
+from opscope.engine.units import format_bytes
 
 _LONG_STRING = 120
 
@@ -71,9 +71,9 @@ def block_summary(cfg) -> str:
 def inspect_path(path: str | Path | None) -> dict:
     """Everything `opscope models inspect` shows for ``path`` (None: the embedded default model).
     ``runnable`` is "yes" or "no: <why>"; a GGUF's own metadata is listed either way."""
-    from engine.formats import open_model
+    from opscope.engine.formats import open_model
 
-    from engine.defaults import default_model_path
+    from opscope.engine.defaults import default_model_path
 
     info: dict = {}
     p = Path(path).expanduser() if path is not None else default_model_path()
@@ -95,7 +95,7 @@ def gguf_header_summary(path: Path) -> dict:
     arrays (vocabularies, merges) and long strings (chat templates) shortened."""
     import gguf
 
-    from engine.formats.gguf_header import read_gguf_header
+    from opscope.engine.formats.gguf_header import read_gguf_header
 
     known = {int(t): size for t, size in gguf.GGML_QUANT_SIZES.items()}
     header = read_gguf_header(path, known)

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.models.config import ModelConfig, RopeScaling
+from opscope.engine.models.config import ModelConfig, RopeScaling
 
 ATTENTION_IMPLS = ("sdpa", "naive")
 

@@ -1,6 +1,6 @@
 """The run store: every run saved (SQLite by default, any SQLAlchemy URL), read back, compared.
 
-    from engine.store import RunStore
+    from opscope.engine.store import RunStore
     with RunStore.open() as store:          # or RunStore.open("postgresql+psycopg://...")
         run_id = store.begin_run(RunResult(kind="llm", settings=..., fingerprint=...))
         store.add_metric(run_id, metric)    # committed at once: a crash keeps it
@@ -15,11 +15,11 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "RunStore": "engine.store.runstore",
-    "RunInfo": "engine.store.convert",
-    "StoredRun": "engine.store.convert",
-    "default_db_url": "engine.store.db",
-    "resolve_url": "engine.store.db",
+    "RunStore": "opscope.engine.store.runstore",
+    "RunInfo": "opscope.engine.store.convert",
+    "StoredRun": "opscope.engine.store.convert",
+    "default_db_url": "opscope.engine.store.db",
+    "resolve_url": "opscope.engine.store.db",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from engine.cli_args import positive_int
-from engine.errors import ConfigError
+from opscope.engine.cli_args import positive_int
+from opscope.engine.errors import ConfigError
 
 REGRESSION_EXIT_CODE = 1
 UNDECIDED_EXIT_CODE = 3
@@ -24,8 +24,8 @@ UNDECIDED_EXIT_CODE = 3
 def open_store(url: str | None, write: bool = False):
     """The run store for a command. Only a command that saves new runs (``write``) creates a missing
     SQLite store, and says so on stderr; the others raise db.StoreMissingError, creating nothing."""
-    from engine.cli_args import stderr_line
-    from engine.store import RunStore
+    from opscope.engine.cli_args import stderr_line
+    from opscope.engine.store import RunStore
 
     store = RunStore.open(url, create=write)
     if store.created:
@@ -48,9 +48,9 @@ def _write(text: str, output: str | None) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from engine.store.views import list_dicts, list_text
+    from opscope.engine.store.views import list_dicts, list_text
 
-    from engine.store.db import StoreMissingError
+    from opscope.engine.store.db import StoreMissingError
 
     try:
         store = _open_store(args)
@@ -68,8 +68,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from engine.store.convert import export_json
-    from engine.store.views import show_text
+    from opscope.engine.store.convert import export_json
+    from opscope.engine.store.views import show_text
 
     with _open_store(args) as store:
         run = store.load(args.run)
@@ -89,8 +89,8 @@ def _default_pair(store) -> list[int]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from engine.store.compare import compare
-    from engine.store.render import render
+    from opscope.engine.store.compare import compare
+    from opscope.engine.store.render import render
 
     if len(args.runs) == 1:
         raise ConfigError("compare needs two or more runs (or none: the two latest runs of the same kind)")
@@ -152,7 +152,7 @@ def cmd_notes(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from engine.store.convert import export_csv, export_json
+    from opscope.engine.store.convert import export_csv, export_json
 
     with _open_store(args) as store:
         run = store.load(args.run)
@@ -161,7 +161,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:
-    from engine.bench import roofline
+    from opscope.engine.bench import roofline
 
     with _open_store(args) as store:
         roof = roofline.from_run(store.load(args.run).result)
@@ -180,7 +180,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from engine.store.push import push_runs
+    from opscope.engine.store.push import push_runs
 
     with _open_store(args) as source, open_store(args.to, write=True) as target:
         report = push_runs(source, args.runs, target)

@@ -18,13 +18,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from engine.bench.stats import (DEFAULT_CONFIDENCE, Summary, can_reach, geomean, mann_whitney_p,
+from opscope.engine.bench.stats import (DEFAULT_CONFIDENCE, Summary, can_reach, geomean, mann_whitney_p,
                                 min_p_value, min_samples_per_side, summarize)
-from engine.bench.quality import DISTURBED
-from engine.bench.utilisation import PEAK_PARAMS, over_ceiling
-from engine.errors import ConfigError
-from engine.results import Metric
-from engine.store.convert import RunInfo, StoredRun
+from opscope.engine.bench.quality import DISTURBED
+from opscope.engine.bench.utilisation import PEAK_PARAMS, over_ceiling
+from opscope.engine.errors import ConfigError
+from opscope.engine.results import Metric
+from opscope.engine.store.convert import RunInfo, StoredRun
 
 DEFAULT_ALPHA = 0.05
 MIN_SAMPLES = 10  # below this a cell is flagged: its CI is wide and small changes cannot be significant

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from engine.errors import StoreError
+from opscope.engine.errors import StoreError
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ import json
 import math
 from typing import Any
 
-from engine.bench.stats import NOISE_THRESHOLD_PCT, PERCENTILE_METHOD
-from engine.store.compare import MIN_SAMPLES, Cell, Comparison, Delta, Row, Section
-from engine.units import BYTE_UNITS, format_bytes
+from opscope.engine.bench.stats import NOISE_THRESHOLD_PCT, PERCENTILE_METHOD
+from opscope.engine.store.compare import MIN_SAMPLES, Cell, Comparison, Delta, Row, Section
+from opscope.engine.units import BYTE_UNITS, format_bytes
 
 FORMATS = ("text", "markdown", "csv", "json")
 FEW_MARK, NOISY_MARK, DISTURBED_MARK = "¹", "²", "³"

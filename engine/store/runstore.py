@@ -18,11 +18,11 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from engine.errors import ConfigError, RunNotFoundError, StoreError
-from engine.results import Metric, RunResult, TelemetrySeries
-from engine.store import convert, db, owner
-from engine.store.convert import RunInfo, StoredRun
-from engine.store.schema import RUN_STATUSES, MetricRow, RunRow, TagRow
+from opscope.engine.errors import ConfigError, RunNotFoundError, StoreError
+from opscope.engine.results import Metric, RunResult, TelemetrySeries
+from opscope.engine.store import convert, db, owner
+from opscope.engine.store.convert import RunInfo, StoredRun
+from opscope.engine.store.schema import RUN_STATUSES, MetricRow, RunRow, TagRow
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def _now() -> datetime:
 
 def _quality(metrics) -> str | None:
     """A run's quality: the worst of its measured metrics' (Metric or MetricRow)."""
-    from engine.bench.quality import worst
+    from opscope.engine.bench.quality import worst
 
     return worst(m.quality for m in metrics if m.status == "ok")
 

@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Any, Callable
 
-from engine.telemetry.base import LogOnce, Source, to_float
+from opscope.engine.telemetry.base import LogOnce, Source, to_float
 
 log = logging.getLogger(__name__)
 _once = LogOnce(log)

@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-from engine.telemetry.base import NA, LogOnce, Source, to_float
+from opscope.engine.telemetry.base import NA, LogOnce, Source, to_float
 
 log = logging.getLogger(__name__)
 _once = LogOnce(log)

@@ -11,14 +11,14 @@ import queue
 import sys
 from pathlib import Path
 
-from engine.clock import now_ns
-from engine.errors import ConfigError
+from opscope.engine.clock import now_ns
+from opscope.engine.errors import ConfigError
 
 MONITOR_HISTORY_S = 60.0  # the monitor shows the latest values only; keep its ring small
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from engine import cli_args as check
+    from opscope.engine import cli_args as check
 
     p = subparsers.add_parser(
         "monitor", help="live GPU/host telemetry table (like nvidia-smi dmon)",
@@ -40,9 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    from engine.telemetry.export import CsvSink
-    from engine.telemetry.sampler import Sampler
-    from engine.telemetry.sources import default_sources
+    from opscope.engine.telemetry.export import CsvSink
+    from opscope.engine.telemetry.sampler import Sampler
+    from opscope.engine.telemetry.sources import default_sources
 
     if args.duration is not None and not args.duration > 0:
         raise ConfigError(f"--duration must be > 0 seconds, got {args.duration}")
@@ -58,7 +58,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         sink = CsvSink(args.csv, sampler.units) if args.csv else None
         _loop(sampler, snapshots, out, sink, args.duration)
     except KeyboardInterrupt as e:  # Ctrl-C is how the monitor stops; SIGTERM still ends with 143
-        from engine.cli_args import Terminated
+        from opscope.engine.cli_args import Terminated
 
         if isinstance(e, Terminated):
             raise
@@ -92,7 +92,7 @@ class _Output:
     def __init__(self, as_json: bool, sampler) -> None:
         from rich.console import Console
 
-        from engine.telemetry.view import MonitorView
+        from opscope.engine.telemetry.view import MonitorView
 
         self.as_json = as_json
         self.console = Console(highlight=False)  # only for the live table on a terminal

@@ -12,9 +12,9 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence, TextIO
 
-from engine.errors import ConfigError
-from engine.results import Marker, TelemetrySeries
-from engine.telemetry.summary import PhaseSummary
+from opscope.engine.errors import ConfigError
+from opscope.engine.results import Marker, TelemetrySeries
+from opscope.engine.telemetry.summary import PhaseSummary
 
 
 def write_csv(path: Path | str, series: Sequence[TelemetrySeries],

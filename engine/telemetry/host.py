@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Any
 
-from engine.telemetry.base import LogOnce, Source
+from opscope.engine.telemetry.base import LogOnce, Source
 
 log = logging.getLogger(__name__)
 _once = LogOnce(log)

@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Any
 
-from engine.telemetry.base import NA, LogOnce, Source, _NotAvailable, to_float
+from opscope.engine.telemetry.base import NA, LogOnce, Source, _NotAvailable, to_float
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from engine import markers as engine_markers
-from engine.clock import now_ns
-from engine.results import Marker, RunResult, TelemetrySeries
-from engine.telemetry.summary import PhaseSummary, pair_phases, summarize
+from opscope.engine import markers as engine_markers
+from opscope.engine.clock import now_ns
+from opscope.engine.results import Marker, RunResult, TelemetrySeries
+from opscope.engine.telemetry.summary import PhaseSummary, pair_phases, summarize
 
 if TYPE_CHECKING:
-    from engine.telemetry.sampler import Sampler
+    from opscope.engine.telemetry.sampler import Sampler
 
 log = logging.getLogger(__name__)
 

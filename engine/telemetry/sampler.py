@@ -15,10 +15,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from engine.clock import now_ns
-from engine.errors import ConfigError
-from engine.telemetry.base import LogOnce, Snapshot, Source
-from engine.telemetry.history import History
+from opscope.engine.clock import now_ns
+from opscope.engine.errors import ConfigError
+from opscope.engine.telemetry.base import LogOnce, Snapshot, Source
+from opscope.engine.telemetry.history import History
 
 log = logging.getLogger(__name__)
 _once = LogOnce(log)
@@ -37,7 +37,7 @@ class Sampler:
         if history_s <= 0:
             raise ConfigError(f"telemetry history must be > 0 s, got {history_s}")
         if sources is None:
-            from engine.telemetry.sources import default_sources
+            from opscope.engine.telemetry.sources import default_sources
             sources = default_sources()
         self.sources = list(sources)
         self.period_ns = int(interval_ms * 1e6)

@@ -2,11 +2,11 @@
 the sampler opens them."""
 from __future__ import annotations
 
-from engine.telemetry.allocators import MlxSource, TorchCudaSource
-from engine.telemetry.amd import AmdSmiSource
-from engine.telemetry.base import Source
-from engine.telemetry.host import HostSource
-from engine.telemetry.nvml import NvmlSource
+from opscope.engine.telemetry.allocators import MlxSource, TorchCudaSource
+from opscope.engine.telemetry.amd import AmdSmiSource
+from opscope.engine.telemetry.base import Source
+from opscope.engine.telemetry.host import HostSource
+from opscope.engine.telemetry.nvml import NvmlSource
 
 
 def default_sources(pid: int | None = None, in_process: bool = True, pcie: bool = True) -> list[Source]:

@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from engine.telemetry.nvml import describe_reasons
-from engine.units import format_bytes
+from opscope.engine.telemetry.nvml import describe_reasons
+from opscope.engine.units import format_bytes
 
 Fmt = Callable[[float], str]
 

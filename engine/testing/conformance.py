@@ -4,7 +4,7 @@ In the plugin's tests (see docs/plugins.md)::
 
     # tests/test_conformance.py
     import pytest
-    from engine.testing.conformance import *  # noqa: F401,F403  the kit's fixtures and tests
+    from opscope.engine.testing.conformance import *  # noqa: F401,F403  the kit's fixtures and tests
 
     @pytest.fixture(scope="session")
     def backend_name():
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.backends import API_VERSION, DeviceInfo
-from engine.errors import ConfigError, DeviceError, EngineError, ModelFormatError
-from engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted, Token
+from opscope.engine.backends import API_VERSION, DeviceInfo
+from opscope.engine.errors import ConfigError, DeviceError, EngineError, ModelFormatError
+from opscope.engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted, Token
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and"
 
@@ -42,7 +42,7 @@ def backend_name() -> str:
 
 @pytest.fixture(scope="session")
 def conformance_backend(backend_name):
-    from engine.backends import get_backend
+    from opscope.engine.backends import get_backend
 
     return get_backend(backend_name)
 
@@ -68,7 +68,7 @@ class Run:
 def run_generation(model, prompt=PROMPT, cancel_after: int | None = None, **config) -> Run:
     """Generate with a GenerationConfig built from ``config``; set the cancel event once
     ``cancel_after`` tokens have arrived. Checks the stream's shape before returning it."""
-    from engine.generation_config import GenerationConfig
+    from opscope.engine.generation_config import GenerationConfig
 
     cancel = threading.Event()
     events = []
@@ -162,7 +162,7 @@ def test_honours_cancel(conformance_model):
 
 
 def test_chat_uses_the_template(conformance_model):
-    from engine.generation_config import GenerationConfig
+    from opscope.engine.generation_config import GenerationConfig
 
     events = list(conformance_model.chat([{"role": "user", "content": "Say hi."}],
                                          GenerationConfig(max_tokens=2, ignore_eos=True)))

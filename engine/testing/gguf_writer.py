@@ -1,7 +1,7 @@
 """Write a GGUF the way llama.cpp's ``convert_hf_to_gguf.py`` would: real metadata keys and tensor
 names per architecture, from a Hugging Face style config and Hugging Face named tensors.
 
-    from engine.testing.gguf_writer import hf_config, write_gguf
+    from opscope.engine.testing.gguf_writer import hf_config, write_gguf
     cfg = hf_config("llama", hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
                     num_attention_heads=32, num_key_value_heads=8, vocab_size=32000)
     write_gguf("/tmp/llama-1b.gguf", cfg, types="F16")        # random weights, streamed

@@ -2,7 +2,7 @@
 device, summarized in a placement report that names modules and source lines, and exported as a
 Chrome trace / Perfetto JSON and JSON lines. See docs/trace.md.
 
-    from engine.trace import TraceOptions, trace_generation, build_report, render_text
+    from opscope.engine.trace import TraceOptions, trace_generation, build_report, render_text
     run = trace_generation(lm, "Hello", GenerationConfig(max_tokens=8), TraceOptions(target="cuda"))
     print(render_text(build_report(run.result, run.notes)))
 
@@ -13,16 +13,16 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "TraceOptions": "engine.trace.events", "OpEvent": "engine.trace.events",
-    "Tracer": "engine.trace.capture", "TraceResult": "engine.trace.capture",
-    "trace_generation": "engine.trace.session", "trace_callable": "engine.trace.session",
-    "trace_model": "engine.trace.session", "TraceRun": "engine.trace.session",
-    "build_report": "engine.trace.report", "PlacementReport": "engine.trace.report",
-    "Finding": "engine.trace.findings", "render_text": "engine.trace.render",
-    "chrome_trace": "engine.trace.export", "write_chrome_trace": "engine.trace.export",
-    "write_jsonl": "engine.trace.export", "plant": "engine.trace.variants", "VARIANTS": "engine.trace.variants",
-    "trace_script": "engine.trace.script", "ScriptSpec": "engine.trace.script", "parse_command": "engine.trace.script",
-    "script_report": "engine.trace.script_cli", "HealthOptions": "engine.trace.health",
+    "TraceOptions": "opscope.engine.trace.events", "OpEvent": "opscope.engine.trace.events",
+    "Tracer": "opscope.engine.trace.capture", "TraceResult": "opscope.engine.trace.capture",
+    "trace_generation": "opscope.engine.trace.session", "trace_callable": "opscope.engine.trace.session",
+    "trace_model": "opscope.engine.trace.session", "TraceRun": "opscope.engine.trace.session",
+    "build_report": "opscope.engine.trace.report", "PlacementReport": "opscope.engine.trace.report",
+    "Finding": "opscope.engine.trace.findings", "render_text": "opscope.engine.trace.render",
+    "chrome_trace": "opscope.engine.trace.export", "write_chrome_trace": "opscope.engine.trace.export",
+    "write_jsonl": "opscope.engine.trace.export", "plant": "opscope.engine.trace.variants", "VARIANTS": "opscope.engine.trace.variants",
+    "trace_script": "opscope.engine.trace.script", "ScriptSpec": "opscope.engine.trace.script", "parse_command": "opscope.engine.trace.script",
+    "script_report": "opscope.engine.trace.script_cli", "HealthOptions": "opscope.engine.trace.health",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -9,7 +9,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from engine.trace.events import HOST, MIXED, ON_TARGET, SYNC, TRANSFER, OpEvent
+from opscope.engine.trace.events import HOST, MIXED, ON_TARGET, SYNC, TRANSFER, OpEvent
 
 _LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 _pattern_cache: dict[str, str] = {}

@@ -21,16 +21,16 @@ from typing import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine import markers
-from engine.clock import now_ns
-from engine.trace import classify as cls
-from engine.trace.aggregate import TraceStats
-from engine.trace.devtime import DeviceTimer, cuda_timer
-from engine.trace.events import (D2H, H2D, HOST, ON_TARGET, SOURCE_ALL, SOURCE_FINDINGS, SOURCE_OFF,
+from opscope.engine import markers
+from opscope.engine.clock import now_ns
+from opscope.engine.trace import classify as cls
+from opscope.engine.trace.aggregate import TraceStats
+from opscope.engine.trace.devtime import DeviceTimer, cuda_timer
+from opscope.engine.trace.events import (D2H, H2D, HOST, ON_TARGET, SOURCE_ALL, SOURCE_FINDINGS, SOURCE_OFF,
                                  TRANSFER, OpEvent, TraceOptions)
-from engine.trace.modstack import ModuleStack
-from engine.trace.source import caller_site, format_site
-from engine.errors import ConfigError
+from opscope.engine.trace.modstack import ModuleStack
+from opscope.engine.trace.source import caller_site, format_site
+from opscope.engine.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

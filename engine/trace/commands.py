@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine import cli_args as check
-from engine.cli_common import add_model_args
-from engine.errors import ConfigError
-from engine.trace.script_cli import add_script_args, cmd_diff, cmd_script, is_python
+from opscope.engine import cli_args as check
+from opscope.engine.cli_common import add_model_args
+from opscope.engine.errors import ConfigError
+from opscope.engine.trace.script_cli import add_script_args, cmd_diff, cmd_script, is_python
 
 SIMULATED_DEVICES = ("meta",)
 HOST_TARGET_NOTE = ("the target is the host (cpu), so a fallback to the CPU cannot show; run with "
@@ -24,7 +24,7 @@ HOST_TARGET_NOTE = ("the target is the host (cpu), so a fallback to the CPU cann
 
 
 def register(sub) -> None:
-    from engine.trace.variants import CLEAN, VARIANTS
+    from opscope.engine.trace.variants import CLEAN, VARIANTS
 
     p = sub.add_parser("trace", help="trace every tensor op of a generation with its device; print the placement report",
                        description=__doc__.split("\n\n")[1])
@@ -55,13 +55,13 @@ def _check(args) -> None:
 
 
 def _options(args, target: str):
-    from engine.trace.events import TraceOptions
+    from opscope.engine.trace.events import TraceOptions
 
     return TraceOptions(target=target, source=args.source, hooks=args.hooks, max_events=args.max_events)
 
 
 def _load(args):
-    from engine.cli_common import load_from_args
+    from opscope.engine.cli_common import load_from_args
 
     device = str(args.device).strip().lower()
     simulate = device in SIMULATED_DEVICES
@@ -86,11 +86,11 @@ def cmd_trace(args) -> int:
 
 
 def cmd_model_trace(args) -> int:
-    from engine.generate import GenerationConfig
-    from engine.trace.export import write_chrome_trace, write_jsonl
-    from engine.trace.render import render_text
-    from engine.trace.report import build_report
-    from engine.trace.session import trace_generation
+    from opscope.engine.generate import GenerationConfig
+    from opscope.engine.trace.export import write_chrome_trace, write_jsonl
+    from opscope.engine.trace.render import render_text
+    from opscope.engine.trace.report import build_report
+    from opscope.engine.trace.session import trace_generation
 
     _check(args)
     lm, target, simulate = _load(args)

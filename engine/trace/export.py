@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
-from engine.trace.capture import TraceResult
-from engine.trace.events import MIXED, TRANSFER, OpEvent, dtype_name
+from opscope.engine.trace.capture import TraceResult
+from opscope.engine.trace.events import MIXED, TRANSFER, OpEvent, dtype_name
 
 ENGINE_PID, OPS_TID, TOKENS_TID = 0, 1, 2
 

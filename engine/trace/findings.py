@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from engine.trace.aggregate import Group, TraceStats
-from engine.trace.events import D2H, FALLBACK, H2D, MIXED, SYNC, TRANSFER, TraceOptions
-from engine.trace.modstack import ROOT
+from opscope.engine.trace.aggregate import Group, TraceStats
+from opscope.engine.trace.events import D2H, FALLBACK, H2D, MIXED, SYNC, TRANSFER, TraceOptions
+from opscope.engine.trace.modstack import ROOT
 
 STORM = "storm"
 _ENGINE_LOOP = "(engine loop, outside the model)"

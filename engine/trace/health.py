@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.trace.findings import Finding
-from engine.trace.source import caller_site, format_site
+from opscope.engine.trace.findings import Finding
+from opscope.engine.trace.source import caller_site, format_site
 
 log = logging.getLogger(__name__)
 

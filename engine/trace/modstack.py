@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from engine.errors import ConfigError
+from opscope.engine.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class ModuleStack:
     def _install_script(self) -> None:
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-        from engine.trace.source import caller_site, format_site
+        from opscope.engine.trace.source import caller_site, format_site
 
         names, sites, push = self._names, self.call_sites, self.stack.append
 

@@ -1,8 +1,8 @@
 """The placement report as plain text, for the terminal and the Trace panel's summary."""
 from __future__ import annotations
 
-from engine.trace.report import GroupRow, PlacementReport
-from engine.units import format_bytes
+from opscope.engine.trace.report import GroupRow, PlacementReport
+from opscope.engine.units import format_bytes
 
 MAX_ROWS = 12
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from engine.trace.aggregate import Group, TraceStats
-from engine.trace.capture import TraceResult
-from engine.trace.events import DIRECTIONS, FALLBACK, KINDS, MIXED, ON_TARGET, SYNC, TRANSFER
-from engine.trace.findings import GENERATION_IO, Finding, IoPolicy, build_findings, decode_rate, engine_io_groups
+from opscope.engine.trace.aggregate import Group, TraceStats
+from opscope.engine.trace.capture import TraceResult
+from opscope.engine.trace.events import DIRECTIONS, FALLBACK, KINDS, MIXED, ON_TARGET, SYNC, TRANSFER
+from opscope.engine.trace.findings import GENERATION_IO, Finding, IoPolicy, build_findings, decode_rate, engine_io_groups
 
 
 @dataclass(frozen=True)

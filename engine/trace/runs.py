@@ -9,10 +9,10 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from engine.errors import ConfigError
-from engine.results import Metric, RunResult
-from engine.trace.aggregate import module_pattern
-from engine.trace.events import DIRECTIONS, ON_TARGET
+from opscope.engine.errors import ConfigError
+from opscope.engine.results import Metric, RunResult
+from opscope.engine.trace.aggregate import module_pattern
+from opscope.engine.trace.events import DIRECTIONS, ON_TARGET
 
 RUN_KIND = "trace"
 SUMMARY_VERSION = 1
@@ -65,7 +65,7 @@ def _module_times(events, steady_steps: int) -> dict[str, dict]:
 
 
 def run_result(trace, report, *, name: str = "", settings: dict | None = None, recorder=None) -> RunResult:
-    from engine.bench import fingerprint
+    from opscope.engine.bench import fingerprint
 
     settings = dict(settings or {}, script=trace.spec.label, args=list(trace.spec.args), target=report.target)
     run = RunResult(kind=RUN_KIND, name=name, settings=settings, fingerprint=fingerprint.collect(settings),
@@ -83,7 +83,7 @@ def run_result(trace, report, *, name: str = "", settings: dict | None = None, r
 
 def save(run: RunResult, db: str | None = None) -> tuple[int, str]:
     """Save a trace run; returns (id, name)."""
-    from engine.store import RunStore
+    from opscope.engine.store import RunStore
 
     with RunStore.open(db) as store:
         run_id = store.save(run)
@@ -91,7 +91,7 @@ def save(run: RunResult, db: str | None = None) -> tuple[int, str]:
 
 
 def load_summaries(refs: list[str], db: str | None = None) -> list[tuple[str, dict]]:
-    from engine.store import RunStore
+    from opscope.engine.store import RunStore
 
     out = []
     with RunStore.open(db) as store:

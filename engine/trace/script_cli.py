@@ -10,8 +10,8 @@ import logging
 import sys
 from pathlib import Path
 
-from engine.errors import ConfigError
-from engine.trace.script import _is_python as is_python  # noqa: F401 - re-exported for the command
+from opscope.engine.errors import ConfigError
+from opscope.engine.trace.script import _is_python as is_python  # noqa: F401 - re-exported for the command
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +50,16 @@ def _check(args) -> None:
 def _telemetry(interval_ms: float | None):
     if interval_ms is None:
         return None, None
-    from engine.telemetry.recorder import Recorder
-    from engine.telemetry.sampler import Sampler
+    from opscope.engine.telemetry.recorder import Recorder
+    from opscope.engine.telemetry.sampler import Sampler
 
     sampler = Sampler(interval_ms=interval_ms).start()
     return sampler, Recorder(sampler)
 
 
 def cmd_script(args, words: list[str]) -> int:
-    from engine.trace.events import TraceOptions
-    from engine.trace.script import parse_command, trace_script
+    from opscope.engine.trace.events import TraceOptions
+    from opscope.engine.trace.script import parse_command, trace_script
 
     _check(args)
     spec = parse_command(words, args.cwd)
@@ -84,8 +84,8 @@ def script_report(trace):
     """The placement report of a script's trace, in steps, with the training-health findings."""
     from dataclasses import replace
 
-    from engine.trace.findings import SCRIPT_IO
-    from engine.trace.report import build_report
+    from opscope.engine.trace.findings import SCRIPT_IO
+    from opscope.engine.trace.report import build_report
 
     notes = [f"steps: {trace.step_source}" + ("" if trace.step_source != "whole run" else
                                                " (no opscope.step() and no optimizer.step() was called)")]
@@ -99,9 +99,9 @@ def script_report(trace):
 
 
 def _emit(args, trace, report, recorder) -> None:
-    from engine.trace import runs
-    from engine.trace.export import write_chrome_trace, write_jsonl
-    from engine.trace.render import render_text
+    from opscope.engine.trace import runs
+    from opscope.engine.trace.export import write_chrome_trace, write_jsonl
+    from opscope.engine.trace.render import render_text
 
     sys.stdout.flush()
     data = dict(report.as_dict(), script=trace.spec.label, step_source=trace.step_source,
@@ -131,7 +131,7 @@ def _emit(args, trace, report, recorder) -> None:
 
 
 def cmd_diff(args, refs: list[str]) -> int:
-    from engine.trace import runs
+    from opscope.engine.trace import runs
 
     if len(refs) != 2:
         raise ConfigError(f"`opscope trace diff` takes two saved trace runs (id or name), got {len(refs)}")

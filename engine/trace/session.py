@@ -12,11 +12,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from engine.clock import now_ns
-from engine.events import Finished, Token
-from engine.trace.capture import Tracer, TraceResult
-from engine.trace.events import TraceOptions
-from engine.trace.variants import CLEAN, plant
+from opscope.engine.clock import now_ns
+from opscope.engine.events import Finished, Token
+from opscope.engine.trace.capture import Tracer, TraceResult
+from opscope.engine.trace.events import TraceOptions
+from opscope.engine.trace.variants import CLEAN, plant
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def torch_twin(lm):
         return lm
     twin = getattr(lm, "_trace_twin", None)
     if twin is None:
-        from engine.api import load
+        from opscope.engine.api import load
 
         o = lm.options
         twin = load(lm.source.path, device=o.device, dtype=o.dtype, attention=o.attention, threads=o.threads,
@@ -96,7 +96,7 @@ def _trace_simulated(lm, prompt, config, options: TraceOptions, variant: str) ->
     protocol (prompt uploaded once, sampled id kept on the device, one .item() per token)."""
     from dataclasses import replace
 
-    from engine.generate import generate
+    from opscope.engine.generate import generate
 
     ids = lm.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     config = replace(config, ignore_eos=True, stop=())  # placeholder ids must not end the run early
@@ -111,7 +111,7 @@ def _trace_simulated(lm, prompt, config, options: TraceOptions, variant: str) ->
 
 
 def _trace_stand_in(model, options: TraceOptions, variant: str, events: Callable) -> TraceRun:
-    from engine.trace.simulate import simulated_device, to_device_stand_in
+    from opscope.engine.trace.simulate import simulated_device, to_device_stand_in
 
     stand_in = to_device_stand_in(model, options.target)
     with plant(stand_in, variant), simulated_device():
@@ -136,7 +136,7 @@ def greedy_events(model, ids: list[int], max_tokens: int) -> Iterator[Token]:
     """Greedy decoding with the engine's per-step protocol, yielding one Token per step."""
     import torch
 
-    from engine.generate import ensure_cache
+    from opscope.engine.generate import ensure_cache
 
     n = len(ids)
     ensure_cache(model, 1, n + max_tokens)

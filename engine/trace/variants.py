@@ -13,7 +13,7 @@ import logging
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
-from engine.errors import ConfigError
+from opscope.engine.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported on use: the CLI lists the variants without it
     from torch import nn
@@ -46,7 +46,7 @@ def _final_norm_path(model: nn.Module) -> str:
 
 def swaps_for(model: nn.Module, variant: str) -> dict[str, nn.Module]:
     """path → replacement module for a variant (empty for clean)."""
-    from engine.trace.planted import LeakyRMSNorm, PerElementCopy
+    from opscope.engine.trace.planted import LeakyRMSNorm, PerElementCopy
 
     if variant == CLEAN:
         return {}

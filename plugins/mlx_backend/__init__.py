@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from engine.backends import API_VERSION, DeviceInfo
-from engine.errors import BackendError, ConfigError
+from opscope.engine.backends import API_VERSION, DeviceInfo
+from opscope.engine.errors import BackendError, ConfigError
 
 INSTALL_HINT = "pip install 'mlx[cpu]' on Linux, or pip install mlx on Apple Silicon"
 
@@ -51,23 +51,23 @@ class MLXBackend:
         ok, reason = self.is_available()
         if not ok:
             raise BackendError(f"backend 'mlx' is not available: {reason}")
-        from plugins.mlx_backend.loaded import load
+        from opscope.plugins.mlx_backend.loaded import load
 
         return load(source, device=device, dtype=dtype, **options)
 
     def trace_ops(self, sink):
         """Report every MLX function and array operator call to ``sink`` as an OpEvent."""
-        from plugins.mlx_backend.trace import trace_ops
+        from opscope.plugins.mlx_backend.trace import trace_ops
 
         return trace_ops(sink)
 
     def bench_matmul(self, m: int, n: int, k: int, *, device: str = "cpu", dtype: str = "float32",
                      iterations: int = 10) -> list[int]:
-        from plugins.mlx_backend.primitives import bench_matmul
+        from opscope.plugins.mlx_backend.primitives import bench_matmul
 
         return bench_matmul(m, n, k, device=device, dtype=dtype, iterations=iterations)
 
     def bench_copy(self, n_bytes: int, *, device: str = "cpu", iterations: int = 10) -> list[int]:
-        from plugins.mlx_backend.primitives import bench_copy
+        from opscope.plugins.mlx_backend.primitives import bench_copy
 
         return bench_copy(n_bytes, device=device, iterations=iterations)

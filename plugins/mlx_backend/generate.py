@@ -13,8 +13,8 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engine.backends import check_prompt, stream_generation
-from plugins.mlx_backend.sampling import Sampler
+from opscope.engine.backends import check_prompt, stream_generation
+from opscope.plugins.mlx_backend.sampling import Sampler
 
 
 class MLXStepper:

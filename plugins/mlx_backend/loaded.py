@@ -7,13 +7,13 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engine import markers
-from engine.clock import now_ns
-from engine.errors import ConfigError, DeviceError, UnsupportedModelError
-from engine.generation_config import GenerationConfig
-from plugins.mlx_backend.generate import generate
-from plugins.mlx_backend.model import MLXModelArgs, Transformer
-from plugins.mlx_backend.weights import apply_weights, mlx_dtype, read_tensors, weights_nbytes
+from opscope.engine import markers
+from opscope.engine.clock import now_ns
+from opscope.engine.errors import ConfigError, DeviceError, UnsupportedModelError
+from opscope.engine.generation_config import GenerationConfig
+from opscope.plugins.mlx_backend.generate import generate
+from opscope.plugins.mlx_backend.model import MLXModelArgs, Transformer
+from opscope.plugins.mlx_backend.weights import apply_weights, mlx_dtype, read_tensors, weights_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class MLXLoadedModel:
 def load(path, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
          attention: str = "sdpa") -> MLXLoadedModel:
     """Read ``path`` (None: the embedded default model) into MLX on ``device``."""
-    from engine.formats import open_model
+    from opscope.engine.formats import open_model
 
     if attention != "sdpa":
         raise ConfigError(f"--attention {attention!r}: the mlx backend has only 'sdpa' "

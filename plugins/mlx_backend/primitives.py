@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from engine.clock import now_ns
-from engine.errors import ConfigError
-from plugins.mlx_backend.loaded import resolve_device
-from plugins.mlx_backend.weights import mlx_dtype
+from opscope.engine.clock import now_ns
+from opscope.engine.errors import ConfigError
+from opscope.plugins.mlx_backend.loaded import resolve_device
+from opscope.plugins.mlx_backend.weights import mlx_dtype
 
 
 def _timed(make, device: str, iterations: int) -> list[int]:

@@ -20,9 +20,9 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 
-from engine.backends import OpEvent
-from engine.clock import now_ns
-from engine.errors import BackendError
+from opscope.engine.backends import OpEvent
+from opscope.engine.clock import now_ns
+from opscope.engine.errors import BackendError
 
 ARRAY_METHODS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
                  "__rtruediv__", "__matmul__", "__neg__", "__pow__", "__getitem__",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from engine.backends import API_VERSION, DeviceInfo
-from engine.errors import BackendError, ConfigError
+from opscope.engine.backends import API_VERSION, DeviceInfo
+from opscope.engine.errors import BackendError, ConfigError
 
 
 class TorchBackend:
@@ -24,7 +24,7 @@ class TorchBackend:
         return True, ""
 
     def devices(self) -> list[DeviceInfo]:
-        from plugins.torch_backend.devices import torch_devices
+        from opscope.plugins.torch_backend.devices import torch_devices
 
         return torch_devices()
 
@@ -38,23 +38,23 @@ class TorchBackend:
         ok, reason = self.is_available()
         if not ok:
             raise BackendError(f"backend 'torch' is not available: {reason}")
-        from engine.api import load
+        from opscope.engine.api import load
 
         return load(source, device=device, dtype=dtype, **options)
 
     def trace_ops(self, sink):
         """Report every aten op (with its device, shapes and dtypes) to ``sink`` as an OpEvent."""
-        from plugins.torch_backend.trace import trace_ops
+        from opscope.plugins.torch_backend.trace import trace_ops
 
         return trace_ops(sink)
 
     def bench_matmul(self, m: int, n: int, k: int, *, device: str = "cpu", dtype: str = "float32",
                      iterations: int = 10) -> list[int]:
-        from plugins.torch_backend.primitives import bench_matmul
+        from opscope.plugins.torch_backend.primitives import bench_matmul
 
         return bench_matmul(m, n, k, device=device, dtype=dtype, iterations=iterations)
 
     def bench_copy(self, n_bytes: int, *, device: str = "cpu", iterations: int = 10) -> list[int]:
-        from plugins.torch_backend.primitives import bench_copy
+        from opscope.plugins.torch_backend.primitives import bench_copy
 
         return bench_copy(n_bytes, device=device, iterations=iterations)

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.bench import peaks
-from engine.bench.options import BenchOptions
+from opscope.engine.bench import peaks
+from opscope.engine.bench.options import BenchOptions
 
 
 def load_model(opts: BenchOptions):
     """The model the options name, on their device and dtype (engine.api.load)."""
     if opts.backend != "torch":
-        from engine.errors import ConfigError
+        from opscope.engine.errors import ConfigError
 
         raise ConfigError(f"this suite drives the model's forward pass directly and needs --backend torch "
                           f"(got {opts.backend!r}); `opscope bench llm` is the suite for other backends")
-    from engine.api import load
+    from opscope.engine.api import load
 
     return load(opts.model, device=opts.device, dtype=opts.dtype, attention=opts.attention, threads=opts.threads,
                 fastpath=opts.fastpath, compile=opts.compile, quantize=opts.quantize)

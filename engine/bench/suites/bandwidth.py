@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.bench import peaks
-from engine.bench.options import BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
-from engine.bench.runner import Point, PointOutcome, skipped_point
-from engine.results import Metric
+from opscope.engine.bench import peaks
+from opscope.engine.bench.options import BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.runner import Point, PointOutcome, skipped_point
+from opscope.engine.results import Metric
 
 NAME = "bandwidth"
 DESCRIPTION = "large device copy, GB/s (read + write), the MBU peak"

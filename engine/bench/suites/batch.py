@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, free_memory_bytes
-from engine.bench.devsync import synchronizer
-from engine.bench.runner import Derived, Point, skipped_point
-from engine.bench.suites import _model as M
+from opscope.engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, free_memory_bytes
+from opscope.engine.bench.devsync import synchronizer
+from opscope.engine.bench.runner import Derived, Point, skipped_point
+from opscope.engine.bench.suites import _model as M
 
 NAME = "batch"
 DESCRIPTION = "batch 1…32: decode throughput (tok/s) vs per-sequence latency (ms/token)"

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.bench.options import BenchOptions, SuitePlan
-from engine.bench.runner import Point, skipped_point
-from engine.bench.suites import _model as M
+from opscope.engine.bench.options import BenchOptions, SuitePlan
+from opscope.engine.bench.runner import Point, skipped_point
+from opscope.engine.bench.suites import _model as M
 
 NAME = "kv-cache"
 DESCRIPTION = "decode tok/s with the KV cache vs recomputing the full sequence, as it grows"

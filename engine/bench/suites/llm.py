@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan
-from engine.bench.devsync import synchronizer
-from engine.bench import utilisation as U
-from engine.bench.runner import Extra, Point, skipped_point
-from engine.bench.suites import _model as M
+from opscope.engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan
+from opscope.engine.bench.devsync import synchronizer
+from opscope.engine.bench import utilisation as U
+from opscope.engine.bench.runner import Extra, Point, skipped_point
+from opscope.engine.bench.suites import _model as M
 
 NAME = "llm"
 DESCRIPTION = "pp512, tg128 (llama-bench), @d512 depth, TTFT/TPOT/ITL, MFU/MBU, peak memory"
@@ -86,7 +86,7 @@ def tg_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
     def prepare():
         import torch
 
-        from engine.generate import decode_threads
+        from opscope.engine.generate import decode_threads
 
         lm.model.setup_cache(1, depth + n)
         M.fill_cache(lm.model, M.random_tokens(depth, cfg.vocab_size, 1, lm.device))
@@ -129,7 +129,7 @@ def _gen_observe(n_gen: int):
 
 
 def energy_meter(device: str):
-    from engine import energy
+    from opscope.engine import energy
 
     return energy.meter_for(device)
 
@@ -142,8 +142,8 @@ def energy_setting(device: str) -> str:
 
 
 def gen_point(lm, n_prompt: int, n_gen: int, opts: BenchOptions) -> Point:
-    from engine.events import Finished
-    from engine.generate import GenerationConfig
+    from opscope.engine.events import Finished
+    from opscope.engine.generate import GenerationConfig
 
     def prepare():
         ids = M.random_tokens(n_prompt, lm.config.vocab_size, 4, "cpu")[0].tolist()

@@ -15,11 +15,11 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterator
 
-from engine.bench import peaks, utilisation
-from engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
-from engine.bench.runner import Point, PointOutcome, skipped_point
-from engine.errors import ConfigError
-from engine.results import Metric
+from opscope.engine.bench import peaks, utilisation
+from opscope.engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.runner import Point, PointOutcome, skipped_point
+from opscope.engine.errors import ConfigError
+from opscope.engine.results import Metric
 
 log = logging.getLogger(__name__)
 

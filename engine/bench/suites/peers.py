@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.bench.options import BenchOptions, SuitePlan
-from engine.bench.runner import Extra, Point, skipped_point
-from engine.bench.suites import _model as M
-from engine.clock import now_ns
-from engine.errors import ConfigError
+from opscope.engine.bench.options import BenchOptions, SuitePlan
+from opscope.engine.bench.runner import Extra, Point, skipped_point
+from opscope.engine.bench.suites import _model as M
+from opscope.engine.clock import now_ns
+from opscope.engine.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class OpScopePeer:
     """The engine with its CPU fast path (engine.fastpath.load) under the given settings."""
 
     def __init__(self, name: str, path: Path, threads: int):
-        from engine.fastpath import FastPathOptions
+        from opscope.engine.fastpath import FastPathOptions
 
         self.name, self.path, self.threads = name, path, threads
         self.options = FastPathOptions.from_string(name.partition(":")[2])
@@ -75,7 +75,7 @@ class OpScopePeer:
         return self.lm is not None
 
     def load(self) -> float:
-        from engine.fastpath import load
+        from opscope.engine.fastpath import load
 
         self.lm = None
         gc.collect()
@@ -152,7 +152,7 @@ class LlamaBenchPeer:
     measures_load = False
 
     def __init__(self, name: str, path: Path, threads: int, binary: Path):
-        from engine.bench import llama_bench
+        from opscope.engine.bench import llama_bench
 
         self.name, self.path, self.threads, self.binary = name, path, threads, binary
         self.version = llama_bench.check_binary(binary)
@@ -161,7 +161,7 @@ class LlamaBenchPeer:
         return 0.0
 
     def _run(self, n_prompt: int, n_gen: int) -> float:
-        from engine.bench import llama_bench
+        from opscope.engine.bench import llama_bench
 
         result = llama_bench.run(self.binary, self.path, n_prompt, n_gen, self.threads)
         seconds = result.pp_s if n_prompt else result.tg_s
@@ -229,7 +229,7 @@ def make_peer(name: str, path: Path, threads: int, p: Params):
     if name == "llama_cpp":
         return LlamaCppPeer(name, path, threads, n_ctx=max(p.pp, p.tg) + 16, n_batch=p.pp)
     if name == "llama_bench":
-        from engine.bench import llama_bench
+        from opscope.engine.bench import llama_bench
 
         binary = llama_bench.find_binary(p.llama_bench or None)  # ConfigError: set but missing
         if binary is None:
@@ -286,7 +286,7 @@ def _load_point(peers: list) -> Point:
 
 
 def _model_path(opts: BenchOptions) -> Path:
-    from engine.defaults import default_model_path
+    from opscope.engine.defaults import default_model_path
 
     path = Path(opts.model) if opts.model else default_model_path()
     if path.suffix.lower() != ".gguf" or not path.is_file():
@@ -325,7 +325,7 @@ def _points(peers: list, missing: dict[str, str], p: Params, vocab: int):
 def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     import torch
 
-    from engine.formats import open_model
+    from opscope.engine.formats import open_model
 
     p = params or (QUICK if opts.quick else Params())
     path = _model_path(opts)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.bench import peaks
-from engine.bench import utilisation as U
-from engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
-from engine.bench.runner import Point, skipped_point
-from engine.bench.suites import _model as M
+from opscope.engine.bench import peaks
+from opscope.engine.bench import utilisation as U
+from opscope.engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.runner import Point, skipped_point
+from opscope.engine.bench.suites import _model as M
 
 NAME = "scaling"
 DESCRIPTION = "GPT-2 small…XL-shaped models: forward tok/s and memory vs parameter count"
@@ -24,7 +24,7 @@ GPT2_SHAPES = {"gpt2-small": (12, 768, 12), "gpt2-medium": (24, 1024, 16),
 
 
 def gpt2_config(name: str):
-    from engine.models.config import ModelConfig
+    from opscope.engine.models.config import ModelConfig
 
     layers, dim, heads = GPT2_SHAPES[name]
     hidden = -(-int(dim * 8 / 3) // 64) * 64  # SwiGLU's 3 matrices ≈ GPT-2's 2 at 4·d
@@ -56,7 +56,7 @@ def make_point(name: str, p: Params, opts: BenchOptions, pk: dict) -> Point:
     def prepare():
         import torch
 
-        from engine.models.llama import Transformer
+        from opscope.engine.models.llama import Transformer
 
         model = Transformer.random(cfg, opts.device, getattr(torch, opts.dtype), attention=opts.attention).eval()
         toks = M.random_tokens(p.seq, cfg.vocab_size, 8, opts.device, batch=p.batch)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from engine.bench import peaks
-from engine.bench import utilisation as U
-from engine.bench.options import BenchOptions, SuitePlan, check_torch_device
-from engine.bench.runner import Extra, Point
-from engine.bench.suites import _model as M
+from opscope.engine.bench import peaks
+from opscope.engine.bench import utilisation as U
+from opscope.engine.bench.options import BenchOptions, SuitePlan, check_torch_device
+from opscope.engine.bench.runner import Extra, Point
+from opscope.engine.bench.suites import _model as M
 
 NAME = "train-step"
 DESCRIPTION = "forward+backward+AdamW tok/s and memory; autocast, checkpointing, accumulation"
@@ -47,7 +47,7 @@ class Params:
     variants: tuple[Variant, ...] = field(default=VARIANTS)
 
     def model_config(self):
-        from engine.models.config import ModelConfig
+        from opscope.engine.models.config import ModelConfig
 
         return ModelConfig(dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads,
                            n_kv_heads=self.n_kv_heads, hidden_dim=self.hidden_dim,
@@ -82,7 +82,7 @@ def _setup(p: Params, v: Variant, opts: BenchOptions):
     """Model, optimizer, loss scaler (float16 only) and the fixed data for one variant."""
     import torch
 
-    from engine.models.llama import Transformer
+    from opscope.engine.models.llama import Transformer
 
     dev = torch.device(opts.device)
     model = Transformer.random(p.model_config(), dev, torch.float32, attention=opts.attention, seed=0).train()

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from engine.errors import MissingMetadata, ModelFormatError, ModelLoadError, UnsupportedModelError
-from engine.models.config import ModelConfig, RopeScaling
+from opscope.engine.errors import MissingMetadata, ModelFormatError, ModelLoadError, UnsupportedModelError
+from opscope.engine.models.config import ModelConfig, RopeScaling
 
 FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
@@ -100,7 +100,7 @@ def register(family: Family) -> Family:
 def _load_all() -> None:
     if len(_BY_NAME) < len(FAMILY_MODULES):
         for mod in FAMILY_MODULES:
-            importlib.import_module(f"engine.models.families.{mod}")
+            importlib.import_module(f"opscope.engine.models.families.{mod}")
 
 
 def supported_gguf_archs() -> list[str]:

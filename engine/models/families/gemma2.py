@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from engine.models.families import Family, GGUFMeta, hf_layer_windows, pattern_windows, register
+from opscope.engine.models.families import Family, GGUFMeta, hf_layer_windows, pattern_windows, register
 
 GGUF_POST_NORMS = {"post_attention_norm": "post_attn_norm", "post_ffw_norm": "post_mlp_norm"}
 HF_NORMS = {"post_attention_layernorm": "post_attn_norm", "pre_feedforward_layernorm": "mlp_norm",

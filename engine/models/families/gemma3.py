@@ -3,9 +3,9 @@
 and the global ones with rope.freq_base (and its linear scaling on the 4B+ models)."""
 from __future__ import annotations
 
-from engine.models.families import (Family, GGUFMeta, hf_layer_windows, hf_rope_theta, pattern_windows,
+from opscope.engine.models.families import (Family, GGUFMeta, hf_layer_windows, hf_rope_theta, pattern_windows,
                                     register)
-from engine.models.families.gemma2 import GGUF_POST_NORMS, HF_NORMS, gemma_common, query_pre_attn_scalar
+from opscope.engine.models.families.gemma2 import GGUF_POST_NORMS, HF_NORMS, gemma_common, query_pre_attn_scalar
 
 
 def _gguf(m: GGUFMeta, base: dict) -> dict:

@@ -4,7 +4,7 @@ engine.formats.gguf_source), and writes Mistral models as llama too: a window in
 honoured."""
 from __future__ import annotations
 
-from engine.models.families import Family, GGUFMeta, register
+from opscope.engine.models.families import Family, GGUFMeta, register
 
 
 def _gguf(m: GGUFMeta, base: dict) -> dict:

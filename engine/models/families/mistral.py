@@ -2,7 +2,7 @@
 llama.cpp converts Mistral to llama-arch GGUFs (see families.llama); no GGUF architecture of its own."""
 from __future__ import annotations
 
-from engine.models.families import Family, register
+from opscope.engine.models.families import Family, register
 
 
 def _hf(cfg: dict, base: dict) -> dict:

@@ -3,9 +3,9 @@ the core's q/k/v and gate/up (a row split, so quantized blocks stay quantized). 
 (rope_factors_* tensors, "longrope" scaling) and partial rotary dims are refused."""
 from __future__ import annotations
 
-from engine.errors import UnsupportedModelError
-from engine.models.config import ModelConfig
-from engine.models.families import Family, GGUFMeta, register
+from opscope.engine.errors import UnsupportedModelError
+from opscope.engine.models.config import ModelConfig
+from opscope.engine.models.families import Family, GGUFMeta, register
 
 
 def split_qkv(cfg: ModelConfig) -> list[tuple[str, int]]:

@@ -1,7 +1,7 @@
 """Qwen2 / Qwen2.5: the Llama core with biases on the q, k and v projections."""
 from __future__ import annotations
 
-from engine.models.families import Family, register
+from opscope.engine.models.families import Family, register
 
 
 def _hf(cfg: dict, base: dict) -> dict:

@@ -2,7 +2,7 @@
 bias, and a head dim of its own (GGUF ``attention.key_length``, config.json ``head_dim``)."""
 from __future__ import annotations
 
-from engine.models.families import Family, register
+from opscope.engine.models.families import Family, register
 
 _QK_NORM = {"attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm"}
 

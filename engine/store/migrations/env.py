@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from engine.store.schema import Base
+from opscope.engine.store.schema import Base
 
 config = context.config
 connection = config.attributes.get("connection")
