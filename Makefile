@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.opscope-installed
 
-.PHONY: setup run chat test test-fast postgres clean screenshots dist bundle bundle-test
+.PHONY: setup run chat test test-fast perf-check postgres clean screenshots dist bundle bundle-test
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ postgres:
 test: setup postgres
 	QT_QPA_PLATFORM=offscreen $(BIN)/lint-imports
 	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q
+
+# Timing claims (agreement with torch.utils.benchmark within 5 %, a planted 10 % slowdown flagged):
+# true only on a quiet machine, so they are run on demand, not by `make test` on a shared CI host.
+perf-check: setup
+	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -m perf
 
 test-fast: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -m "not slow"

@@ -32,6 +32,7 @@ LLAMA_BENCH = REPO.parent / "shared" / "tools" / "llama.cpp" / "llama-bench"
 QUIET_CORES = 0.3  # foreign load (cores) under which the two measurers must agree
 
 
+@pytest.mark.perf
 @pytest.mark.usefixtures("one_torch_thread")
 def test_matmul_gflops_agree_with_torch_benchmark_timer_within_5_percent():
     """A claim about a quiet machine (engine.bench.agreement.matmul says why): up to three tries
@@ -87,7 +88,7 @@ def test_peers_suite_llama_cpp_figures_are_llama_benchs_own(tmp_path, monkeypatc
             continue  # the --version check
         for t in json.loads(text):
             exact = [(t["n_prompt"] or t["n_gen"]) * 1e9 / ns for ns in t["samples_ns"]]
-            assert t["samples_ts"] == pytest.approx(exact, rel=1e-5)  # printed to 6 significant digits
+            assert t["samples_ts"] == pytest.approx(exact, rel=1e-5, abs=5e-4)  # printed rounded (6 digits or 3 decimals)
             own["pp16" if t["n_gen"] == 0 else "tg4"] += exact
     by_name = {m.name: m for m in result.metrics}
     for test in ("pp16", "tg4"):
@@ -97,7 +98,7 @@ def test_peers_suite_llama_cpp_figures_are_llama_benchs_own(tmp_path, monkeypatc
             assert min(abs(v / o - 1) for o in own[test]) < 1e-9, (test, v, own[test])
 
 
-@pytest.mark.slow
+@pytest.mark.perf
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_planted_10_percent_slowdown_is_significant_with_default_repetitions(tmp_path, capsys):
     """Full-run repetitions (10, at least 1 s) on a point small enough to stay in cache: the 10 %
