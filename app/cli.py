@@ -36,7 +36,9 @@ def _gui(args, screenshot: str | None = None) -> int:
 def split_screenshot(argv: list[str]) -> tuple[list[str], str | None]:
     """Take the window-only option ``--screenshot PATH`` out of ``opscope [gui] …`` before the
     engine's parser (which knows nothing of windows) sees it; other commands keep their argv."""
-    command = _command(argv)
+    from opscope.engine.cli import command_word
+
+    command = command_word(argv)
     if command not in (None, "gui"):
         return argv, None
     out, path, i = [], None, 0
@@ -51,19 +53,6 @@ def split_screenshot(argv: list[str]) -> tuple[list[str], str | None]:
             out.append(arg)
         i += 1
     return out, path
-
-
-def _command(argv: list[str]) -> str | None:
-    """The sub-command: the first word that is neither an option nor the value of ``--db``."""
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--db":
-            skip = True
-        elif not arg.startswith("-"):
-            return arg
-    return None
 
 
 def _check_display() -> None:
