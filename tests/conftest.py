@@ -53,6 +53,19 @@ def _quiet_proc(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("OPSCOPE_PROC", str(root))
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A test that loads a model with --threads N (or runs a bench with it) sets torch's process-wide
+    count; put it back so later tests start from the same count whatever ran before them."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    if before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Two OpenMP threads on a shared 2-core machine run 10-20x slower than one (spin-waiting on

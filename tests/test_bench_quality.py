@@ -295,12 +295,23 @@ def _threads_per_decode_call(model, run) -> list[int]:
 def test_tg_points_decode_with_the_threads_generation_uses(lm):
     import torch
 
+    assert lm.model.decode_threads == "auto"  # else both paths would trivially agree
+    have = 2  # the policy's starting point, set here: an earlier test may have left torch at 1
+    before = torch.get_num_threads()
+    torch.set_num_threads(have)
+    try:
+        _bench_and_generate_threads_agree(lm, have)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _bench_and_generate_threads_agree(lm, have):
+    import torch
+
     from opscope.engine.bench.options import BenchOptions
     from opscope.engine.bench.suites import llm
     from opscope.engine.generate import GenerationConfig
 
-    have = torch.get_num_threads()
-    assert have >= 2 and lm.model.decode_threads == "auto"  # else both paths would trivially agree
     plan = llm.plan(BenchOptions(quick=True), llm.Params(pp=8, tg=48, depths=(0,), gen_prompt=8, gen_tokens=48),
                     model=lm)
     tg = next(p for p in plan.points if p.name == "tg48")

@@ -264,9 +264,10 @@ def test_encode_matches_llama_cpp(vocabs, name, tmp_path):
 
 def _llama_cpp_ids(model: Path, prompt: Path, attempts: int = 6) -> list[int]:
     """The prompt's ids as llama-completion prints them. Its logger runs on a thread and now and then
-    loses the tail of the log at exit (rc 0), so a run counts only when every announced id is there."""
-    cmd = [str(LLAMA_COMPLETION), "-m", str(model), "-bf", str(prompt), "-n", "0", "--verbose-prompt",
-           "-no-cnv", "-t", "1"]
+    loses the tail of the log at exit (rc 0), so a run counts only when every announced id is there;
+    generating one token (on the tiny random model) gives the logger time to flush the prompt lines."""
+    cmd = [str(LLAMA_COMPLETION), "-m", str(model), "-bf", str(prompt), "-n", "1", "--verbose-prompt",
+           "-no-cnv", "-t", "1", "--temp", "0"]
     for _ in range(attempts):
         out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=120)
         log = out.stderr + out.stdout
