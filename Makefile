@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.opscope-installed
 
-.PHONY: setup run chat test test-fast perf-check postgres clean screenshots dist bundle bundle-test
+.PHONY: setup run chat test test-fast perf-check stress-check postgres clean screenshots xvfb-walk dist bundle bundle-test
 
 setup: $(STAMP)
 
@@ -39,12 +39,16 @@ test: setup postgres
 perf-check: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -m perf
 
+stress-check: setup
+	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -m stress
+
 test-fast: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -m "not slow"
 
 # Regenerates docs/screenshots/: the window at start and after a failed load (`opscope gui --screenshot`),
-# then every panel at work (the GUI test that shoots them, pointed at docs/screenshots). A scratch
-# home keeps the user's settings, recent models and runs out of the pictures.
+# then every panel at work (the GUI test that shoots them, pointed at docs/screenshots): a reply
+# streaming with live stats, the settings, the store switch, the dark theme. A scratch home keeps
+# the user's settings, recent models and runs out of the pictures.
 SHOTS := docs/screenshots
 screenshots: setup
 	@scratch=$$(mktemp -d) && export QT_QPA_PLATFORM=offscreen XDG_CONFIG_HOME=$$scratch/config \
@@ -53,6 +57,11 @@ screenshots: setup
 	$(BIN)/opscope gui --model $$scratch/broken.gguf --screenshot $(SHOTS)/load-error.png && \
 	OPSCOPE_SCREENSHOT_DIR=$(abspath $(SHOTS)) $(BIN)/pytest -q -p no:cacheprovider \
 	  tests/test_app_panels.py -k screenshots && rm -rf $$scratch
+
+# One look at the real window on an X server: Xvfb + xdotool walk every panel (packaging/xvfb_walk.sh)
+# and leave a screenshot per step in build/xvfb-walk/. Needs `apt-get install xvfb xdotool imagemagick`.
+xvfb-walk: setup
+	$(BIN)/pytest -q -p no:cacheprovider -m xvfb tests/test_gui_xvfb.py
 
 # The sdist and the wheel in dist/ (`pip install dist/opscope-*.whl`; packaging/README.md).
 dist: setup

@@ -7,6 +7,8 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    whole_process = argv is None  # the console script: the process ends when this returns
+    original = exit_on_signals() if whole_process else {}
     from functools import partial
 
     try:
@@ -14,14 +16,48 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("opscope: interrupted", file=sys.stderr)
         return 130
-    whole_process = argv is None  # the console script: the process ends when this returns
     argv, screenshot = split_screenshot(sys.argv[1:] if argv is None else list(argv))
-    code = engine_main(argv, gui=partial(_gui, screenshot=screenshot))
+    try:
+        code = engine_main(argv, gui=partial(_gui, screenshot=screenshot))
+    except KeyboardInterrupt as e:  # in the few steps before engine.cli's own handling, or after it
+        from opscope.engine.cli_args import Terminated
+
+        terminated = isinstance(e, Terminated)
+        print(f"opscope: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        code = 143 if terminated else 130
     if whole_process:  # a Ctrl-C during interpreter shutdown must not print a traceback
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig, handler in original.items():
+            if sig != signal.SIGINT:
+                signal.signal(sig, handler)
     return code
+
+
+def exit_on_signals() -> dict:
+    """The first thing the `opscope` process does (before importing anything heavy): until
+    engine.cli's main takes over (it turns the signals into exceptions for its clean-up), there is
+    nothing to clean up, so Ctrl-C or SIGTERM print their one line and exit 130/143 at once,
+    without a traceback, whatever import is running. A signal the parent set to be ignored (a
+    background job) stays ignored. Returns the handlers it replaced."""
+    import signal
+
+    replaced = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if handler is not signal.SIG_IGN:
+            replaced[sig] = signal.SIG_DFL if handler is None else handler
+            signal.signal(sig, _exit_at_once)
+    return replaced
+
+
+def _exit_at_once(signum: int, _frame) -> None:
+    import os
+    import signal
+
+    os.write(2, b"opscope: interrupted\n" if signum == signal.SIGINT else b"opscope: terminated\n")
+    os._exit(128 + signum)
 
 
 def _gui(args, screenshot: str | None = None) -> int:

@@ -41,6 +41,7 @@ COMMAND_HOMES = {
     "plugins": "opscope.engine.backends.commands", "fastpath": "opscope.engine.fastpath.commands",
 }
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, past a file-size limit
 
 
 def _on_signal(signum: int, _frame) -> None:
@@ -162,7 +163,10 @@ def _interrupted(e: BaseException, cancelled: Cancelled | None, debug: bool) -> 
 
 def _run(func: Callable, args) -> int:
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        if sys.stdout is not None:  # None in a windowed launch
+            sys.stdout.flush()  # a full disk under a redirected stdout fails here, as one line, not at exit
+        return code
     except KeyboardInterrupt as e:
         return _interrupted(e, None, args.debug)
     except Cancelled as e:  # a long job stopped by Ctrl-C/SIGTERM: what it kept is in the message
@@ -175,10 +179,11 @@ def _run(func: Callable, args) -> int:
     except OSError as e:
         if args.debug:
             raise
-        hint = " — free some disk space and retry" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+        full = e.errno in DISK_FULL
+        hint = " — free some disk space and retry" if full else ""
         where = f": {e.filename}" if e.filename else ""
         print(f"opscope: error: {e.strerror or e}{where}{hint}", file=sys.stderr)
-        return 1
+        return 2 if full else 1  # a full disk is the user's to fix, like any EngineError
     except Exception as e:  # a bug, not a user error: say so, keep the traceback behind --debug
         if args.debug:
             raise

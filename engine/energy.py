@@ -223,3 +223,40 @@ def reset() -> None:
 
 def per_token(joules: float | None, tokens: int) -> float:
     return joules / tokens if joules is not None and tokens > 0 else float("nan")
+
+
+def source_of(meter: Meter) -> str:
+    """What GenerationStats.energy_source says: the counter, or "N/A: <why>"."""
+    return meter.source if meter.available else f"N/A: {meter.reason}"
+
+
+def with_energy(done: Any, meter: Meter, prefill_j: float | None, decode_j: float | None) -> Any:
+    """A Finished event (engine.events) with J/token of prefill (over the tokens prefilled) and of
+    decode (over the tokens after the first: the first comes from the prefill's logits)."""
+    from dataclasses import replace
+
+    st = done.stats
+    return replace(done, stats=replace(
+        st, prefill_j_per_token=per_token(prefill_j, st.prompt_tokens - st.cached_tokens),
+        decode_j_per_token=per_token(decode_j, st.generated_tokens - 1), energy_source=source_of(meter)))
+
+
+def short_reason(source: str) -> str:
+    """The first clause of an "N/A: ..." energy source, for a one-line stats display."""
+    reason = source.removeprefix("N/A:").strip()
+    for cut in (" (", ";", ":"):
+        reason = reason.split(cut, 1)[0]
+    return reason.strip()
+
+
+def stats_text(stats: Any) -> str:
+    """"0.0123 J/tok prefill, 0.5 J/tok decode (RAPL)", or "energy N/A: <why>" (GenerationStats or its dict)."""
+    get = stats.get if isinstance(stats, dict) else (lambda k: getattr(stats, k, None))
+    source = get("energy_source") or ""
+    if not source or source.startswith("N/A"):
+        return f"energy N/A: {source.removeprefix('N/A:').strip() or 'not measured by this backend'}"
+
+    def fmt(v) -> str:
+        return "–" if v is None or v != v else f"{v:.3g}"
+
+    return f"{fmt(get('prefill_j_per_token'))} J/tok prefill, {fmt(get('decode_j_per_token'))} J/tok decode ({source})"

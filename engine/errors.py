@@ -138,3 +138,7 @@ class ChatTemplateError(ModelLoadError):
 
 class UnsafeTemplate(ChatTemplateError):
     fix = "the template was stopped by the sandbox's limits; remove or fix the model's chat template"
+
+
+class DistributedError(EngineError):
+    """A rank of a multi-process run failed, hung past its timeout, or could not rendezvous."""

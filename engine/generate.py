@@ -102,7 +102,7 @@ def _generate(model, tokenizer, prompt_ids, reused, record, cfg, cancel, request
         book = DecodeBook(tokenizer, cfg, n, (request_ns, t_start, t_prefill), cancel)
         for event in _decode(model, nxt, token_id, n, cfg, history, gen, book, record.ids):
             if isinstance(event, Finished):
-                event = _with_energy(_with_cached(event, reused), meter, prefill_j, decode_energy.joules())
+                event = energy.with_energy(_with_cached(event, reused), meter, prefill_j, decode_energy.joules())
             yield event
 
 
@@ -111,15 +111,6 @@ def _with_cached(done: Finished, cached: int) -> Finished:
     st = done.stats
     rate = (st.prompt_tokens - cached) / (st.prefill_ms / 1e3) if st.prefill_ms > 0 else st.prefill_tok_s
     return replace(done, stats=replace(st, cached_tokens=cached, prefill_tok_s=rate))
-
-
-def _with_energy(done: Finished, meter, prefill_j: float | None, decode_j: float | None) -> Finished:
-    """Finished with J/token of prefill (tokens prefilled) and decode (tokens after the first)."""
-    st = done.stats
-    source = meter.source if meter.available else f"N/A: {meter.reason}"
-    return replace(done, stats=replace(
-        st, prefill_j_per_token=energy.per_token(prefill_j, st.prompt_tokens - st.cached_tokens),
-        decode_j_per_token=energy.per_token(decode_j, st.generated_tokens - 1), energy_source=source))
 
 
 @contextmanager

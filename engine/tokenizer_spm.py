@@ -102,7 +102,7 @@ def _tokens(meta: dict, path: Path, flavor: SpmFlavor) -> list[str]:
         raise ModelFormatError(f"{path}: metadata field tokenizer.ggml.tokens is missing or not a list of strings")
     if flavor is GEMMA:
         # Gemma stores its runs-of-spaces tokens with real spaces; the normalized text has "▁".
-        tokens = [SPACE * len(t) if t and set(t) == {" "} else t for t in tokens]
+        tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
     return tokens
 
 
@@ -120,19 +120,16 @@ def _merges(meta: dict, path: Path, tokens: list[str], flavor: SpmFlavor) -> lis
     listed = meta.get("tokenizer.ggml.merges")  # rare in SentencePiece files; used as given, like transformers
     if isinstance(listed, list) and listed:
         return [tuple(m.split(" ", 1)) for m in listed]
-    return merges_from_scores(tokens, _scores(meta, path, len(tokens), flavor))
+    scores = _scores(meta, path, len(tokens), flavor)
+    from opscope.engine import spm_merges
+
+    return spm_merges.cached_merges(tokens, scores, flavor.name)
 
 
 def merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
     """Every split of a token into two tokens of the vocabulary, ranked by the token's score (best
     first), ties to the longer left part. The same list, in the same order, as transformers'
     ``generate_merges`` makes, which is what the GGUF converter feeds its BPE model."""
-    index = {t: i for i, t in enumerate(tokens)}
-    merges: list[tuple[str, str, float]] = []
-    for token, score in dict(zip(tokens, scores)).items():
-        local = [(token[:k], token[k:], score) for k in range(1, len(token))
-                 if token[:k] in index and token[k:] in index]
-        local.sort(key=lambda m: (index[m[0]], index[m[1]]))
-        merges.extend(local)
-    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
-    return [(a, b) for a, b, _ in merges]
+    from opscope.engine import spm_merges
+
+    return spm_merges.merges_from_scores(tokens, scores)

@@ -76,3 +76,75 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# -- PostgreSQL: one real server for the whole run ------------------------------------------------
+# Debian's postgresql package (`make test` installs it). tests/test_store_pg.py and
+# tests/test_app_store.py share this one server; each test gets its own fresh database (pg_url).
+
+def _pg_bindir():
+    import glob
+    import shutil
+    from pathlib import Path
+
+    found = glob.glob("/usr/lib/postgresql/*/bin/initdb")
+    if found:
+        return Path(max(found, key=lambda p: int(Path(p).parts[-3]))).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _as_server_user(cmd: list) -> list[str]:
+    # initdb and postgres refuse to run as root: run them as the postgres system user then.
+    cmd = [str(c) for c in cmd]
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """The URL (no database) of a PostgreSQL server started once for the whole test run."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    bindir = _pg_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: install Debian's "
+                    "`postgresql` package (`make test` does)")
+    base = Path(tempfile.mkdtemp(prefix="opscope-pg-"))  # pytest's tmp is private to root
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres")
+    data, port = base / "data", _free_port()
+    run = lambda cmd: subprocess.run(_as_server_user(cmd), check=True, capture_output=True, timeout=120)  # noqa: E731
+    run([bindir / "initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync"])
+    opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
+    run([bindir / "pg_ctl", "-D", data, "-l", base / "server.log", "-o", opts, "-w", "-t", "60", "start"])
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
+    finally:
+        run([bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop"])
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_url(pg_server):
+    """A fresh, empty database on the session's server."""
+    import uuid
+
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(f"{pg_server.replace('+psycopg', '')}/postgres", autocommit=True) as con:
+        con.execute(f'CREATE DATABASE "{name}"')
+    yield f"{pg_server}/{name}"
+    with psycopg.connect(f"{pg_server.replace('+psycopg', '')}/postgres", autocommit=True) as con:
+        con.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

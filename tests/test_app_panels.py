@@ -207,10 +207,26 @@ def _chat_reply(qtbot, chat, text: str) -> None:
         chat.send_button.click()
 
 
+def _chat_streaming_shot(qtbot, window, folder: Path) -> None:
+    """chat-streaming.png: a Markdown reply while it streams, its live TTFT and tok/s under it."""
+    chat = window.chat
+    chat.sampling.temperature.setValue(0.0)
+    chat.sampling.max_tokens.setValue(60)
+    chat.input.setPlainText("Write a Python function that reverses a string, in a code block.")
+    live = []
+    chat.session.liveStats.connect(live.append)
+    with qtbot.waitSignal(chat.session.replyFinished, timeout=180_000):
+        chat.send_button.click()
+        qtbot.waitUntil(lambda: len(live) >= 35, timeout=180_000)  # a few lines of Markdown
+        assert "generating" in chat.stats_label.text() and "tok/s" in chat.stats_label.text()
+        _shoot(qtbot, window, "chat", "chat-streaming", folder)
+
+
 def test_screenshots_of_every_panel(qtbot, window, screenshots):
-    """PNGs a person looks at: {chat,telemetry,trace,benchmarks,runs,compare,dark-theme,dark-runs,settings,
-    store-switch}.png."""
+    """PNGs a person looks at: {chat-streaming,chat,telemetry,trace,benchmarks,runs,compare,dark-theme,
+    dark-runs,dark-chat,settings,store-switch}.png."""
     shoot = lambda dock, name: _shoot(qtbot, window, dock, name, screenshots)  # noqa: E731
+    _chat_streaming_shot(qtbot, window, screenshots)  # its code block stays in chat.png and dark-chat.png
     _chat_reply(qtbot, window.chat, "Give me three tips for writing fast Python code.")
     shoot("chat", "chat")
     telemetry = window.panels["telemetry"]
@@ -224,6 +240,7 @@ def test_screenshots_of_every_panel(qtbot, window, screenshots):
     trace = _trace(qtbot, window)
     trace.findings.setCurrentRow(0)
     shoot("trace", "trace")
+    _assert_trace_readable_in(window)
     ids = _two_runs(qtbot, window)
     shoot("bench", "benchmarks")
     runs = window.panels["runs"]
@@ -237,9 +254,27 @@ def test_screenshots_of_every_panel(qtbot, window, screenshots):
     try:
         shoot("trace", "dark-theme")
         shoot("runs", "dark-runs")
+        shoot("chat", "dark-chat")
     finally:
         window.theme.set_mode("light")
     _settings_and_store_shots(qtbot, window, screenshots, ids)
+
+
+def _assert_trace_readable_in(window) -> None:
+    """In the real 1400x900 window: the findings list and every labelled filter lie inside the window."""
+    from PySide6.QtCore import QPoint, QRect
+
+    trace = window.panels["trace"]
+
+    def inside(widget) -> bool:
+        return widget.isVisible() and window.rect().contains(QRect(widget.mapTo(window, QPoint(0, 0)), widget.size()))
+
+    assert window.width() == 1400 and window.height() == 900
+    assert inside(trace.findings) and trace.findings.viewport().height() >= 4 * trace.findings.fontMetrics().lineSpacing()
+    item = trace.findings.item(0)
+    assert trace.findings.viewport().rect().contains(trace.findings.visualItemRect(item))  # the whole title shows
+    for name, label in trace.filter_labels.items():
+        assert inside(label) and inside(label.buddy()), name
 
 
 def _settings_and_store_shots(qtbot, window, folder: Path, ids: list[int]) -> None:

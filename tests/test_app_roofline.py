@@ -63,3 +63,25 @@ def test_roofline_tab_draws_points_and_roofs_and_exports(qtbot, db, tmp_path):
     assert "a roofline places llm, matmul, attention points" in view.summary.text()
     assert not view.export_png.isEnabled()
     model.close()
+
+
+def test_point_names_do_not_print_over_each_other_and_axes_are_not_rescaled(qtbot):
+    import pyqtgraph as pg
+
+    from opscope.app.runs.roofline import RooflineView
+    from opscope.engine.bench.roofline import Ceiling, Roofline, RoofPoint
+
+    pts = [RoofPoint(name=n, suite="llm", intensity=i, flop_s=f) for n, i, f in
+           [("pp512", 40.0, 90e9), ("pp512@d64", 42.0, 85e9), ("tg128", 1.0, 5e9)]]
+    roof = Roofline(run="r", kind="llm", device="cpu", dtype="float32", points=pts,
+                    ceilings=[Ceiling(kind="compute", basis="theoretical", value=200e9, label="200 GFLOP/s",
+                                      origin="test")])
+    view = RooflineView()
+    qtbot.addWidget(view)
+    view._draw(roof)
+    names = sorted(i.toPlainText() for i in view.plot.getPlotItem().items if isinstance(i, pg.TextItem))
+    assert names == ["pp512", "tg128"]  # pp512@d64 sits 0.02 decades from pp512: unnamed on the plot
+    view.resize(900, 600)
+    view.show()
+    qtbot.waitExposed(view)
+    assert view.plot.getAxis("left").labelString().find("x1e") == -1

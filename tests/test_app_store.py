@@ -1,5 +1,5 @@
 """The Runs panel's store switch and "Copy to store", and the headless `opscope runs push`, on real
-SQLite files and the real PostgreSQL server tests/test_store_pg.py starts."""
+SQLite files and the real PostgreSQL server of the session (tests/conftest.py `pg_server`)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,6 @@ import sys
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
-from test_store_pg import pg_server, pg_url  # noqa: F401  (fixtures: the session's real server)
 
 from opscope.engine.results import Metric, RunResult, TelemetrySeries
 from opscope.engine.store import RunStore
@@ -118,7 +117,7 @@ def test_runs_push_headless_to_sqlite(tmp_path):
 
 @pytest.mark.postgres
 @pytest.mark.slow
-def test_runs_push_headless_to_postgresql(tmp_path, pg_url):  # noqa: F811
+def test_runs_push_headless_to_postgresql(tmp_path, pg_url):
     local = str(tmp_path / "local.sqlite")
     _fill(local, "pg-a", "pg-b")
     done = _opscope("--db", local, "runs", "push", "--to", pg_url)

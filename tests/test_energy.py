@@ -185,5 +185,81 @@ def test_the_chat_stats_line_shows_joules_per_token_or_n_a():
              "energy_source": "RAPL"}
     assert "20 prompt + 8 generated tokens · 0.0123 J/tok prefill, 0.5 J/tok decode · stop: eos" in \
         format_stats(stats, "eos")
-    na = {**stats, "prefill_j_per_token": float("nan"), "energy_source": "N/A: no RAPL energy counters"}
-    assert format_stats(na, "eos").endswith("generated tokens · energy N/A · stop: eos")
+    na = {**stats, "prefill_j_per_token": float("nan"),
+          "energy_source": "N/A: no RAPL energy counters (/x/intel-rapl:* absent: a VM); CPU energy is N/A"}
+    assert format_stats(na, "eos").endswith("generated tokens · energy N/A (no RAPL energy counters) · stop: eos")
+
+
+# --- exact J/token through the CLI and the plugin loop -------------------------------------------
+# package-0's counter advances at the phase markers, which every loop emits in its own thread right
+# after it read the counter for the phase before: +2 J when the prefill starts, +0.5 J when the
+# decode starts. So the prefill spent exactly 2 J and the decode 0.5 J.
+COUNTER_AT = {("prefill", "start"): 3_000_000, ("decode", "start"): 3_500_000}
+
+
+@pytest.fixture
+def counter_at_markers(tmp_path, monkeypatch):
+    from opscope.engine import markers
+
+    root = tmp_path / "powercap"
+    zone = _zone(root, "intel-rapl:0", "package-0", 1_000_000)
+    written = []
+
+    def advance(m) -> None:
+        uj = COUNTER_AT.get((m.phase, m.edge))
+        if uj is not None:
+            (zone / "energy_uj").write_text(f"{uj}\n")
+            written.append(uj)
+
+    monkeypatch.setenv(energy.POWERCAP_ENV, str(root))
+    energy.reset()
+    unsubscribe = markers.subscribe(advance)
+    yield written
+    unsubscribe()
+    energy.reset()
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_opscope_generate_prints_the_exact_joules_per_token(counter_at_markers, capsys):
+    import re
+
+    from opscope.engine.cli import main
+
+    assert main(["generate", "The capital of France is", "-n", "5", "--ignore-eos", "--threads", "1"]) == 0
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    prompt = int(re.search(r"prompt (\d+) tok", line).group(1))
+    assert "generated 5 tok" in line
+    assert line.endswith(f"· {2.0 / prompt:.3g} J/tok prefill, {0.5 / 4:.3g} J/tok decode (RAPL)"), line
+    assert counter_at_markers == [3_000_000, 3_500_000]
+
+
+def test_the_plugin_loop_puts_exact_joules_per_token_in_finished(counter_at_markers, lm):
+    from opscope.engine.backends import stream_generation
+    from opscope.engine.events import Finished
+    from opscope.engine.generation_config import GenerationConfig
+
+    class Constant:  # a backend whose model always answers token 42
+        def forward(self, ids): pass
+
+        def sample(self): return 42
+
+    cfg = GenerationConfig(max_tokens=6, ignore_eos=True)
+    done = [ev for ev in stream_generation(Constant(), lm.tokenizer, [1, 2, 3, 4], cfg) if isinstance(ev, Finished)][0]
+    assert done.stats.energy_source == "RAPL"
+    assert done.stats.prefill_j_per_token == pytest.approx(2.0 / 4)
+    assert done.stats.decode_j_per_token == pytest.approx(0.5 / 5)
+
+
+def test_the_stats_line_says_why_energy_is_n_a(tmp_path, monkeypatch):
+    from opscope.engine.commands.generate import summary_line
+    from opscope.engine.events import GenerationStats
+
+    monkeypatch.setenv(energy.POWERCAP_ENV, str(tmp_path / "nothing"))
+    energy.reset()
+    try:
+        reason = energy.source_of(energy.meter_for("cpu"))
+    finally:
+        energy.reset()
+    stats = GenerationStats(10, 5, 40.0, 30.0, 333.0, 20.0, 300.0, energy_source=reason)
+    assert summary_line(stats).endswith(f"decode 20.0 tok/s · energy N/A: no RAPL energy counters ({tmp_path}"
+                                        f"/nothing/intel-rapl:* absent: a VM or a CPU without RAPL); CPU energy is N/A")

@@ -134,9 +134,18 @@ def test_a_neighbouring_file_fails(text_file):
 
 @pytest.fixture(scope="module")
 def hf():
+    import functools
+
+    import gguf
+
     from opscope.engine.defaults import default_model_path
 
-    return precision.HFReference(default_model_path())
+    # transformers' GGUF loader builds gguf-py's tensor-name map once per module of the model (about
+    # 400 times a file, half of each file's load), while the map depends only on the architecture and
+    # the layer count: a pure function, memoized here. What the loader reads and computes is unchanged.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+        yield precision.HFReference(default_model_path())
 
 
 @pytest.mark.slow

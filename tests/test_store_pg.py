@@ -1,16 +1,8 @@
-"""The run store on a real PostgreSQL server that this test session starts (Debian's postgresql
-package; `make test` installs it). Skipped only when the server binaries are absent."""
+"""The run store on a real PostgreSQL server: the session's one server (tests/conftest.py `pg_server`,
+Debian's postgresql package; `make test` installs it). Skipped only when the server binaries are absent."""
 from __future__ import annotations
 
-import glob
 import math
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
-import uuid
-from pathlib import Path
 
 import pytest
 
@@ -20,60 +12,6 @@ from opscope.engine.store import RunStore, db
 from opscope.engine.store.compare import compare
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-
-
-def _pg_bindir() -> Path | None:
-    found = glob.glob("/usr/lib/postgresql/*/bin/initdb")
-    if found:
-        return Path(max(found, key=lambda p: int(Path(p).parts[-3]))).parent
-    initdb = shutil.which("initdb")
-    return Path(initdb).parent if initdb else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _as_server_user(cmd: list) -> list[str]:
-    # initdb and postgres refuse to run as root: run them as the postgres system user then.
-    cmd = [str(c) for c in cmd]
-    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
-
-
-@pytest.fixture(scope="session")
-def pg_server():
-    bindir = _pg_bindir()
-    if bindir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: install Debian's "
-                    "`postgresql` package (`make test` does)")
-    base = Path(tempfile.mkdtemp(prefix="opscope-pg-"))  # pytest's tmp is private to root
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres")
-    data, port = base / "data", _free_port()
-    run = lambda cmd: subprocess.run(_as_server_user(cmd), check=True, capture_output=True, timeout=120)  # noqa: E731
-    run([bindir / "initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync"])
-    opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
-    run([bindir / "pg_ctl", "-D", data, "-l", base / "server.log", "-o", opts, "-w", "-t", "60", "start"])
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
-    finally:
-        run([bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop"])
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def pg_url(pg_server):
-    """A fresh, empty database on the session's server."""
-    import psycopg
-
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(f"{pg_server.replace('+psycopg', '')}/postgres", autocommit=True) as con:
-        con.execute(f'CREATE DATABASE "{name}"')
-    yield f"{pg_server}/{name}"
-    with psycopg.connect(f"{pg_server.replace('+psycopg', '')}/postgres", autocommit=True) as con:
-        con.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 def test_round_trip_and_management_on_postgres(pg_url):

@@ -418,3 +418,123 @@ def test_missing_scores_is_a_format_error(vocabs, tmp_path):
     meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁a"]}
     with pytest.raises(ModelFormatError, match="tokenizer.ggml.scores"):
         from_gguf(meta, tmp_path / "x.gguf")
+
+
+# -- merges: built fast, cached as data ---------------------------------------------------------------
+def _bpe_like_vocab(n: int, seed: int = 0) -> list[str]:
+    """Pieces as a BPE trainer makes them (each one two earlier pieces), with byte tokens, astral
+    characters, a piece given twice and an empty one: what a synthetic Gemma-style vocabulary holds."""
+    rnd = random.Random(seed)
+    pieces = list("abcdeghilmnorstu▁.,'") + ["\U0001F600", "é", "語"]
+    seen = set(pieces)
+    while len(pieces) < n:
+        recent = rnd.random() < 0.5
+        a = pieces[rnd.randrange(max(0, len(pieces) - 2000) if recent else 0, len(pieces))]
+        b = pieces[rnd.randrange(min(300, len(pieces)))]
+        if len(a + b) <= 12 and a + b not in seen:
+            seen.add(a + b)
+            pieces.append(a + b)
+    return ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces + ["ab", ""]
+
+
+@pytest.mark.parametrize("scores", ["positions", "tied"])
+def test_merges_equal_transformers_generate_merges(scores):
+    """The vectorised construction against transformers' own loop, in order, ties included."""
+    from transformers.convert_slow_tokenizer import generate_merges
+
+    from opscope.engine.tokenizer_spm import merges_from_scores
+
+    tokens = _bpe_like_vocab(8_000)
+    values = ([-float(i) for i in range(len(tokens))] if scores == "positions"
+              else [float(random.Random(i).choice([0.0, -1.5, 3.0])) for i in range(len(tokens))])
+    ref = generate_merges({t: i for i, t in enumerate(tokens)}, list(zip(tokens, values)))
+    assert len(ref) > 6_000
+    assert merges_from_scores(tokens, values) == ref
+
+
+def _gemma_meta(tokens: list[str]) -> dict:
+    types = [3] * 4 + [6] * 256 + [1] * (len(tokens) - 260)
+    return {"general.architecture": "gemma3", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": np.zeros(len(tokens), np.float32), "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
+            "tokenizer.ggml.unknown_token_id": 3, "tokenizer.ggml.padding_token_id": 0}
+
+
+SAMPLE = "▁the café 😀 語ab, 'stud'. hello\tworld  éé"
+
+
+def _cache_files(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "cache" / "spm-merges").glob("*.npy"))
+
+
+def test_merges_are_cached_sealed_and_a_bad_cache_is_rebuilt(tmp_path, monkeypatch):
+    """One .npy of token ids per vocabulary; a file cut short, tampered with or holding a pickle is
+    ignored (never unpickled) and rebuilt, and the tokens stay those of the fresh build."""
+    from opscope.engine.tokenizer import from_gguf
+
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    meta = _gemma_meta(_bpe_like_vocab(5_000, seed=3))
+    fresh = from_gguf(meta, tmp_path / "m.gguf")
+    expected = fresh.encode(SAMPLE)
+    (file,) = _cache_files(tmp_path)
+    good = file.read_bytes()
+    assert good.startswith(b"\x93NUMPY") and np.load(file, allow_pickle=False).dtype == np.int32
+    assert from_gguf(meta, tmp_path / "m.gguf").encode(SAMPLE) == expected  # from the cache
+
+    marker = tmp_path / "unpickled"
+    bad = {
+        "truncated": good[: len(good) // 2],
+        "tampered": good[:-8] + bytes(8),
+        "pickle": _pickled_npy(marker),
+        "garbage": b"not a numpy file",
+    }
+    for name, content in bad.items():
+        file.write_bytes(content)
+        assert from_gguf(meta, tmp_path / "m.gguf").encode(SAMPLE) == expected, name
+        assert file.read_bytes() == good, name  # rebuilt and sealed again
+    assert not marker.exists()
+
+
+class _Boom:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def _pickled_npy(marker: Path) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.array([_Boom(str(marker))], dtype=object), allow_pickle=True)
+    return buf.getvalue()
+
+
+def test_unwritable_cache_dir_still_loads(tmp_path, monkeypatch):
+    from opscope.engine.tokenizer import from_gguf
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    meta = _gemma_meta(_bpe_like_vocab(3_000, seed=4))
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "ok"))
+    expected = from_gguf(meta, tmp_path / "m.gguf").encode(SAMPLE)
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(blocker / "cache"))  # a dir under a file: mkdir fails
+    assert from_gguf(meta, tmp_path / "m.gguf").encode(SAMPLE) == expected
+
+
+def test_pieces_that_share_a_hash_still_give_transformers_merges():
+    """Thue–Morse strings of length 2048 and their complements have the same polynomial hash modulo
+    2**64 for any odd base: a vocabulary crafted with them takes the exact path, same merges."""
+    from transformers.convert_slow_tokenizer import generate_merges
+
+    from opscope.engine import spm_merges
+    from opscope.engine.tokenizer_spm import merges_from_scores
+
+    thue_morse = "".join("ab"[bin(i).count("1") % 2] for i in range(2048))
+    other = thue_morse.translate(str.maketrans("ab", "ba"))
+    tokens = _bpe_like_vocab(600, seed=5) + [thue_morse, other, thue_morse[:1024], other[:1024], thue_morse[1024:]]
+    assert spm_merges._vectorised(list(dict.fromkeys(tokens))) is None  # the collision is real
+    scores = [-float(i) for i in range(len(tokens))]
+    assert merges_from_scores(tokens, scores) == generate_merges({t: i for i, t in enumerate(tokens)},
+                                                                 list(zip(tokens, scores)))

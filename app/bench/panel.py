@@ -9,10 +9,12 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
                                QLabel, QLineEdit, QProgressBar, QPushButton, QSizePolicy, QSpinBox, QSplitter,
-                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+                               QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from opscope.app.bench.model import BenchModel, point_summary
+from opscope.app.runs.roofline import RooflineView
 from opscope.app.tables import fit_columns, with_unit
+from opscope.app.widgets import category_ticks
 
 ROW_COLUMNS = ("point", "params", "median", "min … max", "unit", "n", "status")
 
@@ -68,6 +70,17 @@ def _value(field: dict, editor: QWidget):
     return json.loads(text) if text else None
 
 
+NO_POINTS_YET = "No results yet: choose a suite and press Run"
+
+
+def _value_range(lo: float | None, hi: float | None, unit: str) -> str:
+    """"0.05 … 0.16 GFLOP/s": the unit once, so the cell fits its column (byte sizes keep both units)."""
+    lo_text, hi_text = with_unit(lo, unit), with_unit(hi, unit)
+    if unit and lo_text.endswith(f" {unit}"):
+        lo_text = lo_text[: -len(unit) - 1]
+    return f"{lo_text} … {hi_text}"
+
+
 class BenchPanel(QWidget):
     def __init__(self, model: BenchModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -78,7 +91,7 @@ class BenchPanel(QWidget):
         self.quick = QCheckBox("Quick (tiny sizes, under a minute)", checked=True)
         self.params = ParamForm()
         self.name_edit = QLineEdit(placeholderText="automatic: <suite>-<date>")
-        self.tags_edit = QLineEdit(placeholderText="comma-separated, e.g. baseline, laptop")
+        self.tags_edit = QLineEdit(placeholderText="e.g. baseline, laptop")
         self.run_button = QPushButton("Run", objectName="primary", clicked=self.run)
         self.cancel_button = QPushButton("Cancel", objectName="danger", clicked=model.cancel, enabled=False)
         self.progress = QProgressBar(textVisible=True, value=0)
@@ -87,11 +100,14 @@ class BenchPanel(QWidget):
         self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.description.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.chart = pg.PlotWidget()
+        self.roofline_view = RooflineView()  # the finished run's points against the ceilings
+        self.tabs = QTabWidget()
         self.table = QTableWidget(0, len(ROW_COLUMNS))
         self.table.setHorizontalHeaderLabels(ROW_COLUMNS)
         self.table.verticalHeader().setVisible(False)
         self._chart_unit: str | None = None
         self._chart_names: list[str] = []
+        self._chart_rows: list[int] = []
         self._build()
         self._connect()
 
@@ -104,6 +120,7 @@ class BenchPanel(QWidget):
         model.point.connect(self._on_point)
         model.finished.connect(self._on_finished)
         model.failed.connect(self._on_failed)
+        model.runSaved.connect(self.show_roofline)
 
     def _build(self) -> None:
         left = QWidget()
@@ -118,8 +135,12 @@ class BenchPanel(QWidget):
         buttons.addWidget(self.run_button)
         buttons.addWidget(self.cancel_button)
         form.addRow(buttons)
+        self.tabs.addTab(self.chart, "Points")
+        self.tabs.addTab(self.roofline_view, "Roofline")
+        self.roofline_view.summary.setText("After an llm, matmul or attention run its points show here against "
+                                           "the compute and bandwidth ceilings.")
         right = QSplitter(Qt.Vertical)
-        right.addWidget(self.chart)
+        right.addWidget(self.tabs)
         right.addWidget(self.table)
         splitter = QSplitter(Qt.Horizontal)
         splitter.addWidget(left)
@@ -132,6 +153,7 @@ class BenchPanel(QWidget):
         self.chart.showGrid(x=True, y=True, alpha=0.2)
         self.chart.setLabel("bottom", "point (median; bar = interquartile range of the raw samples)")
         self.chart.getPlotItem().getAxis("bottom").enableAutoSIPrefix(False)
+        self.chart.setTitle(NO_POINTS_YET)  # an empty 0..1 plot says why it is empty
 
     def set_suites(self, suites: list[dict]) -> None:
         self.suites = {s["name"]: s for s in suites}
@@ -159,8 +181,11 @@ class BenchPanel(QWidget):
         self.run_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
         self.table.setRowCount(0)
+        self.tabs.setCurrentWidget(self.chart)
         self.chart.clear()
-        self._chart_unit, self._chart_names = None, []
+        self.chart.setTitle(f"{suite}: waiting for the first point…")
+        self._chart_unit, self._chart_names, self._chart_rows = None, [], []
+        self.table.verticalHeader().setVisible(False)
         self.progress.setRange(0, 0)
         self.status.setText(f"running {suite}… (planning, warm-up)")
 
@@ -177,8 +202,7 @@ class BenchPanel(QWidget):
         self.table.insertRow(row)
         params = ", ".join(f"{k}={v}" for k, v in point.get("params", {}).items())
         unit = point["unit"]
-        cells = (point["name"], params, with_unit(s["median"], unit),
-                 f"{with_unit(s['lo'], unit)} … {with_unit(s['hi'], unit)}", unit,
+        cells = (point["name"], params, with_unit(s["median"], unit), _value_range(s["lo"], s["hi"], unit), unit,
                  str(s["n"]), point["status"] if point["status"] == "ok" else f"{point['status']}: {point['error']}")
         for col, text in enumerate(cells):
             self.table.setItem(row, col, QTableWidgetItem(text))
@@ -195,13 +219,25 @@ class BenchPanel(QWidget):
         if point["unit"] != self._chart_unit:
             return
         self._chart_names.append(point["name"])
+        self._chart_rows.append(self.table.rowCount())  # the table's 1-based row header of this point
+        self.chart.setTitle(None)
         x = float(len(self._chart_names) - 1)
         self.chart.plot([x], [s["median"]], pen=None, symbol="o", symbolBrush="#3182ce", symbolSize=9)
         # The bar is the interquartile range: one outlier on a busy machine must not hide the spread.
         self.chart.addItem(pg.ErrorBarItem(x=np.array([x]), y=np.array([s["median"]]), top=np.array([s["q3"] - s["median"]]),
                                            bottom=np.array([s["median"] - s["q1"]]), beam=0.2))
-        self.chart.getPlotItem().getAxis("bottom").setTicks([list(enumerate(self._chart_names))])
+        self._label_points()
         self.chart.setXRange(-0.5, x + 0.5, padding=0)
+
+    def _label_points(self) -> None:
+        """Point names under the chart, never overlapping: without their shared prefix, or the
+        table's row numbers (its row header then shows) when even those do not fit."""
+        axis = self.chart.getPlotItem().getAxis("bottom")
+        metrics = self.chart.fontMetrics()
+        labels, numbered = category_ticks(self._chart_names, max(axis.width(), self.chart.width() - 80),
+                                          metrics.horizontalAdvance, self._chart_rows)
+        axis.setTicks([list(enumerate(labels))])
+        self.table.verticalHeader().setVisible(numbered)
 
     def _on_finished(self, result: dict) -> None:
         self._done()
@@ -217,6 +253,25 @@ class BenchPanel(QWidget):
     def _done(self) -> None:
         self.run_button.setEnabled(True)
         self.cancel_button.setEnabled(False)
+        if not self._chart_names:
+            self.chart.setTitle("No point to chart: failed points and byte sizes are in the table below")
         if self.progress.maximum() == 0:
             self.progress.setRange(0, 1000)
 
+
+    def show_roofline(self, run_id: int) -> bool:
+        """Once a run is saved: an llm/matmul/attention run's roofline in its tab, shown (True)."""
+        from opscope.engine.bench.roofline import SUITES
+        from opscope.engine.errors import EngineError
+        from opscope.engine.store import RunStore
+
+        try:
+            with RunStore.open(self.model.db_url) as store:
+                stored = store.load(run_id)
+        except EngineError as e:
+            self.roofline_view.summary.setText(f"roofline: cannot read run {run_id}: {e}")
+            return False
+        if stored.info.kind not in SUITES or not self.roofline_view.show_run(stored):
+            return False
+        self.tabs.setCurrentWidget(self.roofline_view)
+        return True

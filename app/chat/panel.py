@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtGui import QGuiApplication, QKeySequence, QPalette, QShortcut
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox,
                                QHBoxLayout, QLabel, QLineEdit,
                                QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
@@ -149,6 +149,8 @@ class ChatPanel(QWidget):
         super().__init__(parent)
         self.session = session
         self.transcript = ChatTranscript()
+        self._rendered_base: int | None = None  # the palette's Base colour the transcript was rendered in
+        self.transcript.paletteChanged.connect(self._render_if_palette_changed, Qt.QueuedConnection)
         self.input = QPlainTextEdit(placeholderText="Message the model…  (Ctrl+Enter sends)")
         self.input.setMaximumHeight(90)
         self.send_button = QPushButton("Send", objectName="primary", clicked=self.send)
@@ -240,7 +242,15 @@ class ChatPanel(QWidget):
                 self.session.save(path)
 
     # -- rendering ------------------------------------------------------------------------------
+    # The transcript bakes the palette into code tints and footers when it renders: after a theme
+    # switch it renders again, or light code blocks stay under the dark theme's light text.
+    def _render_if_palette_changed(self) -> None:
+        rendered = getattr(self, "_rendered_base", None)  # palette events also arrive during __init__
+        if rendered is not None and self.transcript.palette().color(QPalette.Base).rgb() != rendered:
+            self.render()
+
     def render(self) -> None:
+        self._rendered_base = self.transcript.palette().color(QPalette.Base).rgb()
         self.transcript.show_turns(self.session.history, _footer, EMPTY_HINT)
         if self.session.busy:
             self.transcript.begin_stream()
@@ -249,13 +259,17 @@ class ChatPanel(QWidget):
     def _on_started(self) -> None:
         self.render()
         self.stats_label.setText("")
-        self.progress.setRange(0, 0)  # busy until the engine reports prompt progress
-        self.progress.setFormat("Processing prompt…")
-        self.progress.setVisible(True)
+        self._show_busy("Processing prompt…")  # until the engine reports prompt progress
 
     def _on_waiting(self, reason: str) -> None:
-        self.progress.setRange(0, 0)
-        self.progress.setFormat(f"{reason[:1].upper()}{reason[1:]}…" if reason else "Processing prompt…")
+        self._show_busy(f"{reason[:1].upper()}{reason[1:]}…" if reason else "Processing prompt…")
+
+    def _show_busy(self, text: str) -> None:
+        # An empty determinate bar, not a busy one (range 0..0): Fusion draws no text on a busy
+        # bar, and the text is what says what the engine is doing.
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.progress.setFormat(text)
         self.progress.setVisible(True)
 
     def _on_live_stats(self, stats: dict) -> None:
@@ -271,6 +285,8 @@ class ChatPanel(QWidget):
     def _on_finished(self, turn: Turn) -> None:
         self.progress.setVisible(False)
         self.stats_label.setText(turn.error or format_stats(turn.stats, turn.stop_reason))
+        # the whole energy source (why N/A, or which counter): the line shows only its first clause
+        self.stats_label.setToolTip(f"energy: {(turn.stats or {}).get('energy_source') or 'not measured'}")
         self.render()
 
     def _on_busy(self, busy: bool) -> None:

@@ -60,7 +60,9 @@ def _energy(stats: dict, num) -> str:
     if not source:
         return ""
     if source.startswith("N/A"):
-        return " · energy N/A"
+        from opscope.engine.energy import short_reason
+
+        return f" · energy N/A ({short_reason(source)})"
     return f" · {num('prefill_j_per_token', '.3g')} J/tok prefill, {num('decode_j_per_token', '.3g')} J/tok decode"
 
 

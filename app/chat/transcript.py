@@ -9,7 +9,7 @@ raw HTML off) with code in the system's fixed-width font on a tinted background,
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QEvent, QTimer, Signal
 from PySide6.QtGui import (QColor, QFont, QFontDatabase, QPalette, QTextBlockFormat, QTextCharFormat,
                            QTextCursor, QTextDocument, QTextDocumentFragment, QTextFormat)
 from PySide6.QtWidgets import QTextBrowser, QWidget
@@ -22,6 +22,8 @@ TURN_GAP_PX = 14
 
 
 class ChatTranscript(QTextBrowser):
+    paletteChanged = Signal()  # code tints and footers were rendered in the old palette: render again
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("transcript")
@@ -30,6 +32,13 @@ class ChatTranscript(QTextBrowser):
         self._stream_text = ""
         self._timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS, timeout=self.flush)
         self.renders = 0  # streamed re-renders so far (the throttle's effect, for tests)
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        # A hidden transcript (the Chat tab behind another panel) gets its new palette only when
+        # it is shown again, so this, not the theme switch, is the moment to render again.
+        if event.type() == QEvent.PaletteChange:
+            self.paletteChanged.emit()
 
     # -- whole history --------------------------------------------------------------------------
     def show_turns(self, turns, footer, empty_html: str) -> None:

@@ -11,8 +11,10 @@ from opscope.app.notify import export_guard
 from opscope.app.runs.model import RunRow, RunsModel
 from opscope.app.runs.roofline import RooflineView
 from opscope.app.runs.views import CompareView, RunDetailView
+from opscope.app.tables import fit_columns
 
 COLUMNS = ("id", "name", "suite", "status", "quality", "tags", "model", "device", "created", "duration", "metrics")
+RUN_COLUMN_MAX_PX = 170  # a capped cell shows its whole text as a tooltip (app/tables.py)
 
 
 class _SortItem(QTableWidgetItem):
@@ -127,14 +129,22 @@ class RunsPanel(QWidget):
                      (info.status, info.status), _quality_cell(info.quality),
                      (", ".join(info.tags), ", ".join(info.tags)),
                      (row.model, row.model), (row.device, row.device),
-                     (f"{info.created_at:%Y-%m-%d %H:%M:%S}", info.created_at.timestamp()),
+                     (f"{info.created_at:%m-%d %H:%M}", info.created_at.timestamp()),  # the year: tooltip
                      (f"{duration:.1f} s" if duration is not None else "–", duration or 0.0),
                      (str(info.metric_count), info.metric_count))
             for c, (text, key) in enumerate(cells):
                 item = _SortItem(text, key)
                 item.setData(Qt.UserRole, info.id)
+                if COLUMNS[c] == "name":
+                    item.setToolTip(text)  # whole, when the column elides it
+                elif COLUMNS[c] == "created":
+                    item.setToolTip(f"{info.created_at:%Y-%m-%d %H:%M:%S}")
                 self.table.setItem(r, c, item)
         self.table.setSortingEnabled(True)
+        fit_columns(self.table, max_px=RUN_COLUMN_MAX_PX)
+        # The name takes the room the other columns leave: a long one is elided (whole in its tooltip),
+        # never pushing "metrics" out of the dock.
+        self.table.horizontalHeader().setSectionResizeMode(COLUMNS.index("name"), QHeaderView.Stretch)
         self.count.setText(f"{len(self.rows)} run(s)")
         filtered = bool(self.search.text().strip()) or any(c.currentData() for c in self.filters.values())
         self.empty_hint.setText("No run matches the search and filters: clear them to see every run." if filtered

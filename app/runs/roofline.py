@@ -20,6 +20,8 @@ class RooflineView(QWidget):
         self.plot.setLogMode(x=True, y=True)
         self.plot.setLabel("bottom", "arithmetic intensity (FLOP/byte)")
         self.plot.setLabel("left", "FLOP/s")
+        for side in ("left", "bottom"):  # log ticks are powers of ten already: no "(x1e+09)" rescaling
+            self.plot.getAxis(side).enableAutoSIPrefix(False)
         self.plot.showGrid(x=True, y=True, alpha=0.2)
         self.legend = self.plot.addLegend(offset=(-10, 10))
         self.summary = QLabel("Open an llm, matmul or attention run to see its roofline.", wordWrap=True)
@@ -66,7 +68,7 @@ class RooflineView(QWidget):
             xs = [p.intensity for p in roof.points]
             ys = [p.flop_s for p in roof.points]
             self.plot.plot(xs, ys, pen=None, symbol="o", symbolSize=8, name="points")
-            for p in roof.points:
+            for p in _spaced(roof.points):
                 text = pg.TextItem(p.name, anchor=(0, 1))
                 text.setPos(math.log10(p.intensity), math.log10(p.flop_s))
                 self.plot.addItem(text)
@@ -95,3 +97,14 @@ class RooflineView(QWidget):
                 from pyqtgraph.exporters import ImageExporter
 
                 ImageExporter(self.plot.plotItem).export(path)
+
+
+def _spaced(points, min_decades: float = 0.25):
+    """The points to name on the plot: a name whose point sits within ``min_decades`` (log10, both
+    axes) of one already named would print over it; those stay unnamed (the table lists them all)."""
+    named: list[tuple[float, float]] = []
+    for p in sorted(points, key=lambda q: q.flop_s, reverse=True):
+        x, y = math.log10(p.intensity), math.log10(p.flop_s)
+        if all(abs(x - a) >= min_decades or abs(y - b) >= min_decades for a, b in named):
+            named.append((x, y))
+            yield p

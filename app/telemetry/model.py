@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, Signal
 
 from opscope.app import qt_compat  # noqa: F401  (must run before any emit)
 from opscope.app.telemetry.source import EngineProcessSource
+from opscope.engine.clock import now_ns
 from opscope.engine.results import Marker, TelemetrySeries
 from opscope.engine.telemetry import Sampler, default_sources, write_csv
 
@@ -49,6 +50,8 @@ class TelemetryModel(QObject):
         if client is not None:
             client.workerStarted.connect(self.follow_worker)
             client.marker.connect(self.on_marker)
+            client.crashed.connect(lambda _message: self.close_open_phases())
+            client.workerStarted.connect(lambda _pid: self.close_open_phases())  # a restart ends the old one's
             self.follow_worker(client.pid)
 
     def follow_worker(self, pid: int | None) -> None:
@@ -90,11 +93,29 @@ class TelemetryModel(QObject):
         if edge == "start":
             self.phases.append(Phase(phase, t_ns, None, dict(msg.get("attrs") or {})))
         else:
+            rank = (msg.get("attrs") or {}).get("rank")  # ranks' phases interleave: close this rank's
             for p in reversed(self.phases):
-                if p.phase == phase and p.end_ns is None:
+                if p.phase == phase and p.end_ns is None and p.attrs.get("rank") == rank:
                     p.end_ns = t_ns
                     break
         self.phasesChanged.emit()
+
+    def close_open_phases(self) -> None:
+        """A crashed worker never sends its end markers: end its open phases now, or the phase it
+        was in (a prefill) shades every plot from then on."""
+        t_ns = now_ns()
+        for p in self.phases:
+            if p.end_ns is None:
+                p.end_ns = t_ns
+        self.phasesChanged.emit()
+
+    def rank_spans(self, phases: list[Phase]) -> dict[int, list[Phase]]:
+        """The phases that carry a rank (several processes on one time axis), by rank."""
+        out: dict[int, list[Phase]] = {}
+        for p in phases:
+            if "rank" in p.attrs:
+                out.setdefault(int(p.attrs["rank"]), []).append(p)
+        return out
 
     def phases_between(self, since_ns: int, until_ns: int, limit: int) -> list[Phase]:
         """The last ``limit`` phases that overlap [since_ns, until_ns]."""

@@ -23,6 +23,7 @@ from opscope.engine.clock import now_ns
 
 WINDOWS_S = (("30 s", 30), ("1 min", 60), ("5 min", 300), ("15 min", 900), ("1 h", 3600))
 MAX_BANDS = 2000  # the newest bands in the window; a long benchmark marks every repetition
+RANKS_ROW = 100  # below every host and GPU plot, however many GPUs appear later
 
 
 def _phase_legend() -> str:
@@ -41,6 +42,8 @@ class TelemetryPanel(QWidget):
         self.curves: dict[str, pg.PlotDataItem] = {}
         self.bands: dict[str, PhaseBands] = {}
         self.cursors: list[pg.InfiniteLine] = []
+        self.rank_plot: pg.PlotItem | None = None  # appears with the first phase that carries a rank
+        self.rank_curves: dict[int, pg.PlotDataItem] = {}
         self.gpu_note = QLabel(objectName="panelHint", wordWrap=True, visible=False)
         self._entities: list[str] | None = None
         self._scale: dict[str, float] = {}
@@ -218,9 +221,48 @@ class TelemetryPanel(QWidget):
     def _update_bands(self, since_ns: int, until_ns: int) -> None:
         phases = self.model.phases_between(since_ns, until_ns, MAX_BANDS)
         bands = [(p.phase, (p.start_ns - until_ns) / 1e9,
-                  ((p.end_ns if p.end_ns is not None else until_ns) - until_ns) / 1e9) for p in phases]
+                  ((p.end_ns if p.end_ns is not None else until_ns) - until_ns) / 1e9)
+                 for p in phases if "rank" not in p.attrs]  # a rank's phases go on the Ranks track
         for item in self.bands.values():
             item.set_bands(bands)
+        self._update_ranks(self.model.rank_spans(phases), until_ns)
+
+    # -- ranks ----------------------------------------------------------------------------------
+    def _update_ranks(self, spans: dict, until_ns: int) -> None:
+        """One lane per rank (rank 0 on top), each phase a thick segment: stragglers stand out."""
+        if not spans and self.rank_plot is None:
+            return
+        if self.rank_plot is None:
+            self._add_rank_plot()
+        for rank in sorted(spans):
+            xs, ys = [], []
+            for p in spans[rank]:
+                end = p.end_ns if p.end_ns is not None else until_ns
+                xs += [(p.start_ns - until_ns) / 1e9, (end - until_ns) / 1e9, np.nan]
+                ys += [float(rank)] * 2 + [np.nan]
+            self._rank_curve(rank).setData(np.array(xs), np.array(ys), connect="finite")
+        lanes = sorted(set(self.rank_curves) | set(spans))
+        self.rank_plot.getAxis("left").setTicks([[(r, f"rank {r}") for r in lanes]])
+        self.rank_plot.setYRange(-0.5, max(lanes) + 0.5, padding=0)
+
+    def _add_rank_plot(self) -> None:
+        plot = self.graphics.addPlot(row=RANKS_ROW, col=0)
+        plot.setTitle("Ranks (collectives and phases per process, one time axis)")
+        plot.setMouseEnabled(x=False, y=False)
+        plot.invertY(True)  # rank 0 on top, as in the Perfetto export
+        plot.setMaximumHeight(200)
+        plot.getAxis("bottom").setLabel("seconds ago")
+        plot.setXLink(next(iter(self.plots.values())))
+        if self._colors:
+            self._theme_plot(plot, self._colors[1], self._colors[0])
+        self.rank_plot = plot
+
+    def _rank_curve(self, rank: int) -> pg.PlotDataItem:
+        curve = self.rank_curves.get(rank)
+        if curve is None:
+            color = LINE_COLORS[rank % len(LINE_COLORS)]
+            curve = self.rank_curves[rank] = self.rank_plot.plot(pen=pg.mkPen(color, width=8))
+        return curve
 
     # -- crosshair ------------------------------------------------------------------------------
     def _on_mouse(self, event) -> None:

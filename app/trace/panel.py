@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel,
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHeaderView, QLabel,
                                QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSizePolicy, QSpinBox,
                                QSplitter, QTableView, QTextBrowser, QVBoxLayout, QWidget)
 
@@ -15,6 +15,8 @@ from opscope.app.trace.timeline import TraceTimeline
 
 SIMULATE = (("as loaded (its own device)", ""), ("simulated accelerator (meta)", "meta"))
 SEVERITY_MARK = {"high": "●", "medium": "◐", "low": "○"}
+NO_TRACE_YET = "No trace yet: press Trace to record a short generation, or Trace a script…"
+MIN_FINDING_ROWS = 4  # the findings list shows at least this many one-line rows at 1400x900
 
 
 class Card(QFrame):
@@ -40,7 +42,7 @@ class TracePanel(QWidget):
         self.model = model
         self._build_controls(variants or ["clean", "leaky-norm", "per-element-copy"])
         self._build_cards()
-        self.findings = QListWidget()
+        self.findings = _findings_list()
         self.finding_detail = QTextBrowser()
         self.table = QTableView(sortingEnabled=False)
         self.table.setModel(model.ops)
@@ -54,6 +56,7 @@ class TracePanel(QWidget):
         model.finished.connect(self.show_report)
         model.failed.connect(self._on_failed)
         self.findings.currentRowChanged.connect(self.select_finding)
+        self._show_empty()
 
     # -- construction ---------------------------------------------------------------------------
     def _build_controls(self, variants: list[str]) -> None:
@@ -81,13 +84,16 @@ class TracePanel(QWidget):
         cards = QGridLayout()
         for i, card in enumerate(self.cards.values()):
             cards.addWidget(card, 0, i)
-        findings = QWidget()
-        col = QVBoxLayout(findings)
+        listing = QWidget()
+        col = QVBoxLayout(listing)
         col.setContentsMargins(0, 0, 0, 0)
-        col.addWidget(QLabel("Findings — click one to see its ops"))
+        col.addWidget(QLabel("Findings — click one to see its ops", buddy=self.findings))
         col.addWidget(self.findings, 1)
-        col.addWidget(self.finding_detail, 2)
-        top = QSplitter(Qt.Horizontal)
+        findings = QSplitter(Qt.Vertical, childrenCollapsible=False)
+        findings.addWidget(listing)
+        findings.addWidget(self.finding_detail)
+        findings.setSizes([200, 180])
+        top = QSplitter(Qt.Horizontal, childrenCollapsible=False)
         top.addWidget(findings)
         top.addWidget(self._table_box())
         top.setStretchFactor(1, 2)
@@ -96,7 +102,7 @@ class TracePanel(QWidget):
         body.addWidget(self.timeline)
         body.setStretchFactor(0, 3)
         body.setSizes([560, 200])
-        top.setSizes([330, 800])
+        top.setSizes([380, 750])
         layout = QVBoxLayout(self)
         layout.addLayout(self._controls_layout())
         layout.addWidget(self.status)
@@ -121,17 +127,26 @@ class TracePanel(QWidget):
 
     def _table_box(self) -> QWidget:
         self.device_filter, self.kind_filter = QComboBox(), QComboBox()
-        self.module_filter = QLineEdit(placeholderText="module (text or glob)")
-        self.op_filter = QLineEdit(placeholderText="op (text or glob)")
+        self.module_filter = QLineEdit(placeholderText="text or glob")
+        self.op_filter = QLineEdit(placeholderText="text or glob")
         for widget in (self.device_filter, self.kind_filter):
             widget.currentIndexChanged.connect(lambda _i: self.apply_filters())
         for widget in (self.module_filter, self.op_filter):
             widget.editingFinished.connect(self.apply_filters)
+        for combo in (self.device_filter, self.kind_filter):
+            combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)  # "all devices" never cut to "all devic"
         self.count_label = QLabel("", objectName="statsLine")
         self.count_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        row = QHBoxLayout()
-        for widget in (self.device_filter, self.kind_filter, self.module_filter, self.op_filter, self.count_label):
-            row.addWidget(widget)
+        self.filter_labels: dict[str, QLabel] = {}
+        row = QGridLayout()
+        for i, (text, widget) in enumerate((("Device", self.device_filter), ("Module", self.module_filter),
+                                            ("Class", self.kind_filter), ("Op", self.op_filter))):
+            self.filter_labels[text] = QLabel(text, buddy=widget)
+            row.addWidget(self.filter_labels[text], i // 2, 2 * (i % 2))
+            row.addWidget(widget, i // 2, 2 * (i % 2) + 1)
+        row.addWidget(self.count_label, 0, 4, 2, 1)
+        row.setColumnStretch(3, 1)
+        row.setColumnStretch(4, 1)
         box = QWidget()
         col = QVBoxLayout(box)
         col.setContentsMargins(0, 0, 0, 0)
@@ -198,6 +213,16 @@ class TracePanel(QWidget):
         self.apply_filters(tuple(f.get("sources", ())), tuple(f.get("modules", ())))
 
     # -- results --------------------------------------------------------------------------------
+    def _show_empty(self) -> None:
+        """Before the first trace every part says what will fill it, never a blank box."""
+        item = QListWidgetItem(NO_TRACE_YET)
+        item.setFlags(Qt.NoItemFlags)
+        self.findings.addItem(item)
+        self.finding_detail.setHtml("<i>A finding's evidence (source lines, copies per token) and its fix show "
+                                    "here.</i>")
+        self._fill_filters()
+        self.count_label.setText("no ops yet")
+
     def _on_started(self) -> None:
         self.run_button.setEnabled(False)
         self.status.setText("tracing… (the model runs under the tracer; a few seconds)")
@@ -244,7 +269,9 @@ class TracePanel(QWidget):
             item.setToolTip(f"Fix: {f.get('fix', '')}")
             self.findings.addItem(item)
         if not report.get("findings"):
-            self.findings.addItem("No findings: every op ran where it should (beyond the engine's needed I/O).")
+            item = QListWidgetItem("No findings: every op ran where it should (beyond the engine's needed I/O).")
+            item.setFlags(Qt.NoItemFlags)
+            self.findings.addItem(item)
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in report.get("notes", []))
         self.finding_detail.setHtml(f"<i>Click a finding to see its evidence, fix and ops.</i><ul>{notes}</ul>")
 
@@ -257,3 +284,13 @@ class TracePanel(QWidget):
             for value in self.model.ops.distinct(key):
                 combo.addItem(value, value)
             combo.blockSignals(False)
+
+
+def _findings_list() -> QListWidget:
+    """Findings wrap onto as many lines as their title needs: a title is never cut at the list's edge."""
+    findings = QListWidget(wordWrap=True)
+    findings.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+    findings.setTextElideMode(Qt.ElideNone)
+    findings.setResizeMode(QListWidget.Adjust)  # re-wrap when the splitter moves
+    findings.setMinimumHeight(MIN_FINDING_ROWS * findings.fontMetrics().lineSpacing() + 12)
+    return findings

@@ -44,7 +44,7 @@ class ScriptTraceDialog(QDialog):
         self.output.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
         self.status = QLabel("The script runs in its own process under the tracer; its output shows here.",
                              objectName="statsLine", wordWrap=True)
-        self.compare_with = QComboBox()
+        self.compare_with = QComboBox(placeholderText="saved traces, once this one ran", minimumContentsLength=24)
         self.diff_button = QPushButton("Diff with this run", clicked=self.show_diff, enabled=False)
         grid = QGridLayout()
         for row, (label, widget, browse) in enumerate((("Script", self.script, self._pick_script),
@@ -56,7 +56,7 @@ class ScriptTraceDialog(QDialog):
             if browse is not None:
                 grid.addWidget(QPushButton("Browse…", clicked=browse), row, 2)
         buttons = QHBoxLayout()
-        for w in (self.run_button, self.stop_button, QLabel("Compare:"), self.compare_with, self.diff_button):
+        for w in (self.run_button, self.stop_button, QLabel("Compare with", buddy=self.compare_with), self.compare_with, self.diff_button):
             buttons.addWidget(w)
         layout = QVBoxLayout(self)
         layout.addLayout(grid)

@@ -12,6 +12,7 @@ from PySide6.QtCore import Qt
 from opscope.app.theme import DEVICE_COLORS, device_color
 
 LANE_WIDTH_PX = 10
+EMPTY_TITLE = "No trace yet: each op will show here as a bar on its device's lane"
 
 
 class TraceTimeline(pg.PlotWidget):
@@ -22,9 +23,11 @@ class TraceTimeline(pg.PlotWidget):
         self.getPlotItem().setMouseEnabled(y=False)
         self.getPlotItem().showGrid(x=True, alpha=0.2)
         self.lanes: list[str] = []
+        self.getPlotItem().setTitle(EMPTY_TITLE)  # an empty 0..1 plot says why it is empty
 
     def show_ops(self, columns: dict[str, np.ndarray]) -> None:
         self.clear()
+        self.getPlotItem().setTitle(None if len(columns["t_us"]) else "The trace recorded no ops")
         t0 = columns["t_us"] / 1e6
         t1 = t0 + np.maximum(columns["dur_us"], 0.05) / 1e6  # sub-pixel ops still show
         lane_of = np.where(columns["kind"] == "transfer", "transfer",

@@ -11,11 +11,11 @@ from __future__ import annotations
 import threading
 from typing import Iterator, Protocol
 
-from opscope.engine import markers
+from opscope.engine import energy, markers
 from opscope.engine.clock import now_ns
 from opscope.engine.decode_book import DecodeBook, decode_events
 from opscope.engine.errors import ConfigError
-from opscope.engine.events import PrefillFinished, PrefillProgress, PrefillStarted
+from opscope.engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted
 
 
 class Stepper(Protocol):
@@ -50,11 +50,15 @@ def check_prompt(prompt_ids: list[int], cfg, max_seq_len: int) -> None:
 
 def stream_generation(stepper: Stepper, tokenizer, prompt_ids: list[int], cfg,
                       cancel: threading.Event | None = None, request_ns: int | None = None,
-                      max_seq_len: int | None = None) -> Iterator:
-    """Yield PrefillStarted, PrefillProgress*, PrefillFinished, Token*, Finished (engine.events)."""
+                      max_seq_len: int | None = None, device: str = "cpu") -> Iterator:
+    """Yield PrefillStarted, PrefillProgress*, PrefillFinished, Token*, Finished (engine.events).
+    ``device`` picks the energy counter for Finished's J/token (engine.energy: "cpu" RAPL, "cuda:N"
+    NVML; any other: N/A with the reason)."""
     request_ns = now_ns() if request_ns is None else request_ns
     check_prompt(prompt_ids, cfg, max_seq_len if max_seq_len is not None else 1 << 62)
     n = len(prompt_ids)
+    meter = energy.meter_for(device)
+    prefill_energy = meter.span()
     t_start = now_ns()
     yield PrefillStarted(n, t_start, request_ns)
     markers.emit(markers.PREFILL, "start", t_start, tokens=n)
@@ -64,9 +68,13 @@ def stream_generation(stepper: Stepper, tokenizer, prompt_ids: list[int], cfg,
             yield PrefillProgress(s + cfg.prefill_chunk, n, now_ns())
     token_id = stepper.sample()  # the host waits here: prefill is done when this returns
     t_prefill = now_ns()
+    prefill_j, decode_energy = prefill_energy.joules(), meter.span()
     markers.emit(markers.PREFILL, "end", t_prefill, tokens=n)
     yield PrefillFinished(n, t_prefill)
-    yield from _decode(stepper, tokenizer, token_id, n, cfg, cancel, (request_ns, t_start, t_prefill))
+    for event in _decode(stepper, tokenizer, token_id, n, cfg, cancel, (request_ns, t_start, t_prefill)):
+        if isinstance(event, Finished):
+            event = energy.with_energy(event, meter, prefill_j, decode_energy.joules())
+        yield event
 
 
 def _decode(stepper: Stepper, tokenizer, token_id: int, n: int, cfg, cancel, times) -> Iterator:

@@ -36,9 +36,23 @@ def register(subparsers) -> None:
     g.add_argument("--tag", action="append", default=[], help="tag the run (repeatable)")
     g.add_argument("--notes", default="", help="free text saved with the run")
     g.add_argument("--no-save", action="store_true", help="measure and print, do not save")
+    if "--nproc" not in p._option_string_actions:
+        g.add_argument("--nproc", type=check.int_in(1, 64, what="processes"), default=1, metavar="N",
+                       help="processes (ranks) on this node, started by torch's launcher: llm runs the "
+                            "model tensor-parallel over them (N divides the KV heads; dense weights)")
+    g.add_argument("--ab", default=None, metavar="FLAGS",
+                   help="also run the suite with these flags changed (e.g. --ab '--fastpath off'; '' for an "
+                        "A/A check), the two settings' repetitions interleaved ABBA in one process so the "
+                        "machine's drift between runs cannot pass for a change; saves NAME-a and NAME-b and "
+                        "prints B against A")
     g.add_argument("--telemetry", type=check.telemetry_interval_ms(), default=None, metavar="MS",
                    help="sample telemetry every MS ms and save it with the run's phase markers "
                         "(off by default: the sampler thread costs CPU time on small machines)")
+    from opscope.engine.distributed.bench_cmd import add_launch_args
+
+    add_launch_args(p)  # collectives (and tensor-parallel suites): ranks through torchrun's agent
+    g.add_argument("--trace-out", default=None, metavar="PATH.json", dest="trace_out",
+                   help="collectives: write every rank's timeline as a Chrome/Perfetto trace, one track per rank")
     p.set_defaults(func=cmd_bench)
 
 
@@ -53,18 +67,33 @@ def options_from_args(args: argparse.Namespace):
                         load_threshold=getattr(args, "load_threshold", None))
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def cmd_bench(args: argparse.Namespace, model=None) -> int:
     from opscope.engine.bench.params import parse_cli_params
     from opscope.engine.bench.report import progress_bar, summary_table
     from opscope.engine.bench.session import run_suite
     from opscope.engine.bench.suites import get_suite
 
+    if getattr(args, "ab", None) is not None:
+        return cmd_bench_ab(args)
+    if args.suite == "collectives":  # several processes: its own session (engine.distributed.bench_cmd)
+        from opscope.engine.distributed.bench_cmd import run_collectives
+
+        return run_collectives(args)
     opts = options_from_args(args)
     params = parse_cli_params(get_suite(args.suite), args.param, opts.quick)
     if opts.backend == "torch":  # a device that cannot run fails before a store is created for it
         from opscope.engine.bench.options import check_torch_device
 
         check_torch_device(opts.device)
+    if getattr(args, "nproc", 1) > 1 and args.suite != "llm":
+        from opscope.engine.errors import ConfigError
+
+        raise ConfigError(f"--nproc {args.nproc}: bench {args.suite} runs in one process; --nproc applies to "
+                          f"bench llm (tensor-parallel) and bench collectives")
+    if model is None and getattr(args, "nproc", 1) > 1 and args.suite == "llm":
+        from opscope.engine.distributed.tp_worker import BENCH_TIMEOUT_S, job_from_args, run_tp
+
+        return run_tp(job_from_args(args, BENCH_TIMEOUT_S), bench_with, args)
     store = sampler = None
     try:
         if not args.no_save:
@@ -75,7 +104,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         with progress_bar(f"bench {args.suite}") as progress:
             run_id, result = run_suite(args.suite, opts, store, name=args.name, tags=args.tag,
                                        notes=args.notes, params=params, progress=progress,
-                                       cancel=threading.Event(), recorder=recorder)
+                                       cancel=threading.Event(), recorder=recorder, model=model)
     finally:
         if sampler is not None:
             sampler.stop()
@@ -83,6 +112,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             store.close()
     summary_table(result, run_id, sys.stdout)
     return 0 if result.status == "completed" else 1
+
+
+def bench_with(lm, args: argparse.Namespace) -> int:
+    """`opscope bench llm --nproc N` on rank 0: the suite on its tensor-parallel model."""
+    return cmd_bench(args, model=lm)
 
 
 def _telemetry(interval_ms: float | None):
@@ -94,3 +128,88 @@ def _telemetry(interval_ms: float | None):
 
     sampler = Sampler(interval_ms=interval_ms).start()
     return sampler, Recorder(sampler)
+
+
+def b_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Side B's arguments: A's, with the --ab flags parsed over them (``--param`` adds to A's)."""
+    import copy
+    import shlex
+
+    from opscope.engine.cli_args import CliParser
+    from opscope.engine.errors import ConfigError
+
+    sub = CliParser(prog="opscope").add_subparsers()
+    register(sub)
+    parser = sub.choices["bench"]
+    parser.prog = "opscope bench --ab"
+    try:
+        words = shlex.split(args.ab)
+    except ValueError as e:
+        raise ConfigError(f"--ab {args.ab!r}: {e}; quote it as one shell word, e.g. --ab '--fastpath off'") from e
+    base = copy.deepcopy(args)
+    base.ab = None
+    b = parser.parse_args([args.suite, *words], namespace=base)
+    if b.ab is not None or b.name != args.name or b.no_save != args.no_save or b.telemetry != args.telemetry:
+        raise ConfigError("--ab flags may change what is measured (model, device settings, --param), not "
+                          "--ab, --name, --no-save or --telemetry")
+    return b
+
+
+def cmd_bench_ab(args: argparse.Namespace) -> int:
+    """`opscope bench SUITE ... --ab FLAGS`: both settings interleaved (engine.bench.ab), two runs
+    saved, B compared against A."""
+    from opscope.engine.bench.ab import Side, check_sides, pair_names, run_ab
+    from opscope.engine.bench.params import parse_cli_params
+    from opscope.engine.bench.report import progress_bar, summary_table
+    from opscope.engine.bench.suites import get_suite
+    from opscope.engine.errors import ConfigError
+
+    if args.telemetry is not None:
+        raise ConfigError("--telemetry is not available with --ab: run the settings one at a time to record it")
+    names = pair_names(args.name, args.suite)
+    sides = []
+    for side_args, name, flags in ((args, names[0], ""), (b_args(args), names[1], args.ab)):
+        opts = options_from_args(side_args)
+        params = parse_cli_params(get_suite(args.suite), side_args.param, opts.quick)
+        sides.append(Side(opts, params, name, flags))
+    check_sides(*sides)  # before a store is created for runs that cannot be made
+    store = None
+    try:
+        if not args.no_save:
+            from opscope.engine.store.commands import open_store
+
+            store = open_store(args.db, write=True)
+        with progress_bar(f"bench {args.suite} --ab") as progress:
+            runs = run_ab(args.suite, (sides[0], sides[1]), store, tags=args.tag, notes=args.notes,
+                          progress=progress, cancel=threading.Event())
+        for run_id, result in runs:
+            summary_table(result, run_id, sys.stdout)
+        sys.stdout.write(_ab_comparison(store, runs))
+    finally:
+        if store is not None:
+            store.close()
+    return 0 if all(result.status == "completed" for _, result in runs) else 1
+
+
+def _ab_comparison(store, runs) -> str:
+    """B against A as `opscope runs compare` prints it (from the store, or from memory unsaved)."""
+    from opscope.engine.store.compare import compare
+    from opscope.engine.store.convert import StoredRun
+    from opscope.engine.store.render import render
+
+    if store is not None:
+        stored = [store.load(run_id) for run_id, _ in runs]
+    else:
+        stored = [StoredRun(_memory_info(result), result) for _, result in runs]
+    return "\n" + render(compare(stored), "text")
+
+
+def _memory_info(result):
+    from datetime import datetime, timezone
+
+    from opscope.engine.store.convert import RunInfo
+
+    now = datetime.now(timezone.utc)
+    return RunInfo(id=0, name=result.name, kind=result.kind, status=result.status, tags=tuple(result.tags),
+                   notes=result.notes, created_at=now, finished_at=now, error=result.error,
+                   metric_count=len(result.metrics), quality=result.quality)

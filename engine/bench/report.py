@@ -46,7 +46,8 @@ def _load_note(m: Metric) -> str:
     return ", ".join(parts)
 
 
-def summary_table(result: RunResult, run_id, out: IO[str] = sys.stdout) -> None:
+def summary_table(result: RunResult, run_id, out: IO[str] | None = None) -> None:
+    out = out if out is not None else sys.stdout  # now, not at import: the stream may change
     from rich.console import Console
     from rich.table import Table
 
@@ -116,7 +117,9 @@ def progress_bar(label: str) -> Iterator:
     columns = (TextColumn("[bold]{task.description}"), BarColumn(),
                TextColumn("{task.completed:.1f}/{task.total:.0f} points"), TimeElapsedColumn(),
                TextColumn("ETA {task.fields[eta]}"))
-    with Progress(*columns, transient=True, console=_stderr_console()) as bar:
+    console = _stderr_console()
+    # not on a terminal (a log, a pipe): no bar, not even the blank line rich leaves behind
+    with Progress(*columns, transient=True, console=console, disable=not console.is_terminal) as bar:
         task = bar.add_task(label, total=1, eta="?")
 
         def update(done: float, total: int, eta_s: float | None) -> None:

@@ -283,34 +283,49 @@ def _stop(samples: _Samples, probe: LoadProbe, cfg: RunnerConfig, elapsed_ns: in
     return _done(len(disturbed) - sum(disturbed), elapsed_ns, cfg)
 
 
+class _Timer:
+    """Times one point's repetitions into its _Samples: markers around each, peak memory, load."""
+
+    def __init__(self, step: Step, point: Point, inner: int, probe: LoadProbe, **marker_fields):
+        self.step, self.point, self.inner, self.probe = step, point, inner, probe
+        self.sync = synchronizer(point.device)
+        self.tracker = peak_tracker(point.device) if point.track_memory else None
+        self.samples = _Samples(point)
+        self.marker_fields = marker_fields
+
+    def rep(self) -> None:
+        rep = len(self.samples.primary)
+        if self.tracker is not None:
+            self.tracker.reset()
+        markers.emit(markers.BENCH_ITER, "start", point=self.point.name, rep=rep, **self.marker_fields)
+        elapsed_ns, out = _timed(self.step, self.sync, self.inner)
+        markers.emit(markers.BENCH_ITER, "end", point=self.point.name, rep=rep, **self.marker_fields)
+        peak = self.tracker.peak_bytes() if self.tracker is not None else None
+        self.samples.add(elapsed_ns / 1e9 / self.inner, out, peak, elapsed_ns / 1e9)
+        del out  # the next rep's peak memory must not include this rep's output
+        self.probe.rep_done()
+
+    def stop(self, cfg: RunnerConfig, elapsed_ns: int) -> bool:
+        return _stop(self.samples, self.probe, cfg, elapsed_ns)
+
+
 def _repeat(step: Step, point: Point, cfg: RunnerConfig, inner: int, cancel,
             tick: Callable[[float], None], probe: LoadProbe) -> _Samples:
-    sync = synchronizer(point.device)
-    tracker = peak_tracker(point.device) if point.track_memory else None
-    samples = _Samples(point)
+    timer = _Timer(step, point, inner, probe)
     probe.start()
     start_ns = now_ns()
     while True:
-        if _stop(samples, probe, cfg, now_ns() - start_ns):
+        if timer.stop(cfg, now_ns() - start_ns):
             if not probe.pending:
                 break
             probe.close()  # the last window's load may make it re-run some repetitions
             continue
         check_cancel(cancel)
-        rep = len(samples.primary)
-        if tracker is not None:
-            tracker.reset()
-        markers.emit(markers.BENCH_ITER, "start", point=point.name, rep=rep)
-        elapsed_ns, out = _timed(step, sync, inner)
-        markers.emit(markers.BENCH_ITER, "end", point=point.name, rep=rep)
-        peak = tracker.peak_bytes() if tracker is not None else None
-        samples.add(elapsed_ns / 1e9 / inner, out, peak, elapsed_ns / 1e9)
-        del out  # the next rep's peak memory must not include this rep's output
-        probe.rep_done()
+        timer.rep()
         # below 1 until the point is done: re-runs and the last load window may still follow
-        tick(min(0.99, _fraction(len(samples.primary), now_ns() - start_ns, cfg)))
-    samples.finish(probe.loads, cfg)
-    return samples
+        tick(min(0.99, _fraction(len(timer.samples.primary), now_ns() - start_ns, cfg)))
+    timer.samples.finish(probe.loads, cfg)
+    return timer.samples
 
 
 def describe_error(e: BaseException) -> str:
@@ -349,6 +364,110 @@ def measure_point(point: Point, cfg: RunnerConfig, cancel: threading.Event | Non
     finally:
         del step
         _free_device_memory(point.device)
+    return _outcome(point, samples)
+
+
+# --- two settings of one point, interleaved ------------------------------------------------------
+# Two runs taken one after the other differ by whatever the machine did in between (clock, thermal
+# and cache state, other processes): 10-30 % between consecutive runs on a shared host, more than
+# the change being measured. Timing both settings' repetitions alternately in one loop puts that
+# drift into both sides alike; the order within a round alternates (A B, B A, ...), so a drift that
+# is linear over the loop weighs both sides equally and neither always runs first.
+AB_LABELS = ("a", "b")
+
+
+def interleaved_order(rounds: int) -> list[int]:
+    """The side (0: A, 1: B) timed by each repetition of ``rounds`` rounds: ABBA ABBA ..."""
+    return [side for r in range(rounds) for side in ((0, 1) if r % 2 == 0 else (1, 0))]
+
+
+def _prepared(point: Point, cfg: RunnerConfig, cancel, before) -> tuple[Step, int]:
+    if before is not None:
+        before()
+    step = point.prepare()
+    return step, _warm_up(step, synchronizer(point.device), point, cfg, cancel)
+
+
+def _alternate(timers: list[_Timer], cfg: RunnerConfig, cancel, tick, before, running: list[int]) -> None:
+    """Rounds of one repetition per side (ABBA order) until both sides' stopping rules hold; both
+    sides get the same number of repetitions. ``running[0]`` is the side being timed."""
+    rnd = 0
+    for t in timers:
+        t.probe.start()
+    while True:
+        spent = [int(sum(t.samples.rep_s) * 1e9) for t in timers]
+        if all(t.stop(cfg, ns) for t, ns in zip(timers, spent)):
+            pending = [t.probe for t in timers if t.probe.pending]
+            if not pending:
+                return
+            for probe in pending:
+                probe.close()
+            continue
+        for side in interleaved_order(rnd + 1)[-2:]:
+            check_cancel(cancel)
+            running[0] = side
+            if before[side] is not None:
+                before[side]()
+            timers[side].rep()
+        rnd += 1
+        tick(min(0.99, *(_fraction(len(t.samples.primary), ns, cfg) for t, ns in zip(timers, spent))))
+
+
+def measure_pair(pair: tuple[Point, Point], cfg: RunnerConfig, cancel: threading.Event | None = None,
+                 tick: Callable[[float], None] = lambda f: None,
+                 before: tuple[Callable[[], None] | None, Callable[[], None] | None] = (None, None),
+                 ) -> tuple[PointOutcome, PointOutcome]:
+    """Measures point A and point B (the same point under two settings) with their repetitions
+    interleaved, ABBA. ``before[i]`` runs before each of side i's calls outside the clock (e.g. it
+    sets the side's thread count). A side that cannot be prepared fails alone and the other is
+    measured by itself; a side whose step fails mid-way fails, and the other is measured again alone."""
+    timers: list[_Timer] = []
+    running = [0]
+    try:
+        probes = [LoadProbe(gpu=Q.gpu_probe(point.device)) for point in pair]  # the warm-ups' load too
+        for side, point in enumerate(pair):
+            running[0] = side
+            step, inner = _prepared(point, cfg, cancel, before[side])
+            timers.append(_Timer(step, point, inner, probes[side], ab=AB_LABELS[side]))
+        # the same calls per timed repetition on both sides: the loop shape must not differ
+        for t in timers:
+            t.inner = min(x.inner for x in timers)
+        _alternate(timers, cfg, cancel, tick, before, running)
+    except (Cancelled, KeyboardInterrupt):
+        raise
+    except Exception as e:  # the failing side is data; the other is measured alone
+        del timers  # free both sides' buffers before the other side is measured again
+        return _one_side_failed(pair, running[0], e, cfg, cancel, tick)
+    finally:
+        for point in pair:
+            _free_device_memory(point.device)
+    _finish_jointly(timers, cfg)
+    return tuple(_outcome(t.point, t.samples) for t in timers)  # type: ignore[return-value]
+
+
+def _finish_jointly(timers: list[_Timer], cfg: RunnerConfig) -> None:
+    """Keeps the same rounds on both sides: those where neither side's repetition was disturbed,
+    if there are at least ``min_reps`` of them, else every round (A's rep i and B's rep i share a
+    round). Dropping a disturbed rep on one side only would compare clean A with loaded B."""
+    for t in timers:
+        t.samples.finish(t.probe.loads, cfg)
+    flags = [Q.split_disturbed(t.probe.loads, cfg.disturbed_cores) for t in timers]
+    clean = [i for i, pair in enumerate(zip(*flags)) if not any(pair)]
+    kept = clean if cfg.min_reps <= len(clean) < len(flags[0]) else None
+    for t in timers:
+        t.samples.kept = kept
+
+
+def _one_side_failed(pair, failed: int, e: Exception, cfg, cancel, tick) -> tuple[PointOutcome, PointOutcome]:
+    log.warning("benchmark point %s (%s) failed: %s", pair[failed].name, AB_LABELS[failed], e)
+    error = describe_error(e)
+    out = [PointOutcome(pair[failed], _Samples(pair[failed]).metrics("failed", error)[:1], error)] * 2
+    other = 1 - failed
+    out[other] = measure_point(pair[other], cfg, cancel, tick)
+    return out[0], out[1]
+
+
+def _outcome(point: Point, samples: _Samples) -> PointOutcome:
     problem = point.check(samples.extras) if point.check is not None else None
     if problem:
         return PointOutcome(point, samples.metrics("failed", problem), problem, invalid=True)

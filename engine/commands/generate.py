@@ -15,12 +15,14 @@ def register(sub) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_model_args(p)
+    add_nproc_arg(p)
     add_sampling_args(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="interactive multi-turn chat using the model's chat template")
     p.add_argument("--system", type=utf8_text, default=None, help="system prompt")
     add_model_args(p)
+    add_nproc_arg(p)
     add_sampling_args(p, max_tokens=512)
     p.set_defaults(func=cmd_chat)
 
@@ -32,10 +34,20 @@ def register(sub) -> None:
     q.set_defaults(func=cmd_inspect)
 
 
+def add_nproc_arg(p) -> None:
+    from opscope.engine import cli_args as check
+
+    p.add_argument("--nproc", type=check.int_in(1, 64, what="processes"), default=1, metavar="N",
+                   help="run the model tensor-parallel over N processes (torch.distributed: gloo on cpu, "
+                        "nccl on cuda); N must divide the KV heads; dense weights, no fast path")
+
+
 def summary_line(stats) -> str:
+    from opscope.engine.energy import stats_text
+
     return (f"prompt {stats.prompt_tokens} tok · generated {stats.generated_tokens} tok · "
             f"TTFT {stats.ttft_ms:.0f} ms · prefill {stats.prefill_tok_s:.1f} tok/s · "
-            f"decode {stats.decode_tok_s:.1f} tok/s")
+            f"decode {stats.decode_tok_s:.1f} tok/s · {stats_text(stats)}")
 
 
 def _stream(events, out=sys.stdout, quiet: bool = False):
@@ -65,8 +77,17 @@ def read_stdin_prompt() -> str:
 def cmd_generate(args) -> int:
     if args.prompt == "-":
         args.prompt = read_stdin_prompt()
+    generation_config(args)  # bad sampling flags fail before anything is loaded
+    if getattr(args, "nproc", 1) > 1:
+        from opscope.engine.distributed.tp_worker import GENERATE_TIMEOUT_S, job_from_args, run_tp
+
+        return run_tp(job_from_args(args, GENERATE_TIMEOUT_S), generate_with, args)
+    return generate_with(load_from_args(args), args)
+
+
+def generate_with(lm, args) -> int:
+    """The body of `opscope generate` on a loaded model (rank 0's, with --nproc)."""
     cfg = generation_config(args)
-    lm = load_from_args(args)
     events = lm.chat([{"role": "user", "content": args.prompt}], cfg) if args.chat else lm.generate(args.prompt, cfg)
     done = _stream(events, quiet=args.json)
     if args.json:
@@ -78,7 +99,15 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    lm = load_from_args(args)
+    if getattr(args, "nproc", 1) > 1:
+        from opscope.engine.distributed.tp_worker import CHAT_TIMEOUT_S, job_from_args, run_tp
+
+        return run_tp(job_from_args(args, CHAT_TIMEOUT_S, stdin=True), chat_with, args)
+    return chat_with(load_from_args(args), args)
+
+
+def chat_with(lm, args) -> int:
+    """The body of `opscope chat` on a loaded model (rank 0's, with --nproc)."""
     cfg = generation_config(args)
     history = [{"role": "system", "content": args.system}] if args.system else []
     print(f"opscope chat · {lm.source.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}) · "
@@ -103,8 +132,8 @@ def cmd_chat(args) -> int:
         try:
             done = _stream(lm.chat(history, cfg))
         except KeyboardInterrupt as e:
-            if isinstance(e, Terminated):
-                raise
+            if isinstance(e, Terminated) or getattr(lm, "tp", None) is not None:
+                raise  # tensor-parallel: the other ranks may be inside this step's all_reduce
             print("\n[stopped]", file=sys.stderr)
             history.pop()
             continue

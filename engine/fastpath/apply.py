@@ -43,7 +43,7 @@ def _pack(source, name: str, layout: str = "auto"):
 def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
     """Replace every linear, and the token embedding, by a module over its GGUF blocks (each its
     own type); returns {ggml type: count swapped} ("dense:TYPE" for tensors left as they are)."""
-    from opscope.engine.fastpath.qlinear import QuantEmbedding, QuantLinear, ensure_op
+    from opscope.engine.fastpath.qlinear import QuantEmbedding, QuantLinear, QuantMLP, ensure_op
 
     ensure_op()
     counts: dict[str, int] = {}
@@ -64,6 +64,9 @@ def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
         counts[ggml_type] = counts.get(ggml_type, 0) + 1
         if name.endswith("down_proj") and hasattr(source, "release_pages"):
             source.release_pages()  # a layer packed: its file pages need not stay resident beside the copies
+    for layer in model.layers:  # prefill runs gate, up and the activation as one op
+        if QuantMLP.fusable(layer.mlp):
+            layer.mlp = QuantMLP(layer.mlp)
     if embed is not None:
         model.embed = QuantEmbedding(embed)
         counts[f"embed:{embed_type}"] = 1

@@ -13,6 +13,7 @@ import threading
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
 from opscope.engine.kernels import KernelBuildError, PackedWeight, dequantize_reference, load_kernels
@@ -36,6 +37,14 @@ def ensure_op() -> None:
         @torch.library.register_fake("opscope::qlinear")
         def _fake(x, qs, d, m, qtype, act_mode, gemm_min_rows, gemm_dtype):
             return x.new_empty((*x.shape[:-1], qs.shape[0]))
+
+        @torch.library.register_fake("opscope::qgemm")
+        def _fake_gemm(x, qs, d, m, qtype):
+            return x.new_empty((*x.shape[:-1], qs.shape[0]))
+
+        @torch.library.register_fake("opscope::qglu")
+        def _fake_glu(x, gqs, gd, gm, gtype, uqs, ud, um, utype, act):
+            return x.new_empty((*x.shape[:-1], gqs.shape[0]))
 
         @torch.library.register_fake("opscope::qembedding")
         def _fake_embedding(idx, qs, d, m, qtype, k):
@@ -143,6 +152,34 @@ class QuantLinear(_Blocks):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, {self.ggml_type}, "
                 f"act_mode={self.act_mode}, gemm_min_rows={self.gemm_min_rows}, gemm_dtype={self.gemm_dtype}")
+
+
+class QuantMLP(nn.Module):
+    """A gated MLP over QuantLinear projections (same submodule names as the model's MLP). A prompt's
+    rows (``gemm_min_rows`` or more, float32 GEMMs) run gate, up and the activation as one op
+    (``opscope::qglu``: no [T, hidden] gate/up outputs, no separate activation passes); fewer rows
+    run the projections one by one."""
+
+    def __init__(self, mlp: nn.Module):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.gelu = bool(getattr(mlp, "gelu", False))
+
+    @staticmethod
+    def fusable(mlp: nn.Module) -> bool:
+        g, u = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
+        return (isinstance(g, QuantLinear) and isinstance(u, QuantLinear) and g.bias is None and u.bias is None
+                and g.shape == u.shape and g.gemm_dtype == torch.float32 and u.gemm_dtype == torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g, u = self.gate_proj, self.up_proj
+        if x.numel() >= g.gemm_min_rows * x.shape[-1]:
+            h = torch.ops.opscope.qglu(x.float(), g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype,
+                                       int(self.gelu)).to(x.dtype)
+        else:
+            gx = g(x)
+            h = (F.gelu(gx, approximate="tanh") if self.gelu else F.silu(gx)) * u(x)
+        return self.down_proj(h)
 
 
 class QuantEmbedding(_Blocks):

@@ -12,7 +12,7 @@ import numpy as np
 from opscope.engine.errors import MissingMetadata, ModelFormatError, UnsafeFormat, WrongMetadataType
 from opscope.engine.formats.files import PICKLE_SUFFIXES, refuse_pickle
 from opscope.engine.formats.gguf_spec import article
-from opscope.engine.formats.safetensors_header import read_safetensors_header
+from opscope.engine.formats.safetensors_header import check_hf_tensors, read_safetensors_header
 from opscope.engine.models.config import ModelConfig
 
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
@@ -116,6 +116,7 @@ class HFDirSource:
         self.family = family_for_hf(cfg, path)
         self.config = self.family.config_from_hf(cfg, path)
         self.headers = {s: read_safetensors_header(s) for s in self.shards}
+        check_hf_tensors(self.path, self.headers, self.family, self.config)  # before any shard is mapped
         self.file_size_bytes = sum(s.stat().st_size for s in self.shards)
         self.meta = {"config": cfg}
         self._dtypes: Counter = Counter()

@@ -1,16 +1,22 @@
 """Bounds-checked reader of a safetensors header (an 8-byte length, then a JSON table), checked
 before the ``safetensors`` library maps the file: every tensor's dtype known, its shape a list of
 non-negative integers, its byte range of the size dtype × shape implies, and the ranges contiguous
-from 0 to the end of the file (what the format requires), with no name given twice."""
+from 0 to the end of the file (what the format requires), with no name given twice.
+
+Then ``check_hf_tensors``, once config.json is read and still before anything is mapped: every
+tensor the architecture needs is in some shard, each with the shape config.json implies (a wrong
+shape would otherwise surface only when the model is built, after every shard was mapped), and no
+layer beyond ``num_hidden_layers``."""
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from opscope.engine.errors import (BadMagic, DuplicateEntry, LimitExceeded, TensorOutOfBounds, TensorOverlap, Truncated,
-                           WrongMetadataType)
+from opscope.engine.errors import (BadMagic, DuplicateEntry, InvalidHyperparameters, LimitExceeded, MissingTensor,
+                                  TensorOutOfBounds, TensorOverlap, Truncated, WrongMetadataType)
 from opscope.engine.formats.files import check_regular_file
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
@@ -113,3 +119,69 @@ def _check_layout(path: Path, entries: list[SafetensorsEntry], data_bytes: int) 
     if end < data_bytes:
         raise TensorOutOfBounds(path, f"the tensors cover {end} bytes but the data section holds {data_bytes}; "
                                       f"safetensors data must be exactly the tensors")
+
+
+# -- the tensors against config.json ------------------------------------------------------------------
+_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+\.(?:weight|bias))$")
+_DISAGREE = ("config.json and the weights disagree: use the config.json that came with these weights, "
+             "or download the model again")
+_MISSING = "the weights are incomplete: download every shard again, or convert the model again"
+
+
+def _layer_shapes(cfg, family) -> dict[str, tuple[int, ...]]:
+    """HF layer tensor (``self_attn.q_proj.weight``) → its shape [out, in] under ``cfg``."""
+    D, F, hd = cfg.dim, cfg.hidden_dim, cfg.head_dim
+    q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    shapes = {"input_layernorm.weight": (D,), "post_attention_layernorm.weight": (D,),
+              "pre_feedforward_layernorm.weight": (D,), "post_feedforward_layernorm.weight": (D,),
+              "self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,),
+              "self_attn.q_proj.weight": (q, D), "self_attn.k_proj.weight": (kv, D),
+              "self_attn.v_proj.weight": (kv, D), "self_attn.o_proj.weight": (D, q),
+              "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+              "mlp.gate_proj.weight": (F, D), "mlp.up_proj.weight": (F, D), "mlp.down_proj.weight": (D, F)}
+    for name, split in family.hf_fused.items():
+        rows = sum(r for _, r in split(cfg))
+        shapes[f"{name}.weight"], shapes[f"{name}.bias"] = (rows, D), (rows,)
+    return shapes
+
+
+def _layer_required(cfg, family) -> list[str]:
+    fused = family.hf_fused
+    names = ["input_layernorm", "post_attention_layernorm", "self_attn.o_proj", "mlp.down_proj"]
+    names += ["self_attn.qkv_proj"] if "self_attn.qkv_proj" in fused else ["self_attn.q_proj", "self_attn.k_proj",
+                                                                          "self_attn.v_proj"]
+    names += ["mlp.gate_up_proj"] if "mlp.gate_up_proj" in fused else ["mlp.gate_proj", "mlp.up_proj"]
+    names += ["self_attn.q_norm", "self_attn.k_norm"] if cfg.qk_norm else []
+    names += ["pre_feedforward_layernorm", "post_feedforward_layernorm"] if cfg.post_norms else []
+    weights = [f"{n}.weight" for n in names]
+    if cfg.qkv_bias and "self_attn.qkv_proj" not in fused:
+        weights += [f"self_attn.{n}_proj.bias" for n in "qkv"]
+    return weights
+
+
+def check_hf_tensors(where: Path, headers: dict[Path, list[SafetensorsEntry]], family, cfg) -> None:
+    """``headers``: shard → its entries; ``where``: the directory (or the one file) for a missing
+    tensor. MissingTensor for a tensor the architecture needs and no shard holds;
+    InvalidHyperparameters (naming the shard and the tensor) for a shape config.json contradicts
+    or a layer beyond its ``num_hidden_layers``."""
+    top = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.dim), "model.norm.weight": (cfg.dim,),
+           "lm_head.weight": (cfg.vocab_size, cfg.dim)}
+    layer = _layer_shapes(cfg, family)
+    held: set[str] = set()
+    for shard, entries in headers.items():
+        for e in entries:
+            held.add(e.name)
+            m = _LAYER_KEY.match(e.name)
+            if m and int(m.group(1)) >= cfg.n_layers:
+                raise InvalidHyperparameters(shard, f"tensor {e.name} lies beyond the {cfg.n_layers} layers that "
+                                                    f"config.json's num_hidden_layers declares", _DISAGREE)
+            want = layer.get(m.group(2)) if m else top.get(e.name)
+            if want is not None and e.shape != want:
+                raise InvalidHyperparameters(shard, f"tensor {e.name} has shape {list(e.shape)} but config.json's "
+                                                    f"sizes imply {list(want)}", _DISAGREE)
+    needed = ["model.embed_tokens.weight", "model.norm.weight"] + ([] if cfg.tie_embeddings else ["lm_head.weight"])
+    needed += [f"model.layers.{i}.{n}" for i in range(cfg.n_layers) for n in _layer_required(cfg, family)]
+    missing = [n for n in needed if n not in held]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise MissingTensor(where, f"tensor {missing[0]}{more} is in no safetensors file of the model", _MISSING)

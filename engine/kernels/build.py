@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import threading
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -26,7 +27,7 @@ from opscope.engine.errors import BackendError
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "ops.cpp", "decode.cpp")
+_SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "ops.cpp", "decode.cpp", "prefill.cpp")
 _HEADERS = ("qkernels.h", "qtensors.h", "gguf_types.h", "simd_v1.h", "simd_v2.h")
 _CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast")
 _LDFLAGS = ("-fopenmp",)
@@ -140,10 +141,47 @@ def _load_kernels() -> ModuleType:
     so = build_dir / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
     alt = build_dir / f"{name}.so"
     with _lock:
-        for path in (so, alt):
-            if path.is_file():
-                try:
-                    return _import_so(name, path)
-                except ImportError as e:  # a half-written or stale file: rebuild it
-                    log.warning("cached kernel %s does not load (%s); rebuilding", path, e)
-        return _compile(name, build_dir)
+        module = _import_cached(name, so, alt)
+        if module is not None:
+            return module
+        with _machine_lock(build_dir):  # one build per machine; the others wait, then import it
+            module = _import_cached(name, so, alt)
+            if module is not None:
+                return module
+            _drop_stale_torch_lock(build_dir)
+            return _compile(name, build_dir)
+
+
+def _import_cached(name: str, *paths: Path) -> ModuleType | None:
+    for path in paths:
+        if path.is_file():
+            try:
+                return _import_so(name, path)
+            except ImportError as e:  # a half-written or stale file: rebuild it
+                log.warning("cached kernel %s does not load (%s); rebuilding", path, e)
+    return None
+
+
+@contextmanager
+def _machine_lock(build_dir: Path):
+    """An flock beside the build directory: the kernel releases it when its holder dies, unlike the
+    `lock` file torch's cpp_extension leaves behind when a build is killed (every later build would
+    wait on that file forever)."""
+    import fcntl
+
+    build_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(build_dir.parent / f"{build_dir.name}.flock", "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _drop_stale_torch_lock(build_dir: Path) -> None:
+    """Holding the machine lock, no other OpScope process is building here: a torch `lock` file
+    left in the directory is from a build that was killed."""
+    stale = build_dir / "lock"
+    if stale.exists():
+        log.warning("removing %s left by an interrupted kernel build", stale)
+        stale.unlink(missing_ok=True)

@@ -23,6 +23,9 @@ QK = 32
 QTYPES = {"Q4_1": 0, "Q8_0": 1}  # the structure-of-arrays layouts
 _BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
 QTYPE_RAW = 16  # qtype of raw blocks: QTYPE_RAW + the ggml type id (csrc/qkernels.h)
+# The C++ DecodeModel's qtype for Q4_0 held as Q4_1 (m = -8 d exactly): its kernels take the offset
+# from d and skip reading m, a tenth of the bytes per weight (csrc/qkernels.h QTYPE_Q4_0_SOA).
+QTYPE_Q4_0_SOA = 2
 # ggml type id, weights per block, bytes per block of the types the generic kernels decode
 RAW_TYPES = {
     "F32": (0, 16, 64), "F16": (1, 16, 32), "BF16": (30, 16, 32),
@@ -59,8 +62,10 @@ class PackedWeight:
         return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
 
     def spec(self, bias=None) -> tuple:
-        """(qtype, qs, d, m, bias): the C++ DecodeModel's form of a matrix."""
-        return (self.qtype, self.qs, self.d, self.m, bias)
+        """(qtype, qs, d, m, bias): the C++ DecodeModel's form of a matrix (Q4_0 held as Q4_1:
+        QTYPE_Q4_0_SOA, the same tensors)."""
+        q4_0_soa = self.ggml_type == "Q4_0" and not self.raw
+        return (QTYPE_Q4_0_SOA if q4_0_soa else self.qtype, self.qs, self.d, self.m, bias)
 
 
 def supported(ggml_type: str, k: int | None = None) -> bool:

@@ -42,7 +42,11 @@ def _write(text: str, output: str | None) -> None:
         try:
             Path(output).write_text(text, encoding="utf-8")
         except OSError as e:
-            raise ConfigError(f"cannot write {output}: {e.strerror or e}") from e
+            import errno
+
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            raise ConfigError(f"cannot write {output}: {e.strerror or e}"
+                              f"{' — free some disk space and retry' if full else ''}") from e
     else:
         sys.stdout.write(text)
 

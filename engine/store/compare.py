@@ -113,6 +113,9 @@ class Comparison:
     alpha: float = DEFAULT_ALPHA
     confidence: float = DEFAULT_CONFIDENCE
     notes: tuple[str, ...] = field(default=())
+    # "interleaved": the runs' repetitions alternated in one process (`opscope bench --ab`), so the
+    # machine's drift fell on both alike; "sequential": taken one after the other (a warning says so)
+    measurement: str = "sequential"
 
     def regressions(self, threshold_pct: float = 0.0) -> list[Regression]:
         """Significant changes for the worse by more than ``threshold_pct`` percent."""
@@ -222,7 +225,7 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = json.dumps(value, sort_keys=True, default=str) if isinstance(value, (list, dict)) else value
 
 
-DERIVED_SETTINGS = (".suite_params.roofline.", ".suite_params.energy")
+DERIVED_SETTINGS = (".suite_params.roofline.", ".suite_params.energy", "settings.interleaved.")
 
 
 def differences(runs: Sequence[StoredRun]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
@@ -266,6 +269,33 @@ def _run_notes(runs: Sequence[StoredRun]) -> tuple[str, ...]:
     return tuple(notes)
 
 
+DRIFT_SEEN_PCT = "10-30 %"  # between two consecutive runs of the same settings on a shared 2-core host
+
+
+def interleaved_pair(runs: Sequence[StoredRun]) -> bool:
+    """Whether ``runs`` are the two runs of one `opscope bench --ab` (engine.bench.ab)."""
+    pairs = [((r.result.settings or {}).get("interleaved") or {}).get("pair") for r in runs]
+    names = [r.info.name for r in runs]
+    return len(runs) == 2 and bool(pairs[0]) and pairs[0] == pairs[1] and sorted(pairs[0]) == sorted(names)
+
+
+def _drift_note(runs: Sequence[StoredRun]) -> list[str]:
+    """For runs taken one after the other: drift between them can exceed the change measured."""
+    from opscope.engine.bench.quality import max_other_cores
+
+    if interleaved_pair(runs) or not all(r.result.metrics for r in runs):
+        return []
+    starts = sorted(r.info.created_at for r in runs)
+    gap = (starts[-1] - starts[0]).total_seconds()
+    loads = [max_other_cores(r.result.metrics) for r in runs]
+    load = ", ".join(f"{r.info.name!r} {'?' if c is None else f'{c:.2f}'}" for r, c in zip(runs, loads))
+    return [f"sequential: the runs were measured one after the other (started {gap / 60:.1f} min apart), not "
+            f"interleaved: the machine's speed drifts between runs ({DRIFT_SEEN_PCT} seen on a shared host) by "
+            f"more than a small change, so a change of that size may be drift, and drift may hide one "
+            f"(foreign CPU load, most cores busy during kept samples: {load}); measure small changes "
+            f"interleaved in one process: opscope bench SUITE ... --ab 'FLAGS'"]
+
+
 def compare(runs: Sequence[StoredRun], *, alpha: float = DEFAULT_ALPHA,
             confidence: float = DEFAULT_CONFIDENCE) -> Comparison:
     """Compare ``runs``; the first one is the baseline every change is measured against."""
@@ -282,5 +312,6 @@ def compare(runs: Sequence[StoredRun], *, alpha: float = DEFAULT_ALPHA,
         runs=tuple(r.info for r in runs),
         sections=tuple(_section(unit, rows) for unit, rows in sections.items()),
         differences=differences(runs), alpha=alpha, confidence=confidence,
-        notes=_run_notes(runs) + tuple(_peak_notes(by_key)),
+        notes=_run_notes(runs) + tuple(_peak_notes(by_key)) + tuple(_drift_note(runs)),
+        measurement="interleaved" if interleaved_pair(runs) else "sequential",
     )

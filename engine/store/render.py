@@ -131,6 +131,10 @@ def footnotes(cmp: Comparison) -> list[str]:
     if cmp.has_noisy:
         notes.append(f"{NOISY_MARK} noisy: IQR/median > {NOISE_THRESHOLD_PCT:g}% (percentiles: numpy "
                      f"'{PERCENTILE_METHOD}'); rerun on a quieter machine or with more repetitions")
+    if cmp.measurement == "interleaved":
+        notes.append(f"interleaved: {cmp.runs[0].name!r} and {cmp.runs[1].name!r} were measured in one process, "
+                     f"their repetitions alternating ABBA (opscope bench --ab): the machine's drift fell on "
+                     f"both alike")
     return notes + [f"warning: {n}" for n in cmp.notes]
 
 
@@ -196,7 +200,7 @@ def to_dict(cmp: Comparison) -> dict[str, Any]:
         "sections": [{"unit": s.unit, "rows": [_row_dict(cmp, r) for r in s.rows],
                       "geomeans": s.geomeans, "geomean_deltas_pct": s.geomean_deltas_pct} for s in cmp.sections],
         "differences": [{"field": k, "values": list(v)} for k, v in cmp.differences],
-        "notes": list(cmp.notes),
+        "notes": list(cmp.notes), "measurement": cmp.measurement,
     }
 
 

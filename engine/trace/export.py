@@ -131,3 +131,48 @@ def write_jsonl(result: TraceResult, out: IO[str] | Path) -> int:
     for line in lines:
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
     return len(lines)
+
+
+def ranks_trace(per_rank: dict[int, tuple[dict, int]]) -> dict:
+    """Several ranks' Chrome traces on one time axis: one process per rank, named "rank N".
+
+    ``per_rank``: {rank: (that rank's ``chrome_trace(result)``, its ``result.start_ns`` on rank 0's
+    clock)} (engine.distributed.ranks gives each rank's offset onto rank 0's clock). A rank's own
+    processes (the engine track, one per device) become threads of its process, named
+    "<process> · <thread>", so Perfetto shows every rank as one collapsible track."""
+    t0 = min(start for _doc, start in per_rank.values()) if per_rank else 0
+    meta, events = [], []
+    for rank in sorted(per_rank):
+        doc, start_ns = per_rank[rank]
+        pid, shift_us = rank + 1, (start_ns - t0) / 1e3
+        meta += [_meta(pid, 0, "process_name", f"rank {rank}"),
+                 {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": rank}}]
+        tids = _RankThreads(doc["traceEvents"])
+        for ev in doc["traceEvents"]:
+            if ev["ph"] == "M":
+                continue
+            out = dict(ev, pid=pid, tid=tids.tid(ev["pid"], ev.get("tid", 0)), ts=round(ev["ts"] + shift_us, 3))
+            if "id" in out:  # flow ids stay unique across ranks
+                out["id"] = rank * 10**9 + int(out["id"])
+            events.append(out)
+        meta += [_meta(pid, tid, "thread_name", name) for tid, name in tids.names.items()]
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": {"ranks": sorted(per_rank)}}
+
+
+class _RankThreads:
+    """(original pid, tid) of one rank's trace → a thread of the rank's process, with a name."""
+
+    def __init__(self, events: list[dict]):
+        self.procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+        self.threads = {(e["pid"], e.get("tid", 0)): e["args"]["name"] for e in events
+                        if e["ph"] == "M" and e["name"] == "thread_name"}
+        self.map: dict[tuple[int, int], int] = {}
+        self.names: dict[int, str] = {}
+
+    def tid(self, pid: int, tid: int) -> int:
+        key = (pid, tid)
+        if key not in self.map:
+            new = self.map[key] = len(self.map) + 1
+            proc = self.procs.get(pid, f"process {pid}")
+            self.names[new] = f"{proc} · {self.threads[key]}" if key in self.threads else proc
+        return self.map[key]

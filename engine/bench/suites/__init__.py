@@ -22,6 +22,7 @@ SUITES: dict[str, str] = {
     "scaling": "scaling",
     "peers": "peers",
     "crossover": "crossover",
+    "collectives": "collectives",
 }
 
 

@@ -82,6 +82,7 @@ def pp_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
 
 def tg_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
     cfg, name = lm.config, f"tg{n}{_suffix(depth)}"
+    tp = getattr(lm, "tp", None)  # a tensor-parallel model's driver (engine.distributed.tp_worker)
 
     def prepare():
         import torch
@@ -94,6 +95,8 @@ def tg_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
         sync = synchronizer(opts.device)
 
         def step():
+            if tp is not None:  # tensor-parallel (engine.distributed.tp_worker): this rep's steps only
+                tp.reset_meters()
             # decode threads as generation picks them (engine.generate.decode_threads: the model's
             # "auto" gives cores back to busy processes), so tg here equals decode in generation
             with torch.inference_mode(), decode_threads(lm.model) as threads:
@@ -107,9 +110,21 @@ def tg_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
     work = tg_work(lm, n, depth, opts.dtype)
     flops, bytes_ = work["flop"], work["bytes"]
     return Point(name, "tok/s", prepare, value=lambda s: n / s, params={"n_gen": n, "depth": depth},
-                 device=opts.device, track_memory=True,
+                 device=opts.device, track_memory=True, **_tp_observe(tp, name),
                  derived=U.derived(name, "mfu", lambda tps: tps * flops, pk, "flop")
                  + U.derived(name, "mbu", lambda tps: tps * bytes_, pk, "bytes"))
+
+
+def _tp_observe(tp, point: str) -> dict[str, Any]:
+    """A tensor-parallel tg point's extras: each decode step's share (%) of time inside all_reduce,
+    per rank (``<point>.allreduce_pct_rR``), read from every rank after the timed rep."""
+    if tp is None:
+        return {}
+
+    def observe(_out) -> dict[str, Any]:
+        return {f"{point}.allreduce_pct_r{r}": m["allreduce_pct"] for r, m in enumerate(tp.read_meters())}
+    return {"observe": observe,
+            "extras": tuple(Extra(f"{point}.allreduce_pct_r{r}", "%") for r in range(tp.world))}
 
 
 def _gen_observe(n_gen: int):

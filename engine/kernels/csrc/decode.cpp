@@ -14,13 +14,14 @@
 #include <immintrin.h>
 #endif
 
+#include "gguf_types.h"
 #include "qtensors.h"
 
 namespace opscope {
 namespace {
 
 // (qtype, qs, d, m, bias): one quantized matrix as handed over from Python (SoA: qs, d, m; raw
-// GGUF blocks: qs alone, d and m None).
+// GGUF blocks: qs alone, d and m None; QTYPE_Q4_0_SOA: Q4_0 in the Q4_1 layout, PackedWeight.spec).
 using LinSpec = std::tuple<int64_t, at::Tensor, c10::optional<at::Tensor>, c10::optional<at::Tensor>,
                            c10::optional<at::Tensor>>;
 
@@ -32,7 +33,9 @@ struct Linear {
 
 Linear make_linear(const LinSpec& s, int64_t K) {
   Linear l;
-  l.w = make_weights(std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s), K);
+  const int64_t qtype = std::get<0>(s);  // QTYPE_Q4_0_SOA: the Q4_1 layout, m = -8 d (m not read)
+  l.w = make_weights(qtype == QTYPE_Q4_0_SOA ? 0 : qtype, std::get<1>(s), std::get<2>(s), std::get<3>(s), K);
+  l.w.m_from_d = qtype == QTYPE_Q4_0_SOA;
   l.keep = {std::get<1>(s)};
   if (std::get<2>(s)) l.keep.push_back(*std::get<2>(s));
   if (std::get<3>(s)) l.keep.push_back(*std::get<3>(s));
@@ -57,9 +60,34 @@ float dot(const float* a, const float* b, int64_t n) {
 
 void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* out) {
   double ss = 0.0;  // double: the sum of 576+ squares without order-dependent rounding
-  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();  // 16 lanes: off the serial add chain
+  for (; i + 16 <= n; i += 16) {
+    const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+    a0 = _mm512_fmadd_pd(lo, lo, a0);
+    a1 = _mm512_fmadd_pd(hi, hi, a1);
+  }
+  ss = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+#endif
+  for (; i < n; ++i) ss += double(x[i]) * x[i];
   const float r = float(1.0 / std::sqrt(ss / n + eps));
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
+}
+
+// silu(g) * u over n values; AVX-512: gguf::exp_ps (the scalar libm call per value cost about as
+// much as a small layer's matvec on the decode step's serial path).
+void silu_mul(const float* g, const float* u, int64_t n, float* out) {
+  int64_t i = 0;
+#if defined(OPSCOPE_AVX512_RAW)
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gv = _mm512_loadu_ps(g + i);
+    const __m512 e = gguf::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(e, one)), _mm512_loadu_ps(u + i)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
 
 // Rotate-half RoPE on `heads` vectors of length D: pairs (i, i + D/2).
@@ -163,7 +191,7 @@ class DecodeModel {
     for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
     rmsnorm(x_.data(), L.mlp_norm.data_ptr<float>(), C_, eps_, h_.data());
     matvecs(h_.data(), C_, {{&L.lin[4], g_.data()}, {&L.lin[5], u_.data()}});
-    for (int64_t i = 0; i < F_; ++i) h_[i] = g_[i] / (1.f + std::exp(-g_[i])) * u_[i];  // silu(g) * u
+    silu_mul(g_.data(), u_.data(), F_, h_.data());
     matvecs(h_.data(), F_, {{&L.lin[6], o_.data()}});
     for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
   }

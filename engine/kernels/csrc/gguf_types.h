@@ -56,31 +56,36 @@ inline void static_for(F&& f) { static_for_impl(f, std::make_integer_sequence<in
 
 constexpr int8_t kIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-// Q4_K / Q5_K: 8 six-bit scales and 8 six-bit mins packed in 12 bytes, unpacked to out[0..8) =
-// scales, out[8..16) = mins (ggml's get_scale_min_k4, four at a time as in its SIMD kernels).
-inline void scale_min_k4(const uint8_t* q, uint8_t* out) {
-  constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-  uint32_t u[4];
-  std::memcpy(u, q, 12);
-  u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-  const uint32_t mins_lo = u[1] & k1;
-  u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-  u[2] = mins_lo;
-  u[0] &= k1;
-  std::memcpy(out, u, 16);
+// 16 bytes as two 64-bit halves (lo: bytes 0-7), computed in general registers: the scalar decoders
+// copy them out, the SIMD ones move them to a vector directly (through a buffer, the 16-byte load
+// would wait for the narrower stores, no store forwarding: measured about a third of the K types'
+// int8 kernels' time).
+struct Bytes16 {
+  uint64_t lo, hi;
+  void to(uint8_t* out) const { std::memcpy(out, &lo, 8); std::memcpy(out + 8, &hi, 8); }
+};
+
+// Q4_K / Q5_K: 8 six-bit scales and 8 six-bit mins packed in 12 bytes, unpacked to bytes 0-7 =
+// scales, 8-15 = mins (ggml's get_scale_min_k4, eight at a time).
+inline Bytes16 scale_min_k4(const uint8_t* q) {
+  uint64_t lo;
+  std::memcpy(&lo, q, 8);
+  const uint32_t u2 = u32(q + 8);
+  const uint64_t six = lo & 0x3f3f3f3f3f3f3f3full;  // scales 0-3 | mins 0-3
+  const uint64_t top = ((lo >> 6) & 0x0303030303030303ull) << 4;
+  const uint64_t high = (uint64_t(u2 & 0x0f0f0f0fu) | (uint64_t((u2 >> 4) & 0x0f0f0f0fu) << 32)) | top;  // 4-7 | 4-7
+  return {(six & 0xffffffffull) | (high << 32), (six >> 32) | (high & 0xffffffff00000000ull)};
 }
 
-// Q3_K: 16 six-bit scales packed in 12 bytes, unpacked to out[16] (still offset by 32).
-inline void scales_q3k(const uint8_t* s, uint8_t* out) {
-  constexpr uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f;
-  uint32_t a[4];
-  std::memcpy(a, s, 12);
-  const uint32_t t = a[2];
-  a[2] = ((a[0] >> 4) & k2) | (((t >> 4) & k1) << 4);
-  a[3] = ((a[1] >> 4) & k2) | (((t >> 6) & k1) << 4);
-  a[0] = (a[0] & k2) | (((t >> 0) & k1) << 4);
-  a[1] = (a[1] & k2) | (((t >> 2) & k1) << 4);
-  std::memcpy(out, a, 16);
+// Q3_K: 16 six-bit scales packed in 12 bytes, unpacked to 16 bytes (still offset by 32).
+inline Bytes16 scales_q3k(const uint8_t* s) {
+  uint64_t a01;
+  std::memcpy(&a01, s, 8);
+  const uint64_t t = u32(s + 8);
+  constexpr uint64_t k1 = 0x0303030303030303ull, k2 = 0x0f0f0f0f0f0f0f0full;
+  // bytes 0-7: a01 & k2 | bits (t >> 0 | t >> 2 per 32-bit half) << 4; bytes 8-15: a01 >> 4 ...
+  const uint64_t t02 = (t & 0xffffffffull) | ((t >> 2) << 32), t46 = ((t >> 4) & 0xffffffffull) | ((t >> 6) << 32);
+  return {(a01 & k2) | ((t02 & k1) << 4), ((a01 >> 4) & k2) | ((t46 & k1) << 4)};
 }
 
 #if defined(OPSCOPE_AVX512_RAW)
@@ -124,28 +129,45 @@ inline __m512i bits2(int a, int b) {  // byte masks: bit a in the lower 32 bytes
   return _mm512_inserti64x4(_mm512_set1_epi8(char(1 << a)), _mm256_set1_epi8(char(1 << b)), 1);
 }
 inline void store64(uint8_t* p, __m512i v) { _mm512_store_si512(p, v); }
-// scale_min_k4 / scales_q3k computed in general registers and moved to a vector directly: through
-// a buffer, the 16-byte load would wait for the narrower stores (no store forwarding), measured
-// about a third of the K types' int8 kernels' time.
-inline __m128i scale_min_k4_v(const uint8_t* q) {
-  uint64_t lo;
-  std::memcpy(&lo, q, 8);
-  const uint32_t u2 = u32(q + 8);
-  const uint64_t six = lo & 0x3f3f3f3f3f3f3f3full;  // scales 0-3 | mins 0-3
-  const uint64_t top = ((lo >> 6) & 0x0303030303030303ull) << 4;
-  const uint64_t high = (uint64_t(u2 & 0x0f0f0f0fu) | (uint64_t((u2 >> 4) & 0x0f0f0f0fu) << 32)) | top;  // 4-7 | 4-7
-  const uint64_t scales = (six & 0xffffffffull) | (high << 32), mins = (six >> 32) | (high & 0xffffffff00000000ull);
-  return _mm_set_epi64x(int64_t(mins), int64_t(scales));
+inline __m128i v16(Bytes16 b) { return _mm_set_epi64x(int64_t(b.hi), int64_t(b.lo)); }
+inline __m128i scale_min_k4_v(const uint8_t* q) { return v16(scale_min_k4(q)); }
+inline __m128i scales_q3k_v(const uint8_t* s) { return v16(scales_q3k(s)); }
+// The fp16 scales of up to 16 blocks of BYTES bytes each (at p, p + BYTES, ...; the lanes past mask
+// zero), gathered and converted at once: raw.cpp's and raw_q8.cpp's 32-weight kernels.
+inline __mmask16 first_n(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+template <int BYTES>
+inline __m512 gather_fp16(const uint8_t* p, __mmask16 mask) {
+  const __m512i idx = _mm512_setr_epi32(0, BYTES, 2 * BYTES, 3 * BYTES, 4 * BYTES, 5 * BYTES, 6 * BYTES, 7 * BYTES,
+                                        8 * BYTES, 9 * BYTES, 10 * BYTES, 11 * BYTES, 12 * BYTES, 13 * BYTES,
+                                        14 * BYTES, 15 * BYTES);
+  const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, idx, p, 1);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
 }
-inline __m128i scales_q3k_v(const uint8_t* s) {
-  uint64_t a01;
-  std::memcpy(&a01, s, 8);
-  const uint64_t t = u32(s + 8);
-  constexpr uint64_t k1 = 0x0303030303030303ull, k2 = 0x0f0f0f0f0f0f0f0full;
-  // bytes 0-7: a01 & k2 | bits (t >> 0 | t >> 2 per 32-bit half) << 4; bytes 8-15: a01 >> 4 ...
-  const uint64_t t02 = (t & 0xffffffffull) | ((t >> 2) << 32), t46 = ((t >> 4) & 0xffffffffull) | ((t >> 6) << 32);
-  const uint64_t lo = (a01 & k2) | ((t02 & k1) << 4), hi = ((a01 >> 4) & k2) | ((t46 & k1) << 4);
-  return _mm_set_epi64x(int64_t(hi), int64_t(lo));
+// exp of 16 float32 lanes: Cephes' expf polynomial (within a few ulp of libm's expf) and vscalefps
+// for the power of two, which saturates to 0 / inf outside float32's range (x clamped to +-104,
+// where that holds already).
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(104.f)), _mm512_set1_ps(-104.f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);  // x - k ln2 in two parts
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  return _mm512_scalef_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f))), k);
+}
+// A group of R rows of blocks from row `row` on (rows row_bytes apart): their pointers, and their
+// float32 accumulators zeroed (arrays of the caller's, which stay in registers).
+template <int R>
+inline void start_rows(const uint8_t* qs, int64_t row_bytes, int64_t row, __m512* acc, __m512* macc, const uint8_t** rp) {
+  for (int r = 0; r < R; ++r) {
+    acc[r] = macc[r] = _mm512_setzero_ps();
+    rp[r] = qs + (row + r) * row_bytes;
+  }
 }
 
 inline __m128i load16a(const uint8_t* p) { return _mm_load_si128(reinterpret_cast<const __m128i*>(p)); }
@@ -393,7 +415,7 @@ struct TQ3_K {
   static void dequant(const uint8_t* b, float* o) {
     const float d = fp16(b + 108);
     uint8_t sc[16];
-    scales_q3k(b + 96, sc);
+    scales_q3k(b + 96).to(sc);
     for (int g = 0; g < 16; ++g) {
       const float dl = d * float(int(sc[g]) - 32);
       const uint8_t* q = b + 32 + (g / 8) * 32 + (g % 2) * 16;
@@ -423,20 +445,27 @@ struct TQ3_K {
 #endif
 };
 
+// Q4_K / Q5_K scalar decoder: fp16 d, dmin and the packed scales/mins at b; nibbles at qs; the 5th
+// bits (Q5_K: bit s of qh[l] for weight l of sub-block s) at qh, or none.
+inline void dequant_k45(const uint8_t* b, const uint8_t* qs, const uint8_t* qh, float* o) {
+  const float d = fp16(b), dmin = fp16(b + 2);
+  uint8_t sm[16];
+  scale_min_k4(b + 4).to(sm);
+  for (int s = 0; s < 8; ++s) {
+    const float dl = d * float(sm[s]), ml = dmin * float(sm[8 + s]);
+    const uint8_t* q = qs + 32 * (s / 2);
+    for (int l = 0; l < 32; ++l) {
+      const int hi = qh ? ((qh[l] >> s) & 1) << 4 : 0;
+      o[32 * s + l] = dl * float((s % 2 ? q[l] >> 4 : q[l] & 0xF) | hi) - ml;
+    }
+  }
+}
+
 // Q4_K (144 B): fp16 d, fp16 dmin, scales[12] (8 six-bit scales + mins), qs[128].
 // Sub-block s (32 weights): bytes qs[32*(s/2) ..], low nibbles for even s, high for odd.
 struct TQ4_K {
   static constexpr int QK = 256, BYTES = 144;
-  static void dequant(const uint8_t* b, float* o) {
-    const float d = fp16(b), dmin = fp16(b + 2);
-    uint8_t sm[16];
-    scale_min_k4(b + 4, sm);
-    for (int s = 0; s < 8; ++s) {
-      const float dl = d * float(sm[s]), ml = dmin * float(sm[8 + s]);
-      const uint8_t* q = b + 16 + 32 * (s / 2);
-      for (int l = 0; l < 32; ++l) o[32 * s + l] = dl * float(s % 2 ? q[l] >> 4 : q[l] & 0xF) - ml;
-    }
-  }
+  static void dequant(const uint8_t* b, float* o) { dequant_k45(b, b + 16, nullptr, o); }
 #if defined(OPSCOPE_AVX512_RAW)
   static constexpr int G = 32;
   static constexpr bool SIGNED = false, MINS = true;
@@ -466,18 +495,7 @@ struct TQ4_K {
 // weight l of sub-block s in bit s of qh[l].
 struct TQ5_K {
   static constexpr int QK = 256, BYTES = 176;
-  static void dequant(const uint8_t* b, float* o) {
-    const float d = fp16(b), dmin = fp16(b + 2);
-    uint8_t sm[16];
-    scale_min_k4(b + 4, sm);
-    const uint8_t* qh = b + 16;
-    for (int s = 0; s < 8; ++s) {
-      const float dl = d * float(sm[s]), ml = dmin * float(sm[8 + s]);
-      const uint8_t* q = b + 48 + 32 * (s / 2);
-      for (int l = 0; l < 32; ++l)
-        o[32 * s + l] = dl * float((s % 2 ? q[l] >> 4 : q[l] & 0xF) | (((qh[l] >> s) & 1) << 4)) - ml;
-    }
-  }
+  static void dequant(const uint8_t* b, float* o) { dequant_k45(b, b + 48, b + 16, o); }
 #if defined(OPSCOPE_AVX512_RAW)
   static constexpr int G = 32;
   static constexpr bool SIGNED = false, MINS = true;

@@ -148,7 +148,8 @@ void group4(const Weights& w, const Act& a, bool q8, int64_t r, float* y) {
     return;
   }
   if (q8) {
-    if (w.qtype == 0) q4_1_rows_q8_v2<4>(a.qyp, a.dy, a.sx, w.qs, w.d, w.m, w.K, r, y);
+    if (w.qtype == 0 && w.m_from_d) q4_1_rows_q8_v2<4, true>(a.qyp, a.dy, a.sx, w.qs, w.d, w.m, w.K, r, y);
+    else if (w.qtype == 0) q4_1_rows_q8_v2<4>(a.qyp, a.dy, a.sx, w.qs, w.d, w.m, w.K, r, y);
     else q8_0_rows_q8_v2<4>(a.qy, a.dy, q8w, w.d, w.K, r, y);
     return;
   }
@@ -158,7 +159,8 @@ void group4(const Weights& w, const Act& a, bool q8, int64_t r, float* y) {
     else q8_0_rows_f32_avx512<4>(a.x, q8w, w.d, w.K, r, y);
     return;
   }
-  if (w.qtype == 0) q4_1_rows_f32_v2<4>(a.x, a.sx, w.qs, w.d, w.m, w.K, r, y);
+  if (w.qtype == 0 && w.m_from_d) q4_1_rows_f32_v2<4, true>(a.x, a.sx, w.qs, w.d, w.m, w.K, r, y);
+  else if (w.qtype == 0) q4_1_rows_f32_v2<4>(a.x, a.sx, w.qs, w.d, w.m, w.K, r, y);
   else q8_0_rows_f32_v2<4>(a.x, q8w, w.d, w.K, r, y);
 }
 #endif

@@ -34,6 +34,10 @@ Weights make_weights(int64_t qtype, const at::Tensor& qs, const c10::optional<at
                  qtype == 0 ? m->data_ptr<c10::Half>() : nullptr, N, K};
 }
 
+// prefill.cpp: y = x @ W^T decoded panel by panel (float32), and whether qlinear takes that path.
+at::Tensor prefill_gemm(const at::Tensor& x, const Weights& w);
+bool prefill_enabled();
+
 namespace {
 
 // Rows [r0, r1) of w dequantized into out (row r at out + (r - r0) * K), in parallel.
@@ -96,6 +100,8 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const c10::optiona
   auto x2 = x.reshape({-1, K}).contiguous();
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = w.N;
+  if (x2.size(0) >= gemm_min_rows && gemm_dtype == at::kFloat && prefill_enabled())
+    return prefill_gemm(x2, w).reshape(out_shape);  // exact float32: panels decoded per thread (prefill.cpp)
   if (x2.size(0) >= gemm_min_rows) {
     const int64_t tile = std::min(w.N, gemm_tile_rows(K));
     auto out = at::empty({x2.size(0), w.N}, x2.options());

@@ -11,6 +11,7 @@ constexpr int64_t QK = 32;  // elements per GGUF block for Q4_1 and Q8_0
 // qtype codes: 0 = Q4_1 and 1 = Q8_0 repacked structure-of-arrays (kernels.cpp); QTYPE_RAW + t =
 // raw GGUF blocks of ggml type t as stored in the file (raw.cpp, gguf_types.h).
 constexpr int64_t QTYPE_RAW = 16;
+constexpr int64_t QTYPE_Q4_0_SOA = 2;  // the DecodeModel's code for Q4_0 held as Q4_1 (m = -8 d)
 
 // One weight matrix [N, K]. Pointers only: the owner keeps the tensors alive.
 struct Weights {
@@ -21,6 +22,10 @@ struct Weights {
   int64_t N, K;
   int64_t ggml_type = -1;  // raw only
   int64_t row_bytes = 0;  // raw only
+  // SoA Q4_1 holding Q4_0 with m = -8 d exactly (engine.kernels.packing): the SIMD kernels take the
+  // offset from d and never read m, a tenth fewer bytes per weight (set by the DecodeModel, whose
+  // qtype QTYPE_Q4_0_SOA says so; m stays valid for every other reader).
+  bool m_from_d = false;
   bool raw() const { return qtype >= QTYPE_RAW; }
 };
 

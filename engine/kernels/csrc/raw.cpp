@@ -59,11 +59,6 @@ void rows_raw(const float* x, const Weights& w, int64_t row, float* y) {
 template <class T, class = void> struct factored : std::false_type {};
 template <class T> struct factored<T, std::void_t<decltype(T::M_PER_D)>> : std::true_type {};
 
-inline __m512 gather_h(const uint8_t* p, __m512i idx, __mmask16 mask) {
-  const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, idx, p, 1);
-  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-}
-
 template <class T, class = void> struct five_bit : std::false_type {};
 template <class T> struct five_bit<T, std::void_t<decltype(T::QH_OFF)>> : std::true_type {};
 
@@ -109,25 +104,19 @@ void rows_b32(const float* x, const float* sx, const float* xs, const Weights& w
   constexpr int64_t SEG = 256;
   const int64_t nb = w.K / 32;
   __m512 acc[R], macc[R];
-  alignas(64) float dbuf[R][SEG];
   const uint8_t* rp[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = macc[r] = _mm512_setzero_ps();
-    rp[r] = w.qs + (row + r) * w.row_bytes;
-  }
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(T::BYTES));
+  gguf::start_rows<R>(w.qs, w.row_bytes, row, acc, macc, rp);
+  alignas(64) float dbuf[R][SEG];
   for (int64_t s0 = 0; s0 < nb; s0 += SEG) {
     const int64_t ns = std::min<int64_t>(SEG, nb - s0);
     for (int64_t c = 0; c < ns; c += 16) {
-      const int64_t n = std::min<int64_t>(16, ns - c);
-      const __mmask16 mask = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+      const __mmask16 mask = gguf::first_n(ns - c);
       const __m512 sxv = _mm512_maskz_loadu_ps(mask, sx + s0 + c);
       for (int r = 0; r < R; ++r) {
-        const uint8_t* base = w.qs + (row + r) * w.row_bytes + (s0 + c) * T::BYTES;
-        const __m512 dv = gather_h(base + T::D_OFF, idx, mask);
+        const uint8_t* base = rp[r] + (s0 + c) * T::BYTES;
+        const __m512 dv = gguf::gather_fp16<T::BYTES>(base + T::D_OFF, mask);
         _mm512_store_ps(dbuf[r] + c, dv);
-        if constexpr (T::M_OFF >= 0) macc[r] = _mm512_fmadd_ps(gather_h(base + T::M_OFF, idx, mask), sxv, macc[r]);
+        if constexpr (T::M_OFF >= 0) macc[r] = _mm512_fmadd_ps(gguf::gather_fp16<T::BYTES>(base + T::M_OFF, mask), sxv, macc[r]);
         else if constexpr (T::M_PER_D != 0.f)
           macc[r] = _mm512_fmadd_ps(dv, _mm512_mul_ps(sxv, _mm512_set1_ps(T::M_PER_D)), macc[r]);
       }

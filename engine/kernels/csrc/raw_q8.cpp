@@ -249,11 +249,6 @@ struct B5_0 : B32 { static constexpr int BYTES = 22, M_OFF = -1, QS_OFF = 6, QH_
 struct B5_1 : B32 { static constexpr int BYTES = 24, M_OFF = 2, QS_OFF = 8, QH_OFF = 4, OFF = 0; static constexpr bool NL = false; };
 struct BNL : B32 { static constexpr int BYTES = 18, M_OFF = -1, QS_OFF = 2, QH_OFF = -1, OFF = 128; static constexpr bool NL = true; };
 
-inline __m512 gather_h16(const uint8_t* p, __m512i idx, __mmask16 mask) {
-  const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, idx, p, 1);
-  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-}
-
 // Blocks b (and b+1 when TWO) of a row as 64 unsigned bytes in the activations' plain order.
 template <class T, bool TWO>
 inline __m512i b32_quants(const uint8_t* blk) {
@@ -279,24 +274,19 @@ template <class T, int R>
 void rows_b32_q8(const Act8& a, const Weights& w, int64_t row, float* y) {
   const int64_t nb = w.K / 32;
   __m512 acc[R], macc[R];
-  alignas(64) float dbuf[R][16];
   const uint8_t* rp[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = macc[r] = _mm512_setzero_ps();
-    rp[r] = w.qs + (row + r) * w.row_bytes;
-  }
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(T::BYTES));
+  start_rows<R>(w.qs, w.row_bytes, row, acc, macc, rp);
+  alignas(64) float dbuf[R][16];
   const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   for (int64_t c = 0; c < nb; c += 16) {
     const int64_t n = std::min<int64_t>(16, nb - c);
-    const __mmask16 mask = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+    const __mmask16 mask = first_n(n);
     const __m512 dyv = _mm512_maskz_loadu_ps(mask, a.dy + c), sxv = _mm512_maskz_loadu_ps(mask, a.sx + c);
     for (int r = 0; r < R; ++r) {
       const uint8_t* base = rp[r] + c * T::BYTES;
-      const __m512 dv = gather_h16(base, idx, mask);
+      const __m512 dv = gather_fp16<T::BYTES>(base, mask);
       _mm512_store_ps(dbuf[r], _mm512_mul_ps(dv, dyv));
-      if constexpr (T::M_OFF >= 0) macc[r] = _mm512_fmadd_ps(gather_h16(base + T::M_OFF, idx, mask), sxv, macc[r]);
+      if constexpr (T::M_OFF >= 0) macc[r] = _mm512_fmadd_ps(gather_fp16<T::BYTES>(base + T::M_OFF, mask), sxv, macc[r]);
       if constexpr (T::OFF != 0) macc[r] = _mm512_fmadd_ps(dv, _mm512_mul_ps(sxv, _mm512_set1_ps(-float(T::OFF))), macc[r]);
     }
     int64_t b = 0;

@@ -9,8 +9,16 @@ inline __m512 load_h16(const c10::Half* p, int64_t n) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(n), p));
 }
 inline __m512 load_f32(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
+// The Q4_1 mins of up to 16 blocks: loaded, or -8 d (exact) where MD.
+template <bool MD>
+inline __m512 mins(__m512 dv, const c10::Half* m, int64_t n) {
+  if constexpr (MD) return _mm512_mul_ps(dv, _mm512_set1_ps(-8.f));
+  else return load_h16(m, n);
+}
 
-template <int R>
+
+// MD: m = -8 d (Q4_0 held as Q4_1): the offset from the scales, m never read.
+template <int R, bool MD = false>
 void q4_1_rows_f32_v2(const float* x, const float* sx, const uint8_t* qs, const c10::Half* d,
                       const c10::Half* m, int64_t K, int64_t row, float* y) {
   const int64_t nb = K / QK;
@@ -22,8 +30,9 @@ void q4_1_rows_f32_v2(const float* x, const float* sx, const uint8_t* qs, const 
     const int64_t n = std::min<int64_t>(16, nb - c);
     const __m512 sxv = load_f32(sx + c, n);
     for (int r = 0; r < R; ++r) {
-      _mm512_store_ps(dbuf[r], load_h16(d + (row + r) * nb + c, n));
-      macc[r] = _mm512_fmadd_ps(load_h16(m + (row + r) * nb + c, n), sxv, macc[r]);
+      const __m512 dv = load_h16(d + (row + r) * nb + c, n);
+      _mm512_store_ps(dbuf[r], dv);
+      macc[r] = _mm512_fmadd_ps(mins<MD>(dv, m + (row + r) * nb + c, n), sxv, macc[r]);
     }
     for (int64_t b = 0; b < n; ++b) {
       const __m512 x0 = _mm512_loadu_ps(x + (c + b) * QK);
@@ -79,8 +88,8 @@ inline __m256 dot_tail_q4(const uint8_t* q16, const int8_t* y32) {
                                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y32))));
 }
 
-// qyp: activations in pair order (see prepare_activation); dy, sx per block.
-template <int R>
+// qyp: activations in pair order (see prepare_activation); dy, sx per block. MD as q4_1_rows_f32_v2.
+template <int R, bool MD = false>
 void q4_1_rows_q8_v2(const int8_t* qyp, const float* dy, const float* sx, const uint8_t* qs, const c10::Half* d,
                      const c10::Half* m, int64_t K, int64_t row, float* y) {
   const int64_t nb = K / QK;
@@ -93,8 +102,9 @@ void q4_1_rows_q8_v2(const int8_t* qyp, const float* dy, const float* sx, const 
     const int64_t n = std::min<int64_t>(16, nb - c);
     const __m512 dyv = load_f32(dy + c, n), sxv = load_f32(sx + c, n);
     for (int r = 0; r < R; ++r) {
-      _mm512_store_ps(dbuf[r], _mm512_mul_ps(load_h16(d + (row + r) * nb + c, n), dyv));
-      macc[r] = _mm512_fmadd_ps(load_h16(m + (row + r) * nb + c, n), sxv, macc[r]);
+      const __m512 dv = load_h16(d + (row + r) * nb + c, n);
+      _mm512_store_ps(dbuf[r], _mm512_mul_ps(dv, dyv));
+      macc[r] = _mm512_fmadd_ps(mins<MD>(dv, m + (row + r) * nb + c, n), sxv, macc[r]);
     }
     int64_t b = 0;
     for (; b + 2 <= n; b += 2) {

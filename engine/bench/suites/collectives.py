@@ -1,0 +1,138 @@
+"""collectives: nccl-tests' sweep over torch.distributed (NCCL on CUDA, gloo on the CPU).
+
+Unlike the other suites it runs in several processes: ``measure`` starts the ranks through
+engine.distributed.launch, each rank times every (collective, size, form) itself
+(engine.distributed.collectives) and returns its samples; ``metrics`` turns them into the run's
+metrics. Per point: ``<name>`` busbw (GB/s, one sample per repetition: the size over the mean of
+the ranks' times, times nccl-tests' factor), ``<name>.time`` (µs, that mean) and
+``<name>.rank<r>.time`` (µs, each rank's own). ``opscope bench collectives --nproc N`` runs it;
+the window's Benchmarks panel does not start ranks (``plan`` says so).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from opscope.engine.distributed.collectives import COLLECTIVES, SweepConfig, busbw_gb_s, bus_factor, mean, sizes_between
+from opscope.engine.errors import ConfigError
+from opscope.engine.results import Marker, Metric
+
+NAME = "collectives"
+DESCRIPTION = "all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, send/recv: nccl-tests' busbw per size"
+RUNS_RANKS = True
+GIB = 2**30
+# Without a GPU every rank holds its buffers in host memory (up to ~3 per point, several ranks):
+# 64 MiB keeps a default CPU run well under 2 GiB; on CUDA the sweep goes to nccl-tests' usual 1 GiB.
+CPU_MAX_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class Params:
+    sizes_bytes: tuple[int, ...] = sizes_between(8, GIB)  # 8 B … 1 GiB in x4 steps (CPU: capped, see plan)
+    collectives: tuple[str, ...] = COLLECTIVES
+    reps: int = 10
+
+
+QUICK = Params(sizes_bytes=(8, 1024, 65536), reps=5)
+
+
+def plan(opts, params=None):
+    raise ConfigError("collectives runs several processes: run it from the command line, "
+                      "`opscope bench collectives --nproc N` (the window does not start ranks yet)")
+
+
+def sweep_config(params: Params, on_cuda: bool, quick: bool) -> tuple[SweepConfig, str | None]:
+    """The ranks' sweep and, where the CPU cap cut sizes, a note saying so."""
+    bad = [c for c in params.collectives if c not in COLLECTIVES]
+    if bad:
+        raise ConfigError(f"collectives {', '.join(bad)}: unknown; choose from {', '.join(COLLECTIVES)}")
+    sizes, note = params.sizes_bytes, None
+    if not on_cuda and params == Params():
+        sizes = tuple(s for s in sizes if s <= CPU_MAX_BYTES)
+        note = (f"sizes capped at {CPU_MAX_BYTES // 2**20} MiB on the CPU (host memory); "
+                f"give --param sizes_bytes=... for larger")
+    cfg = SweepConfig(sizes_bytes=sizes, collectives=params.collectives, reps=params.reps,
+                      warmup=1 if quick else 2, target_rep_s=5e-4 if quick else 2e-3, max_inner=8 if quick else 50)
+    return cfg, note
+
+
+def measure(spec, cfg: SweepConfig) -> dict[int, dict[str, Any]]:
+    """Every rank's results: {rank: engine.distributed.collectives.rank_sweep's dict}."""
+    from opscope.engine.distributed.collectives import rank_sweep
+    from opscope.engine.distributed.launch import launch
+
+    local = launch(spec, rank_sweep, cfg)
+    if 0 in local:  # this node has rank 0, which gathered every node's ranks
+        return {r["rank"]: r for r in local[0]["gathered"]}
+    return local
+
+
+def size_label(n: int) -> str:
+    """Exact binary size without a dot (metric names use '.' for a point's sub-metrics): 8B, 64KiB, 1GiB."""
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return f"{n}B"
+
+
+def point_name(collective: str, size_bytes: int, mode: str) -> str:
+    return f"{collective}_{size_label(size_bytes)}_{'ip' if mode == 'in_place' else 'oop'}"
+
+
+def _points(ranks: dict[int, dict[str, Any]]):
+    """(this point on every rank) for each point, in sweep order."""
+    order = sorted(ranks)
+    for i in range(len(ranks[order[0]]["points"])):
+        yield {r: ranks[r]["points"][i] for r in order}
+
+
+def point_metrics(per_rank: dict, n: int) -> list[Metric]:
+    """busbw, mean time and every rank's time of one point."""
+    first = per_rank[min(per_rank)]
+    coll, size, mode = first.collective, first.size_bytes, first.mode
+    name = point_name(coll, size, mode)
+    reps = min(len(p.times_s) for p in per_rank.values())
+    mean_s = [mean(p.times_s[i] for p in per_rank.values()) for i in range(reps)]
+    wrong = sum(p.wrong for p in per_rank.values())
+    # only what defines the point: compare matches rows on name, unit and params
+    params = {"collective": coll, "size_bytes": size, "mode": mode, "ranks": n, "count": first.count,
+              "dtype": "float32", "bus_factor": bus_factor(coll, n)}
+    status, error = ("ok", None) if wrong == 0 else ("failed", f"invalid: {wrong} wrong elements after {coll}")
+    out = [Metric(name, "GB/s", [busbw_gb_s(coll, n, size, t) for t in mean_s], True, params, status, error),
+           Metric(f"{name}.time", "us", [t * 1e6 for t in mean_s], False, params, status, error)]
+    for r, p in sorted(per_rank.items()):
+        out.append(Metric(f"{name}.rank{r}.time", "us", [t * 1e6 for t in p.times_s], False,
+                          params | {"rank": r}, status, error))
+    return out
+
+
+def metrics(ranks: dict[int, dict[str, Any]]) -> list[Metric]:
+    n = len(ranks)
+    return [m for per_rank in _points(ranks) for m in point_metrics(per_rank, n)]
+
+
+def point_details(ranks: dict[int, dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """{point name: calls per timed repetition, wrong elements over all ranks} (saved in the settings)."""
+    out = {}
+    for per_rank in _points(ranks):
+        first = per_rank[min(per_rank)]
+        out[point_name(first.collective, first.size_bytes, first.mode)] = {
+            "calls_per_rep": first.inner, "wrong_elements": sum(p.wrong for p in per_rank.values())}
+    return out
+
+
+def markers(ranks: dict[int, dict[str, Any]]) -> list[Marker]:
+    """Each rank's timed repetitions on rank 0's clock, as start/end markers carrying the rank."""
+    from opscope.engine.distributed.ranks import rank_spans
+
+    out = []
+    for r in sorted(ranks):
+        for s in rank_spans(ranks[r]):
+            attrs = {"rank": r, "name": s["name"], **s["args"]}
+            out += [Marker("collective", "start", s["start_ns"], attrs), Marker("collective", "end", s["end_ns"], attrs)]
+    return out
+
+
+def rank_fingerprints(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    return {str(r): {"host": ranks[r]["host"], "device": ranks[r]["device"],
+                     "clock": ranks[r]["clock"], **ranks[r]["fingerprint"]} for r in sorted(ranks)}
