@@ -77,7 +77,10 @@ class HostSource(Source):
         out: dict[str, float] = {}
         busy_sum = total_sum = 0.0
         for i, ((b0, t0), (b1, t1)) in enumerate(zip(self._last_times, now)):
-            d_busy, d_total = max(b1 - b0, 0.0), t1 - t0
+            # iowait (idle here) is not monotonic on Linux (proc(5)): busy = total - idle can grow by
+            # more than the interval, which would read above 100 %; clamp as psutil does
+            d_total = t1 - t0
+            d_busy = min(max(b1 - b0, 0.0), max(d_total, 0.0))
             out[f"host.cpu{i}_pct"] = 100.0 * d_busy / d_total if d_total > 0 else 0.0
             busy_sum, total_sum = busy_sum + d_busy, total_sum + d_total
         out["host.cpu_pct"] = 100.0 * busy_sum / total_sum if total_sum > 0 else 0.0
