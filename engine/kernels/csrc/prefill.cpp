@@ -133,25 +133,6 @@ Buffers& buffers() {
   return b;
 }
 
-#if defined(__AVX512F__)
-// exp(x) for float32 lanes: Cody-Waite range reduction and a degree-6 polynomial (about 1 ulp in
-// the range an activation sees; large negative inputs flush to 0, large positive ones to inf).
-inline __m512 exp512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
-#endif
 
 inline float act_scalar(float g, int64_t act) {
   if (act == 0) return g / (1.f + std::exp(-g));
@@ -162,17 +143,17 @@ inline float act_scalar(float g, int64_t act) {
 // h[0..n) = act(g) * u, act 0: SiLU, 1: GELU (tanh approximation).
 void glu_row(float* h, const float* u, int64_t n, int64_t act) {
   int64_t j = 0;
-#if defined(__AVX512F__)
+#if defined(OPSCOPE_AVX512_RAW)  // gguf::exp_ps, the decode step's exp, lives under this guard
   const __m512 one = _mm512_set1_ps(1.f);
   for (; j + 16 <= n; j += 16) {
     const __m512 g = _mm512_loadu_ps(h + j);
     __m512 a;
     if (act == 0) {
-      a = _mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+      a = _mm512_div_ps(g, _mm512_add_ps(one, gguf::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
     } else {  // 0.5 g (1 + tanh(y)) = g - g / (1 + exp(2y))
       const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
       const __m512 y = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, g));
-      const __m512 e = exp512(_mm512_add_ps(y, y));
+      const __m512 e = gguf::exp_ps(_mm512_add_ps(y, y));
       a = _mm512_sub_ps(g, _mm512_div_ps(g, _mm512_add_ps(one, e)));
     }
     _mm512_storeu_ps(h + j, _mm512_mul_ps(a, _mm512_loadu_ps(u + j)));
