@@ -26,6 +26,11 @@ def significant(v: float, digits: int = 4) -> str:
     return f"{v:.{max(0, decimals)}f}"
 
 
+def count_rate(v: float) -> str:
+    """A count per step or token: whole numbers as they are, others to 3 significant digits."""
+    return f"{v:,.0f}" if math.isfinite(v) and v == round(v) else significant(v, 3)
+
+
 def bytes_scale(n: float) -> tuple[float, str]:
     """(divisor, label) of the binary unit that shows ``n`` bytes as 1 ≤ value < 1024."""
     a = abs(n) if math.isfinite(n) else 0.0

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from opscope.engine.trace.aggregate import Group, TraceStats
 from opscope.engine.trace.events import D2H, FALLBACK, H2D, MIXED, SYNC, TRANSFER, TraceOptions
 from opscope.engine.trace.modstack import ROOT
+from opscope.engine.units import count_rate
 
 STORM = "storm"
 _ENGINE_LOOP = "(engine loop, outside the model)"
@@ -121,7 +122,7 @@ def _storms(stats: TraceStats, opts: TraceOptions, tokens: int, unit: str) -> tu
 
 def _storm_finding(pattern, source, steps: Counter, groups: list[Group], target, tokens, unit) -> Finding:
     where = source or "an unknown line (trace with source lines on)"
-    what = ", ".join(f"{_kind_text(g)} ×{decode_rate(g, tokens):g}/{unit}" for g in groups)
+    what = ", ".join(f"{_kind_text(g)} ×{count_rate(decode_rate(g, tokens))}/{unit}" for g in groups)
     mod = _mod_text((pattern,)) if unit == "token" or pattern else "(script, outside any module)"
     ev = _evidence(groups, tokens, unit)
     ev.update(max_per_step=max(steps.values()), steps_with_storm=len(steps))
@@ -194,7 +195,7 @@ def _lines(groups: list[Group], tokens: int, unit: str = "token") -> list[str]:
             ops.update(g.ops)
         names = ", ".join(op.split(".")[1] for op, _ in ops.most_common(5))
         rate = sum(decode_rate(g, tokens) for g in gs)
-        out.append(f"{source or '?'}: {kind} {direction}".rstrip() + f" ({names}) {rate:g}/{unit}, {sum(g.count for g in gs)} in all")
+        out.append(f"{source or '?'}: {kind} {direction}".rstrip() + f" ({names}) {count_rate(rate)}/{unit}, {sum(g.count for g in gs)} in all")
     return out
 
 
@@ -205,7 +206,7 @@ def _fallback_text(groups, patterns, target, ev) -> tuple[str, str]:
     title = f"{_mod_text(patterns)}: compute runs on {devices} instead of {target} at {where} ({_ops_short(compute)})"
     moves = ev["transfers_per_token"]
     if moves:
-        title += (", with " + " + ".join(f"{n:g} {d}" for d, n in moves.items())
+        title += (", with " + " + ".join(f"{count_rate(n)} {d}" for d, n in moves.items())
                   + f" copies per token ({_kib(ev['bytes_per_token'])})")
     d2h = next((g for g in groups if g.kind == TRANSFER and g.direction == D2H), None)
     if d2h is not None and patterns == ("",):
@@ -222,7 +223,7 @@ def _fallback_text(groups, patterns, target, ev) -> tuple[str, str]:
 
 def _transfer_text(groups, patterns, target, ev) -> tuple[str, str]:
     first = groups[0]
-    per_dir = ", ".join(f"{n:g} {d}" for d, n in ev["transfers_per_token"].items()) or f"{ev['count']} copies"
+    per_dir = ", ".join(f"{count_rate(n)} {d}" for d, n in ev["transfers_per_token"].items()) or f"{ev['count']} copies"
     title = f"{_mod_text(patterns)} copies across devices at {first.source or '?'}: {per_dir} per token"
     if first.direction == H2D:
         fix = f"create that tensor on {target} once (register_buffer or device=...) instead of copying it every step"
@@ -234,7 +235,7 @@ def _transfer_text(groups, patterns, target, ev) -> tuple[str, str]:
 def _sync_text(groups, patterns, target, ev) -> tuple[str, str]:
     first = groups[0]
     title = (f"{_mod_text(patterns)} makes the host wait for {target} at {first.source or '?'}: "
-             f"{ev['count_per_token']:g} syncs per token ({_ops_short(groups)})")
+             f"{count_rate(ev['count_per_token'])} syncs per token ({_ops_short(groups)})")
     fix = ("keep the value on the device (torch.where / masks instead of Python branching on .item(), "
            "fixed-size outputs instead of nonzero/boolean indexing) or read it once per step")
     return title, fix

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from opscope.engine.trace.report import GroupRow, PlacementReport
-from opscope.engine.units import format_bytes
+from opscope.engine.units import count_rate, format_bytes
 
 MAX_ROWS = 12
 
@@ -43,9 +43,9 @@ def _io(r: PlacementReport) -> list[str]:
         lines.append("  transfers: none")
     for t in r.transfers:
         mem = f", host side pinned {t.pinned} / pageable {t.pageable}" if t.pinned or t.pageable else ""
-        lines.append(f"  {t.direction}: {t.per_token_count:g} per {u} ({fmt_bytes(t.per_token_bytes)}/{u}); "
+        lines.append(f"  {t.direction}: {count_rate(t.per_token_count)} per {u} ({fmt_bytes(t.per_token_bytes)}/{u}); "
                      f"{t.count:,} in all ({fmt_bytes(t.bytes)}){mem}")
-    lines.append(f"  syncs (host waits for a value): {r.syncs_per_token:g} per {u}; {r.syncs:,} in all")
+    lines.append(f"  syncs (host waits for a value): {count_rate(r.syncs_per_token)} per {u}; {r.syncs:,} in all")
     lines += [f"  needed, accepted: {e}" for e in r.expected]
     return lines
 
@@ -65,7 +65,7 @@ def _findings(r: PlacementReport) -> list[str]:
             lines += [f"      {line}" for line in ev.get("lines", [])[:6]]
             lines.append(f"    fix: {f.fix}")
             continue
-        lines.append(f"    evidence: {ev['count']:,} ops ({ev['count_per_token']:g}/token), "
+        lines.append(f"    evidence: {ev['count']:,} ops ({count_rate(ev['count_per_token'])}/{r.unit}), "
                      f"{ev['host_ms']:.2f} ms host time, {fmt_bytes(ev['bytes'])} moved, "
                      f"{ev['modules']} module(s) e.g. {', '.join(m or '(outside)' for m in ev['module_examples'][:3])}")
         lines += [f"      {line}" for line in ev["lines"][:6]]
@@ -81,7 +81,7 @@ def _groups(title: str, rows: list[GroupRow]) -> list[str]:
         kind = f"{row.kind} {row.direction}".strip()
         ops = ", ".join(op.split(".")[1] for op in list(row.ops)[:3])
         lines.append(f"  {kind:<13} {_tail(row.module or '(outside)', 28):<28} {_tail(row.source or '?', 36):<36} "
-                     f"{row.count:>7,} {row.per_token:>7g} {row.host_ms:>8.2f}  {ops}")
+                     f"{row.count:>7,} {count_rate(row.per_token):>7} {row.host_ms:>8.2f}  {ops}")
     if len(rows) > MAX_ROWS:
         lines.append(f"  ... and {len(rows) - MAX_ROWS} more (see --json)")
     return lines

@@ -13,6 +13,7 @@ from opscope.engine.errors import ConfigError
 from opscope.engine.results import Metric, RunResult
 from opscope.engine.trace.aggregate import module_pattern
 from opscope.engine.trace.events import DIRECTIONS, ON_TARGET
+from opscope.engine.units import count_rate
 
 RUN_KIND = "trace"
 SUMMARY_VERSION = 1
@@ -144,7 +145,7 @@ def render_diff(d: dict, name_a: str, name_b: str) -> str:
     def row(label, pair, fmt="{:.3g}"):
         x, y = pair
         ratio = f"{y / x:.2f}×" if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x else ""
-        show = (lambda v: "—" if v is None else fmt.format(v))
+        show = (lambda v: "—" if v is None else fmt(v) if callable(fmt) else fmt.format(v))
         lines.append(f"  {label:<28} {show(x):>12} {show(y):>12} {ratio:>8}")
 
     row("median step (ms)", d["median_step_ms"])
@@ -155,8 +156,8 @@ def render_diff(d: dict, name_a: str, name_b: str) -> str:
     row("ops off target", d["ops_off_target"], "{:,}")
     for direction, pair in d["transfers_per_step"].items():
         if any(pair):
-            row(f"{direction} transfers per step", pair, "{:g}")
-    row("syncs per step", d["syncs_per_step"], "{:g}")
+            row(f"{direction} transfers per step", pair, count_rate)
+    row("syncs per step", d["syncs_per_step"], count_rate)
     if any(v is not None for v in d.get("last_loss", ())):
         row("loss at the last step", d["last_loss"], "{:.4g}")
     for label, found in (("Findings only in A (fixed in B)", d["only_in_a"]),
