@@ -39,6 +39,37 @@ def test_host_reports_cpu_ram_and_this_process():
     assert v["proc.cpu_pct"] > 10.0  # we just burned 0.2 s of CPU: not idle, whatever the load
 
 
+class _ReplayedCpuTimes:
+    """psutil's per-core cpu_times replayed from a list: the kernel's counter anomalies on demand."""
+
+    def __init__(self, rows):
+        self.rows = list(rows)
+
+    def cpu_times(self, percpu):
+        fields = psutil.cpu_times(percpu=True)[0]._fields  # the real record type of this kernel
+        return [type(psutil.cpu_times(percpu=True)[0])(**dict(zip(fields, self._row(fields, r))))
+                for r in self.rows.pop(0)]
+
+    @staticmethod
+    def _row(fields, r):
+        return [r.get(f, 0.0) for f in fields]
+
+
+def test_host_cpu_never_above_100_when_iowait_runs_backwards_nor_0_between_ticks():
+    src = HostSource()
+    src._psutil = _ReplayedCpuTimes([
+        [{"user": 10.0, "idle": 10.0, "iowait": 5.0}],
+        [{"user": 10.5, "idle": 10.0, "iowait": 4.9}],  # iowait fell 0.1 s while user ran 0.5 s
+        [{"user": 10.5, "idle": 10.0, "iowait": 4.9}],  # sampled again inside the same tick
+        [{"user": 10.6, "idle": 10.3, "iowait": 4.9}],
+    ])
+    src._last_times = src._core_times()
+    first = src._cpu()
+    assert first["host.cpu0_pct"] == 100.0 and first["host.cpu_pct"] == 100.0
+    assert src._cpu() == first  # no tick passed: the last reading stands, not a false 0 %
+    assert src._cpu()["host.cpu0_pct"] == pytest.approx(25.0)
+
+
 def test_host_watches_another_pid_and_survives_its_exit(caplog):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

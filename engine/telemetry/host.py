@@ -30,7 +30,8 @@ class HostSource(Source):
         self.pid = pid or os.getpid()
         self._psutil: Any = None
         self._proc: Any = None
-        self._last_times: list[tuple[float, float]] = []  # per core: (busy_s, total_s)
+        self._last_times: list[tuple[float, float]] = []  # per core: (busy_s, idle_s)
+        self._last_cpu: dict[str, float] = {}
         self._max_cpu_pct = 100.0
 
     def _open(self) -> None:
@@ -69,22 +70,26 @@ class HostSource(Source):
             # and iowait counts as idle.
             total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
             idle = t.idle + getattr(t, "iowait", 0.0)
-            cores.append((total - idle, total))
+            cores.append((total - idle, idle))
         return cores
 
     def _cpu(self) -> dict[str, float]:
         now = self._core_times()
         out: dict[str, float] = {}
         busy_sum = total_sum = 0.0
-        for i, ((b0, t0), (b1, t1)) in enumerate(zip(self._last_times, now)):
-            # iowait (idle here) is not monotonic on Linux (proc(5)): busy = total - idle can grow by
-            # more than the interval, which would read above 100 %; clamp as psutil does
-            d_total = t1 - t0
-            d_busy = min(max(b1 - b0, 0.0), max(d_total, 0.0))
+        for i, ((b0, i0), (b1, i1)) in enumerate(zip(self._last_times, now)):
+            # iowait (idle here) is not monotonic on Linux (proc(5)): a drop would shrink the
+            # interval and read above 100 %, so idle time never counts backwards.
+            d_busy, d_idle = max(b1 - b0, 0.0), max(i1 - i0, 0.0)
+            d_total = d_busy + d_idle
             out[f"host.cpu{i}_pct"] = 100.0 * d_busy / d_total if d_total > 0 else 0.0
             busy_sum, total_sum = busy_sum + d_busy, total_sum + d_total
+        if total_sum <= 0 and self._last_cpu:
+            # Two samples inside one clock tick (a starved sampler catching up): no new
+            # information, so the last reading stands rather than a false 0 %.
+            return dict(self._last_cpu)
         out["host.cpu_pct"] = 100.0 * busy_sum / total_sum if total_sum > 0 else 0.0
-        self._last_times = now
+        self._last_times, self._last_cpu = now, dict(out)
         return out
 
     def _process(self) -> dict[str, float]:
