@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     argv, screenshot = split_screenshot(sys.argv[1:] if argv is None else list(argv))
     try:
-        code = engine_main(argv, gui=partial(_gui, screenshot=screenshot))
+        code = engine_main(argv, gui=partial(_gui, screenshot=screenshot), whole_process=whole_process)
     except KeyboardInterrupt as e:  # in the few steps before engine.cli's own handling, or after it
         from opscope.engine.cli_args import Terminated
 
@@ -40,23 +40,27 @@ def exit_on_signals() -> dict:
     engine.cli's main takes over (it turns the signals into exceptions for its clean-up), there is
     nothing to clean up, so Ctrl-C or SIGTERM print their one line and exit 130/143 at once,
     without a traceback, whatever import is running. A signal the parent set to be ignored (a
-    background job) stays ignored. Returns the handlers it replaced."""
-    import signal
+    background job) stays ignored. Returns the handlers it replaced.
+
+    It uses _signal, the C module the interpreter has already loaded, not `signal`, whose import
+    (three enum conversions) would be one more step where a Ctrl-C meets Python's own handler
+    (a KeyboardInterrupt traceback, then death by SIGINT)."""
+    import _signal
 
     replaced = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        handler = signal.getsignal(sig)
-        if handler is not signal.SIG_IGN:
-            replaced[sig] = signal.SIG_DFL if handler is None else handler
-            signal.signal(sig, _exit_at_once)
+    for sig in (_signal.SIGINT, _signal.SIGTERM):
+        handler = _signal.getsignal(sig)
+        if handler != _signal.SIG_IGN:
+            replaced[sig] = _signal.SIG_DFL if handler is None else handler
+            _signal.signal(sig, _exit_at_once)
     return replaced
 
 
 def _exit_at_once(signum: int, _frame) -> None:
+    import _signal
     import os
-    import signal
 
-    os.write(2, b"opscope: interrupted\n" if signum == signal.SIGINT else b"opscope: terminated\n")
+    os.write(2, b"opscope: interrupted\n" if signum == _signal.SIGINT else b"opscope: terminated\n")
     os._exit(128 + signum)
 
 

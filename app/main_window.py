@@ -146,6 +146,8 @@ class MainWindow(QMainWindow):
         self.toolbar.show_model(spec, loaded=False)
         self.statusBar().showMessage(f"Loading {_short_name(spec)}…")
         job.failed.connect(lambda *_a: self.statusBar().showMessage(f"Could not load {_short_name(spec)}", 15000))
+        job.progress.connect(lambda msg: self.statusBar().showMessage(  # a first start compiles for minutes
+            f"Loading {_short_name(spec)}: {msg.get('stage', 'working')} ({msg.get('elapsed_s', 0)} s)…"))
         return job
 
     def _on_model_loaded(self, info: dict) -> None:
@@ -205,8 +207,12 @@ class MainWindow(QMainWindow):
             now = reply["model"]
             kept = (f"{os.path.basename(now.get('path', ''))} is still loaded." if now else
                     "No model is loaded: pick one in the toolbar (Model) or with File → Open model.")
-        else:
-            kept = "The engine restarts with the last model that loaded on the next request."
+        else:  # the worker died while loading: the box names what comes back with it, or nothing
+            kept = ("The engine restarts with the last model that loaded on the next request."
+                    if self.client.model_spec is not None else "No model is loaded: pick one in the toolbar.")
+            self.toolbar.show_model(self.client.model_spec, loaded=True)
+            if self.client.model_spec is None:
+                self.statusBar().on_model_changed(None)
         reason = message.rstrip(". ")
         self.notifier.error(f"Could not load {_model_name(spec)} on {spec.device}/{spec.dtype} — "
                             f"{error_type}: {reason}. {kept}", details, modal=True,

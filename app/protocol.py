@@ -84,6 +84,7 @@ class BenchRequest:
     tags: list = field(default_factory=list)
     db_url: str | None = None
     quick: bool = False
+    ab: str | None = None  # A/B: side B's flags as `opscope bench --ab` takes them ("" for A/A)
     type: str = "bench"
 
 

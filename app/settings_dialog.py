@@ -135,8 +135,8 @@ def _select(combo: QComboBox, text: str) -> None:
 def _field_widget(spec: dict) -> QWidget:
     if spec["type"] == "bool":
         return QCheckBox()
-    if spec["type"] == "int":
-        return QSpinBox(minimum=1, maximum=1 << 16)
+    if spec["type"] == "int":  # "gemm_min_rows": rows are tokens (prompt positions in one pass)
+        return QSpinBox(minimum=1, maximum=1 << 16, suffix=" tokens" if spec["name"].endswith("_rows") else "")
     return _combo(spec["choices"])
 
 

@@ -130,6 +130,8 @@ def run_bench(loaded, spec: LoadRequest | None, req: BenchRequest, send, cancel:
     opts = BenchOptions(device=spec.device, dtype=spec.dtype, quick=req.quick, model=spec.model,
                         backend=spec.backend, threads=spec.threads, attention=spec.attention)
     params = build_params(module, req.params, req.quick)
+    if req.ab is not None:
+        return run_bench_ab(opts, params, req, send, cancel)
     # The loaded model is reused when the suite drives one: no second copy in memory.
     model = loaded if getattr(module, "NEEDS_MODEL", False) and hasattr(loaded, "model") else None
     sampler, recorder = _telemetry()
@@ -144,6 +146,50 @@ def run_bench(loaded, spec: LoadRequest | None, req: BenchRequest, send, cancel:
             sampler.stop()
     return {"run_id": run_id, "name": name, "status": result.status, "error": result.error,
             "metrics": len(result.metrics)}
+
+
+class _ABSink(_ProgressSink):
+    """Both runs of an A/B pair: every point message says its side ("a" or "b")."""
+
+    def __init__(self, store, send) -> None:
+        super().__init__(store, send)
+        self.sides: dict[int, str] = {}
+
+    def begin_run(self, result):
+        run_id = self.store.begin_run(result)
+        self.sides[run_id] = "ab"[len(self.sides)]
+        self.send("progress", run_id=run_id, name=result.name, done=0, total=None, eta_s=None)
+        return run_id
+
+    def add_metric(self, run_id, metric) -> None:
+        self.store.add_metric(run_id, metric)
+        self.send("progress", point={"name": metric.name, "unit": metric.unit, "samples": list(metric.samples),
+                                     "params": dict(metric.params), "status": metric.status,
+                                     "error": metric.error, "higher_is_better": metric.higher_is_better,
+                                     "ab": self.sides.get(run_id)})
+
+
+def run_bench_ab(opts, params, req: BenchRequest, send, cancel: threading.Event) -> dict:
+    """`opscope bench SUITE --ab FLAGS` for the GUI: both sides interleaved (engine.bench.ab), two
+    runs saved, and B against A as `opscope runs compare` prints it."""
+    from opscope.engine.bench.ab import Side, pair_names, run_ab
+    from opscope.engine.bench.commands import ab_side
+    from opscope.engine.bench.params import override_cli_params
+    from opscope.engine.store import RunStore
+    from opscope.engine.store.compare import compare
+    from opscope.engine.store.render import render
+
+    b_opts, b_pairs = ab_side(opts, req.suite, req.ab or "")
+    names = pair_names(req.name, req.suite)
+    sides = (Side(opts, params, names[0]), Side(b_opts, override_cli_params(params, b_pairs), names[1], req.ab or ""))
+    with RunStore.open(req.db_url) as store:
+        runs = run_ab(req.suite, sides, _ABSink(store, send), tags=req.tags, cancel=cancel,
+                      progress=_throttled_progress(send))
+        comparison = render(compare([store.load(run_id) for run_id, _ in runs]), "text")
+    (a_id, a), (b_id, b) = runs
+    status = "completed" if a.status == b.status == "completed" else "failed"
+    return {"run_id": b_id, "run_ids": [a_id, b_id], "name": f"{a.name} / {b.name}", "status": status,
+            "error": a.error or b.error, "metrics": len(a.metrics) + len(b.metrics), "comparison": comparison}
 
 
 def _telemetry():

@@ -5,6 +5,7 @@ honours the cancel flag; the return value is the payload of the terminal ``resul
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -59,7 +60,8 @@ class EngineState:
         gc.collect()
         t0 = time.perf_counter()
         try:
-            loaded = _load_model(req)
+            with kernel_build_heartbeat(self.send):
+                loaded = _load_model(req)
         except BaseException:
             if previous is not None:
                 self._restore(previous)
@@ -215,6 +217,45 @@ def generation_config(values: dict):
     if "stop" in values:
         values["stop"] = tuple(values["stop"] or ())
     return GenerationConfig(**values)
+
+
+KERNEL_HEARTBEAT_S = 10.0
+KERNEL_BUILD_LIMIT_S = 3600.0
+
+
+@contextlib.contextmanager
+def kernel_build_heartbeat(send: Send, every_s: float = KERNEL_HEARTBEAT_S):
+    """While a load waits for the CPU kernels to compile (the first start after an install or an
+    update: minutes on a busy machine), say so every ``every_s``: the GUI's no-sign-of-life
+    watchdog (300 s for a load) must not kill a worker that is compiling, not hung, and lose the
+    build. Only while the compiled library is missing, and for at most KERNEL_BUILD_LIMIT_S."""
+    try:
+        from opscope.engine.kernels.build import build_key, cache_root
+
+        name = f"opscope_qlinear_{build_key()}"
+        folder = cache_root() / name
+    except Exception:  # noqa: BLE001 (no kernels to wait for: the load itself says what is wrong)
+        log.debug("no kernel build to watch", exc_info=True)
+        yield
+        return
+
+    def missing() -> bool:
+        return not any(folder.glob(f"{name}*.so"))
+
+    if not missing():
+        yield
+        return
+    done, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every_s) and missing() and time.monotonic() - start < KERNEL_BUILD_LIMIT_S:
+            send("progress", stage="building the CPU kernels", elapsed_s=round(time.monotonic() - start))
+
+    threading.Thread(target=beat, daemon=True, name="opscope-kernel-heartbeat").start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _load_model(req: LoadRequest):

@@ -1,12 +1,14 @@
 """Independent agreement: OpScope's figures against independent measurers on the same work.
 
     .venv/bin/python benchmarks/agreement.py [--sizes 256,512,1024] [--rounds 5] [--threads 1]
-        [--pp 512 --tg 128 --reps 5] [--llama-bench PATH] [--model FILE] [--json OUT]
+        [--pp 512 --tg 128 --reps 5 --llama-rounds 5] [--llama-bench PATH] [--model FILE] [--json OUT]
 
 Prints one table: OpScope's matmul GFLOP/s next to torch.utils.benchmark.Timer.blocked_autorange's
 (same process, interleaved rounds, medians), and the peers suite's llama.cpp pp/tg tok/s next to
-llama-bench's own avg_ts on the same file in the same run (engine/bench/agreement.py says how), with
-the load average, since agreement within 5 % is only expected on a quiet machine. The p-value
+llama-bench's own samples (and its avg_ts) on the same file in the same run, alternated round by
+round and compared as medians over rounds (engine/bench/agreement.py says how, and what had made
+them differ), with the load average, since agreement within 5 % is only expected on a quiet
+machine; each llama.cpp round takes ~2.5 min at pp512/tg128 on 1 thread. The p-value
 agreement with scipy.stats.mannwhitneyu is a test (tests/test_stats.py), not a timing.
 """
 from __future__ import annotations
@@ -33,7 +35,8 @@ def main() -> int:
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--llama-rounds", type=int, default=2)
+    ap.add_argument("--llama-rounds", type=int, default=5,
+                    help="interleaved rounds (suite, reference); each side: the median over rounds")
     ap.add_argument("--llama-bench", default=str(DEFAULT_LLAMA_BENCH))
     ap.add_argument("--model", default=None)
     ap.add_argument("--skip-llama", action="store_true")

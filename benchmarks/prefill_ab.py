@@ -5,10 +5,11 @@ llama.cpp's llama-bench, interleaved, on files of each GGUF type.
 
 Per type and round (the order rotates every round): ``llama-bench -p PP -n 0 -t T -r 3``, then
 OpScope in a fresh process per variant (``new``: the default fast path; ``old``: qlinear's older
-dequantize-whole-tile + at::linear path and the unfused MLP), each timing ``model(toks, 0,
+dequantize-whole-tile + at::linear path, the unfused MLP, torch's RMSNorm, RoPE and SDPA), each timing ``model(toks, 0,
 last_only=True)`` over PP tokens, best of 3 after a warm-up. Prints per type the median tok/s of
 each and the median of the per-round ratios, with ``uptime`` load before and after (the machine is
-shared: ratios within a round are the figure to trust, absolute tok/s are not). Files come from
+shared: ratios within a round are the figure to trust, absolute tok/s are not). ``--in-process``:
+the fused RMSNorm/attention kernels on and off in one process, CPU time per pass. Files come from
 benchmarks/gguf_types.py's cache (made there with llama-quantize when missing).
 """
 from __future__ import annotations
@@ -37,8 +38,11 @@ def child(path: str, variant: str, pp: int, threads: int, reps: int) -> int:
     lm = load(path, threads=threads)
     model = lm.model
     if variant == "old":
+        from opscope.engine.fastpath.qlinear import install_prefill_kernels
+
         torch.ops.opscope.prefill_config(-1, -1, 0)
         _unfuse_mlps(model)
+        install_prefill_kernels(model, False)
     model.setup_cache(1, pp)
     toks = torch.randint(0, lm.config.vocab_size, (1, pp), generator=torch.Generator().manual_seed(2))
     times = []
@@ -49,6 +53,41 @@ def child(path: str, variant: str, pp: int, threads: int, reps: int) -> int:
             model(toks, 0, last_only=True)
             times.append(time.perf_counter() - t0)
     print(json.dumps({"tok_s": pp / min(times), "all": [pp / t for t in times]}))
+    return 0
+
+
+def in_process(path: str, pp: int, threads: int, rounds: int) -> int:
+    """One model, the fused prefill kernels (one-pass RMSNorm, opscope::prefill_attn) switched on and
+    off between passes: per variant the median over rounds of wall and process CPU time (CPU time
+    counts both threads: less sensitive to other processes on a shared machine than wall time)."""
+    import torch
+
+    from opscope.engine.api import load
+    from opscope.engine.fastpath.qlinear import install_prefill_kernels
+
+    torch.set_num_threads(threads)
+    lm = load(path, threads=threads)
+    model = lm.model
+    model.setup_cache(1, pp)
+    toks = torch.randint(0, lm.config.vocab_size, (1, pp), generator=torch.Generator().manual_seed(2))
+    wall: dict[str, list[float]] = {"fused": [], "torch": []}
+    cpu: dict[str, list[float]] = {"fused": [], "torch": []}
+    with torch.inference_mode():
+        for r in range(rounds + 1):
+            for variant in (("fused", "torch") if r % 2 else ("torch", "fused")):
+                install_prefill_kernels(model, variant == "fused")
+                t0, c0 = time.perf_counter(), time.process_time()
+                model(toks, 0, last_only=True)
+                if r:  # round 0 warms both up
+                    wall[variant].append(time.perf_counter() - t0)
+                    cpu[variant].append(time.process_time() - c0)
+    for v in wall:
+        w, c = statistics.median(wall[v]), statistics.median(cpu[v])
+        print(f"{Path(path).name} {v:6s}: wall {pp / w:6.1f} tok/s [{pp / max(wall[v]):.0f}-{pp / min(wall[v]):.0f}], "
+              f"CPU {c * 1e3:7.1f} ms per pass")
+    ratio = [a / b for a, b in zip(cpu["torch"], cpu["fused"])]
+    print(f"  CPU time torch/fused per round: median {statistics.median(ratio):.3f} [{min(ratio):.3f}-{max(ratio):.3f}]"
+          f"; load {os.getloadavg()}")
     return 0
 
 
@@ -97,6 +136,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--variants", default="new,old")
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--in-process", action="store_true",
+                    help="one process per type: fused prefill kernels on/off between passes (CPU time A/B)")
     ap.add_argument("--child")
     ap.add_argument("--variant", default="new")
     args = ap.parse_args(argv)
@@ -106,6 +147,11 @@ def main(argv=None) -> int:
     from benchmarks.gguf_types import CACHE, quantize
     from opscope.engine.defaults import default_model_path
 
+    if args.in_process:
+        for kind in [t.strip().upper() for t in args.types.split(",") if t.strip()]:
+            in_process(str(quantize(default_model_path(), kind, CACHE, args.threads)), args.pp, args.threads,
+                       args.rounds)
+        return 0
     who = [v.strip() for v in args.variants.split(",") if v.strip()] + ([] if args.no_llama else ["llama"])
     print(f"load before: {os.getloadavg()}")
     for kind in [t.strip().upper() for t in args.types.split(",") if t.strip()]:

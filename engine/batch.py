@@ -4,7 +4,10 @@ Rows are left-padded to the longest prompt; ``pad`` tells the model how many lea
 each row to mask and where its positions start, so every row sees exactly what it would alone.
 Yields the same event types as single generation, Token.seq naming the row. Each row stops on its
 own EOS or stop string (engine.decode_book); the batch ends when every row has, at ``max_tokens`` or
-on ``cancel``. Finished carries row 0's text and finish reason.
+on ``cancel``. Finished carries row 0's text and finish reason, and J/token where a counter is
+readable (engine.energy): prefill joules over the rows' prompt tokens (padding is work, not tokens
+anyone asked for), decode joules over the tokens the rows decoded after their first (each row's
+first comes from the prefill's logits).
 """
 from __future__ import annotations
 
@@ -13,10 +16,10 @@ from typing import Iterator
 
 import torch
 
-from opscope.engine import markers
+from opscope.engine import energy, markers
 from opscope.engine.clock import now_ns
 from opscope.engine.decode_book import DecodeBook, decode_events
-from opscope.engine.events import PrefillFinished, PrefillStarted
+from opscope.engine.events import Finished, PrefillFinished, PrefillStarted, Token
 from opscope.engine.generate import ensure_cache
 from opscope.engine.generation_config import GenerationConfig
 from opscope.engine.sampling import sample
@@ -34,6 +37,8 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: GenerationCo
     with torch.inference_mode():
         ids = torch.tensor(rows, dtype=torch.long, device=device)  # [B,L]
         pad = torch.tensor([L - len(p) for p in prompts], device=device)  # [B]
+        meter = energy.meter_for(device)
+        prefill_energy = meter.span()
         t0 = now_ns()
         yield PrefillStarted(B * L, t0, request_ns)
         with markers.phase(markers.PREFILL, tokens=B * L, batch=B):
@@ -41,6 +46,7 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: GenerationCo
             nxt = sample(logits[:, -1], cfg.sampling, None, gen)  # [B]
             out = nxt.tolist()  # sync
         t_prefill = now_ns()
+        prefill_j, decode_energy = prefill_energy.joules(), meter.span()
         yield PrefillFinished(B * L, t_prefill)
         book = DecodeBook(tokenizer, cfg, B * L, (request_ns, t0, t_prefill), cancel, rows=B, batch=B)
 
@@ -50,4 +56,12 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: GenerationCo
             nxt = sample(logits[:, -1], cfg.sampling, None, gen)
             return nxt.tolist()  # the step's one sync
 
-        yield from decode_events(book, out, advance)
+        per_row = [0] * B  # tokens each row produced
+        for event in decode_events(book, out, advance):
+            if isinstance(event, Token):
+                per_row[event.seq] += 1
+            elif isinstance(event, Finished):
+                decoded = sum(max(0, n - 1) for n in per_row)
+                event = energy.with_energy_over(event, meter, prefill_j, sum(len(p) for p in prompts),
+                                                decode_energy.joules(), decoded)
+            yield event

@@ -10,14 +10,15 @@ never imports Qt). ``--debug`` and ``--db`` are accepted before or after the sub
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import logging
 import signal
 import sys
 from typing import Callable
 
+from opscope.engine import cli_output, cli_signals
 from opscope.engine.cli_args import CliParser, Terminated, stderr_line, suppressed_copy
+from opscope.engine.cli_output import DISK_FULL, StdoutError
 from opscope.engine.errors import Cancelled, EngineError
 
 # Each module has register(subparsers); a module of an area not yet built is skipped.
@@ -41,21 +42,13 @@ COMMAND_HOMES = {
     "plugins": "opscope.engine.backends.commands", "fastpath": "opscope.engine.fastpath.commands",
 }
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, past a file-size limit
-
-
-def _on_signal(signum: int, _frame) -> None:
-    if signum == signal.SIGTERM:
-        raise Terminated()
-    raise KeyboardInterrupt()
 
 
 def install_signal_handlers() -> dict:
-    """From the first line of main: Ctrl-C and SIGTERM become exceptions main turns into one line.
-    Returns the handlers they replace (main puts them back: tests call it in-process). A signal the
-    parent set to be ignored (a background job of a script: `opscope bench … &`) stays ignored."""
-    return {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
-            if signal.getsignal(sig) is not signal.SIG_IGN}
+    """From the first line of main: Ctrl-C and SIGTERM become exceptions main turns into one line
+    (engine.cli_signals). Returns the handlers they replace (main puts them back: tests call it
+    in-process)."""
+    return cli_signals.install()
 
 
 def add_global_flags(p: argparse.ArgumentParser) -> None:
@@ -89,10 +82,20 @@ def _modules_for(argv: list[str] | None, gui: Callable | None) -> tuple[str, ...
     return (home,) if home in COMMAND_MODULES else COMMAND_MODULES
 
 
+class _Parser(CliParser):
+    """argparse drops a failed write of its help (``opscope --help > /dev/full`` exited 0): let it
+    fail. Sub-command parsers are of the same class."""
+
+    def _print_message(self, message: str, file=None) -> None:
+        file = file or sys.stderr
+        if message and file is not None:
+            file.write(message)
+
+
 def build_parser(gui: Callable | None = None, argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The `opscope` parser; given ``argv``, only the module of its command is imported (all without)."""
-    p = CliParser(prog="opscope", description="Performance workbench for local transformer models.",
-                  global_flags=suppressed_copy(add_global_flags))
+    p = _Parser(prog="opscope", description="Performance workbench for local transformer models.",
+                global_flags=suppressed_copy(add_global_flags))
     add_global_flags(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     if gui is not None:
@@ -116,27 +119,37 @@ def build_parser(gui: Callable | None = None, argv: list[str] | None = None) -> 
     return p
 
 
-def main(argv: list[str] | None = None, gui: Callable | None = None) -> int:
+def main(argv: list[str] | None = None, gui: Callable | None = None, whole_process: bool | None = None) -> int:
+    """``whole_process`` (default: argv is None, the process's own command line): the process ends
+    when this returns, so standard output is guarded (engine.cli_output); tests that call main
+    in-process with their own argv keep their captured stdout."""
     previous = install_signal_handlers()
     try:
-        return _main(argv, gui)
+        return _main(argv, gui, argv is None if whole_process is None else whole_process)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        cli_signals.restore(previous)
 
 
-def _main(argv: list[str] | None, gui: Callable | None) -> int:
+def _main(argv: list[str] | None, gui: Callable | None, whole_process: bool) -> int:
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)  # known before parsing: Ctrl-C may come then
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
+        if whole_process:  # the window (no engine command) may be a windowed launch, without stdout
+            cli_output.guard(closed_is_error=_modules_for(argv, gui) != ())
         parser = build_parser(gui, argv)
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:
+            if e.code in (0, None):  # --help: what it printed must have reached stdout
+                cli_output.flush()
+            raise
         logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
         func = getattr(args, "func", None)
         if func is None:
             if gui is None:
                 parser.print_help()
+                cli_output.flush()
                 return 0
             args.model = None
             func = gui
@@ -145,12 +158,13 @@ def _main(argv: list[str] | None, gui: Callable | None) -> int:
         return _run(func, args)
     except KeyboardInterrupt as e:
         return _interrupted(e, None, debug)
+    except StdoutError as e:
+        return cli_output.failed(e)
 
 
 def _interrupted(e: BaseException, cancelled: Cancelled | None, debug: bool) -> int:
     """One line for Ctrl-C or SIGTERM (a second one while this prints changes nothing)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    cli_signals.ignore_further()
     terminated = isinstance(e, Terminated) or isinstance(getattr(cancelled, "__cause__", None), Terminated)
     detail = f" ({cancelled})" if cancelled is not None else ""
     if debug:
@@ -164,11 +178,16 @@ def _interrupted(e: BaseException, cancelled: Cancelled | None, debug: bool) -> 
 def _run(func: Callable, args) -> int:
     try:
         code = int(func(args) or 0)
-        if sys.stdout is not None:  # None in a windowed launch
-            sys.stdout.flush()  # a full disk under a redirected stdout fails here, as one line, not at exit
+        cli_output.flush()  # a full disk under a redirected stdout fails here, as one line, not at exit
         return code
     except KeyboardInterrupt as e:
         return _interrupted(e, None, args.debug)
+    except StdoutError as e:  # before OSError: the command's output, not a file it writes
+        if args.debug:
+            import traceback
+
+            traceback.print_exception(e)
+        return cli_output.failed(e)
     except Cancelled as e:  # a long job stopped by Ctrl-C/SIGTERM: what it kept is in the message
         return _interrupted(e.__cause__ or e, e, args.debug)
     except EngineError as e:

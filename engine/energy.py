@@ -233,12 +233,20 @@ def source_of(meter: Meter) -> str:
 def with_energy(done: Any, meter: Meter, prefill_j: float | None, decode_j: float | None) -> Any:
     """A Finished event (engine.events) with J/token of prefill (over the tokens prefilled) and of
     decode (over the tokens after the first: the first comes from the prefill's logits)."""
+    st = done.stats
+    return with_energy_over(done, meter, prefill_j, st.prompt_tokens - st.cached_tokens,
+                            decode_j, st.generated_tokens - 1)
+
+
+def with_energy_over(done: Any, meter: Meter, prefill_j: float | None, prefill_tokens: int,
+                     decode_j: float | None, decode_tokens: int) -> Any:
+    """A Finished event with J/token over explicit token counts (batched generation: the prompt
+    tokens without padding, the tokens every row decoded after its first)."""
     from dataclasses import replace
 
-    st = done.stats
     return replace(done, stats=replace(
-        st, prefill_j_per_token=per_token(prefill_j, st.prompt_tokens - st.cached_tokens),
-        decode_j_per_token=per_token(decode_j, st.generated_tokens - 1), energy_source=source_of(meter)))
+        done.stats, prefill_j_per_token=per_token(prefill_j, prefill_tokens),
+        decode_j_per_token=per_token(decode_j, decode_tokens), energy_source=source_of(meter)))
 
 
 def short_reason(source: str) -> str:

@@ -79,7 +79,7 @@ click 390 141 0.5; xdotool key Down Return
 click 610 113 0.3; xdotool key ctrl+a; xdotool type 2
 click 698 113 3
 wait_enabled 672 106 600 trace
-click 195 275 1
+click 195 275 3  # a loaded machine may still be drawing the 3,500 ops when the trace ends
 shot 05-trace-finding
 
 # Benchmarks: the quick matmul suite (the fifth suite in the list).
@@ -87,8 +87,8 @@ tab bench
 shot 06-bench-empty
 click 150 121 0.5; xdotool key Down Down Down Down Return
 pause 1
-click 84 419 3
-wait_enabled 84 419 600 benchmark
+click 100 466 3  # Run, under the form (Name, Tags, the A/B row)
+wait_enabled 100 466 600 benchmark
 shot 07-bench-done
 
 # Runs: open the run, the engine settings, the store switch dialog.

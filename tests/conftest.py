@@ -30,6 +30,39 @@ def lm():
     return load()
 
 
+@pytest.fixture(scope="session")
+def lm_plain():
+    """The embedded default model in float32 on plain torch, no fast-path kernels (shared: do not
+    mutate it)."""
+    from opscope.engine.api import load
+
+    return load(fastpath="off")
+
+
+@pytest.fixture(scope="session")
+def memoized_gguf_name_map():
+    """transformers' GGUF loader builds gguf-py's tensor-name map once per module of the model (a
+    third of loading the default model) though the map depends only on the architecture and the
+    layer count: a pure function, memoized for the rest of the session once a test asks for this.
+    What the loader reads and computes is unchanged."""
+    import functools
+
+    import gguf
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+        yield
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(default_model_path):
+    """transformers' tokenizer built from the default GGUF (the reference; seconds to build: shared,
+    do not mutate it)."""
+    transformers = pytest.importorskip("transformers")
+    p = default_model_path
+    return transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     """Every test gets its own data/config dirs: nothing touches the real user's runs or settings."""
@@ -148,3 +181,58 @@ def pg_url(pg_server):
     yield f"{pg_server}/{name}"
     with psycopg.connect(f"{pg_server.replace('+psycopg', '')}/postgres", autocommit=True) as con:
         con.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+# -- the checkout stays as it was (tests/test_packaging.py) ---------------------------------------
+# The GUI tests that once rewrote docs/screenshots/ are watched where they run in this session: the
+# tree's state before and after each, so the packaging test need not run them a second time.
+
+TREE_WATCHED = ("tests/test_app_panels.py::test_screenshots_of_every_panel",
+                "tests/test_cli_gui.py::test_screenshot_of_a_failed_start_is_written_and_exits_0")
+_tree_records: dict[str, tuple[dict, dict]] = {}
+
+
+def checkout_tree_state() -> dict[str, str]:
+    """`git status --porcelain` plus a hash of each file it names (a dirty file rewritten again
+    changes no status line) and of docs/screenshots."""
+    import hashlib
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root,
+                       capture_output=True, text=True, check=True)
+    state = {}
+    for line in r.stdout.splitlines():
+        path = root / line[3:].split(" -> ")[-1]
+        state[line] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "-"
+    for shot in sorted((root / "docs" / "screenshots").glob("*")):
+        state[str(shot.relative_to(root))] = hashlib.sha256(shot.read_bytes()).hexdigest()
+    return state
+
+
+_tree_ran: set[str] = set()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    watched = item.nodeid in TREE_WATCHED and not os.environ.get("OPSCOPE_SCREENSHOT_DIR") \
+        and os.path.isdir(os.path.join(os.path.dirname(__file__), "..", ".git"))
+    before = checkout_tree_state() if watched else None
+    yield  # setup, call and teardown: a fixture's teardown could write into the tree too
+    if watched and item.nodeid in _tree_ran:  # it ran (passed or failed), not skipped
+        _tree_records[item.nodeid] = (before, checkout_tree_state())
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.nodeid in TREE_WATCHED and report.outcome in ("passed", "failed"):
+        _tree_ran.add(report.nodeid)
+
+
+@pytest.fixture(scope="session")
+def checkout_tree():
+    """.state(): the tree's state now; .records: {node id: (state before, after)} of the
+    TREE_WATCHED tests that ran so far in this session; .watched: their node ids."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(state=checkout_tree_state, records=_tree_records, watched=TREE_WATCHED)

@@ -98,6 +98,14 @@ def test_bench_ab_saves_two_interleaved_runs_and_prints_b_against_a(db, capsys):
 
 
 @pytest.mark.usefixtures("one_torch_thread")
+def test_an_unsaved_pair_is_compared_as_a_and_b_not_as_two_runs_numbered_0(db, capsys):
+    assert main(["--db", db, "bench", "matmul", *TINY, "--no-save", "--ab", ""]) == 0
+    out = capsys.readouterr().out
+    assert "interleaved: 'A' and 'B' were measured in one process" in out and "sequential:" not in out
+    assert "change vs 'A'" in out and " vs A" in out  # the columns say A and B, not "#0" twice
+
+
+@pytest.mark.usefixtures("one_torch_thread")
 def test_compare_says_plainly_that_two_separate_runs_were_sequential(db, capsys):
     for name in ("one", "two"):
         assert main(["--db", db, "bench", "matmul", *TINY, "--name", name]) == 0

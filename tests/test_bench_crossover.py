@@ -22,6 +22,7 @@ def test_one_device_machine_says_so_in_one_line_and_what_it_would_compare(capsys
     err = lines[0]
     assert "only one device here (cpu" in err
     assert "matmul, attention and a decode step" in err and "transfer included" in err
+    assert not (tmp_path / "r.db").exists()  # said before any run store is created
 
 
 def test_crossover_is_where_the_accelerator_wins_from_then_on():

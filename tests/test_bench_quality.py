@@ -344,3 +344,21 @@ def test_runs_panel_lists_quality(qtbot, tmp_path, monkeypatch):
     shown = {panel.table.item(r, 1).text(): panel.table.item(r, col).text() for r in range(panel.table.rowCount())}
     assert shown == {"calm": "ok", "stormy": "disturbed"}
     panel.shutdown()
+
+
+def test_the_run_summary_says_what_became_of_disturbed_samples():
+    """A point drops its disturbed samples only when quiet re-runs replace them, else keeps them all:
+    the line must not read "0 re-run" when re-runs were tried and found no quiet moment."""
+    from opscope.engine.results import Metric
+
+    def metric(name: str, loads: list[float], dropped: list[float]) -> Metric:
+        record = Q.load_record([Q.SampleLoad(c) for c in loads], 0.25, [1.0] * len(dropped),
+                               [Q.SampleLoad(c) for c in dropped])
+        return Metric(name, "tok/s", [1.0] * len(loads), load=record)
+
+    kept_all = Q.run_summary([metric("a", [1.5] * 6, [])], "disturbed")
+    assert "6 of 6 samples disturbed, 6 kept: too few quiet repetitions within the re-run budget" in kept_all
+    replaced = Q.run_summary([metric("a", [0.0] * 5, [1.2, 1.4])], "ok")
+    assert "2 of 7 samples disturbed, 2 replaced by quiet re-runs and dropped)" in replaced
+    both = Q.run_summary([metric("a", [0.0] * 5, [1.2]), metric("b", [1.0] * 5, [])], "disturbed")
+    assert "6 of 11 samples disturbed, 1 replaced by quiet re-runs and dropped and 5 kept" in both

@@ -221,3 +221,31 @@ def test_two_nodes_meet_at_the_endpoint_and_node_0_saves_both_ranks(tmp_path):
         store.close()
     assert {m.params.get("rank") for m in run.metrics if ".rank" in m.name} == {0, 1}
     assert all(m.status == "ok" and m.params["ranks"] == 2 for m in run.metrics)
+
+
+def test_the_window_runs_collectives_through_the_workers_bench_job(tmp_path):
+    """The Benchmarks panel's Run (app.worker_bench.run_bench with the panel's request: quick, nproc
+    and the suite's other fields): real ranks, the metrics sent as they land and saved in the run."""
+    import threading
+
+    from opscope.app.protocol import BenchRequest
+    from opscope.app.worker_bench import run_bench, suite_catalog
+    from opscope.engine.store.commands import open_store
+
+    fields = {f["name"]: f for f in next(s for s in suite_catalog() if s["name"] == "collectives")["params"]}
+    assert fields["nproc"]["kind"] == "int" and fields["nproc"]["quick"] == 2
+    db = str(tmp_path / "runs.db")
+    req = BenchRequest(suite="collectives", quick=True, name="win", db_url=db,
+                       params={"nproc": 2, "sizes_bytes": [8], "collectives": ["all_reduce", "send_recv"], "reps": 2})
+    sent = []
+    out = run_bench(None, None, req, lambda kind, **msg: sent.append((kind, msg)), threading.Event())
+    assert out["status"] == "completed" and out["metrics"] == 2 * 4  # busbw, time, 2 ranks' times
+    points = {msg["point"]["name"] for kind, msg in sent if kind == "progress" and "point" in msg}
+    assert points >= {"all_reduce_8B_ip", "send_recv_8B_oop", "send_recv_8B_oop.rank1.time"}
+    store = open_store(db)
+    try:
+        run = store.load("win").result
+    finally:
+        store.close()
+    assert run.settings["suite_params"]["nproc"] == 2 and run.settings["suite_params"]["backend"] == "gloo"
+    assert all(m.status == "ok" and len(m.samples) == 2 for m in run.metrics)

@@ -133,7 +133,7 @@ def test_load_rejects_bad_compile_settings():
 
 
 @pytest.mark.slow
-def test_default_model_compiled_decode_equals_eager():
+def test_default_model_compiled_decode_equals_eager(lm_plain):
     """The real model, float32, plain torch: 8 greedy tokens compiled = eager (the compile takes
     ~35 s on 2 cores, once per test session with Inductor's disk cache)."""
     from opscope.engine.api import load
@@ -141,7 +141,7 @@ def test_default_model_compiled_decode_equals_eager():
     from opscope.engine.generate import GenerationConfig
 
     cfg = GenerationConfig(max_tokens=8)
-    eager = load(fastpath="off")
+    eager = lm_plain
     want = [e.token_id for e in eager.generate("The capital of France is", cfg) if isinstance(e, Token)]
     comp = load(compile="decode")
     spy = comp.model.decode_step.fn = Spy(comp.model.decode_step.fn)

@@ -74,13 +74,12 @@ def test_a_real_busy_process_is_seen(tmp_path):
     assert busy is not None and busy >= 0.5, busy
 
 
-def test_fast_path_decodes_with_load_aware_threads():
+def test_fast_path_decodes_with_load_aware_threads(lm):
     import torch
 
-    from opscope.engine.api import load
     from opscope.engine.generate import decode_threads
 
-    lm = load()  # the default model through the fast path
+    # lm: the default model through the fast path (the session's load)
     assert lm.model.decode_threads == "auto"
     have = torch.get_num_threads()
     with decode_threads(lm.model) as ctl:

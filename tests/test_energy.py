@@ -107,6 +107,47 @@ def test_generation_stats_carry_joules_per_token_from_rapl(powercap, lm):
 
 
 @pytest.mark.usefixtures("one_torch_thread")
+def test_batch_generation_carries_joules_per_token_over_real_tokens(powercap, lm):
+    """Two rows of 20 and 8 prompt tokens: prefill joules over the 28 prompt tokens (not the 40
+    padded positions), decode joules over the tokens the rows decoded after their first."""
+    from opscope.engine.events import Finished, Token
+    from opscope.engine.generate import GenerationConfig
+    import shutil
+
+    for extra in ("intel-rapl:1", "intel-rapl:0:0"):
+        shutil.rmtree(powercap / extra)
+    heater = _Heater(powercap / "intel-rapl:0")
+    heater.start()
+    try:
+        cfg = GenerationConfig(max_tokens=6, temperature=0.0, ignore_eos=True, reuse_prefix=False)
+        events = list(lm.generate_batch([list(range(1, 21)), list(range(30, 38))], cfg))
+    finally:
+        heater.stop.set()
+        heater.join()
+    stats = next(ev.stats for ev in events if isinstance(ev, Finished))
+    tokens = sum(isinstance(ev, Token) for ev in events)
+    assert tokens == 12 and stats.energy_source == "RAPL"
+    want_prefill = _Heater.WATTS * stats.prefill_ms / 1e3 / 28
+    want_decode = _Heater.WATTS * (stats.total_ms - stats.ttft_ms) / 1e3 / (tokens - 2)
+    assert stats.prefill_j_per_token == pytest.approx(want_prefill, rel=0.3, abs=2e-3)
+    assert stats.decode_j_per_token == pytest.approx(want_decode, rel=0.3, abs=2e-3)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_batch_generation_without_a_counter_says_n_a(tmp_path, monkeypatch, lm):
+    from opscope.engine.events import Finished
+    from opscope.engine.generate import GenerationConfig
+
+    monkeypatch.setenv(energy.POWERCAP_ENV, str(tmp_path / "nothing"))
+    energy.reset()
+    cfg = GenerationConfig(max_tokens=2, temperature=0.0, ignore_eos=True, reuse_prefix=False)
+    stats = next(ev.stats for ev in lm.generate_batch([[1, 2, 3], [4, 5]], cfg) if isinstance(ev, Finished))
+    energy.reset()
+    assert math.isnan(stats.prefill_j_per_token) and math.isnan(stats.decode_j_per_token)
+    assert stats.energy_source.startswith("N/A: no RAPL energy counters")
+
+
+@pytest.mark.usefixtures("one_torch_thread")
 def test_generation_without_a_counter_says_n_a_and_why(tmp_path, monkeypatch, lm):
     from opscope.engine.events import Finished
     from opscope.engine.generate import GenerationConfig

@@ -13,12 +13,11 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 
 
 @pytest.fixture(scope="module")
-def hf(default_model_path):
+def hf(default_model_path, hf_tokenizer, memoized_gguf_name_map):
     transformers = pytest.importorskip("transformers")
     p = default_model_path
-    tok = transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
-    return tok, model.eval()
+    return hf_tokenizer, model.eval()
 
 
 def test_logits_match_transformers(lm, hf):

@@ -92,6 +92,24 @@ def test_fused_step_is_used_and_follows_a_new_cache():
     assert torch.allclose(first, bigger[:3], atol=1e-5)
 
 
+def test_fused_step_profile_times_its_phases_without_changing_logits():
+    import time
+
+    _, fast = tiny_pair(FastPathOptions(prefill_dtype="f32"))
+    kernel = fast.decode_step.kernel
+    plain = decode_logits(fast, [5, 6, 7], [8, 9])
+    kernel.profile(True)
+    t0 = time.perf_counter()
+    profiled = decode_logits(fast, [5, 6, 7], [8, 9])
+    wall = time.perf_counter() - t0
+    prof = kernel.profile(False)
+    assert set(prof) == {"qkv", "attention", "o", "gate_up", "down", "head", "other"}
+    assert all(v > 0 for v in prof.values()) and sum(prof.values()) <= wall
+    assert torch.equal(plain, profiled)
+    decode_logits(fast, [5, 6, 7], [8, 9])  # profiling off: nothing accumulates
+    assert all(v == 0 for v in kernel.profile(False).values())
+
+
 def test_dense_weights_option_keeps_the_model():
     ref, fast = tiny_pair(FastPathOptions(weights="dense"))
     assert isinstance(fast.lm_head, torch.nn.Linear) and fast.decode_step is None

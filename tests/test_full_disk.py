@@ -67,8 +67,37 @@ def test_output_file_on_a_full_disk(store, argv):
 def test_redirected_stdout_on_a_full_disk(store, argv):
     with open("/dev/full", "w") as full:
         r = opscope("--db", store, *argv, stdout=full)
-    assert (r.returncode, one_line(r)) == (2, f"opscope: error: {FULL}")
+    assert (r.returncode, one_line(r)) == (2, f"opscope: error: cannot write to standard output: {FULL}")
     assert _runs(store) == SAVED
+
+
+def _closed_pipe() -> int:
+    """The write end of a pipe whose reader is gone: a write fails with EPIPE."""
+    import os
+
+    r, w = os.pipe()
+    os.close(r)
+    return w
+
+
+@pytest.mark.parametrize("argv", [("generate", "--help")])  # bare --help imports every command (torch): slow
+def test_help_whose_stdout_cannot_be_written(argv):
+    """argparse drops a failed write of its help: it exited 0 with nothing written anywhere."""
+    import os
+
+    with open("/dev/full", "w") as full:
+        r = opscope(*argv, stdout=full)
+    assert (r.returncode, one_line(r)) == (2, f"opscope: error: cannot write to standard output: {FULL}")
+    w = _closed_pipe()
+    try:  # a reader that went away (`opscope --help | true`): quiet, as SIGPIPE ends `yes | head`
+        r = opscope(*argv, stdout=w)
+    finally:
+        os.close(w)
+    assert (r.returncode, r.stderr) == (141, "")
+    r = subprocess.run(f"exec {OPSCOPE} {' '.join(argv)} >&-", shell=True, stderr=subprocess.PIPE, text=True,
+                       timeout=120)  # started without a stdout
+    assert (r.returncode, one_line(r)) == (2, "opscope: error: cannot write to standard output: Bad file "
+                                              "descriptor (it is closed)")
 
 
 def _file_size_limit(limit_bytes: int):
@@ -79,9 +108,10 @@ def _file_size_limit(limit_bytes: int):
 
 def test_a_benchmark_that_cannot_save_its_run_is_one_line(store):
     """`opscope bench` on a store that cannot grow: it opens (its 32 KiB WAL index fits under the
-    limit), the run begins, and its results no longer fit in the write-ahead log: EFBIG. One line
-    naming the store and what to do (no blank line left by the progress bar); the runs saved before
-    are intact, the file a valid database, and the new run never shows as completed."""
+    limit), the run begins, and its results no longer fit in the write-ahead log: EFBIG. The
+    measurement goes on, its table is printed, then one line naming the store and what to do (no
+    blank line left by the progress bar), exit 2; the runs saved before are intact, the file a
+    valid database, and the new run never shows as completed."""
     r = opscope("bench", "matmul", "--quick", "--param", "sizes=64", "--param", "dtypes=float32", "--db", store,
                 preexec=_file_size_limit(34_000))
     assert r.returncode == 2, r.stderr
@@ -90,3 +120,6 @@ def test_a_benchmark_that_cannot_save_its_run_is_one_line(store):
                         one_line(r)), r.stderr
     runs = _runs(store)
     assert runs[:3] == SAVED and all(status != "completed" for _, status in runs[3:]), runs
+    # nothing measured is lost: the results table is printed before the error
+    assert r.stdout.startswith("matmul — completed — not saved"), r.stdout
+    assert re.search(r"^│ matmul_float32_64 +│ GFLOP/s +│ +\d", r.stdout, re.M), r.stdout

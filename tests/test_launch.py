@@ -90,3 +90,49 @@ def test_a_rank_that_exits_without_an_error_is_named():
 def test_bad_specs_are_config_errors(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
         LaunchSpec(**kwargs)
+
+
+def test_the_agents_own_loggers_are_quiet_during_a_launch():
+    """torch's elastic loggers set their own level (LOGLEVEL, default WARNING): the agent's "Received
+    2 death signal, shutting down workers" would print before our one line on Ctrl-C."""
+    import logging
+
+    import torch.distributed.elastic.agent.server.api  # noqa: F401  (creates the agent's logger)
+
+    from opscope.engine.distributed.launch import _quiet_agent
+
+    agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    assert agent.isEnabledFor(logging.WARNING)
+    with _quiet_agent():
+        assert not agent.isEnabledFor(logging.WARNING)
+    assert agent.isEnabledFor(logging.WARNING)
+
+
+def test_ctrl_c_while_the_forkserver_imports_torch_is_one_line(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group, the forkserver still importing torch
+    included: one line of ours, exit 130, no traceback from the server, no rank left behind."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    err = tmp_path / "err.txt"
+    code = "import sys; from opscope.engine.cli import main; sys.exit(main(sys.argv[1:]))"
+    with open(err, "a") as f:
+        p = subprocess.Popen([sys.executable, "-c", code, "generate", "hi", "-n", "4", "--nproc", "3"],
+                             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=f,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    server = None
+    deadline = time.monotonic() + 60
+    while server is None and p.poll() is None and time.monotonic() < deadline:
+        server = next((c for c in psutil.Process(p.pid).children() if "multiprocessing.forkserver" in
+                       " ".join(c.cmdline())), None)
+        time.sleep(0.02)
+    assert server is not None, err.read_text()
+    os.killpg(p.pid, signal.SIGINT)  # the server takes seconds to import torch: it is importing now
+    assert p.wait(timeout=60) == 130
+    time.sleep(0.5)  # a KeyboardInterrupt in the server's import prints at once
+    text = err.read_text()
+    server.kill()  # still importing torch; it would leave by itself once done (CI time)
+    assert text.splitlines() == ["opscope: interrupted"], text

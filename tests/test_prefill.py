@@ -139,15 +139,60 @@ def test_glu_rejects_mismatched_projections():
         torch.ops.opscope.qglu(torch.randn(9, gd.shape[1]), g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, 0)
 
 
+# -- the fused attention and RMSNorm -------------------------------------------------------------
+
+def _rope64(x, cos, sin):
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+
+
+@pytest.mark.parametrize("B,T,H,KH,D,start", [(1, 150, 9, 3, 64, 0), (2, 70, 4, 4, 32, 0), (1, 65, 6, 2, 16, 19)])
+def test_prefill_attn_matches_float64_causal_attention(B, T, H, KH, D, start, threads):
+    """RoPE, the cache write and grouped causal attention over cache positions 0..start+T against
+    a float64 reference; the cache outside [start, start+T) untouched."""
+    threads(2)
+    g = torch.Generator().manual_seed(B * T + start)
+    q, k, v = (torch.randn(B, T, n, D, generator=g) for n in (H, KH, KH))
+    ang = torch.arange(start, start + T).double().view(1, T, 1, 1) * torch.rand(D // 2, generator=g).double()
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1).float(), torch.cat((ang.sin(), ang.sin()), -1).float()
+    kc, vc = torch.randn(B, start + T + 5, KH, D, generator=g), torch.randn(B, start + T + 5, KH, D, generator=g)
+    kc0, vc0 = kc.clone(), vc.clone()
+    out = torch.ops.opscope.prefill_attn(q, k, v, cos, sin, kc, vc, start, 0.0)
+    k64 = kc0.double().clone()
+    k64[:, start:start + T] = _rope64(k.double(), cos.double(), sin.double())
+    v64 = vc0.double().clone()
+    v64[:, start:start + T] = v.double()
+    assert torch.allclose(kc.double(), k64, atol=1e-5) and torch.equal(vc[:, start:start + T], v)
+    assert torch.equal(kc[:, :start], kc0[:, :start]) and torch.equal(vc[:, start + T:], vc0[:, start + T:])
+    S = start + T
+    keys = k64[:, :S].transpose(1, 2).repeat_interleave(H // KH, 1)  # [B,H,S,D]
+    vals = v64[:, :S].transpose(1, 2).repeat_interleave(H // KH, 1)
+    scores = _rope64(q.double(), cos.double(), sin.double()).transpose(1, 2) @ keys.transpose(-1, -2) / D ** 0.5
+    mask = torch.arange(S).view(1, S) <= torch.arange(start, S).view(T, 1)
+    ref = (scores.masked_fill(~mask, float("-inf")).softmax(-1) @ vals).transpose(1, 2).reshape(B, T, H * D)
+    assert out.shape == (B, T, H * D)
+    assert (out.double() - ref).abs().max().item() < 1e-5
+
+
+def test_rms_norm_matches_float64(threads):
+    threads(2)
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(3, 41, 200, generator=g) * 4, torch.randn(200, generator=g)
+    ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    out = torch.ops.opscope.rms_norm(x, w, 1e-6)
+    assert out.shape == x.shape and (out.double() - ref).abs().max().item() < 1e-5
+
+
 # -- the real default model ----------------------------------------------------------------------
 
 def test_prefill_logits_equal_the_previous_path():
-    """The fast path's prefill (panel GEMMs, fused gate/up) against the older dequantize-tile path
-    with separate gate/up GEMMs and activation: every position's logits within 1e-4 of the largest."""
+    """The fast path's prefill (panel GEMMs, fused gate/up, one-pass RMSNorm, fused RoPE + cache +
+    attention) against the older dequantize-tile path with separate gate/up GEMMs and activation and
+    torch's norms and SDPA: every position's logits within 1e-4 of the largest."""
     import torch.nn.functional as F
 
     from opscope.engine.api import load
-    from opscope.engine.fastpath.qlinear import QuantMLP
+    from opscope.engine.fastpath.qlinear import QuantMLP, install_prefill_kernels
 
     lm = load()
     model = lm.model
@@ -156,6 +201,7 @@ def test_prefill_logits_equal_the_previous_path():
     with torch.inference_mode():
         new = model(ids, 0)
         torch.ops.opscope.prefill_config(-1, -1, 0)
+        install_prefill_kernels(model, False)  # torch's RMSNorm, RoPE, cache writes and SDPA
         try:
             for layer in model.layers:  # the MLP as the model's own: gate, up, activation apart
                 mlp = layer.mlp
@@ -163,6 +209,7 @@ def test_prefill_logits_equal_the_previous_path():
             old = model(ids, 0)
         finally:
             torch.ops.opscope.prefill_config(-1, -1, 1)
+            install_prefill_kernels(model, True)
     assert new.shape == old.shape == (1, 40, lm.config.vocab_size)
     assert (new - old).abs().max().item() <= 1e-4 * old.abs().max().item()
     assert torch.equal(new[0].argmax(-1), old[0].argmax(-1))

@@ -7,16 +7,23 @@ thing app.cli's main does is catch SIGTERM, which Python leaves alone, so the Si
 the imports of the command modules, of torch, in the model's load and in generation. A process that
 finished before its signal must have exited 0 with nothing on stderr.
 
-What comes before that instant is the interpreter's own start (site, and in a development venv
-setuptools' editable-install finder, which imports pathlib and friends): a Ctrl-C there is Python's
-affair (it dies by the signal; the shell shows 130), as for any Python program; no opscope code has
-run to intercept it.
+What comes before that instant is the interpreter's own start, where no opscope code has run (the
+handlers go in at main's first line, through the already loaded _signal module; `opscope.app.cli`'s
+import takes under a millisecond). A Ctrl-C there is Python's affair, as for any Python program:
+before Python's own handler is in place the process dies by SIGINT silently (the shell shows 130);
+during the import of site (and of the .pth files: setuptools' distutils-precedence.pth, in a
+development venv the editable-install finder) Python prints "Fatal Python error: init_import_site:
+Failed to import the site module" and a traceback and exits 1, or, inside a .pth line, "Error
+processing line 1 of ….pth … Remainder of file ignored" and starts anyway (the Ctrl-C is lost); in
+the console script's own `import re` / `from opscope.app.cli import main`, a KeyboardInterrupt
+traceback and death by SIGINT (130). SIGTERM there ends the process silently (143).
 
 The processes run side by side (threads), so the whole module takes about as long as its longest
 delay plus one start-up.
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -105,9 +112,80 @@ def test_sigint_at_any_moment_is_one_line_and_130():
     assert all(r["rc"] == 130 for r in results if r["args"] == GENERATE), results
 
 
-@pytest.mark.stress  # hung once in a full suite run (one generate ignored SIGTERM for 300 s); make stress-check
+# Statistical (under load, about one round in 13 lost its SIGTERM before the fix: see the next test for
+# the cause, which it checks deterministically in the normal suite) and costly (4 generations on 2
+# cores), so it stays behind the stress marker: make stress-check.
+@pytest.mark.stress
 def test_sigterm_at_any_moment_is_one_line_and_143():
     results = _run_all([(GENERATE, signal.SIGTERM, d) for d in (0.0, 0.05, 0.4, 1.5)])
     for r in results:
         _check(r)
         assert r["rc"] == 143, r
+
+
+# The cause of the lost SIGTERM above: torch._C's module init imports numpy and, when that import
+# raises, clears the error and goes on without numpy ("Failed to initialize NumPy"); a signal whose
+# exception was raised there vanished, and the generation ran on. A meta-path hook sends the signal
+# at exactly that moment (the first import of numpy, which torch._C's init makes), deterministically.
+SIGNAL_IN_TORCH_INIT = """
+import os, signal, sys
+from pathlib import Path
+
+class SignalOnNumpy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            sys.meta_path.remove(self)
+            frames, f = [], sys._getframe()
+            while f is not None:
+                frames.append(type(f.f_locals.get("self")).__name__)
+                f = f.f_back
+            Path(os.environ["SEEN"]).write_text(str("ExtensionFileLoader" in frames))
+            os.kill(os.getpid(), int(os.environ["SIGNAL"]))
+        return None
+
+sys.meta_path.insert(0, SignalOnNumpy())
+from opscope.app.cli import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM])
+def test_a_signal_inside_torch_s_extension_init_is_not_lost(tmp_path, sig):
+    script, seen = tmp_path / "signal_in_torch_init.py", tmp_path / "seen"
+    script.write_text(SIGNAL_IN_TORCH_INIT)
+    r = subprocess.run([sys.executable, str(script), *GENERATE[:2], "--max-tokens", "1", "--fastpath", "off"],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       env={**os.environ, "SEEN": str(seen), "SIGNAL": str(int(sig))}, timeout=300)
+    assert seen.read_text() == "True", "numpy was not first imported by an extension's init"
+    assert (r.returncode, r.stderr) == (128 + sig, LINE[sig]), r.stderr
+
+
+# Python swallows an exception raised where it cannot propagate (a weakref callback, as the import
+# system's module-lock `cb`; a __del__) and reports it to sys.unraisablehook: a SIGTERM handled there
+# was lost too (found by the stress test after the fix above). A weakref callback that receives the
+# signal: the process must still end with Terminated, not run on.
+SIGNAL_IN_WEAKREF_CALLBACK = """
+import os, signal, time, weakref
+from opscope.engine import cli_signals
+from opscope.engine.cli_args import Terminated
+
+cli_signals.install()
+class Thing:
+    pass
+def callback(_ref):
+    os.kill(os.getpid(), signal.SIGTERM)
+    sum(range(100_000))  # the handler runs here, inside the callback
+thing = Thing()
+ref = weakref.ref(thing, callback)
+try:
+    del thing
+    time.sleep(5)
+    print("lost")
+except Terminated:
+    print("raised")
+"""
+
+
+def test_a_signal_inside_a_weakref_callback_is_not_lost():
+    r = subprocess.run([sys.executable, "-c", SIGNAL_IN_WEAKREF_CALLBACK], capture_output=True, text=True, timeout=60)
+    assert (r.stdout, r.stderr) == ("raised\n", ""), r

@@ -255,3 +255,16 @@ def test_utilisation_rows_name_their_peak_and_never_show_above_100(tmp_path, cap
     assert line.split()[-1] == "invalid"  # run c's 110%, never printed
     assert not re.search(r"\b11\d\.\d", line)
     assert "warning: tg16.mfu: the runs divide by different peaks" in out
+
+
+def test_differing_byte_settings_read_in_binary_units(tmp_path):
+    a, b = llm_run("a", "float32", 1.0, 1), llm_run("b", "float32", 1.0, 2)
+    a.settings["model_memory"] = {"rss_bytes": 407572480}
+    b.settings["model_memory"] = {"rss_bytes": 962502656}
+    a.settings["weights_bytes_per_decode_step"], b.settings["weights_bytes_per_decode_step"] = 96576768, 538060032
+    with RunStore.open(tmp_path / "runs.sqlite") as store:
+        store.save(a)
+        store.save(b)
+        text = render(compare([store.load("a"), store.load("b")]), "text")
+    assert re.search(r"^settings\.model_memory\.rss_bytes +388\.7 MiB +917\.9 MiB$", text, re.M), text
+    assert re.search(r"^settings\.weights_bytes_per_decode_step +92\.10 MiB +513\.1 MiB$", text, re.M), text

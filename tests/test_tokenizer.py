@@ -21,10 +21,8 @@ CORPUS = [
 
 
 @pytest.fixture(scope="module")
-def ref_tok(default_model_path):
-    transformers = pytest.importorskip("transformers")
-    p = default_model_path
-    return transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+def ref_tok(hf_tokenizer):
+    return hf_tokenizer
 
 
 @pytest.fixture(scope="module")

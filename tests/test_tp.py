@@ -7,6 +7,7 @@ small llama GGUF written as llama.cpp's converter writes one (4 query heads, 2 K
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -127,15 +128,51 @@ def test_a_rank_that_dies_mid_decode_gives_one_line_and_nothing_hangs(tiny_gguf,
     assert "\n" not in str(e.value)
 
 
-def test_cli_generate_nproc_streams_the_same_text_as_one_process(tiny_gguf, tmp_path):
-    """Rank 0 streams to the terminal; the other rank prints nothing."""
+def trace_shares(doc: dict) -> dict[int, list[float]]:
+    """From a per-rank trace file alone: each rank's decode steps, the share (%) of each step's
+    duration covered by the all_reduce slices nested inside it."""
+    events = doc["traceEvents"]
+    procs = {e["pid"]: int(e["args"]["name"].removeprefix("rank ")) for e in events
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    out = {}
+    for pid, rank in procs.items():
+        mine = [e for e in events if e["ph"] == "X" and e["pid"] == pid]
+        reduces = [e for e in mine if e["name"] == "all_reduce"]
+        out[rank] = [100 * sum(a["dur"] for a in reduces if s["ts"] - 1e-3 <= a["ts"] and
+                               a["ts"] + a["dur"] <= s["ts"] + s["dur"] + 1e-3) / s["dur"]
+                     for s in mine if s["name"] == "decode step"]
+    return out
+
+
+def printed_medians(text: str) -> dict[int, float]:
+    import re
+
+    line = next(x for x in text.splitlines() if "all_reduce share of each decode step" in x)
+    return {int(r): float(v) for r, v in re.findall(r"rank (\d+) median (\d+\.\d)%", line)}
+
+
+def test_cli_generate_nproc_streams_the_same_text_and_prints_the_share_its_trace_shows(tiny_gguf, tmp_path):
+    """Rank 0 streams to the terminal; the other rank prints nothing. The all_reduce share printed
+    is the one the per-rank trace file gives, rank by rank."""
+    import json
+    import statistics
+
+    trace = tmp_path / "ranks.json"
     two = subprocess.run([sys.executable, "-m", "opscope.engine.cli", "generate", "hello", "-m", tiny_gguf,
-                          "-n", "12", "--ignore-eos", "--nproc", "2"],
+                          "-n", "12", "--ignore-eos", "--nproc", "2", "--trace-out", str(trace)],
                          cwd=tmp_path, capture_output=True, text=True, timeout=90)
     assert two.returncode == 0, two.stderr
     expected = _text(tiny_gguf, "hello", 12)
     assert two.stdout == expected and expected.strip()
     assert "generated 12 tok" in two.stderr
+    shares = trace_shares(json.loads(trace.read_text()))
+    assert sorted(shares) == [0, 1] and [len(v) for v in shares.values()] == [11, 11]  # 12 tokens: 11 steps
+    assert all(0 < v < 100 for vs in shares.values() for v in vs)
+    printed = printed_medians(two.stderr)
+    assert sorted(printed) == [0, 1]
+    for rank, median in printed.items():
+        assert abs(statistics.median(shares[rank]) - median) <= 0.05 + 1e-9
+    assert "imbalance: rank " in two.stderr and "computed longest" in two.stderr
 
 
 @pytest.mark.slow
@@ -163,24 +200,125 @@ def test_quantized_fast_path_flags_with_nproc_are_one_line():
         job_from_args(Namespace(**{**vars(args), "fastpath": "auto", "quantize": "int8"}))
 
 
-def bench_llm_tiny(lm):
-    """Rank 0's task: the llm suite on the split model, tiny sizes, nothing saved."""
-    from opscope.engine.bench.options import BenchOptions
-    from opscope.engine.bench.session import run_suite
-    from opscope.engine.bench.suites.llm import Params
-
-    opts = BenchOptions(model=lm.source.path, quick=True, fastpath="off", repeat=2, min_time_s=0.0, warmup=1)
-    params = Params(pp=8, tg=4, depths=(0,), gen_prompt=4, gen_tokens=4)
-    _, result = run_suite("llm", opts, None, params=params, model=lm)
-    return result.status, result.settings["suite_params"]["model"], {m.name: list(m.samples) for m in result.metrics}
+TINY_BENCH = ["--quick", "--param", "pp=8", "--param", "tg=4", "--param", "depths=0", "--param", "gen_prompt=4",
+              "--param", "gen_tokens=4", "--repeat", "2", "--warmup", "1", "--min-time", "0"]
 
 
-def test_bench_llm_records_each_decode_steps_allreduce_share_per_rank(tiny_gguf):
-    from opscope.engine.distributed.tp_worker import TPJob, run_tp
+@pytest.fixture(scope="module")
+def tp_bench(tiny_gguf, tmp_path_factory):
+    """One real `bench llm --nproc 2` (in-process CLI; the ranks through the launcher), saved, with
+    its per-rank trace: (stored run, trace document, what it printed)."""
+    import json
 
-    status, model, metrics = run_tp(TPJob(model=tiny_gguf, nproc=2, threads=1, timeout_s=120), bench_llm_tiny)
-    assert status == "completed" and model["nproc"] == 2
+    from opscope.engine.cli import main
+    from opscope.engine.store.commands import open_store
+
+    d = tmp_path_factory.mktemp("tpbench")
+    db, trace, out = str(d / "runs.db"), d / "ranks.json", d / "out.txt"
+    with open(out, "w") as f:  # rank 0 prints to the fd 1 it inherits
+        saved = os.dup(1)
+        os.dup2(f.fileno(), 1)
+        try:
+            code = main(["--db", db, "bench", "llm", "-m", tiny_gguf, "--nproc", "2", *TINY_BENCH, "--name", "tp",
+                         "--trace-out", str(trace)])
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    assert code == 0, out.read_text()[-2000:]
+    store = open_store(db)
+    try:
+        run = store.load("tp").result
+    finally:
+        store.close()
+    return run, json.loads(trace.read_text()), out.read_text()
+
+
+def test_bench_llm_records_each_decode_steps_allreduce_share_per_rank_from_its_spans(tp_bench):
+    """tg's per-rank share samples, the run's rank markers and the trace are the same spans."""
+    run, doc, printed = tp_bench
+    assert run.status == "completed" and run.settings["suite_params"]["model"]["nproc"] == 2
+    metrics = {m.name: list(m.samples) for m in run.metrics}
     assert metrics["tg4"] and metrics["pp8"]
+    traced = trace_shares(doc)
     for rank in (0, 1):
         shares = metrics[f"tg4.allreduce_pct_r{rank}"]
         assert len(shares) >= 2 * 4 and all(0 < v < 100 for v in shares)  # every decode step of every rep
+        for v in shares:  # each one is a decode step of this rank in the trace
+            assert min(abs(v - t) for t in traced[rank]) < 1e-6
+    for rank, median in printed_medians(printed).items():
+        import statistics
+
+        assert abs(statistics.median(traced[rank]) - median) <= 0.05 + 1e-9
+    # markers: every forward and all_reduce of each rank, as in the trace (3 layers: 6 all_reduces a forward)
+    by = {}
+    for m in run.markers:
+        by.setdefault((m.phase, m.attrs["rank"], m.edge), []).append(m)
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    for rank in (0, 1):
+        fwd = [e for e in slices if e["pid"] == rank + 1 and e["name"] != "all_reduce"]
+        ars = [e for e in slices if e["pid"] == rank + 1 and e["name"] == "all_reduce"]
+        assert len(by["forward", rank, "start"]) == len(by["forward", rank, "end"]) == len(fwd)
+        assert len(by["all_reduce", rank, "start"]) == len(ars) == 6 * len(fwd)
+    assert "imbalance: rank " in printed
+
+
+@pytest.mark.gui
+def test_a_tensor_parallel_runs_forwards_and_all_reduces_are_rank_lanes(tp_bench, qtbot):
+    """The stored markers of the real run, replayed ending now: per rank a forwards lane and its
+    all_reduces over it."""
+    import numpy as np
+
+    from opscope.app.telemetry.model import TelemetryModel
+    from opscope.app.telemetry.panel import TelemetryPanel
+    from opscope.engine.clock import now_ns
+
+    markers = tp_bench[0].markers
+    model = TelemetryModel(None, interval_ms=1000, history_s=60, sources=[])  # not started: we feed it
+    panel = TelemetryPanel(model, refresh_ms=10_000)
+    qtbot.addWidget(panel)
+    panel.resize(800, 700)
+    panel.show()
+    shift = now_ns() - max(m.t_ns for m in markers) - 10**8
+    for m in sorted(markers, key=lambda m: (m.t_ns, m.edge != "end")):
+        model.on_marker({"phase": m.phase, "edge": m.edge, "t_ns": m.t_ns + shift, "attrs": m.attrs})
+    panel.refresh(force=True)
+    assert sorted(panel.rank_curves) == sorted(panel.rank_comm_curves) == [0, 1]
+    for rank in (0, 1):
+        for curve in (panel.rank_curves[rank], panel.rank_comm_curves[rank]):
+            xs, ys = curve.getOriginalDataset()
+            assert np.isfinite(ys).sum() > 0 and set(ys[np.isfinite(ys)]) == {float(rank)}
+    assert not panel.grab().isNull()
+    panel.shutdown()
+
+
+def test_ctrl_c_in_a_tensor_parallel_chat_stops_the_reply_then_ends_the_chat(tiny_gguf, tmp_path):
+    """The first Ctrl-C (to the whole process group, as a terminal sends it) stops the reply on
+    every rank and the chat goes back to its prompt; a second one there ends it: exit 130, one line."""
+    import signal
+
+    err = tmp_path / "err.txt"
+    code = "import sys; from opscope.engine.cli import main; sys.exit(main(sys.argv[1:]))"
+    with open(err, "a") as f:  # O_APPEND: the launcher and rank 0 both write to it
+        p = subprocess.Popen([sys.executable, "-c", code, "chat", "-m", tiny_gguf, "-n", "450", "--ignore-eos",
+                              "--nproc", "2"], cwd=tmp_path, start_new_session=True, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=f,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        p.stdin.write(b"hello\n")
+        p.stdin.flush()  # kept open: after the reply the chat waits at its prompt
+        assert p.stdout.read(1), err.read_text()  # the reply is streaming
+        os.killpg(p.pid, signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while "[stopped]" not in err.read_text() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert p.poll() is None and "[stopped]" in err.read_text(), err.read_text()
+        time.sleep(0.3)  # at the prompt
+        os.killpg(p.pid, signal.SIGINT)
+        assert p.wait(timeout=30) == 130
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    lines = err.read_text().splitlines()
+    assert lines[-1] == "opscope: interrupted (chat ended by Ctrl-C; every rank stopped)", lines
+    assert not any("Traceback" in line or "death signal" in line for line in lines)
+    assert lines.count("[stopped]") == 1 and not any(line.startswith("[length]") for line in lines)

@@ -95,10 +95,11 @@ def test_bad_mode_and_fast_path_conflict():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,floor", [("int8", 0.9), ("int4", 0.99)])
-def test_default_model_agreement(mode, floor):
+def test_default_model_agreement(mode, floor, lm_plain):
     from opscope.engine.api import load
 
-    ref = load(fastpath="off")
+    ref = lm_plain
+    ref.model.drop_cache()  # as freshly loaded: a full forward without a KV cache, like lm's below
     lm = load(quantize=mode)
     assert lm.options.quantize == mode and lm.options.fastpath == "off"
     prompt = ref.tokenizer.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])

@@ -43,12 +43,14 @@ class BenchModel(QObject):
         return self.job is not None
 
     def run(self, suite: str, params: dict, *, name: str = "", tags: list[str] | None = None,
-            quick: bool = False) -> Job | None:
+            quick: bool = False, ab: str | None = None) -> Job | None:
+        """Runs ``suite``; with ``ab`` (side B's flags, as `opscope bench --ab` takes them) both
+        settings interleaved, two runs saved, and the result's "comparison" is B against A."""
         if self.busy:
             return None
         self.points, self.run_id = [], None
         request = BenchRequest(suite=suite, params=params, name=name, tags=list(tags or []),
-                               db_url=self.db_url, quick=quick)
+                               db_url=self.db_url, quick=quick, ab=ab)
         self.job = self.client.submit(request)
         self.job.progress.connect(self._on_progress)
         self.job.finished.connect(self._on_finished)

@@ -11,9 +11,13 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QLabel, QLineEdit, QProgressBar, QPushButton, QSizePolicy, QSpinBox, QSplitter,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import QPlainTextEdit
+
 from opscope.app.bench.model import BenchModel, point_summary
+from opscope.app.bench.param_units import param_unit
 from opscope.app.runs.roofline import RooflineView
-from opscope.app.tables import fit_columns, with_unit
+from opscope.app.tables import fit_columns, keep_in_view, with_unit
 from opscope.app.widgets import category_ticks
 
 ROW_COLUMNS = ("point", "params", "median", "min … max", "unit", "n", "status")
@@ -28,30 +32,37 @@ class ParamForm(QGroupBox):
         self.fields: list[dict] = []
         self.editors: dict[str, QWidget] = {}
 
-    def set_fields(self, fields: list[dict], quick: bool) -> None:
+    def set_fields(self, fields: list[dict], quick: bool, suite: str = "") -> None:
         while self.form.rowCount():
             self.form.removeRow(0)
         self.fields, self.editors = fields, {}
         for f in fields:
-            editor = _editor(f, f["quick"] if quick else f["default"])
+            unit = param_unit(suite, f["name"])
+            editor = _editor(f, f["quick"] if quick else f["default"], unit)
             self.editors[f["name"]] = editor
-            self.form.addRow(f["name"], editor)
+            # A spin box carries its unit as a suffix ("512 tokens"); a list names it in the label.
+            label = f"{f['name']} ({unit})" if unit and not hasattr(editor, "setSuffix") else f["name"]
+            self.form.addRow(label, editor)
 
     def values(self) -> dict:
         return {f["name"]: _value(f, self.editors[f["name"]]) for f in self.fields}
 
 
-def _editor(field: dict, value) -> QWidget:
+def _editor(field: dict, value, unit: str = "") -> QWidget:
     kind = field["kind"]
     if kind == "bool":
         return QCheckBox(checked=bool(value))
+    suffix = f" {unit}" if unit else ""
     if kind == "int":
-        return QSpinBox(minimum=0, maximum=2**31 - 1, value=int(value))
+        return QSpinBox(minimum=0, maximum=2**31 - 1, value=int(value), suffix=suffix)
     if kind == "float":
-        return QDoubleSpinBox(minimum=0.0, maximum=1e9, decimals=3, value=float(value))
-    if kind in ("tuple_int", "tuple_str"):
-        return QLineEdit(", ".join(str(v) for v in value))
-    return QLineEdit(value if isinstance(value, str) else json.dumps(value))
+        return QDoubleSpinBox(minimum=0.0, maximum=1e9, decimals=3, value=float(value), suffix=suffix)
+    text = ", ".join(str(v) for v in value) if kind in ("tuple_int", "tuple_str") else \
+        value if isinstance(value, str) else json.dumps(value)
+    edit = QLineEdit(text, toolTip=text)
+    edit.setCursorPosition(0)  # a list longer than the field shows its start, not "t32, bfloat16"
+    edit.textChanged.connect(edit.setToolTip)
+    return edit
 
 
 def _value(field: dict, editor: QWidget):
@@ -92,6 +103,17 @@ class BenchPanel(QWidget):
         self.params = ParamForm()
         self.name_edit = QLineEdit(placeholderText="automatic: <suite>-<date>")
         self.tags_edit = QLineEdit(placeholderText="e.g. baseline, laptop")
+        # A/B: the same suite again with some flags changed, both interleaved in one process
+        self.ab_check = QCheckBox("A/B: also run with these flags (B), interleaved with A")
+        self.ab_flags = QLineEdit(placeholderText="e.g. --fastpath off, --threads 1, --param sizes=64; empty: A/A",
+                                  enabled=False)
+        self.ab_check.toggled.connect(self.ab_flags.setEnabled)
+        self.ab_view = QPlainTextEdit(readOnly=True, objectName="abComparison")
+        self.ab_view.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))  # the table's columns align
+        self.ab_view.setLineWrapMode(QPlainTextEdit.NoWrap)
+        self._ab_shown = False  # the finished run was an A/B pair: its comparison tab stays in front
+        self.ab_view.setPlainText("Tick A/B and press Run: B is compared against A here, as `opscope runs "
+                                  "compare` prints it.")
         self.run_button = QPushButton("Run", objectName="primary", clicked=self.run)
         self.cancel_button = QPushButton("Cancel", objectName="danger", clicked=model.cancel, enabled=False)
         self.progress = QProgressBar(textVisible=True, value=0)
@@ -105,6 +127,7 @@ class BenchPanel(QWidget):
         self.table = QTableWidget(0, len(ROW_COLUMNS))
         self.table.setHorizontalHeaderLabels(ROW_COLUMNS)
         self.table.verticalHeader().setVisible(False)
+        keep_in_view(self.table, elastic=(0, 1, ROW_COLUMNS.index("status")))  # names elide, numbers never
         self._chart_unit: str | None = None
         self._chart_names: list[str] = []
         self._chart_rows: list[int] = []
@@ -131,21 +154,30 @@ class BenchPanel(QWidget):
         form.addRow(self.params)
         form.addRow("Name", self.name_edit)
         form.addRow("Tags", self.tags_edit)
+        form.addRow(self.ab_check)
+        form.addRow("B flags", self.ab_flags)
         buttons = QHBoxLayout()
         buttons.addWidget(self.run_button)
         buttons.addWidget(self.cancel_button)
         form.addRow(buttons)
         self.tabs.addTab(self.chart, "Points")
         self.tabs.addTab(self.roofline_view, "Roofline")
+        self.tabs.addTab(self.ab_view, "A/B")
         self.roofline_view.summary.setText("After an llm, matmul or attention run its points show here against "
                                            "the compute and bandwidth ceilings.")
-        right = QSplitter(Qt.Vertical)
-        right.addWidget(self.tabs)
-        right.addWidget(self.table)
-        splitter = QSplitter(Qt.Horizontal)
-        splitter.addWidget(left)
-        splitter.addWidget(right)
-        splitter.setStretchFactor(1, 3)
+        top = QSplitter(Qt.Horizontal)
+        top.addWidget(left)
+        top.addWidget(self.tabs)
+        top.setStretchFactor(1, 3)
+        # The table spans the whole panel under the form and the chart: at 1400x900 its seven
+        # columns then fit side by side, with no sideways scrolling.
+        splitter = QSplitter(Qt.Vertical)
+        splitter.addWidget(top)
+        splitter.addWidget(self.table)
+        splitter.setStretchFactor(0, 3)
+        splitter.setStretchFactor(1, 2)
+        splitter.setSizes([400, 300])  # the form's height on top; the rest for the table's rows
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().lineSpacing() + 8)
         layout = QVBoxLayout(self)
         layout.addWidget(splitter, 1)
         layout.addWidget(self.progress)
@@ -164,7 +196,7 @@ class BenchPanel(QWidget):
         suite = self.suites.get(self.suite_combo.currentText())
         if suite:
             self.description.setText(suite["description"])
-            self.params.set_fields(suite["params"], self.quick.isChecked())
+            self.params.set_fields(suite["params"], self.quick.isChecked(), suite["name"])
 
     def run(self) -> None:
         tags = [t.strip() for t in self.tags_edit.text().split(",") if t.strip()]
@@ -173,8 +205,9 @@ class BenchPanel(QWidget):
         except (ValueError, json.JSONDecodeError) as e:
             self.status.setText(f"a parameter is not valid: {e}")
             return
+        ab = self.ab_flags.text().strip() if self.ab_check.isChecked() else None
         self.model.run(self.suite_combo.currentText(), params, name=self.name_edit.text().strip(),
-                       tags=tags, quick=self.quick.isChecked())
+                       tags=tags, quick=self.quick.isChecked(), ab=ab)
 
     # -- progress -------------------------------------------------------------------------------
     def _on_started(self, suite: str) -> None:
@@ -182,6 +215,7 @@ class BenchPanel(QWidget):
         self.cancel_button.setEnabled(True)
         self.table.setRowCount(0)
         self.tabs.setCurrentWidget(self.chart)
+        self._ab_shown = False
         self.chart.clear()
         self.chart.setTitle(f"{suite}: waiting for the first point…")
         self._chart_unit, self._chart_names, self._chart_rows = None, [], []
@@ -202,7 +236,8 @@ class BenchPanel(QWidget):
         self.table.insertRow(row)
         params = ", ".join(f"{k}={v}" for k, v in point.get("params", {}).items())
         unit = point["unit"]
-        cells = (point["name"], params, with_unit(s["median"], unit), _value_range(s["lo"], s["hi"], unit), unit,
+        side = f" [{point['ab'].upper()}]" if point.get("ab") else ""  # an A/B run: which side
+        cells = (point["name"] + side, params, with_unit(s["median"], unit), _value_range(s["lo"], s["hi"], unit), unit,
                  str(s["n"]), point["status"] if point["status"] == "ok" else f"{point['status']}: {point['error']}")
         for col, text in enumerate(cells):
             self.table.setItem(row, col, QTableWidgetItem(text))
@@ -243,8 +278,20 @@ class BenchPanel(QWidget):
         self._done()
         self.progress.setValue(1000)
         extra = f" ({result['error']})" if result.get("error") else ""
+        if result.get("comparison") is not None:
+            self._show_ab(result, extra)
+            return
         self.status.setText(f"{result['status']}: saved as run “{result['name']}” (id {result['run_id']}) with "
                             f"{result['metrics']} metrics{extra}. Open it in Runs.")
+
+    def _show_ab(self, result: dict, extra: str) -> None:
+        """B against A in the A/B tab, in `runs compare`'s words (interleaved, significance, quality)."""
+        self.ab_view.setPlainText(result["comparison"])
+        self._ab_shown = True
+        self.tabs.setCurrentWidget(self.ab_view)
+        a_id, b_id = result["run_ids"]
+        self.status.setText(f"{result['status']}: A/B saved as runs “{result['name']}” (ids {a_id}, {b_id}), "
+                            f"measured interleaved in one process{extra}. B against A is in the A/B tab.")
 
     def _on_failed(self, message: str) -> None:
         self._done()
@@ -273,5 +320,6 @@ class BenchPanel(QWidget):
             return False
         if stored.info.kind not in SUITES or not self.roofline_view.show_run(stored):
             return False
-        self.tabs.setCurrentWidget(self.roofline_view)
+        if not self._ab_shown:
+            self.tabs.setCurrentWidget(self.roofline_view)
         return True

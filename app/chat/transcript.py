@@ -4,14 +4,16 @@ Each turn is built in a scratch QTextDocument and inserted as a fragment: the ro
 of its own with its own format (nothing of it bleeds into the text), the user's text as typed, an
 assistant reply through Qt's own Markdown reader (``QTextDocument.setMarkdown``, GitHub dialect,
 raw HTML off) with code in the system's fixed-width font on a tinted background, and a footer line
-(stats or error). The reply being streamed is re-rendered in place, only its own turn, at most
+(stats or error). Long code lines wrap inside their block (Qt's reader marks code blocks
+non-breaking, which would widen the whole transcript and scroll every turn sideways), and so does a
+long word such as a URL. The reply being streamed is re-rendered in place, only its own turn, at most
 ``1000 / RENDER_INTERVAL_MS`` times a second, so a long reply stays cheap.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import (QColor, QFont, QFontDatabase, QPalette, QTextBlockFormat, QTextCharFormat,
-                           QTextCursor, QTextDocument, QTextDocumentFragment, QTextFormat)
+                           QTextCursor, QTextDocument, QTextDocumentFragment, QTextFormat, QTextOption)
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 RENDER_INTERVAL_MS = 50  # ≤ 20 re-renders a second while a reply streams
@@ -19,6 +21,7 @@ MARKDOWN = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.M
 ROLE_COLORS = {"user": "#3182ce", "assistant": "#38a169", "system": "#805ad5"}
 ERROR_COLOR = "#e53e3e"
 TURN_GAP_PX = 14
+CODE_BLOCK = QTextFormat.UserProperty + 1  # set on a code block's lines once they may wrap
 
 
 class ChatTranscript(QTextBrowser):
@@ -28,6 +31,8 @@ class ChatTranscript(QTextBrowser):
         super().__init__(parent)
         self.setObjectName("transcript")
         self.setOpenExternalLinks(True)
+        self.setWordWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)  # never wider than the view
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self._stream_start: int | None = None  # where the streamed turn begins in the document
         self._stream_text = ""
         self._timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS, timeout=self.flush)
@@ -159,6 +164,8 @@ class ChatTranscript(QTextBrowser):
                     fmt.setTopMargin(4)  # a code block sets itself off from the text around it
                 if not _is_code(block.next()):
                     fmt.setBottomMargin(4)
+                fmt.setNonBreakableLines(False)
+                fmt.setProperty(CODE_BLOCK, True)
                 cursor = QTextCursor(block)
                 cursor.setBlockFormat(fmt)
                 cursor.movePosition(QTextCursor.EndOfBlock, QTextCursor.KeepAnchor)
@@ -200,4 +207,5 @@ class ChatTranscript(QTextBrowser):
 
 def _is_code(block) -> bool:
     fmt = block.blockFormat()
-    return block.isValid() and (fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.nonBreakableLines())
+    return block.isValid() and (fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.nonBreakableLines()
+                                or fmt.boolProperty(CODE_BLOCK))

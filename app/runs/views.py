@@ -10,7 +10,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QHeaderView, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
                                QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
 
-from opscope.app.tables import with_unit
+from opscope.app.tables import keep_in_view, with_unit
 from opscope.app.telemetry.plots import LINE_COLORS
 
 TELEMETRY_PREFERENCE = ("gpu0.util_pct", "host.cpu_pct", "engine.cpu_pct", "engine.rss_bytes")
@@ -63,7 +63,9 @@ def _histogram(plot: pg.PlotItem, samples: list[float], color: str, name: str, d
 
 def _count_axis(plot: pg.PlotItem, tallest: int) -> None:
     """Whole-number ticks on a count axis (3 samples must not read 0.5, 1.5, 2.5)."""
-    step = max(1, int(np.ceil(tallest / 5)))
+    rough = max(tallest / 5, 1.0)
+    magnitude = 10 ** int(np.floor(np.log10(rough)))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= rough)  # 1, 2, 5, 10, 20…: never 11
     plot.getAxis("left").setTickSpacing(step, step)
     plot.setLabel("left", "repetitions")
 
@@ -97,6 +99,7 @@ class RunDetailView(QWidget):
         super().__init__(parent)
         self.header = QLabel("Select a run and press Open.", objectName="panelHint", wordWrap=True)
         self.metrics = _table(["metric", "params", "median", "95% CI", "n", "unit", "status"])
+        keep_in_view(self.metrics, elastic=(0, 1, 6))  # names, params and errors elide; numbers never
         self.histogram = pg.PlotWidget(title="raw samples of the selected metric")
         self.telemetry = pg.PlotWidget(title="telemetry during the run")
         self.fingerprint = QTreeWidget(headerLabels=["field", "value"])
@@ -188,6 +191,7 @@ class CompareView(QWidget):
         self.header = QLabel("Select two or more runs and press Compare.", objectName="panelHint", wordWrap=True)
         self.table = _table(["metric"])
         self.diff = _table(["field"])
+        keep_in_view(self.table, elastic=(0,))
         # Keys in the title row, not a legend box over the bars and lines.
         self.distributions = pg.PlotWidget(title="raw samples of the selected metric, per run")
         self.telemetry = pg.PlotWidget(title="telemetry, per run")
@@ -213,6 +217,7 @@ class CompareView(QWidget):
                             f"change. " + " ".join(comparison.notes))
         self._fill_table(comparison, names)
         self._fill_diff(comparison, names)
+        keep_in_view(self.diff, elastic=range(self.diff.columnCount()))  # long fingerprint values elide
         self._show_telemetry(runs)
         if self._rows:
             self.table.selectRow(0)

@@ -24,6 +24,17 @@ from opscope.engine.clock import now_ns
 WINDOWS_S = (("30 s", 30), ("1 min", 60), ("5 min", 300), ("15 min", 900), ("1 h", 3600))
 MAX_BANDS = 2000  # the newest bands in the window; a long benchmark marks every repetition
 RANKS_ROW = 100  # below every host and GPU plot, however many GPUs appear later
+COMM_PHASE = "all_reduce"  # a tensor-parallel rank's communication inside its forwards
+
+
+def _lane(phases, rank: int, until_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x seconds before ``until_ns``, y = the rank) of each phase as a segment, NaN-separated."""
+    xs, ys = [], []
+    for p in phases:
+        end = p.end_ns if p.end_ns is not None else until_ns
+        xs += [(p.start_ns - until_ns) / 1e9, (end - until_ns) / 1e9, np.nan]
+        ys += [float(rank)] * 2 + [np.nan]
+    return np.array(xs), np.array(ys)
 
 
 def _phase_legend() -> str:
@@ -44,6 +55,7 @@ class TelemetryPanel(QWidget):
         self.cursors: list[pg.InfiniteLine] = []
         self.rank_plot: pg.PlotItem | None = None  # appears with the first phase that carries a rank
         self.rank_curves: dict[int, pg.PlotDataItem] = {}
+        self.rank_comm_curves: dict[int, pg.PlotDataItem] = {}  # all_reduce spans over a rank's forwards
         self.gpu_note = QLabel(objectName="panelHint", wordWrap=True, visible=False)
         self._entities: list[str] | None = None
         self._scale: dict[str, float] = {}
@@ -100,6 +112,10 @@ class TelemetryPanel(QWidget):
         if spec.lanes:
             plot.getAxis("left").setTicks([[(i, name) for i, name in enumerate(reason_names())]])
             plot.setYRange(-0.5, len(reason_names()) - 0.5, padding=0)
+        else:
+            # An invisible point at 0 keeps zero in the auto range: an RSS of 1 GiB reads against a
+            # 0 on the axis, not a floating line at the bottom of a 1..24 GiB plot.
+            plot.addItem(pg.ScatterPlotItem([0.0], [0.0], size=0, pen=None, brush=None))
         for side in ("left", "bottom"):
             # The grid belongs to the axis item and spans the plot, so every curve update would
             # repaint (re-rasterize) the axis text; a device cache turns that into a blit. The
@@ -229,25 +245,26 @@ class TelemetryPanel(QWidget):
 
     # -- ranks ----------------------------------------------------------------------------------
     def _update_ranks(self, spans: dict, until_ns: int) -> None:
-        """One lane per rank (rank 0 on top), each phase a thick segment: stragglers stand out."""
+        """One lane per rank (rank 0 on top), each phase a thick segment: stragglers stand out. A
+        tensor-parallel rank's all_reduces are a thinner segment of their own colour over its
+        forwards, so each step's share of communication shows."""
         if not spans and self.rank_plot is None:
             return
         if self.rank_plot is None:
             self._add_rank_plot()
         for rank in sorted(spans):
-            xs, ys = [], []
-            for p in spans[rank]:
-                end = p.end_ns if p.end_ns is not None else until_ns
-                xs += [(p.start_ns - until_ns) / 1e9, (end - until_ns) / 1e9, np.nan]
-                ys += [float(rank)] * 2 + [np.nan]
-            self._rank_curve(rank).setData(np.array(xs), np.array(ys), connect="finite")
+            comm = [p for p in spans[rank] if p.phase == COMM_PHASE]
+            rest = [p for p in spans[rank] if p.phase != COMM_PHASE]
+            self._rank_curve(rank).setData(*_lane(rest, rank, until_ns), connect="finite")
+            if comm or rank in self.rank_comm_curves:
+                self._rank_comm_curve(rank).setData(*_lane(comm, rank, until_ns), connect="finite")
         lanes = sorted(set(self.rank_curves) | set(spans))
         self.rank_plot.getAxis("left").setTicks([[(r, f"rank {r}") for r in lanes]])
         self.rank_plot.setYRange(-0.5, max(lanes) + 0.5, padding=0)
 
     def _add_rank_plot(self) -> None:
         plot = self.graphics.addPlot(row=RANKS_ROW, col=0)
-        plot.setTitle("Ranks (collectives and phases per process, one time axis)")
+        plot.setTitle("Ranks (collectives, forwards and their all_reduces per process, one time axis)")
         plot.setMouseEnabled(x=False, y=False)
         plot.invertY(True)  # rank 0 on top, as in the Perfetto export
         plot.setMaximumHeight(200)
@@ -262,6 +279,13 @@ class TelemetryPanel(QWidget):
         if curve is None:
             color = LINE_COLORS[rank % len(LINE_COLORS)]
             curve = self.rank_curves[rank] = self.rank_plot.plot(pen=pg.mkPen(color, width=8))
+        return curve
+
+    def _rank_comm_curve(self, rank: int) -> pg.PlotDataItem:
+        curve = self.rank_comm_curves.get(rank)
+        if curve is None:
+            color = LINE_COLORS[(rank + len(LINE_COLORS) // 2) % len(LINE_COLORS)]
+            curve = self.rank_comm_curves[rank] = self.rank_plot.plot(pen=pg.mkPen(color, width=4))
         return curve
 
     # -- crosshair ------------------------------------------------------------------------------

@@ -4,12 +4,15 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHeaderView, QLabel,
                                QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSizePolicy, QSpinBox,
                                QSplitter, QTableView, QTextBrowser, QVBoxLayout, QWidget)
 
 from opscope.app.notify import export_guard
 from opscope.app.protocol import TraceRequest
+from opscope.app.tables import keep_in_view, refit
+from opscope.app.trace.ops_model import COLUMNS as OP_COLUMNS, ELASTIC, HIDDEN_BY_DEFAULT
 from opscope.app.trace.model import TraceModel
 from opscope.app.trace.timeline import TraceTimeline
 
@@ -49,6 +52,7 @@ class TracePanel(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.Interactive)
         self.table.verticalHeader().setDefaultSectionSize(20)  # uniform rows: Qt skips measuring them
         self.table.verticalHeader().setVisible(False)
+        self._fit_op_columns()
         self.timeline = TraceTimeline()
         self._build_layout()
         model.started.connect(self._on_started)
@@ -102,7 +106,7 @@ class TracePanel(QWidget):
         body.addWidget(self.timeline)
         body.setStretchFactor(0, 3)
         body.setSizes([560, 200])
-        top.setSizes([380, 750])
+        top.setSizes([330, 800])  # the op table gets the room: its names elide less
         layout = QVBoxLayout(self)
         layout.addLayout(self._controls_layout())
         layout.addWidget(self.status)
@@ -153,6 +157,25 @@ class TracePanel(QWidget):
         col.addLayout(row)
         col.addWidget(self.table, 1)
         return box
+
+    def _fit_op_columns(self) -> None:
+        """The op table fits the panel at 1400x900: the rarely needed columns start hidden (the
+        header's context menu shows them again, the hover text of a row lists them all), and long
+        op and module names end in "…" rather than push the numbers out of view."""
+        header = self.table.horizontalHeader()
+        for i, (key, _header, _fmt) in enumerate(OP_COLUMNS):
+            self.table.setColumnHidden(i, key in HIDDEN_BY_DEFAULT)
+        header.setContextMenuPolicy(Qt.ActionsContextMenu)
+        header.setToolTip("Right-click to show or hide columns; hover a row for all of its fields")
+        for i, (key, title, _fmt) in enumerate(OP_COLUMNS):
+            action = QAction(title, header, checkable=True, checked=key not in HIDDEN_BY_DEFAULT)
+            action.toggled.connect(lambda on, col=i: self._show_column(col, on))
+            header.addAction(action)
+        keep_in_view(self.table, elastic=[i for i, (k, _h, _f) in enumerate(OP_COLUMNS) if k in ELASTIC])
+
+    def _show_column(self, col: int, shown: bool) -> None:
+        self.table.setColumnHidden(col, not shown)
+        refit(self.table)
 
     # -- actions --------------------------------------------------------------------------------
     def request(self) -> TraceRequest:
@@ -243,7 +266,7 @@ class TracePanel(QWidget):
         self._fill_findings(report)
         self._fill_filters()
         self.apply_filters()
-        self.table.resizeColumnsToContents()  # Qt samples a bounded number of rows for this
+        refit(self.table)  # contents' widths (Qt measures the rows on screen), inside the view
         self.timeline.show_ops(self.model.ops.columns)
 
     def _fill_cards(self, report: dict) -> None:

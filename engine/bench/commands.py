@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 import threading
 
@@ -52,7 +54,8 @@ def register(subparsers) -> None:
 
     add_launch_args(p)  # collectives (and tensor-parallel suites): ranks through torchrun's agent
     g.add_argument("--trace-out", default=None, metavar="PATH.json", dest="trace_out",
-                   help="collectives: write every rank's timeline as a Chrome/Perfetto trace, one track per rank")
+                   help="collectives, llm --nproc N: write every rank's timeline as a Chrome/Perfetto trace, "
+                        "one process per rank")
     p.set_defaults(func=cmd_bench)
 
 
@@ -85,6 +88,9 @@ def cmd_bench(args: argparse.Namespace, model=None) -> int:
         from opscope.engine.bench.options import check_torch_device
 
         check_torch_device(opts.device)
+    check_here = getattr(get_suite(args.suite), "check_here", None)
+    if check_here is not None:  # e.g. crossover on a machine with one device
+        check_here(opts, params)
     if getattr(args, "nproc", 1) > 1 and args.suite != "llm":
         from opscope.engine.errors import ConfigError
 
@@ -99,8 +105,12 @@ def cmd_bench(args: argparse.Namespace, model=None) -> int:
         if not args.no_save:
             from opscope.engine.store.commands import open_store
 
-            store = open_store(args.db, write=True)
+            from opscope.engine.bench.save_guard import SaveGuard
+
+            store = SaveGuard(open_store(args.db, write=True))  # a failed save must not lose the results
         sampler, recorder = _telemetry(args.telemetry)
+        if getattr(model, "tp", None) is not None:  # --nproc: each rank's forwards and all_reduces as markers
+            recorder = model.tp.recorder(recorder)
         with progress_bar(f"bench {args.suite}") as progress:
             run_id, result = run_suite(args.suite, opts, store, name=args.name, tags=args.tag,
                                        notes=args.notes, params=params, progress=progress,
@@ -110,13 +120,19 @@ def cmd_bench(args: argparse.Namespace, model=None) -> int:
             sampler.stop()
         if store is not None:
             store.close()
-    summary_table(result, run_id, sys.stdout)
+    summary_table(result, run_id if store is None or store.error is None else None, sys.stdout)
+    if store is not None and store.error is not None:
+        sys.stdout.flush()  # the table first, then the one line saying why the run is not saved
+        raise store.error
     return 0 if result.status == "completed" else 1
 
 
 def bench_with(lm, args: argparse.Namespace) -> int:
-    """`opscope bench llm --nproc N` on rank 0: the suite on its tensor-parallel model."""
-    return cmd_bench(args, model=lm)
+    """`opscope bench llm --nproc N` on rank 0: the suite on its tensor-parallel model, then the
+    ranks' all_reduce share, imbalance and (--trace-out) per-rank trace."""
+    code = cmd_bench(args, model=lm)
+    lm.tp.report(sys.stdout, getattr(args, "trace_out", None))
+    return code
 
 
 def _telemetry(interval_ms: float | None):
@@ -153,6 +169,30 @@ def b_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ConfigError("--ab flags may change what is measured (model, device settings, --param), not "
                           "--ab, --name, --no-save or --telemetry")
     return b
+
+
+def ab_side(opts, suite: str, flags: str):
+    """Side B of an A/B run made outside the command line (the GUI): ``flags``, as ``--ab`` takes
+    them, parsed over side A's options. Returns (B's BenchOptions, B's ``--param`` pairs)."""
+    from opscope.engine.cli_args import CliParser
+
+    sub = CliParser(prog="opscope").add_subparsers()
+    register(sub)
+    a = sub.choices["bench"].parse_args([suite])
+    for key in ("device", "dtype", "quick", "model", "backend", "threads", "attention", "fastpath", "compile",
+                "quantize", "repeat", "min_time_s", "warmup", "load_threshold"):
+        setattr(a, key, getattr(opts, key))
+    a.ab = flags
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            b = b_args(a)
+    except SystemExit as e:  # argparse's one-line error: a message here, not an exit
+        from opscope.engine.errors import ConfigError
+
+        text = said.getvalue().strip().removeprefix("opscope: error:").strip() or "not valid bench flags"
+        raise ConfigError(f"A/B flags {flags!r}: {text}") from e
+    return options_from_args(b), list(b.param)
 
 
 def cmd_bench_ab(args: argparse.Namespace) -> int:
@@ -200,16 +240,26 @@ def _ab_comparison(store, runs) -> str:
     if store is not None:
         stored = [store.load(run_id) for run_id, _ in runs]
     else:
-        stored = [StoredRun(_memory_info(result), result) for _, result in runs]
+        # unsaved runs have no ids to tell them apart (both "#0"): they are named by their side
+        stored = [StoredRun(_memory_info(result, side), _as_side(result, side))
+                  for (_, result), side in zip(runs, "AB")]
     return "\n" + render(compare(stored), "text")
 
 
-def _memory_info(result):
+def _as_side(result, side: str):
+    """``result`` shown as side A or B of the pair (for an unsaved pair's comparison)."""
+    import dataclasses
+
+    pair = dict(result.settings.get("interleaved") or {}, pair=["A", "B"])
+    return dataclasses.replace(result, name=side, settings={**result.settings, "interleaved": pair})
+
+
+def _memory_info(result, name: str):
     from datetime import datetime, timezone
 
     from opscope.engine.store.convert import RunInfo
 
     now = datetime.now(timezone.utc)
-    return RunInfo(id=0, name=result.name, kind=result.kind, status=result.status, tags=tuple(result.tags),
+    return RunInfo(id=0, name=name, kind=result.kind, status=result.status, tags=tuple(result.tags),
                    notes=result.notes, created_at=now, finished_at=now, error=result.error,
                    metric_count=len(result.metrics), quality=result.quality)

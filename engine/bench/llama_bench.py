@@ -34,6 +34,8 @@ class LlamaBenchRun:
     peak_rss_bytes: int | None = None
     wall_s: float = 0.0
     info: dict = field(default_factory=dict)  # build, cpu, model type and size as llama-bench saw them
+    pp_avg_ts: float | None = None  # llama-bench's own figure for each test (the mean of n/t over its reps)
+    tg_avg_ts: float | None = None
 
 
 def find_binary(explicit: str | None = None) -> Path | None:
@@ -134,13 +136,13 @@ def parse(stdout: str, peak_rss_bytes: int | None = None, wall_s: float = 0.0) -
         tests = json.loads(stdout)
     except json.JSONDecodeError as e:
         raise RuntimeError(f"llama-bench printed no JSON ({e}): {stdout[:200]!r}") from e
-    pp, tg, n_prompt, n_gen, info = (), (), 0, 0, {}
+    pp, tg, n_prompt, n_gen, info, avg = (), (), 0, 0, {}, {}
     for t in tests:
         seconds = tuple(ns / 1e9 for ns in t["samples_ns"])
         if t["n_gen"] == 0 and t["n_prompt"] > 0:
-            pp, n_prompt = seconds, t["n_prompt"]
+            pp, n_prompt, avg["pp"] = seconds, t["n_prompt"], t.get("avg_ts")
         elif t["n_prompt"] == 0 and t["n_gen"] > 0:
-            tg, n_gen = seconds, t["n_gen"]
+            tg, n_gen, avg["tg"] = seconds, t["n_gen"], t.get("avg_ts")
         info = {k: t.get(k) for k in ("build_commit", "build_number", "cpu_info", "model_type",
                                       "model_size", "model_n_params", "n_threads", "type_k", "type_v")}
-    return LlamaBenchRun(pp, tg, n_prompt, n_gen, peak_rss_bytes, wall_s, info)
+    return LlamaBenchRun(pp, tg, n_prompt, n_gen, peak_rss_bytes, wall_s, info, avg.get("pp"), avg.get("tg"))

@@ -33,7 +33,16 @@ def parse_cli_params(module, pairs: list[str], quick: bool):
     """``["peers=opscope,llama_cpp", "tg=64"]`` → the suite's Params (None when no pairs)."""
     if not pairs:
         return None
-    base = _base(module, quick)
+    return build_params(module, _cli_values(_base(module, quick), pairs), quick)
+
+
+def override_cli_params(params, pairs: list[str]):
+    """``params`` (a suite's Params) with ``KEY=VALUE`` pairs applied over them (an A/B side's
+    ``--param`` flags over the form's values)."""
+    return dataclasses.replace(params, **_cli_values(params, pairs)) if pairs else params
+
+
+def _cli_values(base, pairs: list[str]) -> dict:
     defaults = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     values = {}
     for pair in pairs:
@@ -42,7 +51,7 @@ def parse_cli_params(module, pairs: list[str], quick: bool):
         if not sep or key not in defaults:
             raise ConfigError(f"--param {pair!r}: expected KEY=VALUE with KEY one of {sorted(defaults)}")
         values[key] = _check_range(defaults[key], _convert(defaults[key], text.strip(), key), key)
-    return build_params(module, values, quick)
+    return values
 
 
 def _check_range(default, value, key: str):

@@ -200,6 +200,10 @@ def run_summary(metrics: Sequence[Any], quality: str | None) -> str:
     if any(any(load.get("other_gpu_procs") or []) for load in loads):
         parts.append("other processes used the GPU")
     if disturbed:
+        # a point drops its disturbed samples only when enough quiet ones replace them, else keeps all
+        fate = ([f"{rerun} replaced by quiet re-runs and dropped"] if rerun else []) + (
+            [f"{disturbed - rerun} kept: too few quiet repetitions within the re-run budget"]
+            if disturbed > rerun else [])
         parts.append(f"{disturbed} of {sum(load.get('reps', 0) for load in points)} samples disturbed, "
-                     f"{rerun} of them re-run and dropped")
+                     f"{' and '.join(fate)}")
     return f"run quality: {quality} ({'; '.join(parts)})"

@@ -16,6 +16,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_model_args(p)
     add_nproc_arg(p)
+    p.add_argument("--trace-out", default=None, metavar="PATH.json", dest="trace_out",
+                   help="with --nproc: write every rank's forwards and all_reduces as a Chrome/Perfetto "
+                        "trace, one process per rank on one time axis")
     add_sampling_args(p)
     p.set_defaults(func=cmd_generate)
 
@@ -78,6 +81,9 @@ def cmd_generate(args) -> int:
     if args.prompt == "-":
         args.prompt = read_stdin_prompt()
     generation_config(args)  # bad sampling flags fail before anything is loaded
+    if getattr(args, "trace_out", None) and getattr(args, "nproc", 1) < 2:
+        raise ConfigError("--trace-out is the per-rank trace of --nproc N (N >= 2); for one process's ops "
+                          "use `opscope trace`")
     if getattr(args, "nproc", 1) > 1:
         from opscope.engine.distributed.tp_worker import GENERATE_TIMEOUT_S, job_from_args, run_tp
 
@@ -95,6 +101,8 @@ def generate_with(lm, args) -> int:
                           **lm.describe()}))
     else:
         print(f"\n[{done.stop_reason}] {summary_line(done.stats)}", file=sys.stderr)
+    if getattr(lm, "tp", None) is not None:  # --nproc: the ranks' all_reduce share, imbalance, trace
+        lm.tp.report(sys.stderr, getattr(args, "trace_out", None))
     return 0
 
 
@@ -119,8 +127,8 @@ def chat_with(lm, args) -> int:
             raise ConfigError(f"chat input is not valid UTF-8 (byte 0x{e.object[e.start]:02x}): "
                               f"type or pipe text in UTF-8") from e
         except (EOFError, KeyboardInterrupt) as e:
-            if isinstance(e, Terminated):
-                raise
+            if isinstance(e, Terminated) or (isinstance(e, KeyboardInterrupt) and getattr(lm, "tp", None) is not None):
+                raise  # --nproc: Ctrl-C at the prompt ends the job on every rank (exit 130)
             print(file=sys.stderr)
             return 0
         if not line:
@@ -132,8 +140,8 @@ def chat_with(lm, args) -> int:
         try:
             done = _stream(lm.chat(history, cfg))
         except KeyboardInterrupt as e:
-            if isinstance(e, Terminated) or getattr(lm, "tp", None) is not None:
-                raise  # tensor-parallel: the other ranks may be inside this step's all_reduce
+            if isinstance(e, Terminated):
+                raise  # (--nproc: rank 0 raises Ctrl-C only between forwards, so every rank can go on)
             print("\n[stopped]", file=sys.stderr)
             history.pop()
             continue

@@ -3,6 +3,7 @@ each point's straggler, and optionally write the per-rank Perfetto trace."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import IO, Any
 
@@ -50,6 +51,7 @@ def run_collectives(args: argparse.Namespace, out: IO[str] | None = None) -> int
                           f"give --nproc 2 or more")
     spec = launch_spec(args, default_timeout_s=600.0)
     params = parse_cli_params(suite, args.param, args.quick) or (suite.QUICK if args.quick else suite.Params())
+    params = dataclasses.replace(params, nproc=args.nproc)  # the command line's --nproc, saved with the run
     cfg, note = suite.sweep_config(params, spec.resolved_backend() == "nccl", args.quick)
     ranks = suite.measure(spec, cfg)
     if args.node_rank != 0:  # only node 0 (global rank 0's node) saves and reports the run
@@ -67,8 +69,6 @@ def run_collectives(args: argparse.Namespace, out: IO[str] | None = None) -> int
 
 
 def build_result(args, spec, params, cfg, note, ranks):
-    import dataclasses
-
     from opscope.engine.bench import fingerprint
     from opscope.engine.bench.suites import collectives as suite
     from opscope.engine.results import RunResult

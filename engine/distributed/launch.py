@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -34,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from opscope.engine.cli_args import Terminated
 from opscope.engine.errors import Cancelled, ConfigError, DistributedError
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class LaunchSpec:
     rdzv_endpoint: str | None = None
     backend: str | None = None
     timeout_s: float = 120.0
+    rank0_takes_sigint: bool = False  # an interactive rank 0 answers Ctrl-C itself (see launch)
 
     def __post_init__(self):
         if self.nproc < 1:
@@ -88,7 +91,12 @@ class LaunchSpec:
 
 
 def launch(spec: LaunchSpec, entrypoint: Callable, *args) -> dict[int, Any]:
-    """Run ``entrypoint(*args)`` on every rank of this node; {global rank: its return value}."""
+    """Run ``entrypoint(*args)`` on every rank of this node; {global rank: its return value}.
+
+    Ctrl-C ends the job: the agent stops every rank (Cancelled). With ``spec.rank0_takes_sigint``
+    (an interactive rank 0, the chat) the agent runs in a thread, so that it installs no handler of
+    its own, and once rank 0 calls ``sigint_taken()`` this process ignores Ctrl-C: rank 0, in the
+    same process group, gets it and decides (stop a reply, or end the job by returning)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
@@ -96,9 +104,14 @@ def launch(spec: LaunchSpec, entrypoint: Callable, *args) -> dict[int, Any]:
     _preload_forkserver()
     log_dir = tempfile.mkdtemp(prefix="opscope-ranks-")
     config = _launch_config(spec, DefaultLogsSpecs(log_dir=log_dir))
+    env = dict(os.environ)
     try:
         with _quiet_agent():
-            return elastic_launch(config, _run_rank)(spec, entrypoint, args, dict(os.environ))
+            run = elastic_launch(config, _run_rank)
+            if not spec.rank0_takes_sigint or threading.current_thread() is not threading.main_thread():
+                return run(spec, entrypoint, args, env)
+            env[_SIGINT_READY] = os.path.join(log_dir, "rank0-takes-sigint")
+            return _run_beside(run, (spec, entrypoint, args, env), env[_SIGINT_READY])
     except ChildFailedError as e:
         raise DistributedError(_one_line(e, spec)) from None
     except Exception as e:
@@ -109,12 +122,85 @@ def launch(spec: LaunchSpec, entrypoint: Callable, *args) -> dict[int, Any]:
         shutil.rmtree(log_dir, ignore_errors=True)
 
 
+_SIGINT_READY = "OPSCOPE_RANK0_TAKES_SIGINT"
+
+
+def sigint_taken() -> None:
+    """Rank 0 says it handles Ctrl-C from now on (launch with ``rank0_takes_sigint``)."""
+    path = os.environ.get(_SIGINT_READY)
+    if path:
+        with open(path, "w"):
+            pass
+
+
+def _run_beside(run: Callable, args: tuple, ready_path: str):
+    """``run(*args)`` (the agent) in a thread; Ctrl-C here before rank 0 has taken it over, or
+    SIGTERM at any time, stops the ranks and is raised once the agent has seen them go."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def agent():
+        try:
+            box["result"] = run(*args)
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+    thread = threading.Thread(target=agent, name="opscope-agent", daemon=True)
+    thread.start()
+    stop: BaseException | None = None
+    try:
+        while not done.is_set():
+            try:
+                time.sleep(0.05)  # not thread.join: a Ctrl-C inside it marks a live thread stopped (3.11)
+            except KeyboardInterrupt as e:  # SIGTERM (Terminated) too
+                if isinstance(e, Terminated) or not os.path.exists(ready_path):
+                    stop = e
+                    _stop_ranks()
+                # else: rank 0 got the same Ctrl-C and answers it
+    finally:
+        if not done.is_set():  # leaving for any other reason: no rank may outlive this process
+            _stop_ranks()
+            done.wait(_SHUTDOWN_S + 5)
+    if stop is not None:
+        raise Cancelled("distributed run stopped by " + ("SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C")
+                        + "; all ranks stopped") from stop
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def _stop_ranks() -> None:
+    """SIGTERM to every rank of this process (the forkserver's children; the agent sees them end)."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.ppid() != os.getpid():  # a rank, not the forkserver or resource tracker
+                child.terminate()
+        except psutil.Error:
+            pass
+
+
 def _preload_forkserver() -> None:
     """Ranks fork from one server that imported torch once, fresh (no threads, no CUDA): a launch
-    then costs no torch import per rank, and the server is reused by every later launch."""
+    then costs no torch import per rank, and the server is reused by every later launch.
+
+    The server starts with SIGINT ignored: a Ctrl-C at the terminal reaches the whole process
+    group, and without this one while the server still imports torch prints its traceback. The
+    ranks inherit it; ``_run_rank`` gives them Python's handler back (the agent stops ranks with
+    SIGINT, then SIGKILL), except for a chat, whose rank 0 takes Ctrl-C over itself."""
     import multiprocessing
+    from multiprocessing import forkserver
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed", __name__])
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # an ignored signal stays ignored across exec
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _launch_config(spec: LaunchSpec, logs_specs):
@@ -147,7 +233,11 @@ class _quiet_agent:
     names = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
     def __enter__(self):
-        self.levels = [(logging.getLogger(n), logging.getLogger(n).level) for n in self.names]
+        # torch's elastic loggers each set their own level (LOGLEVEL, default WARNING), so the parents'
+        # level does not reach them: every one that exists is quietened (e.g. the agent's "Received 2
+        # death signal, shutting down workers", printed before our own line on Ctrl-C)
+        known = [n for n in logging.root.manager.loggerDict if n.startswith(self.names)]
+        self.levels = [(logging.getLogger(n), logging.getLogger(n).level) for n in (*self.names, *known)]
         for logger, _ in self.levels:
             logger.setLevel(logging.CRITICAL)
 
@@ -161,6 +251,8 @@ def _run_rank(spec: LaunchSpec, entrypoint: Callable, args: tuple, parent_env: d
     import torch.distributed as dist
 
     _adopt_env(parent_env)
+    if not spec.rank0_takes_sigint:  # the forkserver's SIG_IGN guarded its import only: the agent
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # stops the ranks with SIGINT first
     watchdog = _Watchdog(spec.timeout_s)
     watchdog.start()
     try:

@@ -8,13 +8,15 @@ forward. Query and KV heads are split alike, so a rank's query heads use exactly
 the norms and the output head stay whole on every rank (dense float32 weights).
 
 ``shard_model`` works in place on the plain torch model (engine.models.llama.Transformer) as
-loaded: weights are sliced per rank, the rest freed. ``CommMeter`` times what happens inside the
-all_reduces, so a decode step's communication share can be reported per rank.
+loaded: weights are sliced per rank, the rest freed. ``CommMeter`` records every forward and every
+all_reduce as a span, so a decode step's communication share is read from the same spans the
+per-rank trace shows.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from array import array
+from bisect import bisect_left
 
 import torch
 import torch.nn as nn
@@ -55,55 +57,97 @@ def shard_linear(linear: nn.Linear, dim: int, rank: int, world: int) -> None:
         linear.in_features = size
 
 
-@dataclass
 class CommMeter:
-    """Time spent inside the all_reduces of this rank, and in the forward passes around them.
+    """Every forward pass and every all_reduce of this rank, as spans on the engine's clock.
 
-    ``decode`` keeps (step_ns, all_reduce_ns) of every single-token forward since ``reset``, so the
-    all_reduce share of each decode step can be reported as a distribution, not one mean."""
+    The spans are the one record: the all_reduce share of each decode step (``summary``), the
+    per-rank Perfetto trace and the run's rank markers (engine.distributed.ranks) all read them, so
+    a figure and the trace cannot disagree. A forward is (start, end, tokens); an all_reduce is
+    (start, end, bytes). ``reset`` opens a new window (the share of a benchmark repetition is its
+    steps only); ``clear`` forgets everything. Spans live in flat int64 arrays (24 B each); past
+    ``max_spans`` the oldest half is dropped, so a long chat cannot grow them forever."""
 
-    sync: object = None  # called before each clock read (CUDA: torch.cuda.synchronize)
-    allreduce_ns: int = 0
-    allreduce_calls: int = 0
-    allreduce_bytes: int = 0
-    decode: list = field(default_factory=list)
+    def __init__(self, sync=None, max_spans: int = 1_000_000):
+        self.sync = sync  # called before each clock read (CUDA: torch.cuda.synchronize)
+        self.max_spans = max_spans
+        self.clear()
+
+    def clear(self) -> None:
+        self.fwd = (array("q"), array("q"), array("q"))  # start_ns, end_ns, tokens
+        self.ar = (array("q"), array("q"), array("q"))  # start_ns, end_ns, bytes
+        self.window = 0  # index of the window's first forward
+        self.dropped = 0  # forwards dropped past max_spans
+        self._open = None
 
     def reset(self) -> None:
-        self.allreduce_ns = self.allreduce_calls = self.allreduce_bytes = 0
-        self.decode = []
+        self.window = len(self.fwd[0])
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
         if self.sync is not None:
             self.sync()
-        t0 = time.perf_counter_ns()
+        t0 = time.monotonic_ns()
         dist.all_reduce(t)
         if self.sync is not None:
             self.sync()
-        self.allreduce_ns += time.perf_counter_ns() - t0
-        self.allreduce_calls += 1
-        self.allreduce_bytes += t.numel() * t.element_size()
+        _append(self.ar, t0, time.monotonic_ns(), t.numel() * t.element_size())
         return t
 
-    def record_step(self, step_ns: int, allreduce_ns: int) -> None:
-        if len(self.decode) < 100_000:  # bounded: a long chat must not grow it forever
-            self.decode.append((step_ns, allreduce_ns))
+    def begin_forward(self) -> None:
+        self._open = time.monotonic_ns()
+
+    def end_forward(self, tokens: int) -> None:
+        if self._open is None:
+            return
+        if self.sync is not None:
+            self.sync()
+        _append(self.fwd, self._open, time.monotonic_ns(), tokens)
+        self._open = None
+        if len(self.ar[0]) + len(self.fwd[0]) > self.max_spans:
+            self._drop_oldest_half()
+
+    def _drop_oldest_half(self) -> None:
+        n = len(self.fwd[0]) // 2
+        cut = self.fwd[0][n] if n < len(self.fwd[0]) else (1 << 62)
+        k = bisect_left(self.ar[0], cut)  # spans are appended in time order
+        for a in self.fwd:
+            del a[:n]
+        for a in self.ar:
+            del a[:k]
+        self.window, self.dropped = max(0, self.window - n), self.dropped + n
+
+    def spans(self, since: int = 0) -> dict:
+        """Plain lists (picklable): forwards from index ``since`` and the all_reduces inside them."""
+        fs, fe, ft = (a[since:].tolist() for a in self.fwd)
+        i = bisect_left(self.ar[0], fs[0]) if fs else len(self.ar[0])
+        return {"forwards": list(zip(fs, fe, ft)), "all_reduces": list(zip(*(a[i:].tolist() for a in self.ar))),
+                "dropped": self.dropped}
 
     def summary(self) -> dict:
-        """Per-rank figures of the single-token steps since ``reset``: the share (percent) of each
-        step spent inside all_reduce, its median and spread, and the totals."""
+        """This window's single-token forwards (decode steps): the share (percent) of each spent
+        inside all_reduce, from the spans (engine.distributed.ranks.decode_steps), and the totals."""
         import statistics
 
-        shares = [100.0 * a / s for s, a in self.decode if s > 0]
-        return {"decode_steps": len(self.decode),
+        from opscope.engine.distributed.ranks import decode_steps
+
+        sp = self.spans(self.window)
+        steps = decode_steps(sp)
+        shares = [s["allreduce_pct"] for s in steps]
+        return {"decode_steps": len(steps),
                 "allreduce_pct": shares,
                 "allreduce_pct_median": statistics.median(shares) if shares else float("nan"),
                 "allreduce_pct_min": min(shares, default=float("nan")),
                 "allreduce_pct_max": max(shares, default=float("nan")),
-                "step_ms_median": statistics.median(s / 1e6 for s, _ in self.decode) if self.decode else float("nan"),
-                "allreduce_ms_total": self.allreduce_ns / 1e6, "allreduce_calls": self.allreduce_calls,
-                "allreduce_bytes": self.allreduce_bytes}
+                "step_ms_median": statistics.median(s["step_ns"] / 1e6 for s in steps) if steps else float("nan"),
+                "allreduce_ms_total": sum(e - s for s, e, _ in sp["all_reduces"]) / 1e6,
+                "allreduce_calls": len(sp["all_reduces"]),
+                "allreduce_bytes": sum(b for _, _, b in sp["all_reduces"])}
+
+
+def _append(arrays, *values) -> None:
+    for a, v in zip(arrays, values):
+        a.append(v)
 
 
 def shard_model(model, rank: int, world: int, meter: CommMeter | None = None, reduce=None) -> CommMeter:

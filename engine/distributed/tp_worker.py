@@ -14,18 +14,19 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 
-from opscope.engine.errors import ConfigError, DeviceError, EngineError
+from opscope.engine.cli_args import Terminated
+from opscope.engine.errors import Cancelled, ConfigError, DeviceError, EngineError
 
 log = logging.getLogger(__name__)
 
-OP_STOP, OP_FORWARD, OP_METER_RESET, OP_METER_READ = 0, 1, 2, 3
+OP_STOP, OP_FORWARD, OP_METER_RESET, OP_METER_READ, OP_SPANS_READ, OP_SPANS_CLEAR = 0, 1, 2, 3, 4, 5
 _HEADER = 8  # op, B, T, start, last_only, has_pad, cache batch, cache length
 # Each rank's whole run and each collective are bounded (engine.distributed.launch): a dead rank is
 # seen at once (its sockets close, the agent stops the others); these bound a hung one.
@@ -47,6 +48,7 @@ class TPJob:
     nproc: int = 2
     timeout_s: float = 600.0
     stdin_path: str | None = None  # rank 0 reads the user's input from here (chat)
+    parent_pid: int | None = None  # rank 0 writes to this process's stdout and stderr (where they are now)
 
 
 def job_from_args(args, timeout_s: float = 600.0, stdin: bool = False) -> TPJob:
@@ -70,7 +72,8 @@ def job_from_args(args, timeout_s: float = 600.0, stdin: bool = False) -> TPJob:
     if args.nproc > 1 and device.startswith("cuda:"):
         raise ConfigError(f"--device {device} with --nproc {args.nproc}: give --device cuda; rank r uses cuda:r")
     stdin_path = f"/proc/{os.getpid()}/fd/0" if stdin else None
-    return TPJob(args.model, device, args.dtype, args.attention, args.threads, args.nproc, timeout_s, stdin_path)
+    return TPJob(args.model, device, args.dtype, args.attention, args.threads, args.nproc, timeout_s, stdin_path,
+                 os.getpid())
 
 
 def run_tp(job: TPJob, task: Callable, *task_args) -> Any:
@@ -85,8 +88,9 @@ def run_tp(job: TPJob, task: Callable, *task_args) -> Any:
     if backend == "nccl" and torch.cuda.device_count() < job.nproc:
         raise DeviceError(f"--nproc {job.nproc} on --device cuda needs {job.nproc} GPUs, one per rank; "
                           f"{torch.cuda.device_count()} visible: lower --nproc")
-    results = launch(LaunchSpec(nproc=job.nproc, backend=backend, timeout_s=job.timeout_s), tp_main, job, task,
-                     task_args)
+    spec = LaunchSpec(nproc=job.nproc, backend=backend, timeout_s=job.timeout_s,
+                      rank0_takes_sigint=job.stdin_path is not None)  # the chat: Ctrl-C stops a reply
+    results = launch(spec, tp_main, job, task, task_args)
     out = results.get(0)
     if isinstance(out, BaseException):
         raise out
@@ -97,21 +101,36 @@ def tp_main(job: TPJob, task: Callable, task_args: tuple) -> Any:
     """Every rank: load, shard, then rank 0 runs ``task`` and the others follow until it stops."""
     import torch.distributed as dist
 
+    from opscope.engine.distributed.ranks import clock_alignment
+
     rank, world = dist.get_rank(), dist.get_world_size()
     lm, meter = load_sharded(job, rank, world)
+    meter.offset_ns = clock_alignment(torch, dist, None)["offset_ns"]  # onto rank 0's clock
     if rank != 0:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
         follow(lm.model, meter)
         return meter.summary()
     driver = Driver(lm.model, meter)
+    if job.parent_pid:
+        _write_where_the_parent_writes(job.parent_pid)
     if job.stdin_path:
         _reopen_stdin(job.stdin_path)
+        driver.take_sigint()
+    else:  # SIGTERM (the launcher's, passed on by the agent): close what is open (a bench run) as on Ctrl-C
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         result = task(_as_tensor_parallel(lm, driver), *task_args)
     except EngineError as e:  # the user's error, raised again by the parent as it is
+        if isinstance(e, Cancelled) and not driver.sigint_taken:
+            return e  # a bench closed as aborted on SIGTERM: the agent is stopping every rank
         result = e
-    # Anything else (Ctrl-C, a bug) may have left a forward half-done: no STOP then; the followers
-    # fail on the closed connection when this rank exits and the launcher names this rank's error.
+    except KeyboardInterrupt as e:
+        if not driver.sigint_taken or isinstance(e, Terminated):
+            return Cancelled("stopped")  # the agent is stopping every rank already
+        # the chat's Ctrl-C at the prompt, raised between forwards: every rank stops cleanly
+        result = Cancelled("chat ended by Ctrl-C; every rank stopped")
+    # Anything else (a bug) may have left a forward half-done: no STOP then; the followers fail on
+    # the closed connection when this rank exits and the launcher names this rank's error.
     driver.stop()
     return result
 
@@ -166,7 +185,7 @@ class Driver:
         self.model, self.meter, self.world = model, meter, dist.get_world_size()
         self.device = model.embed.weight.device if dist.get_backend() == "nccl" else torch.device("cpu")
         self.stopped = False
-        self._t0 = self._ar0 = 0
+        self.sigint_taken = self.in_forward = self.sigint_pending = False
         self._hooks = [model.register_forward_pre_hook(self._before, with_kwargs=True),
                        model.register_forward_hook(self._after)]
 
@@ -178,7 +197,8 @@ class Driver:
         start = int(start[0]) if isinstance(start, torch.Tensor) else int(start)
         pad, last_only = kwargs.get("pad"), bool(kwargs.get("last_only", False))
         B, T = idx.shape
-        self._t0, self._ar0 = time.perf_counter_ns(), self.meter.allreduce_ns
+        self.in_forward = True  # from here a Ctrl-C waits for the forward's end (take_sigint)
+        self.meter.begin_forward()  # rank 0's step includes sending the inputs
         dist.broadcast(_header(self.device, OP_FORWARD, B, T, start, int(last_only), int(pad is not None),
                                *_cache_shape(model)), 0)
         dist.broadcast(idx.to(self.device, torch.long).contiguous(), 0)
@@ -186,10 +206,28 @@ class Driver:
             dist.broadcast(pad.to(self.device, torch.long).contiguous(), 0)
 
     def _after(self, model, args, out):
-        if args[0].shape[1] == 1:
-            if self.meter.sync is not None:
-                self.meter.sync()
-            self.meter.record_step(time.perf_counter_ns() - self._t0, self.meter.allreduce_ns - self._ar0)
+        self.meter.end_forward(int(args[0].shape[1]))
+        self.in_forward = False
+        if self.sigint_pending:
+            self.sigint_pending = False
+            raise KeyboardInterrupt  # every rank has finished this forward: stopping here is clean
+
+    def take_sigint(self) -> None:
+        """Ctrl-C on rank 0 (the chat): raised between forwards, never inside one, where the
+        other ranks would wait in its all_reduce; a Ctrl-C during a forward is raised at its end.
+        A second one while a forward is still running (a rank stuck) ends this rank."""
+        from opscope.engine.distributed.launch import sigint_taken
+
+        signal.signal(signal.SIGINT, self._on_sigint)
+        self.sigint_taken = True
+        sigint_taken()
+
+    def _on_sigint(self, _signum, _frame) -> None:
+        if not self.in_forward:
+            raise KeyboardInterrupt
+        if self.sigint_pending:
+            os._exit(130)
+        self.sigint_pending = True
 
     def reset_meters(self) -> None:
         import torch.distributed as dist
@@ -205,6 +243,39 @@ class Driver:
         out = [None] * self.world
         dist.gather_object(self.meter.summary(), out, dst=0)
         return out
+
+    def read_spans(self) -> dict[int, dict]:
+        """Every rank's spans since the last clear, on rank 0's clock: {rank: CommMeter.spans()
+        with "offset_ns"} (engine.distributed.ranks reads them)."""
+        import torch.distributed as dist
+
+        dist.broadcast(_header(self.device, OP_SPANS_READ), 0)
+        out = [None] * self.world
+        dist.gather_object(_own_spans(self.meter), out, dst=0)
+        return dict(enumerate(out))
+
+    def clear_spans(self) -> None:
+        import torch.distributed as dist
+
+        dist.broadcast(_header(self.device, OP_SPANS_CLEAR), 0)
+        self.meter.clear()
+
+    def report(self, out, trace_out=None) -> None:
+        """The ranks' all_reduce share and imbalance (engine.distributed.ranks.tp_report) and,
+        given a path, the per-rank Perfetto trace of the same spans."""
+        import torch.distributed as dist
+
+        from opscope.engine.distributed.ranks import tp_report, write_tp_trace
+
+        spans = self.read_spans()
+        for line in tp_report(spans, dist.get_backend()):
+            out.write(line + "\n")
+        if trace_out:
+            path = write_tp_trace(spans, trace_out)
+            out.write(f"per-rank trace: {path} (open in ui.perfetto.dev: one process per rank)\n")
+
+    def recorder(self, inner=None) -> "SpanRecorder":
+        return SpanRecorder(self, inner)
 
     def stop(self) -> None:
         import torch.distributed as dist
@@ -234,6 +305,10 @@ def follow(model, meter) -> None:
                 meter.reset()
             elif op == OP_METER_READ:
                 dist.gather_object(meter.summary(), None, dst=0)
+            elif op == OP_SPANS_READ:
+                dist.gather_object(_own_spans(meter), None, dst=0)
+            elif op == OP_SPANS_CLEAR:
+                meter.clear()
             elif op == OP_FORWARD:
                 n += 1
                 if n == die_at:
@@ -252,13 +327,50 @@ def _follow_forward(model, meter, device, fields) -> None:
         pad = torch.empty(B, dtype=torch.long, device=device)
         dist.broadcast(pad, 0)
     dev = model.embed.weight.device
-    t0, ar0 = time.perf_counter_ns(), meter.allreduce_ns
+    meter.begin_forward()
     with _matching_cache(model, cache_b, cache_len):
         model(idx.to(dev), start, pad=None if pad is None else pad.to(dev), last_only=bool(last_only))
-    if T == 1:
-        if meter.sync is not None:
-            meter.sync()
-        meter.record_step(time.perf_counter_ns() - t0, meter.allreduce_ns - ar0)
+    meter.end_forward(T)
+
+
+def _own_spans(meter) -> dict:
+    return {**meter.spans(), "offset_ns": getattr(meter, "offset_ns", 0)}
+
+
+class SpanRecorder:
+    """A benchmark run's recorder (engine.bench.session's ``recorder``) on rank 0: the ranks' spans
+    start empty with the measurement and end up as the run's rank markers (forwards and
+    all_reduces, engine.distributed.ranks.tp_markers), with any telemetry recorder's own."""
+
+    def __init__(self, driver: Driver, inner=None):
+        self.driver, self.inner, self.markers = driver, inner, []
+
+    def start(self):
+        self.driver.clear_spans()
+        if self.inner is not None:
+            self.inner.start()
+        return self
+
+    def stop(self):
+        from opscope.engine.distributed.ranks import tp_markers
+
+        if self.inner is not None:
+            self.inner.stop()
+        if sys.exc_info()[0] is not None:  # stopped mid-step (Ctrl-C, a rank gone): no collective now
+            return self
+        try:
+            self.markers = tp_markers(self.driver.read_spans())
+        except Exception as e:  # the run was stopped mid-step (a rank gone): the run is kept without them
+            log.info("the ranks' spans could not be read (%s); the run is saved without rank markers", e)
+        return self
+
+    def attach(self, run):
+        if self.inner is not None:
+            self.inner.attach(run)
+        else:
+            run.telemetry, run.markers = [], []
+        run.markers = sorted(list(run.markers) + self.markers, key=lambda m: m.t_ns)
+        return run
 
 
 class _matching_cache:
@@ -297,6 +409,29 @@ def _die_step() -> int:
     spec = os.environ.get(DIE_ENV, "")
     rank, _, step = spec.partition(":")
     return int(step) if spec and int(rank) == dist.get_rank() else -1
+
+
+def _raise_terminated(_signum, _frame) -> None:
+    raise Terminated()
+
+
+def _write_where_the_parent_writes(pid: int) -> None:
+    """Rank 0 inherits the forkserver's stdout/stderr, which may be older than the caller's (a
+    forkserver started by an earlier launch, under other redirections): write to the caller's own.
+    Where both are the same file the inherited descriptor is kept: it shares the caller's offset."""
+    for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            theirs, mine = os.stat(path), os.fstat(fd)
+            if (theirs.st_dev, theirs.st_ino) == (mine.st_dev, mine.st_ino):
+                continue
+            target = os.open(path, os.O_WRONLY | os.O_APPEND)
+        except OSError:  # a socket, a closed fd, no /proc: keep the inherited one
+            continue
+        if stream is not None:
+            stream.flush()
+        os.dup2(target, fd)
+        os.close(target)
 
 
 def _reopen_stdin(path: str) -> None:

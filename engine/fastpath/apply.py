@@ -43,7 +43,8 @@ def _pack(source, name: str, layout: str = "auto"):
 def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
     """Replace every linear, and the token embedding, by a module over its GGUF blocks (each its
     own type); returns {ggml type: count swapped} ("dense:TYPE" for tensors left as they are)."""
-    from opscope.engine.fastpath.qlinear import QuantEmbedding, QuantLinear, QuantMLP, ensure_op
+    from opscope.engine.fastpath.qlinear import (QuantEmbedding, QuantLinear, QuantMLP, ensure_op,
+                                                 install_prefill_kernels)
 
     ensure_op()
     counts: dict[str, int] = {}
@@ -67,6 +68,7 @@ def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
     for layer in model.layers:  # prefill runs gate, up and the activation as one op
         if QuantMLP.fusable(layer.mlp):
             layer.mlp = QuantMLP(layer.mlp)
+    install_prefill_kernels(model)  # one-pass RMSNorm; RoPE + KV write + attention as one op at prefill
     if embed is not None:
         model.embed = QuantEmbedding(embed)
         counts[f"embed:{embed_type}"] = 1

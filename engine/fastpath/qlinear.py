@@ -46,6 +46,14 @@ def ensure_op() -> None:
         def _fake_glu(x, gqs, gd, gm, gtype, uqs, ud, um, utype, act):
             return x.new_empty((*x.shape[:-1], gqs.shape[0]))
 
+        @torch.library.register_fake("opscope::rms_norm")
+        def _fake_rms_norm(x, w, eps):
+            return torch.empty_like(x)
+
+        @torch.library.register_fake("opscope::prefill_attn")
+        def _fake_prefill_attn(q, k, v, cos, sin, kcache, vcache, start, scale):
+            return q.new_empty((q.shape[0], q.shape[1], q.shape[2] * q.shape[3]))
+
         @torch.library.register_fake("opscope::qembedding")
         def _fake_embedding(idx, qs, d, m, qtype, k):
             return idx.new_empty((*idx.shape, k), dtype=torch.float32)
@@ -180,6 +188,29 @@ class QuantMLP(nn.Module):
             gx = g(x)
             h = (F.gelu(gx, approximate="tanh") if self.gelu else F.silu(gx)) * u(x)
         return self.down_proj(h)
+
+
+def install_prefill_kernels(model: nn.Module, enabled: bool = True) -> None:
+    """Give the model's norms and attention layers the fused float32 kernels (``enabled`` False takes
+    them back: benchmarks' A/B): a one-pass RMSNorm (``opscope::rms_norm``), and at prefill RoPE, the
+    KV-cache write and causal attention as one op (``opscope::prefill_attn``: no q/k/v transposes,
+    no RoPE temporaries, its output already in o_proj's layout)."""
+    from opscope.engine.models.llama import Attention, RMSNorm
+
+    for mod in model.modules():
+        if isinstance(mod, RMSNorm):
+            mod.fused = _rms_norm if enabled else None
+        elif isinstance(mod, Attention):
+            mod.prefill = _prefill_attn if enabled else None
+
+
+# Plain functions rather than the op objects themselves: a module holding them still pickles.
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.ops.opscope.rms_norm(x, weight, eps)
+
+
+def _prefill_attn(q, k, v, cos, sin, cache_k, cache_v, start: int, scale: float) -> torch.Tensor:
+    return torch.ops.opscope.prefill_attn(q, k, v, cos, sin, cache_k, cache_v, start, scale)
 
 
 class QuantEmbedding(_Blocks):

@@ -19,6 +19,10 @@ ATTENTION_IMPLS = ("sdpa", "naive")
 
 
 class RMSNorm(nn.Module):
+    # A one-pass kernel (x, weight, eps) → y for float32 inference, set by a backend that has one
+    # (the CPU fast path): torch's CPU rms_norm is ~6 elementwise passes over [T, C] at prefill.
+    fused = None
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -26,7 +30,11 @@ class RMSNorm(nn.Module):
         self.out_dtype: torch.dtype | None = None  # the matmuls' dtype, where activations differ from it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        if (self.fused is not None and x.dtype == torch.float32 and self.weight.dtype == torch.float32
+                and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+            y = self.fused(x, self.weight, self.eps)
+        else:
+            y = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return y if self.out_dtype is None else y.to(self.out_dtype)
 
 
@@ -68,6 +76,10 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
         self.cache: KVCache | None = None
+        # A fused prefill kernel, set by a backend that has one (the CPU fast path): (q, k, v [B,T,·,D]
+        # before RoPE, cos, sin, cache k, cache v, start, scale or 0) → [B,T,H*D]; it applies RoPE,
+        # writes the cache and attends causally over positions 0..start+T.
+        self.prefill = None
 
     def forward(self, x, cos, sin, start: int, mask) -> torch.Tensor:
         B, T, _ = x.shape
@@ -76,6 +88,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
         if hasattr(self, "q_norm"):  # per-head norms run in the activation dtype (their weights')
             q, k = self.q_norm(q.to(self.q_norm.weight.dtype)), self.k_norm(k.to(self.k_norm.weight.dtype))
+        if self._fused_prefill(q, v, start, mask):
+            y = self.prefill(q, k, v, cos, sin, self.cache.k, self.cache.v, start, self.scale or 0.0)
+            return self.o_proj(y.to(x.dtype))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.cache is not None:
             k, v = self.cache.update(start, k, v)  # [B,K,S,D], in the cache's dtype
@@ -84,6 +99,14 @@ class Attention(nn.Module):
             k, v = k.transpose(1, 2), v.transpose(1, 2).to(k.dtype)
         y = attend(q.transpose(1, 2), k, v, mask, self.impl, self.scale, self.softcap)  # [B,H,T,D]
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1).to(x.dtype))
+
+    def _fused_prefill(self, q, v, start: int, mask) -> bool:
+        """Whether ``self.prefill`` takes this call: several float32 queries, plain causal (no mask,
+        no softcap), a float32 cache, inference outside torch.compile."""
+        return (self.prefill is not None and self.cache is not None and mask is None and q.shape[1] > 1
+                and isinstance(start, int) and not self.softcap and self.impl == "sdpa"
+                and q.dtype == v.dtype == self.cache.k.dtype == torch.float32
+                and not torch.is_grad_enabled() and not torch.compiler.is_compiling())
 
 
 def attend(q, k, v, mask, impl: str, scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:

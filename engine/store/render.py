@@ -111,8 +111,20 @@ def align_columns(lines: list[list[str]]) -> list[str]:
 def _diff_lines(cmp: Comparison) -> list[list[str]]:
     lines = [["what differs"] + [run_header(r) for r in cmp.runs]]
     for key, values in cmp.differences:
-        lines.append([key] + ["—" if v is None else str(v) for v in values])
+        lines.append([key] + [_setting_text(key, v) for v in values])
     return lines
+
+
+def _setting_text(key: str, value) -> str:
+    """A differing setting's value; a byte count in binary units ("388.7 MiB"), as everywhere else."""
+    if value is None:
+        return "—"
+    named_bytes = "bytes" in key.rsplit(".", 1)[-1].split("_")  # rss_bytes, weights_bytes_per_decode_step
+    if named_bytes and isinstance(value, (int, float)) and not isinstance(value, bool):
+        from opscope.engine.units import format_bytes
+
+        return format_bytes(value)
+    return str(value)
 
 
 def footnotes(cmp: Comparison) -> list[str]:

@@ -5,17 +5,23 @@ engine.distributed.launch, each rank times every (collective, size, form) itself
 (engine.distributed.collectives) and returns its samples; ``metrics`` turns them into the run's
 metrics. Per point: ``<name>`` busbw (GB/s, one sample per repetition: the size over the mean of
 the ranks' times, times nccl-tests' factor), ``<name>.time`` (µs, that mean) and
-``<name>.rank<r>.time`` (µs, each rank's own). ``opscope bench collectives --nproc N`` runs it;
-the window's Benchmarks panel does not start ranks (``plan`` says so).
+``<name>.rank<r>.time`` (µs, each rank's own). ``opscope bench collectives --nproc N`` runs it
+(engine.distributed.bench_cmd: markers, per-rank fingerprints, trace, straggler table). ``plan``
+runs it inside engine.bench.session.run_suite (the window's Benchmarks panel): ``Params.nproc``
+ranks on this machine, the whole sweep in the plan's ``finish``, the same metrics.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from opscope.engine.distributed.collectives import COLLECTIVES, SweepConfig, busbw_gb_s, bus_factor, mean, sizes_between
 from opscope.engine.errors import ConfigError
 from opscope.engine.results import Marker, Metric
+
+log = logging.getLogger(__name__)
 
 NAME = "collectives"
 DESCRIPTION = "all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, send/recv: nccl-tests' busbw per size"
@@ -31,14 +37,37 @@ class Params:
     sizes_bytes: tuple[int, ...] = sizes_between(8, GIB)  # 8 B … 1 GiB in x4 steps (CPU: capped, see plan)
     collectives: tuple[str, ...] = COLLECTIVES
     reps: int = 10
+    nproc: int = 2  # ranks on this machine from the window; the command line takes --nproc
 
 
 QUICK = Params(sizes_bytes=(8, 1024, 65536), reps=5)
+WINDOW_TIMEOUT_S = 600.0
 
 
 def plan(opts, params=None):
-    raise ConfigError("collectives runs several processes: run it from the command line, "
-                      "`opscope bench collectives --nproc N` (the window does not start ranks yet)")
+    """The sweep as a run_suite plan: no timed points of the runner's, ``finish`` launches the
+    ranks (``params.nproc`` on this machine) and returns every point's metrics."""
+    from opscope.engine.bench.options import SuitePlan
+    from opscope.engine.distributed.launch import LaunchSpec
+
+    p = params or (QUICK if opts.quick else Params())
+    if p.nproc < 2:
+        raise ConfigError(f"collectives needs at least 2 ranks, got nproc {p.nproc}: give nproc 2 or more")
+    spec = LaunchSpec(nproc=p.nproc, backend="nccl" if str(opts.device).startswith("cuda") else "gloo",
+                      timeout_s=WINDOW_TIMEOUT_S)
+    cfg, note = sweep_config(p, spec.backend == "nccl", opts.quick)
+    settings = {"backend": spec.backend, "nproc": p.nproc, "world_size": p.nproc, "timeout_s": spec.timeout_s,
+                "sweep": {"sizes_bytes": list(cfg.sizes_bytes), "collectives": list(cfg.collectives),
+                          "reps": cfg.reps}, "note": note,
+                "time": "mean of the ranks' times (nccl-tests -a 1)"}
+
+    def finish(_outcomes) -> list[Metric]:
+        ranks = measure(spec, cfg)
+        wrong = {k: v for k, v in point_details(ranks).items() if v["wrong_elements"]}
+        if wrong:
+            log.warning("collectives: wrong elements at %s", ", ".join(wrong))
+        return metrics(ranks)
+    return SuitePlan(points=[], n_points=1, settings=settings, finish=finish)
 
 
 def sweep_config(params: Params, on_cuda: bool, quick: bool) -> tuple[SweepConfig, str | None]:
@@ -47,7 +76,7 @@ def sweep_config(params: Params, on_cuda: bool, quick: bool) -> tuple[SweepConfi
     if bad:
         raise ConfigError(f"collectives {', '.join(bad)}: unknown; choose from {', '.join(COLLECTIVES)}")
     sizes, note = params.sizes_bytes, None
-    if not on_cuda and params == Params():
+    if not on_cuda and dataclasses.replace(params, nproc=Params.nproc) == Params():  # the default sweep
         sizes = tuple(s for s in sizes if s <= CPU_MAX_BYTES)
         note = (f"sizes capped at {CPU_MAX_BYTES // 2**20} MiB on the CPU (host memory); "
                 f"give --param sizes_bytes=... for larger")

@@ -173,11 +173,17 @@ def _points(sweep: dict[str, Sequence[int]], acc: str, dtype: str):
                 yield make_point(workload, where, n, acc, dtype)
 
 
+def check_here(opts: BenchOptions, params: Params | None = None) -> None:
+    """Before anything is created for the run: a machine with one device says so and stops."""
+    p = params or (QUICK if opts.quick else Params())
+    if accelerator(p.accelerator) is None:
+        raise DeviceError(one_device_message())
+
+
 def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     p = params or (QUICK if opts.quick else Params())
+    check_here(opts, p)
     acc = accelerator(p.accelerator)
-    if acc is None:
-        raise DeviceError(one_device_message())
     sweep = {w: tuple(getattr(p, w)) for w in WORKLOADS}
     note: dict[str, str] = {}
     settings: dict[str, Any] = {"accelerator": acc, "sweep": {k: list(v) for k, v in sweep.items()},

@@ -7,7 +7,11 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <array>
+#include <chrono>
 #include <cmath>
+#include <map>
+#include <string>
 #include <tuple>
 #include <vector>
 #if defined(__AVX512F__)
@@ -152,12 +156,27 @@ class DecodeModel {
       cos_[i] = std::cos(f);
       sin_[i] = std::sin(f);
     }
+    lap(P_OTHER);
     for (size_t l = 0; l < layers_.size(); ++l) layer(l, pos);
     rmsnorm(x_.data(), final_norm_.data_ptr<float>(), C_, eps_, h_.data());
     auto logits = at::empty({1, 1, head_.w.N}, at::TensorOptions().dtype(at::kFloat));
     float* y = logits.data_ptr<float>();
+    lap(P_OTHER);
     matvec_multi(h_.data(), C_, &head_.w, &y, 1, q8_, scratch_);
+    lap(P_HEAD);
     return logits;
+  }
+
+  // Seconds spent per phase of the step since the last call (where the time of a token goes); on
+  // enables the clock reads for the steps that follow.
+  std::map<std::string, double> profile(bool on) {
+    static const char* names[P_N] = {"qkv", "attention", "o", "gate_up", "down", "head", "other"};
+    std::map<std::string, double> out;
+    for (int i = 0; i < P_N; ++i) out[names[i]] = t_[i];
+    t_.fill(0.0);
+    prof_ = on;
+    last_ = std::chrono::steady_clock::now();
+    return out;
   }
 
  private:
@@ -176,10 +195,20 @@ class DecodeModel {
       if (lin->bias) for (int64_t i = 0; i < lin->w.N; ++i) y[i] += lin->bias[i];
   }
 
+  enum Phase { P_QKV, P_ATT, P_O, P_GU, P_DOWN, P_HEAD, P_OTHER, P_N };
+  void lap(Phase p) {
+    if (!prof_) return;
+    const auto t = std::chrono::steady_clock::now();
+    t_[p] += std::chrono::duration<double>(t - last_).count();
+    last_ = t;
+  }
+
   void layer(size_t l, int64_t pos) {
     Layer& L = layers_[l];
     rmsnorm(x_.data(), L.attn_norm.data_ptr<float>(), C_, eps_, h_.data());
+    lap(P_OTHER);
     matvecs(h_.data(), C_, {{&L.lin[0], q_.data()}, {&L.lin[1], k_.data()}, {&L.lin[2], v_.data()}});
+    lap(P_QKV);
     rope(q_.data(), H_, D_, cos_.data(), sin_.data());
     rope(k_.data(), KV_, D_, cos_.data(), sin_.data());
     float* kc = kc_[l].data_ptr<float>();
@@ -187,12 +216,18 @@ class DecodeModel {
     std::copy_n(k_.data(), KV_ * D_, kc + pos * KV_ * D_);  // row `pos` of [S, KV, D]
     std::copy_n(v_.data(), KV_ * D_, vc + pos * KV_ * D_);
     attention(kc, vc, pos);
+    lap(P_ATT);
     matvecs(att_.data(), H_ * D_, {{&L.lin[3], o_.data()}});
+    lap(P_O);
     for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
     rmsnorm(x_.data(), L.mlp_norm.data_ptr<float>(), C_, eps_, h_.data());
+    lap(P_OTHER);
     matvecs(h_.data(), C_, {{&L.lin[4], g_.data()}, {&L.lin[5], u_.data()}});
+    lap(P_GU);
     silu_mul(g_.data(), u_.data(), F_, h_.data());
+    lap(P_OTHER);
     matvecs(h_.data(), F_, {{&L.lin[6], o_.data()}});
+    lap(P_DOWN);
     for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
   }
 
@@ -231,6 +266,9 @@ class DecodeModel {
   std::vector<at::Tensor> kc_, vc_;
   std::vector<float> x_, h_, q_, k_, v_, att_, o_, g_, u_, cos_, sin_, scores_;
   Scratch scratch_;
+  bool prof_ = false;
+  std::array<double, P_N> t_{};
+  std::chrono::steady_clock::time_point last_;
 };
 
 }  // namespace opscope
@@ -253,5 +291,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
                           at::Tensor, at::Tensor, const opscope::LinSpec&>())
       .def("add_layer", &DecodeModel::add_layer)
       .def("set_cache", &DecodeModel::set_cache)
-      .def("step", &DecodeModel::step, pybind11::call_guard<pybind11::gil_scoped_release>());
+      .def("step", &DecodeModel::step, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("profile", &DecodeModel::profile, "seconds per phase since the last call; on: time the next steps");
 }

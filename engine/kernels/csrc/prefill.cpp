@@ -224,6 +224,213 @@ at::Tensor prefill_glu(const at::Tensor& x, const Weights& g, const Weights& u, 
   return out.reshape(out_shape(x, N));
 }
 
+// Prefill attention, exact float32: RoPE (rotate-half) on q and k, k and v written into the KV cache
+// at [start, start + T), then causal attention over the cache's first start + T positions with
+// grouped KV heads, out [B, T, H * D] in o_proj's layout (no transpose copy). Work items are (batch,
+// kv head, block of Bq queries): the rep = H / Kh query heads of one kv head share the item, so the
+// scores are one [rep * Bq, e] sgemm against the keys 0..e the block can see, then a masked softmax
+// (exp_ps), then one [Bq, D] sgemm per head straight into the output rows. The division by the
+// softmax sum is applied to the D outputs, not the e probabilities.
+namespace {
+
+// out[0..D) = rotate-half RoPE of x with c, s (each [D]).
+inline void rope_row(const float* x, const float* c, const float* s, int64_t D, float* out) {
+  const int64_t h = D / 2;
+  for (int64_t j = 0; j < h; ++j) {
+    out[j] = x[j] * c[j] - x[j + h] * s[j];
+    out[j + h] = x[j + h] * c[j + h] + x[j] * s[j + h];
+  }
+}
+
+// Row-wise s[0..n) ← exp(scale * (s - max)), s[n..e) ← 0; returns the sum of the n values.
+float softmax_row(float* s, int64_t n, int64_t e, float scale) {
+  float mx = -INFINITY;
+  int64_t j = 0;
+#if defined(OPSCOPE_AVX512_RAW)
+  __m512 vm = _mm512_set1_ps(-INFINITY);
+  for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + j));
+  mx = _mm512_reduce_max_ps(vm);
+#endif
+  for (; j < n; ++j) mx = std::max(mx, s[j]);
+  float sum = 0.f;
+  j = 0;
+#if defined(OPSCOPE_AVX512_RAW)
+  const __m512 vs = _mm512_set1_ps(scale), vmx = _mm512_set1_ps(mx);
+  __m512 acc = _mm512_setzero_ps();
+  for (; j + 16 <= n; j += 16) {
+    const __m512 p = gguf::exp_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vmx), vs));
+    _mm512_storeu_ps(s + j, p);
+    acc = _mm512_add_ps(acc, p);
+  }
+  sum = _mm512_reduce_add_ps(acc);
+#endif
+  for (; j < n; ++j) {
+    s[j] = std::exp((s[j] - mx) * scale);
+    sum += s[j];
+  }
+  std::fill(s + n, s + e, 0.f);
+  return sum;
+}
+
+// C[m, n] (row stride ldc) = A[m, k] (row stride lda) @ B^T, B [n, k] (row stride ldb); this thread.
+void gemm_abt(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t m,
+              int64_t n, int64_t k) {
+  if (sgemm_ != nullptr) {  // column-major: C^T [n, m] = B (op T) . A^T
+    const int mi = int(n), ni = int(m), ki = int(k), la = int(ldb), lb = int(lda), lc = int(ldc);
+    const float one = 1.f, zero = 0.f;
+    sgemm_("T", "N", &mi, &ni, &ki, &one, b, &la, a, &lb, &zero, c, &lc);
+    return;
+  }
+  auto opts = at::TensorOptions().dtype(at::kFloat);
+  auto ct = at::from_blob(c, {m, n}, {ldc, 1}, opts);
+  at::mm_out(ct, at::from_blob(const_cast<float*>(a), {m, k}, {lda, 1}, opts),
+             at::from_blob(const_cast<float*>(b), {n, k}, {ldb, 1}, opts).t());
+}
+
+// C[m, n] (row stride ldc) = A[m, k] (row stride lda) @ B, B [k, n] (row stride ldb); this thread.
+void gemm_ab(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t m,
+             int64_t n, int64_t k) {
+  if (sgemm_ != nullptr) {  // column-major: C^T [n, m] = B^T (op N) . A^T (op N)
+    const int mi = int(n), ni = int(m), ki = int(k), la = int(ldb), lb = int(lda), lc = int(ldc);
+    const float one = 1.f, zero = 0.f;
+    sgemm_("N", "N", &mi, &ni, &ki, &one, b, &la, a, &lb, &zero, c, &lc);
+    return;
+  }
+  auto opts = at::TensorOptions().dtype(at::kFloat);
+  auto ct = at::from_blob(c, {m, n}, {ldc, 1}, opts);
+  at::mm_out(ct, at::from_blob(const_cast<float*>(a), {m, k}, {lda, 1}, opts),
+             at::from_blob(const_cast<float*>(b), {k, n}, {ldb, 1}, opts));
+}
+
+struct AttnItem {
+  int64_t b, g, i0, cost;
+};
+
+std::atomic<int64_t> g_attn_block{64};  // queries per work item (benchmarks tune it)
+
+at::Tensor prefill_attn(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                        const at::Tensor& cos_in, const at::Tensor& sin_in, const at::Tensor& kcache,
+                        const at::Tensor& vcache, int64_t start, double scale_in) {
+  TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4, "prefill_attn takes q, k, v as [B, T, heads, D]");
+  for (const at::Tensor* t : {&q_in, &k_in, &v_in, &cos_in, &sin_in, &kcache, &vcache})
+    TORCH_CHECK(t->scalar_type() == at::kFloat, "prefill_attn takes float32 tensors");
+  const int64_t B = q_in.size(0), T = q_in.size(1), H = q_in.size(2), D = q_in.size(3), Kh = k_in.size(2);
+  TORCH_CHECK(k_in.sizes() == v_in.sizes() && k_in.size(0) == B && k_in.size(1) == T && k_in.size(3) == D,
+              "k and v must be [B, T, kv heads, D] like q");
+  TORCH_CHECK(H % Kh == 0 && D % 2 == 0, "query heads must be a multiple of kv heads, D even");
+  TORCH_CHECK(kcache.is_contiguous() && vcache.is_contiguous() && kcache.dim() == 4 &&
+                  kcache.sizes() == vcache.sizes() && kcache.size(0) >= B && kcache.size(2) == Kh &&
+                  kcache.size(3) == D && start >= 0 && start + T <= kcache.size(1),
+              "the KV cache must be contiguous [B, S, kv heads, D] with room for positions up to ", start + T);
+  auto q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  auto cs = cos_in.reshape({-1, D}).contiguous(), sn = sin_in.reshape({-1, D}).contiguous();
+  TORCH_CHECK(cs.size(0) == T && sn.size(0) == T, "cos/sin must be [1, T, 1, D] (one row of positions)");
+  const int64_t S = kcache.size(1), rep = H / Kh, ldq = H * D, ldkv = Kh * D;
+  const int64_t blk = std::max<int64_t>(1, g_attn_block.load(std::memory_order_relaxed));
+  const float scale = scale_in > 0 ? float(scale_in) : 1.f / std::sqrt(float(D));
+  auto out = at::empty({B, T, H * D}, q.options());
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float *cp = cs.data_ptr<float>(), *sp = sn.data_ptr<float>();
+  float *kc = kcache.data_ptr<float>(), *vc = vcache.data_ptr<float>(), *op = out.data_ptr<float>();
+  at::parallel_for(0, B * T, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / T, t = r % T;
+      float* kdst = kc + (b * S + start + t) * ldkv;
+      for (int64_t h = 0; h < Kh; ++h) rope_row(kp + (r * Kh + h) * D, cp + t * D, sp + t * D, D, kdst + h * D);
+      std::copy(vp + r * ldkv, vp + (r + 1) * ldkv, vc + (b * S + start + t) * ldkv);
+    }
+  });
+  std::vector<AttnItem> items;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i0 = 0; i0 < T; i0 += blk)
+      for (int64_t g = 0; g < Kh; ++g) items.push_back({b, g, i0, start + std::min(T, i0 + blk)});
+  std::stable_sort(items.begin(), items.end(), [](const AttnItem& x, const AttnItem& y) { return x.cost > y.cost; });
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), int64_t(items.size())));
+  at::parallel_for(0, nt, 1, [&](int64_t t0, int64_t t1) {
+    Buffers& bufs = buffers();
+    // A block's rows are token-major (token i, head hh at row i * rep + hh): its queries are
+    // contiguous runs of rep * D in q, and so are its outputs in out.
+    std::vector<float> qb(rep * blk * D), ob(rep * blk * D), sums(rep * blk);
+    const int before = MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0;
+    for (int64_t t = t0; t < t1; ++t) {
+      // Items sorted by cost, dealt round-robin (the longest first): the threads' totals even out.
+      for (size_t it = t; it < items.size(); it += nt) {
+        const AttnItem& w = items[it];
+        const int64_t bq = std::min(blk, T - w.i0), e = w.cost, rows = rep * bq;
+        float* sc = bufs.get(bufs.tmp, rows * e);
+        for (int64_t i = 0; i < bq; ++i) {
+          const int64_t tok = w.i0 + i;
+          for (int64_t hh = 0; hh < rep; ++hh)
+            rope_row(qp + ((w.b * T + tok) * H + w.g * rep + hh) * D, cp + tok * D, sp + tok * D, D,
+                     qb.data() + (i * rep + hh) * D);
+        }
+        const float* kb = kc + w.b * S * ldkv + w.g * D;
+        const float* vb = vc + w.b * S * ldkv + w.g * D;
+        gemm_abt(qb.data(), D, kb, ldkv, sc, e, rows, e, D);
+        for (int64_t r = 0; r < rows; ++r) sums[r] = softmax_row(sc + r * e, start + w.i0 + r / rep + 1, e, scale);
+        gemm_ab(sc, e, vb, ldkv, ob.data(), D, rows, D, e);
+        for (int64_t i = 0; i < bq; ++i) {
+          float* dst = op + (w.b * T + w.i0 + i) * ldq + w.g * rep * D;
+          for (int64_t hh = 0; hh < rep; ++hh) {
+            const float inv = 1.f / sums[i * rep + hh];
+            const float* src = ob.data() + (i * rep + hh) * D;
+            for (int64_t j = 0; j < D; ++j) dst[hh * D + j] = src[j] * inv;
+          }
+        }
+      }
+    }
+    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(before);
+  });
+  return out;
+}
+
+// Queries per attention work item (a value < 1 keeps it); returns the setting.
+int64_t prefill_attn_config(int64_t block) {
+  if (block > 0) g_attn_block = block;
+  return g_attn_block.load();
+}
+
+// RMSNorm of float32 rows in one pass over each (torch's CPU rms_norm is a chain of elementwise
+// ops: pow, mean, add, rsqrt, mul, mul, each a pass over [T, C]): y = x * rsqrt(mean(x^2) + eps) * w.
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w_in, double eps) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat, "rms_norm takes float32");
+  const int64_t C = x_in.size(-1);
+  TORCH_CHECK(w_in.numel() == C, "rms_norm weight has ", w_in.numel(), " elements, the rows ", C);
+  auto x = x_in.contiguous(), w = w_in.contiguous();
+  auto out = at::empty_like(x);
+  const int64_t R = C == 0 ? 0 : x.numel() / C;
+  const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
+  float* yp = out.data_ptr<float>();
+  at::parallel_for(0, R, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, C)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* a = xp + r * C;
+      float* y = yp + r * C;
+      float ss = 0.f;
+      int64_t j = 0;
+#if defined(OPSCOPE_AVX512_RAW)
+      __m512 acc = _mm512_setzero_ps();
+      for (; j + 16 <= C; j += 16) {
+        const __m512 v = _mm512_loadu_ps(a + j);
+        acc = _mm512_fmadd_ps(v, v, acc);
+      }
+      ss = _mm512_reduce_add_ps(acc);
+#endif
+      for (; j < C; ++j) ss += a[j] * a[j];
+      const float inv = 1.f / std::sqrt(ss / float(C) + float(eps));
+      j = 0;
+#if defined(OPSCOPE_AVX512_RAW)
+      const __m512 vi = _mm512_set1_ps(inv);
+      for (; j + 16 <= C; j += 16)
+        _mm512_storeu_ps(y + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(a + j), vi), _mm512_loadu_ps(wp + j)));
+#endif
+      for (; j < C; ++j) y[j] = a[j] * inv * wp[j];
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
 namespace {
 
 at::Tensor qgemm_op(const at::Tensor& x, const at::Tensor& qs, const c10::optional<at::Tensor>& d,
@@ -256,10 +463,16 @@ TORCH_LIBRARY_FRAGMENT(opscope, lib) {
   lib.def("qgemm(Tensor x, Tensor qs, Tensor? d, Tensor? m, int qtype) -> Tensor");
   lib.def("qglu(Tensor x, Tensor gqs, Tensor? gd, Tensor? gm, int gtype, Tensor uqs, Tensor? ud, Tensor? um, "
           "int utype, int act) -> Tensor");
+  lib.def("prefill_attn(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) kcache, Tensor(b!) vcache, "
+          "int start, float scale) -> Tensor");
+  lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  lib.def("prefill_attn_config(int block) -> int", &opscope::prefill_attn_config);
   lib.def("prefill_config(int panel_bytes, int use_blas, int enabled) -> int[]", &opscope::prefill_config);
 }
 
 TORCH_LIBRARY_IMPL(opscope, CPU, lib) {
   lib.impl("qgemm", &opscope::qgemm_op);
   lib.impl("qglu", &opscope::qglu_op);
+  lib.impl("prefill_attn", &opscope::prefill_attn);
+  lib.impl("rms_norm", &opscope::rms_norm);
 }

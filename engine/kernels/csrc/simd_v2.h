@@ -38,8 +38,12 @@ void q4_1_rows_f32_v2(const float* x, const float* sx, const uint8_t* qs, const 
       const __m512 x0 = _mm512_loadu_ps(x + (c + b) * QK);
       const __m512 x1 = _mm512_loadu_ps(x + (c + b) * QK + 16);
       for (int r = 0; r < R; ++r) {
-        const __m512i w = _mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + (row + r) * (K / 2) + (c + b) * 16)));
+        const uint8_t* q = qs + (row + r) * (K / 2) + (c + b) * 16;
+        // software prefetch of the next group's rows (R rows on, contiguous), one line per four
+        // blocks, a group ahead of use: more lines in flight than the hardware prefetcher keeps
+        // for R short row streams
+        if (b % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + R * (K / 2)), _MM_HINT_T0);
+        const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
         const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(w, lo_mask));
         const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
         const __m512 t = _mm512_fmadd_ps(hi, x1, _mm512_mul_ps(lo, x0));
@@ -64,6 +68,7 @@ void q8_0_rows_f32_v2(const float* x, const int8_t* qs, const c10::Half* d, int6
       const __m512 x1 = _mm512_loadu_ps(x + (c + b) * QK + 16);
       for (int r = 0; r < R; ++r) {
         const int8_t* q = qs + (row + r) * K + (c + b) * QK;
+        if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + R * K), _MM_HINT_T0);  // as Q4_1's
         const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
         const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
         acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dbuf[r][b]), _mm512_fmadd_ps(w1, x1, _mm512_mul_ps(w0, x0)), acc[r]);
