@@ -10,6 +10,7 @@ never imports Qt). ``--debug`` and ``--db`` are accepted before or after the sub
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import signal
@@ -123,11 +124,17 @@ def main(argv: list[str] | None = None, gui: Callable | None = None, whole_proce
     """``whole_process`` (default: argv is None, the process's own command line): the process ends
     when this returns, so standard output is guarded (engine.cli_output); tests that call main
     in-process with their own argv keep their captured stdout."""
+    whole_process = argv is None if whole_process is None else whole_process
     previous = install_signal_handlers()
     try:
-        return _main(argv, gui, argv is None if whole_process is None else whole_process)
+        code = _main(argv, gui, whole_process)
     finally:
         cli_signals.restore(previous)
+    if whole_process and code in (EXIT_SIGINT, EXIT_SIGTERM):
+        # What the cut-off command held (its frames, the model, kernel objects) is freed now, while
+        # every module is alive, rather than in the interpreter's teardown in whatever order it takes.
+        gc.collect()
+    return code
 
 
 def _main(argv: list[str] | None, gui: Callable | None, whole_process: bool) -> int:
