@@ -10,9 +10,9 @@ never imports Qt). ``--debug`` and ``--db`` are accepted before or after the sub
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import logging
+import os
 import signal
 import sys
 from typing import Callable
@@ -131,9 +131,15 @@ def main(argv: list[str] | None = None, gui: Callable | None = None, whole_proce
     finally:
         cli_signals.restore(previous)
     if whole_process and code in (EXIT_SIGINT, EXIT_SIGTERM):
-        # What the cut-off command held (its frames, the model, kernel objects) is freed now, while
-        # every module is alive, rather than in the interpreter's teardown in whatever order it takes.
-        gc.collect()
+        # Every clean-up has run and the one line is out. The interpreter's teardown of a command cut
+        # off mid-generation (its frames, the model, the kernel objects, torch's op registrations
+        # freed in whatever order) aborted in C++ now and then (exit -6 after our line): skip it.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os._exit(code)
     return code
 
 
