@@ -48,8 +48,9 @@ perf-check: setup
 stress-check: setup
 	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -m stress
 
+# A -m given here replaces the one in pyproject's addopts, so it repeats that one's deselections.
 test-fast: setup
-	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -m "not slow"
+	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -m "not slow and not bundle and not perf and not xvfb and not stress"
 
 # Regenerates docs/screenshots/: the window at start and after a failed load (`opscope gui --screenshot`),
 # then every panel at work (the GUI test that shoots them, pointed at docs/screenshots): a reply

@@ -295,7 +295,11 @@ class EngineClient(QObject):
         self._pinger.stop()
         self._ready = False
         self._outbox.clear()
-        if self._expected_exit and not self._jobs:
+        if self._expected_exit:  # shut down on purpose (the window closes): what still ran is cancelled
+            jobs, self._jobs = list(self._jobs.values()), {}
+            for job in jobs:
+                job._fail("Cancelled", "the engine was shut down while it ran (the window closed)")
+                self.jobFailed.emit(job)
             self._set_state("stopped")
             return
         message = self._exit_message(exit_code, exit_status)

@@ -1,4 +1,4 @@
-"""Start the OpScope window: ``opscope gui``, ``opscope`` with no sub-command, ``python -m app``.
+"""Start the OpScope window: ``opscope gui``, ``opscope`` with no sub-command, ``python -m opscope.app``.
 
 ``run(args)`` accepts the lead CLI's argparse namespace (model/device/dtype/backend/db attributes
 when present) or a list of command-line strings. A frozen bundle starts its engine worker by
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     from opscope.app.engine_client import EngineClient
     from opscope.app.main_window import MainWindow
     from opscope.app.protocol import LoadRequest
+    from opscope.app.stop_signals import CloseOnSignal
     from opscope.app.theme import ThemeManager, app_icon
 
     app = QApplication.instance() or QApplication([sys.argv[0]])
@@ -78,8 +79,17 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         from opscope.app.screenshot import ScreenshotWhenIdle
 
         ScreenshotWhenIdle(window, opts.screenshot)
-    code = app.exec()
-    close_window(window)
+    stops = CloseOnSignal(lambda: (window.close(), app.quit()))
+    try:
+        code = app.exec()
+        close_window(window)
+    finally:
+        stops.uninstall()
+    if stops.exit_code is not None:
+        from opscope.engine.cli_args import stderr_line
+
+        stderr_line(stops.line)
+        return stops.exit_code
     return code
 
 
@@ -93,9 +103,10 @@ def close_window(window) -> None:
     QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
 
 
-def main() -> None:
-    sys.exit(run(sys.argv[1:]))
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m opscope.app`` and a bundle's engine worker: returns the exit code."""
+    return run(sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 LAYOUT_VERSION = 1  # bump when dock object names change: old saved layouts are then ignored
 
 JOB_TEXT = {"chat": "The chat reply", "generate": "Generation", "trace": "The trace", "bench": "The benchmark",
-            "info": "Listing the engine's backends", "debug": "The debug request"}
+            "roofline": "The roofline", "info": "Listing the engine's backends", "debug": "The debug request"}
 
 
 def _model_name(spec: LoadRequest) -> str:

@@ -86,7 +86,7 @@ def _runs(window) -> QWidget:
     from opscope.app.runs.model import RunsModel
     from opscope.app.runs.panel import RunsPanel
 
-    panel = RunsPanel(RunsModel(window.db_url, parent=window), window.notifier)
+    panel = RunsPanel(RunsModel(window.db_url, parent=window), window.notifier, client=window.client)
     for plot in (panel.detail.histogram, panel.detail.telemetry, panel.compare_view.distributions,
                  panel.compare_view.telemetry):
         _follow_theme(window.theme, plot)

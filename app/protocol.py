@@ -5,7 +5,7 @@ per line, UTF-8 JSON. Requests go GUI → worker, each with an integer ``id``; e
 says back carries the ``id`` of the request it belongs to (``None`` for unsolicited messages such as
 ``ready``). A request ends with exactly one terminal reply: ``result`` or ``error``.
 
-Requests (``type``): load, generate, chat, stop, trace, bench, shutdown, ping, info, debug.
+Requests (``type``): load, generate, chat, stop, trace, bench, roofline, shutdown, ping, info, debug.
 Replies (``type``):
     ready     the worker is up: pid, python, protocol version
     started   the worker began a request (queued requests are not yet running)
@@ -89,6 +89,17 @@ class BenchRequest:
 
 
 @dataclass(frozen=True)
+class RooflineRequest:
+    """A stored run's roofline (engine.bench.roofline.from_run, as its ``as_dict``). The worker reads
+    the run and computes it: the GUI process never loads the run nor imports torch for it (an import
+    of torch, even in a GUI-side thread, holds the GIL long enough to freeze the window)."""
+
+    run_id: int
+    db_url: str | None = None
+    type: str = "roofline"
+
+
+@dataclass(frozen=True)
 class ShutdownRequest:
     type: str = "shutdown"
 
@@ -115,12 +126,12 @@ class DebugRequest:
     type: str = "debug"
 
 
-Request = (LoadRequest | GenerateRequest | ChatRequest | StopRequest | TraceRequest | BenchRequest
+Request = (LoadRequest | GenerateRequest | ChatRequest | StopRequest | TraceRequest | BenchRequest | RooflineRequest
            | ShutdownRequest | PingRequest | InfoRequest | DebugRequest)
 
 REQUEST_TYPES: dict[str, type] = {
     cls.type: cls  # type: ignore[attr-defined]
-    for cls in (LoadRequest, GenerateRequest, ChatRequest, StopRequest, TraceRequest, BenchRequest,
+    for cls in (LoadRequest, GenerateRequest, ChatRequest, StopRequest, TraceRequest, BenchRequest, RooflineRequest,
                 ShutdownRequest, PingRequest, InfoRequest, DebugRequest)
 }
 

@@ -81,6 +81,13 @@ class _RefitOnResize(QObject):
         return False
 
 
+DISPLAY_UNITS = {"us": "µs"}  # stored units spelled for ASCII; shown as people write them
+
+
+def display_unit(unit: str) -> str:
+    return DISPLAY_UNITS.get(unit, unit)
+
+
 def with_unit(v: float | None, unit: str) -> str:
     """A value as people read it, with its unit: bytes in binary units (engine.units), never 7.108e+08."""
     from opscope.engine.store.render import fmt_unit_value
@@ -88,5 +95,8 @@ def with_unit(v: float | None, unit: str) -> str:
 
     if v is None:
         return "–"
+    if unit == "us" and abs(v) >= 1000:  # "1.123 ms", not "1,123 us"
+        v, unit = v / 1000, "ms"
+    unit = display_unit(unit)
     text = fmt_unit_value(v, unit)
     return text if unit in BYTE_UNITS or not unit else f"{text} {unit}"

@@ -21,3 +21,57 @@ def category_ticks(names: list[str], axis_px: int, text_px: Callable[[str], int]
     if sum(text_px(s) + TICK_GAP_PX for s in short) <= axis_px:
         return short, False
     return [str(i) for i in (numbers or range(1, len(names) + 1))], True
+
+
+_ENG_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def engineering(value: float, unit: str = "") -> str:
+    """A tick label as profilers print it: 3e11, "FLOP/s" → "300 GFLOP/s"; 1e12 → "1 TFLOP/s";
+    without a unit, plain numbers ("0.1", "1", "1,000"), never "10¹¹" or "1e+03"."""
+    if not unit:
+        return f"{value:,.0f}" if value >= 1 else f"{value:.3g}"
+    for size, prefix in _ENG_PREFIXES:
+        if abs(value) >= size * 0.9995:  # 999.9e9 rounds to "1000 G" otherwise
+            return f"{value / size:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def engineering_log_axis(orientation: str, unit: str = ""):
+    """A pyqtgraph axis for a log10 plot whose ticks read as values with engineering prefixes."""
+    import pyqtgraph as pg
+
+    class EngineeringLogAxis(pg.AxisItem):
+        def logTickStrings(self, values, scale, spacing):  # values are log10 of the data
+            return [engineering(10.0 ** v * scale, unit) for v in values]
+
+    axis = EngineeringLogAxis(orientation)
+    axis.enableAutoSIPrefix(False)  # the prefix is in each tick already
+    return axis
+
+
+def shrinkable(*buttons) -> None:
+    """Let push buttons narrow to their text in a small window: the Fusion style asks 80 px of
+    every button, so a row of seven short ones alone would stop the window at 1024 px wide. They
+    keep their usual width wherever there is room."""
+    for button in buttons:
+        padding = 30 if button.objectName() in ("primary", "danger") else 18  # the stylesheet's 14 px a side
+        button.setMinimumWidth(button.fontMetrics().horizontalAdvance(button.text()) + padding)
+
+
+def wrapped_key(items: list[tuple[str, str]], room_px: int, text_px: Callable[[str], int],
+                gap: str = "&nbsp;&nbsp;&nbsp;") -> str:
+    """A plot title's key as HTML lines no wider than ``room_px``: ``items`` are (html, plain
+    text) pairs, placed in order, a new line started where the next would not fit. pyqtgraph's
+    titles never wrap, and one wider than the view pushes the plot past the view's edge."""
+    lines: list[list[str]] = [[]]
+    width = 0
+    for html, plain in items:
+        w = text_px(plain) + (text_px("   ") if lines[-1] else 0)
+        if lines[-1] and width + w > room_px:
+            lines.append([])
+            w = text_px(plain)
+            width = 0
+        lines[-1].append(html)
+        width += w
+    return "<br>".join(gap.join(line) for line in lines)

@@ -156,7 +156,22 @@ def _read_requests(worker: Worker, stdin: BinaryIO) -> None:
     os._exit(0)
 
 
+def _leave_the_terminal_to_the_window() -> None:
+    """Ctrl-C in a terminal goes to its whole foreground process group, this worker included, and
+    `timeout`/`kill 0` signal the group: the window handles those (it closes and shuts this worker
+    down), so the worker ignores Ctrl-C and leaves the group rather than crash mid-job."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(os, "setpgid"):
+        try:
+            os.setpgid(0, 0)
+        except OSError:  # already a session leader: nothing shares its group
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    _leave_the_terminal_to_the_window()
     channel = Channel.from_stdio()
     logging.basicConfig(stream=sys.stderr, level=os.environ.get("OPSCOPE_WORKER_LOG", "WARNING"),
                         format="worker %(levelname)s %(name)s: %(message)s")

@@ -85,6 +85,10 @@ class _ProgressSink:
                                      "params": dict(metric.params), "status": metric.status,
                                      "error": metric.error, "higher_is_better": metric.higher_is_better})
 
+    def add_markers(self, run_id, markers) -> None:
+        """A suite's own markers (every rank's collectives), saved as `opscope bench` saves them."""
+        self.store.add_markers(run_id, list(markers))
+
     def finish_run(self, run_id, status: str, error: str | None = None) -> None:
         if self.recorder is not None:
             self.recorder.stop()
@@ -148,25 +152,34 @@ def run_bench(loaded, spec: LoadRequest | None, req: BenchRequest, send, cancel:
             "metrics": len(result.metrics)}
 
 
-class _ABSink(_ProgressSink):
-    """Both runs of an A/B pair: every point message says its side ("a" or "b")."""
+class _ABSink:
+    """Both runs of an A/B pair: the plain sink, each point message tagged with its side ("a" or "b")."""
 
     def __init__(self, store, send) -> None:
-        super().__init__(store, send)
-        self.sides: dict[int, str] = {}
+        self.send = send
+        self.plain = _ProgressSink(store, self._tagged)
+        self.sides: dict = {}  # run id -> "a" | "b", in the order the pair's runs begin
+        self._side: str | None = None  # the side of the metric being saved now
+
+    def _tagged(self, kind: str, **msg) -> None:
+        if "point" in msg:
+            msg["point"] = dict(msg["point"], ab=self._side)
+        self.send(kind, **msg)
 
     def begin_run(self, result):
-        run_id = self.store.begin_run(result)
+        run_id = self.plain.begin_run(result)
         self.sides[run_id] = "ab"[len(self.sides)]
-        self.send("progress", run_id=run_id, name=result.name, done=0, total=None, eta_s=None)
         return run_id
 
     def add_metric(self, run_id, metric) -> None:
-        self.store.add_metric(run_id, metric)
-        self.send("progress", point={"name": metric.name, "unit": metric.unit, "samples": list(metric.samples),
-                                     "params": dict(metric.params), "status": metric.status,
-                                     "error": metric.error, "higher_is_better": metric.higher_is_better,
-                                     "ab": self.sides.get(run_id)})
+        self._side = self.sides.get(run_id)
+        self.plain.add_metric(run_id, metric)
+
+    def add_markers(self, run_id, markers) -> None:
+        self.plain.add_markers(run_id, markers)
+
+    def finish_run(self, run_id, status: str, error: str | None = None) -> None:
+        self.plain.finish_run(run_id, status, error)
 
 
 def run_bench_ab(opts, params, req: BenchRequest, send, cancel: threading.Event) -> dict:

@@ -39,6 +39,7 @@ class EngineState:
             "chat": self.chat,
             "trace": self.trace,
             "bench": self.bench,
+            "roofline": lambda req, _cancel: stored_roofline(req.run_id, req.db_url),
             "info": lambda _req, _cancel: engine_info(),
         }
         return handlers[req.type](req, cancel)
@@ -119,6 +120,20 @@ class EngineState:
             except Exception:  # memory stats are a nicety; never fail a job over them
                 log.warning("memory_stats() failed", exc_info=True)
         self.send("memory", stats=stats)
+
+
+def stored_roofline(run_id: int, db_url: str | None) -> dict:
+    """A stored run's roofline as ``roofline.as_dict`` (None for a kind a roofline cannot place),
+    with the run's id, name and kind (as ``run_kind``: a reply's ``kind`` is its message type). Runs
+    here, not in the GUI process: it reads the store and imports torch."""
+    from opscope.engine.bench import roofline
+    from opscope.engine.store import RunStore
+
+    with RunStore.open(db_url) as store:
+        stored = store.load(run_id)
+    roof = roofline.from_run(stored.result) if stored.info.kind in roofline.SUITES else None
+    return {"run_id": run_id, "name": stored.info.name, "run_kind": stored.info.kind,
+            "roofline": roof.as_dict() if roof is not None else None}
 
 
 def engine_info() -> dict:

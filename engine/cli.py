@@ -17,8 +17,8 @@ import signal
 import sys
 from typing import Callable
 
-from opscope.engine import cli_output, cli_signals
-from opscope.engine.cli_args import CliParser, Terminated, stderr_line, suppressed_copy
+from opscope.engine import cli_output, cli_signals, progress
+from opscope.engine.cli_args import CliParser, Terminated, non_empty, stderr_line, suppressed_copy
 from opscope.engine.cli_output import DISK_FULL, StdoutError
 from opscope.engine.errors import Cancelled, EngineError
 
@@ -54,7 +54,7 @@ def install_signal_handlers() -> dict:
 
 def add_global_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    p.add_argument("--db", default=None, metavar="URL",
+    p.add_argument("--db", default=None, metavar="URL", type=non_empty("a SQLAlchemy URL or a SQLite file path"),
                    help="run store URL (SQLAlchemy) or SQLite file (default: SQLite in the user data dir)")
 
 
@@ -158,6 +158,7 @@ def _main(argv: list[str] | None, gui: Callable | None, whole_process: bool) -> 
             raise
         logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
+        progress.show_on_stderr()  # a first kernel build's minutes get a line, at any log level
         func = getattr(args, "func", None)
         if func is None:
             if gui is None:

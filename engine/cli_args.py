@@ -12,6 +12,7 @@ import math
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Callable, NoReturn
 
 SEED_MAX = 2**32 - 1  # what every backend and llama.cpp accept
@@ -89,13 +90,82 @@ def logical_cpus() -> int:
 threads = int_in(1, logical_cpus, what="the logical CPUs here")
 seed = int_in(0, SEED_MAX)
 positive_int = int_in(1)
-count = int_in(0)  # zero allowed: warm-ups, top-k (0 = off), …
+count = int_in(0)  # zero allowed: warm-ups, max events, …
 max_tokens = int_in(1, 1_000_000)
+top_k = int_in(0, 1_000_000, what="0 = off")  # beyond any vocabulary: the same as off
+repeat = int_in(1, 1_000_000)
+warmup = int_in(0, 1_000_000)
 temperature = float_in(0.0, what="0 = greedy")
 top_p = float_in(0.0, 1.0, lo_open=True)
 min_p = float_in(0.0, 1.0, hi_open=True)
 repetition_penalty = float_in(0.0, lo_open=True, what="1 = off")
 positive_seconds = float_in(0.0, lo_open=True)
+min_time_s = float_in(0.0, 86_400.0, what="seconds")
+percent = float_in(0.0, what="percent")
+RUN_NAME_MAX_CHARS = 200  # engine.store.runstore imports it: the store and --name take the same names
+
+
+def non_empty(what: str) -> Callable[[str], str]:
+    """Text that must say something (a stop string, a store URL): UTF-8 and not blank."""
+
+    def parse(text: str) -> str:
+        text = utf8_text(text)
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"empty: give {what}")
+        return text
+
+    parse.__name__ = "text"
+    return parse
+
+
+def run_name(text: str) -> str:
+    """A run's name as the store takes it (engine.store.runstore checks the same when saving):
+    checked here so that a bad --name fails before a benchmark, not after it."""
+    text = utf8_text(text)
+    if text == "":
+        return text  # the default: SUITE-DATE-TIME
+    if text != text.strip() or len(text) > RUN_NAME_MAX_CHARS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a run name: use 1…{RUN_NAME_MAX_CHARS} characters, "
+                                         f"no leading or trailing spaces")
+    if text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is all digits and would read as a run id: add a letter")
+    return text
+
+
+run_name.__name__ = "name"
+
+
+def tag(text: str) -> str:
+    """A run's tag: some text, without leading or trailing spaces (engine.store.runstore checks the same)."""
+    text = utf8_text(text)
+    if not text.strip() or text != text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a tag: give some text without leading or trailing "
+                                         f"spaces")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file the command will write: not a folder, in a folder that exists (checked before the
+    work whose result it receives, not after)."""
+    path = Path(text).expanduser()
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: give a file name")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name, e.g. {path / 'out'}")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: its folder {path.parent} does not exist: create it first")
+    return text
+
+
+output_file.__name__ = "file"
+
+
+def output_path(text: str) -> Path:
+    """output_file, as a Path."""
+    return Path(output_file(text))
+
+
+output_path.__name__ = "file"
 
 
 def utf8_text(text: str) -> str:

@@ -31,12 +31,13 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 256) -> None
     g = p.add_argument_group("sampling")
     g.add_argument("--max-tokens", "-n", type=check.max_tokens, default=max_tokens, help="≥ 1")
     g.add_argument("--temperature", "-t", type=check.temperature, default=0.0, help="≥ 0; 0 = greedy")
-    g.add_argument("--top-k", type=check.count, default=0, help="≥ 0; 0 = off")
+    g.add_argument("--top-k", type=check.top_k, default=0, help="0…1000000; 0 = off")
     g.add_argument("--top-p", type=check.top_p, default=1.0, help="(0, 1]; 1 = off")
     g.add_argument("--min-p", type=check.min_p, default=0.0, help="[0, 1); 0 = off")
     g.add_argument("--repetition-penalty", type=check.repetition_penalty, default=1.0, help="> 0; 1 = off")
     g.add_argument("--seed", type=check.seed, default=None, help=f"0…{check.SEED_MAX}")
-    g.add_argument("--stop", action="append", type=check.utf8_text, default=[], help="stop string (repeatable)")
+    g.add_argument("--stop", action="append", type=check.non_empty("the text that ends the reply"), default=[],
+                   help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
 
 

@@ -55,3 +55,7 @@ class RunResult:
     status: str = "completed"  # "running" | "completed" | "failed" | "aborted"
     error: str | None = None
     quality: str | None = None  # the worst of the metrics' (engine.bench.quality)
+    # When the run began and ended (aware UTC datetimes); None: when it is saved. A run saved after it
+    # ended (a script trace) sets them, or its duration reads 0 s.
+    started_at: Any = None
+    finished_at: Any = None

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import contextmanager
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
-from opscope.engine.errors import ModelFormatError, UnsupportedModelError
+from opscope.engine.errors import LimitExceeded, MissingMetadata, UnsupportedModelError, WrongMetadataType
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ PRE_SPLITS: dict[str, tuple[str, ...]] = {
     "qwen2": (_QWEN2_SPLIT,),
 }
 CONTROL, USER_DEFINED = 3, 4
+_RUNAWAY_FIX = ("the tokenizer's regular expression backtracks without bound on this text; use the tokenizer.json "
+                "from the model's repository")
 
 
 class Tokenizer:
@@ -47,8 +50,16 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or ""
 
+    source = None  # the file the vocabulary and its regular expressions came from, for encode's errors
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        try:
+            ids = self.backend.encode(text, add_special_tokens=False).ids
+        except BaseException as e:  # noqa: B036 - a Rust panic is a BaseException (pyo3's PanicException)
+            if type(e).__name__ != "PanicException":
+                raise
+            raise LimitExceeded(self.source, f"the tokenizer gave up on this text: {' '.join(str(e).split())[:160]}",
+                                _RUNAWAY_FIX) from None
         if add_special_tokens and self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
         if add_special_tokens and self.add_eos and self.eos_ids:
@@ -129,15 +140,13 @@ def from_gguf(meta: dict, path: Path) -> Tokenizer:
         tokens = _required(meta, "tokenizer.ggml.tokens", path)
         merges = _required(meta, "tokenizer.ggml.merges", path)
         types = [int(t) for t in meta.get("tokenizer.ggml.token_type", ())]
-        try:
+        with _vocabulary_errors(meta, path):
             backend = _byte_level_bpe(tokens, merges, types, str(meta.get("tokenizer.ggml.pre", "default")))
-        except Exception as e:  # the tokenizers library's own errors: a bad merge, a duplicate token…
-            raise ModelFormatError(f"{path}: the BPE vocabulary (tokenizer.ggml.tokens/merges) is invalid: "
-                                   f"{' '.join(str(e).split())[:200]}; convert the model again") from e
     elif kind in ("llama", "gemma"):
         from opscope.engine.tokenizer_spm import spm_backend
 
-        backend = spm_backend(meta, path)
+        with _vocabulary_errors(meta, path):
+            backend = spm_backend(meta, path)
     else:
         said = "missing" if kind is None else f"{kind!r}"
         raise UnsupportedModelError(
@@ -149,11 +158,31 @@ def from_gguf(meta: dict, path: Path) -> Tokenizer:
     bos = meta.get("tokenizer.ggml.bos_token_id")
     # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", kind != "gpt2"))
-    return Tokenizer(backend, bos_id=None if bos is None else int(bos), eos_ids=eos_ids, add_bos=add_bos,
-                     add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-                     chat_template=meta.get("tokenizer.chat_template"),
-                     pad_id=meta.get("tokenizer.ggml.padding_token_id"),
-                     template_source=(path, "tokenizer.chat_template"))
+    pad = meta.get("tokenizer.ggml.padding_token_id")  # llama.cpp ignores an id that names no token: so do we
+    pad = int(pad) if pad is not None and 0 <= int(pad) < len(meta.get("tokenizer.ggml.tokens") or ()) else None
+    if pad is None and meta.get("tokenizer.ggml.padding_token_id") is not None:
+        log.warning("%s: tokenizer.ggml.padding_token_id %s names no token; ignored", path,
+                    meta["tokenizer.ggml.padding_token_id"])
+    tok = Tokenizer(backend, bos_id=None if bos is None else int(bos), eos_ids=eos_ids, add_bos=add_bos,
+                    add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+                    chat_template=meta.get("tokenizer.chat_template"), pad_id=pad,
+                    template_source=(path, "tokenizer.chat_template"))
+    tok.source = path
+    return tok
+
+
+@contextmanager
+def _vocabulary_errors(meta: dict, path: Path):
+    """The tokenizers library's refusals (a merge of unknown tokens, …) as one line naming the key."""
+    from opscope.engine.errors import ModelLoadError
+
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as e:  # engine.formats then names the merge at fault, if one is
+        raise WrongMetadataType(path, f"the vocabulary (tokenizer.ggml.tokens/merges) is invalid: "
+                                      f"{' '.join(str(e).split())[:200]}") from e
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str], types: list[int], pre: str):
@@ -179,42 +208,76 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], types: list[int], pre:
 def _required(meta: dict, key: str, path: Path) -> list[str]:
     value = meta.get(key)
     if not isinstance(value, list):
-        raise ModelFormatError(f"{path}: metadata field {key} is missing or not a list of strings")
+        raise MissingMetadata(path, f"metadata key {key} is missing (a gpt2 tokenizer needs it)")
     return value
 
 
 def from_hf_dir(directory: Path) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
+    # engine.formats (open_model) has checked the files' kinds, sizes and JSON before this runs
     tj = directory / "tokenizer.json"
-    if not tj.is_file():
-        raise ModelFormatError(f"{directory}: tokenizer.json is missing; copy it from the model's repository")
+    if not tj.exists():
+        raise MissingMetadata(directory, "tokenizer.json is missing", "copy it from the model's repository")
     try:
         backend = HFTokenizer.from_file(str(tj))
     except Exception as e:
-        raise ModelFormatError(f"{tj}: cannot parse tokenizer: {e}") from e
-    cfg = _read_json(directory / "tokenizer_config.json")
+        raise WrongMetadataType(tj, f"cannot be read as a tokenizer: {' '.join(str(e).split())[:200]}",
+                                "download tokenizer.json again from the model's repository") from e
+    cfg_path = directory / "tokenizer_config.json"
+    cfg = _read_json(cfg_path)
     model_cfg = _read_json(directory / "config.json")
-    bos_id = _token_id(backend, cfg.get("bos_token")) if cfg.get("bos_token") else model_cfg.get("bos_token_id")
-    eos = model_cfg.get("eos_token_id")
+    bos_token, eos_token = (_token_field(cfg_path, cfg, k) for k in ("bos_token", "eos_token"))
+    bos_id = _token_id(backend, bos_token) if bos_token else _id_field(directory / "config.json", model_cfg,
+                                                                       "bos_token_id")
+    eos = _id_field(directory / "config.json", model_cfg, "eos_token_id", many=True)
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    if cfg.get("eos_token"):
-        eos_ids = tuple(dict.fromkeys(eos_ids + (_token_id(backend, cfg["eos_token"]),)))
-    return Tokenizer(backend, bos_id=bos_id, eos_ids=tuple(i for i in eos_ids if i is not None),
-                     add_bos=bool(cfg.get("add_bos_token", False)), chat_template=cfg.get("chat_template"),
-                     template_source=(directory / "tokenizer_config.json", "chat_template"))
+    if eos_token:
+        eos_ids = tuple(dict.fromkeys(eos_ids + (_token_id(backend, eos_token),)))
+    tok = Tokenizer(backend, bos_id=bos_id, eos_ids=tuple(i for i in eos_ids if i is not None),
+                    add_bos=cfg.get("add_bos_token") is True, chat_template=cfg.get("chat_template"),
+                    template_source=(cfg_path, "chat_template"))
+    tok.source = tj
+    return tok
 
 
-def _token_id(backend, token) -> int | None:
-    if isinstance(token, dict):
-        token = token.get("content")
-    return backend.token_to_id(token) if token else None
+def _token_field(path: Path, cfg: dict, key: str) -> str | None:
+    """A special token of tokenizer_config.json: a string, or an object whose content is one."""
+    token = cfg.get(key)
+    text = token.get("content") if isinstance(token, dict) else token
+    if token is not None and not isinstance(text, str):
+        raise WrongMetadataType(path, f"field {key} is {_shown(token)}; it must be a token string or an object "
+                                      f"with a string content", "fix the field, or download the file again")
+    return text or None
+
+
+def _id_field(path: Path, cfg: dict, key: str, many: bool = False):
+    """A token id of config.json: a non-negative integer (or, with ``many``, a list of them)."""
+    v = cfg.get(key)
+    ok = lambda x: type(x) is int and x >= 0  # noqa: E731
+    if v is None or ok(v) or (many and isinstance(v, list) and all(map(ok, v))):
+        return v
+    raise WrongMetadataType(path, f"field {key} is {_shown(v)}; it must be a token id (an integer ≥ 0)"
+                                  f"{' or a list of them' if many else ''}", "fix the field, or download the "
+                                                                              "file again")
+
+
+def _shown(v) -> str:
+    text = json.dumps(v) if not isinstance(v, (dict, list)) or len(str(v)) < 60 else f"a JSON {type(v).__name__}"
+    return text[:80]
+
+
+def _token_id(backend, token: str) -> int | None:
+    return backend.token_to_id(token)
 
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelFormatError(f"{path}: not valid JSON: {e}") from e
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise WrongMetadataType(path, f"is not valid JSON: {' '.join(str(e).split())[:200]}") from None
+    if not isinstance(value, dict):
+        raise WrongMetadataType(path, "holds no JSON object")
+    return value

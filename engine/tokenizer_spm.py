@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from opscope.engine.errors import ModelFormatError
+from opscope.engine.errors import MissingMetadata
 
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4
 SPACE = "\u2581"  # ▁, SentencePiece's visible space
@@ -99,7 +99,8 @@ def _token_at(tokens: list[str], token_id) -> str | None:
 def _tokens(meta: dict, path: Path, flavor: SpmFlavor) -> list[str]:
     tokens = meta.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not tokens:
-        raise ModelFormatError(f"{path}: metadata field tokenizer.ggml.tokens is missing or not a list of strings")
+        raise MissingMetadata(path, "metadata key tokenizer.ggml.tokens is missing or empty (a SentencePiece "
+                                    "vocabulary needs it)")
     if flavor is GEMMA:
         # Gemma stores its runs-of-spaces tokens with real spaces; the normalized text has "▁".
         tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
@@ -111,8 +112,8 @@ def _scores(meta: dict, path: Path, n: int, flavor: SpmFlavor) -> list[float]:
         return [-float(i) for i in range(n)]
     scores = meta.get("tokenizer.ggml.scores")  # a numpy array from the header reader
     if scores is None or isinstance(scores, (str, bytes)) or len(scores) != n:
-        raise ModelFormatError(f"{path}: metadata field tokenizer.ggml.scores is missing or does not have one "
-                               f"score per token ({n}); a SentencePiece vocabulary needs it")
+        raise MissingMetadata(path, f"metadata key tokenizer.ggml.scores is missing or does not have one score "
+                                    f"per token ({n}); a SentencePiece vocabulary needs it")
     return [float(s) for s in scores]
 
 

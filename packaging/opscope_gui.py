@@ -12,7 +12,7 @@ def main() -> None:
     if "--engine-worker" in sys.argv[1:]:
         from opscope.app.main import main as window_or_worker
 
-        window_or_worker()
+        sys.exit(window_or_worker())
     from opscope.app.cli import main as cli
 
     sys.exit(cli())

@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# The fast-path kernels are built once per machine (about a minute, `make setup` does it): keep
+# The fast-path kernels are built once per machine (a few minutes, `make setup` does it): keep
 # their cache out of the per-test temporary dirs below.
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "opscope", "kernels"))
@@ -55,7 +55,35 @@ def memoized_gguf_name_map():
 
 
 @pytest.fixture(scope="session")
-def hf_tokenizer(default_model_path):
+def memoized_gguf_reader():
+    """transformers reads a GGUF through gguf-py's GGUFReader for its config, its tokenizer and its
+    weights, one new reader each time, and each parses the 49k-entry vocabulary again (seconds,
+    most of it in gguf-py's per-element field walk): readers of an unchanged file (same path, inode,
+    size and mtime) are shared for the rest of the session once a test asks for this. Read-only
+    readers only ('r': a memmap nobody writes); what the loader reads is unchanged."""
+    import functools
+
+    import gguf
+
+    original = gguf.GGUFReader
+
+    @functools.lru_cache(maxsize=2)  # the default model and one other file
+    def shared(path, inode, size, mtime_ns):
+        return original(path)
+
+    def reader(path, mode="r"):
+        if mode != "r":
+            return original(path, mode)
+        st = os.stat(path)
+        return shared(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", reader)
+        yield
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(default_model_path, memoized_gguf_reader):
     """transformers' tokenizer built from the default GGUF (the reference; seconds to build: shared,
     do not mutate it)."""
     transformers = pytest.importorskip("transformers")
@@ -236,3 +264,90 @@ def checkout_tree():
     from types import SimpleNamespace
 
     return SimpleNamespace(state=checkout_tree_state, records=_tree_records, watched=TREE_WATCHED)
+
+
+# -- the default model cut to its first layers ----------------------------------------------------
+
+def first_layers_gguf(src, dst, n_layers: int):
+    """A copy of the GGUF ``src`` holding only its first ``n_layers`` blocks: the same metadata
+    (tokenizer, template, hyperparameters) with {arch}.block_count set to ``n_layers``, the same
+    tensors byte for byte minus blk.N.* for N >= n_layers, repacked. For tests whose claim holds
+    layer by layer (a compiled step equals the eager one): the real shapes and weights at a
+    fraction of the compile or run time. Byte surgery with its own small walk of the header, so
+    it neither trusts nor needs OpScope's reader (nor gguf-py's, seconds on this vocabulary)."""
+    import re
+    import struct
+    from pathlib import Path
+
+    buf = Path(src).read_bytes()
+    pos = 0
+
+    def take(fmt):
+        nonlocal pos
+        v = struct.unpack_from("<" + fmt, buf, pos)
+        pos += struct.calcsize("<" + fmt)
+        return v[0]
+
+    def string():
+        nonlocal pos
+        n = take("Q")
+        pos += n
+        return buf[pos - n:pos].decode()
+
+    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+    def skip_value(vtype):
+        nonlocal pos
+        if vtype == 8:
+            string()
+        elif vtype == 9:
+            etype, count = take("I"), take("Q")
+            if etype == 8:
+                for _ in range(count):
+                    pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
+            else:
+                pos += count * struct.calcsize(scalar[etype])
+        else:
+            pos += struct.calcsize(scalar[vtype])
+
+    assert buf[:4] == b"GGUF", f"{src}: not a GGUF file"
+    pos = 4
+    assert take("I") == 3, f"{src}: not GGUF version 3"
+    n_tensors, n_kv = take("Q"), take("Q")
+    kv_start, meta, alignment = pos, {}, 32
+    for _ in range(n_kv):
+        key, vtype = string(), take("I")
+        meta[key] = (pos, vtype)
+        if key == "general.alignment":
+            alignment = struct.unpack_from("<I", buf, pos)[0]
+        skip_value(vtype)
+    kvs = bytearray(buf[kv_start:pos])
+    arch_at = meta["general.architecture"][0]
+    arch = buf[arch_at + 8:arch_at + 8 + struct.unpack_from("<Q", buf, arch_at)[0]].decode()
+    at, vtype = meta[f"{arch}.block_count"]
+    assert vtype == 4, f"{arch}.block_count is of GGUF type {vtype}, not uint32"
+    struct.pack_into("<I", kvs, at - kv_start, n_layers)
+    entries = []
+    for _ in range(n_tensors):
+        name, dims = string(), take("I")
+        shape = [take("Q") for _ in range(dims)]
+        entries.append((name, shape, take("I"), take("Q")))
+    data_start = pos + (-pos % alignment)
+    offsets = sorted({e[3] for e in entries}) + [len(buf) - data_start]
+    kept = [e for e in entries if not (m := re.match(r"blk\.(\d+)\.", e[0])) or int(m[1]) < n_layers]
+    table, data = bytearray(), bytearray()
+    for name, shape, ggml_type, offset in kept:
+        end = offsets[offsets.index(offset) + 1]  # the next tensor's start (or the file's end)
+        data += b"\0" * (-len(data) % alignment)
+        table += struct.pack("<Q", len(name.encode())) + name.encode() + struct.pack("<I", len(shape))
+        table += struct.pack(f"<{len(shape)}Q", *shape) + struct.pack("<IQ", ggml_type, len(data))
+        data += buf[data_start + offset:data_start + end]
+    head = buf[:8] + struct.pack("<QQ", len(kept), n_kv) + bytes(kvs) + bytes(table)
+    Path(dst).write_bytes(head + b"\0" * (-len(head) % alignment) + bytes(data))
+    return Path(dst)
+
+
+@pytest.fixture(scope="session")
+def default_model_2_layers(default_model_path, tmp_path_factory):
+    """The embedded default model's first 2 of its 30 layers, as a GGUF file (first_layers_gguf)."""
+    return first_layers_gguf(default_model_path, tmp_path_factory.mktemp("first-layers") / "smollm2-2-layers.gguf", 2)

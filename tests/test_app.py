@@ -231,3 +231,67 @@ def test_layout_and_geometry_are_saved(window):
     dock.setFloating(True)
     window.reset_layout()
     assert not dock.isFloating()
+
+
+# -- hostile model files (issue 19) --------------------------------------------------------------
+def _bad_token_types(tmp: Path, tiny: Path) -> Path:
+    from opscope.engine.testing.gguf_craft import ARRAY, I32, Craft
+
+    craft = Craft.read(tiny)
+    types = list(craft.kv("tokenizer.ggml.token_type").value)
+    return craft.set("tokenizer.ggml.token_type", [99] + types[1:], ARRAY, I32).write(tmp / "types.gguf")
+
+
+def _runaway_regex_dir(tmp: Path, tiny: Path) -> Path:
+    """A Hugging Face directory whose tokenizer.json splits with a catastrophic-backtracking regex."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from opscope.engine.formats import open_model
+    from opscope.engine.formats.hf_source import hf_name
+    from opscope.engine.testing.gguf_writer import hf_config
+
+    src = open_model(tiny)
+    d = tmp / "regex-model"
+    d.mkdir()
+    save_file({hf_name(n): np.ascontiguousarray(w) for n, w in src.iter_tensors()}, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps(hf_config("llama")))
+    tj = json.loads(src.tokenizer.backend.to_str())
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"(\w+\s?)+$"}, "behavior": "Isolated", "invert": False},
+        tj["pre_tokenizer"]]}
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    return d
+
+
+def test_hostile_files_from_the_model_picker_show_the_one_line_error(qtbot, window, chat, tmp_path):
+    """Issue 19: a hostile file chosen in the model picker (what File → Open model does with the
+    path) shows the engine's exact one-line error in a visible dialog and notification; the model
+    loaded before stays loaded and chat still answers."""
+    from opscope.engine.errors import ModelLoadError
+    from opscope.engine.formats import open_model
+    from opscope.engine.testing.gguf_writer import hf_config, write_gguf
+
+    tiny = write_gguf(tmp_path / "tiny.gguf", hf_config("llama"), types="Q8_0")
+    loaded_before = window.client.model_info["path"]
+    os.symlink("/dev/zero", tmp_path / "zero.gguf")
+    for bad in (_bad_token_types(tmp_path, tiny), _runaway_regex_dir(tmp_path, tiny), tmp_path / "zero.gguf"):
+        with pytest.raises(ModelLoadError) as info:
+            open_model(bad)
+        expected = str(info.value).rstrip(". ")
+        with qtbot.waitSignal(window.client.jobFailed, timeout=120_000):
+            window.toolbar.set_model(str(bad))
+        qtbot.waitUntil(lambda: not window.client.busy, timeout=120_000)
+        dialog = window.error_dialog
+        assert dialog.isVisible() and dialog.text() == f"Could not load {bad.name}"
+        assert f"{type(info.value).__name__}: {expected}" in dialog.informativeText()
+        assert f"{Path(loaded_before).name} is still loaded" in dialog.informativeText()
+        card = window.notifications.latest
+        assert card.isVisible() and expected in card.text.text()
+        dialog.done(0)
+        assert window.client.model_info["path"] == loaded_before
+    turn = _send(qtbot, chat, "Say hi.", 2)
+    assert turn.stats["generated_tokens"] >= 1 and not turn.error
+    window.notifications.dismiss_all()

@@ -174,10 +174,11 @@ def test_bench_parameters_show_their_units(qtbot):
     panel.suite_combo.setCurrentText("llm")
     form = panel.params
     labels = {f["name"]: form.form.labelForField(form.editors[f["name"]]).text() for f in form.fields}
-    assert labels["pp"].startswith("pp") and form.editors["pp"].suffix() == " tokens"
-    assert form.editors["tg"].suffix() == " tokens"
+    assert labels["pp"] == "Prompt length (tokens)" and form.editors["pp"].text() == "64"  # the unit once
+    assert labels["tg"] == "Generation length (tokens)"
     panel.suite_combo.setCurrentText("matmul")
-    assert panel.params.editors["call_budget_s"].suffix() == " s"
+    form = panel.params
+    assert form.form.labelForField(form.editors["call_budget_s"]).text() == "Call budget (s)"
 
 
 def test_roofline_names_never_overlap_and_the_caption_is_one_readable_line(qtbot):

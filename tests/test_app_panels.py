@@ -105,12 +105,18 @@ def test_tiny_benchmark_runs_to_completion_and_appears_in_runs(qtbot, window):
     from opscope.app.stallmeter import StallMeter
 
     meter = StallMeter(10)
+    panel = window.panels["bench"]
     try:
-        result = _bench(qtbot, window, "gui-matmul-a", meter=meter)
+        # The roofline comes after the save: the worker reads the run and imports torch for it, and
+        # the window must stay responsive through that too (it froze for seconds when the GUI did).
+        with qtbot.waitSignal(panel.roofline_view.computed, timeout=120_000) as drawn:
+            result = _bench(qtbot, window, "gui-matmul-a", meter=meter)
+            assert panel.roofline_view.summary.text().startswith("computing roofline…")
     finally:
         meter.stop()
+    assert drawn.args == [True] and panel.tabs.currentWidget() is panel.roofline_view
+    assert panel.roofline_view.roof.run == "gui-matmul-a" and panel.roofline_view.roof.points
     assert result["status"] == "completed" and result["metrics"] >= 1
-    panel = window.panels["bench"]
     assert panel.table.rowCount() >= 1 and "saved as run “gui-matmul-a”" in panel.status.text()
     assert panel.progress.value() == 1000 and panel.progress.text().startswith("1 / 1 points")
     assert panel.table.item(0, 2).text().endswith(" GFLOP/s")  # the median with its unit
@@ -120,6 +126,18 @@ def test_tiny_benchmark_runs_to_completion_and_appears_in_runs(qtbot, window):
     assert stored.info.status == "completed" and "gui-test" in stored.info.tags
     assert stored.result.telemetry, "the GUI attaches the run's telemetry window"
     assert meter.max_blocked_ms < 100, meter.summary()
+
+
+def test_the_runs_panel_has_the_engine_compute_a_roofline(qtbot, window):
+    runs = window.panels["runs"]
+    qtbot.waitUntil(lambda: any(r.info.name == "gui-matmul-a" for r in runs.rows), timeout=10_000)
+    window.docks["runs"].raise_()
+    runs.select_ids([next(r.info.id for r in runs.rows if r.info.name == "gui-matmul-a")])
+    with qtbot.waitSignal(runs.roofline_view.computed, timeout=120_000) as drawn:
+        runs.roofline_selected()
+        assert runs.roofline_view.summary.text().startswith("computing roofline…")
+        assert runs.tabs.currentWidget() is runs.roofline_view
+    assert drawn.args == [True] and runs.roofline_view.roof.run == "gui-matmul-a"
 
 
 def test_benchmark_cancel_keeps_the_run_as_aborted(qtbot, window):
@@ -301,3 +319,32 @@ def _settings_and_store_shots(qtbot, window, folder: Path, ids: list[int]) -> No
         _shoot(qtbot, window, "runs", "store-switch", folder)
     finally:
         runs.open_store(local)
+
+
+def test_the_window_fits_a_1024x640_screen_with_nothing_cut(qtbot, window):
+    """A small laptop screen: the window shrinks to 1024x640, the telemetry plots (and their
+    wrapped keys) stay inside their dock, and every panel's main buttons lie inside the window."""
+    from PySide6.QtCore import QPoint, QRect
+
+    def inside(widget) -> bool:
+        at = widget.mapTo(window, QPoint(0, 0))
+        return widget.isVisible() and window.rect().contains(QRect(at, widget.size()))
+
+    telemetry = window.panels["telemetry"]
+    try:
+        window.resize(1024, 640)
+        qtbot.waitUntil(lambda: (window.width(), window.height()) == (1024, 640))
+        view = telemetry.graphics
+        qtbot.waitUntil(lambda: view.ci.geometry().width() <= view.viewport().width())  # no plot cut at the edge
+        for key, plot in telemetry.plots.items():
+            assert plot.titleLabel.item.boundingRect().width() <= view.viewport().width(), key
+        for dock, buttons in (("chat", ("send_button", "stop_button")), ("bench", ("run_button", "cancel_button")),
+                              ("trace", ("run_button", "script_button"))):
+            window.docks[dock].raise_()
+            panel = window.chat if dock == "chat" else window.panels[dock]
+            qtbot.waitUntil(lambda p=panel: p.isVisible())
+            for name in buttons:
+                assert inside(getattr(panel, name)), (dock, name)
+    finally:
+        window.resize(1400, 900)
+        window.docks["chat"].raise_()

@@ -55,6 +55,15 @@ def test_matmul_points_by_hand_with_a_measured_bandwidth_ceiling():
     assert not roof.notes
 
 
+def test_a_roofline_sent_as_json_comes_back_whole():
+    """The engine worker computes a roofline and the GUI draws it: as_dict → JSON → from_dict."""
+    peaks.record("cpu", "bandwidth", None, 20e9, "test: 20 GB/s")
+    roof = roofline.from_run(matmul_run())
+    back = roofline.Roofline.from_dict(json.loads(json.dumps(roof.as_dict())))
+    assert back == roof and back.ridge == pytest.approx(500e9 / 20e9)
+    assert roofline.svg(back) == roofline.svg(roof)
+
+
 def test_a_missing_ceiling_is_said_with_the_way_to_get_one(monkeypatch):
     monkeypatch.setattr(peaks, "theoretical", lambda *a, **k: None)
     roof = roofline.from_run(matmul_run())

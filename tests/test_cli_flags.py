@@ -51,7 +51,7 @@ CASES = [
     (("generate", "hi", *MODEL, "--top-p", "0"), "argument --top-p: 0 is out of range: use a finite number (0, 1]"),
     (("generate", "hi", *MODEL, "--top-p", "1.5"),
      "argument --top-p: 1.5 is out of range: use a finite number (0, 1]"),
-    (("generate", "hi", *MODEL, "--top-k", "-1"), "argument --top-k: -1 is out of range: use a whole number ≥ 0"),
+    (("generate", "hi", *MODEL, "--top-k", "-1"), "argument --top-k: -1 is out of range: use 0…1000000 (0 = off)"),
     (("generate", "hi", *MODEL, "--min-p", "1"), "argument --min-p: 1 is out of range: use a finite number [0, 1)"),
     (("generate", "hi", *MODEL, "--max-tokens", "0"),
      "argument --max-tokens/-n: 0 is out of range: use 1…1000000"),
@@ -60,13 +60,13 @@ CASES = [
     (("chat", *MODEL, "--temperature", "inf"),
      "argument --temperature/-t: inf is out of range: use a finite number ≥ 0 (0 = greedy)"),
     (("chat", *MODEL, "--seed", "-1"), "argument --seed: -1 is out of range: use 0…4294967295"),
-    (("trace", "hi", *MODEL, "--tokens", "0"), "argument --tokens: 0 is out of range: use a whole number ≥ 1"),
+    (("trace", "hi", *MODEL, "--tokens", "0"), "argument --tokens: 0 is out of range: use 1…1000000"),
     (("trace", "hi", *MODEL, "--threads", "0"),
      f"argument --threads: 0 is out of range: use 1…{CPUS} (the logical CPUs here)"),
-    (("bench", "llm", *MODEL, "--repeat", "0"), "argument --repeat: 0 is out of range: use a whole number ≥ 1"),
-    (("bench", "llm", *MODEL, "--warmup", "-1"), "argument --warmup: -1 is out of range: use a whole number ≥ 0"),
+    (("bench", "llm", *MODEL, "--repeat", "0"), "argument --repeat: 0 is out of range: use 1…1000000"),
+    (("bench", "llm", *MODEL, "--warmup", "-1"), "argument --warmup: -1 is out of range: use 0…1000000"),
     (("bench", "llm", *MODEL, "--min-time", "inf"),
-     "argument --min-time: inf is out of range: use a finite number ≥ 0"),
+     "argument --min-time: inf is out of range: use a finite number 0…86400 (seconds)"),
     (("bench", "llm", *MODEL, "--telemetry", "5"),
      "argument --telemetry: 5 is out of range: use a finite number 20…60000"),
     (("bench", "llm", *MODEL, "--threads", "100000"),
@@ -155,3 +155,103 @@ def test_without_debug_the_same_error_is_one_line():
 def test_help_still_lists_the_global_flags_on_a_command():
     r = opscope("bench", "--help")
     assert r.returncode == 0 and b"--db URL" in r.stdout and b"--debug" in r.stdout
+
+
+# --- in-process: every value checked while parsing, or before a store or model is opened ----------
+
+def _main_line(capsys, argv) -> tuple[int, str]:
+    """engine.cli.main in this process: its exit code and its one line on stderr."""
+    from opscope.engine.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:  # a bad flag: argparse's exit, after our one line
+        code = e.code
+    out, err = capsys.readouterr()
+    assert out == "" and err.endswith("\n") and err.count("\n") == 1, (out, err)
+    return code, err.rstrip("\n")
+
+
+IN_PROCESS = [
+    (("generate", "hi", *MODEL, "--top-k", "99999999999"),
+     "argument --top-k: 99999999999 is out of range: use 0…1000000 (0 = off)"),
+    (("generate", "hi", *MODEL, "--stop", ""), "argument --stop: empty: give the text that ends the reply"),
+    (("chat", *MODEL, "--stop", "  "), "argument --stop: empty: give the text that ends the reply"),
+    (("--db", "", "runs", "list"), "argument --db: empty: give a SQLAlchemy URL or a SQLite file path"),
+    (("bench", "llm", *MODEL, "--name", "123"),
+     "argument --name: '123' is all digits and would read as a run id: add a letter"),
+    (("bench", "llm", *MODEL, "--name", " x"),
+     "argument --name: ' x' is not a run name: use 1…200 characters, no leading or trailing spaces"),
+    (("bench", "llm", *MODEL, "--repeat", "10000000"), "argument --repeat: 10000000 is out of range: use 1…1000000"),
+    (("bench", "llm", *MODEL, "--warmup", "10000000"), "argument --warmup: 10000000 is out of range: use 0…1000000"),
+    (("bench", "llm", *MODEL, "--min-time", "1e9"),
+     "argument --min-time: 1e9 is out of range: use a finite number 0…86400 (seconds)"),
+    (("runs", "compare", "--fail-on-regression", "inf"),
+     "argument --fail-on-regression: inf is out of range: use a finite number ≥ 0 (percent)"),
+    (("runs", "compare", "--fail-on-regression", "-1"),
+     "argument --fail-on-regression: -1 is out of range: use a finite number ≥ 0 (percent)"),
+    (("trace", "hi", *MODEL, "--tokens", "100000000"), "argument --tokens: 100000000 is out of range: use 1…1000000"),
+    (("trace", *MODEL, "--telemetry", "nan", "--", "python", "x.py"),
+     "argument --telemetry: nan is out of range: use a finite number 20…60000"),
+    (("trace", "--report", "/nonexistent/dir/r.json", "--", "python", "x.py"),
+     "argument --report: /nonexistent/dir/r.json: its folder /nonexistent/dir does not exist: create it first"),
+    (("runs", "export", "1", "-o", "/nonexistent/dir/run.json"),
+     "argument -o/--output: /nonexistent/dir/run.json: its folder /nonexistent/dir does not exist: create it first"),
+]
+
+
+@pytest.mark.parametrize("argv,line", IN_PROCESS, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in IN_PROCESS])
+def test_bad_value_is_one_line_in_process(capsys, argv, line):
+    assert _main_line(capsys, argv) == (2, f"opscope: error: {line}")
+
+
+@pytest.mark.parametrize("argv", [("runs", "compare", "-o", "{dir}"), ("runs", "roofline", "1", "--out", "{dir}"),
+                                  ("bench", "llm", *MODEL, "--trace-out", "{dir}"),
+                                  ("trace", "hi", *MODEL, "--jsonl", "{dir}")])
+def test_an_output_path_that_is_a_folder_is_refused_while_parsing(capsys, tmp_path, argv):
+    argv = [a.format(dir=tmp_path) for a in argv]
+    flag = {"-o": "-o/--output"}.get(argv[-2], argv[-2])
+    assert _main_line(capsys, [*argv, "--db", tmp_path / "runs.sqlite"]) == (
+        2, f"opscope: error: argument {flag}: {tmp_path} is a folder: give a file name, e.g. {tmp_path / 'out'}")
+    assert list(tmp_path.iterdir()) == []  # no store was created either
+
+
+@pytest.mark.parametrize("suite,param,line", [
+    ("matmul", "dtypes=float32,float99", "--param dtypes: 'float99' is not one of float32, bfloat16, float16"),
+    ("scaling", "models=gpt9", "--param models: 'gpt9' is not one of gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"),
+])
+def test_a_suite_parameter_outside_its_choices_is_one_line_before_a_store_is_created(capsys, tmp_path, suite,
+                                                                                      param, line):
+    db = tmp_path / "runs.sqlite"
+    assert _main_line(capsys, ["bench", suite, "--quick", "--param", param, "--db", db]) == (
+        2, f"opscope: error: {line}")
+    assert not db.exists()
+
+
+def test_pushing_a_missing_run_creates_no_target_store(capsys, tmp_path):
+    from opscope.engine.results import RunResult
+    from opscope.engine.store import RunStore
+
+    src, target = tmp_path / "src.sqlite", tmp_path / "team" / "target.sqlite"
+    with RunStore.open(src) as s:
+        s.save(RunResult(kind="matmul", name="first"))
+    assert _main_line(capsys, ["runs", "push", "first", "999", "--to", target, "--db", src]) == (
+        2, f"opscope: error: no saved run with id 999 in sqlite:///{src} (`opscope runs list` shows the saved runs)")
+    assert not target.parent.exists()
+
+
+@pytest.mark.parametrize("tag", ["", " x"])
+def test_a_blank_or_padded_tag_is_refused_by_the_store_and_while_parsing(capsys, tmp_path, tag):
+    from opscope.engine.results import RunResult
+    from opscope.engine.store import RunStore
+
+    db = tmp_path / "runs.sqlite"
+    with RunStore.open(db) as s:
+        s.save(RunResult(kind="matmul", name="first"))
+    assert _main_line(capsys, ["runs", "tag", "first", tag, "--db", db]) == (
+        2, f"opscope: error: tag {tag!r} is not valid: give some text without leading or trailing spaces")
+    assert _main_line(capsys, ["bench", "matmul", "--tag", tag, "--db", db]) == (
+        2, f"opscope: error: argument --tag: {tag!r} is not a tag: give some text without leading or trailing spaces")
+    with RunStore.open(db) as s:
+        assert s.info("first").tags == ()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from ranks_helpers import assert_lane_of_each_rank, load_run, rank_lanes_panel, rank_pids, rank_slices
 
 from opscope.engine.distributed.collectives import (COLLECTIVES, algbw_gb_s, bus_factor, busbw_gb_s,
                                                    element_count, modes)
@@ -62,14 +63,8 @@ def two_runs(tmp_path_factory):
 
 
 def test_every_collective_is_validated_and_saved_with_every_rank(two_runs):
-    from opscope.engine.store.commands import open_store
-
     db, _ = two_runs
-    store = open_store(db)
-    try:
-        run = store.load("c-a").result
-    finally:
-        store.close()
+    run = load_run(db, "c-a")
     assert run.kind == "collectives" and run.status == "completed"
     points = run.settings["suite_params"]["points"]
     expected = {(c, s, m) for c in COLLECTIVES for s in (8, 65536) for m in modes(c)}
@@ -103,13 +98,11 @@ def test_two_collectives_runs_compare(two_runs, capsys):
 
 def test_the_perfetto_trace_has_one_process_per_rank(two_runs):
     _, trace = two_runs
-    events = json.loads(trace.read_text())["traceEvents"]
-    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
-    assert sorted(names.values()) == ["rank 0", "rank 1"]
-    spans = [e for e in events if e["ph"] == "X"]
-    per_rank = {pid: sum(1 for e in spans if e["pid"] == pid) for pid in names}
+    slices = rank_slices(json.loads(trace.read_text()))
+    assert sorted(slices) == [0, 1]
     n_points = sum(len(modes(c)) for c in COLLECTIVES) * 2
-    assert list(per_rank.values()) == [n_points * 2, n_points * 2]  # 2 reps of every point on each rank
+    assert [len(slices[r]) for r in (0, 1)] == [n_points * 2, n_points * 2]  # 2 reps of every point on each rank
+    spans = slices[0] + slices[1]
     assert min(e["ts"] for e in spans) == 0 and all(e["dur"] > 0 for e in spans)
 
 
@@ -124,33 +117,16 @@ def test_a_saved_runs_ranks_are_lanes_in_the_telemetry_panel(two_runs, qtbot):
     """The stored per-rank markers of a real run, replayed ending now, draw one lane per rank."""
     import numpy as np
 
-    from opscope.app.telemetry.model import TelemetryModel
-    from opscope.app.telemetry.panel import TelemetryPanel
-    from opscope.engine.clock import now_ns
-    from opscope.engine.store.commands import open_store
-
     db, _ = two_runs
-    store = open_store(db)
-    try:
-        markers = store.load("c-a").result.markers
-    finally:
-        store.close()
+    markers = load_run(db, "c-a").markers
     assert {m.attrs["rank"] for m in markers} == {0, 1} and {m.edge for m in markers} == {"start", "end"}
-    model = TelemetryModel(None, interval_ms=1000, history_s=60, sources=[])  # not started: we feed it
-    panel = TelemetryPanel(model, refresh_ms=10_000)
-    qtbot.addWidget(panel)
-    panel.resize(800, 700)
-    panel.show()
-    shift = now_ns() - max(m.t_ns for m in markers) - 10**8
-    for m in sorted(markers, key=lambda m: (m.t_ns, m.edge != "end")):
-        model.on_marker({"phase": m.phase, "edge": m.edge, "t_ns": m.t_ns + shift, "attrs": m.attrs})
-    panel.refresh(force=True)
+    panel = rank_lanes_panel(markers, qtbot)
     assert panel.rank_plot is not None and sorted(panel.rank_curves) == [0, 1]
     per_rank = len(markers) // 4  # start + end of every span, two ranks
     for rank, curve in panel.rank_curves.items():
-        xs, ys = curve.getOriginalDataset()
+        xs, ys = assert_lane_of_each_rank(curve, rank)
         finite = np.isfinite(ys)
-        assert finite.sum() == 2 * per_rank and set(ys[finite]) == {float(rank)}
+        assert finite.sum() == 2 * per_rank
         assert np.all(xs[finite] <= 0)  # every span closed, in the past
     assert all(b == [] for b in (item.bands for item in panel.bands.values()))  # no bands from ranks
     assert not panel.grab().isNull()
@@ -179,14 +155,14 @@ def test_op_traces_of_two_ranks_merge_into_one_process_per_rank():
     merged = ranks_trace({0: (docs[0], 5_000_000), 1: (docs[1], 7_000_000)})  # rank 1 starts 2 ms later
     validate_trace_event_format(merged)
     events = merged["traceEvents"]
-    procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
-    assert procs == {1: "rank 0", 2: "rank 1"}
+    pids = rank_pids(merged)
+    assert pids == {0: 1, 1: 2}
     for rank, doc in enumerate(docs):
-        mine = [e for e in events if e["ph"] != "M" and e["pid"] == rank + 1]
+        mine = [e for e in events if e["ph"] != "M" and e["pid"] == pids[rank]]
         theirs = [e for e in doc["traceEvents"] if e["ph"] != "M"]
         assert len(mine) == len(theirs)
         assert min(e["ts"] for e in mine) == pytest.approx(min(e["ts"] for e in theirs) + 2000.0 * rank)
-    threads = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 2}
+    threads = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pids[1]}
     assert {"engine · phases", "engine · tokens", "cpu · ops"} <= threads  # named after their process
 
 
@@ -212,13 +188,7 @@ def test_two_nodes_meet_at_the_endpoint_and_node_0_saves_both_ranks(tmp_path):
     assert [p.returncode for p in nodes] == [0, 0], outs
     assert "node 1: 1 ranks done" in outs[0]
     assert "2 ranks, gloo" in outs[1] and "send_recv" in outs[1]
-    from opscope.engine.store.commands import open_store
-
-    store = open_store(db)
-    try:
-        run = store.load("mn").result
-    finally:
-        store.close()
+    run = load_run(db, "mn")
     assert {m.params.get("rank") for m in run.metrics if ".rank" in m.name} == {0, 1}
     assert all(m.status == "ok" and m.params["ranks"] == 2 for m in run.metrics)
 
@@ -230,7 +200,6 @@ def test_the_window_runs_collectives_through_the_workers_bench_job(tmp_path):
 
     from opscope.app.protocol import BenchRequest
     from opscope.app.worker_bench import run_bench, suite_catalog
-    from opscope.engine.store.commands import open_store
 
     fields = {f["name"]: f for f in next(s for s in suite_catalog() if s["name"] == "collectives")["params"]}
     assert fields["nproc"]["kind"] == "int" and fields["nproc"]["quick"] == 2
@@ -242,10 +211,6 @@ def test_the_window_runs_collectives_through_the_workers_bench_job(tmp_path):
     assert out["status"] == "completed" and out["metrics"] == 2 * 4  # busbw, time, 2 ranks' times
     points = {msg["point"]["name"] for kind, msg in sent if kind == "progress" and "point" in msg}
     assert points >= {"all_reduce_8B_ip", "send_recv_8B_oop", "send_recv_8B_oop.rank1.time"}
-    store = open_store(db)
-    try:
-        run = store.load("win").result
-    finally:
-        store.close()
+    run = load_run(db, "win")
     assert run.settings["suite_params"]["nproc"] == 2 and run.settings["suite_params"]["backend"] == "gloo"
     assert all(m.status == "ok" and len(m.samples) == 2 for m in run.metrics)

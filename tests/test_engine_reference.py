@@ -13,7 +13,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 
 
 @pytest.fixture(scope="module")
-def hf(default_model_path, hf_tokenizer, memoized_gguf_name_map):
+def hf(default_model_path, hf_tokenizer, memoized_gguf_name_map, memoized_gguf_reader):
     transformers = pytest.importorskip("transformers")
     p = default_model_path
     model = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)

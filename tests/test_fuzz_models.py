@@ -1,6 +1,6 @@
 """Fuzzed model files (issue 19): a few hundred mutations of a GGUF header and metadata (bit flips,
-truncation, integer extremes in counts, lengths, dims, offsets and types) and of a safetensors
-header, each run through the real CLI (`models inspect`, then a load and a one-token `generate`)
+truncation, integer extremes in counts, lengths, dims, offsets and types; the tokenizer arrays'
+lengths, elements and types, and the special token ids) and of a safetensors header, each run through the real CLI (`models inspect`, then a load and a one-token `generate`)
 under a 2 GiB address-space cap. Every case must exit 0 or 2, and an exit 2 must be one line on
 stderr naming the file: never an internal error, a crash, a hang or the memory cap.
 
@@ -163,12 +163,59 @@ def _mutations(raw: bytes, fields: list, rng, n: int, header_end: int, skip=(0, 
     return out
 
 
+_VOCAB_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
+_ID_KEYS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id",
+            "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.eot_token_id")
+
+
+def _vocab_mutations(craft: Craft, rng, n: int) -> list[tuple[str, bytes]]:
+    """(description, bytes) of well-formed GGUFs whose tokenizer metadata is not: arrays shortened,
+    lengthened, emptied or of another element type, elements replaced by extremes or garbage
+    (token types, merges without a space or of unknown tokens, empty or duplicate tokens), special
+    ids at extremes, another tokenizer model or pre-tokenizer."""
+    out = []
+    for _ in range(n):
+        c = copy.deepcopy(craft)
+        key = rng.choice(_VOCAB_KEYS + _ID_KEYS + ("tokenizer.ggml.model", "tokenizer.ggml.pre"))
+        if key in _ID_KEYS:
+            value = rng.choice([-1, 2**31 - 1, 319, 320, 10**6])
+            c.set(key, value, 5)  # int32: negative ids too
+            what = f"{key}={value}"
+        elif key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
+            value = rng.choice(["llama", "gemma", "bert", "", "gpt2\0", "x" * 300])
+            c.set(key, value, 8)
+            what = f"{key}={value[:20]!r}"
+        else:
+            kv = next((kv for kv in c.kvs if kv.key == key), None)
+            values = list(kv.value) if kv is not None else [0.0] * 320
+            etype = kv.etype if kv is not None else 6
+            op = rng.randrange(5)
+            if op == 0:
+                values = values[:rng.randrange(len(values) + 1)]
+            elif op == 1:
+                values = values + values[:rng.randrange(1, 50)]
+            elif op == 2 and values:
+                i = rng.randrange(len(values))
+                values[i] = (rng.choice(["", "nospace", "a b c", "Ġ Ġ", values[0] + " zz", "\x00"]) if etype == 8
+                             else rng.choice([-1, 7, 99, 2**31 - 1]) if etype in (4, 5) else float("nan"))
+            elif op == 3:
+                values = []
+            else:
+                etype, values = rng.choice([(4, list(range(len(values)))), (6, [0.5] * len(values)),
+                                            (8, [str(v) for v in values])])
+            c.set(key, values, 9, etype)
+            what = f"{key} op {op} ({len(values)} elements)"
+        out.append((what, c.to_bytes()))
+    return out
+
+
 def _gguf_cases(tmp: Path, tiny: Path, embedded: Path, rng) -> list[dict]:
     cases = []
     craft = Craft.read(tiny)
     raw = craft.to_bytes()
     header_end = len(raw) - len(craft.data)
-    for i, (what, data) in enumerate(_mutations(raw, craft.fields, rng, 140, header_end)):
+    mutated = _mutations(raw, craft.fields, rng, 100, header_end) + _vocab_mutations(craft, rng, 40)
+    for i, (what, data) in enumerate(mutated):
         p = tmp / f"tiny-{i}.gguf"
         p.write_bytes(data)
         cases.append({"id": f"tiny-{i} ({what})", "path": str(p), "argvs": [

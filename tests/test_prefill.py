@@ -107,6 +107,32 @@ def test_gemm_without_mkl_uses_torch_per_panel():
         torch.ops.opscope.prefill_config(-1, 1, -1)
 
 
+def test_values_do_not_depend_on_the_panel_split(threads):
+    """Panels are handed out dynamically (a shared counter) and sized by the thread count: which
+    thread takes a panel and how many rows a panel has must not change any output value, for the
+    GEMM and the fused gate/up/activation alike. Bit for bit over 1-3 threads (3 on fewer cores:
+    a thread that gets no core for a while) and 16-row panels to a single one."""
+    w, dense = weights("IQ4_NL", n=301, k=32 * 18)
+    u, _ = weights("Q4_K", n=301, seed=1, k=256 * 3)
+    x = torch.randn(64, dense.shape[1], generator=torch.Generator().manual_seed(3))
+    xu = torch.randn(64, 768, generator=torch.Generator().manual_seed(4))
+    g, _ = weights("Q5_0", n=301, seed=2, k=768)
+    first = None
+    try:
+        for n_threads in (1, 2, 3):
+            threads(n_threads)
+            for panel_bytes in (256 << 10, 4096, 64 << 20):
+                torch.ops.opscope.prefill_config(panel_bytes, -1, -1)
+                y = qgemm(x, w)
+                h = torch.ops.opscope.qglu(xu, g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, 0)
+                if first is None:
+                    first = (y, h)
+                    check(y, x, dense)
+                assert torch.equal(y, first[0]) and torch.equal(h, first[1]), (n_threads, panel_bytes)
+    finally:
+        torch.ops.opscope.prefill_config(256 << 10, -1, -1)
+
+
 def act64(g: np.ndarray, gelu: bool) -> np.ndarray:
     if gelu:
         return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))

@@ -133,7 +133,7 @@ def test_a_neighbouring_file_fails(text_file):
 
 
 @pytest.fixture(scope="module")
-def hf():
+def hf(memoized_gguf_reader):
     import functools
 
     import gguf

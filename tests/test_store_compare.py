@@ -198,14 +198,15 @@ def test_long_names_become_ids_and_embedded_settings_are_not_repeated(tmp_path, 
     assert "fingerprint.settings.threads" not in out
 
 
-def _small_run(name: str, scale: float, n: int, peak: str = "theoretical 294.4 GFLOP/s float32") -> RunResult:
+def _small_run(name: str, scale: float, n: int, peak: str = "theoretical 294.4 GFLOP/s float32",
+               peak_value: float = 2.944e11) -> RunResult:
     """A run of n samples per metric: a rate, peak memory under its old name, and a utilisation."""
     rates = [100.0 * scale + i for i in range(n)]
     return RunResult(kind="llm", name=name, settings={"threads": 2}, metrics=[
         Metric("tg16", "tok/s", rates),
         Metric("tg16.peak_mem" if name.endswith("old") else "tg16.peak_mem_bytes", "bytes",
                [7.164e8 + i for i in range(n)], higher_is_better=False),
-        Metric("tg16.mfu", "%", [r / 10 for r in rates], params={"peak": peak, "peak_value": 2.944e11,
+        Metric("tg16.mfu", "%", [r / 10 for r in rates], params={"peak": peak, "peak_value": peak_value,
                                                                 "peak_basis": "theoretical"})])
 
 
@@ -246,7 +247,7 @@ def test_utilisation_rows_name_their_peak_and_never_show_above_100(tmp_path, cap
     path = tmp_path / "runs.sqlite"
     with RunStore.open(path) as store:
         store.save(_small_run("a", 1.0, 6))
-        store.save(_small_run("b", 1.0, 6, peak="measured 187.0 GFLOP/s float32 (2026-11-20)"))
+        store.save(_small_run("b", 1.0, 6, peak="measured 187.0 GFLOP/s float32 (2026-11-20)", peak_value=1.87e11))
         store.save(_small_run("c", 11.0, 6))  # 1100+ tok/s: "110%" of the peak
     assert cli(path, "compare", "a", "b", "c") == 0
     out = capsys.readouterr().out

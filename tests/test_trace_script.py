@@ -42,6 +42,24 @@ def _trace(tmp_path: Path, words: list[str], *extra: str,
     return json.loads(report.read_text()), r
 
 
+def _trace_here(tmp_path: Path, words: list[str], *extra: str, db: Path | None = None) -> tuple[dict, int]:
+    """`_trace` without the subprocess, for the tests of what a trace finds (not of how the script
+    runs: argv, exit codes, tracebacks, output keep _trace): the CLI's main() in this interpreter,
+    from the script's folder. The runner restores sys.argv, sys.path and the working directory
+    after the script (engine.trace.script._SysState); each script runs as a fresh __main__."""
+    from opscope.engine.cli import main
+
+    report, here = tmp_path / "report.json", os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code = main(["--db", str(db or tmp_path / "runs.sqlite"), "trace", "--report", str(report), *extra,
+                     "--", *words])
+    finally:
+        os.chdir(here)
+    assert report.is_file(), f"exit code {code}, no report"
+    return json.loads(report.read_text()), code
+
+
 TRAIN = """
 import torch
 from torch import nn
@@ -131,8 +149,8 @@ def test_per_element_loop_is_a_storm_at_its_line(tmp_path):
                 out[i] = x[i].item() * 2  # PER_ELEMENT
             step()
         """)
-    report, r = _trace(tmp_path, ["python", script.name], "--target", "cpu")
-    assert r.returncode == 0, r.stderr[-3000:]
+    report, code = _trace_here(tmp_path, ["python", script.name], "--target", "cpu")
+    assert code == 0
     storms = [f for f in report["findings"] if f["kind"] == "storm"]
     assert len(storms) == 1, report["findings"]
     assert storms[0]["sources"] == [f"storm.py:{_line(script, 'PER_ELEMENT')}"]
@@ -141,14 +159,14 @@ def test_per_element_loop_is_a_storm_at_its_line(tmp_path):
 
 def test_loss_not_falling(tmp_path):
     script = _train_script(tmp_path, lr="0.0")
-    report, r = _trace(tmp_path, ["python", script.name], "--target", "cpu")
+    report, _ = _trace_here(tmp_path, ["python", script.name], "--target", "cpu")
     assert _kinds(report) == ["loss"], report["findings"]
     assert report["findings"][0]["sources"] == [f"train.py:{_line(script, 'BACKWARD')}"]
 
 
 def test_parameters_that_never_get_a_gradient(tmp_path):
     script = _train_script(tmp_path, forward="h = torch.relu(self.a(x)).detach()  # CALL_A")
-    report, r = _trace(tmp_path, ["python", script.name], "--target", "cpu")
+    report, _ = _trace_here(tmp_path, ["python", script.name], "--target", "cpu")
     assert report["step_source"] == "optimizer.step()" and report["tokens"] == 11  # the first waits: see _Steps
     found = [f for f in report["findings"] if f["kind"] == "no_grad"]
     assert len(found) == 1, report["findings"]
@@ -159,7 +177,7 @@ def test_parameters_that_never_get_a_gradient(tmp_path):
 
 def test_optimizer_that_steps_parameters_not_in_the_model(tmp_path):
     script = _train_script(tmp_path, params="Net().parameters()")
-    report, r = _trace(tmp_path, ["python", script.name], "--target", "cpu")
+    report, _ = _trace_here(tmp_path, ["python", script.name], "--target", "cpu")
     kinds = _kinds(report)
     assert "optimizer" in kinds and "loss" in kinds, report["findings"]
     opt = next(f for f in report["findings"] if f["kind"] == "optimizer")
@@ -169,13 +187,13 @@ def test_optimizer_that_steps_parameters_not_in_the_model(tmp_path):
 def test_gradients_all_zero_and_non_finite(tmp_path):
     extra = " + 0 * self.c(x)"  # c's gradient is exactly zero at every step
     script = _train_script(tmp_path, extra=extra)
-    report, r = _trace(tmp_path, ["python", script.name], "--target", "cpu")
+    report, _ = _trace_here(tmp_path, ["python", script.name], "--target", "cpu")
     assert _kinds(report) == ["gradient"], report["findings"]
     assert report["findings"][0]["modules"] == ["Net.c"] and "all zero" in report["findings"][0]["title"]
 
     nan = " + 0 * torch.sqrt(self.c(x) - self.c(x).detach())"  # sqrt'(0) = inf: a NaN gradient in c
     script = _train_script(tmp_path, extra=nan)
-    report, r = _trace(tmp_path, ["python", script.name], "--target", "cpu")
+    report, _ = _trace_here(tmp_path, ["python", script.name], "--target", "cpu")
     # the NaN reaches every parameter after the first step, and the loss after it: c is named as the first
     assert sorted(_kinds(report)) == ["gradient", "loss"], report["findings"]
     grad = next(f for f in report["findings"] if f["kind"] == "gradient")
@@ -228,7 +246,7 @@ def test_module_mode_and_a_script_that_raises(tmp_path):
     assert any("exit code 1" in n for n in report["notes"])
 
 
-def test_saved_traces_are_runs_and_diff(tmp_path):
+def test_saved_traces_are_runs_and_diff(tmp_path, capsys):
     db = tmp_path / "runs.sqlite"
     slow = _write(tmp_path, "slow.py", """
         import torch
@@ -248,8 +266,8 @@ def test_saved_traces_are_runs_and_diff(tmp_path):
             y = x + 1
             step()
         """)
-    _trace(tmp_path, ["python", slow.name], "--target", "cpu", "--name", "slow-run", "--telemetry", "20", db=db)
-    _trace(tmp_path, ["python", fast.name], "--target", "cpu", "--name", "fast-run", db=db)
+    _trace_here(tmp_path, ["python", slow.name], "--target", "cpu", "--name", "slow-run", "--telemetry", "20", db=db)
+    _trace_here(tmp_path, ["python", fast.name], "--target", "cpu", "--name", "fast-run", db=db)
     from opscope.engine.store import RunStore
 
     with RunStore.open(str(db)) as store:
@@ -258,13 +276,21 @@ def test_saved_traces_are_runs_and_diff(tmp_path):
     assert {"host.cpu_pct", "proc.rss_bytes"} <= {t.name for t in run.telemetry}  # telemetry alongside
     steps = [(m.edge, m.attrs["index"]) for m in run.markers if m.phase == "step"]
     assert steps == [(edge, i) for i in range(5) for edge in ("start", "end")]  # 4 steps and the tail: phases
-    listed = _opscope(["runs", "list", "--kind", "trace", "--format", "json"], tmp_path, db)
-    assert [r["name"] for r in json.loads(listed.stdout)] == ["fast-run", "slow-run"], listed.stderr
-    d = _opscope(["trace", "diff", "slow-run", "fast-run", "--json"], tmp_path, db)
-    assert d.returncode == 0, d.stderr
-    diff = json.loads(d.stdout)
+    from opscope.engine.cli import main
+
+    def opscope(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(["--db", str(db), *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = opscope("runs", "list", "--kind", "trace", "--format", "json")
+    assert code == 0 and [r["name"] for r in json.loads(out)] == ["fast-run", "slow-run"], err
+    code, out, err = opscope("trace", "diff", "slow-run", "fast-run", "--json")
+    assert code == 0, err
+    diff = json.loads(out)
     assert [f["kind"] for f in diff["only_in_a"]] == ["storm"] and diff["only_in_b"] == []
     assert diff["syncs_per_step"] == [32.0, 0.0]
     assert diff["ops_off_target"][0] >= 4 * 32 and diff["ops_off_target"][1] == 0
-    text = _opscope(["trace", "diff", "slow-run", "fast-run"], tmp_path, db).stdout
+    text = opscope("trace", "diff", "slow-run", "fast-run")[1]
     assert "Findings only in A (fixed in B): 1" in text and f"slow.py:{_line(slow, 'SLOW')}" in text

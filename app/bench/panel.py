@@ -7,17 +7,17 @@ import json
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QLineEdit, QProgressBar, QPushButton, QSizePolicy, QSpinBox, QSplitter,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGroupBox, QHBoxLayout,
+                               QLabel, QLineEdit, QProgressBar, QPushButton, QScrollArea, QSizePolicy, QSpinBox, QSplitter,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QPlainTextEdit
 
 from opscope.app.bench.model import BenchModel, point_summary
-from opscope.app.bench.param_units import param_unit
+from opscope.app.bench.param_units import format_size, param_doc, parse_size
 from opscope.app.runs.roofline import RooflineView
-from opscope.app.tables import fit_columns, keep_in_view, with_unit
+from opscope.app.tables import display_unit, fit_columns, keep_in_view, with_unit
 from opscope.app.widgets import category_ticks
 
 ROW_COLUMNS = ("point", "params", "median", "min … max", "unit", "n", "status")
@@ -31,47 +31,63 @@ class ParamForm(QGroupBox):
         self.form = QFormLayout(self)
         self.fields: list[dict] = []
         self.editors: dict[str, QWidget] = {}
+        self.units: dict[str, str] = {}
 
     def set_fields(self, fields: list[dict], quick: bool, suite: str = "") -> None:
         while self.form.rowCount():
             self.form.removeRow(0)
-        self.fields, self.editors = fields, {}
+        self.fields, self.editors, self.units = fields, {}, {}
         for f in fields:
-            unit = param_unit(suite, f["name"])
-            editor = _editor(f, f["quick"] if quick else f["default"], unit)
+            doc = param_doc(suite, f["name"])
+            self.units[f["name"]] = doc.unit
+            editor = _editor(f, f["quick"] if quick else f["default"], doc.unit)
             self.editors[f["name"]] = editor
-            # A spin box carries its unit as a suffix ("512 tokens"); a list names it in the label.
-            label = f"{f['name']} ({unit})" if unit and not hasattr(editor, "setSuffix") else f["name"]
+            # "Call budget (s)": the unit once, in the label; the tooltip says what it changes and
+            # the command line's name, so a value seen here can be given to `opscope bench --param`.
+            tip = f"{doc.help}\n(--param {f['name']}=…)"
+            label = QLabel(doc.text, toolTip=tip)
+            label.setBuddy(editor)
+            _set_tooltip(editor, tip)
             self.form.addRow(label, editor)
 
     def values(self) -> dict:
-        return {f["name"]: _value(f, self.editors[f["name"]]) for f in self.fields}
+        return {f["name"]: _value(f, self.editors[f["name"]], self.units.get(f["name"], "")) for f in self.fields}
+
+
+def _set_tooltip(editor: QWidget, tip: str) -> None:
+    """A list field's tooltip also holds its whole value (the field may show only its start)."""
+    if not isinstance(editor, QLineEdit):
+        editor.setToolTip(tip)
+        return
+    editor.textChanged.connect(lambda text: editor.setToolTip(f"{tip}\n\nnow: {text}"))
+    editor.setToolTip(f"{tip}\n\nnow: {editor.text()}")
 
 
 def _editor(field: dict, value, unit: str = "") -> QWidget:
     kind = field["kind"]
     if kind == "bool":
         return QCheckBox(checked=bool(value))
-    suffix = f" {unit}" if unit else ""
     if kind == "int":
-        return QSpinBox(minimum=0, maximum=2**31 - 1, value=int(value), suffix=suffix)
+        return QSpinBox(minimum=0, maximum=2**31 - 1, value=int(value))
     if kind == "float":
-        return QDoubleSpinBox(minimum=0.0, maximum=1e9, decimals=3, value=float(value), suffix=suffix)
-    text = ", ".join(str(v) for v in value) if kind in ("tuple_int", "tuple_str") else \
+        return QDoubleSpinBox(minimum=0.0, maximum=1e9, decimals=3, value=float(value))
+    show = format_size if unit == "bytes" else str  # "64 MiB", never "67108864"
+    text = ", ".join(show(v) for v in value) if kind in ("tuple_int", "tuple_str") else \
         value if isinstance(value, str) else json.dumps(value)
-    edit = QLineEdit(text, toolTip=text)
+    edit = QLineEdit(text)
     edit.setCursorPosition(0)  # a list longer than the field shows its start, not "t32, bfloat16"
-    edit.textChanged.connect(edit.setToolTip)
     return edit
 
 
-def _value(field: dict, editor: QWidget):
+def _value(field: dict, editor: QWidget, unit: str = ""):
     kind = field["kind"]
     if kind == "bool":
         return editor.isChecked()
     if kind in ("int", "float"):
         return editor.value()
     text = editor.text().strip()
+    if kind == "tuple_int" and unit == "bytes":
+        return [parse_size(v) for v in text.split(",") if v.strip()]
     if kind == "tuple_int":
         return [int(v) for v in text.replace(",", " ").split()]
     if kind == "tuple_str":
@@ -81,7 +97,7 @@ def _value(field: dict, editor: QWidget):
     return json.loads(text) if text else None
 
 
-NO_POINTS_YET = "No results yet: choose a suite and press Run"
+NO_POINTS_YET = "No results yet: press Run"  # short: a title never wraps, and the chart is narrow at 1024 px
 
 
 def _value_range(lo: float | None, hi: float | None, unit: str) -> str:
@@ -128,6 +144,7 @@ class BenchPanel(QWidget):
         self.table.setHorizontalHeaderLabels(ROW_COLUMNS)
         self.table.verticalHeader().setVisible(False)
         keep_in_view(self.table, elastic=(0, 1, ROW_COLUMNS.index("status")))  # names elide, numbers never
+        self._running = ""  # the suite being run
         self._chart_unit: str | None = None
         self._chart_names: list[str] = []
         self._chart_rows: list[int] = []
@@ -144,6 +161,7 @@ class BenchPanel(QWidget):
         model.finished.connect(self._on_finished)
         model.failed.connect(self._on_failed)
         model.runSaved.connect(self.show_roofline)
+        self.roofline_view.computed.connect(self._on_roofline)
 
     def _build(self) -> None:
         left = QWidget()
@@ -156,17 +174,27 @@ class BenchPanel(QWidget):
         form.addRow("Tags", self.tags_edit)
         form.addRow(self.ab_check)
         form.addRow("B flags", self.ab_flags)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.run_button)
-        buttons.addWidget(self.cancel_button)
-        form.addRow(buttons)
         self.tabs.addTab(self.chart, "Points")
         self.tabs.addTab(self.roofline_view, "Roofline")
         self.tabs.addTab(self.ab_view, "A/B")
         self.roofline_view.summary.setText("After an llm, matmul or attention run its points show here against "
                                            "the compute and bandwidth ceilings.")
+        # The form scrolls: a suite with ten parameters must not make the window taller than a
+        # 1024x640 screen.
+        self.form_scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.NoFrame)
+        self.form_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.form_scroll.setWidget(left)
+        # Run and Cancel stay in sight under the scrolling form
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.run_button)
+        buttons.addWidget(self.cancel_button)
+        side = QWidget()
+        side_col = QVBoxLayout(side)
+        side_col.setContentsMargins(0, 0, 0, 0)
+        side_col.addWidget(self.form_scroll, 1)
+        side_col.addLayout(buttons)
         top = QSplitter(Qt.Horizontal)
-        top.addWidget(left)
+        top.addWidget(side)
         top.addWidget(self.tabs)
         top.setStretchFactor(1, 3)
         # The table spans the whole panel under the form and the chart: at 1400x900 its seven
@@ -176,14 +204,14 @@ class BenchPanel(QWidget):
         splitter.addWidget(self.table)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 2)
-        splitter.setSizes([400, 300])  # the form's height on top; the rest for the table's rows
+        splitter.setSizes([480, 240])  # the form and the plots on top; the rest for the table's rows
         self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().lineSpacing() + 8)
         layout = QVBoxLayout(self)
         layout.addWidget(splitter, 1)
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
         self.chart.showGrid(x=True, y=True, alpha=0.2)
-        self.chart.setLabel("bottom", "point (median; bar = interquartile range of the raw samples)")
+        self.chart.setLabel("bottom", "point (median, bar: interquartile range)")
         self.chart.getPlotItem().getAxis("bottom").enableAutoSIPrefix(False)
         self.chart.setTitle(NO_POINTS_YET)  # an empty 0..1 plot says why it is empty
 
@@ -197,6 +225,14 @@ class BenchPanel(QWidget):
         if suite:
             self.description.setText(suite["description"])
             self.params.set_fields(suite["params"], self.quick.isChecked(), suite["name"])
+            self._fit_form_width()
+
+    def _fit_form_width(self) -> None:
+        """The scrolling form as wide as its widest row, so no label or field is cut."""
+        form = self.form_scroll.widget()
+        form.adjustSize()
+        bar = self.form_scroll.verticalScrollBar().sizeHint().width()
+        self.form_scroll.setMinimumWidth(form.minimumSizeHint().width() + bar)
 
     def run(self) -> None:
         tags = [t.strip() for t in self.tags_edit.text().split(",") if t.strip()]
@@ -222,6 +258,7 @@ class BenchPanel(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.progress.setRange(0, 0)
         self.status.setText(f"running {suite}… (planning, warm-up)")
+        self._running = suite
 
     def _on_progress(self, done: float, total: int, eta_s) -> None:
         self.progress.setRange(0, 1000)
@@ -229,6 +266,8 @@ class BenchPanel(QWidget):
         eta = f", about {eta_s:.0f} s left" if eta_s is not None else ""
         done_text = f"{done:.0f}" if float(done).is_integer() else f"{done:.1f}"  # "1 / 1", never "1.0 / 1"
         self.progress.setFormat(f"{done_text} / {total} points{eta}")
+        if done > 0:  # past planning and warm-up: say so, not "(planning, warm-up)" until the end
+            self.status.setText(f"running {self._running}… measuring")
 
     def _on_point(self, point: dict) -> None:
         s = point_summary(point)
@@ -237,7 +276,8 @@ class BenchPanel(QWidget):
         params = ", ".join(f"{k}={v}" for k, v in point.get("params", {}).items())
         unit = point["unit"]
         side = f" [{point['ab'].upper()}]" if point.get("ab") else ""  # an A/B run: which side
-        cells = (point["name"] + side, params, with_unit(s["median"], unit), _value_range(s["lo"], s["hi"], unit), unit,
+        cells = (point["name"] + side, params, with_unit(s["median"], unit), _value_range(s["lo"], s["hi"], unit),
+                 display_unit(unit),
                  str(s["n"]), point["status"] if point["status"] == "ok" else f"{point['status']}: {point['error']}")
         for col, text in enumerate(cells):
             self.table.setItem(row, col, QTableWidgetItem(text))
@@ -250,7 +290,7 @@ class BenchPanel(QWidget):
             return
         if self._chart_unit is None:
             self._chart_unit = point["unit"]
-            self.chart.setLabel("left", point["unit"])
+            self.chart.setLabel("left", display_unit(point["unit"]))
         if point["unit"] != self._chart_unit:
             return
         self._chart_names.append(point["name"])
@@ -301,25 +341,21 @@ class BenchPanel(QWidget):
         self.run_button.setEnabled(True)
         self.cancel_button.setEnabled(False)
         if not self._chart_names:
-            self.chart.setTitle("No point to chart: failed points and byte sizes are in the table below")
+            self.chart.setTitle("No point to chart: see the table below")
         if self.progress.maximum() == 0:
             self.progress.setRange(0, 1000)
 
 
-    def show_roofline(self, run_id: int) -> bool:
-        """Once a run is saved: an llm/matmul/attention run's roofline in its tab, shown (True)."""
+    def show_roofline(self, run_id: int):
+        """Once a run is saved: the engine worker reads it and computes its roofline (never the GUI
+        thread: that read and torch's import froze the window for seconds); an llm/matmul/attention
+        run's is then drawn in its tab (_on_roofline). Returns the engine Job, None for no request."""
         from opscope.engine.bench.roofline import SUITES
-        from opscope.engine.errors import EngineError
-        from opscope.engine.store import RunStore
 
-        try:
-            with RunStore.open(self.model.db_url) as store:
-                stored = store.load(run_id)
-        except EngineError as e:
-            self.roofline_view.summary.setText(f"roofline: cannot read run {run_id}: {e}")
-            return False
-        if stored.info.kind not in SUITES or not self.roofline_view.show_run(stored):
-            return False
-        if not self._ab_shown:
+        if self._running and self._running not in SUITES:  # nothing to place: leave the tab as it is
+            return None
+        return self.roofline_view.compute(self.model.client, self.model.db_url, run_id)
+
+    def _on_roofline(self, shown: bool) -> None:
+        if shown and not self._ab_shown:  # an A/B pair's comparison tab stays in front
             self.tabs.setCurrentWidget(self.roofline_view)
-        return True

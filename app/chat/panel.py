@@ -10,15 +10,16 @@ import json
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication, QKeySequence, QPalette, QShortcut
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QFrame, QGroupBox,
                                QHBoxLayout, QLabel, QLineEdit,
-                               QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
+                               QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
 
 from opscope.app import settings
 from opscope.app.chat.session import ChatSession, Turn, format_stats
 from opscope.app.chat.transcript import ChatTranscript
 from opscope.app.notify import export_guard
+from opscope.app.widgets import shrinkable
 
 # Prompt tokens per forward pass: small enough that a long conversation shows prompt progress
 # moving, large enough that the extra passes cost little.
@@ -170,8 +171,11 @@ class ChatPanel(QWidget):
 
     def _build(self) -> None:
         buttons = QHBoxLayout()
-        for text, slot in (("Copy", self.copy), ("Save…", self.save_dialog), ("Clear", self.session.clear)):
-            buttons.addWidget(QPushButton(text, clicked=slot))
+        tools = [QPushButton(text, clicked=slot)
+                 for text, slot in (("Copy", self.copy), ("Save…", self.save_dialog), ("Clear", self.session.clear))]
+        for button in tools:
+            buttons.addWidget(button)
+        shrinkable(*tools, self.edit_button, self.regenerate_button, self.stop_button, self.send_button)
         buttons.addStretch(1)
         buttons.addWidget(self.edit_button)
         buttons.addWidget(self.regenerate_button)
@@ -191,9 +195,14 @@ class ChatPanel(QWidget):
         side.addWidget(box)
         side.addWidget(self.sampling)
         side.addStretch(1)
+        # The settings column scrolls: its thirteen rows must not make the window taller than 640 px.
+        scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        scroll.setWidget(right)
+        scroll.setMinimumWidth(right.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width())
         splitter = QSplitter(Qt.Horizontal)
         splitter.addWidget(left)
-        splitter.addWidget(right)
+        splitter.addWidget(scroll)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 1)
         QVBoxLayout(self).addWidget(splitter)

@@ -24,7 +24,7 @@ from opscope.app.protocol import ChatRequest
 WAIT_TEXT = {"load": "waiting for the model to load", "bench": "waiting for the benchmark to finish",
              "trace": "waiting for the trace to finish", "chat": "waiting for the previous reply",
              "generate": "waiting for a generation to finish", "info": "waiting for the engine to start",
-             "debug": "waiting for a debug request"}
+             "debug": "waiting for a debug request", "roofline": "waiting for a roofline to be computed"}
 
 
 @dataclass

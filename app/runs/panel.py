@@ -38,9 +38,11 @@ def _quality_cell(quality: str | None) -> tuple[str, int]:
 class RunsPanel(QWidget):
     storeChanged = Signal(str)  # the URL of the store now shown (benchmarks save there too)
 
-    def __init__(self, model: RunsModel, notifier=None, parent: QWidget | None = None) -> None:
+    def __init__(self, model: RunsModel, notifier=None, parent: QWidget | None = None, client=None) -> None:
         super().__init__(parent)
-        self.model, self.notifier = model, notifier
+        # client: the engine (app.engine_client.EngineClient) that computes rooflines off the GUI
+        # thread; without one (a panel on its own) they are computed here.
+        self.model, self.notifier, self.client = model, notifier, client
         self.rows: list[RunRow] = []
         self.search = QLineEdit(placeholderText="search names…")
         self.filters = {key: QComboBox() for key in ("kind", "tag", "model", "device")}
@@ -246,7 +248,10 @@ class RunsPanel(QWidget):
         if not ids:
             self._error("Select an llm, matmul or attention run to see its roofline.")
             return
-        self.roofline_view.show_run(self.model.load(ids[0]))
+        if self.client is not None:  # the store read and torch's import: in the engine worker
+            self.roofline_view.compute(self.client, self.model.db_url, ids[0])
+        else:
+            self.roofline_view.show_run(self.model.load(ids[0]))
         self.tabs.setCurrentWidget(self.roofline_view)
 
     def compare_selected(self) -> None:

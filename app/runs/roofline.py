@@ -3,60 +3,124 @@ against the compute and bandwidth ceilings (engine.bench.roofline), log-log, wit
 from __future__ import annotations
 
 import math
+import re
 
 import pyqtgraph as pg
-from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtCore import QRectF, QTimer, Signal
+from PySide6.QtGui import QFontMetrics
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
 from opscope.app.notify import export_guard
+from opscope.app.widgets import engineering_log_axis, wrapped_key
 
 _ROOF_COLOURS = ("#c0392b", "#2980b9", "#8e44ad", "#16a085")
 _POINT_COLOUR = "#3182ce"
 
 
 class RooflineView(QWidget):
+    computed = Signal(bool)  # what compute() asked for came back: drawn (True), or not (False: said why)
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.roof = None
-        self.plot = pg.PlotWidget()
+        self._job = None  # the engine job computing the roofline to show next (compute)
+        self._keys: list[tuple[str, str]] = []  # (html, plain text) of each line of the key
+        self._rekey_timer = QTimer(self, singleShot=True, interval=0, timeout=self._rekey)
+        # Ticks read "300 GFLOP/s" and "10" (FLOP/byte, named once in the axis title), as a
+        # profiler prints them, not pyqtgraph's "3·10¹¹".
+        self.plot = pg.PlotWidget(axisItems={"left": engineering_log_axis("left", "FLOP/s"),
+                                             "bottom": engineering_log_axis("bottom")})
         self.plot.setLogMode(x=True, y=True)
         self.plot.setLabel("bottom", "arithmetic intensity (FLOP/byte)")
-        self.plot.setLabel("left", "FLOP/s")
-        for side in ("left", "bottom"):  # log ticks are powers of ten already: no "(x1e+09)" rescaling
-            self.plot.getAxis(side).enableAutoSIPrefix(False)
+        self.plot.setLabel("left", "attained performance")
         self.plot.showGrid(x=True, y=True, alpha=0.2)
         self.plot.setTitle(" ")  # the key goes here (_draw), never in a box over the points
         self.summary = QLabel("Open an llm, matmul or attention run to see its roofline.", wordWrap=True)
         self.summary.setObjectName("statsLine")
         self.export_png = QPushButton("Export PNG…", clicked=lambda: self.export_dialog("png"), enabled=False)
         self.export_svg = QPushButton("Export SVG…", clicked=lambda: self.export_dialog("svg"), enabled=False)
+        # The caption spans the width under the plot (beside the buttons, a narrow tab wrapped it
+        # into a column taller than the plot); the plot keeps room for its decades.
+        self.summary.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.plot.setMinimumHeight(140)
         buttons = QHBoxLayout()
-        buttons.addWidget(self.summary, 1)
+        buttons.addStretch(1)
         buttons.addWidget(self.export_png)
         buttons.addWidget(self.export_svg)
         col = QVBoxLayout(self)
         col.setContentsMargins(0, 0, 0, 0)
         col.addWidget(self.plot, 1)
+        col.addWidget(self.summary)
         col.addLayout(buttons)
 
     def show_run(self, stored) -> bool:
-        """Draws ``stored`` (engine.store StoredRun); False (and says why) for a run it cannot place."""
+        """Draws ``stored`` (engine.store StoredRun); False (and says why) for a run it cannot place.
+        Computes here, on the calling thread (it may import torch): the GUI uses compute()."""
         from opscope.engine.bench import roofline
         from opscope.engine.errors import EngineError
 
+        try:
+            roof = roofline.from_run(stored.result)
+        except EngineError as e:
+            self._clear(str(e))
+            return False
+        self.show_roof(roof)
+        return True
+
+    def compute(self, client, db_url: str | None, run_id: int):
+        """Has the engine worker read run ``run_id`` and compute its roofline (the store read and the
+        torch import stay off the GUI thread: even a GUI-side thread's import of torch holds the GIL
+        long enough to freeze the window). Says "computing roofline…" until it comes back, then draws
+        it, or says why not on the caption; ``computed`` tells which. Returns the engine Job."""
+        from opscope.app.protocol import RooflineRequest
+
+        self._job = job = client.submit(RooflineRequest(run_id, db_url))
+        waits = "; it waits for the engine's current job" if client.ahead_of(job) is not None else ""
+        self.summary.setText(f"computing roofline… (run {run_id}, in the engine{waits})")
+        job.finished.connect(lambda result, j=job: self._computed(j, result))
+        job.failed.connect(lambda kind, message, j=job: self._compute_failed(j, run_id, kind, message))
+        return job
+
+    def _computed(self, job, result: dict) -> None:
+        from opscope.engine.bench.roofline import SUITES, Roofline
+
+        if job is not self._job:  # a later request superseded this one
+            return
+        self._job = None
+        if result.get("roofline") is None:
+            self._clear(f"run “{result.get('name')}” is a {result.get('run_kind')} run: a roofline places "
+                        f"{', '.join(SUITES)} points")
+            self.computed.emit(False)
+            return
+        self.show_roof(Roofline.from_dict(result["roofline"]))
+        self.computed.emit(True)
+
+    def _compute_failed(self, job, run_id: int, kind: str, message: str) -> None:
+        if job is not self._job:
+            return
+        self._job = None
+        self._clear(f"roofline: cannot compute run {run_id}'s: {kind}: {message}")
+        self.computed.emit(False)
+
+    def show_roof(self, roof) -> None:
+        """Draws ``roof`` (an engine.bench.roofline Roofline already computed)."""
         self.plot.clear()
         self.plot.setTitle(" ")
-        try:
-            self.roof = roofline.from_run(stored.result)
-        except EngineError as e:
-            self.roof = None
-            self.summary.setText(str(e))
-            self.export_png.setEnabled(False)
-            self.export_svg.setEnabled(False)
-            return False
-        self._draw(self.roof)
+        self._keys = []
+        self.roof = roof
+        self._draw(roof)
         self.export_png.setEnabled(True)
         self.export_svg.setEnabled(True)
-        return True
+
+    def _clear(self, why: str) -> None:
+        self.plot.clear()
+        self.plot.setTitle(" ")
+        self._keys = []
+        self.roof = None
+        self.summary.setText(why)
+        self.summary.setToolTip(why)
+        self.export_png.setEnabled(False)
+        self.export_svg.setEnabled(False)
 
     def _draw(self, roof) -> None:
         from opscope.engine.bench import roofline
@@ -66,19 +130,40 @@ class RooflineView(QWidget):
         for i, (label, pts) in enumerate(roofline.roof_lines(roof)):
             xs, ys = zip(*pts)
             self.plot.plot(list(xs), list(ys), pen=pg.mkPen(_ROOF_COLOURS[i % 4], width=2), name=label)
-            keys.append(f"<span style='color:{_ROOF_COLOURS[i % 4]}'>━</span> {label}")
+            text = _with_values(label, roof)
+            keys.append((f"<span style='color:{_ROOF_COLOURS[i % 4]}'>━</span> {text}", f"━ {text}"))
         foreground = pg.mkColor(pg.getConfigOption("foreground"))
         if roof.points:
             xs = [p.intensity for p in roof.points]
             ys = [p.flop_s for p in roof.points]
             self.plot.plot(xs, ys, pen=None, symbol="o", symbolSize=8, symbolBrush=_POINT_COLOUR, name="points")
-            keys.append(f"<span style='color:{_POINT_COLOUR}'>●</span> measured points")
+            keys.append((f"<span style='color:{_POINT_COLOUR}'>●</span> measured points", "● measured points"))
             for p in _spaced(roof.points, *self._text_decades(roof)):
                 text = pg.TextItem(p.name, anchor=(0, 1), color=foreground)  # not pyqtgraph's light grey
                 text.setPos(math.log10(p.intensity), math.log10(p.flop_s))
                 self.plot.addItem(text)
-        self.plot.setTitle("&nbsp;&nbsp;".join(keys), size="9pt")
-        self.summary.setText(summary_text(roof))
+        self._keys = keys
+        self._set_key()
+        self.summary.setText(summary_text(roof, short=True))
+        self.summary.setToolTip(summary_text(roof))
+
+    def _set_key(self) -> None:
+        """The key in the title row, wrapped to the plot's width (never pushing the plot past the tab)."""
+        font = self.plot.font()
+        font.setPointSize(9)
+        metrics = QFontMetrics(font)
+        self.plot.setTitle(wrapped_key(self._keys, max(self.plot.width() - 100, 120), metrics.horizontalAdvance),
+                           size="9pt")
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if self._keys:  # after the event, never inside a paint (grab) that resized the widget
+            self._rekey_timer.start()
+
+    def _rekey(self) -> None:
+        self._set_key()
+        # the plot was fitted to the view under the old key's width: fit it again once laid out
+        QTimer.singleShot(0, lambda: self.plot.plotItem.setGeometry(QRectF(self.plot.viewport().rect())))
 
     def _text_decades(self, roof) -> tuple[float, float]:
         """How many decades a character of a point's name covers across, and a line of it up."""
@@ -115,15 +200,30 @@ class RooflineView(QWidget):
                 ImageExporter(self.plot.plotItem).export(path)
 
 
-def summary_text(roof) -> str:
-    """One line under the plot: each ceiling with its origin, and the ridge point."""
+def summary_text(roof, short: bool = False) -> str:
+    """One line under the plot: each ceiling with its origin, and the ridge point; ``short``:
+    each note up to its advice (the whole text is the caption's tooltip)."""
     from opscope.engine.units import format_rate
 
     parts = [f"{c.kind} ceiling: {c.basis} {format_rate(c.value, 'FLOP/s' if c.kind == 'compute' else 'B/s')} "
              f"({c.origin})" for c in roof.ceilings]
     if roof.ridge:
         parts.append(f"ridge point: {roof.ridge:.2f} FLOP/byte (below: memory-bound, above: compute-bound)")
-    return " · ".join(parts + list(roof.notes))
+    notes = [n.split(": ", 1)[0] + " (more on hover)" if short and ": " in n else n for n in roof.notes]
+    return " · ".join(parts + notes)
+
+
+def _with_values(label: str, roof) -> str:
+    """A roof's key with its ceilings' values, in the ticks' units: "theoretical compute 294.4
+    GFLOP/s / measured bandwidth 48.00 GB/s"."""
+    from opscope.engine.units import format_rate
+
+    for c in roof.ceilings:
+        words = f"{c.basis} {c.kind}"
+        unit = "FLOP/s" if c.kind == "compute" else "B/s"
+        # the first mention not already followed by a value: two ceilings may share their words
+        label = re.sub(re.escape(words) + r"(?! \d)", f"{words} {format_rate(c.value, unit)}", label, count=1)
+    return label
 
 
 def _spaced(points, decades_per_char: float = 0.06, line_decades: float = 0.12):

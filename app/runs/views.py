@@ -102,6 +102,8 @@ class RunDetailView(QWidget):
         keep_in_view(self.metrics, elastic=(0, 1, 6))  # names, params and errors elide; numbers never
         self.histogram = pg.PlotWidget(title="raw samples of the selected metric")
         self.telemetry = pg.PlotWidget(title="telemetry during the run")
+        for plot in (self.histogram, self.telemetry):
+            plot.setMinimumHeight(140)  # shorter, a small window squeezed the y ticks over each other
         self.fingerprint = QTreeWidget(headerLabels=["field", "value"])
         plots = QTabWidget()
         plots.addTab(self.histogram, "Distribution")

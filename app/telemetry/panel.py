@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QPushButton,
+from PySide6.QtCore import QRectF, Qt, QTimer
+from PySide6.QtGui import QColor, QFontMetrics
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QMenu, QPushButton,
                                QSizePolicy, QVBoxLayout, QWidget)
 
 from opscope.app.notify import export_guard
@@ -19,6 +19,7 @@ from opscope.app.telemetry.model import TelemetryModel
 from opscope.app.telemetry.plots import (GPU_PLOTS, HOST_PLOTS, LINE_COLORS, REASONS_SUFFIX, PlotSpec, line_scale, lines_for,
                                  reason_names)
 from opscope.app.theme import PHASE_COLORS
+from opscope.app.widgets import shrinkable, wrapped_key
 from opscope.engine.clock import now_ns
 
 WINDOWS_S = (("30 s", 30), ("1 min", 60), ("5 min", 300), ("15 min", 900), ("1 h", 3600))
@@ -68,12 +69,13 @@ class TelemetryPanel(QWidget):
         self._colors: tuple[str, str] | None = None
         self._build_controls()
         self.graphics = pg.GraphicsLayoutWidget()
+        self._retitle_timer = QTimer(self, singleShot=True, interval=0, timeout=self._retitle)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(self._controls)
         layout.addWidget(self.readout)
         layout.addWidget(self.gpu_note)
-        layout.addWidget(QLabel(_phase_legend(), objectName="statsLine"))
+        layout.addWidget(QLabel(_phase_legend(), objectName="statsLine", wordWrap=True))  # wraps in a narrow dock
         layout.addWidget(self.graphics, 1)
         for spec in HOST_PLOTS:
             self._add_plot(spec)
@@ -96,9 +98,15 @@ class TelemetryPanel(QWidget):
         self._controls.addWidget(QLabel("Window"))
         self._controls.addWidget(self.window_combo)
         self._controls.addWidget(self.pause_button)
-        self._controls.addWidget(QPushButton("Export PNG…", clicked=self.export_png_dialog))
-        self._controls.addWidget(QPushButton("Export CSV…", clicked=self.export_csv_dialog))
+        # One "Export" button with its two formats: the row must fit a narrow dock at 1024 px.
+        self.export_button = QPushButton("Export", toolTip="Save the plots as a PNG image or their series as CSV")
+        menu = QMenu(self.export_button)
+        menu.addAction("PNG image…", self.export_png_dialog)
+        menu.addAction("CSV data…", self.export_csv_dialog)
+        self.export_button.setMenu(menu)
+        self._controls.addWidget(self.export_button)
         self._controls.addStretch(1)
+        shrinkable(self.pause_button)
 
     def _add_plot(self, spec: PlotSpec) -> pg.PlotItem:
         plot = self.graphics.addPlot(row=len(self.plots), col=0)
@@ -191,13 +199,36 @@ class TelemetryPanel(QWidget):
 
     def _set_title(self, key: str) -> None:
         """Title, unit and the key of every line, in the title row: a legend inside the plot would
-        cover the data (the 100 % line of the CPU plot sits right where a legend goes)."""
+        cover the data (the 100 % line of the CPU plot sits right where a legend goes). In a
+        narrow dock the key wraps onto more lines: a pyqtgraph title never wraps by itself, and
+        one wider than the view would push the plot past the dock's edge, cut off."""
         spec = self._specs[key]
-        swatches = "&nbsp;&nbsp;".join(f"<span style='color:{c}'>{'┅' if dashed else '━'}</span>&nbsp;{label}"
-                                       for label, c, dashed in self._keys[key])
-        text = f"<b>{spec.title}</b> ({spec.unit})" + (f"&nbsp;&nbsp;&nbsp;{swatches}" if swatches else "")
+        items = [(f"<b>{spec.title}</b> ({spec.unit})", f"{spec.title} ({spec.unit})")]
+        items += [(f"<span style='color:{c}'>{'┅' if dashed else '━'}</span>&nbsp;{label}", f"━ {label}")
+                  for label, c, dashed in self._keys[key]]
+        # less the margins and the left axis: the title sits over the data
+        text = wrapped_key(items, max(self.graphics.width() - 90, 120), self._title_px)
         foreground = self._colors[1] if self._colors else None
         self.plots[key].setTitle(text, size="9pt", **({"color": foreground} if foreground else {}))
+
+    def _title_px(self, text: str) -> int:
+        """How wide ``text`` is in the plots' 9 pt title font, in pixels."""
+        font = self.font()
+        font.setPointSize(9)
+        return QFontMetrics(font).horizontalAdvance(text) + 2
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        # Re-wrapped after the event, never inside it: a resize may come in the middle of a paint
+        # (grab), where changing the scene's items crashes.
+        self._retitle_timer.start()
+
+    def _retitle(self) -> None:
+        for key in self.plots:
+            self._set_title(key)
+        # The plots were fitted to the view under the old titles' minimum width: fit them again
+        # once the new titles' sizes are laid out.
+        QTimer.singleShot(0, lambda: self.graphics.ci.setGeometry(QRectF(self.graphics.viewport().rect())))
 
     # -- live update ----------------------------------------------------------------------------
     def set_window(self, seconds: int) -> None:

@@ -15,6 +15,7 @@ from opscope.app.tables import keep_in_view, refit
 from opscope.app.trace.ops_model import COLUMNS as OP_COLUMNS, ELASTIC, HIDDEN_BY_DEFAULT
 from opscope.app.trace.model import TraceModel
 from opscope.app.trace.timeline import TraceTimeline
+from opscope.app.widgets import shrinkable
 
 SIMULATE = (("as loaded (its own device)", ""), ("simulated accelerator (meta)", "meta"))
 SEVERITY_MARK = {"high": "●", "medium": "◐", "low": "○"}
@@ -75,6 +76,10 @@ class TracePanel(QWidget):
         self.export_button = QPushButton("Export Perfetto JSON…", clicked=self.export_dialog, enabled=False)
         self.script_button = QPushButton("Trace a script…", clicked=self.open_script_dialog)
         self.script_dialog = None
+        for combo in (self.variant, self.target):  # a long choice elides instead of widening the window
+            combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(10)
+        shrinkable(self.run_button, self.export_button, self.script_button)
         self.status = QLabel("Trace records every tensor op of a short generation with its device.",
                              objectName="statsLine", wordWrap=True)
         self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
+from opscope.engine import json_output
 from opscope.engine.backends.registry import DISABLED, PluginInfo, default_registry
 from opscope.engine.backends.settings import disabled_plugins, set_enabled
 from opscope.engine.errors import BackendError
@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     infos = default_registry().infos(load=not args.no_load)
     if args.json:
-        print(json.dumps([i.as_dict() for i in infos], indent=2))
+        print(json_output.dumps([i.as_dict() for i in infos], indent=2))
     elif not infos:
         print("no backend plugins installed (entry-point group 'opscope.backends')")
     else:

@@ -23,10 +23,10 @@ def register(subparsers) -> None:
     add_model_args(p)
     g = p.add_argument_group("benchmark")
     g.add_argument("--quick", action="store_true", help="tiny sizes: the whole suite in under a minute")
-    g.add_argument("--repeat", type=check.positive_int, default=None, help="minimum repetitions per point")
-    g.add_argument("--min-time", type=check.float_in(0.0), default=None, dest="min_time_s",
+    g.add_argument("--repeat", type=check.repeat, default=None, help="minimum repetitions per point")
+    g.add_argument("--min-time", type=check.min_time_s, default=None, dest="min_time_s",
                    help="minimum seconds of repetitions per point")
-    g.add_argument("--warmup", type=check.count, default=None, help="warm-up calls per point (never recorded)")
+    g.add_argument("--warmup", type=check.warmup, default=None, help="warm-up calls per point (never recorded)")
     g.add_argument("--load-threshold", type=check.float_in(0.0, lo_open=True, what="CPU cores"), default=None,
                    metavar="CORES", dest="load_threshold",
                    help=f"a repetition taken while other processes kept at least this many CPU cores busy is "
@@ -34,8 +34,8 @@ def register(subparsers) -> None:
     g.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a suite parameter (repeatable; lists comma-separated), e.g. "
                         "--param peers=opscope,llama_cpp --param tg=64")
-    g.add_argument("--name", default="", help="unique run name (default: SUITE-DATE-TIME)")
-    g.add_argument("--tag", action="append", default=[], help="tag the run (repeatable)")
+    g.add_argument("--name", type=check.run_name, default="", help="unique run name (default: SUITE-DATE-TIME)")
+    g.add_argument("--tag", action="append", type=check.tag, default=[], help="tag the run (repeatable)")
     g.add_argument("--notes", default="", help="free text saved with the run")
     g.add_argument("--no-save", action="store_true", help="measure and print, do not save")
     if "--nproc" not in p._option_string_actions:
@@ -53,7 +53,7 @@ def register(subparsers) -> None:
     from opscope.engine.distributed.bench_cmd import add_launch_args
 
     add_launch_args(p)  # collectives (and tensor-parallel suites): ranks through torchrun's agent
-    g.add_argument("--trace-out", default=None, metavar="PATH.json", dest="trace_out",
+    g.add_argument("--trace-out", type=check.output_file, default=None, metavar="PATH.json", dest="trace_out",
                    help="collectives, llm --nproc N: write every rank's timeline as a Chrome/Perfetto trace, "
                         "one process per rank")
     p.set_defaults(func=cmd_bench)
@@ -70,6 +70,14 @@ def options_from_args(args: argparse.Namespace):
                         load_threshold=getattr(args, "load_threshold", None))
 
 
+def check_model(opts) -> None:
+    """A --model path that cannot be a model fails in one line before a run store is created for it."""
+    if opts.model is not None:
+        from opscope.engine.formats import check_model_path
+
+        check_model_path(opts.model)
+
+
 def cmd_bench(args: argparse.Namespace, model=None) -> int:
     from opscope.engine.bench.params import parse_cli_params
     from opscope.engine.bench.report import progress_bar, summary_table
@@ -84,6 +92,8 @@ def cmd_bench(args: argparse.Namespace, model=None) -> int:
         return run_collectives(args)
     opts = options_from_args(args)
     params = parse_cli_params(get_suite(args.suite), args.param, opts.quick)
+    if model is None:
+        check_model(opts)
     if opts.backend == "torch":  # a device that cannot run fails before a store is created for it
         from opscope.engine.bench.options import check_torch_device
 
@@ -100,30 +110,23 @@ def cmd_bench(args: argparse.Namespace, model=None) -> int:
         from opscope.engine.distributed.tp_worker import BENCH_TIMEOUT_S, job_from_args, run_tp
 
         return run_tp(job_from_args(args, BENCH_TIMEOUT_S), bench_with, args)
-    store = sampler = None
-    try:
-        if not args.no_save:
-            from opscope.engine.store.commands import open_store
+    from opscope.engine.bench.save_guard import raise_unsaved, saved, saving
 
-            from opscope.engine.bench.save_guard import SaveGuard
-
-            store = SaveGuard(open_store(args.db, write=True))  # a failed save must not lose the results
-        sampler, recorder = _telemetry(args.telemetry)
-        if getattr(model, "tp", None) is not None:  # --nproc: each rank's forwards and all_reduces as markers
-            recorder = model.tp.recorder(recorder)
-        with progress_bar(f"bench {args.suite}") as progress:
-            run_id, result = run_suite(args.suite, opts, store, name=args.name, tags=args.tag,
-                                       notes=args.notes, params=params, progress=progress,
-                                       cancel=threading.Event(), recorder=recorder, model=model)
-    finally:
-        if sampler is not None:
-            sampler.stop()
-        if store is not None:
-            store.close()
-    summary_table(result, run_id if store is None or store.error is None else None, sys.stdout)
-    if store is not None and store.error is not None:
-        sys.stdout.flush()  # the table first, then the one line saying why the run is not saved
-        raise store.error
+    sampler = None
+    with saving(args.db, args.no_save) as store:  # a failed save must not lose the results
+        try:
+            sampler, recorder = _telemetry(args.telemetry)
+            if getattr(model, "tp", None) is not None:  # --nproc: each rank's forwards and all_reduces as markers
+                recorder = model.tp.recorder(recorder)
+            with progress_bar(f"bench {args.suite}") as progress:
+                run_id, result = run_suite(args.suite, opts, store, name=args.name, tags=args.tag,
+                                           notes=args.notes, params=params, progress=progress,
+                                           cancel=threading.Event(), recorder=recorder, model=model)
+        finally:
+            if sampler is not None:
+                sampler.stop()
+    summary_table(result, run_id if saved(store) else None, sys.stdout)
+    raise_unsaved(store)
     return 0 if result.status == "completed" else 1
 
 
@@ -211,35 +214,39 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
     for side_args, name, flags in ((args, names[0], ""), (b_args(args), names[1], args.ab)):
         opts = options_from_args(side_args)
         params = parse_cli_params(get_suite(args.suite), side_args.param, opts.quick)
+        check_model(opts)
         sides.append(Side(opts, params, name, flags))
     check_sides(*sides)  # before a store is created for runs that cannot be made
-    store = None
-    try:
-        if not args.no_save:
-            from opscope.engine.store.commands import open_store
+    from opscope.engine.bench.save_guard import raise_unsaved, saved, saving
 
-            store = open_store(args.db, write=True)
+    with saving(args.db, args.no_save) as store:  # a failed save must not lose the results
         with progress_bar(f"bench {args.suite} --ab") as progress:
             runs = run_ab(args.suite, (sides[0], sides[1]), store, tags=args.tag, notes=args.notes,
                           progress=progress, cancel=threading.Event())
-        for run_id, result in runs:
-            summary_table(result, run_id, sys.stdout)
-        sys.stdout.write(_ab_comparison(store, runs))
-    finally:
-        if store is not None:
-            store.close()
+        stored = _stored_pair(store, runs) if saved(store) else None
+    for run_id, result in runs:
+        summary_table(result, run_id if stored else None, sys.stdout)
+    sys.stdout.write(_ab_comparison(stored, runs))
+    raise_unsaved(store)
     return 0 if all(result.status == "completed" for _, result in runs) else 1
 
 
-def _ab_comparison(store, runs) -> str:
-    """B against A as `opscope runs compare` prints it (from the store, or from memory unsaved)."""
+def _stored_pair(store, runs) -> list | None:
+    """Both runs read back from the store (None when that fails: the pair then counts as unsaved)."""
+    from opscope.engine.bench.save_guard import saved
+
+    stored = [store.load(run_id) for run_id, _ in runs]
+    return stored if saved(store) and None not in stored else None
+
+
+def _ab_comparison(stored, runs) -> str:
+    """B against A as `opscope runs compare` prints it (as read back from the store, or from memory
+    when unsaved)."""
     from opscope.engine.store.compare import compare
     from opscope.engine.store.convert import StoredRun
     from opscope.engine.store.render import render
 
-    if store is not None:
-        stored = [store.load(run_id) for run_id, _ in runs]
-    else:
+    if stored is None:
         # unsaved runs have no ids to tell them apart (both "#0"): they are named by their side
         stored = [StoredRun(_memory_info(result, side), _as_side(result, side))
                   for (_, result), side in zip(runs, "AB")]

@@ -109,3 +109,8 @@ class SuitePlan:
     outcomes: list[PointOutcome] = field(default_factory=list)
     finish: Callable[[list[PointOutcome]], list[Metric]] | None = None
     close: Callable[[], None] | None = None  # frees what the plan holds (a loaded model)
+    # A plan that measures in ``finish`` (collectives: the ranks run the whole sweep there) is
+    # called ``finish(outcomes, progress=...)`` with the run's progress callback, and leaves the
+    # markers it recorded (every rank's timed calls) in ``markers``, saved with the run.
+    finish_reports_progress: bool = False
+    markers: list = field(default_factory=list)

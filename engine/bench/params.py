@@ -23,10 +23,20 @@ def build_params(module, values: dict, quick: bool):
     if unknown:
         raise ConfigError(f"suite {module.NAME}: unknown parameter(s) {unknown}; known: {sorted(known)}")
     converted = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    _check_choices(module, converted)
     try:
         return dataclasses.replace(base, **converted)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"suite {module.NAME}: bad parameters: {e}") from e
+
+
+def _check_choices(module, values: dict) -> None:
+    """A parameter whose values come from a fixed set (the suite's PARAM_CHOICES) names them all."""
+    for key, allowed in getattr(module, "PARAM_CHOICES", {}).items():
+        given = values.get(key, ())
+        for value in given if isinstance(given, tuple) else (given,):
+            if value not in allowed:
+                raise ConfigError(f"--param {key}: {value!r} is not one of {', '.join(map(str, allowed))}")
 
 
 def parse_cli_params(module, pairs: list[str], quick: bool):

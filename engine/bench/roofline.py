@@ -88,6 +88,15 @@ class Roofline:
                            for p in self.points],
                 "left_out": self.left_out, "notes": self.notes}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Roofline:
+        """The inverse of ``as_dict`` (a roofline computed in another process, sent as JSON)."""
+        points = [RoofPoint(p["name"], p["suite"], p["intensity_flop_per_byte"], p["flop_s"],
+                            p.get("attainable_flop_s"), p.get("quality"), p.get("bound")) for p in d["points"]]
+        return cls(d["run"], d["kind"], d["device"], d["dtype"], points=points,
+                   ceilings=[Ceiling(**c) for c in d["ceilings"]], left_out=list(d.get("left_out", [])),
+                   notes=list(d.get("notes", [])))
+
 
 # --- work per unit ------------------------------------------------------------------------------
 

@@ -1,10 +1,18 @@
 """A run store that may fail (a full disk, a file-size limit, a store made read-only meanwhile)
-without taking the measurements with it: `opscope bench` measures through this sink, prints its
-results table, and only then reports the save error (one line, exit 2)."""
+without taking the measurements with it: `opscope bench` (plain and ``--ab``) measures through this
+sink, prints its results table, and only then reports the save error (one line, exit 2):
+
+    with saving(args.db, args.no_save) as store:      # a store that cannot even open fails here
+        run_id, result = run_suite(..., store, ...)
+    summary_table(result, run_id if saved(store) else None)
+    raise_unsaved(store)
+"""
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from opscope.engine.errors import StoreError
 
@@ -51,3 +59,32 @@ class SaveGuard:
         if not callable(attr):
             return attr
         return lambda *args: self._call(name, *args)
+
+
+@contextmanager
+def saving(db: str | None, no_save: bool = False) -> Iterator[SaveGuard | None]:
+    """The guarded run store a bench command measures into (None with --no-save), opened before
+    anything is measured (a store that cannot even be opened fails first, in one line, with no
+    table), closed after the measurement (also when it fails)."""
+    if no_save:
+        yield None
+        return
+    from opscope.engine.store.commands import open_store
+
+    guard = SaveGuard(open_store(db, write=True))
+    try:
+        yield guard
+    finally:
+        guard.close()
+
+
+def saved(guard: SaveGuard | None) -> bool:
+    """Whether the runs went to the store: their ids may be shown."""
+    return guard is not None and guard.error is None
+
+
+def raise_unsaved(guard: SaveGuard | None) -> None:
+    """After the results are printed: the one line saying why they are not saved (exit 2)."""
+    if guard is not None and guard.error is not None:
+        sys.stdout.flush()  # the table first, then the line, even through a pipe
+        raise guard.error

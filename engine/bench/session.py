@@ -67,10 +67,12 @@ def _recording(recorder, result: RunResult, sink, run_id) -> Iterator[None]:
         yield
     finally:
         recorder.stop()
+        own = list(result.markers)  # a plan's own markers, saved already by _measure
         recorder.attach(result)
         if sink is not None and hasattr(sink, "add_telemetry"):
             sink.add_telemetry(run_id, result.telemetry)
             sink.add_markers(run_id, result.markers)
+        result.markers = own + result.markers
 
 
 def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_id, cancel, progress,
@@ -87,8 +89,15 @@ def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_i
         plan.outcomes.append(outcome)
         for metric in outcome.metrics:
             add(metric)
-    for metric in plan.finish(plan.outcomes) if plan.finish else []:
-        add(metric)
+    if plan.finish is not None:
+        finished = plan.finish(plan.outcomes, progress=progress) if plan.finish_reports_progress \
+            else plan.finish(plan.outcomes)
+        for metric in finished:
+            add(metric)
+    if plan.markers:  # the plan's own (every rank's collectives), beside the recorder's phases
+        result.markers.extend(plan.markers)
+        if sink is not None and hasattr(sink, "add_markers"):
+            sink.add_markers(run_id, plan.markers)
 
 
 def _finish(sink, run_id, result: RunResult, status: str, error: str | None) -> None:

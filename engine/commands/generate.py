@@ -1,22 +1,23 @@
 """`opscope generate`, `opscope chat`, `opscope models inspect`."""
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 
-from opscope.engine.cli_args import Terminated, utf8_text
+from opscope.engine import json_output
+from opscope.engine.cli_args import Terminated, output_file, utf8_text
 from opscope.engine.cli_common import add_model_args, add_sampling_args, generation_config, load_from_args
 from opscope.engine.errors import ConfigError
 
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt, streaming")
-    p.add_argument("prompt", type=utf8_text, help="the prompt; - reads it from stdin")
+    p.add_argument("prompt", type=prompt_text, help="the prompt; - reads it from stdin")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_model_args(p)
     add_nproc_arg(p)
-    p.add_argument("--trace-out", default=None, metavar="PATH.json", dest="trace_out",
+    p.add_argument("--trace-out", type=output_file, default=None, metavar="PATH.json", dest="trace_out",
                    help="with --nproc: write every rank's forwards and all_reduces as a Chrome/Perfetto "
                         "trace, one process per rank on one time axis")
     add_sampling_args(p)
@@ -35,6 +36,17 @@ def register(sub) -> None:
     q.add_argument("path", nargs="?", default=None, help="GGUF file or HF directory (default: embedded model)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_inspect)
+
+
+def prompt_text(text: str) -> str:
+    """The prompt: UTF-8, not empty (an empty prompt tokenizes to nothing, known only after loading)."""
+    text = utf8_text(text)
+    if text == "":
+        raise argparse.ArgumentTypeError("empty: give the prompt's text, or - to read it from stdin")
+    return text
+
+
+prompt_text.__name__ = "prompt"
 
 
 def add_nproc_arg(p) -> None:
@@ -71,10 +83,13 @@ def _stream(events, out=sys.stdout, quiet: bool = False):
 def read_stdin_prompt() -> str:
     data = sys.stdin.buffer.read()
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"the prompt on stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset "
                           f"{e.start}): pass the text in UTF-8") from e
+    if text == "":
+        raise ConfigError("the prompt on stdin is empty: pipe the prompt's text in")
+    return text
 
 
 def cmd_generate(args) -> int:
@@ -97,8 +112,8 @@ def generate_with(lm, args) -> int:
     events = lm.chat([{"role": "user", "content": args.prompt}], cfg) if args.chat else lm.generate(args.prompt, cfg)
     done = _stream(events, quiet=args.json)
     if args.json:
-        print(json.dumps({"text": done.text, "stop_reason": done.stop_reason, **done.stats.as_dict(),
-                          **lm.describe()}))
+        print(json_output.dumps({"text": done.text, "stop_reason": done.stop_reason, **done.stats.as_dict(),
+                                 **lm.describe()}))
     else:
         print(f"\n[{done.stop_reason}] {summary_line(done.stats)}", file=sys.stderr)
     if getattr(lm, "tp", None) is not None:  # --nproc: the ranks' all_reduce share, imbalance, trace
@@ -122,15 +137,16 @@ def chat_with(lm, args) -> int:
           f"empty line or Ctrl-D to quit, /reset to clear", file=sys.stderr)
     while True:
         try:
-            line = input("\n> ").strip()
+            line = _prompt("\n> ").strip()
         except UnicodeDecodeError as e:
             raise ConfigError(f"chat input is not valid UTF-8 (byte 0x{e.object[e.start]:02x}): "
                               f"type or pipe text in UTF-8") from e
-        except (EOFError, KeyboardInterrupt) as e:
-            if isinstance(e, Terminated) or (isinstance(e, KeyboardInterrupt) and getattr(lm, "tp", None) is not None):
-                raise  # --nproc: Ctrl-C at the prompt ends the job on every rank (exit 130)
+        except EOFError:  # Ctrl-D: the normal way out
             print(file=sys.stderr)
             return 0
+        except KeyboardInterrupt:  # Ctrl-C at the prompt ends the chat (exit 130; with --nproc on every rank)
+            _end_prompt_line()
+            raise
         if not line:
             return 0
         if line == "/reset":
@@ -149,9 +165,30 @@ def chat_with(lm, args) -> int:
         print(f"\n[{done.stop_reason}] {summary_line(done.stats)}", file=sys.stderr)
 
 
+def _prompt(text: str) -> str:
+    """input(text). Not at a terminal (piped input: a script, a test) the prompt is written first
+    from Python: a Ctrl-C arriving just after it is raised at the next bytecode, whereas inside
+    input() one that lands between its write and its read() is only noticed when a line comes."""
+    if sys.stdin.isatty():
+        return input(text)  # readline takes Ctrl-C itself and needs the prompt to redraw the line
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return input()
+
+
+def _end_prompt_line() -> None:
+    """After ``> ^C`` the cursor is still on the prompt's line (stdout): end it there, so the one line
+    on stderr starts a line of its own."""
+    try:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):  # stdout closed or absent: the line on stderr is what counts
+        pass
+
+
 def cmd_inspect(args) -> int:
     from opscope.engine.models.inspect import format_text, inspect_path
 
     info = inspect_path(args.path)  # any GGUF's metadata, and in one line why it cannot run, if so
-    print(json.dumps(info, indent=2, default=str) if args.json else format_text(info))
+    print(json_output.dumps(info, indent=2, default=str) if args.json else format_text(info))
     return 0

@@ -73,6 +73,31 @@ class SweepConfig:
     warmup: int = 2
     target_rep_s: float = 2e-3  # small sizes repeat the call inside one timed rep up to this
     max_inner: int = 50
+    # Rank 0 rewrites this file with "done total" after each point: the window's progress bar
+    # (engine.bench.suites.collectives reads it while the ranks run). None: no progress file.
+    progress_path: str | None = None
+
+
+def sweep_points(cfg: SweepConfig) -> list[tuple[str, int, str]]:
+    """(collective, size, mode) of every point, in the order the ranks measure them."""
+    return [(c, s, m) for c in cfg.collectives for s in cfg.sizes_bytes for m in modes(c)]
+
+
+def write_progress(path: str, done: int, total: int) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(f"{done} {total}\n")
+    os.replace(tmp, path)  # a reader never sees a half-written line
+
+
+def read_progress(path: str) -> tuple[int, int] | None:
+    """(done, total) as rank 0 last wrote them; None before the first point is done."""
+    try:
+        with open(path, encoding="ascii") as f:
+            done, total = f.read().split()
+        return int(done), int(total)
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass
@@ -263,10 +288,11 @@ def rank_sweep(cfg: SweepConfig) -> dict[str, Any]:
     device = _rank_device(torch, dist)
     clock = clock_alignment(torch, dist, device)
     points = []
-    for collective in cfg.collectives:
-        for size in cfg.sizes_bytes:
-            for mode in modes(collective):
-                points.append(run_point(torch, dist, device, collective, mode, size, cfg))
+    todo = sweep_points(cfg)
+    for i, (collective, size, mode) in enumerate(todo):
+        points.append(run_point(torch, dist, device, collective, mode, size, cfg))
+        if cfg.progress_path and dist.get_rank() == 0:
+            write_progress(cfg.progress_path, i + 1, len(todo))
     dist.barrier()
     fp = fingerprint.collect({"rank": dist.get_rank(), "backend": dist.get_backend()})
     mine = {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend(),

@@ -398,3 +398,31 @@ def _cause(failure) -> str:
 def _first_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[0][:300] if lines else "no message"
+
+
+def _in_the_forkserver() -> bool:
+    """Whether this module is being imported by the forkserver (_preload_forkserver's preload)."""
+    frame = sys._getframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "main" and code.co_filename.endswith(os.path.join("multiprocessing", "forkserver.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _quiet_unstarted_ranks() -> None:
+    """In the forkserver: a rank whose start fails because the process launching it went away
+    meanwhile (a Ctrl-C just at the fork: the named semaphore it was handed is already unlinked,
+    or its pipe closed) ends without the forkserver's traceback; the launcher printed its one line.
+    The forkserver's children call this hook only for a failure before the rank's own code."""
+    default = sys.excepthook
+
+    def hook(kind, value, tb):
+        if not issubclass(kind, (OSError, EOFError)):
+            default(kind, value, tb)
+    sys.excepthook = hook
+
+
+if _in_the_forkserver():
+    _quiet_unstarted_ranks()

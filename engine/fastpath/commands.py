@@ -6,7 +6,7 @@ import argparse
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("fastpath", help="CPU fast-path kernels",
-                              description="Build the CPU fast-path kernels once (about a minute) and report them.")
+                              description="Build the CPU fast-path kernels once (a few minutes) and report them.")
     sub = p.add_subparsers(dest="fastpath_cmd", required=True)
     b = sub.add_parser("build", help="compile the kernels for this CPU, or find the cached build")
     b.set_defaults(func=cmd_build)

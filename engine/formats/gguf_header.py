@@ -12,6 +12,7 @@ dequantized with the ``gguf`` package.
 """
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from opscope.engine.errors import (BadMagic, DuplicateEntry, LimitExceeded, Mode
                            UnsupportedVersion, WrongMetadataType, _printable)
 from opscope.engine.formats import gguf_spec
 from opscope.engine.formats.files import check_regular_file
+from opscope.engine.formats.tokenizer_checks import check_gguf_vocabulary
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -32,6 +34,7 @@ MAX_KEY_BYTES = 65_536
 MAX_ARRAY = 1 << 24  # elements; the largest vocabularies hold ~262k tokens
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_DIM = 1 << 40
+MAX_ELEMENTS = 1 << 40  # in one tensor; the largest (a 1T-parameter MoE's packed experts) hold ~2**33
 MAX_ALIGNMENT = 1 << 20
 HEADER_MIN_BYTES = 24  # magic, version, tensor count, key count
 # value type id -> struct format of a scalar (8 = string, 9 = array are walked separately)
@@ -173,6 +176,10 @@ def _read_tensor_entry(cur: _Cursor, known_types: dict[int, tuple[int, int]]) ->
     if any(d == 0 or d > MAX_DIM for d in shape):
         raise LimitExceeded(cur.path, f"tensor {name} (entry at byte {at}) has shape {shape}: every dimension "
                                       f"must be between 1 and {MAX_DIM}")
+    if math.prod(shape) > MAX_ELEMENTS:  # else blamed on a truncated download, or sizes of 2**160 bytes
+        raise LimitExceeded(cur.path, f"tensor {name} (entry at byte {at}) has shape {shape}: "
+                                      f"{math.prod(shape)} elements, more than the {MAX_ELEMENTS} any model tensor "
+                                      f"holds")
     return TensorEntry(name, shape, ggml_type, offset)
 
 
@@ -228,6 +235,7 @@ def _walk(cur: _Cursor, size: int, known_types) -> GGUFHeader:
     n_kv = cur.count("metadata key count", MAX_KV, _MIN_KV_BYTES)
     meta, kinds = _read_meta(cur, n_kv)
     gguf_spec.check_types(cur.path, meta, kinds)
+    check_gguf_vocabulary(cur.path, meta)
     gguf_spec.check_token_ids(cur.path, meta)
     alignment = meta.get("general.alignment", 32)
     if not 1 <= alignment <= MAX_ALIGNMENT or alignment & (alignment - 1):

@@ -9,8 +9,9 @@ from typing import Iterator
 
 import numpy as np
 
-from opscope.engine.errors import MissingMetadata, ModelFormatError, UnsafeFormat, WrongMetadataType
-from opscope.engine.formats.files import PICKLE_SUFFIXES, refuse_pickle
+from opscope.engine.errors import (MissingMetadata, MissingTensor, ModelFormatError, UnsafeFormat,
+                                  WrongMetadataType)
+from opscope.engine.formats.files import PICKLE_SUFFIXES, json_type, read_json_object, refuse_pickle
 from opscope.engine.formats.gguf_spec import article
 from opscope.engine.formats.safetensors_header import check_hf_tensors, read_safetensors_header
 from opscope.engine.models.config import ModelConfig
@@ -72,14 +73,7 @@ CONFIG_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "i
 def read_config_json(path: Path) -> dict:
     """config.json parsed with every key unique and every field the engine reads of its JSON type
     (a number given as a string is an error, not a silent int())."""
-    from opscope.engine.formats.safetensors_header import _unique_pairs
-
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_pairs(path))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise ModelFormatError(f"{path}: not valid JSON: {e}") from e
-    if not isinstance(cfg, dict):
-        raise WrongMetadataType(path, f"holds a JSON {type(cfg).__name__}, not an object")
+    cfg = read_json_object(path)
     for key, types in CONFIG_TYPES.items():
         v = cfg.get(key)
         if v is None:
@@ -92,9 +86,12 @@ def read_config_json(path: Path) -> dict:
     return cfg
 
 
-def _json_type(v) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "object"}.get(type(v), type(v).__name__)
+_json_type = json_type
+
+
+def _shown(v) -> str:
+    text = json.dumps(v) if isinstance(v, (str, int, float, bool, type(None))) else f"a JSON {json_type(v)}"
+    return text if len(text) <= 80 else text[:80] + "…"
 
 
 class HFDirSource:
@@ -123,13 +120,13 @@ class HFDirSource:
 
     def _shards(self) -> list[Path]:
         index = self.directory / "model.safetensors.index.json"
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-                files = set(weight_map.values())
-            except (json.JSONDecodeError, KeyError, UnicodeDecodeError, TypeError, AttributeError) as e:
-                raise ModelFormatError(f"{index}: invalid shard index: {e}") from e
-            shards = sorted(self._inside(index, f) for f in files)
+        if index.exists():
+            weight_map = read_json_object(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise (MissingMetadata if weight_map is None else WrongMetadataType)(
+                    index, f"field weight_map is {_shown(weight_map)}; it must be a non-empty object mapping "
+                           f"tensor names to shard files", "fix the index, or download it again")
+            shards = sorted({self._inside(index, f) for f in weight_map.values()})
         else:
             shards = sorted(self.directory.glob("*.safetensors"))
         if not shards:
@@ -137,17 +134,25 @@ class HFDirSource:
             if pickles:
                 raise refuse_pickle(pickles[0])
             raise ModelFormatError(f"{self.directory}: no *.safetensors files")
-        missing = [s for s in shards if not s.is_file()]
+        missing = [s for s in shards if not s.exists()]
         if missing:
-            raise ModelFormatError(f"{missing[0]}: shard listed in the index is missing")
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise MissingTensor(missing[0], f"shard {missing[0].name}{more} listed in "
+                                            f"model.safetensors.index.json is missing",
+                                "the download is incomplete: download every shard the index lists")
         return shards
 
     def _inside(self, index: Path, name) -> Path:
         """A shard path of the index, refused unless it names a file inside the model directory."""
-        rel = Path(name) if isinstance(name, str) else None
-        if rel is None or rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        if not isinstance(name, str):
+            raise WrongMetadataType(index, f"weight_map holds {_shown(name)} where a shard file name belongs",
+                                    "fix the index, or download it again")
+        rel = Path(name)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\0" in name:
             raise UnsafeFormat(index, f"shard path {name!r} in weight_map leaves the model directory",
                                "shards must be files inside the model directory; fix the index")
+        # A shard may be a symlink out of the directory (the Hugging Face cache links snapshots to
+        # ../../blobs/); what it points at must still be a regular file, which every reader checks.
         return self.directory / rel
 
     @property

@@ -93,7 +93,7 @@ def _compile(name: str, build_dir: Path) -> ModuleType:
                                "to use the CPU fast path, or run with the dense torch path")
     from torch.utils.cpp_extension import load
 
-    log.info("building CPU kernels %s in %s (once per machine; takes about a minute)", name, build_dir)
+    log.info("building CPU kernels %s in %s", name, build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
         return load(name=name, sources=[str(_CSRC / n) for n in _SOURCES], extra_cflags=list(_CFLAGS),
@@ -149,7 +149,24 @@ def _load_kernels() -> ModuleType:
             if module is not None:
                 return module
             _drop_stale_torch_lock(build_dir)
-            return _compile(name, build_dir)
+            with _announced():
+                return _compile(name, build_dir)
+
+
+@contextmanager
+def _announced():
+    """A build takes minutes and the compiler is silent: say when it starts and ends (engine.progress)."""
+    from opscope.engine import progress
+    from opscope.engine.clock import now_ns
+
+    progress.log.info("building CPU kernels for this machine (first run only, a few minutes)…")
+    t0, ok = now_ns(), False
+    try:
+        yield
+        ok = True
+    finally:
+        took = f"{(now_ns() - t0) / 1e9:.0f} s"
+        progress.log.info(f"CPU kernels built in {took}" if ok else f"building CPU kernels failed after {took}")
 
 
 def _import_cached(name: str, *paths: Path) -> ModuleType | None:

@@ -10,11 +10,11 @@ that the sample counts cannot test: too few repetitions to tell, which a gate mu
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from opscope.engine.cli_args import positive_int
+from opscope.engine import json_output
+from opscope.engine.cli_args import output_file, percent, positive_int
 from opscope.engine.errors import ConfigError
 
 REGRESSION_EXIT_CODE = 1
@@ -67,7 +67,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     with store:
         runs = store.list(kind=args.kind, status=args.status, tag=args.tag, name_contains=args.name,
                           limit=args.limit)
-    _write(json.dumps(list_dicts(runs), indent=2) + "\n" if args.format == "json" else list_text(runs), None)
+    _write(json_output.dumps(list_dicts(runs), indent=2) + "\n" if args.format == "json" else list_text(runs), None)
     return 0
 
 
@@ -177,7 +177,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
             roofline.png(roof, args.out)
         else:
             raise ConfigError(f"--out {args.out}: give a .svg or .png file name")
-    _write(json.dumps(roof.as_dict(), indent=2) + "\n" if args.format == "json" else roofline.text(roof), None)
+    _write(json_output.dumps(roof.as_dict(), indent=2) + "\n" if args.format == "json" else roofline.text(roof), None)
     if args.out:
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
@@ -186,22 +186,15 @@ def cmd_roofline(args: argparse.Namespace) -> int:
 def cmd_push(args: argparse.Namespace) -> int:
     from opscope.engine.store.push import push_runs
 
-    with _open_store(args) as source, open_store(args.to, write=True) as target:
-        report = push_runs(source, args.runs, target)
+    with _open_store(args) as source:
+        for ref in args.runs:  # a run that is not there fails before the target store is created
+            source.resolve(ref)
+        with open_store(args.to, write=True) as target:
+            report = push_runs(source, args.runs, target)
     for line in report.lines():
         print(line)
     print(report.summary())
     return 0
-
-
-def _percent(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of percent") from e
-    if value < 0:
-        raise argparse.ArgumentTypeError("the regression threshold must be >= 0 percent")
-    return value
 
 
 def _alpha(text: str) -> float:
@@ -220,7 +213,7 @@ def _add_manage(sub) -> None:
     p.set_defaults(func=cmd_delete)
     p = sub.add_parser("tag", help="add (or --remove) tags on a run")
     p.add_argument("run", metavar="RUN")
-    p.add_argument("tags", nargs="+", metavar="TAG")
+    p.add_argument("tags", nargs="+", metavar="TAG")  # checked by the store when added: any can be removed
     p.add_argument("--remove", action="store_true", help="remove these tags instead")
     p.set_defaults(func=cmd_tag)
     p = sub.add_parser("rename", help="give a run a new unique name")
@@ -234,7 +227,7 @@ def _add_manage(sub) -> None:
     p = sub.add_parser("export", help="write one run with all its raw data (json or csv)")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--format", choices=("json", "csv"), default="json")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write here instead of stdout")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("push", help="copy runs to another store (a team's PostgreSQL URL or SQLite file)",
                        description="Copy runs, with all their data, names and times, from this store (--db) "
@@ -254,10 +247,10 @@ def _add_compare(sub) -> None:
                    help="two or more run ids or names; none: the two latest completed runs of the same kind")
     p.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
     p.add_argument("--alpha", type=_alpha, default=0.05, help="significance level (default 0.05)")
-    p.add_argument("--fail-on-regression", type=_percent, metavar="PCT",
+    p.add_argument("--fail-on-regression", type=percent, metavar="PCT",
                    help=f"exit {REGRESSION_EXIT_CODE} when a metric gets significantly worse by more than PCT%%; "
                         f"exit {UNDECIDED_EXIT_CODE} when a change that large has too few samples to be tested")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write here instead of stdout")
     p.set_defaults(func=cmd_compare)
 
 
@@ -279,7 +272,7 @@ def register(subparsers) -> None:
     p = sub.add_parser("roofline", help="an llm/matmul/attention run's points against the compute and "
                                          "bandwidth ceilings (FLOP/byte)")
     p.add_argument("run", metavar="RUN", help="run id or name")
-    p.add_argument("--out", metavar="FILE", help="also draw it: FILE.svg (always), FILE.png (needs matplotlib)")
+    p.add_argument("--out", type=output_file, metavar="FILE", help="also draw it: FILE.svg (always), FILE.png (needs matplotlib)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_roofline)
     _add_compare(sub)

@@ -245,11 +245,20 @@ def differences(runs: Sequence[StoredRun]) -> tuple[tuple[str, tuple[Any, ...]],
                  and not any(part in k for part in DERIVED_SETTINGS))
 
 
+def _peak_value(m: Metric):
+    """The peak a metric divides by: its value when recorded (``peak_value``), else its label."""
+    value = m.params.get("peak_value")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return round(float(value), 6)
+    return m.params.get("peak")
+
+
 def _peak_notes(by_key: dict[tuple[str, str, str], list[Metric | None]]) -> list[str]:
     notes = []
     for key, metrics in by_key.items():
-        labels = [m.params.get("peak") for m in metrics if m is not None]
-        if len(set(labels)) > 1:
+        present = [m for m in metrics if m is not None]
+        labels = [m.params.get("peak") for m in present]
+        if len({_peak_value(m) for m in present}) > 1:  # the numbers, not their labels (dtype named or not)
             notes.append(f"{key[0]}: the runs divide by different peaks ({' / '.join(map(str, labels))}): "
                          f"its change mixes speed with the denominator")
     return notes

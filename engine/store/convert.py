@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from opscope.engine import json_output
 from opscope.engine.results import Marker, Metric, RunResult, TelemetrySeries
 from opscope.engine.store.schema import MarkerRow, MetricRow, RunRow, TelemetryRow
 
@@ -122,7 +123,7 @@ def export_dict(stored: StoredRun) -> dict:
 
 
 def export_json(stored: StoredRun) -> str:
-    return json.dumps(export_dict(stored), indent=2, default=str)
+    return json_output.dumps(export_dict(stored), indent=2, default=str)
 
 
 def export_csv(stored: StoredRun) -> str:

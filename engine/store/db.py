@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import warnings
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SAWarning, SQLAlchemyError
 
 from opscope.engine.errors import StoreError
 
@@ -23,6 +26,13 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 VERSION_TABLE = "opscope_alembic_version"  # own name: the store may share a PostgreSQL database
 SQLITE_BUSY_TIMEOUT_S = 15.0  # a GUI reading while a benchmark commits waits instead of failing
 _PG_MIGRATION_LOCK_KEY = 0x0505C0BE  # advisory lock so two processes never migrate at once
+PG_CONNECT_TIMEOUT_S = 10  # a host that drops packets would otherwise hang the command for minutes
+# What SQLAlchemy's pysqlite dialect takes from the URL's query, and what SQLite's own URI form takes
+# (https://sqlite.org/uri.html): the latter only reach SQLite with uri=true, which we add.
+_PYSQLITE_KEYS = frozenset(("uri", "timeout", "isolation_level", "detect_types", "check_same_thread",
+                            "cached_statements"))
+_SQLITE_URI_KEYS = frozenset(("mode", "cache", "immutable", "nolock", "psow", "vfs", "modeof"))
+URL_FORMS = "a file path, sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
 
 
 def default_db_url() -> str:
@@ -48,8 +58,8 @@ def resolve_url(url: str | os.PathLike | None) -> str:
 def display_url(url: str) -> str:
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
+    except (ArgumentError, ValueError):  # not parsed (a port that is no number): hide the password anyway
+        return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 class StoreMissingError(StoreError):
@@ -65,7 +75,7 @@ def location(url: str) -> str:
     """Where a store is, for people: a SQLite file's path, else the URL without its password."""
     try:
         path = _sqlite_file(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         path = None
     return str(path) if path is not None else display_url(url)
 
@@ -74,13 +84,13 @@ def missing_sqlite_file(url: str) -> Path | None:
     """The SQLite file ``url`` names when it does not exist yet (None: it exists, or not SQLite)."""
     try:
         path = _sqlite_file(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return None
     return path if path is not None and not path.exists() else None
 
 
-# SQLite's own words for the failures people meet → what to do about them.
-_SQLITE_HINTS = (
+# The database's own words for the failures people meet → what to do about them.
+_HINTS = (
     ("readonly database", "the file is read-only: make it writable or pass another --db"),
     ("unable to open database file", "cannot open or create the file: its folder must exist and be writable; "
                                      "or pass another --db"),
@@ -91,6 +101,17 @@ _SQLITE_HINTS = (
     ("disk i/o error", "the disk failed to read or write it (full, or a file-size limit?): free some space "
                        "and retry"),
     ("database is locked", "another process holds it locked: retry when it is done"),
+    ("password authentication failed", "wrong user name or password: check USER:PASSWORD in --db"),
+    ("no password supplied", "the server asks for a password: give it in --db (USER:PASSWORD@HOST) or ~/.pgpass"),
+    (r'(database|role) "[^"]*" does not exist', "no such database or user on the server: create it "
+                                                "(createdb NAME) or check --db"),
+    ("connection refused", "no PostgreSQL server answers at that host and port: start it or check HOST:PORT "
+                           "in --db"),
+    ("resolve host", "unknown host name: check HOST in --db"),
+    ("translate host name", "unknown host name: check HOST in --db"),
+    ("invalid port", "the port must be a number in 1…65535: check PORT in --db"),
+    ("timeout expired", f"no answer from the server within {PG_CONNECT_TIMEOUT_S} s: check HOST:PORT in --db "
+                        f"and that a firewall lets it through"),
 )
 
 
@@ -100,10 +121,11 @@ def db_error_reason(e: BaseException) -> str:
     if isinstance(e, OSError):
         message = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
     else:
-        message = str(getattr(e, "orig", None) or e).split("\n")[0]
-        message = message.split(" [SQL:")[0].split(" (Background on this error")[0].strip()
-    for needle, hint in _SQLITE_HINTS:
-        if needle in message.lower():
+        message = str(getattr(e, "orig", None) or e)
+        message = message.split("[SQL:")[0].split("(Background on this error")[0]
+        message = " ".join(message.split())  # a server's message may span lines
+    for needle, hint in _HINTS:
+        if re.search(needle, message.lower()):
             return f"{hint} ({message})"
     return message
 
@@ -111,14 +133,65 @@ def db_error_reason(e: BaseException) -> str:
 def store_error(url: str, what: str, e: BaseException) -> StoreError:
     """One line for a failed store operation: where, what, why, what to do."""
     log.debug("run store %s: cannot %s", display_url(url), what, exc_info=e)
-    return StoreError(f"run store {location(url)}: cannot {what}: {db_error_reason(e)}")
+    reason = db_error_reason(e)
+    if "readonly database" in reason and _read_only_url(url):
+        reason = "the store was opened read-only (mode=ro or immutable=1 in --db): drop that to write"
+    return StoreError(f"run store {location(url)}: cannot {what}: {reason}")
+
+
+def _read_only_url(url: str) -> bool:
+    try:
+        query = make_url(url).query
+    except (ArgumentError, ValueError):
+        return False
+    return query.get("mode") == "ro" or query.get("immutable") in ("1", "true")
+
+
+def _is_true(value) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
 
 
 def _sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names, also in SQLite's URI form (``sqlite:///file:PATH?mode=ro&uri=true``)."""
     parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+    if parsed.get_backend_name() != "sqlite":
         return None
-    return Path(parsed.database)
+    if parsed.host or parsed.username or parsed.port:
+        raise ArgumentError("a SQLite URL names no host: sqlite:////ABSOLUTE/PATH (4 slashes) or "
+                            "sqlite:///RELATIVE/PATH")
+    if parsed.database in (None, "", ":memory:"):
+        return None
+    name = parsed.database
+    if _is_true(parsed.query.get("uri")) and name.startswith("file:"):
+        if parsed.query.get("mode") == "memory":
+            return None
+        name = unquote(name.removeprefix("file:"))
+        if name.startswith("//"):  # file://HOST/PATH: SQLite takes only an empty host or localhost
+            name = "/" + name[2:].partition("/")[2]
+        if name in ("", ":memory:"):
+            return None
+    return Path(name)
+
+
+def sqlite_driver_url(url: str) -> str:
+    """``url`` as SQLAlchemy's SQLite driver needs it: SQLite's own options (mode=ro, immutable=1, …)
+    only reach SQLite in its URI form (else SQLAlchemy warns and drops them), so a plain URL that
+    has some is rewritten to it. An option neither knows is refused."""
+    parsed = make_url(url)
+    unknown = sorted(set(parsed.query) - _PYSQLITE_KEYS - _SQLITE_URI_KEYS)
+    if unknown:
+        raise StoreError(f"cannot open run database {display_url(url)}: unknown SQLite URL option "
+                         f"{unknown[0]!r}: use "
+                         f"{', '.join(sorted(_SQLITE_URI_KEYS | _PYSQLITE_KEYS - {'uri'}))}")
+    if not set(parsed.query) & _SQLITE_URI_KEYS or _is_true(parsed.query.get("uri")):
+        return url
+    path = _sqlite_file(url)
+    if path is None:  # in memory: SQLite's URI options mean nothing there
+        kept = {k: v for k, v in parsed.query.items() if k in _PYSQLITE_KEYS}
+        return parsed.set(query=kept).render_as_string(hide_password=False)
+    uri = parsed.set(database=f"file:{quote(str(path.absolute()))}",
+                     query={**parsed.query, "uri": "true"})
+    return uri.render_as_string(hide_password=False)
 
 
 def _tune_sqlite(engine: Engine, is_file: bool) -> None:
@@ -147,26 +220,59 @@ def create_db_engine(url: str, create: bool = True) -> Engine:
     ``create=False`` (commands that only read): a missing SQLite file raises StoreMissingError and
     nothing is created; else its folder is made as needed."""
     try:
+        parsed = make_url(url)
         sqlite_path = _sqlite_file(url)
-        is_sqlite = make_url(url).get_backend_name() == "sqlite"
-    except ArgumentError as e:
-        raise StoreError(f"cannot open run database {display_url(url)}: {e}; "
-                         f"pass a SQLAlchemy URL or a file path with --db") from e
-    if sqlite_path is not None and not sqlite_path.exists():
-        if not create:
-            raise StoreMissingError(sqlite_path)
-        try:
-            sqlite_path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise store_error(url, f"create its folder {sqlite_path.parent}", e) from e
+    except (ArgumentError, ValueError) as e:
+        raise StoreError(f"cannot open run database {display_url(url)}: not a database URL ({e}): "
+                         f"use {URL_FORMS}") from e
+    is_sqlite = parsed.get_backend_name() == "sqlite"
+    if sqlite_path is not None:
+        _prepare_sqlite_file(url, sqlite_path, create)
+    return _engine(url, parsed, is_sqlite, sqlite_path is not None)
+
+
+def _prepare_sqlite_file(url: str, path: Path, create: bool) -> None:
+    if path.is_dir():
+        raise StoreError(f"run store {path}: is a folder, not a SQLite file: pass a file in it, e.g. "
+                         f"--db {path / DB_FILE_NAME}")
+    if path.exists():
+        return
+    if not create:
+        raise StoreMissingError(path)
     try:
-        connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S} if is_sqlite else {}
-        engine = create_engine(url, connect_args=connect_args)
-    except (ArgumentError, SQLAlchemyError, ImportError) as e:
-        raise StoreError(f"cannot open run database {display_url(url)}: {e}; "
-                         f"pass a SQLAlchemy URL or a file path with --db") from e
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise store_error(url, f"create its folder {path.parent}", e) from e
+
+
+def _engine(url: str, parsed, is_sqlite: bool, is_file: bool) -> Engine:
+    """create_engine with every failure as one line (an unknown scheme, a missing driver, a bad
+    option); SQLAlchemy's warnings go to the debug log, not to the terminal."""
+    where = display_url(url)
+    connect_args: dict = {}
     if is_sqlite:
-        _tune_sqlite(engine, is_file=sqlite_path is not None)
+        connect_args["timeout"] = SQLITE_BUSY_TIMEOUT_S
+        url = sqlite_driver_url(url)
+    elif parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", SAWarning)
+            engine = create_engine(url, connect_args=connect_args)
+    except NoSuchModuleError as e:
+        raise StoreError(f"cannot open run database {where}: unknown database kind {parsed.drivername!r}: "
+                         f"use {URL_FORMS}") from e
+    except ImportError as e:
+        raise StoreError(f"cannot open run database {where}: the driver for {parsed.drivername} is not "
+                         f"installed ({e}): install it, "
+                         f"or use {URL_FORMS}") from e
+    except (ArgumentError, SQLAlchemyError, TypeError, ValueError) as e:
+        raise StoreError(f"cannot open run database {where}: not a usable URL ({' '.join(str(e).split())}): "
+                         f"use {URL_FORMS}") from e
+    for w in said:
+        log.debug("run store %s: %s", where, w.message)
+    if is_sqlite:
+        _tune_sqlite(engine, is_file=is_file)
     return engine
 
 
@@ -211,7 +317,15 @@ def migrate(engine: Engine, revision: str = "head") -> None:
             log.info("migrating run database %s to %s", display_url(str(engine.url)), target)
             command.upgrade(_alembic_config(conn), revision)
     except CommandError as e:
-        raise StoreError(f"run database {display_url(str(engine.url))} has a schema this OpScope does "
-                         f"not know ({e}); upgrade OpScope or use another --db") from e
+        raise _unknown_schema(engine, e) from e
     except SQLAlchemyError as e:
         raise store_error(str(engine.url), "open it", e) from e
+
+
+def _unknown_schema(engine: Engine, e: Exception) -> StoreError:
+    """A revision this version does not have: the store was written by a newer OpScope."""
+    found = re.search(r"revision identified by '([^']+)'", str(e))
+    newer = f"its schema (revision {found.group(1)}) is newer than" if found else "its schema is not one"
+    log.debug("run store %s: migration failed", display_url(str(engine.url)), exc_info=e)
+    return StoreError(f"run store {location(str(engine.url))}: {newer} this OpScope knows "
+                      f"(up to {head_revision()}): upgrade OpScope or use another --db")

@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from opscope.engine import json_output
 from opscope.engine.bench.stats import NOISE_THRESHOLD_PCT, PERCENTILE_METHOD
 from opscope.engine.store.compare import MIN_SAMPLES, Cell, Comparison, Delta, Row, Section
 from opscope.engine.units import BYTE_UNITS, format_bytes
@@ -137,12 +138,12 @@ def footnotes(cmp: Comparison) -> list[str]:
                      f"{cmp.min_samples_per_side} per side; rerun with --repeat 5 or more")
     if cmp.has_few_samples:
         notes.append(f"{FEW_MARK} fewer than {MIN_SAMPLES} samples: wide CI, small changes cannot show as significant")
+    if cmp.has_noisy:  # the legend in the marks' order: ¹ ² ³
+        notes.append(f"{NOISY_MARK} noisy: IQR/median > {NOISE_THRESHOLD_PCT:g}% (percentiles: numpy "
+                     f"'{PERCENTILE_METHOD}'); rerun on a quieter machine or with more repetitions")
     if cmp.has_disturbed:
         notes.append(f"{DISTURBED_MARK} disturbed: other processes held the CPU or GPU while these samples were "
                      f"taken (engine.bench.quality); the machine's speed, not the change, may explain a difference")
-    if cmp.has_noisy:
-        notes.append(f"{NOISY_MARK} noisy: IQR/median > {NOISE_THRESHOLD_PCT:g}% (percentiles: numpy "
-                     f"'{PERCENTILE_METHOD}'); rerun on a quieter machine or with more repetitions")
     if cmp.measurement == "interleaved":
         notes.append(f"interleaved: {cmp.runs[0].name!r} and {cmp.runs[1].name!r} were measured in one process, "
                      f"their repetitions alternating ABBA (opscope bench --ab): the machine's drift fell on "
@@ -217,7 +218,7 @@ def to_dict(cmp: Comparison) -> dict[str, Any]:
 
 
 def to_json(cmp: Comparison) -> str:
-    return json.dumps(to_dict(cmp), indent=2, default=str) + "\n"
+    return json_output.dumps(to_dict(cmp), indent=2, default=str) + "\n"
 
 
 def to_csv(cmp: Comparison) -> str:

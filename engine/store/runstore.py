@@ -18,6 +18,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from opscope.engine.cli_args import RUN_NAME_MAX_CHARS
 from opscope.engine.errors import ConfigError, RunNotFoundError, StoreError
 from opscope.engine.results import Metric, RunResult, TelemetrySeries
 from opscope.engine.store import convert, db, owner
@@ -28,7 +29,6 @@ log = logging.getLogger(__name__)
 
 RunRef = int | str
 _FINAL_STATUSES = tuple(s for s in RUN_STATUSES if s != "running")
-_MAX_NAME_CHARS = 200
 
 
 def _now() -> datetime:
@@ -43,12 +43,20 @@ def _quality(metrics) -> str | None:
 
 
 def validate_name(name: str) -> str:
-    if not name or name != name.strip() or len(name) > _MAX_NAME_CHARS:
-        raise ConfigError(f"run name {name!r} is not valid: use 1-{_MAX_NAME_CHARS} characters, "
+    if not name or name != name.strip() or len(name) > RUN_NAME_MAX_CHARS:
+        raise ConfigError(f"run name {name!r} is not valid: use 1-{RUN_NAME_MAX_CHARS} characters, "
                           f"no leading or trailing spaces")
     if name.isdigit():
         raise ConfigError(f"run name {name!r} is all digits and would read as a run id; add a letter")
     return name
+
+
+def validate_tags(tags: Iterable[str]) -> list[str]:
+    tags = list(tags)
+    for tag in tags:
+        if not tag or tag != tag.strip():
+            raise ConfigError(f"tag {tag!r} is not valid: give some text without leading or trailing spaces")
+    return tags
 
 
 class RunStore:
@@ -124,6 +132,7 @@ class RunStore:
 
     def _insert(self, result: RunResult, status: str) -> int:
         explicit = bool(result.name)
+        validate_tags(result.tags)
         base = validate_name(result.name) if explicit else f"{result.kind}-{_now():%Y%m%d-%H%M%S}"
         for attempt in range(1, 100):
             name = base if attempt == 1 else f"{base}-{attempt}"
@@ -141,7 +150,8 @@ class RunStore:
         me = owner.current_owner() if status == "running" else None
         row = RunRow(
             name=name, kind=result.kind, status=status, notes=result.notes or "", error=result.error,
-            created_at=_now(), finished_at=None if status == "running" else _now(),
+            created_at=result.started_at or _now(),
+            finished_at=None if status == "running" else result.finished_at or _now(),
             settings=dict(result.settings), fingerprint=dict(result.fingerprint),
             owner_host=me and me.host, owner_pid=me and me.pid, owner_started_s=me and me.started_s,
             trace_summary=result.trace_summary, quality=None if status == "running" else _quality(result.metrics),
@@ -297,6 +307,7 @@ class RunStore:
         return self.info(run_id)
 
     def tag(self, ref: RunRef, add: Iterable[str] = (), remove: Iterable[str] = ()) -> RunInfo:
+        add = validate_tags(add)
         run_id = self.resolve(ref)
         with self._transaction(f"tag run {ref}") as s:
             row = s.get(RunRow, run_id)

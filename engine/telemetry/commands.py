@@ -5,12 +5,13 @@ On a machine without an NVIDIA GPU it says so once (with NVML's reason) and show
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import queue
 import sys
 from pathlib import Path
 
+from opscope.engine import json_output
+from opscope.engine.cli_args import stderr_line
 from opscope.engine.clock import now_ns
 from opscope.engine.errors import ConfigError
 
@@ -46,6 +47,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
     if args.duration is not None and not args.duration > 0:
         raise ConfigError(f"--duration must be > 0 seconds, got {args.duration}")
+    watched = _watched_process(args.pid)  # before sampling: a wrong pid would show empty columns forever
     sources = default_sources(pid=args.pid, in_process=False, pcie=not args.no_pcie)
     sampler = Sampler(sources, interval_ms=args.interval, history_s=MONITOR_HISTORY_S)
     snapshots: queue.Queue = queue.Queue()
@@ -56,7 +58,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         out = _Output(args.json, sampler)
         out.notes(sampler.sources)
         sink = CsvSink(args.csv, sampler.units) if args.csv else None
-        _loop(sampler, snapshots, out, sink, args.duration)
+        if not _loop(sampler, snapshots, out, sink, args.duration, watched):
+            stderr_line(f"process {args.pid} exited; monitor stopped")
     except KeyboardInterrupt as e:  # Ctrl-C is how the monitor stops; SIGTERM still ends with 143
         from opscope.engine.cli_args import Terminated
 
@@ -71,10 +74,44 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     return 0
 
 
-def _loop(sampler, snapshots: queue.Queue, out: _Output, sink, duration_s: float | None) -> None:
+def _watched_process(pid: int | None):
+    """The --pid process (psutil.Process), or None without --pid; a pid with no live process is a
+    ConfigError."""
+    if pid is None:
+        return None
+    try:
+        import psutil
+    except ImportError:  # HostSource says psutil is missing; nothing to watch
+        return None
+    try:
+        proc = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        proc = None
+    if proc is None or not _alive(proc):
+        raise ConfigError(f"--pid {pid}: no such process: give the id of a running process (see ps)")
+    return proc
+
+
+def _alive(proc) -> bool:
+    """Whether the watched process still runs: an exited child its parent has not reaped yet is a
+    zombie, which psutil still finds."""
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # e.g. AccessDenied: it exists
+        return True
+
+
+def _loop(sampler, snapshots: queue.Queue, out: _Output, sink, duration_s: float | None, watched=None) -> bool:
+    """Show samples until the duration is over (or Ctrl-C); False when the watched process exited."""
     deadline = None if duration_s is None else now_ns() + int(duration_s * 1e9)
     with out:
         while deadline is None or now_ns() < deadline:
+            if watched is not None and not _alive(watched):
+                return False
             wait_s = 1.0 if deadline is None else max(0.0, min(1.0, (deadline - now_ns()) / 1e9))
             try:
                 snap = snapshots.get(timeout=wait_s)
@@ -84,6 +121,7 @@ def _loop(sampler, snapshots: queue.Queue, out: _Output, sink, duration_s: float
                 sink.write(snap.t_ns, dict(snap.values))
             out.show(snap)
             out.status_changes(sampler.status())
+    return True
 
 
 class _Output:
@@ -128,7 +166,7 @@ class _Output:
     def show(self, snap) -> None:
         if self.as_json:
             values = {k: (None if math.isnan(v) else v) for k, v in snap.values.items()}
-            sys.stdout.write(json.dumps({"t_ns": snap.t_ns, "tick": snap.tick, "values": values}) + "\n")
+            sys.stdout.write(json_output.dumps({"t_ns": snap.t_ns, "tick": snap.tick, "values": values}) + "\n")
             sys.stdout.flush()
         elif self.live is not None:
             from rich.console import Group

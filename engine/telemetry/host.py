@@ -101,6 +101,9 @@ class HostSource(Source):
                 # as several cores' worth, so the value is clamped to what the machine has.
                 cpu_pct = min(float(self._proc.cpu_percent()), self._max_cpu_pct)
                 return {"proc.rss_bytes": float(self._proc.memory_info().rss), "proc.cpu_pct": cpu_pct}
-        except self._psutil.Error as e:  # the watched process exited: its fields read NaN
+        except self._psutil.NoSuchProcess:  # it exited: its fields read NaN (`opscope monitor` says so and stops)
+            _once(("proc", self.pid), logging.INFO, "host telemetry: process %d exited", self.pid)
+            return {}
+        except self._psutil.Error as e:
             _once(("proc", self.pid), logging.WARNING, "host telemetry: process %d: %s", self.pid, e)
             return {}

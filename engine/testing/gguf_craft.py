@@ -3,7 +3,8 @@
 A valid file is parsed with the ggml project's own ``gguf.GGUFReader`` (not OpScope's reader) into
 an editable ``Craft`` (key/value list with type ids, tensor table, data section); tests then break
 exactly one thing (a key twice, a value of the wrong type, an offset that overlaps) and write it.
-``layout()`` records where every field lies, for the fuzz test's targeted mutations.
+``to_bytes()`` records in ``Craft.fields`` where every field lies (what, byte offset, size), for the
+fuzz test's targeted mutations.
 
     craft = Craft.read("tiny.gguf"); craft.kvs.append(craft.kv("tokenizer.chat_template")); craft.write(p)
 """

@@ -10,10 +10,11 @@ health, saved as a run; ``diff A B`` compares two saved script traces (docs/trac
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import argparse
+import re
 
 from opscope.engine import cli_args as check
+from opscope.engine import json_output
 from opscope.engine.cli_common import add_model_args
 from opscope.engine.errors import ConfigError
 from opscope.engine.trace.script_cli import add_script_args, cmd_diff, cmd_script, is_python
@@ -27,14 +28,15 @@ def register(sub) -> None:
     from opscope.engine.trace.variants import CLEAN, VARIANTS
 
     p = sub.add_parser("trace", help="trace every tensor op of a generation with its device; print the placement report",
-                       description=__doc__.split("\n\n")[1])
+                       description=_plain(__doc__.split("\n\n")[1]), add_help=False)
+    p.add_argument("-h", "--help", action=_Help, help="show this help message and exit (`trace diff --help`: diff's)")
     p.add_argument("prompt", nargs="*", type=check.utf8_text, default=None,
                    help="the prompt; or `-- python SCRIPT [ARGS]` to trace your own script; or `diff A B`")
-    p.add_argument("--tokens", type=check.positive_int, default=8, help="tokens to generate (greedy, EOS ignored)")
+    p.add_argument("--tokens", type=check.max_tokens, default=8, help="tokens to generate (greedy, EOS ignored)")
     add_model_args(p)
     p.add_argument("--variant", choices=VARIANTS, default=CLEAN, help="planted-bug model variant")
-    p.add_argument("--out", type=Path, default=None, help="write a Chrome trace / Perfetto JSON here")
-    p.add_argument("--jsonl", type=Path, default=None, help="write the raw events as JSON lines here")
+    p.add_argument("--out", type=check.output_path, default=None, help="write a Chrome trace / Perfetto JSON here")
+    p.add_argument("--jsonl", type=check.output_path, default=None, help="write the raw events as JSON lines here")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--source", choices=("off", "findings", "all"), default="findings",
                    help="source lines: none, only for ops off the target (default), or for every op")
@@ -42,6 +44,37 @@ def register(sub) -> None:
     p.add_argument("--hooks", choices=("model", "global"), default="model", help="module-path hooks")
     add_script_args(p)
     p.set_defaults(func=cmd_trace)
+
+
+def _plain(text: str) -> str:
+    """A docstring's reST literals (double backquotes) as the CLI's other help quotes commands: `x`."""
+    return re.sub(r"``(.+?)``", r"`\1`", text, flags=re.S)
+
+
+DIFF_DESCRIPTION = ("Compare two script traces saved as runs (id or name): median step time, ops per step "
+                    "on and off the target, transfers and syncs per step, the modules whose time changed "
+                    "most, the last loss, and the findings only one of them has.")
+
+
+def diff_parser(parent: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`opscope trace diff`'s own help (the words after `trace` are the prompt's to argparse)."""
+    p = type(parent)(prog=f"{parent.prog} diff", description=DIFF_DESCRIPTION)
+    p.add_argument("A", help="the baseline trace run (id or name)")
+    p.add_argument("B", help="the trace run to compare with it")
+    p.add_argument("--json", action="store_true", help="print the difference as JSON")
+    return p
+
+
+class _Help(argparse.Action):
+    """-h/--help: `trace diff --help` shows diff's help, any other `trace --help` the whole command's."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        words = list(getattr(namespace, "prompt", None) or [])
+        (diff_parser(parser) if words[:1] == ["diff"] else parser).print_help()
+        parser.exit()
 
 
 def _check(args) -> None:
@@ -103,7 +136,7 @@ def cmd_model_trace(args) -> int:
     if args.jsonl:
         write_jsonl(run.result, args.jsonl)
     if args.json:
-        print(json.dumps(dict(report.as_dict(), variant=args.variant, simulated=simulate), indent=1, default=str))
+        print(json_output.dumps(dict(report.as_dict(), variant=args.variant, simulated=simulate), indent=1, default=str))
     else:
         print(render_text(report, title=f"{args.variant} model{' (simulated)' if simulate else ''}"), end="")
         for label, path in (("Chrome trace / Perfetto JSON", args.out), ("events (JSON lines)", args.jsonl)):

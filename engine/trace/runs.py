@@ -83,19 +83,19 @@ def run_result(trace, report, *, name: str = "", settings: dict | None = None, r
 
 
 def save(run: RunResult, db: str | None = None) -> tuple[int, str]:
-    """Save a trace run; returns (id, name)."""
-    from opscope.engine.store import RunStore
+    """Save a trace run; returns (id, name). A missing SQLite store is created, and said so."""
+    from opscope.engine.store.commands import open_store
 
-    with RunStore.open(db) as store:
+    with open_store(db, write=True) as store:
         run_id = store.save(run)
         return run_id, store.info(run_id).name
 
 
 def load_summaries(refs: list[str], db: str | None = None) -> list[tuple[str, dict]]:
-    from opscope.engine.store import RunStore
+    from opscope.engine.store.commands import open_store
 
     out = []
-    with RunStore.open(db) as store:
+    with open_store(db) as store:  # reading creates no store
         for ref in refs:
             stored = store.load(ref)
             s = stored.result.trace_summary

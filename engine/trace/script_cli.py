@@ -5,11 +5,13 @@ Imports nothing heavy at module level: the CLI builds its parser from this.
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
+from opscope.engine import cli_args as check
+from opscope.engine import json_output
 from opscope.engine.errors import ConfigError
 from opscope.engine.trace.script import _is_python as is_python  # noqa: F401 - re-exported for the command
 
@@ -23,10 +25,10 @@ def add_script_args(p) -> None:
     s = p.add_argument_group("your own script (`opscope trace [OPTIONS] -- python SCRIPT [ARGS]`)")
     s.add_argument("--target", default=None, help="device the script should run on (default: cuda when "
                    "available, else cpu)")
-    s.add_argument("--telemetry", type=float, default=None, metavar="MS",
+    s.add_argument("--telemetry", type=check.telemetry_interval_ms(), default=None, metavar="MS",
                    help="sample host/GPU telemetry every MS ms alongside, with the steps as phases")
     s.add_argument("--cwd", default=None, help="working directory for the script (default: the current one)")
-    s.add_argument("--report", type=Path, default=None, metavar="PATH", help="also write the report as JSON here")
+    s.add_argument("--report", type=check.output_path, default=None, metavar="PATH", help="also write the report as JSON here")
     s.add_argument("--name", default="", help="name of the saved trace run (default: trace-DATE-TIME)")
     s.add_argument("--no-save", action="store_true", help="do not save the trace in the run store")
 
@@ -69,11 +71,13 @@ def cmd_script(args, words: list[str]) -> int:
     try:
         if recorder is not None:
             recorder.start()
+        started_at = datetime.now(timezone.utc)
         trace = trace_script(spec, options)
+        finished_at = datetime.now(timezone.utc)
         if recorder is not None:
             recorder.stop()
         report = script_report(trace)
-        _emit(args, trace, report, recorder)
+        _emit(args, trace, report, recorder, (started_at, finished_at))
     finally:
         if sampler is not None:
             sampler.stop()
@@ -98,7 +102,7 @@ def script_report(trace):
     return replace(report, findings=list(trace.health) + list(report.findings))
 
 
-def _emit(args, trace, report, recorder) -> None:
+def _emit(args, trace, report, recorder, times: tuple[datetime, datetime]) -> None:
     from opscope.engine.trace import runs
     from opscope.engine.trace.export import write_chrome_trace, write_jsonl
     from opscope.engine.trace.render import render_text
@@ -111,10 +115,10 @@ def _emit(args, trace, report, recorder) -> None:
     if args.jsonl:
         write_jsonl(trace.result, args.jsonl)
     if args.report:
-        Path(args.report).write_text(json.dumps(data, indent=1, default=str))
+        Path(args.report).write_text(json_output.dumps(data, indent=1, default=str))
     print("\n" + "=" * 24 + f" opscope trace: {trace.spec.label} " + "=" * 24)
     if args.json:
-        print(json.dumps(data, indent=1, default=str))
+        print(json_output.dumps(data, indent=1, default=str))
     else:
         print(render_text(report, title=trace.spec.label), end="")
         if trace.step_ms:
@@ -126,7 +130,9 @@ def _emit(args, trace, report, recorder) -> None:
         if path:
             print(f"{label}: {path}")
     if not args.no_save:
-        run_id, name = runs.save(runs.run_result(trace, report, name=args.name, recorder=recorder), args.db)
+        run = runs.run_result(trace, report, name=args.name, recorder=recorder)
+        run.started_at, run.finished_at = times
+        run_id, name = runs.save(run, args.db)
         print(f"saved as run {run_id} ({name}); compare two with `opscope trace diff A B`")
 
 
@@ -138,7 +144,7 @@ def cmd_diff(args, refs: list[str]) -> int:
     (name_a, a), (name_b, b) = runs.load_summaries(refs, args.db)
     d = runs.diff(a, b)
     if args.json:
-        print(json.dumps(d, indent=1, default=str))
+        print(json_output.dumps(d, indent=1, default=str))
     else:
         print(runs.render_diff(d, name_a, name_b), end="")
     return 0

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
-from opscope.engine.distributed.collectives import COLLECTIVES, SweepConfig, busbw_gb_s, bus_factor, mean, sizes_between
+from opscope.engine.distributed.collectives import (COLLECTIVES, SweepConfig, busbw_gb_s, bus_factor, mean, read_progress,
+                                                   sizes_between, sweep_points)
 from opscope.engine.errors import ConfigError
 from opscope.engine.results import Marker, Metric
 
@@ -61,13 +63,56 @@ def plan(opts, params=None):
                           "reps": cfg.reps}, "note": note,
                 "time": "mean of the ranks' times (nccl-tests -a 1)"}
 
-    def finish(_outcomes) -> list[Metric]:
-        ranks = measure(spec, cfg)
+    total = len(sweep_points(cfg))
+    rank_markers: list[Marker] = []
+
+    def finish(_outcomes, progress=None) -> list[Metric]:
+        ranks = measure_reporting(spec, cfg, progress)
         wrong = {k: v for k, v in point_details(ranks).items() if v["wrong_elements"]}
         if wrong:
             log.warning("collectives: wrong elements at %s", ", ".join(wrong))
+        rank_markers.extend(markers(ranks))  # the same per-rank markers `bench collectives --nproc` saves
         return metrics(ranks)
-    return SuitePlan(points=[], n_points=1, settings=settings, finish=finish)
+    return SuitePlan(points=[], n_points=total, settings=settings, finish=finish, finish_reports_progress=True,
+                     markers=rank_markers)
+
+
+PROGRESS_POLL_S = 0.2
+
+
+def measure_reporting(spec, cfg: SweepConfig, progress=None) -> dict[int, dict[str, Any]]:
+    """``measure``, calling ``progress(done, total, eta_s)`` as rank 0 finishes each point (it
+    writes them to a file in a temporary folder, read here every PROGRESS_POLL_S)."""
+    if progress is None:
+        return measure(spec, cfg)
+    import tempfile
+    import threading
+    import time
+
+    total = len(sweep_points(cfg))
+    with tempfile.TemporaryDirectory(prefix="opscope-collectives-") as folder:
+        path = os.path.join(folder, "progress")
+        stop, start, last = threading.Event(), time.monotonic(), [0]
+
+        def report() -> None:
+            done = (read_progress(path) or (0, total))[0]
+            if done > last[0]:
+                last[0] = done
+                progress(float(done), total, (time.monotonic() - start) / done * (total - done))
+
+        def poll() -> None:
+            while not stop.wait(PROGRESS_POLL_S):
+                report()
+
+        watcher = threading.Thread(target=poll, name="collectives-progress", daemon=True)
+        watcher.start()
+        try:
+            ranks = measure(spec, dataclasses.replace(cfg, progress_path=path))
+        finally:
+            stop.set()
+            watcher.join()
+        report()  # the last point, written after the watcher's last look
+        return ranks
 
 
 def sweep_config(params: Params, on_cuda: bool, quick: bool) -> tuple[SweepConfig, str | None]:

@@ -40,6 +40,7 @@ class Params:
 
 
 QUICK = Params(sizes=(128, 256), call_budget_s=0.5)
+PARAM_CHOICES = {"dtypes": tuple(DTYPE_BYTES)}  # checked by engine.bench.params before a run
 
 
 def point_name(dtype: str, n: int) -> str:

@@ -40,6 +40,7 @@ class Params:
 
 
 QUICK = Params(models=("gpt2-small", "gpt2-medium"), seq=32)
+PARAM_CHOICES = {"models": tuple(GPT2_SHAPES)}  # checked by engine.bench.params before a run
 
 
 def needed_bytes(cfg, p: Params, dtype: str) -> int:

@@ -2,9 +2,12 @@
 //
 // W is never expanded whole: output rows of W are cut into panels of a few dozen rows; a thread
 // decodes one panel into its own buffer (a few hundred KB, so it stays in L2), multiplies it with
-// every row of x (single-threaded sgemm), and moves to its next panel. The threads work on different
-// panels, so the only shared data are x (read) and y (disjoint columns). The panel count is a
-// multiple of the thread count, so small matrices (k/v projections) still split evenly.
+// every row of x (single-threaded sgemm), and takes the next panel. The threads work on different
+// panels, so the only shared data are x (read) and y (disjoint columns). Panels are handed out by
+// an atomic counter (for_each_panel), not split statically: a thread whose core is taken by another
+// process for a while no longer holds up the whole GEMM, the other takes its panels (llama.cpp's
+// matmuls hand out chunks the same way). Several panels per thread, so the last one to finish
+// waits for at most a small one.
 //
 // qglu fuses an MLP's gate and up projections with the activation: per panel, gate and up rows of
 // the same hidden units are multiplied and act(g) * u written, so the [M, hidden] gate and up
@@ -106,18 +109,19 @@ void panel_gemm(const float* x, int64_t M, int64_t K, const float* p, int64_t n,
   at::mm_out(ct, xt, pt.t());
 }
 
-// Panels: a multiple of the thread count, each of at most the panel budget's rows (16-aligned).
+// Panels of at most the panel budget's rows (16-aligned), and at least PANELS_PER_THREAD per thread
+// where the rows allow (the k/v projections have few), so that dynamic scheduling can even out.
+constexpr int64_t PANELS_PER_THREAD = 4;
+
 struct Panels {
   int64_t rows, count;
 };
 
 Panels plan_panels(int64_t N, int64_t K, int64_t threads) {
   const int64_t cap = std::max<int64_t>(16, g_panel_bytes.load() / (4 * K) / 16 * 16);
-  int64_t count = threads * std::max<int64_t>(1, (N + threads * cap - 1) / (threads * cap));
-  int64_t rows = (N + count - 1) / count;
-  rows = std::min<int64_t>(N, (rows + 15) / 16 * 16);
-  count = (N + rows - 1) / rows;
-  return {rows, count};
+  const int64_t want = std::max((N + cap - 1) / cap, threads > 1 ? PANELS_PER_THREAD * threads : 1);
+  const int64_t rows = std::min<int64_t>(N, std::min(cap, ((N + want - 1) / want + 15) / 16 * 16));
+  return {rows, (N + rows - 1) / rows};
 }
 
 struct Buffers {
@@ -131,6 +135,25 @@ struct Buffers {
 Buffers& buffers() {
   thread_local Buffers b;
   return b;
+}
+
+// f(r0, n, buf) for every panel [r0, r0 + n) of N output rows, buf a thread's own float32 buffer of
+// rows * K. One worker per thread; each takes the next panel from a shared counter until none is
+// left.
+template <class F>
+void for_each_panel(int64_t N, int64_t K, F&& f) {
+  const int64_t threads = at::get_num_threads();
+  const Panels pl = plan_panels(N, K, threads);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min(threads, pl.count), 1, [&](int64_t, int64_t) {
+    Buffers& bufs = buffers();
+    float* buf = bufs.get(bufs.panel, pl.rows * K);
+    for (int64_t p = next.fetch_add(1, std::memory_order_relaxed); p < pl.count;
+         p = next.fetch_add(1, std::memory_order_relaxed)) {
+      const int64_t r0 = p * pl.rows;
+      f(r0, std::min(pl.rows, N - r0), buf);
+    }
+  });
 }
 
 
@@ -183,17 +206,11 @@ at::Tensor prefill_gemm(const at::Tensor& x, const Weights& w) {
   auto x2 = rows_of(x, w.K);
   const int64_t M = x2.size(0), K = w.K, N = w.N;
   auto out = at::empty({M, N}, x2.options());
-  const Panels pl = plan_panels(N, K, at::get_num_threads());
   const float* xp = x2.data_ptr<float>();
   float* yp = out.data_ptr<float>();
-  at::parallel_for(0, pl.count, 1, [&](int64_t p0, int64_t p1) {
-    Buffers& bufs = buffers();
-    float* buf = bufs.get(bufs.panel, pl.rows * K);
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t r0 = p * pl.rows, n = std::min(pl.rows, N - r0);
-      decode_panel(w, r0, n, buf);
-      panel_gemm(xp, M, K, buf, n, yp + r0, N);
-    }
+  for_each_panel(N, K, [&](int64_t r0, int64_t n, float* buf) {
+    decode_panel(w, r0, n, buf);
+    panel_gemm(xp, M, K, buf, n, yp + r0, N);
   });
   return out.reshape(out_shape(x, N));
 }
@@ -205,21 +222,16 @@ at::Tensor prefill_glu(const at::Tensor& x, const Weights& g, const Weights& u, 
   auto x2 = rows_of(x, g.K);
   const int64_t M = x2.size(0), K = g.K, N = g.N;
   auto out = at::empty({M, N}, x2.options());
-  const Panels pl = plan_panels(N, K, at::get_num_threads());
   const float* xp = x2.data_ptr<float>();
   float* hp = out.data_ptr<float>();
-  at::parallel_for(0, pl.count, 1, [&](int64_t p0, int64_t p1) {
+  for_each_panel(N, K, [&](int64_t r0, int64_t n, float* buf) {
     Buffers& bufs = buffers();
-    float* buf = bufs.get(bufs.panel, pl.rows * K);
-    float* tmp = bufs.get(bufs.tmp, M * pl.rows);
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t r0 = p * pl.rows, n = std::min(pl.rows, N - r0);
-      decode_panel(g, r0, n, buf);
-      panel_gemm(xp, M, K, buf, n, hp + r0, N);
-      decode_panel(u, r0, n, buf);
-      panel_gemm(xp, M, K, buf, n, tmp, n);
-      for (int64_t i = 0; i < M; ++i) glu_row(hp + i * N + r0, tmp + i * n, n, act);
-    }
+    float* tmp = bufs.get(bufs.tmp, M * n);
+    decode_panel(g, r0, n, buf);
+    panel_gemm(xp, M, K, buf, n, hp + r0, N);
+    decode_panel(u, r0, n, buf);
+    panel_gemm(xp, M, K, buf, n, tmp, n);
+    for (int64_t i = 0; i < M; ++i) glu_row(hp + i * N + r0, tmp + i * n, n, act);
   });
   return out.reshape(out_shape(x, N));
 }

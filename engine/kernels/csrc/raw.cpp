@@ -20,15 +20,8 @@
 namespace opscope {
 namespace {
 
-// Software prefetch of the same place R rows on, the next group of rows (contiguous after this
-// one): a group ahead of use, more lines in flight than the hardware prefetcher keeps for R short
-// row streams (decode step, one thread, CPU time on a loaded machine: the Q8_0, BF16, Q2_K and
-// Q6_K files 1.2-1.8x tok/s).
 #if defined(OPSCOPE_AVX512_RAW)
-template <int R>
-inline void prefetch_next(const uint8_t* p, int64_t row_bytes) {
-  _mm_prefetch(reinterpret_cast<const char*>(p + R * row_bytes), _MM_HINT_T0);
-}
+using gguf::prefetch_next;  // the next group of rows, a group ahead of use (gguf_types.h)
 #endif
 
 template <class T, int R>

@@ -12,6 +12,9 @@
 // with dmin. The result is exactly (dequantized weights) . (dequantized int8 activations) up to
 // float32 rounding of the per-superblock terms and their summation.
 //
+// Like raw.cpp's float32 kernels, every kernel here prefetches the next group of rows a group ahead
+// (gguf::prefetch_next): the arithmetic, and so every result, is the same without it.
+//
 // Weights of 16-weight groups (Q2_K, Q3_K, Q6_K) decode in plain weight order; Q4_K/Q5_K's nibble
 // layout puts sub-blocks s, s+2 in the low nibbles of 64 bytes and s+1, s+3 in the high ones, so
 // the activations are also kept in that order (Q8K::q4).
@@ -205,8 +208,10 @@ void rows_q8(const Q8K& a, const Weights& w, int64_t row, float* y) {
     const float dy = a.d[b];
     static_for<R>([&](auto rc) {
       constexpr int r = decltype(rc)::value;
+      const uint8_t* blk = w.qs + (row + r) * w.row_bytes + b * T::BYTES;
+      for (int o = 0; o < T::BYTES; o += 64) prefetch_next<R>(blk + o, w.row_bytes);  // as rows_k
       Dec o;
-      T::dec(w.qs + (row + r) * w.row_bytes + b * T::BYTES, o);
+      T::dec(blk, o);
       const __m512i sc = _mm512_castsi256_si512(o.sc);
       __m512i si = _mm512_setzero_si512();
       for (int j = 0; j < 4; ++j) {
@@ -294,7 +299,11 @@ void rows_b32_q8(const Act8& a, const Weights& w, int64_t row, float* y) {
       const __m512i yv = _mm512_loadu_si512(a.qy + (c + b) * 32);
       static_for<R>([&](auto rc) {
         constexpr int r = decltype(rc)::value;
-        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), b32_quants<T, true>(rp[r] + (c + b) * T::BYTES), yv);
+        const uint8_t* blk = rp[r] + (c + b) * T::BYTES;
+        // as rows_b32, once per line: pairs start 2 * BYTES <= 64 bytes apart, so exactly one
+        // starts within the first 2 * BYTES bytes of each line
+        if (((c + b) * T::BYTES) % 64 < 2 * T::BYTES) prefetch_next<R>(blk, w.row_bytes);
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), b32_quants<T, true>(blk), yv);
         const __m512 s = _mm512_permutexvar_ps(pair, _mm512_castpd_ps(_mm512_castpd128_pd512(
                              _mm_load_sd(reinterpret_cast<const double*>(dbuf[r] + b)))));
         acc[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[r]);

@@ -115,7 +115,9 @@ void q4_1_rows_q8_v2(const int8_t* qyp, const float* dy, const float* sx, const 
     for (; b + 2 <= n; b += 2) {
       const __m512i yv = _mm512_loadu_si512(qyp + (c + b) * QK);
       for (int r = 0; r < R; ++r) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + (row + r) * (K / 2) + (c + b) * 16));
+        const uint8_t* qp = qs + (row + r) * (K / 2) + (c + b) * 16;
+        if (b % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(qp + R * (K / 2)), _MM_HINT_T0);  // as f32's
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp));
         const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, lo_mask)),
                                              _mm256_and_si256(_mm256_srli_epi16(v, 4), lo_mask), 1);
         const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, yv);
@@ -153,7 +155,9 @@ void q8_0_rows_q8_v2(const int8_t* qy, const float* dy, const int8_t* qs, const 
     for (; b + 2 <= n; b += 2) {
       const __m512i yv = _mm512_loadu_si512(qy + (c + b) * QK);
       for (int r = 0; r < R; ++r) {
-        const __m512i p = dot_s8_512(_mm512_loadu_si512(qs + (row + r) * K + (c + b) * QK), yv);
+        const int8_t* q = qs + (row + r) * K + (c + b) * QK;
+        _mm_prefetch(reinterpret_cast<const char*>(q + R * K), _MM_HINT_T0);  // as f32's: one line per 2 blocks
+        const __m512i p = dot_s8_512(_mm512_loadu_si512(q), yv);
         acc[r] = _mm512_fmadd_ps(pair_scales(dbuf[r] + b, idx), _mm512_cvtepi32_ps(p), acc[r]);
       }
     }
