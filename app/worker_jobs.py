@@ -93,11 +93,14 @@ class EngineState:
 
     def _stream(self, events) -> dict:
         finished = None
-        for event in events:
-            data = event_to_dict(event)
-            self.send("event", event=data)
-            if data["kind"] == "Finished":
-                finished = data
+        try:
+            for event in events:
+                data = event_to_dict(event)
+                self.send("event", event=data)
+                if data["kind"] == "Finished":
+                    finished = data
+        finally:  # never left suspended: see engine/commands/generate.py's _stream
+            getattr(events, "close", lambda: None)()
         if finished is None:
             return {"stop_reason": "none", "stats": None, "text": ""}
         return {"stop_reason": finished["stop_reason"], "stats": finished["stats"], "text": finished["text"]}

@@ -92,4 +92,8 @@ def test_cli_rejects_bad_flags_before_loading(capsys):
         main(["trace", "Hi", "--tokens", "0"])
     assert e.value.code == 2
     assert "--tokens: 0 is out of range" in capsys.readouterr().err
-    assert main(["trace", "Hi", "--out", "/nonexistent/dir/t.json"]) == 2
+    with pytest.raises(SystemExit) as e:  # an output path is checked while parsing too
+        main(["trace", "Hi", "--out", "/nonexistent/dir/t.json"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("opscope: error: argument --out: /nonexistent/dir/t.json: its folder "
+                                       "/nonexistent/dir does not exist: create it first\n")

@@ -65,18 +65,26 @@ def summary_line(stats) -> str:
             f"decode {stats.decode_tok_s:.1f} tok/s · {stats_text(stats)}")
 
 
-def _stream(events, out=sys.stdout, quiet: bool = False):
+def _stream(events, out=None, quiet: bool = False):
+    """Writes the reply as it comes. The generator is closed whatever happens here: a generation
+    left suspended (a write failed, a Ctrl-C between tokens) otherwise keeps its tensors until the
+    interpreter's teardown, where torch's C++ aborted freeing them (exit -6: THPVariable_clear's
+    `use_count() == 1` assert, seen under pytest after a failed write)."""
     from opscope.engine.events import Finished, Token
 
+    out = out or sys.stdout  # looked up now: tests and the CLI's output guard replace sys.stdout
     final = None
-    for ev in events:
-        if isinstance(ev, Token) and not quiet:
-            out.write(ev.text)
-            out.flush()
-        elif isinstance(ev, Finished):
-            final = ev
-            if not quiet:
-                out.write(ev.tail)
+    try:
+        for ev in events:
+            if isinstance(ev, Token) and not quiet:
+                out.write(ev.text)
+                out.flush()
+            elif isinstance(ev, Finished):
+                final = ev
+                if not quiet:
+                    out.write(ev.tail)
+    finally:
+        getattr(events, "close", lambda: None)()  # a plugin's iterator may not be a generator
     return final
 
 
