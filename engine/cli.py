@@ -131,9 +131,11 @@ def main(argv: list[str] | None = None, gui: Callable | None = None, whole_proce
     finally:
         cli_signals.restore(previous)
     if whole_process and code in (EXIT_SIGINT, EXIT_SIGTERM):
-        # Every clean-up has run and the one line is out. The interpreter's teardown of a command cut
-        # off mid-generation (its frames, the model, the kernel objects, torch's op registrations
-        # freed in whatever order) aborted in C++ now and then (exit -6 after our line): skip it.
+        # Every clean-up has run and the one line is out. A generation cut off mid-way, its tensors
+        # left in a reference cycle, made torch abort in the teardown's collection (THPVariable_clear:
+        # exit -6 after our line). Its generator is now closed where it is consumed
+        # (commands/generate.py: _stream); the teardown is skipped all the same, so no other
+        # half-done object can do it again.
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
