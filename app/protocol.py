@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from opscope.engine.json_output import finite
 
 PROTOCOL_VERSION = 1
 
@@ -143,7 +144,7 @@ class ProtocolError(ValueError):
 def encode(message: dict) -> bytes:
     """One message → one line. NaN/inf become null so any JSON reader accepts the line."""
     # default=str: a marker attribute or setting that is not JSON (a Path, a dtype) still travels.
-    return (json.dumps(_finite(message), separators=(",", ":"), default=str) + "\n").encode("utf-8")
+    return (json.dumps(finite(message), separators=(",", ":"), default=str) + "\n").encode("utf-8")
 
 
 def decode(line: bytes | str) -> dict:
@@ -195,11 +196,3 @@ def _stats_dict(stats: Any) -> dict:
     return data
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value

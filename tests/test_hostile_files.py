@@ -21,26 +21,10 @@ import pytest
 
 from opscope.engine import errors as E
 from opscope.engine.formats import open_model
-from opscope.engine.testing.gguf_craft import ARRAY, F32, STRING, U32, Craft
+from opscope.engine.testing.gguf_craft import ARRAY, F32, STRING, U32
+from hostile_fixtures import _craft, craft, tiny  # noqa: F401  (fixtures)
 
 DAMAGED = "the file is damaged or was not written by a GGUF/safetensors converter; download or convert it again"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    from opscope.engine.testing.gguf_writer import hf_config, write_gguf
-
-    return write_gguf(tmp_path_factory.mktemp("valid") / "tiny.gguf", hf_config("llama"), types="Q8_0")
-
-
-@pytest.fixture(scope="module")
-def _craft(tiny) -> Craft:
-    return Craft.read(tiny)
-
-
-@pytest.fixture
-def craft(_craft) -> Craft:
-    return copy.deepcopy(_craft)
 
 
 def _rejects(path, cls, message: str):

@@ -7,7 +7,6 @@ engine.testing.gguf_craft); each is refused by open_model with one line naming t
 or tensor, and what to do, as its ModelLoadError class."""
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -20,29 +19,13 @@ import pytest
 from opscope.engine import errors as E
 from opscope.engine.formats import open_model
 from opscope.engine.formats.tokenizer_checks import REGEX_FIX, nested_quantifier
-from opscope.engine.testing.gguf_craft import ARRAY, I32, STRING, U32, Craft
+from opscope.engine.testing.gguf_craft import ARRAY, I32, STRING, U32
+from hostile_fixtures import _craft, craft, tiny  # noqa: F401  (fixtures)
 
 DAMAGED = "the file is damaged or was not written by a GGUF/safetensors converter; download or convert it again"
 VOCAB = "the file's vocabulary is damaged or was tampered with; convert the model again"
 JSON_FIX = "the file is damaged or was not written by a model converter; download it again from the model's repository"
 FIT = "the tokenizer does not fit the model's embedding; use the tokenizer files that came with these weights"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    from opscope.engine.testing.gguf_writer import hf_config, write_gguf
-
-    return write_gguf(tmp_path_factory.mktemp("valid") / "tiny.gguf", hf_config("llama"), types="Q8_0")
-
-
-@pytest.fixture(scope="module")
-def _craft(tiny) -> Craft:
-    return Craft.read(tiny)
-
-
-@pytest.fixture
-def craft(_craft) -> Craft:
-    return copy.deepcopy(_craft)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from opscope.engine.errors import (BadMagic, DuplicateEntry, InvalidHyperparameters, LimitExceeded, MissingTensor,
                                   TensorOutOfBounds, TensorOverlap, Truncated, WrongMetadataType)
-from opscope.engine.formats.files import check_regular_file
+from opscope.engine.formats.files import check_regular_file, unique_keys
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 MAX_DIMS = 8
@@ -32,17 +32,6 @@ class SafetensorsEntry:
     shape: tuple[int, ...]
     begin: int  # byte offsets relative to the data section
     end: int
-
-
-def _unique_pairs(path: Path):
-    def hook(pairs):
-        seen = set()
-        for k, _ in pairs:
-            if k in seen:
-                raise DuplicateEntry(path, f"the JSON header names {k!r} twice")
-            seen.add(k)
-        return dict(pairs)
-    return hook
 
 
 def read_safetensors_header(path: Path) -> list[SafetensorsEntry]:
@@ -61,7 +50,7 @@ def read_safetensors_header(path: Path) -> list[SafetensorsEntry]:
     if not raw.lstrip().startswith(b"{"):
         raise BadMagic(path, f"not a safetensors file (header starts {raw[:8]!r}, expected a JSON object)")
     try:
-        table = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_pairs(path))
+        table = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys(path, "the JSON header"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         if isinstance(e, DuplicateEntry):
             raise
