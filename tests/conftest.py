@@ -271,80 +271,26 @@ def checkout_tree():
 def first_layers_gguf(src, dst, n_layers: int):
     """A copy of the GGUF ``src`` holding only its first ``n_layers`` blocks: the same metadata
     (tokenizer, template, hyperparameters) with {arch}.block_count set to ``n_layers``, the same
-    tensors byte for byte minus blk.N.* for N >= n_layers, repacked. For tests whose claim holds
-    layer by layer (a compiled step equals the eager one): the real shapes and weights at a
-    fraction of the compile or run time. Byte surgery with its own small walk of the header, so
-    it neither trusts nor needs OpScope's reader (nor gguf-py's, seconds on this vocabulary)."""
+    tensors byte for byte minus blk.N.* for N >= n_layers, repacked (engine.testing.gguf_craft). For
+    tests whose claim holds layer by layer (a compiled step equals the eager one): the real shapes
+    and weights at a fraction of the compile or run time."""
+    import dataclasses
     import re
-    import struct
-    from pathlib import Path
 
-    buf = Path(src).read_bytes()
-    pos = 0
+    from opscope.engine.testing.gguf_craft import Craft
 
-    def take(fmt):
-        nonlocal pos
-        v = struct.unpack_from("<" + fmt, buf, pos)
-        pos += struct.calcsize("<" + fmt)
-        return v[0]
-
-    def string():
-        nonlocal pos
-        n = take("Q")
-        pos += n
-        return buf[pos - n:pos].decode()
-
-    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-    def skip_value(vtype):
-        nonlocal pos
-        if vtype == 8:
-            string()
-        elif vtype == 9:
-            etype, count = take("I"), take("Q")
-            if etype == 8:
-                for _ in range(count):
-                    pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
-            else:
-                pos += count * struct.calcsize(scalar[etype])
-        else:
-            pos += struct.calcsize(scalar[vtype])
-
-    assert buf[:4] == b"GGUF", f"{src}: not a GGUF file"
-    pos = 4
-    assert take("I") == 3, f"{src}: not GGUF version 3"
-    n_tensors, n_kv = take("Q"), take("Q")
-    kv_start, meta, alignment = pos, {}, 32
-    for _ in range(n_kv):
-        key, vtype = string(), take("I")
-        meta[key] = (pos, vtype)
-        if key == "general.alignment":
-            alignment = struct.unpack_from("<I", buf, pos)[0]
-        skip_value(vtype)
-    kvs = bytearray(buf[kv_start:pos])
-    arch_at = meta["general.architecture"][0]
-    arch = buf[arch_at + 8:arch_at + 8 + struct.unpack_from("<Q", buf, arch_at)[0]].decode()
-    at, vtype = meta[f"{arch}.block_count"]
-    assert vtype == 4, f"{arch}.block_count is of GGUF type {vtype}, not uint32"
-    struct.pack_into("<I", kvs, at - kv_start, n_layers)
-    entries = []
-    for _ in range(n_tensors):
-        name, dims = string(), take("I")
-        shape = [take("Q") for _ in range(dims)]
-        entries.append((name, shape, take("I"), take("Q")))
-    data_start = pos + (-pos % alignment)
-    offsets = sorted({e[3] for e in entries}) + [len(buf) - data_start]
-    kept = [e for e in entries if not (m := re.match(r"blk\.(\d+)\.", e[0])) or int(m[1]) < n_layers]
-    table, data = bytearray(), bytearray()
-    for name, shape, ggml_type, offset in kept:
-        end = offsets[offsets.index(offset) + 1]  # the next tensor's start (or the file's end)
-        data += b"\0" * (-len(data) % alignment)
-        table += struct.pack("<Q", len(name.encode())) + name.encode() + struct.pack("<I", len(shape))
-        table += struct.pack(f"<{len(shape)}Q", *shape) + struct.pack("<IQ", ggml_type, len(data))
-        data += buf[data_start + offset:data_start + end]
-    head = buf[:8] + struct.pack("<QQ", len(kept), n_kv) + bytes(kvs) + bytes(table)
-    Path(dst).write_bytes(head + b"\0" * (-len(head) % alignment) + bytes(data))
-    return Path(dst)
+    craft = Craft.read(src)
+    craft.set(f"{craft.kv('general.architecture').value}.block_count", n_layers)
+    ends = sorted({t.offset for t in craft.tensors}) + [len(craft.data)]
+    kept, data = [], bytearray()
+    for t in craft.tensors:
+        if (m := re.match(r"blk\.(\d+)\.", t.name)) and int(m[1]) >= n_layers:
+            continue
+        data += b"\0" * (-len(data) % craft.alignment)
+        kept.append(dataclasses.replace(t, offset=len(data)))
+        data += craft.data[t.offset:ends[ends.index(t.offset) + 1]]  # up to the next tensor's start
+    craft.tensors, craft.data = kept, bytes(data)
+    return craft.write(dst)
 
 
 @pytest.fixture(scope="session")
