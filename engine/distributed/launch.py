@@ -197,10 +197,17 @@ def _preload_forkserver() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # an ignored signal stays ignored across exec
+    # A rank still in its gloo rendezvous when a Ctrl-C stops the launch wrote c10's 25-line
+    # TCPStore warning (with its C++ frames) under our one line: the ranks' C++ log shows errors
+    # only, unless the user chose a level. c10 reads it once, as the server imports torch.
+    user_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = user_level or "ERROR"
     try:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
+        if user_level is None:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
 
 
 def _launch_config(spec: LaunchSpec, logs_specs):
