@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.opscope-installed
 
-.PHONY: setup run chat test test-fast perf-check stress-check postgres clean screenshots xvfb-walk dist bundle bundle-test
+.PHONY: setup run chat lint test test-fast perf-check stress-check postgres clean screenshots xvfb-walk dist bundle bundle-test
 
 setup: $(STAMP)
 
@@ -36,9 +36,16 @@ postgres:
 	  { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) || \
 	    echo "postgresql could not be installed: PostgreSQL tests will fail"; }
 
-test: setup postgres
+# ruff (lint and format), the import-linter contracts (tests/test_layering.py runs them too), mypy.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	QT_QPA_PLATFORM=offscreen $(BIN)/lint-imports
-	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q
+	$(BIN)/mypy
+
+# Two workers (pytest-xdist) on a 2-core machine; tests grouped with xdist_group share a worker.
+test: setup postgres lint
+	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -n 2 --dist loadgroup
 
 # Timing claims (agreement with torch.utils.benchmark within 5 %, a planted 10 % slowdown flagged):
 # true only on a quiet machine, so they are run on demand, not by `make test` on a shared CI host.
@@ -63,12 +70,12 @@ screenshots: setup
 	$(BIN)/opscope gui --screenshot $(SHOTS)/window.png && \
 	$(BIN)/opscope gui --model $$scratch/broken.gguf --screenshot $(SHOTS)/load-error.png && \
 	OPSCOPE_SCREENSHOT_DIR=$(abspath $(SHOTS)) $(BIN)/pytest -q -p no:cacheprovider \
-	  tests/test_app_panels.py -k screenshots && rm -rf $$scratch
+	  tests/app/test_app_panels.py -k screenshots && rm -rf $$scratch
 
 # One look at the real window on an X server: Xvfb + xdotool walk every panel (packaging/xvfb_walk.sh)
 # and leave a screenshot per step in build/xvfb-walk/. Needs `apt-get install xvfb xdotool imagemagick`.
 xvfb-walk: setup
-	$(BIN)/pytest -q -p no:cacheprovider -m xvfb tests/test_gui_xvfb.py
+	$(BIN)/pytest -q -p no:cacheprovider -m xvfb tests/app/test_gui_xvfb.py
 
 # The sdist and the wheel in dist/ (`pip install dist/opscope-*.whl`; packaging/README.md).
 dist: setup

@@ -16,7 +16,7 @@ _LAZY = frozenset({"region", "step"})
 
 def __getattr__(name: str):
     if name in _LAZY:
-        from opscope.engine import userapi  # torch comes with it: only when step/region are used
+        from opscope.engine.trace import userapi  # torch comes with it: only when step/region are used
 
         value = getattr(userapi, name)
     elif name == "__version__":

@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     from functools import partial
 
     try:
-        from opscope.engine.cli import main as engine_main  # installs the one-line Ctrl-C handling
+        from opscope.engine import cli_main as engine_main  # installs the one-line Ctrl-C handling
     except KeyboardInterrupt:
         print("opscope: interrupted", file=sys.stderr)
         return 130
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = engine_main(argv, gui=partial(_gui, screenshot=screenshot), whole_process=whole_process)
     except KeyboardInterrupt as e:  # in the few steps before engine.cli's own handling, or after it
-        from opscope.engine.cli_args import Terminated
+        from opscope.engine import Terminated
 
         terminated = isinstance(e, Terminated)
         print(f"opscope: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
@@ -76,7 +76,7 @@ def _gui(args, screenshot: str | None = None) -> int:
 def split_screenshot(argv: list[str]) -> tuple[list[str], str | None]:
     """Take the window-only option ``--screenshot PATH`` out of ``opscope [gui] …`` before the
     engine's parser (which knows nothing of windows) sees it; other commands keep their argv."""
-    from opscope.engine.cli import command_word
+    from opscope.engine import command_word
 
     command = command_word(argv)
     if command not in (None, "gui"):
@@ -103,7 +103,7 @@ def _check_display() -> None:
 
     if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
         return
-    from opscope.engine.errors import ConfigError
+    from opscope.engine import ConfigError
 
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         raise ConfigError("no display to open the window on (DISPLAY and WAYLAND_DISPLAY are unset): run it "

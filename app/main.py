@@ -44,12 +44,12 @@ def _options(args: argparse.Namespace | Sequence[str] | None) -> argparse.Namesp
 def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """Open the window and run the event loop; returns the exit code."""
     if isinstance(args, (list, tuple)) and "--engine-worker" in args:
-        from opscope.app.worker import main as worker_main
+        from opscope.app.worker.main import main as worker_main
 
         return worker_main()
     opts = _options(args)
     if opts.screenshot:
-        from opscope.app.screenshot import unwritable_reason
+        from opscope.app.window.screenshot import unwritable_reason
 
         if (why := unwritable_reason(opts.screenshot)) is not None:
             print(f"opscope: error: cannot write the screenshot to {opts.screenshot}: {why}", file=sys.stderr)
@@ -58,12 +58,12 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from PySide6.QtWidgets import QApplication
 
-    from opscope.app import settings
-    from opscope.app.engine_client import EngineClient
-    from opscope.app.main_window import MainWindow
-    from opscope.app.protocol import LoadRequest
-    from opscope.app.stop_signals import CloseOnSignal
-    from opscope.app.theme import ThemeManager, app_icon
+    from opscope.app.ui import settings
+    from opscope.app.ui.engine_client import EngineClient
+    from opscope.app.window.main_window import MainWindow
+    from opscope.app.worker.protocol import LoadRequest
+    from opscope.app.window.stop_signals import CloseOnSignal
+    from opscope.app.ui.theme import ThemeManager, app_icon
 
     app = QApplication.instance() or QApplication([sys.argv[0]])
     app.setApplicationName("OpScope")
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     window = MainWindow(EngineClient(), theme, db_url=db_url, initial_model=spec)
     window.show()
     if opts.screenshot:
-        from opscope.app.screenshot import ScreenshotWhenIdle
+        from opscope.app.window.screenshot import ScreenshotWhenIdle
 
         ScreenshotWhenIdle(window, opts.screenshot)
     stops = CloseOnSignal(lambda: (window.close(), app.quit()))
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     finally:
         stops.uninstall()
     if stops.exit_code is not None:
-        from opscope.engine.cli_args import stderr_line
+        from opscope.engine import stderr_line
 
         stderr_line(stops.line)
         return stops.exit_code

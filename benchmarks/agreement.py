@@ -9,7 +9,7 @@ llama-bench's own samples (and its avg_ts) on the same file in the same run, alt
 round and compared as medians over rounds (engine/bench/agreement.py says how, and what had made
 them differ), with the load average, since agreement within 5 % is only expected on a quiet
 machine; each llama.cpp round takes ~2.5 min at pp512/tg128 on 1 thread. The p-value
-agreement with scipy.stats.mannwhitneyu is a test (tests/test_stats.py), not a timing.
+agreement with scipy.stats.mannwhitneyu is a test (tests/engine/bench/test_stats.py), not a timing.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def main() -> int:
 
     import torch
 
-    from opscope.engine.defaults import default_model_path
+    from opscope.engine.core.defaults import default_model_path
 
     torch.set_num_threads(args.threads)
     rows = [agreement.matmul(int(n), args.dtype, args.rounds) for n in args.sizes.split(",")]

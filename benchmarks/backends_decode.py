@@ -13,8 +13,8 @@ import json
 import statistics
 
 from opscope.engine.backends import get_backend
-from opscope.engine.events import Finished
-from opscope.engine.generate import GenerationConfig
+from opscope.engine.generation.events import Finished
+from opscope.engine.generation.generate import GenerationConfig
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 

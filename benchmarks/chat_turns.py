@@ -18,10 +18,10 @@ import statistics
 import time
 from pathlib import Path
 
-from opscope.engine import prefix_cache
+from opscope.engine.generation import prefix_cache
 from opscope.engine.api import load
-from opscope.engine.events import Finished, Token
-from opscope.engine.generate import GenerationConfig
+from opscope.engine.generation.events import Finished, Token
+from opscope.engine.generation.generate import GenerationConfig
 
 USER_TURNS = (
     "Hi! Can you help me plan a short trip to Paris?",

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from opscope.engine.api import load
-from opscope.engine.events import Finished, PrefillFinished, PrefillStarted
-from opscope.engine.generate import GenerationConfig, decode_threads
+from opscope.engine.generation.events import Finished, PrefillFinished, PrefillStarted
+from opscope.engine.generation.generate import GenerationConfig, decode_threads
 
 
 def matmul_ceiling_tok_s(lm, reps: int = 20) -> list[float]:

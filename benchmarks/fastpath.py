@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from opscope.engine.defaults import default_model_path  # noqa: E402
-from opscope.engine.kernels import load_kernels, pack  # noqa: E402
+from opscope.engine.core.defaults import default_model_path  # noqa: E402
+from opscope.engine.fastpath.kernels import load_kernels, pack  # noqa: E402
 
 SHAPES = {"q": "attn_q", "k": "attn_k", "o": "attn_output", "gate": "ffn_gate", "down": "ffn_down",
           "head": "token_embd"}

@@ -138,9 +138,9 @@ def child_main(path: str, pp: int, tg: int, threads: int, fastpath: str = "auto"
     (a @ a).sum().item()
     phases.mark("first_matmul")
     from opscope.engine.api import load
-    from opscope.engine.bench.options import BenchOptions
+    from opscope.engine.bench.measure.options import BenchOptions
     from opscope.engine.bench.suites import llm
-    from opscope.engine.errors import EngineError
+    from opscope.engine.core.errors import EngineError
 
     out: dict = {"file": path}
     try:
@@ -170,12 +170,12 @@ def child_main(path: str, pp: int, tg: int, threads: int, fastpath: str = "auto"
 def build_kernels() -> None:
     """Build (or find) the fast-path kernels before measuring: a rebuild inside a measured child
     would count the compiler's time and memory."""
-    subprocess.run([sys.executable, "-c", "from opscope.engine.kernels import load_kernels; load_kernels()"],
+    subprocess.run([sys.executable, "-c", "from opscope.engine.fastpath.kernels import load_kernels; load_kernels()"],
                    cwd=REPO, check=False)
 
 
 def run_opscope(path: Path, pp: int, tg: int, threads: int, fastpath: str = "auto") -> dict:
-    from opscope.engine.bench.llama_bench import run_child
+    from opscope.engine.bench.peers.llama_bench import run_child
 
     env = os.environ | {"OMP_NUM_THREADS": str(threads)}
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), "--pp", str(pp),
@@ -453,7 +453,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.render:
         return render(Path(args.render))
-    from opscope.engine.defaults import default_model_path
+    from opscope.engine.core.defaults import default_model_path
 
     source = Path(args.source) if args.source else default_model_path()
     types = [t.strip().upper() for t in args.types.split(",") if t.strip()]

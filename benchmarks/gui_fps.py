@@ -32,7 +32,7 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from opscope.app.telemetry.model import TelemetryModel  # noqa: E402
 from opscope.app.telemetry.panel import TelemetryPanel  # noqa: E402
-from opscope.engine.clock import now_ns  # noqa: E402
+from opscope.engine.core.clock import now_ns  # noqa: E402
 
 HOUR_TICKS = 36_000
 PERIOD_NS = 100_000_000

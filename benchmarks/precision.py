@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from opscope.engine.api import load
-from opscope.engine.defaults import default_model_path
+from opscope.engine.core.defaults import default_model_path
 
 DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")  # stable natural English on Debian
 DEFAULT_OUT = Path("benchmarks/results/precision.json")
@@ -227,8 +227,8 @@ class HFReference:
 
 
 def ours_greedy(lm, ids: list[int], n: int = GREEDY_TOKENS) -> list[int]:
-    from opscope.engine.events import Token
-    from opscope.engine.generate import GenerationConfig
+    from opscope.engine.generation.events import Token
+    from opscope.engine.generation.generate import GenerationConfig
 
     return [e.token_id for e in lm.generate(ids, GenerationConfig(max_tokens=n, ignore_eos=True))
             if isinstance(e, Token)]

@@ -145,7 +145,7 @@ def main(argv=None) -> int:
         return child(args.child, args.variant, args.pp, args.threads, args.reps)
 
     from benchmarks.gguf_types import CACHE, quantize
-    from opscope.engine.defaults import default_model_path
+    from opscope.engine.core.defaults import default_model_path
 
     if args.in_process:
         for kind in [t.strip().upper() for t in args.types.split(",") if t.strip()]:

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from opscope.engine.defaults import default_model_path
+    from opscope.engine.core.defaults import default_model_path
     from opscope.engine.formats.gguf_source import GGUFSource
 
     torch.set_num_threads(1)

@@ -65,7 +65,7 @@ def child(mode: str, meta_file: str) -> None:
         merges = generate_merges(vocab, [(t, -float(i)) for i, t in enumerate(tokens)])
         Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, unk_token="<unk>"))
     else:
-        from opscope.engine.tokenizer import from_gguf
+        from opscope.engine.tokenizer.loader import from_gguf
 
         from_gguf(meta, Path(meta_file))
     print(json.dumps({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}))
@@ -109,7 +109,7 @@ def main() -> None:
 def _check_same_merges(meta: dict) -> None:
     from transformers.convert_slow_tokenizer import generate_merges
 
-    from opscope.engine.tokenizer_spm import merges_from_scores
+    from opscope.engine.tokenizer.spm import merges_from_scores
 
     tokens = meta["tokenizer.ggml.tokens"]
     scores = [-float(i) for i in range(len(tokens))]

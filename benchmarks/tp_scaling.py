@@ -48,7 +48,7 @@ def measure(lm, pp: int, tg: int, reps: int) -> dict:
     all_reduce shares from every rank."""
     import torch
 
-    from opscope.engine.generate import decode_threads
+    from opscope.engine.generation.generate import decode_threads
 
     model, vocab = lm.model, lm.config.vocab_size
     g = torch.Generator().manual_seed(0)

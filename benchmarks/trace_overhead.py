@@ -54,7 +54,7 @@ class _Empty(TorchDispatchMode):
 
 def _decode_once(lm, options: TraceOptions | None, tokens: int) -> tuple[float, float, int]:
     """(decode tok/s, process CPU seconds of the whole generation, ops traced) of one generation."""
-    from opscope.engine.generate import GenerationConfig
+    from opscope.engine.generation.generate import GenerationConfig
     from opscope.engine.trace.session import trace_generation
 
     config = GenerationConfig(max_tokens=tokens, ignore_eos=True)

@@ -6,10 +6,10 @@
 """
 from __future__ import annotations
 
-from opscope.engine.devices import resolve_dtype
-from opscope.engine.errors import ConfigError
-from opscope.engine.generate import GenerationConfig
-from opscope.engine.loaded import LoadedModel, LoadOptions, load_plain
+from opscope.engine.core.devices import resolve_dtype
+from opscope.engine.core.errors import ConfigError
+from opscope.engine.generation.generate import GenerationConfig
+from opscope.engine.generation.loaded import LoadedModel, LoadOptions, load_plain
 
 __all__ = ["GenerationConfig", "LoadOptions", "LoadedModel", "fastpath_options", "load"]
 
@@ -49,7 +49,7 @@ def fastpath_options(spec, device: str, dtype: str, model) -> "object | None":
                           "use --fastpath off")
     base = FastPathOptions()
     if dt == torch.bfloat16:
-        from opscope.engine.kernels import native_bf16
+        from opscope.engine.fastpath.kernels import native_bf16
 
         base = FastPathOptions(prefill_dtype="bf16" if native_bf16() else "f32")
     if spec == "auto":

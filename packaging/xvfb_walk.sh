@@ -8,7 +8,7 @@
 #
 # Debian: apt-get install -y xvfb xdotool x11-apps imagemagick. The clicks use the positions of the
 # default layout at 1400x900, so the walk runs on a scratch home (no saved layout, settings or runs).
-# SLOW=2 doubles every wait on a busy machine. tests/test_gui_xvfb.py runs it (marker `xvfb`).
+# SLOW=2 doubles every wait on a busy machine. tests/app/test_gui_xvfb.py runs it (marker `xvfb`).
 set -euo pipefail
 
 OUT=${1:-build/xvfb-walk}

@@ -17,7 +17,7 @@ os.environ.setdefault("OPSCOPE_KERNEL_CACHE", os.path.join(
 
 @pytest.fixture(scope="session")
 def default_model_path():
-    from opscope.engine.defaults import default_model_path as find
+    from opscope.engine.core.defaults import default_model_path as find
 
     return find()
 
@@ -140,8 +140,8 @@ def one_torch_thread():
 
 
 # -- PostgreSQL: one real server for the whole run ------------------------------------------------
-# Debian's postgresql package (`make test` installs it). tests/test_store_pg.py and
-# tests/test_app_store.py share this one server; each test gets its own fresh database (pg_url).
+# Debian's postgresql package (`make test` installs it). tests/engine/store/test_store_pg.py and
+# tests/app/test_app_store.py share this one server; each test gets its own fresh database (pg_url).
 
 def _pg_bindir():
     import glob
@@ -215,8 +215,8 @@ def pg_url(pg_server):
 # The GUI tests that once rewrote docs/screenshots/ are watched where they run in this session: the
 # tree's state before and after each, so the packaging test need not run them a second time.
 
-TREE_WATCHED = ("tests/test_app_panels.py::test_screenshots_of_every_panel",
-                "tests/test_cli_gui.py::test_screenshot_of_a_failed_start_is_written_and_exits_0")
+TREE_WATCHED = ("tests/app/test_app_panels.py::test_screenshots_of_every_panel",
+                "tests/cli/test_cli_gui.py::test_screenshot_of_a_failed_start_is_written_and_exits_0")
 _tree_records: dict[str, tuple[dict, dict]] = {}
 
 
@@ -271,13 +271,13 @@ def checkout_tree():
 def first_layers_gguf(src, dst, n_layers: int):
     """A copy of the GGUF ``src`` holding only its first ``n_layers`` blocks: the same metadata
     (tokenizer, template, hyperparameters) with {arch}.block_count set to ``n_layers``, the same
-    tensors byte for byte minus blk.N.* for N >= n_layers, repacked (engine.testing.gguf_craft). For
+    tensors byte for byte minus blk.N.* for N >= n_layers, repacked (tests/support/gguf_craft.py). For
     tests whose claim holds layer by layer (a compiled step equals the eager one): the real shapes
     and weights at a fraction of the compile or run time."""
     import dataclasses
     import re
 
-    from opscope.engine.testing.gguf_craft import Craft
+    from gguf_craft import Craft
 
     craft = Craft.read(src)
     craft.set(f"{craft.kv('general.architecture').value}.block_count", n_layers)

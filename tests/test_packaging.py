@@ -96,7 +96,7 @@ print(json.dumps({"old": old, "failed": failed}))
 
 def test_import_opscope_is_light_and_exposes_the_user_api():
     code = ("import sys, opscope; heavy = sorted(m for m in ('torch', 'PySide6', 'numpy') if m in sys.modules); "
-            "print(heavy); import opscope.engine.userapi as u; "
+            "print(heavy); import opscope.engine.trace.userapi as u; "
             "assert opscope.step is u.step and opscope.region is u.region, 'step/region are not the user API'; "
             "print(opscope.__version__)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -134,12 +134,12 @@ FALLBACK = """
 import logging, sys
 from pathlib import Path
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-import opscope.engine.kernels.build as build
+import opscope.engine.fastpath.kernels.build as build
 if sys.argv[1] != "-":
     build._CSRC = Path(sys.argv[1])
 from opscope.engine.api import load
-from opscope.engine.generate import generate
-from opscope.engine.generation_config import GenerationConfig
+from opscope.engine.generation.generate import generate
+from opscope.engine.generation.config import GenerationConfig
 lm = load()
 ids = lm.tokenizer.encode("The capital of France is", add_special_tokens=False)
 events = list(generate(lm.model, lm.tokenizer, ids, GenerationConfig(max_tokens=3, ignore_eos=True)))
@@ -200,8 +200,8 @@ def test_a_kernel_build_failure_falls_back_to_plain_torch_with_one_line(failing_
 
 # -- the checkout stays as it was ----------------------------------------------------------------
 
-GUI_TESTS = ("tests/test_app_panels.py::test_screenshots_of_every_panel",
-             "tests/test_cli_gui.py::test_screenshot_of_a_failed_start_is_written_and_exits_0")
+GUI_TESTS = ("tests/app/test_app_panels.py::test_screenshots_of_every_panel",
+             "tests/cli/test_cli_gui.py::test_screenshot_of_a_failed_start_is_written_and_exits_0")
 
 
 @pytest.mark.slow
@@ -323,7 +323,7 @@ def _check_wheel_contents(wheel: Path) -> None:
     need = {"opscope/__init__.py", "opscope/resources/opscope.desktop", "opscope/resources/opscope.svg",
             "opscope/resources/light.qss", "opscope/resources/dark.qss", "opscope/engine/store/migrations/env.py",
             "opscope/engine/store/migrations/script.py.mako", "opscope/plugins/torch_backend/__init__.py"}
-    for folder in ("engine/kernels/csrc", "engine/store/migrations/versions", "resources/icons"):
+    for folder in ("engine/fastpath/kernels/csrc", "engine/store/migrations/versions", "resources/icons"):
         need |= {f"opscope/{folder}/{f.name}" for f in (ROOT / folder).iterdir() if f.is_file()
                  and f.suffix != ".pyc"}
     for root in OLD_ROOTS:  # every module of the tree (a subpackage missing from pyproject's list shows here)

@@ -7,8 +7,8 @@ import statistics
 
 from PySide6.QtCore import QObject, Signal
 
-from opscope.app.engine_client import EngineClient, Job
-from opscope.app.protocol import BenchRequest
+from opscope.app.ui.engine_client import EngineClient, Job
+from opscope.app.worker.protocol import BenchRequest
 
 log = logging.getLogger(__name__)
 

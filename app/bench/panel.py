@@ -17,8 +17,8 @@ from PySide6.QtWidgets import QPlainTextEdit
 from opscope.app.bench.model import BenchModel, point_summary
 from opscope.app.bench.param_units import format_size, param_doc, parse_size
 from opscope.app.runs.roofline import RooflineView
-from opscope.app.tables import display_unit, fit_columns, keep_in_view, with_unit
-from opscope.app.widgets import category_ticks
+from opscope.app.ui.tables import display_unit, fit_columns, keep_in_view, with_unit
+from opscope.app.ui.widgets import category_ticks
 
 ROW_COLUMNS = ("point", "params", "median", "min … max", "unit", "n", "status")
 
@@ -350,7 +350,7 @@ class BenchPanel(QWidget):
         """Once a run is saved: the engine worker reads it and computes its roofline (never the GUI
         thread: that read and torch's import froze the window for seconds); an llm/matmul/attention
         run's is then drawn in its tab (_on_roofline). Returns the engine Job, None for no request."""
-        from opscope.engine.bench.roofline import SUITES
+        from opscope.engine import ROOFLINE_SUITES as SUITES
 
         if self._running and self._running not in SUITES:  # nothing to place: leave the tab as it is
             return None

@@ -3,7 +3,7 @@
 Suites declare plain dataclass fields (engine/bench/suites/*.py) whose names are for the command
 line (``--param call_budget_s=0.5``); the words a person reads live here, in one table keyed by
 field name, with a per-suite entry where one name means different things in different suites
-(``sizes_bytes`` is a copy in bandwidth, a message in collectives). tests/test_app_bench_params.py
+(``sizes_bytes`` is a copy in bandwidth, a message in collectives). tests/app/test_app_bench_params.py
 fails when a suite gains a field this table does not describe.
 """
 from __future__ import annotations

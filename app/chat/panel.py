@@ -15,11 +15,11 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog
                                QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter,
                                QVBoxLayout, QWidget)
 
-from opscope.app import settings
+from opscope.app.ui import settings
 from opscope.app.chat.session import ChatSession, Turn, format_stats
 from opscope.app.chat.transcript import ChatTranscript
-from opscope.app.notify import export_guard
-from opscope.app.widgets import shrinkable
+from opscope.app.ui.notify import export_guard
+from opscope.app.ui.widgets import shrinkable
 
 # Prompt tokens per forward pass: small enough that a long conversation shows prompt progress
 # moving, large enough that the extra passes cost little.

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from opscope.engine.events import stats_from_times
+from opscope.engine import stats_from_times
 
-from opscope.app.engine_client import EngineClient, Job
-from opscope.app.protocol import ChatRequest
+from opscope.app.ui.engine_client import EngineClient, Job
+from opscope.app.worker.protocol import ChatRequest
 
 # What a queued chat message waits for, by the kind of the job ahead of it.
 WAIT_TEXT = {"load": "waiting for the model to load", "bench": "waiting for the benchmark to finish",
@@ -60,7 +60,7 @@ def _energy(stats: dict, num) -> str:
     if not source:
         return ""
     if source.startswith("N/A"):
-        from opscope.engine.energy import short_reason
+        from opscope.engine import energy_short_reason as short_reason
 
         return f" · energy N/A ({short_reason(source)})"
     return f" · {num('prefill_j_per_token', '.3g')} J/tok prefill, {num('decode_j_per_token', '.3g')} J/tok decode"

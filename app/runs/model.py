@@ -9,7 +9,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from opscope.app import qt_compat  # noqa: F401  (must run before any emit)
+from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class RunsModel(QObject):
     @property
     def store(self):
         if self._store is None:
-            from opscope.engine.store import RunStore
+            from opscope.engine import RunStore
 
             self._store = RunStore.open(self.db_url)
         return self._store
@@ -47,7 +47,7 @@ class RunsModel(QObject):
 
     @property
     def display_url(self) -> str:
-        from opscope.engine.store import db
+        from opscope.engine import store_db as db
 
         return db.display_url(db.resolve_url(self.db_url))
 
@@ -55,7 +55,7 @@ class RunsModel(QObject):
         """Open the store at ``url`` (an SQLite file or any SQLAlchemy URL) and show its runs. The new
         store is opened (and migrated) before the old one closes: on failure the old one stays and the
         error (an engine StoreError/ConfigError with the reason) propagates. Returns its display URL."""
-        from opscope.engine.store import RunStore
+        from opscope.engine import RunStore
 
         new = RunStore.open(url.strip())
         self.close()
@@ -66,8 +66,8 @@ class RunsModel(QObject):
 
     def push(self, run_ids: list[int], url: str):
         """Copy runs to the store at ``url`` (engine.store.push); returns its PushReport."""
-        from opscope.engine.store import RunStore
-        from opscope.engine.store.push import push_runs
+        from opscope.engine import RunStore
+        from opscope.engine import push_runs
 
         with RunStore.open(url.strip()) as target:
             return push_runs(self.store, run_ids, target)
@@ -89,7 +89,7 @@ class RunsModel(QObject):
         return self.store.load(run_id)
 
     def compare(self, run_ids: list[int]):
-        from opscope.engine.store.compare import compare
+        from opscope.engine import compare
 
         return compare([self.store.load(i) for i in run_ids])
 
@@ -111,7 +111,7 @@ class RunsModel(QObject):
 
     def export(self, run_id: int, path: str | Path) -> Path:
         """JSON (``.json``) or CSV (``.csv``) of one run, as `opscope runs export` writes them."""
-        from opscope.engine.store.convert import export_csv
+        from opscope.engine import export_csv
 
         path = Path(path)
         if path.suffix.lower() == ".csv":

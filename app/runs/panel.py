@@ -7,14 +7,14 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxL
                                QInputDialog, QLabel, QLineEdit, QMessageBox, QPushButton, QSizePolicy, QSplitter,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
-from opscope.app.notify import export_guard
+from opscope.app.ui.notify import export_guard
 from opscope.app.runs.model import RunRow, RunsModel
 from opscope.app.runs.roofline import RooflineView
 from opscope.app.runs.views import CompareView, RunDetailView
-from opscope.app.tables import fit_columns
+from opscope.app.ui.tables import fit_columns
 
 COLUMNS = ("id", "name", "suite", "status", "quality", "tags", "model", "device", "created", "duration", "metrics")
-RUN_COLUMN_MAX_PX = 170  # a capped cell shows its whole text as a tooltip (app/tables.py)
+RUN_COLUMN_MAX_PX = 170  # a capped cell shows its whole text as a tooltip (app/ui/tables.py)
 
 
 class _SortItem(QTableWidgetItem):
@@ -30,7 +30,7 @@ class _SortItem(QTableWidgetItem):
 
 def _quality_cell(quality: str | None) -> tuple[str, int]:
     """Text and sort key (best first) of a run's quality (engine.bench.quality); "–" when unknown."""
-    from opscope.engine.bench.quality import QUALITIES
+    from opscope.engine import QUALITIES
 
     return (quality or "–", QUALITIES.index(quality) if quality in QUALITIES else len(QUALITIES))
 
@@ -260,7 +260,7 @@ class RunsPanel(QWidget):
             self._error("Select two or more runs to compare (Ctrl+click); the oldest one is the baseline.")
             return
         runs = [self.model.load(i) for i in ids]
-        from opscope.engine.store.compare import compare
+        from opscope.engine import compare
 
         self.compare_view.show_comparison(compare(runs), runs)
         self.tabs.setCurrentWidget(self.compare_view)
@@ -301,7 +301,7 @@ class RunsPanel(QWidget):
                     self.model.export(ids[0], path)
 
     def _guard(self, action) -> None:
-        from opscope.engine.errors import EngineError
+        from opscope.engine import EngineError
 
         try:
             action()

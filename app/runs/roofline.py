@@ -10,8 +10,8 @@ from PySide6.QtCore import QRectF, QTimer, Signal
 from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
-from opscope.app.notify import export_guard
-from opscope.app.widgets import engineering_log_axis, wrapped_key
+from opscope.app.ui.notify import export_guard
+from opscope.app.ui.widgets import engineering_log_axis, wrapped_key
 
 _ROOF_COLOURS = ("#c0392b", "#2980b9", "#8e44ad", "#16a085")
 _POINT_COLOUR = "#3182ce"
@@ -56,8 +56,8 @@ class RooflineView(QWidget):
     def show_run(self, stored) -> bool:
         """Draws ``stored`` (engine.store StoredRun); False (and says why) for a run it cannot place.
         Computes here, on the calling thread (it may import torch): the GUI uses compute()."""
-        from opscope.engine.bench import roofline
-        from opscope.engine.errors import EngineError
+        from opscope.engine import roofline
+        from opscope.engine import EngineError
 
         try:
             roof = roofline.from_run(stored.result)
@@ -72,7 +72,7 @@ class RooflineView(QWidget):
         torch import stay off the GUI thread: even a GUI-side thread's import of torch holds the GIL
         long enough to freeze the window). Says "computing roofline…" until it comes back, then draws
         it, or says why not on the caption; ``computed`` tells which. Returns the engine Job."""
-        from opscope.app.protocol import RooflineRequest
+        from opscope.app.worker.protocol import RooflineRequest
 
         self._job = job = client.submit(RooflineRequest(run_id, db_url))
         waits = "; it waits for the engine's current job" if client.ahead_of(job) is not None else ""
@@ -82,7 +82,7 @@ class RooflineView(QWidget):
         return job
 
     def _computed(self, job, result: dict) -> None:
-        from opscope.engine.bench.roofline import SUITES, Roofline
+        from opscope.engine import ROOFLINE_SUITES as SUITES, Roofline
 
         if job is not self._job:  # a later request superseded this one
             return
@@ -123,7 +123,7 @@ class RooflineView(QWidget):
         self.export_svg.setEnabled(False)
 
     def _draw(self, roof) -> None:
-        from opscope.engine.bench import roofline
+        from opscope.engine import roofline
 
         # setLogMode plots log10 of the data: give it the raw values
         keys = []
@@ -167,7 +167,7 @@ class RooflineView(QWidget):
 
     def _text_decades(self, roof) -> tuple[float, float]:
         """How many decades a character of a point's name covers across, and a line of it up."""
-        from opscope.engine.bench import roofline
+        from opscope.engine import roofline
 
         (x0, x1), (y0, y1) = roofline.plot_ranges(roof)
         width_px = max(self.plot.width() - 80, 200)  # less the left axis
@@ -189,7 +189,7 @@ class RooflineView(QWidget):
         PNG from this plot."""
         from pathlib import Path
 
-        from opscope.engine.bench import roofline
+        from opscope.engine import roofline
 
         with export_guard(self, "export the roofline", path):
             if path.lower().endswith(".svg"):
@@ -203,7 +203,7 @@ class RooflineView(QWidget):
 def summary_text(roof, short: bool = False) -> str:
     """One line under the plot: each ceiling with its origin, and the ridge point; ``short``:
     each note up to its advice (the whole text is the caption's tooltip)."""
-    from opscope.engine.units import format_rate
+    from opscope.engine import format_rate
 
     parts = [f"{c.kind} ceiling: {c.basis} {format_rate(c.value, 'FLOP/s' if c.kind == 'compute' else 'B/s')} "
              f"({c.origin})" for c in roof.ceilings]
@@ -216,7 +216,7 @@ def summary_text(roof, short: bool = False) -> str:
 def _with_values(label: str, roof) -> str:
     """A roof's key with its ceilings' values, in the ticks' units: "theoretical compute 294.4
     GFLOP/s / measured bandwidth 48.00 GB/s"."""
-    from opscope.engine.units import format_rate
+    from opscope.engine import format_rate
 
     for c in roof.ceilings:
         words = f"{c.basis} {c.kind}"

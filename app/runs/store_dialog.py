@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel,
                                QPushButton, QVBoxLayout, QWidget)
 
-from opscope.app import settings
+from opscope.app.ui import settings
 
 RECENT_KEY = "runs/recent_stores"
 MAX_RECENT = 8

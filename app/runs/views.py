@@ -10,7 +10,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QHeaderView, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
                                QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
 
-from opscope.app.tables import keep_in_view, with_unit
+from opscope.app.ui.tables import keep_in_view, with_unit
 from opscope.app.telemetry.plots import LINE_COLORS
 
 TELEMETRY_PREFERENCE = ("gpu0.util_pct", "host.cpu_pct", "engine.cpu_pct", "engine.rss_bytes")
@@ -28,7 +28,7 @@ def _table(headers: list[str]) -> QTableWidget:
 
 
 def _fill(table: QTableWidget, rows: list[list[str]]) -> None:
-    from opscope.app.tables import fit_columns
+    from opscope.app.ui.tables import fit_columns
 
     table.setRowCount(len(rows))
     for r, cells in enumerate(rows):
@@ -43,7 +43,7 @@ def _finite(samples: list[float]) -> np.ndarray:
 
 def _sample_scale(unit: str, samples: list[float]) -> tuple[float, str]:
     """(divisor, unit label) for showing ``samples``: bytes in the binary unit that fits their median."""
-    from opscope.engine.units import display_scale
+    from opscope.engine import display_scale
 
     values = _finite(samples)
     return display_scale(unit, float(np.median(values)) if len(values) else 0.0)
@@ -72,7 +72,7 @@ def _count_axis(plot: pg.PlotItem, tallest: int) -> None:
 
 def _series_values(series) -> tuple[np.ndarray, str]:
     """A telemetry series' values and unit label, bytes in a binary unit."""
-    from opscope.engine.units import display_scale
+    from opscope.engine import display_scale
 
     values = np.asarray(series.values, dtype=float)
     finite = values[np.isfinite(values)]
@@ -120,7 +120,7 @@ class RunDetailView(QWidget):
         self.metrics.currentCellChanged.connect(lambda row, *_: self.show_metric(row))
 
     def show_run(self, stored) -> None:
-        from opscope.engine.bench.stats import summarize
+        from opscope.engine import summarize
 
         self.run = stored
         info, result = stored.info, stored.result
@@ -226,7 +226,7 @@ class CompareView(QWidget):
             self.show_row(0)
 
     def _fill_table(self, comparison, names: list[str]) -> None:
-        from opscope.engine.store.render import cell_text, delta_text, disturbed_text
+        from opscope.engine import cell_text, delta_text, disturbed_text
 
         headers = ["metric", "unit"] + names + [f"Δ {n}" for n in names[1:]]
         self.table.setColumnCount(len(headers))

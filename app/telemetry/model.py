@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QObject, Signal
 
-from opscope.app import qt_compat  # noqa: F401  (must run before any emit)
+from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
 from opscope.app.telemetry.source import EngineProcessSource
-from opscope.engine.clock import now_ns
-from opscope.engine.results import Marker, TelemetrySeries
-from opscope.engine.telemetry import Sampler, default_sources, write_csv
+from opscope.engine import now_ns
+from opscope.engine import Marker, TelemetrySeries
+from opscope.engine import Sampler, default_sources, write_csv
 
 GPU_ENTITY = re.compile(r"^((?:gpu|amd)\d+)\.")
 MAX_PHASES = 20_000  # bench_iter marks every repetition; older bands fall off the end

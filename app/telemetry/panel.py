@@ -13,14 +13,14 @@ from PySide6.QtGui import QColor, QFontMetrics
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QMenu, QPushButton,
                                QSizePolicy, QVBoxLayout, QWidget)
 
-from opscope.app.notify import export_guard
+from opscope.app.ui.notify import export_guard
 from opscope.app.telemetry.bands import PhaseBands
 from opscope.app.telemetry.model import TelemetryModel
 from opscope.app.telemetry.plots import (GPU_PLOTS, HOST_PLOTS, LINE_COLORS, REASONS_SUFFIX, PlotSpec, line_scale, lines_for,
                                  reason_names)
-from opscope.app.theme import PHASE_COLORS
-from opscope.app.widgets import shrinkable, wrapped_key
-from opscope.engine.clock import now_ns
+from opscope.app.ui.theme import PHASE_COLORS
+from opscope.app.ui.widgets import shrinkable, wrapped_key
+from opscope.engine import now_ns
 
 WINDOWS_S = (("30 s", 30), ("1 min", 60), ("5 min", 300), ("15 min", 900), ("1 h", 3600))
 MAX_BANDS = 2000  # the newest bands in the window; a long benchmark marks every repetition
@@ -191,7 +191,7 @@ class TelemetryPanel(QWidget):
         self._scale[name] = line_scale(spec, base)
         self._units[name] = spec.unit
         if spec.lanes:
-            from opscope.engine.telemetry.nvml import REASON_BITS
+            from opscope.engine import NVML_REASON_BITS as REASON_BITS
 
             lane = reason_names().index(reason)
             self._lanes[name] = (base, REASON_BITS[lane][0], lane)

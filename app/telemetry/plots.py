@@ -57,7 +57,7 @@ LINE_COLORS = ("#3182ce", "#dd6b20", "#38a169", "#d53f8c", "#805ad5", "#d69e2e",
 
 
 def reason_names() -> list[str]:
-    from opscope.engine.telemetry.nvml import REASON_BITS
+    from opscope.engine import NVML_REASON_BITS as REASON_BITS
 
     return [name for _bit, name in REASON_BITS]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from opscope.engine.telemetry import Source
+from opscope.engine import Source
 
 
 class EngineProcessSource(Source):

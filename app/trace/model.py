@@ -5,8 +5,8 @@ import shutil
 
 from PySide6.QtCore import QObject, Signal
 
-from opscope.app.engine_client import EngineClient, Job
-from opscope.app.protocol import TraceRequest
+from opscope.app.ui.engine_client import EngineClient, Job
+from opscope.app.worker.protocol import TraceRequest
 from opscope.app.trace.ops_model import OpTableModel
 
 

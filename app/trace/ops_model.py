@@ -11,8 +11,8 @@ import numpy as np
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtGui import QColor
 
-from opscope.app.status import format_bytes
-from opscope.app.theme import device_color
+from opscope.app.ui.status import format_bytes
+from opscope.app.ui.theme import device_color
 
 # (column key, header, format)
 COLUMNS = (("seq", "#", "{}"), ("op", "op", "{}"), ("kind", "class", "{}"), ("direction", "dir", "{}"),

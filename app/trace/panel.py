@@ -9,13 +9,13 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHea
                                QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSizePolicy, QSpinBox,
                                QSplitter, QTableView, QTextBrowser, QVBoxLayout, QWidget)
 
-from opscope.app.notify import export_guard
-from opscope.app.protocol import TraceRequest
-from opscope.app.tables import keep_in_view, refit
+from opscope.app.ui.notify import export_guard
+from opscope.app.worker.protocol import TraceRequest
+from opscope.app.ui.tables import keep_in_view, refit
 from opscope.app.trace.ops_model import COLUMNS as OP_COLUMNS, ELASTIC, HIDDEN_BY_DEFAULT
 from opscope.app.trace.model import TraceModel
 from opscope.app.trace.timeline import TraceTimeline
-from opscope.app.widgets import shrinkable
+from opscope.app.ui.widgets import shrinkable
 
 SIMULATE = (("as loaded (its own device)", ""), ("simulated accelerator (meta)", "meta"))
 SEVERITY_MARK = {"high": "●", "medium": "◐", "low": "○"}

@@ -118,8 +118,8 @@ class ScriptTraceDialog(QDialog):
         self.report_ready.emit(result)
 
     def _fill_runs(self) -> None:
-        from opscope.engine.errors import EngineError
-        from opscope.engine.store import RunStore
+        from opscope.engine import EngineError
+        from opscope.engine import RunStore
 
         try:
             with RunStore.open(self.db_url) as store:
@@ -134,7 +134,7 @@ class ScriptTraceDialog(QDialog):
 
     def diff_text(self, other: str) -> str:
         """The diff of ``other`` (A, before) against the run just traced (B, after)."""
-        from opscope.engine.trace import runs
+        from opscope.engine import trace_runs as runs
 
         (name_a, a), (name_b, b) = runs.load_summaries([other, self.last_run], self.db_url)
         return runs.render_diff(runs.diff(a, b), name_a, name_b)
@@ -142,7 +142,7 @@ class ScriptTraceDialog(QDialog):
     def show_diff(self) -> None:
         other = self.compare_with.currentData()
         if other and self.last_run:
-            from opscope.engine.errors import EngineError
+            from opscope.engine import EngineError
 
             try:
                 self.output.setPlainText(self.diff_text(other))

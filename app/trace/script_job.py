@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from opscope.app import qt_compat  # noqa: F401  (must run before any emit)
+from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ class ScriptTraceRequest:
     def argv(self, folder: Path) -> list[str]:
         db = ["--db", self.db_url] if self.db_url else []
         target = ["--target", self.target] if self.target else []
-        return ["-m", "opscope.engine.cli", *db, "trace", *target, "--report", str(folder / "report.json"),
+        return ["-m", "opscope.engine.cli.main", *db, "trace", *target, "--report", str(folder / "report.json"),
                 "--jsonl", str(folder / "ops.jsonl"), "--out", str(folder / "trace.perfetto.json"),
                 "--", "python", self.script, *shlex.split(self.args)]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
-from opscope.app.theme import DEVICE_COLORS, device_color
+from opscope.app.ui.theme import DEVICE_COLORS, device_color
 
 LANE_WIDTH_PX = 10
 EMPTY_TITLE = "No trace yet: each op will show here as a bar on its device's lane"

@@ -11,7 +11,7 @@ import functools
 from typing import Any, Callable
 
 from opscope.engine.backends.protocol import DeviceInfo, OPTIONAL_MEMBERS
-from opscope.engine.errors import BackendError, EngineError
+from opscope.engine.core.errors import BackendError, EngineError
 
 
 def call_guarded(plugin_name: str, what: str, fn: Callable, *args, **kwargs):

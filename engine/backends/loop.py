@@ -11,11 +11,13 @@ from __future__ import annotations
 import threading
 from typing import Iterator, Protocol
 
-from opscope.engine import energy, markers
-from opscope.engine.clock import now_ns
-from opscope.engine.decode_book import DecodeBook, decode_events
-from opscope.engine.errors import ConfigError
-from opscope.engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted
+from opscope.engine.telemetry import energy
+
+from opscope.engine.core import markers
+from opscope.engine.core.clock import now_ns
+from opscope.engine.generation.decode_book import DecodeBook, decode_events
+from opscope.engine.core.errors import ConfigError
+from opscope.engine.generation.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted
 
 
 class Stepper(Protocol):
@@ -35,7 +37,7 @@ class Stepper(Protocol):
 
 def text_stream(tokenizer, stop: tuple[str, ...]):
     """The engine's stop-string and UTF-8 hold-back logic, so every backend cuts text alike."""
-    from opscope.engine.textstream import TextStream
+    from opscope.engine.generation.textstream import TextStream
 
     return TextStream(tokenizer, stop)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from opscope.engine.backends.guard import GuardedBackend
 from opscope.engine.backends.protocol import API_VERSION, DeviceInfo, capabilities, missing_members
 from opscope.engine.backends.settings import disabled_plugins
-from opscope.engine.errors import BackendError, EngineError
+from opscope.engine.core.errors import BackendError, EngineError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from opscope.engine.errors import ConfigError
+from opscope.engine.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

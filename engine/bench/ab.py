@@ -16,13 +16,13 @@ from datetime import datetime
 from itertools import zip_longest
 from typing import Any, Callable
 
-from opscope.engine.bench.options import BenchOptions, SuitePlan
-from opscope.engine.bench.runner import AB_LABELS, PointOutcome, ProgressFn, measure_pair, measure_point
+from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
+from opscope.engine.bench.measure.runner import AB_LABELS, PointOutcome, ProgressFn, measure_pair, measure_point
 from opscope.engine.bench.session import RunSink, _finish, _new_result, _status
 from opscope.engine.bench.suites import get_suite
-from opscope.engine.clock import now_ns
-from opscope.engine.errors import Cancelled, ConfigError
-from opscope.engine.results import Metric, RunResult
+from opscope.engine.core.clock import now_ns
+from opscope.engine.core.errors import Cancelled, ConfigError
+from opscope.engine.core.results import Metric, RunResult
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ def load_average() -> tuple[float, float, float]:
 
 
 def _opscope_matmul(n: int, dtype: str, min_time_s: float) -> float:
-    from opscope.engine.bench.runner import RunnerConfig, measure_point
+    from opscope.engine.bench.measure.runner import RunnerConfig, measure_point
     from opscope.engine.bench.suites.matmul import make_point
 
     cfg = RunnerConfig(warmup=2, min_reps=10, min_time_s=min_time_s)
@@ -80,7 +80,7 @@ def matmul(n: int, dtype: str = "float32", rounds: int = 5, min_time_s: float = 
     preemptions (and disturbed ones are re-run), blocked_autorange's 10-100 ms blocks average the
     time slices away (measured at load average 5 on 2 cores: 158 vs 54 GFLOP/s). Hence
     ``other_cores``: agreement is a claim about a quiet machine."""
-    from opscope.engine.cpuload import OtherLoad
+    from opscope.engine.core.cpuload import OtherLoad
 
     load = OtherLoad()
     ours, theirs = [], []
@@ -118,7 +118,7 @@ def llama_bench(model: Path, binary: Path, pp: int = 512, tg: int = 128, reps: i
     import torch
 
     from opscope.engine.bench import llama_bench as lb
-    from opscope.engine.cpuload import OtherLoad
+    from opscope.engine.core.cpuload import OtherLoad
 
     threads = threads or torch.get_num_threads()
     lb.run(binary, model, min(pp, 16), min(tg, 4), threads, 1)  # page cache and CPU state, not timed
@@ -156,7 +156,7 @@ NO_RERUN = float(os.cpu_count() or 1) + 1.0
 def _peers_round(model: Path, binary: Path, pp: int, tg: int, reps: int, threads: int) -> dict[str, float]:
     """One peers-suite run (OpScope and llama-bench interleaved, as a user runs it): the median tok/s
     of its llama_bench samples per test."""
-    from opscope.engine.bench.options import BenchOptions
+    from opscope.engine.bench.measure.options import BenchOptions
     from opscope.engine.bench.session import run_suite
     from opscope.engine.bench.suites import get_suite
 

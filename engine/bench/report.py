@@ -8,11 +8,11 @@ from typing import IO, Iterator
 
 from rich.markup import escape
 
-from opscope.engine.bench.quality import DISTURBED, LEGEND, run_summary
-from opscope.engine.bench.stats import summarize
-from opscope.engine.bench.utilisation import over_ceiling, unit_label
-from opscope.engine.results import Metric, RunResult
-from opscope.engine.units import BYTE_UNITS, display_scale, format_rate, significant
+from opscope.engine.bench.measure.quality import DISTURBED, LEGEND, run_summary
+from opscope.engine.bench.measure.stats import summarize
+from opscope.engine.bench.ceilings.utilisation import over_ceiling, unit_label
+from opscope.engine.core.results import Metric, RunResult
+from opscope.engine.core.units import BYTE_UNITS, display_scale, format_rate, significant
 
 
 def _fmt(v: float) -> str:

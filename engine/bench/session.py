@@ -12,14 +12,14 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol
 
-from opscope.engine.bench import fingerprint
-from opscope.engine.bench.memory import peak_unit_note
-from opscope.engine.bench.options import BenchOptions, SuitePlan
-from opscope.engine.bench.quality import worst
-from opscope.engine.bench.runner import ProgressFn, run_points
+from opscope.engine.core import fingerprint
+from opscope.engine.bench.measure.memory import peak_unit_note
+from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
+from opscope.engine.bench.measure.quality import worst
+from opscope.engine.bench.measure.runner import ProgressFn, run_points
 from opscope.engine.bench.suites import get_suite
-from opscope.engine.errors import Cancelled
-from opscope.engine.results import Metric, RunResult
+from opscope.engine.core.errors import Cancelled
+from opscope.engine.core.results import Metric, RunResult
 
 log = logging.getLogger(__name__)
 

@@ -282,7 +282,7 @@ def rank_sweep(cfg: SweepConfig) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from opscope.engine.bench import fingerprint
+    from opscope.engine.core import fingerprint
     from opscope.engine.distributed.ranks import clock_alignment
 
     device = _rank_device(torch, dist)

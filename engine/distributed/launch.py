@@ -35,8 +35,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from opscope.engine.cli_args import Terminated
-from opscope.engine.errors import Cancelled, ConfigError, DistributedError
+from opscope.engine.core.errors import Terminated
+from opscope.engine.core.errors import Cancelled, ConfigError, DistributedError
 
 log = logging.getLogger(__name__)
 

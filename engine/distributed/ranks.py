@@ -136,7 +136,7 @@ def write_tp_trace(spans_by_rank: dict[int, dict[str, Any]], path) -> Path:
 def tp_markers(spans_by_rank: dict[int, dict[str, Any]]):
     """Each rank's forwards ("forward") and its newest all_reduces ("all_reduce", at most
     MAX_ALLREDUCE_MARKERS over all ranks) as start/end markers on rank 0's clock, carrying the rank."""
-    from opscope.engine.results import Marker
+    from opscope.engine.core.results import Marker
 
     out = []
     per_rank = MAX_ALLREDUCE_MARKERS // max(1, len(spans_by_rank))

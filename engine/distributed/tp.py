@@ -21,7 +21,7 @@ from bisect import bisect_left
 import torch
 import torch.nn as nn
 
-from opscope.engine.errors import ConfigError
+from opscope.engine.core.errors import ConfigError
 
 __all__ = ["CommMeter", "check_tp", "shard_model", "shard_linear"]
 

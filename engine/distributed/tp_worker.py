@@ -21,8 +21,8 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from opscope.engine.cli_args import Terminated
-from opscope.engine.errors import Cancelled, ConfigError, DeviceError, EngineError
+from opscope.engine.core.errors import Terminated
+from opscope.engine.core.errors import Cancelled, ConfigError, DeviceError, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def tp_main(job: TPJob, task: Callable, task_args: tuple) -> Any:
 def load_sharded(job: TPJob, rank: int, world: int):
     """This rank's LoadedModel (plain torch model, dense weights) split for tensor parallelism."""
     from opscope.engine.distributed.tp import CommMeter, shard_model
-    from opscope.engine.loaded import load_plain
+    from opscope.engine.generation.loaded import load_plain
 
     device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if job.device.startswith("cuda") else job.device
     threads = job.threads or max(1, (os.cpu_count() or 1) // world)  # the ranks share the machine's cores

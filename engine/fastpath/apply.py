@@ -6,7 +6,7 @@ import logging
 import torch.nn as nn
 
 from opscope.engine.fastpath.options import FastPathOptions
-from opscope.engine.kernels import KernelBuildError, pack, supported
+from opscope.engine.fastpath.kernels import KernelBuildError, pack, supported
 
 log = logging.getLogger(__name__)
 

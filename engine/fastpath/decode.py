@@ -23,7 +23,7 @@ def _spec(mod) -> tuple:
     """(qtype, qs, d, m, bias) of a QuantLinear/QuantEmbedding; a dense float32 embedding as raw F32 rows."""
     if isinstance(mod, (QuantLinear, QuantEmbedding)):
         return mod.spec()
-    from opscope.engine.kernels.packing import QTYPE_RAW, RAW_TYPES
+    from opscope.engine.fastpath.kernels.packing import QTYPE_RAW, RAW_TYPES
 
     w = mod.weight.detach().contiguous()
     return (QTYPE_RAW + RAW_TYPES["F32"][0], w.view(torch.uint8), None, None, None)
@@ -43,7 +43,7 @@ def fusable(model) -> bool:
 
 def build_step(model, act_mode: int):
     """The C++ DecodeModel over ``model``'s packed weights (norms, embedding and rope shared)."""
-    from opscope.engine.kernels import load_kernels
+    from opscope.engine.fastpath.kernels import load_kernels
 
     cfg = model.config
     step = load_kernels().DecodeModel(cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_dim,

@@ -13,12 +13,12 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from opscope.engine import markers
-from opscope.engine.clock import now_ns
-from opscope.engine.errors import ModelFormatError
+from opscope.engine.core import markers
+from opscope.engine.core.clock import now_ns
+from opscope.engine.core.errors import ModelFormatError
 from opscope.engine.fastpath.apply import quantize_linears, weight_bytes
 from opscope.engine.fastpath.options import FastPathOptions
-from opscope.engine.kernels import KernelBuildError, load_kernels, pack, supported
+from opscope.engine.fastpath.kernels import KernelBuildError, load_kernels, pack, supported
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def build_quantized(source, options: FastPathOptions, attention: str = "sdpa"):
     """A Transformer on the CPU in float32 whose linears are QuantLinear and whose embedding is a
     QuantEmbedding, built from ``source``; only the norms (and biases) are dense."""
     from opscope.engine.fastpath import decode
-    from opscope.engine.models.llama import Transformer
+    from opscope.engine.models.transformer import Transformer
 
     cfg = source.config
     with torch.device("meta"):
@@ -90,7 +90,7 @@ def load(model=None, options: FastPathOptions = FastPathOptions(), *, attention:
     (``options.on_error="fallback"``)."""
     from opscope.engine.fastpath.apply import apply
     from opscope.engine.formats import open_model
-    from opscope.engine.loaded import LoadedModel, LoadOptions, load_plain
+    from opscope.engine.generation.loaded import LoadedModel, LoadOptions, load_plain
 
     if threads is not None:
         torch.set_num_threads(threads)

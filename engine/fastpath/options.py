@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from opscope.engine.errors import ConfigError
-from opscope.engine.textparse import parse_bool
+from opscope.engine.core.errors import ConfigError
+from opscope.engine.core.textparse import parse_bool
 
 WEIGHTS = ("q", "dense")  # q: GGUF blocks kept quantized (fused kernels); dense: the model as loaded
 ACTIVATIONS = ("f32", "q8")  # decode matvec: exact fp32 activations, or int8 activations (llama.cpp's)

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
-from opscope.engine.kernels import KernelBuildError, PackedWeight, dequantize_reference, load_kernels
+from opscope.engine.fastpath.kernels import KernelBuildError, PackedWeight, dequantize_reference, load_kernels
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def ensure_op() -> None:
 
 def _raw_has_q8(ggml_type: str) -> bool:
     """Whether the kernels built here run raw blocks of ``ggml_type`` with int8 activations."""
-    from opscope.engine.kernels.packing import RAW_TYPES
+    from opscope.engine.fastpath.kernels.packing import RAW_TYPES
 
     try:
         return bool(load_kernels().raw_has_q8(RAW_TYPES[ggml_type][0]))
@@ -195,7 +195,7 @@ def install_prefill_kernels(model: nn.Module, enabled: bool = True) -> None:
     them back: benchmarks' A/B): a one-pass RMSNorm (``opscope::rms_norm``), and at prefill RoPE, the
     KV-cache write and causal attention as one op (``opscope::prefill_attn``: no q/k/v transposes,
     no RoPE temporaries, its output already in o_proj's layout)."""
-    from opscope.engine.models.llama import Attention, RMSNorm
+    from opscope.engine.models.transformer import Attention, RMSNorm
 
     for mod in model.modules():
         if isinstance(mod, RMSNorm):

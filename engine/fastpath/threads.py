@@ -29,7 +29,7 @@ def physical_cores() -> list[int]:
 
 def pin_threads() -> list[int]:
     """Bind torch's threads to distinct physical cores; returns the cpu each thread got (-1: not bound)."""
-    from opscope.engine.kernels import load_kernels
+    from opscope.engine.fastpath.kernels import load_kernels
 
     cores = physical_cores()
     bound = list(load_kernels().pin_threads(cores))

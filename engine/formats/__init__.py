@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opscope.engine.errors import BadMagic, ModelFormatError
+from opscope.engine.core.errors import BadMagic, ModelFormatError
 from opscope.engine.formats.files import PICKLE_SUFFIXES
 
 __all__ = ["open_model", "check_model_path", "ModelSource"]
@@ -22,7 +22,7 @@ def open_model(path: str | Path | None = None):
     """The source of ``path`` (None: the embedded default model): a .gguf file, one .safetensors
     file (config.json and tokenizer files beside it), or a Hugging Face directory. A file path loads
     exactly that file or fails; nothing else in its directory is tried in its place."""
-    from opscope.engine.defaults import default_model_path
+    from opscope.engine.core.defaults import default_model_path
     from opscope.engine.formats.files import is_pickle, refuse_pickle
 
     p = Path(path).expanduser() if path is not None else default_model_path()
@@ -69,9 +69,9 @@ def _check_holds_model(p: Path) -> None:
 
 def _gguf(p: Path):
     from opscope.engine.formats.gguf_source import GGUFSource
-    from opscope.engine.tokenizer import from_gguf
+    from opscope.engine.tokenizer.loader import from_gguf
 
-    from opscope.engine.errors import WrongMetadataType
+    from opscope.engine.core.errors import WrongMetadataType
     from opscope.engine.formats.tokenizer_checks import check_gguf_merges
 
     src = GGUFSource(p)
@@ -85,7 +85,7 @@ def _gguf(p: Path):
 
 def _hf(p: Path, only: Path | None = None):
     from opscope.engine.formats.hf_source import HFDirSource
-    from opscope.engine.tokenizer import from_hf_dir
+    from opscope.engine.tokenizer.loader import from_hf_dir
 
     if only is None and not (p / "config.json").is_file():
         ggufs = sorted(p.glob("*.gguf"))

@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from opscope.engine.errors import (DuplicateEntry, LimitExceeded, NotARegularFile, Truncated, UnsafeFormat,
+from opscope.engine.core.errors import (DuplicateEntry, LimitExceeded, NotARegularFile, Truncated, UnsafeFormat,
                                   WrongMetadataType)
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from opscope.engine.errors import (BadMagic, DuplicateEntry, LimitExceeded, ModelFormatError, TensorMisaligned,
+from opscope.engine.core.errors import (BadMagic, DuplicateEntry, LimitExceeded, ModelFormatError, TensorMisaligned,
                            TensorOutOfBounds, TensorOverlap, Truncated, UnsupportedModelError,
                            UnsupportedVersion, WrongMetadataType, _printable)
 from opscope.engine.formats import gguf_spec

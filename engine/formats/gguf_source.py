@@ -9,7 +9,7 @@ from typing import Iterator
 
 import numpy as np
 
-from opscope.engine.errors import MissingMetadata, MissingTensor, UnsupportedModelError
+from opscope.engine.core.errors import MissingMetadata, MissingTensor, UnsupportedModelError
 from opscope.engine.formats.gguf_header import TensorEntry, read_gguf_header
 from opscope.engine.formats.gguf_tensors import check_tensor_shapes, check_vocabulary
 from opscope.engine.models.config import ModelConfig
@@ -17,7 +17,7 @@ from opscope.engine.models.config import ModelConfig
 log = logging.getLogger(__name__)
 
 # Types we read: the dense path dequantizes them with the gguf package (numpy), the CPU fast path
-# has a kernel for each (engine/kernels). F32 holds norms (and the odd dense weight).
+# has a kernel for each (engine/fastpath/kernels). F32 holds norms (and the odd dense weight).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opscope.engine.errors import InvalidHyperparameters, WrongMetadataType
+from opscope.engine.core.errors import InvalidHyperparameters, WrongMetadataType
 
 INT, FLOAT, STR, BOOL = "integer", "float", "string", "bool"
 # GGUF value type id → kind

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from opscope.engine.errors import InvalidHyperparameters, MissingTensor
+from opscope.engine.core.errors import InvalidHyperparameters, MissingTensor
 
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 

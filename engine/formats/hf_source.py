@@ -9,7 +9,7 @@ from typing import Iterator
 
 import numpy as np
 
-from opscope.engine.errors import (MissingMetadata, MissingTensor, ModelFormatError, UnsafeFormat,
+from opscope.engine.core.errors import (MissingMetadata, MissingTensor, ModelFormatError, UnsafeFormat,
                                   WrongMetadataType)
 from opscope.engine.formats.files import PICKLE_SUFFIXES, json_type, read_json_object, refuse_pickle
 from opscope.engine.formats.gguf_spec import article

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from opscope.engine.errors import (BadMagic, DuplicateEntry, InvalidHyperparameters, LimitExceeded, MissingTensor,
+from opscope.engine.core.errors import (BadMagic, DuplicateEntry, InvalidHyperparameters, LimitExceeded, MissingTensor,
                                   TensorOutOfBounds, TensorOverlap, Truncated, WrongMetadataType)
 from opscope.engine.formats.files import check_regular_file, unique_keys
 

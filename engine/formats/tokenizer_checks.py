@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from opscope.engine.errors import InvalidHyperparameters, LimitExceeded, MissingMetadata, WrongMetadataType
+from opscope.engine.core.errors import InvalidHyperparameters, LimitExceeded, MissingMetadata, WrongMetadataType
 
 TOKEN_TYPES = range(0, 7)  # llama_token_type: undefined, normal, unknown, control, user-defined, unused, byte
 REGEX_FIX = ("its regular expression can backtrack exponentially (a quantified group holding an unbounded "

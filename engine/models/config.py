@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from opscope.engine.errors import InvalidHyperparameters, UnsupportedModelError
+from opscope.engine.core.errors import InvalidHyperparameters, UnsupportedModelError
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")

@@ -6,8 +6,8 @@ import logging
 import numpy as np
 import torch
 
-from opscope.engine.errors import ModelFormatError
-from opscope.engine.models.llama import Transformer
+from opscope.engine.core.errors import ModelFormatError
+from opscope.engine.models.transformer import Transformer
 
 log = logging.getLogger(__name__)
 

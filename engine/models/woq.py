@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from opscope.engine.errors import ConfigError
+from opscope.engine.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from opscope.engine.bench.stats import (DEFAULT_CONFIDENCE, Summary, can_reach, geomean, mann_whitney_p,
+from opscope.engine.bench.measure.stats import (DEFAULT_CONFIDENCE, Summary, can_reach, geomean, mann_whitney_p,
                                 min_p_value, min_samples_per_side, summarize)
-from opscope.engine.bench.quality import DISTURBED
-from opscope.engine.bench.utilisation import PEAK_PARAMS, over_ceiling
-from opscope.engine.errors import ConfigError
-from opscope.engine.results import Metric
+from opscope.engine.bench.measure.quality import DISTURBED
+from opscope.engine.bench.ceilings.utilisation import PEAK_PARAMS, over_ceiling
+from opscope.engine.core.errors import ConfigError
+from opscope.engine.core.results import Metric
 from opscope.engine.store.convert import RunInfo, StoredRun
 
 DEFAULT_ALPHA = 0.05
@@ -290,7 +290,7 @@ def interleaved_pair(runs: Sequence[StoredRun]) -> bool:
 
 def _drift_note(runs: Sequence[StoredRun]) -> list[str]:
     """For runs taken one after the other: drift between them can exceed the change measured."""
-    from opscope.engine.bench.quality import max_other_cores
+    from opscope.engine.bench.measure.quality import max_other_cores
 
     if interleaved_pair(runs) or not all(r.result.metrics for r in runs):
         return []

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from opscope.engine import json_output
-from opscope.engine.results import Marker, Metric, RunResult, TelemetrySeries
+from opscope.engine.core import json_output
+from opscope.engine.core.results import Marker, Metric, RunResult, TelemetrySeries
 from opscope.engine.store.schema import MarkerRow, MetricRow, RunRow, TelemetryRow
 
 EXPORT_FORMAT = "opscope-run/1"
@@ -102,7 +102,7 @@ def _iso(value: datetime | None) -> str | None:
 
 def export_dict(stored: StoredRun) -> dict:
     """Everything about a run, JSON-able, with each metric's summary next to its raw samples."""
-    from opscope.engine.bench.stats import summarize
+    from opscope.engine.bench.measure.stats import summarize
 
     info, result = stored.info, stored.result
     return {

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SAWarning, SQLAlchemyError
 
-from opscope.engine.errors import StoreError
+from opscope.engine.core.errors import StoreError
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from opscope.engine.errors import ConfigError, RunNotFoundError
+from opscope.engine.core.errors import ConfigError, RunNotFoundError
 
 log = logging.getLogger(__name__)
 

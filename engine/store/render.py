@@ -7,10 +7,10 @@ import json
 import math
 from typing import Any
 
-from opscope.engine import json_output
-from opscope.engine.bench.stats import NOISE_THRESHOLD_PCT, PERCENTILE_METHOD
+from opscope.engine.core import json_output
+from opscope.engine.bench.measure.stats import NOISE_THRESHOLD_PCT, PERCENTILE_METHOD
 from opscope.engine.store.compare import MIN_SAMPLES, Cell, Comparison, Delta, Row, Section
-from opscope.engine.units import BYTE_UNITS, format_bytes
+from opscope.engine.core.units import BYTE_UNITS, format_bytes
 
 FORMATS = ("text", "markdown", "csv", "json")
 FEW_MARK, NOISY_MARK, DISTURBED_MARK = "¹", "²", "³"
@@ -122,7 +122,7 @@ def _setting_text(key: str, value) -> str:
         return "—"
     named_bytes = "bytes" in key.rsplit(".", 1)[-1].split("_")  # rss_bytes, weights_bytes_per_decode_step
     if named_bytes and isinstance(value, (int, float)) and not isinstance(value, bool):
-        from opscope.engine.units import format_bytes
+        from opscope.engine.core.units import format_bytes
 
         return format_bytes(value)
     return str(value)

@@ -18,9 +18,9 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from opscope.engine.cli_args import RUN_NAME_MAX_CHARS
-from opscope.engine.errors import ConfigError, RunNotFoundError, StoreError
-from opscope.engine.results import Metric, RunResult, TelemetrySeries
+from opscope.engine.core.results import RUN_NAME_MAX_CHARS
+from opscope.engine.core.errors import ConfigError, RunNotFoundError, StoreError
+from opscope.engine.core.results import Metric, RunResult, TelemetrySeries
 from opscope.engine.store import convert, db, owner
 from opscope.engine.store.convert import RunInfo, StoredRun
 from opscope.engine.store.schema import RUN_STATUSES, MetricRow, RunRow, TagRow
@@ -37,7 +37,7 @@ def _now() -> datetime:
 
 def _quality(metrics) -> str | None:
     """A run's quality: the worst of its measured metrics' (Metric or MetricRow)."""
-    from opscope.engine.bench.quality import worst
+    from opscope.engine.bench.measure.quality import worst
 
     return worst(m.quality for m in metrics if m.status == "ok")
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from opscope.engine.bench.quality import DISTURBED, LEGEND, run_summary
-from opscope.engine.bench.stats import PERCENTILE_METHOD, summarize
+from opscope.engine.bench.measure.quality import DISTURBED, LEGEND, run_summary
+from opscope.engine.bench.measure.stats import PERCENTILE_METHOD, summarize
 from opscope.engine.store.convert import RunInfo, StoredRun
-from opscope.engine.bench.utilisation import PEAK_PARAMS, over_ceiling, unit_label
+from opscope.engine.bench.ceilings.utilisation import PEAK_PARAMS, over_ceiling, unit_label
 from opscope.engine.store.render import align_columns, fmt_value
-from opscope.engine.units import display_scale
+from opscope.engine.core.units import display_scale
 
 
 def _duration(info: RunInfo) -> str:

@@ -12,8 +12,8 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence, TextIO
 
-from opscope.engine.errors import ConfigError
-from opscope.engine.results import Marker, TelemetrySeries
+from opscope.engine.core.errors import ConfigError
+from opscope.engine.core.results import Marker, TelemetrySeries
 from opscope.engine.telemetry.summary import PhaseSummary
 
 

@@ -16,9 +16,9 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from opscope.engine import markers as engine_markers
-from opscope.engine.clock import now_ns
-from opscope.engine.results import Marker, RunResult, TelemetrySeries
+from opscope.engine.core import markers as engine_markers
+from opscope.engine.core.clock import now_ns
+from opscope.engine.core.results import Marker, RunResult, TelemetrySeries
 from opscope.engine.telemetry.summary import PhaseSummary, pair_phases, summarize
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from opscope.engine.clock import now_ns
-from opscope.engine.errors import ConfigError
+from opscope.engine.core.clock import now_ns
+from opscope.engine.core.errors import ConfigError
 from opscope.engine.telemetry.base import LogOnce, Snapshot, Source
 from opscope.engine.telemetry.history import History
 

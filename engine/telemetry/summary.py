@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from opscope.engine.results import Marker, TelemetrySeries
+from opscope.engine.core.results import Marker, TelemetrySeries
 
 log = logging.getLogger(__name__)
 

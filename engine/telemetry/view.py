@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from opscope.engine.telemetry.nvml import describe_reasons
-from opscope.engine.units import format_bytes
+from opscope.engine.core.units import format_bytes
 
 Fmt = Callable[[float], str]
 

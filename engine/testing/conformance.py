@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import pytest
 
 from opscope.engine.backends import API_VERSION, DeviceInfo
-from opscope.engine.errors import ConfigError, DeviceError, EngineError, ModelFormatError
-from opscope.engine.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted, Token
+from opscope.engine.core.errors import ConfigError, DeviceError, EngineError, ModelFormatError
+from opscope.engine.generation.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted, Token
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and"
 
@@ -68,7 +68,7 @@ class Run:
 def run_generation(model, prompt=PROMPT, cancel_after: int | None = None, **config) -> Run:
     """Generate with a GenerationConfig built from ``config``; set the cancel event once
     ``cancel_after`` tokens have arrived. Checks the stream's shape before returning it."""
-    from opscope.engine.generation_config import GenerationConfig
+    from opscope.engine.generation.config import GenerationConfig
 
     cancel = threading.Event()
     events = []
@@ -162,7 +162,7 @@ def test_honours_cancel(conformance_model):
 
 
 def test_chat_uses_the_template(conformance_model):
-    from opscope.engine.generation_config import GenerationConfig
+    from opscope.engine.generation.config import GenerationConfig
 
     events = list(conformance_model.chat([{"role": "user", "content": "Say hi."}],
                                          GenerationConfig(max_tokens=2, ignore_eos=True)))

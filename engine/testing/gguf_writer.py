@@ -6,7 +6,7 @@ names per architecture, from a Hugging Face style config and Hugging Face named 
                     num_attention_heads=32, num_key_value_heads=8, vocab_size=32000)
     write_gguf("/tmp/llama-1b.gguf", cfg, types="F16")        # random weights, streamed
 
-Used by the per-architecture contract tests (tests/test_families.py) and synthetic benchmarks. It
+Used by the per-architecture contract tests (tests/engine/models/test_families.py) and synthetic benchmarks. It
 is a test reference, so it follows the converter and the ``gguf`` package, never OpScope's own
 loaders: names come from ``gguf.get_tensor_name_map``, Q/K rows are permuted for llama-arch files
 (interleaved RoPE), Gemma norm weights are stored with the +1 already added, and types are

@@ -22,7 +22,7 @@ _EXPORTS = {
     "chrome_trace": "opscope.engine.trace.export", "write_chrome_trace": "opscope.engine.trace.export",
     "write_jsonl": "opscope.engine.trace.export", "plant": "opscope.engine.trace.variants", "VARIANTS": "opscope.engine.trace.variants",
     "trace_script": "opscope.engine.trace.script", "ScriptSpec": "opscope.engine.trace.script", "parse_command": "opscope.engine.trace.script",
-    "script_report": "opscope.engine.trace.script_cli", "HealthOptions": "opscope.engine.trace.health",
+    "script_report": "opscope.engine.cli.commands.trace_script", "HealthOptions": "opscope.engine.trace.health",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -21,8 +21,8 @@ from typing import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from opscope.engine import markers
-from opscope.engine.clock import now_ns
+from opscope.engine.core import markers
+from opscope.engine.core.clock import now_ns
 from opscope.engine.trace import classify as cls
 from opscope.engine.trace.aggregate import TraceStats
 from opscope.engine.trace.devtime import DeviceTimer, cuda_timer
@@ -30,7 +30,7 @@ from opscope.engine.trace.events import (D2H, H2D, HOST, ON_TARGET, SOURCE_ALL, 
                                  TRANSFER, OpEvent, TraceOptions)
 from opscope.engine.trace.modstack import ModuleStack
 from opscope.engine.trace.source import caller_site, format_site
-from opscope.engine.errors import ConfigError
+from opscope.engine.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

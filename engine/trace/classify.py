@@ -13,7 +13,7 @@ Roles (what an op does, from its name alone; cached per op overload in engine.tr
 """
 from __future__ import annotations
 
-from opscope.engine.errors import ConfigError
+from opscope.engine.core.errors import ConfigError
 from opscope.engine.trace.events import D2D, D2H, FALLBACK, H2D, HOST, MIXED, ON_TARGET, SYNC, TRANSFER
 
 HOST_DEVICE = "cpu"

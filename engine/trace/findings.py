@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from opscope.engine.trace.aggregate import Group, TraceStats
 from opscope.engine.trace.events import D2H, FALLBACK, H2D, MIXED, SYNC, TRANSFER, TraceOptions
 from opscope.engine.trace.modstack import ROOT
-from opscope.engine.units import count_rate
+from opscope.engine.core.units import count_rate
 
 STORM = "storm"
 _ENGINE_LOOP = "(engine loop, outside the model)"

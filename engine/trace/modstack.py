@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from opscope.engine.errors import ConfigError
+from opscope.engine.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from opscope.engine.trace.report import GroupRow, PlacementReport
-from opscope.engine.units import count_rate, format_bytes
+from opscope.engine.core.units import count_rate, format_bytes
 
 MAX_ROWS = 12
 

@@ -9,11 +9,11 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from opscope.engine.errors import ConfigError
-from opscope.engine.results import Metric, RunResult
+from opscope.engine.core.errors import ConfigError
+from opscope.engine.core.results import Metric, RunResult
 from opscope.engine.trace.aggregate import module_pattern
 from opscope.engine.trace.events import DIRECTIONS, ON_TARGET
-from opscope.engine.units import count_rate
+from opscope.engine.core.units import count_rate
 
 RUN_KIND = "trace"
 SUMMARY_VERSION = 1
@@ -66,7 +66,7 @@ def _module_times(events, steady_steps: int) -> dict[str, dict]:
 
 
 def run_result(trace, report, *, name: str = "", settings: dict | None = None, recorder=None) -> RunResult:
-    from opscope.engine.bench import fingerprint
+    from opscope.engine.core import fingerprint
 
     settings = dict(settings or {}, script=trace.spec.label, args=list(trace.spec.args), target=report.target)
     run = RunResult(kind=RUN_KIND, name=name, settings=settings, fingerprint=fingerprint.collect(settings),
@@ -84,7 +84,7 @@ def run_result(trace, report, *, name: str = "", settings: dict | None = None, r
 
 def save(run: RunResult, db: str | None = None) -> tuple[int, str]:
     """Save a trace run; returns (id, name). A missing SQLite store is created, and said so."""
-    from opscope.engine.store.commands import open_store
+    from opscope.engine.store.access import open_store
 
     with open_store(db, write=True) as store:
         run_id = store.save(run)
@@ -92,7 +92,7 @@ def save(run: RunResult, db: str | None = None) -> tuple[int, str]:
 
 
 def load_summaries(refs: list[str], db: str | None = None) -> list[tuple[str, dict]]:
-    from opscope.engine.store.commands import open_store
+    from opscope.engine.store.access import open_store
 
     out = []
     with open_store(db) as store:  # reading creates no store

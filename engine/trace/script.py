@@ -23,9 +23,9 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opscope.engine import markers
-from opscope.engine.clock import now_ns
-from opscope.engine.errors import ConfigError
+from opscope.engine.core import markers
+from opscope.engine.core.clock import now_ns
+from opscope.engine.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def parse_command(words: list[str], cwd: str | None = None) -> ScriptSpec:
         return ScriptSpec(module=rest[1], args=tuple(rest[2:]), cwd=cwd)
     if not rest or rest[0].startswith("-"):
         raise ConfigError(f"expected a script file after python, got {' '.join(rest) or 'nothing'!r} "
-                          f"(interpreter options are not supported; run `python -X ... -m opscope.engine.cli` instead)")
+                          f"(interpreter options are not supported; run `python -X ... -m opscope.engine.cli.main` instead)")
     base = Path(cwd or os.getcwd())
     if not (base / rest[0]).is_file():
         raise ConfigError(f"script {rest[0]} not found (looked in {base})")
@@ -227,7 +227,7 @@ def trace_script(spec: ScriptSpec, options=None, health_options=None) -> ScriptT
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from opscope.engine import userapi
+    from opscope.engine.trace import userapi
     from opscope.engine.trace.capture import Tracer
     from opscope.engine.trace.events import TraceOptions
     from opscope.engine.trace.health import HealthMonitor

@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from opscope.engine.clock import now_ns
-from opscope.engine.events import Finished, Token
+from opscope.engine.core.clock import now_ns
+from opscope.engine.generation.events import Finished, Token
 from opscope.engine.trace.capture import Tracer, TraceResult
 from opscope.engine.trace.events import TraceOptions
 from opscope.engine.trace.variants import CLEAN, plant
@@ -96,7 +96,7 @@ def _trace_simulated(lm, prompt, config, options: TraceOptions, variant: str) ->
     protocol (prompt uploaded once, sampled id kept on the device, one .item() per token)."""
     from dataclasses import replace
 
-    from opscope.engine.generate import generate
+    from opscope.engine.generation.generate import generate
 
     ids = lm.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     config = replace(config, ignore_eos=True, stop=())  # placeholder ids must not end the run early
@@ -136,7 +136,7 @@ def greedy_events(model, ids: list[int], max_tokens: int) -> Iterator[Token]:
     """Greedy decoding with the engine's per-step protocol, yielding one Token per step."""
     import torch
 
-    from opscope.engine.generate import ensure_cache
+    from opscope.engine.generation.generate import ensure_cache
 
     n = len(ids)
     ensure_cache(model, 1, n + max_tokens)

@@ -13,7 +13,7 @@ import logging
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
-from opscope.engine.errors import ConfigError
+from opscope.engine.core.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported on use: the CLI lists the variants without it
     from torch import nn

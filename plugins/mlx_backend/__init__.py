@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from opscope.engine.backends import API_VERSION, DeviceInfo
-from opscope.engine.errors import BackendError, ConfigError
+from opscope.engine import API_VERSION, DeviceInfo
+from opscope.engine import BackendError, ConfigError
 
 INSTALL_HINT = "pip install 'mlx[cpu]' on Linux, or pip install mlx on Apple Silicon"
 

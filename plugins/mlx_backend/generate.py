@@ -13,7 +13,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from opscope.engine.backends import check_prompt, stream_generation
+from opscope.engine import check_prompt, stream_generation
 from opscope.plugins.mlx_backend.sampling import Sampler
 
 

@@ -8,9 +8,9 @@ from typing import Iterator
 import mlx.core as mx
 
 from opscope.engine import markers
-from opscope.engine.clock import now_ns
-from opscope.engine.errors import ConfigError, DeviceError, UnsupportedModelError
-from opscope.engine.generation_config import GenerationConfig
+from opscope.engine import now_ns
+from opscope.engine import ConfigError, DeviceError, UnsupportedModelError
+from opscope.engine import GenerationConfig
 from opscope.plugins.mlx_backend.generate import generate
 from opscope.plugins.mlx_backend.model import MLXModelArgs, Transformer
 from opscope.plugins.mlx_backend.weights import apply_weights, mlx_dtype, read_tensors, weights_nbytes
@@ -90,7 +90,7 @@ class MLXLoadedModel:
 def load(path, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
          attention: str = "sdpa") -> MLXLoadedModel:
     """Read ``path`` (None: the embedded default model) into MLX on ``device``."""
-    from opscope.engine.formats import open_model
+    from opscope.engine import open_model
 
     if attention != "sdpa":
         raise ConfigError(f"--attention {attention!r}: the mlx backend has only 'sdpa' "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from opscope.engine.clock import now_ns
-from opscope.engine.errors import ConfigError
+from opscope.engine import now_ns
+from opscope.engine import ConfigError
 from opscope.plugins.mlx_backend.loaded import resolve_device
 from opscope.plugins.mlx_backend.weights import mlx_dtype
 

@@ -20,9 +20,9 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 
-from opscope.engine.backends import OpEvent
-from opscope.engine.clock import now_ns
-from opscope.engine.errors import BackendError
+from opscope.engine import OpEvent
+from opscope.engine import now_ns
+from opscope.engine import BackendError
 
 ARRAY_METHODS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
                  "__rtruediv__", "__matmul__", "__neg__", "__pow__", "__getitem__",

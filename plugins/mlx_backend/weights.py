@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from opscope.engine.errors import ConfigError, ModelFormatError, UnsupportedModelError
+from opscope.engine import ConfigError, ModelFormatError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 

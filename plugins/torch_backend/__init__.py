@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from opscope.engine.backends import API_VERSION, DeviceInfo
-from opscope.engine.errors import BackendError, ConfigError
+from opscope.engine import API_VERSION, DeviceInfo
+from opscope.engine import BackendError, ConfigError
 
 
 class TorchBackend:
@@ -38,7 +38,7 @@ class TorchBackend:
         ok, reason = self.is_available()
         if not ok:
             raise BackendError(f"backend 'torch' is not available: {reason}")
-        from opscope.engine.api import load
+        from opscope.engine import load
 
         return load(source, device=device, dtype=dtype, **options)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from opscope.engine.backends import DeviceInfo
+from opscope.engine import DeviceInfo
 
 
 def torch_devices() -> list[DeviceInfo]:

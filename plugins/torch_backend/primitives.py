@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from opscope.engine.clock import now_ns
-from opscope.engine.errors import ConfigError
+from opscope.engine import now_ns
+from opscope.engine import ConfigError
 
 
 def _sync(device) -> Callable[[], None]:
@@ -36,7 +36,7 @@ def bench_matmul(m: int, n: int, k: int, *, device: str, dtype: str, iterations:
     """ns per (m×k)@(k×n) product; FLOPs per product = 2·m·n·k."""
     import torch
 
-    from opscope.engine.devices import resolve_device, resolve_dtype
+    from opscope.engine import resolve_device, resolve_dtype
 
     dev, dt = resolve_device(device), resolve_dtype(dtype)
     a, b = torch.randn(m, k, device=dev, dtype=dt), torch.randn(k, n, device=dev, dtype=dt)
@@ -48,7 +48,7 @@ def bench_copy(n_bytes: int, *, device: str, iterations: int) -> list[int]:
     """ns per device-to-device copy of ``n_bytes`` (2·n_bytes moved: read + write)."""
     import torch
 
-    from opscope.engine.devices import resolve_device
+    from opscope.engine import resolve_device
 
     dev = resolve_device(device)
     src = torch.ones(n_bytes, dtype=torch.uint8, device=dev)

@@ -9,8 +9,8 @@ import itertools
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from opscope.engine.backends import OpEvent
-from opscope.engine.clock import now_ns
+from opscope.engine import OpEvent
+from opscope.engine import now_ns
 
 
 def _tensors(values) -> list:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from opscope.engine.errors import ConfigError
+from opscope.engine.core.errors import ConfigError
 
 SUITES: dict[str, str] = {
     "llm": "llm",

@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from opscope.engine.bench import peaks
-from opscope.engine.bench.options import BenchOptions
+from opscope.engine.bench.measure.options import BenchOptions
 
 
 def load_model(opts: BenchOptions):
     """The model the options name, on their device and dtype (engine.api.load)."""
     if opts.backend != "torch":
-        from opscope.engine.errors import ConfigError
+        from opscope.engine.core.errors import ConfigError
 
         raise ConfigError(f"this suite drives the model's forward pass directly and needs --backend torch "
                           f"(got {opts.backend!r}); `opscope bench llm` is the suite for other backends")

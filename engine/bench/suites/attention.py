@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opscope.engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
-from opscope.engine.bench.runner import Derived, Point, skipped_point
+from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.measure.runner import Derived, Point, skipped_point
 
 NAME = "attention"
 DESCRIPTION = "naive vs SDPA and each SDPA backend, causal, seq 128…4096: time and peak memory"
@@ -42,7 +42,7 @@ def _call(variant: str):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from opscope.engine.models.llama import attend
+    from opscope.engine.models.transformer import attend
 
     if variant == "naive":
         return lambda q, k, v: attend(q, k, v, None, "naive")

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opscope.engine.bench import peaks
-from opscope.engine.bench.options import BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
-from opscope.engine.bench.runner import Point, PointOutcome, skipped_point
-from opscope.engine.results import Metric
+from opscope.engine.bench.measure.options import BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.measure.runner import Point, PointOutcome, skipped_point
+from opscope.engine.core.results import Metric
 
 NAME = "bandwidth"
 DESCRIPTION = "large device copy, GB/s (read + write), the MBU peak"

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from opscope.engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, free_memory_bytes
-from opscope.engine.bench.devsync import synchronizer
-from opscope.engine.bench.runner import Derived, Point, skipped_point
+from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan, free_memory_bytes
+from opscope.engine.bench.measure.devsync import synchronizer
+from opscope.engine.bench.measure.runner import Derived, Point, skipped_point
 from opscope.engine.bench.suites import _model as M
 
 NAME = "batch"

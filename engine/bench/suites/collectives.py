@@ -20,8 +20,8 @@ from typing import Any
 
 from opscope.engine.distributed.collectives import (COLLECTIVES, SweepConfig, busbw_gb_s, bus_factor, mean, read_progress,
                                                    sizes_between, sweep_points)
-from opscope.engine.errors import ConfigError
-from opscope.engine.results import Marker, Metric
+from opscope.engine.core.errors import ConfigError
+from opscope.engine.core.results import Marker, Metric
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ WINDOW_TIMEOUT_S = 600.0
 def plan(opts, params=None):
     """The sweep as a run_suite plan: no timed points of the runner's, ``finish`` launches the
     ranks (``params.nproc`` on this machine) and returns every point's metrics."""
-    from opscope.engine.bench.options import SuitePlan
+    from opscope.engine.bench.measure.options import SuitePlan
     from opscope.engine.distributed.launch import LaunchSpec
 
     p = params or (QUICK if opts.quick else Params())

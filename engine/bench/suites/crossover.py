@@ -21,10 +21,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from opscope.engine.bench.options import BenchOptions, SuitePlan, torch_dtype
-from opscope.engine.bench.runner import Point, PointOutcome
-from opscope.engine.errors import DeviceError
-from opscope.engine.results import Metric
+from opscope.engine.bench.measure.options import BenchOptions, SuitePlan, torch_dtype
+from opscope.engine.bench.measure.runner import Point, PointOutcome
+from opscope.engine.core.errors import DeviceError
+from opscope.engine.core.results import Metric
 
 NAME = "crossover"
 DESCRIPTION = "CPU vs GPU over sizes (matmul, attention, a decode step), transfer included: where the GPU wins"
@@ -47,7 +47,7 @@ def accelerator(requested: str = "") -> str | None:
     import torch
 
     if requested:
-        from opscope.engine.devices import resolve_device
+        from opscope.engine.core.devices import resolve_device
 
         return str(resolve_device(requested))
     if torch.cuda.is_available():

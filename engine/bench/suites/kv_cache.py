@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from opscope.engine.bench.options import BenchOptions, SuitePlan
-from opscope.engine.bench.runner import Point, skipped_point
+from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
+from opscope.engine.bench.measure.runner import Point, skipped_point
 from opscope.engine.bench.suites import _model as M
 
 NAME = "kv-cache"

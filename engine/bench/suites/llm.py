@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from opscope.engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan
-from opscope.engine.bench.devsync import synchronizer
+from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan
+from opscope.engine.bench.measure.devsync import synchronizer
 from opscope.engine.bench import utilisation as U
-from opscope.engine.bench.runner import Extra, Point, skipped_point
+from opscope.engine.bench.measure.runner import Extra, Point, skipped_point
 from opscope.engine.bench.suites import _model as M
 
 NAME = "llm"
@@ -87,7 +87,7 @@ def tg_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
     def prepare():
         import torch
 
-        from opscope.engine.generate import decode_threads
+        from opscope.engine.generation.generate import decode_threads
 
         lm.model.setup_cache(1, depth + n)
         M.fill_cache(lm.model, M.random_tokens(depth, cfg.vocab_size, 1, lm.device))
@@ -144,7 +144,7 @@ def _gen_observe(n_gen: int):
 
 
 def energy_meter(device: str):
-    from opscope.engine import energy
+    from opscope.engine.telemetry import energy
 
     return energy.meter_for(device)
 
@@ -157,8 +157,8 @@ def energy_setting(device: str) -> str:
 
 
 def gen_point(lm, n_prompt: int, n_gen: int, opts: BenchOptions) -> Point:
-    from opscope.engine.events import Finished
-    from opscope.engine.generate import GenerationConfig
+    from opscope.engine.generation.events import Finished
+    from opscope.engine.generation.generate import GenerationConfig
 
     def prepare():
         ids = M.random_tokens(n_prompt, lm.config.vocab_size, 4, "cpu")[0].tolist()

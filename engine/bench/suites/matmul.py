@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from opscope.engine.bench import peaks, utilisation
-from opscope.engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
-from opscope.engine.bench.runner import Point, PointOutcome, skipped_point
-from opscope.engine.errors import ConfigError
-from opscope.engine.results import Metric
+from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.measure.runner import Point, PointOutcome, skipped_point
+from opscope.engine.core.errors import ConfigError
+from opscope.engine.core.results import Metric
 
 log = logging.getLogger(__name__)
 

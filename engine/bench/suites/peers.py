@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opscope.engine.bench.options import BenchOptions, SuitePlan
-from opscope.engine.bench.runner import Extra, Point, skipped_point
+from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
+from opscope.engine.bench.measure.runner import Extra, Point, skipped_point
 from opscope.engine.bench.suites import _model as M
-from opscope.engine.clock import now_ns
-from opscope.engine.errors import ConfigError
+from opscope.engine.core.clock import now_ns
+from opscope.engine.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ def _load_point(peers: list) -> Point:
 
 
 def _model_path(opts: BenchOptions) -> Path:
-    from opscope.engine.defaults import default_model_path
+    from opscope.engine.core.defaults import default_model_path
 
     path = Path(opts.model) if opts.model else default_model_path()
     if path.suffix.lower() != ".gguf" or not path.is_file():

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from opscope.engine.bench import peaks
 from opscope.engine.bench import utilisation as U
-from opscope.engine.bench.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
-from opscope.engine.bench.runner import Point, skipped_point
+from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.measure.runner import Point, skipped_point
 from opscope.engine.bench.suites import _model as M
 
 NAME = "scaling"
@@ -57,7 +57,7 @@ def make_point(name: str, p: Params, opts: BenchOptions, pk: dict) -> Point:
     def prepare():
         import torch
 
-        from opscope.engine.models.llama import Transformer
+        from opscope.engine.models.transformer import Transformer
 
         model = Transformer.random(cfg, opts.device, getattr(torch, opts.dtype), attention=opts.attention).eval()
         toks = M.random_tokens(p.seq, cfg.vocab_size, 8, opts.device, batch=p.batch)

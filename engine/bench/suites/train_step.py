@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from opscope.engine.bench import peaks
 from opscope.engine.bench import utilisation as U
-from opscope.engine.bench.options import BenchOptions, SuitePlan, check_torch_device
-from opscope.engine.bench.runner import Extra, Point
+from opscope.engine.bench.measure.options import BenchOptions, SuitePlan, check_torch_device
+from opscope.engine.bench.measure.runner import Extra, Point
 from opscope.engine.bench.suites import _model as M
 
 NAME = "train-step"
@@ -82,7 +82,7 @@ def _setup(p: Params, v: Variant, opts: BenchOptions):
     """Model, optimizer, loss scaler (float16 only) and the fixed data for one variant."""
     import torch
 
-    from opscope.engine.models.llama import Transformer
+    from opscope.engine.models.transformer import Transformer
 
     dev = torch.device(opts.device)
     model = Transformer.random(p.model_config(), dev, torch.float32, attention=opts.attention, seed=0).train()

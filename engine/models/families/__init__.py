@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from opscope.engine.errors import MissingMetadata, ModelFormatError, ModelLoadError, UnsupportedModelError
+from opscope.engine.core.errors import MissingMetadata, ModelFormatError, ModelLoadError, UnsupportedModelError
 from opscope.engine.models.config import ModelConfig, RopeScaling
 
 FAMILY_MODULES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")

@@ -3,7 +3,7 @@ the core's q/k/v and gate/up (a row split, so quantized blocks stay quantized). 
 (rope_factors_* tensors, "longrope" scaling) and partial rotary dims are refused."""
 from __future__ import annotations
 
-from opscope.engine.errors import UnsupportedModelError
+from opscope.engine.core.errors import UnsupportedModelError
 from opscope.engine.models.config import ModelConfig
 from opscope.engine.models.families import Family, GGUFMeta, register
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from opscope.engine.backends import API_VERSION, DeviceInfo
-from opscope.engine.clock import now_ns
-from opscope.engine.errors import ConfigError, DeviceError
+from opscope.engine import API_VERSION, DeviceInfo
+from opscope.engine import now_ns
+from opscope.engine import ConfigError, DeviceError
 
 __version__ = "0.1.0"
 
@@ -35,7 +35,7 @@ class EchoBackend:
 
     def load(self, source: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
              **options) -> "EchoModel":
-        from opscope.engine.formats import open_model  # reads and validates GGUF or HF directories
+        from opscope.engine import open_model  # reads and validates GGUF or HF directories
 
         if options:
             raise ConfigError(f"echo backend: unknown option(s) {', '.join(sorted(options))}")
@@ -83,8 +83,8 @@ class EchoModel:
         return self._stream(ids, config, cancel, request_ns)
 
     def _stream(self, ids: list[int], config, cancel, request_ns: int):
-        from opscope.engine.backends import check_prompt, stream_generation
-        from opscope.engine.generation_config import GenerationConfig
+        from opscope.engine import check_prompt, stream_generation
+        from opscope.engine import GenerationConfig
 
         config = config or GenerationConfig()
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]

@@ -1,0 +1,202 @@
+"""`opscope generate`, `opscope chat`, `opscope models inspect`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from opscope.engine.core import json_output
+from opscope.engine.cli.args import Terminated, output_file, utf8_text
+from opscope.engine.cli.common import add_model_args, add_sampling_args, generation_config, load_from_args
+from opscope.engine.core.errors import ConfigError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from a prompt, streaming")
+    p.add_argument("prompt", type=prompt_text, help="the prompt; - reads it from stdin")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_model_args(p)
+    add_nproc_arg(p)
+    p.add_argument("--trace-out", type=output_file, default=None, metavar="PATH.json", dest="trace_out",
+                   help="with --nproc: write every rank's forwards and all_reduces as a Chrome/Perfetto "
+                        "trace, one process per rank on one time axis")
+    add_sampling_args(p)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="interactive multi-turn chat using the model's chat template")
+    p.add_argument("--system", type=utf8_text, default=None, help="system prompt")
+    add_model_args(p)
+    add_nproc_arg(p)
+    add_sampling_args(p, max_tokens=512)
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("models", help="inspect model files")
+    msub = p.add_subparsers(dest="models_cmd", required=True)
+    q = msub.add_parser("inspect", help="architecture, parameters, quantization, tokenizer, template")
+    q.add_argument("path", nargs="?", default=None, help="GGUF file or HF directory (default: embedded model)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_inspect)
+
+
+def prompt_text(text: str) -> str:
+    """The prompt: UTF-8, not empty (an empty prompt tokenizes to nothing, known only after loading)."""
+    text = utf8_text(text)
+    if text == "":
+        raise argparse.ArgumentTypeError("empty: give the prompt's text, or - to read it from stdin")
+    return text
+
+
+prompt_text.__name__ = "prompt"
+
+
+def add_nproc_arg(p) -> None:
+    from opscope.engine.cli import args as check
+
+    p.add_argument("--nproc", type=check.int_in(1, 64, what="processes"), default=1, metavar="N",
+                   help="run the model tensor-parallel over N processes (torch.distributed: gloo on cpu, "
+                        "nccl on cuda); N must divide the KV heads; dense weights, no fast path")
+
+
+def summary_line(stats) -> str:
+    from opscope.engine.telemetry.energy import stats_text
+
+    return (f"prompt {stats.prompt_tokens} tok · generated {stats.generated_tokens} tok · "
+            f"TTFT {stats.ttft_ms:.0f} ms · prefill {stats.prefill_tok_s:.1f} tok/s · "
+            f"decode {stats.decode_tok_s:.1f} tok/s · {stats_text(stats)}")
+
+
+def _stream(events, out=None, quiet: bool = False):
+    """Writes the reply as it comes. The generator is closed whatever happens here: a generation
+    left suspended (a write failed, a Ctrl-C between tokens) otherwise keeps its tensors until the
+    interpreter's teardown, where torch's C++ aborted freeing them (exit -6: THPVariable_clear's
+    `use_count() == 1` assert, seen under pytest after a failed write)."""
+    from opscope.engine.generation.events import Finished, Token
+
+    out = out or sys.stdout  # looked up now: tests and the CLI's output guard replace sys.stdout
+    final = None
+    try:
+        for ev in events:
+            if isinstance(ev, Token) and not quiet:
+                out.write(ev.text)
+                out.flush()
+            elif isinstance(ev, Finished):
+                final = ev
+                if not quiet:
+                    out.write(ev.tail)
+    finally:
+        getattr(events, "close", lambda: None)()  # a plugin's iterator may not be a generator
+    return final
+
+
+def read_stdin_prompt() -> str:
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"the prompt on stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset "
+                          f"{e.start}): pass the text in UTF-8") from e
+    if text == "":
+        raise ConfigError("the prompt on stdin is empty: pipe the prompt's text in")
+    return text
+
+
+def cmd_generate(args) -> int:
+    if args.prompt == "-":
+        args.prompt = read_stdin_prompt()
+    generation_config(args)  # bad sampling flags fail before anything is loaded
+    if getattr(args, "trace_out", None) and getattr(args, "nproc", 1) < 2:
+        raise ConfigError("--trace-out is the per-rank trace of --nproc N (N >= 2); for one process's ops "
+                          "use `opscope trace`")
+    if getattr(args, "nproc", 1) > 1:
+        from opscope.engine.distributed.tp_worker import GENERATE_TIMEOUT_S, job_from_args, run_tp
+
+        return run_tp(job_from_args(args, GENERATE_TIMEOUT_S), generate_with, args)
+    return generate_with(load_from_args(args), args)
+
+
+def generate_with(lm, args) -> int:
+    """The body of `opscope generate` on a loaded model (rank 0's, with --nproc)."""
+    cfg = generation_config(args)
+    events = lm.chat([{"role": "user", "content": args.prompt}], cfg) if args.chat else lm.generate(args.prompt, cfg)
+    done = _stream(events, quiet=args.json)
+    if args.json:
+        print(json_output.dumps({"text": done.text, "stop_reason": done.stop_reason, **done.stats.as_dict(),
+                                 **lm.describe()}))
+    else:
+        print(f"\n[{done.stop_reason}] {summary_line(done.stats)}", file=sys.stderr)
+    if getattr(lm, "tp", None) is not None:  # --nproc: the ranks' all_reduce share, imbalance, trace
+        lm.tp.report(sys.stderr, getattr(args, "trace_out", None))
+    return 0
+
+
+def cmd_chat(args) -> int:
+    if getattr(args, "nproc", 1) > 1:
+        from opscope.engine.distributed.tp_worker import CHAT_TIMEOUT_S, job_from_args, run_tp
+
+        return run_tp(job_from_args(args, CHAT_TIMEOUT_S, stdin=True), chat_with, args)
+    return chat_with(load_from_args(args), args)
+
+
+def chat_with(lm, args) -> int:
+    """The body of `opscope chat` on a loaded model (rank 0's, with --nproc)."""
+    cfg = generation_config(args)
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    print(f"opscope chat · {lm.source.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}) · "
+          f"empty line or Ctrl-D to quit, /reset to clear", file=sys.stderr)
+    while True:
+        try:
+            line = _prompt("\n> ").strip()
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"chat input is not valid UTF-8 (byte 0x{e.object[e.start]:02x}): "
+                              f"type or pipe text in UTF-8") from e
+        except EOFError:  # Ctrl-D: the normal way out
+            print(file=sys.stderr)
+            return 0
+        except KeyboardInterrupt:  # Ctrl-C at the prompt ends the chat (exit 130; with --nproc on every rank)
+            _end_prompt_line()
+            raise
+        if not line:
+            return 0
+        if line == "/reset":
+            history = history[:1] if args.system else []
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            done = _stream(lm.chat(history, cfg))
+        except KeyboardInterrupt as e:
+            if isinstance(e, Terminated):
+                raise  # (--nproc: rank 0 raises Ctrl-C only between forwards, so every rank can go on)
+            print("\n[stopped]", file=sys.stderr)
+            history.pop()
+            continue
+        history.append({"role": "assistant", "content": done.text})
+        print(f"\n[{done.stop_reason}] {summary_line(done.stats)}", file=sys.stderr)
+
+
+def _prompt(text: str) -> str:
+    """input(text). Not at a terminal (piped input: a script, a test) the prompt is written first
+    from Python: a Ctrl-C arriving just after it is raised at the next bytecode, whereas inside
+    input() one that lands between its write and its read() is only noticed when a line comes."""
+    if sys.stdin.isatty():
+        return input(text)  # readline takes Ctrl-C itself and needs the prompt to redraw the line
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return input()
+
+
+def _end_prompt_line() -> None:
+    """After ``> ^C`` the cursor is still on the prompt's line (stdout): end it there, so the one line
+    on stderr starts a line of its own."""
+    try:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):  # stdout closed or absent: the line on stderr is what counts
+        pass
+
+
+def cmd_inspect(args) -> int:
+    from opscope.engine.formats.inspect import format_text, inspect_path
+
+    info = inspect_path(args.path)  # any GGUF's metadata, and in one line why it cannot run, if so
+    print(json_output.dumps(info, indent=2, default=str) if args.json else format_text(info))
+    return 0
