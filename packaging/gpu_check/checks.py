@@ -135,8 +135,12 @@ def generate_compile_decode(ctx: Ctx) -> dict[str, Any]:
 
 
 def generate_nproc1(ctx: Ctx) -> dict[str, Any]:
-    out = _generate(ctx, "tiny-f16", "--device", "cuda", "--dtype", "float32", "--nproc", "1", timeout_s=180)
-    return _same_tokens(ctx, out, "cuda float32 --nproc 1 (nccl)")
+    """The tensor-parallel path as a world of one: nccl on the GPU (gloo in the dry run)."""
+    out = _generate(ctx, "tiny-f16", "--device", ctx.device, "--dtype", "float32", "--nproc", "1", timeout_s=180)
+    figures = _same_tokens(ctx, out, f"{ctx.device} float32 --nproc 1")
+    if not out.get("tensor_parallel"):
+        raise fail("--nproc 1 did not run the tensor-parallel path", **figures)
+    return figures
 
 
 def logits(ctx: Ctx) -> dict[str, Any]:
@@ -361,19 +365,23 @@ def bench_crossover(ctx: Ctx) -> dict[str, Any]:
 
 
 def bench_collectives(ctx: Ctx) -> dict[str, Any]:
-    proc = ctx.cli("bench", "collectives", "--name", "gpu-collectives", "--device", "cuda", "--nproc", "1",
-                   "--quick", timeout_s=240)
-    if "nccl" not in (proc.stdout + proc.stderr).lower():
-        raise CheckFailed("the collectives run does not say it used nccl")
-    export = ctx.scratch / "gpu-collectives.json"
-    ctx.cli("runs", "export", "gpu-collectives", "-o", str(export), timeout_s=60)
-    return {"metrics": metric_medians(json.loads(export.read_text()))}
+    """`bench collectives --nproc 1`: world size 1 on nccl (gloo in the dry run, on small sizes)."""
+    backend, sizes = ("gloo", "65536") if ctx.dry else ("nccl", "8,65536,16777216,268435456")
+    proc = ctx.cli("bench", "collectives", "--name", "collectives-1", "--device", ctx.device, "--nproc", "1",
+                   "--quick", "--param", f"sizes_bytes={sizes}", "--param", "reps=3", timeout_s=240)
+    header = proc.stdout.splitlines()[0] if proc.stdout else ""
+    if f", {backend}," not in header:
+        raise CheckFailed(f"the collectives run does not say it used {backend}: {header!r}")
+    export = ctx.scratch / "collectives-1.json"
+    ctx.cli("runs", "export", "collectives-1", "-o", str(export), timeout_s=60)
+    return {"backend": backend, "metrics": metric_medians(json.loads(export.read_text()))}
 
 
 def store_compare(ctx: Ctx) -> dict[str, Any]:
     """Two runs in the SQLite store, `runs list` shows them, `runs compare` relates them."""
     if ctx.dry:
-        flags = ("matmul", "--device", "cpu", "--quick", "--param", "sizes=64", "--param", "dtypes=float32")
+        flags = ("matmul", "--device", "cpu", "--quick", "--param", "sizes=64", "--param", "dtypes=float32",
+                 "--repeat", "3", "--min-time", "0", "--load-threshold", "64")
         names = ("dry-matmul-1", "dry-matmul-2")
         ctx.cli("bench", *flags, "--name", names[0], timeout_s=120)
     else:
@@ -509,7 +517,7 @@ PLAN: list[tuple[str, Callable[[Ctx], dict[str, Any]], bool]] = [
     ("trace-leaky-norm", trace_leaky_norm, False),
     ("trace-slow-train", trace_slow_train, False),
     ("trace-fast-train", trace_fast_train, False),
-    ("generate-nproc1-nccl", generate_nproc1, True),
+    ("generate-nproc1", generate_nproc1, False),
     ("bench-bandwidth", bench_bandwidth, True),
     ("models-large", models_large, False),
     ("generate-large", generate_large, True),
@@ -518,7 +526,7 @@ PLAN: list[tuple[str, Callable[[Ctx], dict[str, Any]], bool]] = [
     ("bench-matmul", bench_matmul, True),
     ("bench-attention", bench_attention, True),
     ("store-compare", store_compare, False),
-    ("bench-collectives-nccl", bench_collectives, True),
+    ("bench-collectives", bench_collectives, False),
     ("bench-crossover", bench_crossover, True),
     ("generate-compile-decode", generate_compile_decode, True),
 ]

@@ -20,12 +20,12 @@ from typing import Any, Callable
 
 log = logging.getLogger("gpu_check")
 
-# What the GPU image lacks that `opscope` (its engine and CLI, not the GUI) imports: module → the
-# wheel `make gpu-wheels` downloads. Everything else it needs (torch, numpy, safetensors,
+# What the GPU image lacks that `opscope` (its engine and CLI, not the GUI) imports, by module
+# name, which is also the start of its wheel's file name; the Makefile's GPU_WHEELS pins the
+# versions `make gpu-wheels` downloads. Everything else it needs (torch, numpy, safetensors,
 # tokenizers, jinja2, psutil, scipy, rich, nvidia-ml-py, pyyaml, tqdm, requests, markupsafe,
 # typing-extensions) is in the image (docs/gpu.md).
-WHEELS = {"gguf": "gguf==0.19.0", "sqlalchemy": "SQLAlchemy==2.1.9", "alembic": "alembic==1.20.1",
-          "mako": "Mako==1.4.3", "platformdirs": "platformdirs==4.14.8"}
+WHEELS = ("gguf", "sqlalchemy", "alembic", "mako", "platformdirs")
 
 
 class CheckFailed(Exception):
@@ -141,8 +141,8 @@ class Ctx:
             raise CheckFailed(f"`{_short(argv)}` (background) ran past its limit and was killed") from e
         finally:
             out.close(), err.close()
-        text = lambda suffix: (self.logs / f"{name}.{suffix}").read_text(encoding="utf-8", errors="replace")
-        return Proc(argv, p.returncode, text("out"), text("err"), time.monotonic() - t0)
+        stdout, stderr = ((self.logs / f"{name}.{s}").read_text(encoding="utf-8", errors="replace") for s in ("out", "err"))
+        return Proc(argv, p.returncode, stdout, stderr, time.monotonic() - t0)
 
     def stop_background(self) -> None:
         for name in list(self.background):
