@@ -25,10 +25,10 @@ def _run(out: Path, *flags: str, timeout_s: float) -> subprocess.CompletedProces
 def gpu_check(monkeypatch):
     """The check's modules (a script folder, not a package) importable for the duration of a test."""
     monkeypatch.syspath_prepend(str(RUN.parent))
-    import checks
+    import bench_checks
     import harness
 
-    return harness, checks
+    return harness, bench_checks
 
 
 @pytest.mark.slow

@@ -54,7 +54,6 @@ def _datasheet() -> dict:
 def logits(model: str, device: str, variants: list[str]) -> dict:
     """Each variant ("dtype" or "quantize:dtype") on ``device`` against the CPU float32 run."""
     import torch
-
     from opscope.engine.api import load
 
     ref_lm = load(model, device="cpu", dtype="float32", fastpath="off")
