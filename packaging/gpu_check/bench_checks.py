@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
-from checks import RATIO_CEIL, RATIO_FLOOR, SMI_FIELDS, _gen_figures, _generate
+from checks import RATIO_CEIL, RATIO_FLOOR, SMI_FIELDS, _gen_figures, _generate, model_path
 from harness import CheckFailed, Ctx, fail, median, which
 
 # -- bench and the run store -------------------------------------------------------------------------
@@ -140,15 +141,20 @@ def llm_with_telemetry(ctx: Ctx) -> dict[str, Any]:
     """`bench llm` (pp512/tg128) on the ~1B model while `opscope monitor` (NVML) and `nvidia-smi`
     sample the GPU: the bench's figures, and NVML's read against nvidia-smi's over the same ~20 s."""
     smi = which("nvidia-smi")
+    if not smi:
+        raise CheckFailed("nvidia-smi is not on PATH: nothing to read NVML against")
     bench = [ctx.python, "-m", "opscope", "--db", ctx.db, "bench", "llm", "--name", "gpu-llm", "-m",
-             str(ctx.models["large-f16"]), "--device", "cuda", "--dtype", "bfloat16", "--param", "depths=0",
-             "--repeat", "3", "--telemetry", "500"]
+             model_path(ctx, "large-f16"), "--device", "cuda", "--dtype", "bfloat16", "--param", "depths=0",
+             "--repeat", "3", "--min-time", "8", "--telemetry", "500",  # pp, tg >= 8 s each: the window
+             "--load-threshold", "2"]  # the samplers beside it are this check's own, not a disturbance
     ctx.spawn("bench-llm", bench)
     pid = ctx.background["bench-llm"][0].pid
     ctx.spawn("smi", [smi, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits", "-lms", "1000"])
-    mon = ctx.run([ctx.python, "-m", "opscope", "monitor", "--json", "--interval", "500", "--duration", "20",
-                   "--pid", str(pid)], 60)
+    ctx.spawn("monitor", [ctx.python, "-m", "opscope", "monitor", "--json", "--interval", "500", "--duration", "20",
+                          "--pid", str(pid)])
+    time.sleep(12)  # mid-window, the model loaded: the bench process's own VRAM as nvidia-smi lists it
     apps = ctx.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], 30).stdout
+    mon = ctx.join("monitor", 60)
     bench_proc = ctx.join("bench-llm", 300)
     ctx.stop_background()
     smi_rows = _smi_rows((ctx.logs / "smi.out").read_text())
@@ -207,13 +213,13 @@ def compare_telemetry(nvml: list[dict], smi: list[dict], apps: str, pid: int) ->
         out["disagree"].append(f"too few samples: NVML {len(nvml)}, nvidia-smi {len(smi)}")
         return out
     for series, field, scale, rel, absolute in PAIRS:
-        a = median([r.get(series, float("nan")) * scale for r in nvml])
+        a = median([_value(r, series) * scale for r in nvml])
         b = median([r[field] for r in smi if isinstance(r.get(field), float)])
         out["pairs"][series] = {"nvml": a, "nvidia_smi": b}
         if not (a == a and b == b) or abs(a - b) > max(absolute, rel * abs(b)):
             out["disagree"].append(f"{series} {a:.4g} vs {field} {b:.4g}")
     for series in ("gpu0.pcie_tx_bytes_s", "gpu0.pcie_rx_bytes_s", "gpu0.clock_event_reasons", "gpu0.proc_mem_bytes"):
-        out[series] = median([r.get(series, float("nan")) for r in nvml])
+        out[series] = median([_value(r, series) for r in nvml])
     used = {int(p): float(m) for p, m in (ln.split(",")[:2] for ln in apps.splitlines() if ln.count(",") >= 1)
             if p.strip().isdigit() and _is_float(m)}
     out["nvidia_smi_app_mib"] = used.get(pid)
@@ -223,6 +229,12 @@ def compare_telemetry(nvml: list[dict], smi: list[dict], apps: str, pid: int) ->
     if out["gpu0.pcie_tx_bytes_s"] != out["gpu0.pcie_tx_bytes_s"]:  # NaN: N/A all along
         out["disagree"].append("PCIe throughput read N/A")
     return out
+
+
+def _value(row: dict, series: str) -> float:
+    """A monitor sample's value; N/A (absent, null or NaN) as NaN."""
+    v = row.get(series)
+    return float(v) if isinstance(v, (int, float)) else float("nan")
 
 
 def _is_float(s: str) -> bool:

@@ -74,19 +74,26 @@ def _smi_q_lines(text: str) -> list[str]:
 def models_tiny(ctx: Ctx) -> dict[str, Any]:
     ctx.scratch.joinpath("models").mkdir(parents=True, exist_ok=True)
     large = "small" if ctx.dry else "1b"  # the dry run's stand-in: the same writer, a CPU-sized shape
-    ctx.spawn("models-large", [ctx.python, str(PROBE), "models", str(ctx.scratch / "models"), large,
-                               "--types", "F16,Q8_0"])
+    for t in LARGE_TYPES:  # one process each: ~1 min apiece for the 1B, beside the checks that follow
+        ctx.spawn(f"models-large-{t}", [ctx.python, str(PROBE), "models", str(ctx.scratch / "models"), large,
+                                        "--types", t])
     made = ctx.python_file(PROBE, "models", str(ctx.scratch / "models"), "tiny", "--types", "F16,Q8_0",
                            timeout_s=120).json()
     ctx.models.update({f"tiny-{t.lower()}": Path(f["path"]) for t, f in made["files"].items()})
     return made
 
 
+LARGE_TYPES = ("F16", "Q8_0")
+
+
 def models_large(ctx: Ctx) -> dict[str, Any]:
-    proc = ctx.join("models-large", 300)
-    if proc.code != 0:
-        raise CheckFailed(f"writing the Llama-shaped model failed: {proc.stderr.strip().splitlines()[-1:]}")
-    made = proc.json()
+    made: dict[str, Any] = {}
+    for t in LARGE_TYPES:
+        proc = ctx.join(f"models-large-{t}", 300)
+        if proc.code != 0:
+            raise CheckFailed(f"writing the Llama-shaped {t} model failed: {proc.stderr.strip().splitlines()[-1:]}")
+        one = proc.json()
+        made = {**one, "files": {**made.get("files", {}), **one["files"]}}
     ctx.models.update({f"large-{t.lower()}": Path(f["path"]) for t, f in made["files"].items()})
     ctx.shared["large_params"] = made["params"]
     return made
@@ -94,8 +101,14 @@ def models_large(ctx: Ctx) -> dict[str, Any]:
 
 # -- generate ---------------------------------------------------------------------------------------
 
+def model_path(ctx: Ctx, model: str) -> str:
+    if model not in ctx.models:
+        raise CheckFailed(f"no {model} model (the check that writes it failed or did not run)")
+    return str(ctx.models[model])
+
+
 def _generate(ctx: Ctx, model: str, *flags: str, n: int = TOKENS, timeout_s: float = 180) -> dict[str, Any]:
-    args = ["generate", "-m", str(ctx.models[model]), "--temperature", "0", "--ignore-eos", "-n", str(n),
+    args = ["generate", "-m", model_path(ctx, model), "--temperature", "0", "--ignore-eos", "-n", str(n),
             "--json", *flags, PROMPT]
     return ctx.cli(*args, timeout_s=timeout_s).json()
 
@@ -147,7 +160,7 @@ def logits(ctx: Ctx) -> dict[str, Any]:
     run compares the CPU's own bfloat16 with its float32, so the probe itself cannot rot."""
     device = "cpu" if ctx.dry else "cuda"
     variants = ["bfloat16"] if ctx.dry else list(LOGIT_TOLERANCE)
-    res = ctx.python_file(PROBE, "logits", str(ctx.models["tiny-f16"]), "--device", device,
+    res = ctx.python_file(PROBE, "logits", model_path(ctx, "tiny-f16"), "--device", device,
                           "--variants", ",".join(variants), timeout_s=240).json()
     bad = []
     for r in res["results"]:
@@ -204,7 +217,7 @@ def _bug_line(relpath: str, marker: str) -> str:
 
 def _trace_model(ctx: Ctx, *flags: str) -> dict[str, Any]:
     device = "meta" if ctx.dry else "cuda"  # meta: an accelerator's op stream, simulated on the CPU
-    return ctx.cli("trace", "-m", str(ctx.models["tiny-f16"]), "--device", device, "--tokens", "4",
+    return ctx.cli("trace", "-m", model_path(ctx, "tiny-f16"), "--device", device, "--tokens", "4",
                    "--fastpath", "off", "--json", "--no-save", *flags, "Hi", timeout_s=150).json()
 
 

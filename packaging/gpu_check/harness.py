@@ -131,6 +131,8 @@ class Ctx:
         self.background[name] = (p, argv, time.monotonic(), out, err)
 
     def join(self, name: str, timeout_s: float) -> Proc:
+        if name not in self.background:
+            raise CheckFailed(f"{name} was never started (the check that starts it did not run)")
         p, argv, t0, out, err = self.background.pop(name)
         self.commands.append(_short(argv))
         try:

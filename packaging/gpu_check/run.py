@@ -41,8 +41,8 @@ PLAN: list[tuple[str, Callable[[Ctx], dict[str, Any]], bool]] = [
     ("trace-slow-train", checks.trace_slow_train, False),
     ("trace-fast-train", checks.trace_fast_train, False),
     ("generate-nproc1", checks.generate_nproc1, False),
+    ("models-large", checks.models_large, False),  # its writers load the CPU: benches come after
     ("bench-bandwidth", bench_checks.bench_bandwidth, True),
-    ("models-large", checks.models_large, False),
     ("generate-large", checks.generate_large, True),
     ("energy", bench_checks.energy, True),
     ("bench-llm-telemetry", bench_checks.llm_with_telemetry, True),
