@@ -9,7 +9,14 @@ import re
 import time
 from typing import Any
 
-from checks import RATIO_CEIL, RATIO_FLOOR, SMI_FIELDS, _gen_figures, _generate, model_path
+from checks import (
+    RATIO_CEIL,
+    RATIO_FLOOR,
+    SMI_FIELDS,
+    _gen_figures,
+    _generate,
+    model_path,
+)
 from harness import CheckFailed, Ctx, fail, median, which
 
 # -- bench and the run store -------------------------------------------------------------------------
