@@ -253,8 +253,9 @@ def _is_float(s: str) -> bool:
 
 
 def energy(ctx: Ctx) -> dict[str, Any]:
-    """Joules per token from NVML's total-energy counter, on the ~1B model's bfloat16 generation."""
-    out = _generate(ctx, "large-f16", "--device", "cuda", "--dtype", "bfloat16", n=64, timeout_s=150)
+    """Joules per token from NVML's total-energy counter, on the ~1B model's bfloat16 generation
+    (256 tokens: seconds of decode, many updates of the counter)."""
+    out = _generate(ctx, "large-f16", "--device", "cuda", "--dtype", "bfloat16", n=256, timeout_s=150)
     figures = _gen_figures(out)
     if out.get("energy_source") != "NVML total energy":
         raise fail(f"energy source is {out.get('energy_source')!r}, not NVML's total-energy counter", **figures)
