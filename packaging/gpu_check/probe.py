@@ -42,7 +42,7 @@ def _nccl_version() -> str | None:
 
 
 def _datasheet() -> dict:
-    from opscope.engine.bench import peaks
+    from opscope.engine.bench.ceilings import peaks
 
     out = {}
     for kind, dtype in (("matmul", "float32"), ("matmul", "bfloat16"), ("matmul", "float16"), ("bandwidth", None)):
