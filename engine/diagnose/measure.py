@@ -56,7 +56,7 @@ def _timed(lm, ids: list[int], tokens: int) -> tuple[float, list[float]]:
         elif isinstance(ev, Token):
             stamps.append(ev.t_ns)
     prefill_ms = (stamps[0] - (start or stamps[0])) / 1e6
-    return prefill_ms, [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:])]
+    return prefill_ms, [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:], strict=False)]
 
 
 def _traced(lm, ids: list[int], plan: ModelPlan, target: str):
@@ -128,7 +128,7 @@ def model_phases(lm, plan: ModelPlan, ids: list[int], run, target: str) -> tuple
     n = len(ids)
     events = run.result.events
     t = run.result.tokens
-    pre = step_profile(events, range(0, 1))
+    pre = step_profile(events, range(1))
     dec = step_profile(events, range(1, max(t, 2)))
     if plan.simulate:
         return (Phase(PREFILL, 1, pre[1], n, None, None, *pre), Phase(DECODE, max(t - 1, 0), dec[1], 1, None, None, *dec))
@@ -169,7 +169,7 @@ def measure_script(spec, target: str) -> tuple[Measurement, object, object]:
         trace = trace_script(spec, TraceOptions(target=target, source="all"))
     report = _script_report(trace)
     result = trace.result
-    steps = range(1, max(result.tokens, 2)) if result.tokens > 1 else range(0, 1)
+    steps = range(1, max(result.tokens, 2)) if result.tokens > 1 else range(1)
     ops, op_ms, top, line = step_profile(result.events, steps)
     wall = statistics.median(trace.step_ms) if trace.step_ms else trace.outcome.wall_ns / 1e6
     since = result.token_ns[0] if result.tokens > 1 else 0

@@ -57,7 +57,6 @@ def _best_s(device: str, fn) -> float:
 def _probe_matmul(device: str, dtype: str, n: int = 1024) -> tuple[float, str]:
     """Best of a few n×n matmuls (2·n³ FLOP), as `opscope bench matmul` counts them."""
     import torch
-
     from opscope.engine.core.units import format_rate
 
     a = torch.randn(n, n, device=device).to(getattr(torch, dtype))
@@ -68,7 +67,6 @@ def _probe_matmul(device: str, dtype: str, n: int = 1024) -> tuple[float, str]:
 def _probe_bandwidth(device: str) -> tuple[float, str]:
     """Best of a few 64 MiB copies, read + written bytes (as `opscope bench bandwidth` counts them)."""
     import torch
-
     from opscope.engine.core.units import format_rate
 
     src = torch.ones(PROBE_BYTES // 4, device=device)
@@ -85,18 +83,21 @@ def _sync(device: str) -> None:
 
 
 def dispatch_us(device: str, n: int = 400) -> float | None:
-    """Host cost of one tiny op on ``device`` (µs, best of three rounds): the floor under every op."""
+    """Host cost of issuing one op that does no work, through a module as a model issues it (an
+    nn.Linear(1, 1) on one element; µs, best of three rounds): the floor under every op of a pass."""
     if device == "meta":
         return None
     import torch
 
-    a = torch.ones(1, device=device)
+    lin = torch.nn.Linear(1, 1).to(device)
+    x = torch.ones(1, 1, device=device)
     best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            torch.add(a, a)
-        best = min(best, (time.perf_counter() - t0) / n)
+    with torch.inference_mode():
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                lin(x)
+            best = min(best, (time.perf_counter() - t0) / n)
     _sync(device)
     return best * 1e6
 
@@ -130,7 +131,7 @@ def _cpu_times() -> tuple[float, dict[int, tuple[str, float]]]:
     return time.monotonic(), out
 
 
-def _neighbours(before, after, load, top: int = 3) -> tuple[Neighbour, ...]:
+def _neighbours(before, after, load, top: int = 5) -> tuple[Neighbour, ...]:
     """The processes other than ours that used the most CPU between two snapshots."""
     (t0, a), (t1, b) = before, after
     span = max(t1 - t0, 1e-3)
@@ -208,4 +209,4 @@ def _user_site(frame) -> str | None:
 
 def _library(path: str) -> bool:
     """The standard library and installed packages: not the user's code, not torch either."""
-    return path.startswith((sys.base_prefix, sys.prefix)) or "site-packages" in path or path.startswith("<")
+    return path.startswith((sys.base_prefix, sys.prefix, "<")) or "site-packages" in path

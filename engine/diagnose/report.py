@@ -122,7 +122,7 @@ def render_diff(d: dict[str, Any], name_a: str, name_b: str) -> str:
         lines.append(f"{label}: {len(found) or 'none'}")
         lines += [f"  [{f['severity']}] {f['bound']}: {f['evidence']}" for f in found]
     if any(d["disturbed"]):
-        lines.append("note: " + " and ".join(n for n, x in zip("AB", d["disturbed"]) if x) + " disturbed by foreign load")
+        lines.append("note: " + " and ".join(n for n, x in zip("AB", d["disturbed"], strict=True) if x) + " disturbed by foreign load")
     return "\n".join(lines) + "\n"
 
 

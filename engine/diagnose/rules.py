@@ -10,14 +10,15 @@ bound, as a roofline with a third roof for the host.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from opscope.engine.core.units import count_rate, format_bytes, format_rate
 from opscope.engine.diagnose.measurement import SEVERITIES, Finding, Issue, Measurement, Phase
 
 DISTURBED_CORES = 0.25  # as engine.bench.measure.quality: foreign load that marks figures disturbed
-HOST_SHARE = 0.3  # dispatch must explain this part of a pass's wall time to bind it
+HOST_SHARE = 0.25  # issuing the ops must explain this part of a pass's wall time to bind it
+EXPLAINED = 0.1  # a roof that explains less of a pass's wall time does not name its bound
 IDLE_PCT = 40.0  # share of a step with no op running that points at the input pipeline
 EXTRA_TRANSFERS = 1  # copies per step beyond the needed I/O (engine.diagnose.measure: MODEL_NEEDED, SCRIPT_NEEDED)
 COMPUTE, MEMORY, HOST = "compute", "memory", "host"
@@ -38,30 +39,28 @@ def _place(module: str, source: str) -> str:
 # --- the three roofs of a phase -------------------------------------------------------------------
 
 def roofs(m: Measurement, p: Phase) -> dict[str, float]:
-    """ms one pass of ``p`` needs at each known ceiling (compute, memory, host). The host's is the
-    time outside the ops' kernels (wall less the traced time inside ops, less a script's input
-    wait), at least ops × the cost of an empty op."""
+    """ms one pass of ``p`` needs at each known ceiling: compute, memory, and the host's, which is
+    its ops × the measured cost of issuing one empty op through a module (engine.diagnose.probes)."""
     out = {}
     if p.flop and m.peak_flop_s:
         out[COMPUTE] = p.flop / m.peak_flop_s * 1000.0
     if p.bytes and m.peak_bytes_s:
         out[MEMORY] = p.bytes / m.peak_bytes_s * 1000.0
     if p.ops and m.dispatch_us:
-        outside = p.wall_ms - p.op_ms - p.wall_ms * (m.idle_pct or 0.0) / 100.0 if p.op_ms is not None else 0.0
-        out[HOST] = max(p.ops * m.dispatch_us / 1000.0, outside)
+        out[HOST] = min(p.ops * m.dispatch_us / 1000.0, p.wall_ms)  # issuing cannot take longer than the pass
     return out
 
 
 def bound_of(m: Measurement, p: Phase) -> str | None:
-    """The roof that holds ``p`` (None: simulated times or no roof known)."""
+    """The roof that holds ``p``; None with simulated times, no roof known, or none that explains
+    a tenth of the pass (the time goes elsewhere: the top lines say where)."""
     r = roofs(m, p)
     if m.simulated or not r:
         return None
-    top = max(r, key=r.get)
-    if top == HOST and r[HOST] < HOST_SHARE * p.wall_ms:
-        r.pop(HOST)  # a roof below the measured time by far: not what holds this phase
-        top = max(r, key=r.get) if r else None
-    return top
+    if r.get(HOST, 0.0) < HOST_SHARE * p.wall_ms:
+        r.pop(HOST, None)  # issuing the ops explains little of this pass: not what holds it
+    top = max(r, key=r.get) if r else None
+    return top if top is not None and r[top] >= EXPLAINED * p.wall_ms else None
 
 
 def _heaviest(m: Measurement, bound: str) -> Phase | None:
@@ -164,11 +163,11 @@ def host_bound(m: Measurement) -> Finding | None:
         return None
     r = roofs(m, p)
     work = max(r.get(COMPUTE, 0.0), r.get(MEMORY, 0.0), p.wall_ms - r[HOST], 1e-3)
-    inside = f"its ops compute for {_ms(p.op_ms)}, " if p.op_ms is not None else ""
+    per_op = p.wall_ms * 1000.0 / p.ops
     return Finding("host-bound", "host", "medium",
-                   f"{_what(m, p)} runs {p.ops:.0f} ops per pass; {inside}the host spends {_ms(r[HOST])} of its "
-                   f"{_ms(p.wall_ms)} around them (Python, dispatch: {m.dispatch_us:.2g} µs for an empty op): "
-                   f"host-bound", _place(p.top_module, p.top_source),
+                   f"{_what(m, p)} runs {p.ops:.0f} ops in {_ms(p.wall_ms)} ({per_op:.2g} µs each, an empty op costs "
+                   f"{m.dispatch_us:.2g} µs to issue here); their work needs "
+                   f"{_ms(max(r.get(COMPUTE, 0.0), r.get(MEMORY, 0.0)))}: host-bound", _place(p.top_module, p.top_source),
                    "fewer, larger ops: torch.compile (--compile decode), CUDA graphs on a GPU, fused kernels "
                    "(the CPU fast path), or a larger batch per op",
                    f"the work itself needs ~{_ms(work)}: ceiling ~{_rate(p.tokens, work)} {m.unit}/s, "
@@ -225,7 +224,7 @@ RULES: tuple[Rule, ...] = (
     Rule("syncs", "host (syncs)", 4, syncs, "transfers or host waits beyond the needed I/O"),
     Rule("data-movement", "data movement", 5, data_movement, "≥ 1 host↔device copy per step/token beyond the needed I/O"),
     Rule("input-pipeline", "input pipeline", 6, input_pipeline, "no op runs for ≥ 40 % of a script's step"),
-    Rule("host-bound", "host", 7, host_bound, "time outside the ops' kernels is the largest roof and ≥ 30 % of the pass"),
+    Rule("host-bound", "host", 7, host_bound, "ops × the cost of an empty op is the largest roof and ≥ 25 % of the pass"),
     Rule("compute-bound", "compute", 8, compute_bound, "FLOP ÷ peak FLOP/s is the largest roof (MFU)"),
     Rule("memory-bound", "memory", 8, memory_bound, "bytes ÷ measured bandwidth is the largest roof (MBU)"),
 )

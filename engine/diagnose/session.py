@@ -3,9 +3,9 @@ RunResult of kind ``diagnosis`` that keeps them (saved by the caller: engine.tra
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from typing import Iterator
+from datetime import UTC, datetime
 
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.core.results import Metric, RunResult
@@ -55,23 +55,23 @@ def diagnose_model(lm, plan: ModelPlan, subject: str, telemetry_ms: float | None
     """Measure a loaded model and read the rules over it; returns the diagnosis and its run."""
     if plan.tokens < 2 or plan.trace_tokens < 2:
         raise ConfigError("a diagnosis needs at least 2 decode tokens (prefill, then decode)")
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     with _telemetry(telemetry_ms) as recorder:
         m = measure_model(lm, plan, subject)
     d = Diagnosis.of(m)
     settings = dict(settings or {}, subject=subject, target=m.target, variant=plan.variant,
                     prompt_tokens=m.phases[0].tokens if m.phases else 0, tokens=plan.tokens)
-    return d, _run(d, settings, recorder, (started, datetime.now(timezone.utc)))
+    return d, _run(d, settings, recorder, (started, datetime.now(UTC)))
 
 
 def diagnose_script(spec, target: str, telemetry_ms: float | None = TELEMETRY_MS):
     """Measure a user's script (engine.trace.script.ScriptSpec); returns (diagnosis, run, exit code)."""
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     with _telemetry(telemetry_ms) as recorder:
         m, trace, _report = measure_script(spec, target)
     d = Diagnosis.of(m)
     settings = {"subject": spec.label, "args": list(spec.args), "target": target}
-    return d, _run(d, settings, recorder, (started, datetime.now(timezone.utc))), trace.outcome.exit_code
+    return d, _run(d, settings, recorder, (started, datetime.now(UTC))), trace.outcome.exit_code
 
 
 def load_summaries(refs: list[str], db: str | None = None) -> list[tuple[str, dict]]:
