@@ -131,7 +131,7 @@ def _cpu_times() -> tuple[float, dict[int, tuple[str, float]]]:
     return time.monotonic(), out
 
 
-def _neighbours(before, after, load, top: int = 5) -> tuple[Neighbour, ...]:
+def _neighbours(before, after, load, top: int = 8) -> tuple[Neighbour, ...]:
     """The processes other than ours that used the most CPU between two snapshots."""
     (t0, a), (t1, b) = before, after
     span = max(t1 - t0, 1e-3)

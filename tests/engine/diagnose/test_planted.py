@@ -148,3 +148,33 @@ def test_a_step_that_waits_on_a_slow_python_loader_is_the_input_pipeline(tmp_pat
     assert code == 0 and top.startswith("1. [medium] input pipeline: no op runs for "), "\n".join(lines)
     assert f"while the host runs loader.py:{loader} (" in top
     assert lines[lines.index(top) + 1].startswith(f"   at loader.py:{loader} · fix: prepare batches ahead")
+
+
+def test_diff_of_two_saved_diagnoses_says_the_placement_finding_went_away(tiny_gguf, tmp_path, capsys):
+    db = str(tmp_path / "runs.sqlite")
+    common = ["diagnose", "--model", str(tiny_gguf), "--device", "meta", "--trace-tokens", "2", "--db", db]
+    _cli(capsys, *common, "--variant", "leaky-norm", "--name", "leaky")
+    _, lines = _cli(capsys, *common, "--name", "fixed", "--markdown", str(tmp_path / "fixed.md"))
+    assert lines[-2] == f"Markdown: {tmp_path / 'fixed.md'}"
+    assert (tmp_path / "fixed.md").read_text().startswith("# Diagnosis: tiny.gguf\n")
+    code, lines = _cli(capsys, "diagnose", "diff", "leaky", "fixed", "--db", db)
+    assert code == 0
+    assert lines[:2] == ["diagnose diff: A = leaky, B = fixed",
+                         "bound: not timed (simulated device)  →  not timed (simulated device)"]
+    gone = lines.index("gone in B: 2")
+    assert lines[gone + 1].startswith("  [high] placement: layers.*.attn_norm, layers.*.mlp_norm, norm: compute runs on cpu")
+    assert "new in B: none" in lines
+
+
+def test_diff_refuses_a_run_that_is_not_a_diagnosis(tmp_path, capsys):
+    from opscope.engine.core.results import RunResult
+    from opscope.engine.trace.runs import save
+
+    db = str(tmp_path / "runs.sqlite")
+    save(RunResult(kind="matmul", name="bench-a"), db)
+    capsys.readouterr()
+    code = main(["diagnose", "diff", "bench-a", "bench-a", "--db", db])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err == ("opscope: error: run bench-a (bench-a) is a matmul run, not a saved diagnosis "
+                   "(`opscope runs list --kind diagnosis` lists those)")
