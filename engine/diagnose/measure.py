@@ -155,7 +155,7 @@ def measure_model(lm, plan: ModelPlan, subject: str) -> Measurement:
     return Measurement(
         subject, "model", target, "token", plan.simulate, phases, ceil.flop_s, ceil.flop_label, ceil.bytes_s,
         ceil.bytes_label, None if fast else probes.dispatch_us(target), nbytes, count, pageable, None,
-        issues(report), cores=os.cpu_count() or 1, other_cores=cores, other_gpu_procs=gpu,
+        issues(report), traced_steps=max(run.result.tokens, 1), cores=os.cpu_count() or 1, other_cores=cores, other_gpu_procs=gpu,
         neighbours=neighbours, notes=tuple(notes))
 
 
@@ -180,7 +180,7 @@ def measure_script(spec, target: str) -> tuple[Measurement, object, object]:
         spec.label, "script", target, "step", False,
         (Phase(STEP, len(trace.step_ms) or 1, wall, 1, None, None, ops, op_ms, top, line),),
         dispatch_us=probes.dispatch_us(target), transfer_bytes_per_step=nbytes, transfers_per_step=count,
-        pageable_transfers=pageable, issues=issues(report), idle_pct=idle, idle_source=idle_line,
+        pageable_transfers=pageable, issues=issues(report), traced_steps=max(result.tokens, 1), idle_pct=idle, idle_source=idle_line,
         idle_source_pct=idle_pct, cores=os.cpu_count() or 1, other_cores=cores, other_gpu_procs=gpu,
         neighbours=neighbours, notes=tuple(report.notes))
     return m, trace, report

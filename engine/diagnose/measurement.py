@@ -68,6 +68,7 @@ class Measurement:
     pageable_transfers: int = 0
     link_bytes_s: float | None = None  # host↔device copy bandwidth (None on a CPU target)
     issues: tuple[Issue, ...] = ()
+    traced_steps: int = 0  # steps (tokens) the traced run covered: the issues' host_ms are over them
     idle_pct: float | None = None  # share of a step's wall time with no op running (scripts)
     idle_source: str = ""  # the user line the host was on meanwhile (stack samples)
     idle_source_pct: float = 0.0  # share of the idle samples on that line

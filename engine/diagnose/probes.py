@@ -15,7 +15,8 @@ from opscope.engine.diagnose.measurement import Neighbour
 
 log = logging.getLogger(__name__)
 
-PROBE_BYTES = 64 * 2**20  # the bandwidth probe's copy: well past any CPU cache
+PROBE_BYTES = {"cpu": 64 * 2**20, "cuda": 1 << 30}  # the bandwidth probe's copy: well past the caches
+PROBE_N = {"cpu": 1024, "cuda": 8192}  # the matmul probe's size: long enough to reach the device's pace
 PROBE_REPS = 5
 
 
@@ -69,10 +70,12 @@ def _probe_bandwidth(device: str) -> tuple[float, str]:
     import torch
     from opscope.engine.core.units import format_rate
 
-    src = torch.ones(PROBE_BYTES // 4, device=device)
+    size = PROBE_BYTES.get(device.split(":")[0], PROBE_BYTES["cpu"])
+    src = torch.ones(size // 4, device=device)
     dst = torch.empty_like(src)
-    value = 2 * PROBE_BYTES / _best_s(device, lambda: dst.copy_(src))
-    return value, f"{format_rate(value, 'B/s', 3)} of a 64 MiB copy probed now (no stored peak: `opscope bench bandwidth`)"
+    value = 2 * size / _best_s(device, lambda: dst.copy_(src))
+    return value, (f"{format_rate(value, 'B/s', 3)} of a {size >> 20} MiB copy probed now "
+                   f"(no stored peak: `opscope bench bandwidth`)")
 
 
 def _sync(device: str) -> None:

@@ -95,11 +95,16 @@ def foreign_load(m: Measurement) -> Finding | None:
 
 
 def _issue_finding(m: Measurement, rule: str, bound: str, i: Issue) -> Finding:
-    step_ms = (m.phase("decode") or m.phase("step") or (m.phases[0] if m.phases else None))
-    traced = f"; its ops took {_ms(i.host_ms)} of host time in the traced run" if i.host_ms else ""
-    gain = (f"{count_rate(i.per_step)} off-target ops/copies per {m.unit} go away{traced}"
-            + (" (times simulated)" if m.simulated else ""))
-    share = 100.0 * i.host_ms / (m.total_ms or 1.0) if step_ms else 0.0
+    what = "syncs" if i.kind in ("storm", "sync") else "off-target ops/copies"
+    gain = f"{count_rate(i.per_step)} {what} per {m.unit} go away"
+    step = m.phase("decode") or m.phase("step")
+    share = 0.0
+    if i.host_ms and m.traced_steps and step is not None and not m.simulated:
+        per_step = i.host_ms / m.traced_steps
+        share = 100.0 * min(per_step / step.wall_ms, 1.0) if step.wall_ms else 0.0
+        gain += f", with ~{_ms(per_step)} of host time per {m.unit} (traced; the {m.unit} takes {_ms(step.wall_ms)})"
+    elif m.simulated:
+        gain += " (times simulated: on the device each round trip waits for the link and a sync)"
     return Finding(rule, bound, i.severity if i.severity != "low" else "medium", i.title,
                    _place(i.module, i.source), i.fix, gain, share, {"kind": i.kind})
 
