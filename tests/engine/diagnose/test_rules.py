@@ -60,13 +60,13 @@ def test_ops_much_shorter_than_the_step_make_it_host_bound():
     m = replace(BASE, phases=(tiny,), dispatch_us=12.0)
     f = host_bound(m)
     assert f.severity == "medium"
-    assert f.evidence == ("decode runs 96 ops in 3 ms (31 µs each, an empty op costs 12 µs to issue here); their "
-                          "work needs 0.015 ms: host-bound")
+    assert f.evidence == ("decode runs 96 ops in 3 ms (31 µs each); issuing them costs ≥ 1.15 ms (12 µs per empty "
+                          "op, measured), their work needs ~0.015 ms: host-bound")
     assert f.place == "layers.*.attn at engine/models/transformer.py:95"
-    assert f.gain == "the work itself needs ~1.85 ms: ceiling ~541 token/s, you get 333"
+    assert f.gain == "with the ops fused the work alone allows ~6.67e+04 token/s, you get 333"
     assert memory_bound(m) is None
     assert diagnose(m)[0].rule == "host-bound"
-    assert host_bound(replace(m, dispatch_us=2.5)) is None  # issuing explains 8 % of the pass: not the bound
+    assert host_bound(replace(m, phases=(replace(tiny, bytes=150e6),))) is None  # now reading 150 MB takes longer
 
 
 def test_foreign_load_names_the_processes_and_marks_the_figures_disturbed():
@@ -148,3 +148,10 @@ def test_the_docs_table_lists_every_rule_with_its_bound_and_severity():
     for rule in RULES:
         cells = [c.strip() for c in rows[rule.name].split("|")]
         assert cells[2] == rule.bound and int(cells[4]) == rule.rank
+
+
+def test_the_phase_a_roof_holds_most_tightly_is_the_one_named():
+    # a load spike made an 8-token prefill (5 % of the bandwidth) take longer than the decode (54 %)
+    slow_prefill = replace(PREFILL, tokens=8, flop=2.2e9, wall_ms=2500.0)
+    m = replace(BASE, phases=(slow_prefill, replace(DECODE, passes=11)))
+    assert memory_bound(m).evidence.startswith("decode reads 515 MiB per token")
