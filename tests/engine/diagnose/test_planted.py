@@ -84,7 +84,9 @@ def test_embedded_batch_one_decode_is_memory_bound_and_a_clean_run_has_nothing_a
     assert (top.rule, top.bound) == ("memory-bound", "memory"), render_text(d)
     assert top.evidence.startswith("decode reads 51") and " MiB per token at " in top.evidence
     assert top.evidence.endswith("probed now (no stored peak: `opscope bench bandwidth`): memory-bound (MBU)")
-    assert top.place.startswith("layers.*.") and " at engine/models/transformer.py:" in top.place
+    module, _, line = top.place.partition(" at ")
+    # the largest readers: lm_head (113 MB, tied embedding) or one of the 30-layer patterns (~106 MB each)
+    assert (module == "lm_head" or module.startswith("layers.*.")) and line.startswith("engine/models/transformer.py:")
     assert [f.severity for f in d.findings if f.severity != "info"] == [], render_text(d)
     assert run.kind == "diagnosis" and run.trace_summary["findings"][0]["rule"] == "memory-bound"
 
