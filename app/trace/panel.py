@@ -82,6 +82,8 @@ class TracePanel(QWidget):
                                                    "(a short measurement of the loaded model, as `opscope diagnose`)")
         self.diagnosis = QPlainTextEdit(readOnly=True, objectName="diagnosis", visible=False)
         self.diagnosis.setLineWrapMode(QPlainTextEdit.WidgetWidth)
+        # ~10 lines, as the CLI prints them; longer ones scroll rather than squeeze the findings and ops
+        self.diagnosis.setMaximumHeight(self.diagnosis.fontMetrics().lineSpacing() * 11)
         for combo in (self.variant, self.target):  # a long choice elides instead of widening the window
             combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
             combo.setMinimumContentsLength(10)
