@@ -153,7 +153,7 @@ class StackSampler:
     def __init__(self, interval_s: float = 0.002):
         self.interval_s = interval_s
         self.samples: list[tuple[int, str | None]] = []  # (ns, user file:line or None when in ops)
-        self._main = threading.main_thread().ident
+        self._main = threading.main_thread().ident or 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="opscope-diagnose-stacks", daemon=True)
 

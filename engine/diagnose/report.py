@@ -104,7 +104,7 @@ def _key(f: dict) -> tuple:
 def diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """What changed from diagnosis A to diagnosis B (two saved summaries)."""
     ka, kb = {_key(f): f for f in a["findings"]}, {_key(f): f for f in b["findings"]}
-    walls = {}
+    walls: dict[str, list] = {}
     for s, side in ((a, 0), (b, 1)):
         for p in s["measurement"]["phases"]:
             walls.setdefault(p["name"], [None, None])[side] = p["wall_ms"]

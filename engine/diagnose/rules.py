@@ -61,7 +61,7 @@ def bound_of(m: Measurement, p: Phase) -> str | None:
     busy_ms = p.wall_ms * (1.0 - (m.idle_pct or 0.0) / 100.0)
     if set(r) == {HOST} and r[HOST] < HOST_ALONE * busy_ms:
         return None
-    return max(r, key=r.get)
+    return max(r, key=lambda k: r[k])
 
 
 def _held(m: Measurement, bound: str) -> Phase | None:
