@@ -249,5 +249,5 @@ def bound_line(m: Measurement) -> str:
     """What bounds each phase, in one line ("prefill: compute, decode: memory")."""
     if m.simulated:
         return "not timed (simulated device)"
-    parts = [f"{p.name}: {bound_of(m, p) or '?'}" for p in m.phases]
+    parts = [f"{p.name}: {bound_of(m, p) or 'unknown'}" for p in m.phases]
     return ", ".join(parts) if parts else "no timed phase"
