@@ -85,9 +85,10 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def dispatch_us(device: str, n: int = 400) -> float | None:
+def dispatch_us(device: str, n: int = 50, rounds: int = 20) -> float | None:
     """Host cost of issuing one op that does no work, through a module as a model issues it (an
-    nn.Linear(1, 1) on one element; µs, best of three rounds): the floor under every op of a pass."""
+    nn.Linear(1, 1) on one element; µs): the floor under every op of a pass. The best of many short
+    rounds, so that a round another process preempted does not count."""
     if device == "meta":
         return None
     import torch
@@ -96,7 +97,7 @@ def dispatch_us(device: str, n: int = 400) -> float | None:
     x = torch.ones(1, 1, device=device)
     best = float("inf")
     with torch.inference_mode():
-        for _ in range(3):
+        for _ in range(rounds):
             t0 = time.perf_counter()
             for _ in range(n):
                 lin(x)
