@@ -98,7 +98,12 @@ def render_markdown(d: Diagnosis) -> str:
 
 
 def _key(f: dict) -> tuple:
-    return f["rule"], f["place"]
+    """What makes two findings the same across runs: the code place, or for a bound the phase (its
+    top module may change), or for foreign load the rule alone (the neighbours do)."""
+    if f["rule"] == "foreign-load":
+        return (f["rule"],)
+    phase = (f.get("data") or {}).get("phase")
+    return (f["rule"], phase) if phase else (f["rule"], f["place"])
 
 
 def diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +112,8 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     walls: dict[str, list] = {}
     for s, side in ((a, 0), (b, 1)):
         for p in s["measurement"]["phases"]:
-            walls.setdefault(p["name"], [None, None])[side] = p["wall_ms"]
+            timed = not s["measurement"].get("simulated")
+            walls.setdefault(p["name"], [None, None])[side] = p["wall_ms"] if timed else None
     return {"bound": (a["bound"], b["bound"]), "phases_ms": {k: tuple(v) for k, v in walls.items()},
             "gone": [f for k, f in ka.items() if k not in kb], "new": [f for k, f in kb.items() if k not in ka],
             "kept": [f for k, f in kb.items() if k in ka], "disturbed": (a["disturbed"], b["disturbed"])}

@@ -179,7 +179,7 @@ def host_bound(m: Measurement) -> Finding | None:
                    "fewer, larger ops: torch.compile (--compile decode), CUDA graphs on a GPU, fused kernels "
                    "(the CPU fast path), or a larger batch per op",
                    f"with the ops fused the work alone allows ~{_rate(p.tokens, max(work, r[HOST] / p.ops))} "
-                   f"{m.unit}/s, you get {_rate(p.tokens, p.wall_ms)}", m.share_pct(p), {"roofs_ms": r})
+                   f"{m.unit}/s, you get {_rate(p.tokens, p.wall_ms)}", m.share_pct(p), {"roofs_ms": r, "phase": p.name})
 
 
 def compute_bound(m: Measurement) -> Finding | None:
@@ -195,7 +195,7 @@ def compute_bound(m: Measurement) -> Finding | None:
                    "fewer FLOPs or faster ones: bfloat16/float16 matmuls where the device has them, a quantized "
                    "fast path; a larger batch does not help a compute-bound pass",
                    f"ceiling ~{_rate(p.tokens, need)} {m.unit}/s, you get {_rate(p.tokens, p.wall_ms)}",
-                   m.share_pct(p), {"mfu_pct": 100 * achieved / m.peak_flop_s})
+                   m.share_pct(p), {"mfu_pct": 100 * achieved / m.peak_flop_s, "phase": p.name})
 
 
 def memory_bound(m: Measurement) -> Finding | None:
@@ -212,7 +212,7 @@ def memory_bound(m: Measurement) -> Finding | None:
                    "read fewer bytes per token: int8/int4 or Q8_0/Q4 weights, bfloat16 weights, or batch "
                    "several sequences so each weight read serves them all",
                    f"ceiling ~{_rate(p.tokens, need)} {m.unit}/s, you get {_rate(p.tokens, p.wall_ms)}",
-                   m.share_pct(p), {"mbu_pct": 100 * achieved / m.peak_bytes_s})
+                   m.share_pct(p), {"mbu_pct": 100 * achieved / m.peak_bytes_s, "phase": p.name})
 
 
 @dataclass(frozen=True)

@@ -155,3 +155,13 @@ def test_the_phase_a_roof_holds_most_tightly_is_the_one_named():
     slow_prefill = replace(PREFILL, tokens=8, flop=2.2e9, wall_ms=2500.0)
     m = replace(BASE, phases=(slow_prefill, replace(DECODE, passes=11)))
     assert memory_bound(m).evidence.startswith("decode reads 515 MiB per token")
+
+
+def test_diff_keeps_a_bound_whose_top_module_moved_and_foreign_load_whose_neighbours_changed():
+    a = Diagnosis.of(replace(BASE, other_cores=0.9, neighbours=(Neighbour(1, "a", 0.9),))).summary()
+    moved = replace(DECODE, top_module="lm_head", top_source="engine/models/transformer.py:289")
+    b = Diagnosis.of(replace(BASE, phases=(BASE.phases[0], moved), other_cores=0.8,
+                             neighbours=(Neighbour(2, "b", 0.8),))).summary()
+    d = diff(a, b)
+    assert d["gone"] == [] and d["new"] == []
+    assert [f["rule"] for f in d["kept"]] == ["foreign-load", "memory-bound", "compute-bound"]
