@@ -92,6 +92,16 @@ def step_profile(events, steps: range) -> tuple[float, float, str, str]:
     return ops / n, ns / 1e6 / n, top, line
 
 
+def device_busy_pct(result, steps: range) -> float | None:
+    """The ops' device time (CUDA events) over the traced wall time of ``steps``; None untimed."""
+    timed = [ev.device_dur_ns for ev in result.events if ev.step in steps and ev.device_dur_ns is not None]
+    marks = [result.start_ns, *result.token_ns]
+    if not timed or len(marks) <= steps.stop:
+        return None
+    wall = marks[steps.stop] - marks[steps.start]
+    return 100.0 * min(sum(timed) / wall, 1.0) if wall > 0 else None
+
+
 def issues(report) -> tuple[Issue, ...]:
     """The trace's findings (placement, storms, syncs, training health) as Issues."""
     out = []
@@ -130,13 +140,15 @@ def model_phases(lm, plan: ModelPlan, ids: list[int], run, target: str) -> tuple
     t = run.result.tokens
     pre = step_profile(events, range(1))
     dec = step_profile(events, range(1, max(t, 2)))
+    busy = device_busy_pct(run.result, range(1)), device_busy_pct(run.result, range(1, max(t, 2)))
     if plan.simulate:
-        return (Phase(PREFILL, 1, pre[1], n, None, None, *pre), Phase(DECODE, max(t - 1, 0), dec[1], 1, None, None, *dec))
+        return (Phase(PREFILL, 1, pre[1], n, None, None, *pre, busy[0]),
+                Phase(DECODE, max(t - 1, 0), dec[1], 1, None, None, *dec, busy[1]))
     prefill_ms, decode_ms = _timed(lm, ids, plan.tokens)
     pw, tw = pp_work(lm, n, 0, plan.dtype), tg_work(lm, plan.tokens, n, plan.dtype)
-    return (Phase(PREFILL, 1, prefill_ms, n, pw["flop"] * n, pw["bytes"] * n, *pre),
+    return (Phase(PREFILL, 1, prefill_ms, n, pw["flop"] * n, pw["bytes"] * n, *pre, busy[0]),
             Phase(DECODE, len(decode_ms), statistics.median(decode_ms) if decode_ms else 0.0, 1,
-                  tw["flop"], tw["bytes"], *dec))
+                  tw["flop"], tw["bytes"], *dec, busy[1]))
 
 
 def measure_model(lm, plan: ModelPlan, subject: str) -> Measurement:
@@ -178,7 +190,8 @@ def measure_script(spec, target: str) -> tuple[Measurement, object, object]:
     cores, gpu, neighbours = watch.finish()
     m = Measurement(
         spec.label, "script", target, "step", False,
-        (Phase(STEP, len(trace.step_ms) or 1, wall, 1, None, None, ops, op_ms, top, line),),
+        (Phase(STEP, len(trace.step_ms) or 1, wall, 1, None, None, ops, op_ms, top, line,
+               device_busy_pct(result, steps)),),
         dispatch_us=probes.dispatch_us(target), transfer_bytes_per_step=nbytes, transfers_per_step=count,
         pageable_transfers=pageable, issues=issues(report), traced_steps=max(result.tokens, 1), idle_pct=idle, idle_source=idle_line,
         idle_source_pct=idle_pct, cores=os.cpu_count() or 1, other_cores=cores, other_gpu_procs=gpu,

@@ -27,6 +27,7 @@ class Phase:
     op_ms: float | None = None  # time inside ops per pass (traced); None: not traced
     top_module: str = ""  # the module pattern with the most time inside ops
     top_source: str = ""  # its file:line
+    device_busy_pct: float | None = None  # CUDA: the ops' device time over the traced pass's wall time
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ def _phase_text(m: Measurement) -> list[str]:
             f"{p.name} {1000.0 / p.wall_ms:.3g} {m.unit}/s ({p.wall_ms:.3g} ms" if p.wall_ms else f"{p.name} (")
         if p.name != "prefill":
             what += f", {p.ops:.0f} ops" + (f", {100 * p.op_ms / p.wall_ms:.0f} % in ops" if p.op_ms and p.wall_ms
-                                             and m.kind == "script" else "") + ")"
+                                             and m.kind == "script" else "")
+            what += (f", device busy {p.device_busy_pct:.0f} %" if p.device_busy_pct is not None else "") + ")"
         out.append(what)
     return out
 

@@ -172,10 +172,11 @@ def host_bound(m: Measurement) -> Finding | None:
     r = roofs(m, p)
     work = max(r.get(COMPUTE, 0.0), r.get(MEMORY, 0.0), 1e-6)
     per_op = p.wall_ms * 1000.0 / p.ops
+    idle = f"; the device idles {100 - p.device_busy_pct:.0f} % of it" if p.device_busy_pct is not None else ""
     return Finding("host-bound", "host", "medium",
                    f"{_what(m, p)} runs {p.ops:.0f} ops in {_ms(p.wall_ms)} ({per_op:.2g} µs each); issuing them "
                    f"costs ≥ {_ms(r[HOST])} ({m.dispatch_us:.2g} µs per empty op, measured), their work needs "
-                   f"~{_ms(work)}: host-bound", _place(p.top_module, p.top_source),
+                   f"~{_ms(work)}{idle}: host-bound", _place(p.top_module, p.top_source),
                    "fewer, larger ops: torch.compile (--compile decode), CUDA graphs on a GPU, fused kernels "
                    "(the CPU fast path), or a larger batch per op",
                    f"with the ops fused the work alone allows ~{_rate(p.tokens, max(work, r[HOST] / p.ops))} "

@@ -165,3 +165,11 @@ def test_diff_keeps_a_bound_whose_top_module_moved_and_foreign_load_whose_neighb
     d = diff(a, b)
     assert d["gone"] == [] and d["new"] == []
     assert [f["rule"] for f in d["kept"]] == ["foreign-load", "memory-bound", "compute-bound"]
+
+
+def test_on_a_gpu_the_host_bound_finding_and_the_headline_say_how_long_the_device_idles():
+    tiny = Phase("decode", 31, 3.0, 1, flop=2e5, bytes=150e3, ops=96, top_module="layers.*.attn",
+                 device_busy_pct=12.0)
+    m = replace(BASE, target="cuda", phases=(tiny,), dispatch_us=12.0)
+    assert host_bound(m).evidence.endswith("their work needs ~0.015 ms; the device idles 88 % of it: host-bound")
+    assert "decode 333 token/s (3 ms, 96 ops, device busy 12 %)" in render_text(Diagnosis.of(m)).splitlines()[0]
