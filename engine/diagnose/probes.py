@@ -135,8 +135,9 @@ def _cpu_times() -> tuple[float, dict[int, tuple[str, float]]]:
     return time.monotonic(), out
 
 
-def _neighbours(before, after, load, top: int = 8) -> tuple[Neighbour, ...]:
-    """The processes other than ours that used the most CPU between two snapshots."""
+def _neighbours(before, after, load, top: int = 16) -> tuple[Neighbour, ...]:
+    """The processes other than ours that used the most CPU between two snapshots (at least 0.05
+    cores: on a shared machine a busy neighbour may get a small share of its own)."""
     (t0, a), (t1, b) = before, after
     span = max(t1 - t0, 1e-3)
     mine = os.getpid()
