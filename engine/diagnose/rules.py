@@ -1,7 +1,7 @@
 """The diagnosis rules, as data: RULES is one table, a row per finding (its name, the bound it names,
 where it ranks, and a pure function of a Measurement that returns the finding or None). Each function
 holds the rule's condition, evidence, wording, fix and expected gain; each is tested alone with a
-Measurement written by hand (tests/engine/diagnose/test_rules.py). docs/diagnose.md lists the table.
+Measurement written by hand (tests/engine/diagnose/test_diagnose_rules.py). docs/diagnose.md lists the table.
 
 Bounds of a phase (prefill, decode, a script's step), from the same measurement: the time its work
 needs at the compute ceiling (FLOP ÷ peak FLOP/s), at the bandwidth ceiling (bytes ÷ peak bytes/s)
