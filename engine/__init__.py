@@ -92,6 +92,11 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "trace_generation": (f"{_E}.trace.session", "trace_generation"),
     "TRACE_VARIANTS": (f"{_E}.trace.variants", "VARIANTS"),
     "trace_runs": (f"{_E}.trace.runs", None),
+    "save_trace_run": (f"{_E}.trace.runs", "save"),
+    # diagnose
+    "DiagnosisPlan": (f"{_E}.diagnose.measure", "ModelPlan"),
+    "diagnose_model": (f"{_E}.diagnose.session", "diagnose_model"),
+    "render_diagnosis": (f"{_E}.diagnose.report", "render_text"),
     # the command line (the app's `opscope` entry point hands its commands over)
     "cli_main": (f"{_E}.cli.main", "main"),
     "command_word": (f"{_E}.cli.main", "command_word"),

@@ -6,11 +6,11 @@ import html
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHeaderView, QLabel,
-                               QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSizePolicy, QSpinBox,
-                               QSplitter, QTableView, QTextBrowser, QVBoxLayout, QWidget)
+                               QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton, QSizePolicy,
+                               QSpinBox, QSplitter, QTableView, QTextBrowser, QVBoxLayout, QWidget)
 
 from opscope.app.ui.notify import export_guard
-from opscope.app.worker.protocol import TraceRequest
+from opscope.app.worker.protocol import DiagnoseRequest, TraceRequest
 from opscope.app.ui.tables import keep_in_view, refit
 from opscope.app.trace.ops_model import COLUMNS as OP_COLUMNS, ELASTIC, HIDDEN_BY_DEFAULT
 from opscope.app.trace.model import TraceModel
@@ -60,6 +60,7 @@ class TracePanel(QWidget):
         model.progress.connect(lambda done, total: self.status.setText(f"receiving ops {done:,}/{total:,}…"))
         model.finished.connect(self.show_report)
         model.failed.connect(self._on_failed)
+        self._connect_diagnose()
         self.findings.currentRowChanged.connect(self.select_finding)
         self._show_empty()
 
@@ -76,10 +77,17 @@ class TracePanel(QWidget):
         self.export_button = QPushButton("Export Perfetto JSON…", clicked=self.export_dialog, enabled=False)
         self.script_button = QPushButton("Trace a script…", clicked=self.open_script_dialog)
         self.script_dialog = None
+        self.diagnose_button = QPushButton("Diagnose", clicked=self.diagnose,
+                                           toolTip="why is it slow: the bound, the culprit line, the fix and the gain "
+                                                   "(a short measurement of the loaded model, as `opscope diagnose`)")
+        self.diagnosis = QPlainTextEdit(readOnly=True, objectName="diagnosis", visible=False)
+        self.diagnosis.setLineWrapMode(QPlainTextEdit.WidgetWidth)
+        # ~10 lines, as the CLI prints them; longer ones scroll rather than squeeze the findings and ops
+        self.diagnosis.setMaximumHeight(self.diagnosis.fontMetrics().lineSpacing() * 11)
         for combo in (self.variant, self.target):  # a long choice elides instead of widening the window
             combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
             combo.setMinimumContentsLength(10)
-        shrinkable(self.run_button, self.export_button, self.script_button)
+        shrinkable(self.run_button, self.export_button, self.script_button, self.diagnose_button)
         self.status = QLabel("Trace records every tensor op of a short generation with its device.",
                              objectName="statsLine", wordWrap=True)
         self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
@@ -115,6 +123,7 @@ class TracePanel(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(self._controls_layout())
         layout.addWidget(self.status)
+        layout.addWidget(self.diagnosis)
         layout.addLayout(cards)
         layout.addWidget(body, 1)
 
@@ -130,6 +139,7 @@ class TracePanel(QWidget):
             controls.addWidget(widget, 1, 2 * col + 1)
         controls.addWidget(self.export_button, 1, 5, 1, 2)
         controls.addWidget(self.script_button, 0, 7)
+        controls.addWidget(self.diagnose_button, 1, 7)
         controls.setColumnStretch(1, 1)
         controls.setColumnStretch(3, 2)
         return controls
@@ -189,6 +199,24 @@ class TracePanel(QWidget):
 
     def run(self) -> None:
         self.model.run(self.request())
+
+    def _connect_diagnose(self) -> None:
+        from opscope.app.trace.diagnose import DiagnoseModel
+
+        self.diagnose_model = DiagnoseModel(self.model.client, self)
+        self.diagnose_model.started.connect(lambda: self.status.setText("diagnosing the loaded model…"))
+        self.diagnose_model.finished.connect(self.show_diagnosis)
+        self.diagnose_model.failed.connect(lambda message: self.status.setText(f"diagnose failed: {message}"))
+
+    def diagnose(self) -> None:
+        """Diagnose the model Chat has loaded, with this panel's variant and target."""
+        self.diagnose_model.run(DiagnoseRequest(variant=self.variant.currentText(), simulate=self.target.currentData(),
+                                                db_url=getattr(self.window(), "db_url", None)))
+
+    def show_diagnosis(self, lines: list) -> None:
+        self.diagnosis.setPlainText("\n".join(lines))
+        self.diagnosis.setVisible(True)
+        self.status.setText(lines[0] if lines else "no diagnosis")
 
     def open_script_dialog(self):
         """Trace a user's own script (app/trace/script_dialog.py); its report shows here."""

@@ -24,7 +24,9 @@ class ScriptTraceDialog(QDialog):
         self.job = ScriptTraceJob(self)
         self.job.output.connect(self._append)
         self.job.finished.connect(self._on_finished)
+        self.job.diagnosed.connect(self._on_diagnosed)
         self.job.failed.connect(self._on_failed)
+        self.diagnosis: list[str] = []
         self.last_run: str | None = None
         self._t0 = 0.0
         self._timer = QTimer(self, interval=500, timeout=self._tick)
@@ -40,6 +42,8 @@ class ScriptTraceDialog(QDialog):
             self.target.addItem(label, value)
         self.run_button = QPushButton("Trace", objectName="primary", clicked=self.run)
         self.stop_button = QPushButton("Stop", clicked=self.job.cancel, enabled=False)
+        self.diagnose_button = QPushButton("Diagnose", clicked=lambda: self.run(diagnose=True),
+                                           toolTip="why is it slow: `opscope diagnose -- python SCRIPT`")
         self.output = QPlainTextEdit(readOnly=True)
         self.output.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
         self.status = QLabel("The script runs in its own process under the tracer; its output shows here.",
@@ -56,7 +60,7 @@ class ScriptTraceDialog(QDialog):
             if browse is not None:
                 grid.addWidget(QPushButton("Browse…", clicked=browse), row, 2)
         buttons = QHBoxLayout()
-        for w in (self.run_button, self.stop_button, QLabel("Compare with", buddy=self.compare_with), self.compare_with, self.diff_button):
+        for w in (self.run_button, self.diagnose_button, self.stop_button, QLabel("Compare with", buddy=self.compare_with), self.compare_with, self.diff_button):
             buttons.addWidget(w)
         layout = QVBoxLayout(self)
         layout.addLayout(grid)
@@ -79,16 +83,17 @@ class ScriptTraceDialog(QDialog):
         return ScriptTraceRequest(self.script.text().strip(), self.args.text(), self.cwd.text().strip(),
                                   self.target.currentData(), self.db_url)
 
-    def run(self) -> None:
+    def run(self, diagnose: bool = False) -> None:
         if not self.script.text().strip():
             self.status.setText("choose a script first")
             return
         self.output.clear()
         self.run_button.setEnabled(False)
+        self.diagnose_button.setEnabled(False)
         self.stop_button.setEnabled(True)
         self._t0 = time.monotonic()
         self._timer.start()
-        self.job.start(self.request())
+        self.job.start(self.request(), diagnose=diagnose)
 
     def _tick(self) -> None:
         self.status.setText(f"running under the tracer… {time.monotonic() - self._t0:.0f} s")
@@ -101,6 +106,7 @@ class ScriptTraceDialog(QDialog):
     def _done(self) -> None:
         self._timer.stop()
         self.run_button.setEnabled(True)
+        self.diagnose_button.setEnabled(True)
         self.stop_button.setEnabled(False)
 
     def _on_failed(self, message: str) -> None:
@@ -116,6 +122,12 @@ class ScriptTraceDialog(QDialog):
                             f"{len(report['findings'])} finding(s){saved}. The report is in the Trace panel.")
         self._fill_runs()
         self.report_ready.emit(result)
+
+    def _on_diagnosed(self, lines: list) -> None:
+        """The diagnosis is already in the output box (the child's stdout); its headline goes up top."""
+        self._done()
+        self.diagnosis = list(lines)
+        self.status.setText(lines[0] if lines else "the diagnosis printed nothing")
 
     def _fill_runs(self) -> None:
         from opscope.engine import EngineError

@@ -38,10 +38,18 @@ class ScriptTraceRequest:
                 "--jsonl", str(folder / "ops.jsonl"), "--out", str(folder / "trace.perfetto.json"),
                 "--", "python", self.script, *shlex.split(self.args)]
 
+    def diagnose_argv(self) -> list[str]:
+        """`opscope diagnose -- python SCRIPT ARGS`: the script's diagnosis, saved as a run."""
+        db = ["--db", self.db_url] if self.db_url else []
+        target = ["--target", self.target] if self.target else []
+        return ["-m", "opscope.engine.cli.main", *db, "diagnose", *target, *(["--cwd", self.cwd] if self.cwd else []),
+                "--", "python", self.script, *shlex.split(self.args)]
+
 
 class ScriptTraceJob(QObject):
     output = Signal(str)  # a piece of the script's (and then the report's) output
     finished = Signal(dict)  # {"report", "columns", "exit_code", "run_id", "run_name", "perfetto_path"}
+    diagnosed = Signal(list)  # a diagnosis's lines (start(..., diagnose=True)), as `opscope diagnose` prints them
     failed = Signal(str)
 
     def __init__(self, parent: QObject | None = None) -> None:
@@ -49,14 +57,16 @@ class ScriptTraceJob(QObject):
         self.process: QProcess | None = None
         self._folder: tempfile.TemporaryDirectory | None = None
         self._stdout: list[str] = []
+        self._diagnose = False
 
     @property
     def busy(self) -> bool:
         return self.process is not None
 
-    def start(self, req: ScriptTraceRequest) -> None:
+    def start(self, req: ScriptTraceRequest, diagnose: bool = False) -> None:
         if self.busy:
             return
+        self._diagnose = diagnose
         self._folder = tempfile.TemporaryDirectory(prefix="opscope-script-trace-")
         self._stdout = []
         proc = self.process = QProcess(self)
@@ -69,7 +79,7 @@ class ScriptTraceJob(QObject):
         proc.readyReadStandardError.connect(lambda: self._read(proc.readAllStandardError(), False))
         proc.finished.connect(self._on_finished)
         proc.errorOccurred.connect(self._on_error)
-        proc.start(sys.executable, req.argv(Path(self._folder.name)))
+        proc.start(sys.executable, req.diagnose_argv() if diagnose else req.argv(Path(self._folder.name)))
 
     def cancel(self) -> None:
         if self.process is not None:
@@ -88,6 +98,9 @@ class ScriptTraceJob(QObject):
 
     def _on_finished(self, exit_code: int, _status) -> None:
         self.process = None
+        if self._diagnose:
+            self._on_diagnosed(exit_code)
+            return
         folder = Path(self._folder.name)
         report_path = folder / "report.json"
         if not report_path.is_file():
@@ -99,6 +112,18 @@ class ScriptTraceJob(QObject):
                             "exit_code": exit_code, "run_id": int(saved[-1][1]) if saved else None,
                             "run_name": saved[-1][2] if saved else None,
                             "perfetto_path": str(folder / "trace.perfetto.json")})
+
+
+    def _on_diagnosed(self, exit_code: int) -> None:
+        lines = "".join(self._stdout).splitlines()
+        start = next((i for i, line in enumerate(lines) if _DIAGNOSIS.match(line)), None)
+        if start is None:
+            self.failed.emit(f"the diagnosis ended (exit code {exit_code}) without a report; see the output")
+            return
+        self.diagnosed.emit(lines[start + 1:])
+
+
+_DIAGNOSIS = re.compile(r"^=+ opscope diagnose: ")
 
 
 def read_columns(path: Path) -> dict[str, list]:

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 # Seconds a running job may go without any message before the worker counts as hung. A job that
 # streams (tokens, progress, trace batches) resets the clock with every message.
-IDLE_TIMEOUT_S = {"load": 300.0, "generate": 120.0, "chat": 120.0, "trace": 600.0, "bench": 900.0,
+IDLE_TIMEOUT_S = {"load": 300.0, "generate": 120.0, "chat": 120.0, "trace": 600.0, "diagnose": 600.0, "bench": 900.0,
                   "debug": 30.0}
 DEFAULT_IDLE_TIMEOUT_S = 120.0
 

@@ -38,6 +38,7 @@ class EngineState:
             "generate": self.generate,
             "chat": self.chat,
             "trace": self.trace,
+            "diagnose": lambda req, _cancel: self.diagnose(req),
             "bench": self.bench,
             "roofline": lambda req, _cancel: stored_roofline(req.run_id, req.db_url),
             "info": lambda _req, _cancel: engine_info(),
@@ -109,6 +110,11 @@ class EngineState:
         from opscope.app.worker.trace import run_trace
 
         return run_trace(self.require_model(), req, self.send, cancel)
+
+    def diagnose(self, req) -> dict:
+        from opscope.app.worker.diagnose import run_diagnose
+
+        return run_diagnose(self.require_model(), req)
 
     def bench(self, req: BenchRequest, cancel: threading.Event) -> dict:
         from opscope.app.worker.bench import run_bench

@@ -5,7 +5,7 @@ per line, UTF-8 JSON. Requests go GUI → worker, each with an integer ``id``; e
 says back carries the ``id`` of the request it belongs to (``None`` for unsolicited messages such as
 ``ready``). A request ends with exactly one terminal reply: ``result`` or ``error``.
 
-Requests (``type``): load, generate, chat, stop, trace, bench, roofline, shutdown, ping, info, debug.
+Requests (``type``): load, generate, chat, stop, trace, diagnose, bench, roofline, shutdown, ping, info, debug.
 Replies (``type``):
     ready     the worker is up: pid, python, protocol version
     started   the worker began a request (queued requests are not yet running)
@@ -78,6 +78,20 @@ class TraceRequest:
 
 
 @dataclass(frozen=True)
+class DiagnoseRequest:
+    """A bounded diagnosis of the loaded model (engine.diagnose): the result carries its lines."""
+
+    prompt_tokens: int = 32
+    tokens: int = 16
+    trace_tokens: int = 3
+    variant: str = "clean"
+    simulate: str = ""  # "" = the loaded device; "meta" = a simulated accelerator
+    save: bool = True  # as a run of kind "diagnosis" in db_url's store
+    db_url: str | None = None
+    type: str = "diagnose"
+
+
+@dataclass(frozen=True)
 class BenchRequest:
     suite: str
     params: dict = field(default_factory=dict)
@@ -128,12 +142,12 @@ class DebugRequest:
 
 
 Request = (LoadRequest | GenerateRequest | ChatRequest | StopRequest | TraceRequest | BenchRequest | RooflineRequest
-           | ShutdownRequest | PingRequest | InfoRequest | DebugRequest)
+           | ShutdownRequest | PingRequest | InfoRequest | DebugRequest | DiagnoseRequest)
 
 REQUEST_TYPES: dict[str, type] = {
     cls.type: cls  # type: ignore[attr-defined]
     for cls in (LoadRequest, GenerateRequest, ChatRequest, StopRequest, TraceRequest, BenchRequest, RooflineRequest,
-                ShutdownRequest, PingRequest, InfoRequest, DebugRequest)
+                ShutdownRequest, PingRequest, InfoRequest, DebugRequest, DiagnoseRequest)
 }
 
 

@@ -28,6 +28,7 @@ from opscope.engine.core.errors import Cancelled, EngineError
 COMMAND_MODULES = (
     "opscope.engine.cli.commands.generate",
     "opscope.engine.cli.commands.trace",
+    "opscope.engine.cli.commands.diagnose",
     "opscope.engine.cli.commands.monitor",
     "opscope.engine.cli.commands.bench",
     "opscope.engine.cli.commands.runs",
@@ -41,6 +42,7 @@ COMMAND_MODULES = (
 COMMAND_HOMES = {
     "generate": "opscope.engine.cli.commands.generate", "chat": "opscope.engine.cli.commands.generate",
     "models": "opscope.engine.cli.commands.generate", "trace": "opscope.engine.cli.commands.trace",
+    "diagnose": "opscope.engine.cli.commands.diagnose",
     "monitor": "opscope.engine.cli.commands.monitor", "bench": "opscope.engine.cli.commands.bench", "runs": "opscope.engine.cli.commands.runs",
     "plugins": "opscope.engine.cli.commands.plugins", "fastpath": "opscope.engine.cli.commands.fastpath",
 }

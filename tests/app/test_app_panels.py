@@ -348,3 +348,20 @@ def test_the_window_fits_a_1024x640_screen_with_nothing_cut(qtbot, window):
     finally:
         window.resize(1400, 900)
         window.docks["chat"].raise_()
+
+
+def test_diagnose_shows_the_top_finding_of_the_loaded_model(qtbot, window):
+    panel = window.panels["trace"]
+    window.docks["trace"].raise_()
+    panel.variant.setCurrentText("leaky-norm")
+    panel.target.setCurrentIndex(panel.target.findData("meta"))
+    assert not panel.diagnosis.isVisible()
+    with qtbot.waitSignal(panel.diagnose_model.finished, timeout=300_000):
+        panel.diagnose_button.click()
+    lines = panel.diagnosis.toPlainText().splitlines()
+    assert panel.diagnosis.isVisible()
+    assert lines[0].startswith("diagnose SmolLM2-135M") and lines[0].endswith("bound: not timed (simulated device)")
+    assert lines[1].startswith("1. [high] placement: layers.*.attn_norm, layers.*.mlp_norm, norm: compute runs on cpu")
+    assert lines[2].startswith("   at layers.*.attn_norm, layers.*.mlp_norm, norm at engine/trace/planted.py:")
+    assert lines[-1].startswith("saved as run ") and "(diagnosis-" in lines[-1]
+    assert panel.status.text() == lines[0]

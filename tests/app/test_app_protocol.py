@@ -27,7 +27,7 @@ def test_request_round_trip_keeps_type_and_fields():
 
 
 def test_every_request_type_is_registered():
-    assert set(protocol.REQUEST_TYPES) == {"load", "generate", "chat", "stop", "trace", "bench", "roofline",
+    assert set(protocol.REQUEST_TYPES) == {"load", "generate", "chat", "stop", "trace", "diagnose", "bench", "roofline",
                                            "shutdown", "ping", "info", "debug"}
 
 
