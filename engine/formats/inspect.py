@@ -41,7 +41,8 @@ def describe(source) -> dict:
         "file_size": format_bytes(source.file_size_bytes),
         "tokenizer": f"{tok.backend.get_vocab_size()} tokens, bos={tok.bos_id}, eos={list(tok.eos_ids)}, "
                      f"add_bos={tok.add_bos}",
-        "chat_template": "present" if tok.chat_template else "absent (ChatML fallback)",
+        "chat_template": "present" if tok.chat_template else
+                         f"absent: {tok.fallback.name} fallback ({tok.fallback.reason})",
     }
 
 
