@@ -17,8 +17,9 @@ from itertools import zip_longest
 from typing import Any, Callable
 
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
-from opscope.engine.bench.measure.runner import AB_LABELS, PointOutcome, ProgressFn, measure_pair, measure_point
-from opscope.engine.bench.session import RunSink, _finish, _new_result, _status
+from opscope.engine.bench.measure.runner import (AB_LABELS, Budget, PointOutcome, ProgressFn, measure_pair,
+                                                measure_point)
+from opscope.engine.bench.session import RunSink, _finish, _new_result, _status, keep_budget
 from opscope.engine.bench.suites import get_suite
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.errors import Cancelled, ConfigError
@@ -122,16 +123,18 @@ def _measure(pair: _Pair, cfg, cancel, progress: ProgressFn | None, before) -> N
             progress(done, total, elapsed / done * (total - done) if done > 0 else None)
 
     report(0.0)
+    budget = Budget.for_run(cfg, total)  # --quick: one budget for both sides
     for k, (pa, pb) in enumerate(zip_longest(iter(pair.plans[0].points), iter(pair.plans[1].points))):
         tick = (lambda f, k=k: report(k + f))
         if pa is not None and pb is not None and pa.name == pb.name:
-            for i, outcome in enumerate(measure_pair((pa, pb), cfg, cancel, tick, before)):
+            for i, outcome in enumerate(measure_pair((pa, pb), cfg, cancel, tick, before, budget)):
                 pair.add_outcome(i, outcome)
         else:  # a point only one side has (or a different one): measured alone, not compared
             for i, point in enumerate((pa, pb)):
                 if point is not None:
-                    pair.add_outcome(i, measure_point(point, cfg, cancel, tick))
+                    pair.add_outcome(i, measure_point(point, cfg, cancel, tick, budget))
         report(float(k + 1))
+    keep_budget(budget, cfg, pair.results, pair.sink, pair.ids)
     for i, plan in enumerate(pair.plans):
         for metric in plan.finish(plan.outcomes) if plan.finish else []:
             pair.add(i, metric)

@@ -66,8 +66,19 @@ def summary_table(result: RunResult, run_id, out: IO[str] | None = None) -> None
         console.print(escape(f"energy: {result.settings['suite_params']['energy']}"), soft_wrap=True)
     for line in quality_lines(result):
         console.print(escape(line), soft_wrap=True)
+    budget = budget_text(result)
+    if budget:
+        console.print(escape(budget), soft_wrap=True)
     if result.error:
         console.print(f"[bold]run {result.status}:[/bold] {escape(result.error)}")
+
+
+def budget_text(result: RunResult) -> str | None:
+    """--quick's line when its time budget cut points short (engine.bench.measure.runner.Budget)."""
+    from opscope.engine.bench.measure.runner import budget_line
+
+    runner = result.settings.get("runner") or {}
+    return budget_line(runner.get("budget"), runner.get("min_reps", 0))
 
 
 def quality_lines(result: RunResult) -> list[str]:
