@@ -9,6 +9,7 @@ with ``settings["interleaved"]`` naming the pair, and the comparison of B agains
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from datetime import datetime
 from itertools import zip_longest
 from typing import Any, Callable
 
+from opscope.engine.bench.measure.memory import SHARED_AB
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
 from opscope.engine.bench.measure.runner import (AB_LABELS, Budget, PointOutcome, ProgressFn, measure_pair,
                                                 measure_point)
@@ -28,8 +30,9 @@ from opscope.engine.core.results import Metric, RunResult
 log = logging.getLogger(__name__)
 
 ORDER = "ABBA per repetition, one process"
-PEAK_MEMORY_NOTE = ("on the CPU, peak memory is the process's resident set: it holds both sides' models and "
-                    "buffers, so compare it between the two sides, not with a run of one setting")
+PEAK_MEMORY_NOTE = ("shared: A and B run in one process, whose peak (resident set on the CPU, allocator peak on "
+                    "CUDA) holds both sides' models and buffers; the .peak_mem_bytes metrics carry "
+                    f"memory={SHARED_AB!r} and are not per side: for one side's peak, run it alone (without --ab)")
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ class _Pair:
         self.ids = [sink.begin_run(r) if sink is not None else None for r in self.results]
 
     def add(self, i: int, metric: Metric) -> None:
+        if metric.name.endswith(".peak_mem_bytes"):  # one process for both sides: marked, never per side
+            metric = dataclasses.replace(metric, params={**metric.params, "memory": SHARED_AB})
         self.results[i].metrics.append(metric)
         if self.sink is not None:
             self.sink.add_metric(self.ids[i], metric)  # committed now: a crash keeps every finished point

@@ -31,9 +31,15 @@ def _row(m: Metric) -> list[str]:
     if s.n and s.n < 10:
         note = (note + "; " if note else "") + f"{s.n} samples"
     unit = unit if m.unit in BYTE_UNITS else unit_label(m)
-    note = "; ".join(n for n in (note, _load_note(m)) if n)
+    note = "; ".join(n for n in (note, _load_note(m), _shared_note(m)) if n)
     return [m.name, unit, _fmt(s.median / scale), f"±{s.ci_halfwidth_pct:.1f}%" if s.n > 1 else "", ci, str(s.n),
             m.quality or "—", note]
+
+
+def _shared_note(m: Metric) -> str:
+    from opscope.engine.bench.measure.memory import SHARED_AB, SHARED_AB_NOTE
+
+    return SHARED_AB_NOTE if m.params.get("memory") == SHARED_AB else ""
 
 
 def _load_note(m: Metric) -> str:

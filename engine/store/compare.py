@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from opscope.engine.bench.measure.stats import (DEFAULT_CONFIDENCE, Summary, can_reach, geomean, mann_whitney_p,
                                 min_p_value, min_samples_per_side, summarize)
+from opscope.engine.bench.measure.memory import SHARED_AB
 from opscope.engine.bench.measure.quality import DISTURBED
 from opscope.engine.bench.ceilings.utilisation import PEAK_PARAMS, over_ceiling
 from opscope.engine.core.errors import ConfigError
@@ -211,6 +212,8 @@ def compare_samples(base: Sequence[float], other: Sequence[float], *, higher_is_
 def _row(key: tuple[str, str, str], metrics: list[Metric | None], alpha: float, confidence: float) -> Row:
     first = next(m for m in metrics if m is not None)
     cells = tuple(_cell(m, confidence) for m in metrics)
+    if first.params.get("memory") == SHARED_AB:  # one process's peak for both sides: no change to claim
+        return Row(key[0], first.unit, dict(first.params), first.higher_is_better, cells, (None,) * (len(metrics) - 1))
     deltas = tuple(
         _delta(cells[0], cells[i], metrics[0], metrics[i], first.higher_is_better, alpha)
         if metrics[0] is not None and metrics[i] is not None else None
