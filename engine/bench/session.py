@@ -110,7 +110,7 @@ def keep_budget(budget: Budget | None, cfg, results: list[RunResult], sink, run_
         return
     record = budget.record()
     line = budget_line(record, cfg.min_reps)
-    for result, run_id in zip(results, run_ids):
+    for result, run_id in zip(results, run_ids, strict=True):
         result.settings.setdefault("runner", {})["budget"] = record
         if line:
             result.notes = f"{result.notes}\n{line}".strip()

@@ -161,7 +161,7 @@ def step_change_lines(c: dict[str, Any] | None) -> list[str]:
     if any(c["noisy"]):
         from opscope.engine.bench.measure.stats import NOISE_THRESHOLD_PCT
 
-        noise = ", ".join(f"{side} {pct:.0f}%" for side, pct in zip("AB", c["noise_pct"]))
+        noise = ", ".join(f"{side} {pct:.0f}%" for side, pct in zip("AB", c["noise_pct"], strict=True))
         lines.append(f"    noisy: step-time IQR/median {noise} (over {NOISE_THRESHOLD_PCT:g}%): rerun on a "
                      f"quieter machine or with more steps")
     return lines

@@ -78,7 +78,7 @@ class Budget:
         self.cut: list[tuple[str, int]] = []  # (point, repetitions kept) of points stopped short
 
     @classmethod
-    def for_run(cls, cfg: RunnerConfig, total_points: int) -> "Budget | None":
+    def for_run(cls, cfg: RunnerConfig, total_points: int) -> Budget | None:
         return cls(cfg.budget_s, total_points) if cfg.budget_s is not None else None
 
     def point_deadline_ns(self) -> int:
