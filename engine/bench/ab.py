@@ -9,6 +9,7 @@ with ``settings["interleaved"]`` naming the pair, and the comparison of B agains
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -16,9 +17,11 @@ from datetime import datetime
 from itertools import zip_longest
 from typing import Any, Callable
 
+from opscope.engine.bench.measure.memory import SHARED_AB
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
-from opscope.engine.bench.measure.runner import AB_LABELS, PointOutcome, ProgressFn, measure_pair, measure_point
-from opscope.engine.bench.session import RunSink, _finish, _new_result, _status
+from opscope.engine.bench.measure.runner import (AB_LABELS, Budget, PointOutcome, ProgressFn, measure_pair,
+                                                measure_point)
+from opscope.engine.bench.session import RunSink, _finish, _new_result, _status, keep_budget
 from opscope.engine.bench.suites import get_suite
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.errors import Cancelled, ConfigError
@@ -27,8 +30,9 @@ from opscope.engine.core.results import Metric, RunResult
 log = logging.getLogger(__name__)
 
 ORDER = "ABBA per repetition, one process"
-PEAK_MEMORY_NOTE = ("on the CPU, peak memory is the process's resident set: it holds both sides' models and "
-                    "buffers, so compare it between the two sides, not with a run of one setting")
+PEAK_MEMORY_NOTE = ("shared: A and B run in one process, whose peak (resident set on the CPU, allocator peak on "
+                    "CUDA) holds both sides' models and buffers; the .peak_mem_bytes metrics carry "
+                    f"memory={SHARED_AB!r} and are not per side: for one side's peak, run it alone (without --ab)")
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ class _Pair:
         self.ids = [sink.begin_run(r) if sink is not None else None for r in self.results]
 
     def add(self, i: int, metric: Metric) -> None:
+        if metric.name.endswith(".peak_mem_bytes"):  # one process for both sides: marked, never per side
+            metric = dataclasses.replace(metric, params={**metric.params, "memory": SHARED_AB})
         self.results[i].metrics.append(metric)
         if self.sink is not None:
             self.sink.add_metric(self.ids[i], metric)  # committed now: a crash keeps every finished point
@@ -122,16 +128,18 @@ def _measure(pair: _Pair, cfg, cancel, progress: ProgressFn | None, before) -> N
             progress(done, total, elapsed / done * (total - done) if done > 0 else None)
 
     report(0.0)
+    budget = Budget.for_run(cfg, total)  # --quick: one budget for both sides
     for k, (pa, pb) in enumerate(zip_longest(iter(pair.plans[0].points), iter(pair.plans[1].points))):
         tick = (lambda f, k=k: report(k + f))
         if pa is not None and pb is not None and pa.name == pb.name:
-            for i, outcome in enumerate(measure_pair((pa, pb), cfg, cancel, tick, before)):
+            for i, outcome in enumerate(measure_pair((pa, pb), cfg, cancel, tick, before, budget)):
                 pair.add_outcome(i, outcome)
         else:  # a point only one side has (or a different one): measured alone, not compared
             for i, point in enumerate((pa, pb)):
                 if point is not None:
-                    pair.add_outcome(i, measure_point(point, cfg, cancel, tick))
+                    pair.add_outcome(i, measure_point(point, cfg, cancel, tick, budget))
         report(float(k + 1))
+    keep_budget(budget, cfg, pair.results, pair.sink, pair.ids)
     for i, plan in enumerate(pair.plans):
         for metric in plan.finish(plan.outcomes) if plan.finish else []:
             pair.add(i, metric)

@@ -31,9 +31,15 @@ def _row(m: Metric) -> list[str]:
     if s.n and s.n < 10:
         note = (note + "; " if note else "") + f"{s.n} samples"
     unit = unit if m.unit in BYTE_UNITS else unit_label(m)
-    note = "; ".join(n for n in (note, _load_note(m)) if n)
+    note = "; ".join(n for n in (note, _load_note(m), _shared_note(m)) if n)
     return [m.name, unit, _fmt(s.median / scale), f"±{s.ci_halfwidth_pct:.1f}%" if s.n > 1 else "", ci, str(s.n),
             m.quality or "—", note]
+
+
+def _shared_note(m: Metric) -> str:
+    from opscope.engine.bench.measure.memory import SHARED_AB, SHARED_AB_NOTE
+
+    return SHARED_AB_NOTE if m.params.get("memory") == SHARED_AB else ""
 
 
 def _load_note(m: Metric) -> str:
@@ -66,8 +72,19 @@ def summary_table(result: RunResult, run_id, out: IO[str] | None = None) -> None
         console.print(escape(f"energy: {result.settings['suite_params']['energy']}"), soft_wrap=True)
     for line in quality_lines(result):
         console.print(escape(line), soft_wrap=True)
+    budget = budget_text(result)
+    if budget:
+        console.print(escape(budget), soft_wrap=True)
     if result.error:
         console.print(f"[bold]run {result.status}:[/bold] {escape(result.error)}")
+
+
+def budget_text(result: RunResult) -> str | None:
+    """--quick's line when its time budget cut points short (engine.bench.measure.runner.Budget)."""
+    from opscope.engine.bench.measure.runner import budget_line
+
+    runner = result.settings.get("runner") or {}
+    return budget_line(runner.get("budget"), runner.get("min_reps", 0))
 
 
 def quality_lines(result: RunResult) -> list[str]:

@@ -16,7 +16,7 @@ from opscope.engine.core import fingerprint
 from opscope.engine.bench.measure.memory import peak_unit_note
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
 from opscope.engine.bench.measure.quality import worst
-from opscope.engine.bench.measure.runner import ProgressFn, run_points
+from opscope.engine.bench.measure.runner import Budget, ProgressFn, budget_line, run_points
 from opscope.engine.bench.suites import get_suite
 from opscope.engine.core.errors import Cancelled
 from opscope.engine.core.results import Metric, RunResult
@@ -85,10 +85,13 @@ def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_i
             on_metric(metric)
 
     cfg = opts.runner_config()
-    for outcome in run_points(plan.points, cfg, cancel=cancel, progress=progress, total=plan.n_points):
+    budget = Budget.for_run(cfg, plan.n_points)
+    for outcome in run_points(plan.points, cfg, cancel=cancel, progress=progress, total=plan.n_points,
+                              budget=budget):
         plan.outcomes.append(outcome)
         for metric in outcome.metrics:
             add(metric)
+    keep_budget(budget, cfg, [result], sink, [run_id])
     if plan.finish is not None:
         finished = plan.finish(plan.outcomes, progress=progress) if plan.finish_reports_progress \
             else plan.finish(plan.outcomes)
@@ -98,6 +101,21 @@ def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_i
         result.markers.extend(plan.markers)
         if sink is not None and hasattr(sink, "add_markers"):
             sink.add_markers(run_id, plan.markers)
+
+
+def keep_budget(budget: Budget | None, cfg, results: list[RunResult], sink, run_ids: list) -> None:
+    """A run under a time budget says what the budget did: in its settings (runner.budget) and,
+    when points were cut short, in one line added to its notes (saved, and printed by the CLI)."""
+    if budget is None:
+        return
+    record = budget.record()
+    line = budget_line(record, cfg.min_reps)
+    for result, run_id in zip(results, run_ids, strict=True):
+        result.settings.setdefault("runner", {})["budget"] = record
+        if line:
+            result.notes = f"{result.notes}\n{line}".strip()
+            if sink is not None and run_id is not None and hasattr(sink, "set_notes"):
+                sink.set_notes(run_id, result.notes)
 
 
 def _finish(sink, run_id, result: RunResult, status: str, error: str | None) -> None:

@@ -145,9 +145,10 @@ def _read_value(cur: _Cursor, vtype: int, key: str):
     raise WrongMetadataType(cur.path, f"array {key} has unsupported element type {etype} (at byte {cur.pos - 4})")
 
 
-def _read_meta(cur: _Cursor, n_kv: int) -> tuple[dict, dict[str, str]]:
+def _read_meta(cur: _Cursor, n_kv: int) -> tuple[dict, dict]:
+    """(key → value, key → declared type as gguf_spec names it)."""
     meta: dict = {}
-    kinds: dict[str, str] = {}
+    declared: dict = {}
     for _ in range(n_kv):
         at = cur.pos
         key = cur.name("metadata key")
@@ -156,8 +157,8 @@ def _read_meta(cur: _Cursor, n_kv: int) -> tuple[dict, dict[str, str]]:
         vtype = cur.take("I", f"the value type of {key}")
         etype = struct.unpack_from("<I", cur.buf, cur.pos)[0] if vtype == _ARRAY and cur.left >= 4 else None
         meta[key] = _read_value(cur, vtype, key)
-        kinds[key] = gguf_spec.kind_of(vtype, etype)
-    return meta, kinds
+        declared[key] = gguf_spec.declared_type(vtype, etype)
+    return meta, declared
 
 
 def _read_tensor_entry(cur: _Cursor, known_types: dict[int, tuple[int, int]]) -> TensorEntry:
@@ -233,8 +234,8 @@ def _walk(cur: _Cursor, size: int, known_types) -> GGUFHeader:
         raise UnsupportedVersion(cur.path, f"GGUF version {version} (at byte 4) is not supported")
     n_tensors = cur.count("tensor count", MAX_TENSORS, _MIN_TENSOR_BYTES)
     n_kv = cur.count("metadata key count", MAX_KV, _MIN_KV_BYTES)
-    meta, kinds = _read_meta(cur, n_kv)
-    gguf_spec.check_types(cur.path, meta, kinds)
+    meta, declared = _read_meta(cur, n_kv)
+    gguf_spec.check_types(cur.path, meta, declared)
     check_gguf_vocabulary(cur.path, meta)
     gguf_spec.check_token_ids(cur.path, meta)
     alignment = meta.get("general.alignment", 32)

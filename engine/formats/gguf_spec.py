@@ -1,10 +1,11 @@
-"""The GGUF specification's value types for the metadata keys the engine reads (ggml docs/gguf.md,
-llama.cpp's llama-arch.cpp), checked before any value is trusted.
+"""The GGUF specification's value types for the metadata keys it defines (ggml docs/gguf.md,
+llama.cpp's llama-arch.cpp for the keys the spec leaves to it), checked before any value is trusted.
 
-A string where a count belongs, or a float block count that ``int()`` would turn into 0, is a
-WrongMetadataType naming the file, the key and both types. Integer widths are not enforced
-(converters write counts as uint32 or uint64 alike); the kind is: integer, float (an integer is
-accepted for a float), string, bool, or an array of one of those.
+The declared type is checked exactly, arrays' element types included, as llama.cpp's loader does
+(it refuses ``general.alignment`` stored as anything but uint32, and reads ``token_type`` as int32
+whatever the file says): a uint64 alignment or a uint8 token_type array is a WrongMetadataType
+naming the file, the key, the declared type and the spec's. One tolerance: the spec gives the
+hyperparameter counts as uint64 while llama.cpp's converter writes them as uint32, so both pass.
 """
 from __future__ import annotations
 
@@ -12,39 +13,50 @@ from pathlib import Path
 
 from opscope.engine.core.errors import InvalidHyperparameters, WrongMetadataType
 
-INT, FLOAT, STR, BOOL = "integer", "float", "string", "bool"
-# GGUF value type id → kind
-KIND = {0: INT, 1: INT, 2: INT, 3: INT, 4: INT, 5: INT, 10: INT, 11: INT, 6: FLOAT, 12: FLOAT, 7: BOOL, 8: STR}
-ARRAY = 9
+U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
+TYPE_NAME = {U8: "uint8", I8: "int8", U16: "uint16", I16: "int16", U32: "uint32", I32: "int32", F32: "float32",
+             BOOL: "bool", STRING: "string", U64: "uint64", I64: "int64", F64: "float64"}
+COUNT = (U32, U64)  # uint64 in the spec, uint32 from llama.cpp's converter
 
-_GLOBAL: dict[str, tuple[str, ...]] = {
-    "general.architecture": (STR,), "general.alignment": (INT,), "general.quantization_version": (INT,),
-    "general.file_type": (INT,), "general.name": (STR,),
-    "tokenizer.ggml.model": (STR,), "tokenizer.ggml.pre": (STR,),
-    "tokenizer.ggml.tokens": ("array of " + STR,), "tokenizer.ggml.merges": ("array of " + STR,),
-    "tokenizer.ggml.scores": ("array of " + FLOAT,), "tokenizer.ggml.token_type": ("array of " + INT,),
+
+def arr(etype: int) -> tuple[int, int]:
+    return (ARRAY, etype)
+
+
+_GENERAL_STRINGS = ("architecture", "name", "type", "author", "version", "organization", "basename", "finetune",
+                    "description", "quantized_by", "size_label", "license", "license.name", "license.link", "url",
+                    "doi", "uuid", "repo_url", "source.url", "source.doi", "source.uuid", "source.repo_url")
+_GLOBAL: dict[str, tuple] = {
+    **{f"general.{k}": (STRING,) for k in _GENERAL_STRINGS},
+    **{f"general.{k}": (arr(STRING),) for k in ("tags", "languages", "datasets")},
+    "general.alignment": (U32,), "general.quantization_version": (U32,), "general.file_type": (U32,),
+    "tokenizer.ggml.model": (STRING,), "tokenizer.ggml.pre": (STRING,),
+    "tokenizer.ggml.tokens": (arr(STRING),), "tokenizer.ggml.merges": (arr(STRING),),
+    "tokenizer.ggml.added_tokens": (arr(STRING),),
+    "tokenizer.ggml.scores": (arr(F32),), "tokenizer.ggml.token_type": (arr(I32),),
     "tokenizer.ggml.add_bos_token": (BOOL,), "tokenizer.ggml.add_eos_token": (BOOL,),
-    "tokenizer.ggml.add_space_prefix": (BOOL,), "tokenizer.chat_template": (STR,),
+    "tokenizer.ggml.add_space_prefix": (BOOL,), "tokenizer.chat_template": (STRING,),
+    "tokenizer.huggingface.json": (STRING,),
 }
 TOKEN_ID_KEYS = tuple(f"tokenizer.ggml.{k}_token_id" for k in
                       ("bos", "eos", "eot", "unknown", "padding", "seperator", "cls", "mask", "eom"))
-_GLOBAL.update({k: (INT,) for k in TOKEN_ID_KEYS})
+_GLOBAL.update({k: (U32,) for k in TOKEN_ID_KEYS})
 USED_TOKEN_ID_KEYS = TOKEN_ID_KEYS[:3]  # bos, eos, eot: fed to or matched against the model
 
 # keys under "{general.architecture}."
-_ARCH: dict[str, tuple[str, ...]] = {
+_ARCH: dict[str, tuple] = {
+    "context_length": COUNT, "embedding_length": COUNT, "block_count": COUNT, "vocab_size": COUNT,
     # per-layer arrays are in the spec for these three (OpenELM); the engine's families refuse them
-    "context_length": (INT,), "embedding_length": (INT,), "block_count": (INT,),
-    "feed_forward_length": (INT, "array of " + INT), "vocab_size": (INT,),
-    "attention.head_count": (INT, "array of " + INT), "attention.head_count_kv": (INT, "array of " + INT),
-    "attention.key_length": (INT,), "attention.value_length": (INT,),
-    "attention.layer_norm_rms_epsilon": (FLOAT,), "attention.layer_norm_epsilon": (FLOAT,),
-    "attention.sliding_window": (INT,),
-    "attention.sliding_window_pattern": (INT, "array of " + BOOL, "array of " + INT),
-    "rope.freq_base": (FLOAT,), "rope.freq_base_swa": (FLOAT,), "rope.dimension_count": (INT,),
-    "rope.scaling.type": (STR,), "rope.scaling.factor": (FLOAT,),
-    "rope.scaling.original_context_length": (INT,),
-    "attn_logit_softcapping": (FLOAT,), "final_logit_softcapping": (FLOAT,),
+    "feed_forward_length": (*COUNT, arr(I32), arr(U32)), "attention.head_count": (*COUNT, arr(I32), arr(U32)),
+    "attention.head_count_kv": (*COUNT, arr(I32), arr(U32)), "rope.dimension_count": COUNT,
+    "attention.key_length": (U32,), "attention.value_length": (U32,), "expert_count": (U32,),
+    "expert_used_count": (U32,), "use_parallel_residual": (BOOL,), "tensor_data_layout": (STRING,),
+    "attention.layer_norm_rms_epsilon": (F32,), "attention.layer_norm_epsilon": (F32,),
+    "attention.max_alibi_bias": (F32,), "attention.clamp_kqv": (F32,), "attention.sliding_window": (U32,),
+    "attention.sliding_window_pattern": (U32, arr(BOOL), arr(I32), arr(U32)),
+    "rope.freq_base": (F32,), "rope.freq_base_swa": (F32,), "rope.scale_linear": (F32,),
+    "rope.scaling.type": (STRING,), "rope.scaling.factor": (F32,), "rope.scaling.original_context_length": (U32,),
+    "rope.scaling.finetuned": (BOOL,), "attn_logit_softcapping": (F32,), "final_logit_softcapping": (F32,),
 }
 
 
@@ -52,13 +64,19 @@ def article(kind: str) -> str:
     return ("an " if kind[0] in "aeiou" else "a ") + kind
 
 
-def kind_of(vtype: int, etype: int | None = None) -> str:
-    if vtype == ARRAY:
-        return "array of " + ("array" if etype == ARRAY else KIND.get(etype, f"type {etype}"))
-    return KIND.get(vtype, f"type {vtype}")
+def type_name(declared) -> str:
+    """uint32, array of int32, ... (an id outside the spec is named by its number)."""
+    if isinstance(declared, tuple):
+        etype = declared[1]
+        return "array of " + ("arrays" if etype == ARRAY else TYPE_NAME.get(etype, f"type {etype}"))
+    return TYPE_NAME.get(declared, f"type {declared}")
 
 
-def expected_kinds(key: str, arch: str | None) -> tuple[str, ...] | None:
+def declared_type(vtype: int, etype: int | None = None):
+    return arr(etype) if vtype == ARRAY else vtype
+
+
+def expected_types(key: str, arch: str | None) -> tuple | None:
     if key in _GLOBAL:
         return _GLOBAL[key]
     if arch and key.startswith(arch + "."):
@@ -66,17 +84,17 @@ def expected_kinds(key: str, arch: str | None) -> tuple[str, ...] | None:
     return None
 
 
-def check_types(path: Path, meta: dict, kinds: dict[str, str]) -> None:
-    """Every known key's value has the kind the spec gives it (``kinds``: key → kind read)."""
+def check_types(path: Path, meta: dict, declared: dict) -> None:
+    """Every spec-defined key is declared with the type the spec gives it (``declared``: key → the
+    type id, or (ARRAY, element type id), read from the file)."""
     arch = meta.get("general.architecture")
     arch = arch if isinstance(arch, str) else None
-    for key, got in kinds.items():
-        want = expected_kinds(key, arch)
-        if want is None or got in want or (got == INT and FLOAT in want) or (got == "array of " + INT and
-                                                                            "array of " + FLOAT in want):
+    for key, got in declared.items():
+        want = expected_types(key, arch)
+        if want is None or got in want:
             continue
-        raise WrongMetadataType(path, f"metadata key {key} holds {article(got)} where the GGUF spec has "
-                                      f"{' or '.join(map(article, want))}")
+        raise WrongMetadataType(path, f"metadata key {key} is declared {type_name(got)} where the GGUF spec has "
+                                      f"{' or '.join(map(type_name, want))}")
 
 
 def check_token_ids(path: Path, meta: dict) -> None:

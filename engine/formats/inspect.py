@@ -1,8 +1,9 @@
 """A model source described for people: what `opscope models inspect` prints.
 
-``inspect_path`` reads a GGUF's header itself, so any GGUF is described (metadata, tensor types),
-including one whose architecture, types or tokenizer the engine cannot run; then it says in one
-line why it cannot, or adds what the engine makes of it (``describe``).
+``inspect_path`` reads a GGUF's or a .safetensors file's header itself, so any such file is
+described (metadata, tensor types; a safetensors file's tensors with their shapes), including one
+the engine cannot run (an unknown architecture, a lone .safetensors without its config.json); then
+it says in one line why it cannot, or adds what the engine makes of it (``describe``).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from opscope.engine.core.errors import EngineError
 from opscope.engine.core.units import format_bytes
 
 _LONG_STRING = 120
+_TEXT_TENSORS = 64  # tensors listed by the text view (JSON lists all)
 
 
 def describe(source) -> dict:
@@ -39,7 +41,8 @@ def describe(source) -> dict:
         "file_size": format_bytes(source.file_size_bytes),
         "tokenizer": f"{tok.backend.get_vocab_size()} tokens, bos={tok.bos_id}, eos={list(tok.eos_ids)}, "
                      f"add_bos={tok.add_bos}",
-        "chat_template": "present" if tok.chat_template else "absent (ChatML fallback)",
+        "chat_template": "present" if tok.chat_template else
+                         f"absent: {tok.fallback.name} fallback ({tok.fallback.reason})",
     }
 
 
@@ -79,6 +82,8 @@ def inspect_path(path: str | Path | None) -> dict:
     p = Path(path).expanduser() if path is not None else default_model_path()
     if p.is_file() and _is_gguf(p):
         info = gguf_header_summary(p)
+    elif p.is_file() and p.suffix == ".safetensors":
+        info = safetensors_header_summary(p)
     try:
         engine_view = describe(open_model(path))
     except EngineError as e:
@@ -115,9 +120,32 @@ def gguf_header_summary(path: Path) -> dict:
     }
 
 
+def safetensors_header_summary(path: Path) -> dict:
+    """What a .safetensors file holds, from its (checked) header alone: tensors with dtype and shape,
+    dtypes, parameters, ``__metadata__``, sizes. Needs no config.json, so a lone file is described."""
+    from opscope.engine.formats.safetensors_header import read_safetensors_table
+
+    entries, meta = read_safetensors_table(path)
+    n_params = sum(_numel(e.shape) for e in entries)
+    return {
+        "path": str(path),
+        "format": "safetensors",
+        "tensors": len(entries),
+        "parameters": n_params,
+        "parameters_human": _human(n_params),
+        "tensor_bytes": sum(e.end - e.begin for e in entries),
+        "file_size_bytes": path.stat().st_size,
+        "file_size": format_bytes(path.stat().st_size),
+        "tensor_types": dict(Counter(e.dtype for e in entries)),
+        "metadata": {k: _short(v) for k, v in meta.items()},
+        "tensor_table": {e.name: f"{e.dtype} {list(e.shape)}" for e in sorted(entries, key=lambda e: e.begin)},
+    }
+
+
 def format_text(info: dict) -> str:
-    """``info`` as aligned ``key  value`` lines; the metadata one key per line below its heading."""
-    flat = {k: v for k, v in info.items() if k != "metadata"}
+    """``info`` as aligned ``key  value`` lines; the metadata and the tensor table one entry per line
+    below their headings; ``runnable`` last."""
+    flat = {k: v for k, v in info.items() if k not in ("metadata", "tensor_table", "runnable")}
     width = max(len(k) for k in flat)
     lines = []
     for k, v in flat.items():
@@ -129,7 +157,21 @@ def format_text(info: dict) -> str:
         lines.append("metadata:")
         mw = max(len(k) for k in meta)
         lines += [f"  {k:<{mw}}  {v}" for k, v in meta.items()]
+    lines += _tensor_lines(info.get("tensor_table") or {})
+    if "runnable" in info:  # last: what the file holds, then whether (and why not) it runs
+        lines.append(f"{'runnable':<{width}}  {info['runnable']}")
     return "\n".join(lines)
+
+
+def _tensor_lines(table: dict) -> list[str]:
+    if not table:
+        return []
+    shown = list(table.items())[:_TEXT_TENSORS]
+    width = max(len(k) for k, _ in shown)
+    lines = ["tensors:"] + [f"  {k:<{width}}  {v}" for k, v in shown]
+    if len(table) > len(shown):
+        lines.append(f"  … and {len(table) - len(shown)} more (--json lists all)")
+    return lines
 
 
 def _is_gguf(path: Path) -> bool:

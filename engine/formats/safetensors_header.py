@@ -35,6 +35,11 @@ class SafetensorsEntry:
 
 
 def read_safetensors_header(path: Path) -> list[SafetensorsEntry]:
+    return read_safetensors_table(path)[0]
+
+
+def read_safetensors_table(path: Path) -> tuple[list[SafetensorsEntry], dict[str, str]]:
+    """The checked tensor entries and the ``__metadata__`` strings ({} when absent)."""
     size = check_regular_file(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -60,7 +65,7 @@ def read_safetensors_header(path: Path) -> list[SafetensorsEntry]:
     entries = [_entry(path, k, v) for k, v in table.items() if k != "__metadata__"]
     _check_metadata(path, table.get("__metadata__"))
     _check_layout(path, entries, size - 8 - n)
-    return entries
+    return entries, table.get("__metadata__") or {}
 
 
 def _entry(path: Path, name: str, v) -> SafetensorsEntry:

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from opscope.engine.bench.measure.stats import (DEFAULT_CONFIDENCE, Summary, can_reach, geomean, mann_whitney_p,
                                 min_p_value, min_samples_per_side, summarize)
+from opscope.engine.bench.measure.memory import SHARED_AB
 from opscope.engine.bench.measure.quality import DISTURBED
 from opscope.engine.bench.ceilings.utilisation import PEAK_PARAMS, over_ceiling
 from opscope.engine.core.errors import ConfigError
@@ -198,9 +199,21 @@ def _delta(base: Cell, other: Cell, base_m: Metric, other_m: Metric, higher_is_b
                  min_samples_per_side(alpha))
 
 
+def compare_samples(base: Sequence[float], other: Sequence[float], *, higher_is_better: bool = False,
+                    alpha: float = DEFAULT_ALPHA, confidence: float = DEFAULT_CONFIDENCE
+                    ) -> tuple[Cell, Cell, Delta | None]:
+    """Two raw sample lists under the rules of a compare row (significance, decidability, noise):
+    for comparisons that are not of stored metrics (`trace diff`'s step times)."""
+    metrics = [Metric("samples", "", list(x), higher_is_better=higher_is_better) for x in (base, other)]
+    cells = [_cell(m, confidence) for m in metrics]
+    return cells[0], cells[1], _delta(cells[0], cells[1], metrics[0], metrics[1], higher_is_better, alpha)
+
+
 def _row(key: tuple[str, str, str], metrics: list[Metric | None], alpha: float, confidence: float) -> Row:
     first = next(m for m in metrics if m is not None)
     cells = tuple(_cell(m, confidence) for m in metrics)
+    if first.params.get("memory") == SHARED_AB:  # one process's peak for both sides: no change to claim
+        return Row(key[0], first.unit, dict(first.params), first.higher_is_better, cells, (None,) * (len(metrics) - 1))
     deltas = tuple(
         _delta(cells[0], cells[i], metrics[0], metrics[i], first.higher_is_better, alpha)
         if metrics[0] is not None and metrics[i] is not None else None

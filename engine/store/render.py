@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from opscope.engine.core import json_output
+from opscope.engine.bench.measure.memory import SHARED_AB
 from opscope.engine.bench.measure.stats import NOISE_THRESHOLD_PCT, PERCENTILE_METHOD
 from opscope.engine.store.compare import MIN_SAMPLES, Cell, Comparison, Delta, Row, Section
 from opscope.engine.core.units import BYTE_UNITS, format_bytes
@@ -148,6 +149,10 @@ def footnotes(cmp: Comparison) -> list[str]:
         notes.append(f"interleaved: {cmp.runs[0].name!r} and {cmp.runs[1].name!r} were measured in one process, "
                      f"their repetitions alternating ABBA (opscope bench --ab): the machine's drift fell on "
                      f"both alike")
+    if any(r.params.get("memory") == SHARED_AB for sec in cmp.sections for r in sec.rows):
+        notes.append(f"memory={SHARED_AB}: A and B ran in one process, so each peak memory row is that process's "
+                     f"peak, both sides' models and buffers together: the same for A and B, not per side; run a "
+                     f"side alone (without --ab) for its own peak")
     return notes + [f"warning: {n}" for n in cmp.notes]
 
 

@@ -36,8 +36,11 @@ class Tokenizer:
 
     def __init__(self, backend, *, bos_id: int | None, eos_ids: tuple[int, ...], add_bos: bool,
                  chat_template: str | None, pad_id: int | None = None, add_eos: bool = False,
-                 template_source: tuple = (None, "chat_template")):
+                 template_source: tuple = (None, "chat_template"), fallback=None):
+        from opscope.engine.tokenizer.fallback import CHATML
+
         self.backend = backend
+        self.fallback = fallback or CHATML  # the turn format used when the file ships no template
         self.template_source = template_source  # (file, key) the template came from, for its errors
         self.bos_id, self.eos_ids, self.add_bos, self.add_eos = bos_id, eos_ids, add_bos, add_eos
         self.pad_id = pad_id if pad_id is not None else (eos_ids[0] if eos_ids else 0)
@@ -78,7 +81,7 @@ class Tokenizer:
         from opscope.engine.tokenizer.chat_template import ChatTemplate
 
         if self.chat_template is None:
-            return ChatTemplate(_FALLBACK_TEMPLATE, "built-in", "ChatML fallback")
+            return ChatTemplate(self.fallback.text, "built-in", f"{self.fallback.name} fallback")
         return ChatTemplate(self.chat_template, *self.template_source)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -86,11 +89,6 @@ class Tokenizer:
         return self._template.render(
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=tok(self.bos_id), eos_token=tok(self.eos_ids[0] if self.eos_ids else None))
-
-
-# Used only when a model ships no template: ChatML, the most common.
-_FALLBACK_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 class StreamDecoder:
@@ -166,7 +164,8 @@ def from_gguf(meta: dict, path: Path) -> Tokenizer:
     tok = Tokenizer(backend, bos_id=None if bos is None else int(bos), eos_ids=eos_ids, add_bos=add_bos,
                     add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
                     chat_template=meta.get("tokenizer.chat_template"), pad_id=pad,
-                    template_source=(path, "tokenizer.chat_template"))
+                    template_source=(path, "tokenizer.chat_template"),
+                    fallback=_fallback(backend, meta.get("general.architecture"), sentencepiece=kind != "gpt2"))
     tok.source = path
     return tok
 
@@ -236,7 +235,9 @@ def from_hf_dir(directory: Path) -> Tokenizer:
         eos_ids = tuple(dict.fromkeys(eos_ids + (_token_id(backend, eos_token),)))
     tok = Tokenizer(backend, bos_id=bos_id, eos_ids=tuple(i for i in eos_ids if i is not None),
                     add_bos=cfg.get("add_bos_token") is True, chat_template=cfg.get("chat_template"),
-                    template_source=(cfg_path, "chat_template"))
+                    template_source=(cfg_path, "chat_template"),
+                    fallback=_fallback(backend, model_cfg.get("model_type"),
+                                       sentencepiece=(cfg.get("tokenizer_class") or "").startswith("Llama")))
     tok.source = tj
     return tok
 
@@ -265,6 +266,15 @@ def _id_field(path: Path, cfg: dict, key: str, many: bool = False):
 def _shown(v) -> str:
     text = json.dumps(v) if not isinstance(v, (dict, list)) or len(str(v)) < 60 else f"a JSON {type(v).__name__}"
     return text[:80]
+
+
+def _fallback(backend, family, sentencepiece: bool):
+    """The chat format for a file without a template (engine.tokenizer.fallback): its vocabulary's
+    markers first, then its family."""
+    from opscope.engine.tokenizer.fallback import fallback_for
+
+    family = family if isinstance(family, str) else None
+    return fallback_for(family, lambda t: backend.token_to_id(t) is not None, sentencepiece)
 
 
 def _token_id(backend, token: str) -> int | None:

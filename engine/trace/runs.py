@@ -112,6 +112,7 @@ def diff(a: dict, b: dict) -> dict[str, Any]:
     keys_b = {(f["kind"], tuple(f["sources"]), tuple(f["modules"])): f for f in b["findings"]}
     return {
         "median_step_ms": (a.get("median_step_ms"), b.get("median_step_ms")),
+        "step_change": step_change(a.get("step_ms") or [], b.get("step_ms") or []),
         "steps": (a["steps"], b["steps"]), "wall_ms": (a["wall_ms"], b["wall_ms"]),
         "ops_per_step": (a["ops_per_step"], b["ops_per_step"]),
         "ops_on_target": (a["ops_on_target"], b["ops_on_target"]),
@@ -124,6 +125,46 @@ def diff(a: dict, b: dict) -> dict[str, Any]:
         "only_in_b": [f for k, f in keys_b.items() if k not in keys_a],
         "modules": _module_changes(a["modules"], b["modules"]),
     }
+
+
+def step_change(a_ms: list[float], b_ms: list[float]) -> dict[str, Any] | None:
+    """B's step times against A's under `runs compare`'s rules (engine.store.compare): Mann-Whitney
+    significance at its alpha, "n too small to decide" where the step counts cannot reach it, and
+    each side's noise (IQR/median) flagged above the same threshold. None without steps on a side."""
+    from opscope.engine.store.compare import DEFAULT_ALPHA, compare_samples
+
+    if not a_ms or not b_ms:
+        return None
+    cell_a, cell_b, delta = compare_samples(a_ms, b_ms, higher_is_better=False)
+    if delta is None:
+        return None
+    return {"delta_pct": delta.delta_pct, "p_value": delta.p_value, "significant": delta.significant,
+            "decidable": delta.decidable, "slower": delta.worse, "n": (delta.n_base, delta.n_other),
+            "need_per_side": delta.need_per_side, "alpha": DEFAULT_ALPHA,
+            "noise_pct": (cell_a.summary.noise_pct, cell_b.summary.noise_pct),
+            "noisy": (cell_a.noisy, cell_b.noisy)}
+
+
+def step_change_lines(c: dict[str, Any] | None) -> list[str]:
+    """The verdict on the median step, in `runs compare`'s words, and a noise warning."""
+    if c is None:
+        return ["    verdict: — (no step times on one side)"]
+    n = f"n={c['n'][0]}+{c['n'][1]}"
+    if not c["decidable"]:  # "~" would claim "no change"; these counts could not have shown one
+        lines = [f"    verdict: {c['delta_pct']:+.2f}%? n too small to decide (need ≥ {c['need_per_side']} "
+                 f"steps per side, {n})"]
+    elif c["significant"]:
+        lines = [f"    verdict: {c['delta_pct']:+.2f}% (p={c['p_value']:.3f} {n}): B is "
+                 f"{'slower' if c['slower'] else 'faster'}"]
+    else:
+        lines = [f"    verdict: ~ (p={c['p_value']:.3f} {n}): no significant difference (p > {c['alpha']:g})"]
+    if any(c["noisy"]):
+        from opscope.engine.bench.measure.stats import NOISE_THRESHOLD_PCT
+
+        noise = ", ".join(f"{side} {pct:.0f}%" for side, pct in zip("AB", c["noise_pct"], strict=True))
+        lines.append(f"    noisy: step-time IQR/median {noise} (over {NOISE_THRESHOLD_PCT:g}%): rerun on a "
+                     f"quieter machine or with more steps")
+    return lines
 
 
 def _last(values: list | None) -> float | None:
@@ -149,6 +190,7 @@ def render_diff(d: dict, name_a: str, name_b: str) -> str:
         lines.append(f"  {label:<28} {show(x):>12} {show(y):>12} {ratio:>8}")
 
     row("median step (ms)", d["median_step_ms"])
+    lines += step_change_lines(d.get("step_change"))
     row("steps", d["steps"], "{:d}")
     row("wall time (ms)", d["wall_ms"], "{:.1f}")
     row("ops per step", d["ops_per_step"], "{:.1f}")

@@ -15,6 +15,12 @@ from opscope.engine.bench.measure.devsync import parse_device
 
 log = logging.getLogger(__name__)
 
+# An A/B run's two sides share one process (engine.bench.ab), so each rep's peak (the resident set,
+# or the CUDA allocator's) holds both sides' models and buffers: the same figure for A and B, not
+# either side's own. Such metrics carry params["memory"] = SHARED_AB and every table says so.
+SHARED_AB = "A+B in one process"
+SHARED_AB_NOTE = "shared by A and B (one process): not this side's own peak"
+
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 

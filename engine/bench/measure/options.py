@@ -71,6 +71,7 @@ class BenchOptions:
             max_reps=max(base.max_reps, min_reps),
             min_rep_s=base.min_rep_s,
             disturbed_cores=base.disturbed_cores if self.load_threshold is None else self.load_threshold,
+            budget_s=base.budget_s,
         )
 
     def as_settings(self) -> dict[str, Any]:

@@ -65,15 +65,20 @@ def _cli_values(base, pairs: list[str]) -> dict:
 
 
 def _check_range(default, value, key: str):
-    """Every numeric suite parameter is a size, count, depth or time: finite and at least 1 (at least
-    0 where the default itself uses 0, e.g. a context depth of 0), checked before anything loads."""
+    """Every numeric suite parameter is a size, count, depth, time or rate: whole numbers at least 1
+    and real numbers (a learning rate, a time budget) finite and > 0 — each at least 0 where the
+    default itself uses 0 (e.g. a context depth of 0) — checked before anything loads."""
     items = default if isinstance(default, tuple) else (default,)
     numbers = [v for v in (value if isinstance(value, tuple) else (value,))
                if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    lowest = 0 if any(d == 0 for d in items if isinstance(d, (int, float))) else 1
+    zero_ok = any(d == 0 for d in items if isinstance(d, (int, float)))
     for v in numbers:
-        if not math.isfinite(v) or v < lowest or (lowest == 1 and isinstance(v, float) and v <= 0):
-            low = "a finite number > 0" if isinstance(v, float) else f"a whole number ≥ {lowest}"
+        if isinstance(v, float):  # a rate or a time: any positive size, 0.003 as well as 1e-9
+            bad = not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok)
+            low = "a finite number ≥ 0" if zero_ok else "a finite number > 0"
+        else:
+            bad, low = v < (0 if zero_ok else 1), f"a whole number ≥ {0 if zero_ok else 1}"
+        if bad:
             raise ConfigError(f"--param {key}: {v} is out of range: use {low}")
     return value
 

@@ -45,6 +45,8 @@ class RunnerConfig:
     disturbed_cores: float = DISTURBED_CORES
     rerun_factor: float = 1.0
     rerun_s: float = 1.0
+    # --quick: the whole run's wall time (engine.bench.measure.runner.Budget); None: no budget
+    budget_s: float | None = None
 
     def __post_init__(self):
         if self.warmup < 0 or self.min_reps < 1 or self.max_reps < self.min_reps or self.min_time_s < 0:
@@ -59,7 +61,48 @@ class RunnerConfig:
 # test cannot go below p = 2 / C(2n, n) (3: 0.1, never significant at 0.05; 5: 0.0079, and a clear
 # 2x change stays significant with two of the 25 pairs out of order). 10 for full runs.
 QUICK_MIN_REPS = 5
-QUICK = RunnerConfig(warmup=1, min_reps=QUICK_MIN_REPS, min_time_s=0.05, max_reps=200)
+QUICK_BUDGET_S = 60.0  # "under a minute": kept by the runner, not hoped for from small sizes
+QUICK = RunnerConfig(warmup=1, min_reps=QUICK_MIN_REPS, min_time_s=0.05, max_reps=200, budget_s=QUICK_BUDGET_S)
+
+
+class Budget:
+    """A run's time budget (--quick), kept by the runner: each point may repeat for its share of the
+    time left (what is left over the points left); past it, the point stops adding repetitions as
+    soon as it has one clean one, and is counted as cut short. Loading and warm-up calls are not cut:
+    a point is measured at least once."""
+
+    def __init__(self, seconds: float, total_points: int):
+        self.seconds, self.total_points = seconds, max(1, total_points)
+        self.start_ns = now_ns()
+        self.started = 0
+        self.cut: list[tuple[str, int]] = []  # (point, repetitions kept) of points stopped short
+
+    @classmethod
+    def for_run(cls, cfg: RunnerConfig, total_points: int) -> Budget | None:
+        return cls(cfg.budget_s, total_points) if cfg.budget_s is not None else None
+
+    def point_deadline_ns(self) -> int:
+        """When the point starting now has used its share (it is counted as started)."""
+        left_ns = max(0.0, self.seconds * 1e9 - (now_ns() - self.start_ns))
+        share = left_ns / max(1, self.total_points - self.started)
+        self.started += 1
+        return now_ns() + int(share)
+
+    def record(self) -> dict[str, Any]:
+        """What settings keep of the budget: its size, the time taken, the points cut short."""
+        return {"budget_s": self.seconds, "spent_s": round((now_ns() - self.start_ns) / 1e9, 3),
+                "points_cut": len(self.cut), "points": self.total_points,
+                "fewest_reps": min((n for _, n in self.cut), default=None)}
+
+
+def budget_line(record: dict[str, Any] | None, min_reps: int) -> str | None:
+    """The run's one line about its budget, when it cut points short (None otherwise)."""
+    if not record or not record.get("points_cut"):
+        return None
+    return (f"quick: time budget {record['budget_s']:g} s kept (run took {record['spent_s']:.0f} s): "
+            f"{record['points_cut']} of {record['points']} points stopped adding repetitions at "
+            f"{record['fewest_reps']}+ (full rule: {min_reps}); fewer samples, wider CIs; drop --quick "
+            f"for full runs")
 
 
 @dataclass(frozen=True)
@@ -305,17 +348,27 @@ class _Timer:
         del out  # the next rep's peak memory must not include this rep's output
         self.probe.rep_done()
 
-    def stop(self, cfg: RunnerConfig, elapsed_ns: int) -> bool:
-        return _stop(self.samples, self.probe, cfg, elapsed_ns)
+    def stop(self, cfg: RunnerConfig, elapsed_ns: int, deadline_ns: int | None = None) -> bool:
+        """The stopping rule; past ``deadline_ns`` (a budget's share) one clean repetition is enough."""
+        if _stop(self.samples, self.probe, cfg, elapsed_ns):
+            return True
+        if deadline_ns is None or now_ns() < deadline_ns:
+            return False
+        flags = Q.split_disturbed(self.probe.loads, cfg.disturbed_cores)
+        self.cut_short = len(flags) - sum(flags) >= 1
+        return self.cut_short
+
+    cut_short = False  # stopped by the budget before the stopping rule held
 
 
 def _repeat(step: Step, point: Point, cfg: RunnerConfig, inner: int, cancel,
-            tick: Callable[[float], None], probe: LoadProbe) -> _Samples:
+            tick: Callable[[float], None], probe: LoadProbe, budget: Budget | None = None) -> _Samples:
     timer = _Timer(step, point, inner, probe)
     probe.start()
     start_ns = now_ns()
+    deadline = budget.point_deadline_ns() if budget is not None else None
     while True:
-        if timer.stop(cfg, now_ns() - start_ns):
+        if timer.stop(cfg, now_ns() - start_ns, deadline):
             if not probe.pending:
                 break
             probe.close()  # the last window's load may make it re-run some repetitions
@@ -325,7 +378,13 @@ def _repeat(step: Step, point: Point, cfg: RunnerConfig, inner: int, cancel,
         # below 1 until the point is done: re-runs and the last load window may still follow
         tick(min(0.99, _fraction(len(timer.samples.primary), now_ns() - start_ns, cfg)))
     timer.samples.finish(probe.loads, cfg)
+    _note_cut(budget, [timer])
     return timer.samples
+
+
+def _note_cut(budget: Budget | None, timers: list[_Timer]) -> None:
+    if budget is not None and any(t.cut_short for t in timers):
+        budget.cut.append((timers[0].point.name, min(len(t.samples._keep()) for t in timers)))
 
 
 def describe_error(e: BaseException) -> str:
@@ -347,14 +406,14 @@ def _free_device_memory(device: str) -> None:
 
 
 def measure_point(point: Point, cfg: RunnerConfig, cancel: threading.Event | None = None,
-                  tick: Callable[[float], None] = lambda f: None) -> PointOutcome:
+                  tick: Callable[[float], None] = lambda f: None, budget: Budget | None = None) -> PointOutcome:
     """Measures one point; failures become a failed outcome, cancellation propagates."""
     step = None
     try:
         probe = LoadProbe(gpu=Q.gpu_probe(point.device))
         step = point.prepare()
         inner = _warm_up(step, synchronizer(point.device), point, cfg, cancel)
-        samples = _repeat(step, point, cfg, inner, cancel, tick, probe)
+        samples = _repeat(step, point, cfg, inner, cancel, tick, probe, budget)
     except (Cancelled, KeyboardInterrupt):
         raise
     except Exception as e:  # a failed point is data, not a crash: record it and go on
@@ -388,15 +447,17 @@ def _prepared(point: Point, cfg: RunnerConfig, cancel, before) -> tuple[Step, in
     return step, _warm_up(step, synchronizer(point.device), point, cfg, cancel)
 
 
-def _alternate(timers: list[_Timer], cfg: RunnerConfig, cancel, tick, before, running: list[int]) -> None:
-    """Rounds of one repetition per side (ABBA order) until both sides' stopping rules hold; both
-    sides get the same number of repetitions. ``running[0]`` is the side being timed."""
+def _alternate(timers: list[_Timer], cfg: RunnerConfig, cancel, tick, before, running: list[int],
+               deadline: int | None = None) -> None:
+    """Rounds of one repetition per side (ABBA order) until both sides' stopping rules hold (or a
+    budget's ``deadline`` passed with a clean repetition on each side); both sides get the same
+    number of repetitions. ``running[0]`` is the side being timed."""
     rnd = 0
     for t in timers:
         t.probe.start()
     while True:
         spent = [int(sum(t.samples.rep_s) * 1e9) for t in timers]
-        if all(t.stop(cfg, ns) for t, ns in zip(timers, spent)):
+        if all([t.stop(cfg, ns, deadline) for t, ns in zip(timers, spent)]):
             pending = [t.probe for t in timers if t.probe.pending]
             if not pending:
                 return
@@ -416,7 +477,7 @@ def _alternate(timers: list[_Timer], cfg: RunnerConfig, cancel, tick, before, ru
 def measure_pair(pair: tuple[Point, Point], cfg: RunnerConfig, cancel: threading.Event | None = None,
                  tick: Callable[[float], None] = lambda f: None,
                  before: tuple[Callable[[], None] | None, Callable[[], None] | None] = (None, None),
-                 ) -> tuple[PointOutcome, PointOutcome]:
+                 budget: Budget | None = None) -> tuple[PointOutcome, PointOutcome]:
     """Measures point A and point B (the same point under two settings) with their repetitions
     interleaved, ABBA. ``before[i]`` runs before each of side i's calls outside the clock (e.g. it
     sets the side's thread count). A side that cannot be prepared fails alone and the other is
@@ -432,16 +493,18 @@ def measure_pair(pair: tuple[Point, Point], cfg: RunnerConfig, cancel: threading
         # the same calls per timed repetition on both sides: the loop shape must not differ
         for t in timers:
             t.inner = min(x.inner for x in timers)
-        _alternate(timers, cfg, cancel, tick, before, running)
+        _alternate(timers, cfg, cancel, tick, before, running,
+                   budget.point_deadline_ns() if budget is not None else None)
     except (Cancelled, KeyboardInterrupt):
         raise
     except Exception as e:  # the failing side is data; the other is measured alone
         del timers  # free both sides' buffers before the other side is measured again
-        return _one_side_failed(pair, running[0], e, cfg, cancel, tick)
+        return _one_side_failed(pair, running[0], e, cfg, cancel, tick, budget)
     finally:
         for point in pair:
             _free_device_memory(point.device)
     _finish_jointly(timers, cfg)
+    _note_cut(budget, timers)
     return tuple(_outcome(t.point, t.samples) for t in timers)  # type: ignore[return-value]
 
 
@@ -458,12 +521,13 @@ def _finish_jointly(timers: list[_Timer], cfg: RunnerConfig) -> None:
         t.samples.kept = kept
 
 
-def _one_side_failed(pair, failed: int, e: Exception, cfg, cancel, tick) -> tuple[PointOutcome, PointOutcome]:
+def _one_side_failed(pair, failed: int, e: Exception, cfg, cancel, tick,
+                     budget: Budget | None = None) -> tuple[PointOutcome, PointOutcome]:
     log.warning("benchmark point %s (%s) failed: %s", pair[failed].name, AB_LABELS[failed], e)
     error = describe_error(e)
     out = [PointOutcome(pair[failed], _Samples(pair[failed]).metrics("failed", error)[:1], error)] * 2
     other = 1 - failed
-    out[other] = measure_point(pair[other], cfg, cancel, tick)
+    out[other] = measure_point(pair[other], cfg, cancel, tick, budget)
     return out[0], out[1]
 
 
@@ -475,9 +539,11 @@ def _outcome(point: Point, samples: _Samples) -> PointOutcome:
 
 
 def run_points(points: Iterable[Point], cfg: RunnerConfig, *, cancel: threading.Event | None = None,
-               progress: ProgressFn | None = None, total: int | None = None) -> Iterator[PointOutcome]:
+               progress: ProgressFn | None = None, total: int | None = None,
+               budget: Budget | None = None) -> Iterator[PointOutcome]:
     """Measures each point in turn, yielding its outcome as soon as it is known (so a store can
-    commit it at once). ``total`` is the number of points when ``points`` is a generator."""
+    commit it at once). ``total`` is the number of points when ``points`` is a generator.
+    ``budget``: the run's time budget (Budget.for_run), shared by its points."""
     points = list(points) if total is None else points
     total = len(points) if total is None else total
     start_ns = now_ns()
@@ -492,6 +558,6 @@ def run_points(points: Iterable[Point], cfg: RunnerConfig, *, cancel: threading.
     report(0.0)
     for i, point in enumerate(points):
         check_cancel(cancel)
-        outcome = measure_point(point, cfg, cancel, tick=lambda f, i=i: report(i + f))
+        outcome = measure_point(point, cfg, cancel, tick=lambda f, i=i: report(i + f), budget=budget)
         report(float(i + 1))
         yield outcome

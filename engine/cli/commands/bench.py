@@ -22,7 +22,10 @@ def register(subparsers) -> None:
     p.add_argument("suite", choices=list(SUITES), metavar="SUITE", help=" | ".join(SUITES))
     add_model_args(p)
     g = p.add_argument_group("benchmark")
-    g.add_argument("--quick", action="store_true", help="tiny sizes: the whole suite in under a minute")
+    g.add_argument("--quick", action="store_true",
+                   help="tiny sizes and a 60 s time budget the runner keeps: each point repeats for its share "
+                        "of the time left, and once that is spent it stops adding repetitions (one kept at "
+                        "least; loading and warm-up calls are not cut) and the run says so")
     g.add_argument("--repeat", type=check.repeat, default=None, help="minimum repetitions per point")
     g.add_argument("--min-time", type=check.min_time_s, default=None, dest="min_time_s",
                    help="minimum seconds of repetitions per point")

@@ -58,33 +58,55 @@ def add_nproc_arg(p) -> None:
                         "weights, no fast path")
 
 
-def summary_line(stats) -> str:
+def summary_line(stats, energy_said: set | None = None) -> str:
+    """The stats line after a reply. The prompt's tokens reused from the KV cache are named (the
+    prefill rate is over the others). ``energy_said``: the reasons for "energy N/A" already printed
+    in this session (chat), each said once, then "energy N/A" alone."""
+    cached = f" ({stats.cached_tokens} cached)" if getattr(stats, "cached_tokens", 0) else ""
+    return (f"prompt {stats.prompt_tokens} tok{cached} · generated {stats.generated_tokens} tok · "
+            f"TTFT {stats.ttft_ms:.0f} ms · prefill {stats.prefill_tok_s:.1f} tok/s · "
+            f"decode {stats.decode_tok_s:.1f} tok/s · {_energy_text(stats, energy_said)}")
+
+
+def _energy_text(stats, said: set | None) -> str:
     from opscope.engine.telemetry.energy import stats_text
 
-    return (f"prompt {stats.prompt_tokens} tok · generated {stats.generated_tokens} tok · "
-            f"TTFT {stats.ttft_ms:.0f} ms · prefill {stats.prefill_tok_s:.1f} tok/s · "
-            f"decode {stats.decode_tok_s:.1f} tok/s · {stats_text(stats)}")
+    text = stats_text(stats)
+    if said is None or not text.startswith("energy N/A: "):
+        return text
+    if text in said:
+        return "energy N/A"
+    said.add(text)
+    return text
 
 
 def _stream(events, out=None, quiet: bool = False):
-    """Writes the reply as it comes. The generator is closed whatever happens here: a generation
+    """Writes the reply as it comes, with prompt progress and the decode rate live on stderr where it
+    is a terminal (engine.cli.live). The generator is closed whatever happens here: a generation
     left suspended (a write failed, a Ctrl-C between tokens) otherwise keeps its tensors until the
     interpreter's teardown, where torch's C++ aborted freeing them (exit -6: THPVariable_clear's
     `use_count() == 1` assert, seen under pytest after a failed write)."""
     from opscope.engine.generation.events import Finished, Token
 
+    from opscope.engine.cli.live import LiveStatus, isatty
+
     out = out or sys.stdout  # looked up now: tests and the CLI's output guard replace sys.stdout
+    live = LiveStatus(sys.stderr if not quiet else None, isatty(out) and isatty(sys.stderr))
     final = None
     try:
         for ev in events:
+            live.before(ev)
             if isinstance(ev, Token) and not quiet:
                 out.write(ev.text)
                 out.flush()
+                live.after(ev, ev.text)
             elif isinstance(ev, Finished):
                 final = ev
+                live.close()
                 if not quiet:
                     out.write(ev.tail)
     finally:
+        live.close()
         getattr(events, "close", lambda: None)()  # a plugin's iterator may not be a generator
     return final
 
@@ -152,6 +174,7 @@ def chat_with(lm, args) -> int:
     """The body of `opscope chat` on a loaded model (rank 0's, with --nproc)."""
     cfg = generation_config(args)
     history = [{"role": "system", "content": args.system}] if args.system else []
+    energy_said: set[str] = set()  # why energy is N/A: said after the first reply, not after every one
     print(f"opscope chat · {lm.source.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}) · "
           f"empty line or Ctrl-D to quit, /reset to clear", file=sys.stderr)
     while True:
@@ -181,7 +204,7 @@ def chat_with(lm, args) -> int:
             history.pop()
             continue
         history.append({"role": "assistant", "content": done.text})
-        print(f"\n[{done.stop_reason}] {summary_line(done.stats)}", file=sys.stderr)
+        print(f"\n[{done.stop_reason}] {summary_line(done.stats, energy_said)}", file=sys.stderr)
 
 
 def _prompt(text: str) -> str:

@@ -158,18 +158,32 @@ def cmd_roofline(args: argparse.Namespace) -> int:
 
     with _open_store(args) as store:
         roof = roofline.from_run(store.load(args.run).result)
-    if args.out:
-        suffix = Path(args.out).suffix.lower()
-        if suffix == ".svg":
-            _write(roofline.svg(roof), args.out)
-        elif suffix == ".png":
-            roofline.png(roof, args.out)
-        else:
-            raise ConfigError(f"--out {args.out}: give a .svg or .png file name")
+    notes = _draw_roofline(roofline, roof, args.out) if args.out else []
     _write(json_output.dumps(roof.as_dict(), indent=2) + "\n" if args.format == "json" else roofline.text(roof), None)
-    if args.out:
-        print(f"wrote {args.out}", file=sys.stderr)
+    for note in notes:
+        print(note, file=sys.stderr)
     return 0
+
+
+def _draw_roofline(roofline, roof, out: str) -> list[str]:
+    """``--out``: FILE.svg or FILE.png as named; a name without an extension gets FILE.svg always and
+    FILE.png where matplotlib is installed (as the help says). The lines to print once it is done."""
+    suffix = Path(out).suffix.lower()
+    if suffix not in ("", ".svg", ".png"):
+        raise ConfigError(f"--out {out}: give a .svg or .png file name, or a name without an extension for both")
+    if suffix == ".png":
+        roofline.png(roof, out)
+        return [f"wrote {out}"]
+    svg_path = out if suffix == ".svg" else out + ".svg"
+    _write(roofline.svg(roof), svg_path)
+    notes = [f"wrote {svg_path}"]
+    if suffix == "":
+        try:
+            roofline.png(roof, out + ".png")
+            notes.append(f"wrote {out}.png")
+        except ConfigError:  # matplotlib missing: the SVG is the drawing, say why there is no PNG
+            notes.append(f"{out}.png not written: PNG needs matplotlib (pip install matplotlib)")
+    return notes
 
 
 def cmd_push(args: argparse.Namespace) -> int:
@@ -261,7 +275,9 @@ def register(subparsers) -> None:
     p = sub.add_parser("roofline", help="an llm/matmul/attention run's points against the compute and "
                                          "bandwidth ceilings (FLOP/byte)")
     p.add_argument("run", metavar="RUN", help="run id or name")
-    p.add_argument("--out", type=output_file, metavar="FILE", help="also draw it: FILE.svg (always), FILE.png (needs matplotlib)")
+    p.add_argument("--out", type=output_file, metavar="FILE",
+                   help="also draw it: FILE.svg or FILE.png; a name without an extension writes FILE.svg "
+                        "and, where matplotlib is installed, FILE.png")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_roofline)
     _add_compare(sub)

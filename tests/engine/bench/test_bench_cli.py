@@ -93,6 +93,22 @@ def test_bad_param_is_one_line_and_exit_2(db, capsys, param, message):
     assert len(err) == 1 and message in err[0]
 
 
+@pytest.mark.parametrize("lr", ["0.003", "0.5", "1e-9"])
+def test_a_real_parameter_below_one_is_accepted(lr):
+    from opscope.engine.bench.measure.params import parse_cli_params
+    from opscope.engine.bench.suites import train_step
+
+    # a learning rate is a real number > 0: the default 0.003 itself must pass
+    assert parse_cli_params(train_step, [f"lr={lr}"], quick=True).lr == float(lr)
+
+
+@pytest.mark.parametrize("lr", ["0", "-0.1", "nan", "inf"])
+def test_a_real_parameter_not_above_zero_is_one_line_and_exit_2(db, capsys, lr):
+    assert main(["--db", db, "bench", "train-step", "--quick", "--param", f"lr={lr}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"opscope: error: --param lr: {float(lr)} is out of range: use a finite number > 0"
+
+
 def test_bad_repeat_is_a_user_error(db, capsys):
     with pytest.raises(SystemExit) as e:  # checked by the parser, before anything runs
         main(["--db", db, "bench", "matmul", "--repeat", "0"])

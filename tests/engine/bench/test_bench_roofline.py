@@ -107,6 +107,27 @@ def test_cli_text_json_and_svg(tmp_path, capsys):
     assert ".svg or .png" in capsys.readouterr().err
 
 
+def test_out_without_an_extension_draws_what_the_help_says(tmp_path, capsys):
+    import importlib.util
+
+    peaks.record("cpu", "bandwidth", None, 20e9, "test")
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    with RunStore.open(db) as store:
+        store.save(matmul_run("mm"))
+    with pytest.raises(SystemExit):
+        main(["runs", "roofline", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "a name without an extension writes FILE.svg and, where matplotlib is installed, FILE.png" in help_text
+    assert main(["--db", db, "runs", "roofline", "mm", "--out", str(tmp_path / "roof")]) == 0
+    assert (tmp_path / "roof.svg").read_text().startswith("<svg")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"wrote {tmp_path / 'roof.svg'}"
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "roof.png").read_bytes()[:4] == b"\x89PNG" and err[1:] == [f"wrote {tmp_path / 'roof.png'}"]
+    else:
+        assert err[1:] == [f"{tmp_path / 'roof'}.png not written: PNG needs matplotlib (pip install matplotlib)"]
+
+
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_real_llm_run_places_pp_and_tg_by_their_stored_work(tmp_path, capsys, lm):
     from opscope.engine.bench.measure.options import BenchOptions

@@ -21,9 +21,10 @@ import pytest
 
 from opscope.engine.core import errors as E
 from opscope.engine.formats import open_model
-from gguf_craft import ARRAY, F32, STRING, U32
+from gguf_craft import ARRAY, F32, I32, STRING, U32, U64
 from hostile_fixtures import _craft, craft, tiny  # noqa: F401  (fixtures)
 
+U8, F64 = 0, 12  # GGUF value type ids gguf_craft does not name
 DAMAGED = "the file is damaged or was not written by a GGUF/safetensors converter; download or convert it again"
 
 
@@ -123,22 +124,49 @@ def test_string_length_beyond_the_file(tmp_path, craft):
 def test_string_where_a_count_belongs(tmp_path, craft):
     craft.set("llama.block_count", "2", STRING)
     p = craft.write(tmp_path / "s.gguf")
-    _rejects(p, E.WrongMetadataType, f"{p}: metadata key llama.block_count holds a string where the GGUF spec has "
-                                     f"an integer; {DAMAGED}")
+    _rejects(p, E.WrongMetadataType, f"{p}: metadata key llama.block_count is declared string where the GGUF spec "
+                                     f"has uint32 or uint64; {DAMAGED}")
 
 
 def test_float_block_count(tmp_path, craft):
     craft.set("llama.block_count", 0.5, F32)
     p = craft.write(tmp_path / "f.gguf")
-    _rejects(p, E.WrongMetadataType, f"{p}: metadata key llama.block_count holds a float where the GGUF spec has "
-                                     f"an integer; {DAMAGED}")
+    _rejects(p, E.WrongMetadataType, f"{p}: metadata key llama.block_count is declared float32 where the GGUF spec "
+                                     f"has uint32 or uint64; {DAMAGED}")
 
 
 def test_chat_template_of_the_wrong_type(tmp_path, craft):
     craft.set("tokenizer.chat_template", ["a", "b"], ARRAY, STRING)
     p = craft.write(tmp_path / "t.gguf")
-    _rejects(p, E.WrongMetadataType, f"{p}: metadata key tokenizer.chat_template holds an array of string where the "
-                                     f"GGUF spec has a string; {DAMAGED}")
+    _rejects(p, E.WrongMetadataType, f"{p}: metadata key tokenizer.chat_template is declared array of string where "
+                                     f"the GGUF spec has string; {DAMAGED}")
+
+
+
+
+@pytest.mark.parametrize("key, value, vtype, etype, declared, spec", [
+    ("general.alignment", 32, U64, None, "uint64", "uint32"),  # llama.cpp reads it as uint32 only
+    ("general.alignment", 32, U8, None, "uint8", "uint32"),
+    ("tokenizer.ggml.token_type", None, ARRAY, U8, "array of uint8", "array of int32"),
+    ("tokenizer.ggml.scores", None, ARRAY, F64, "array of float64", "array of float32"),
+    ("tokenizer.ggml.eos_token_id", 0, I32, None, "int32", "uint32"),
+    ("llama.rope.freq_base", 10000.0, F64, None, "float64", "float32"),
+    ("tokenizer.ggml.add_bos_token", 1, U8, None, "uint8", "bool"),
+])
+def test_spec_key_declared_with_another_type(tmp_path, craft, key, value, vtype, etype, declared, spec):
+    if value is None:  # an array, one entry per token
+        value = [1 if etype == U8 else 0.0] * len(craft.kv("tokenizer.ggml.tokens").value)
+    craft.set(key, value, vtype, etype)
+    p = craft.write(tmp_path / "typed.gguf")
+    _rejects(p, E.WrongMetadataType, f"{p}: metadata key {key} is declared {declared} where the GGUF spec has "
+                                     f"{spec}; {DAMAGED}")
+
+
+def test_counts_as_uint64_as_the_spec_writes_them_are_accepted(tmp_path, craft):
+    for key in ("llama.block_count", "llama.context_length", "llama.embedding_length"):
+        craft.set(key, int(craft.kv(key).value), U64)
+    model = open_model(craft.write(tmp_path / "u64.gguf"))
+    assert model.config.n_layers == int(craft.kv("llama.block_count").value)
 
 
 def test_duplicate_chat_template_key(tmp_path, craft):

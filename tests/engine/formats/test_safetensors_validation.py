@@ -162,3 +162,28 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr == (f"opscope: error: {d / 'model.safetensors'}: tensor model.layers.0.self_attn.o_proj.weight "
                         f"has shape [64, 32] but config.json's sizes imply [64, 64]; {DISAGREE}\n")
+
+
+def test_inspect_describes_a_lone_safetensors_file_then_says_why_it_cannot_run(tmp_path, capsys):
+    from opscope.engine.cli.main import main
+
+    _, tensors = _valid("llama")
+    tensors["lm_head.weight"] = tensors["lm_head.weight"].astype(np.float16)
+    lone = tmp_path / "lone.safetensors"
+    save_file(tensors, str(lone), metadata={"format": "pt"})
+    why = (f"{lone}: lone.safetensors has no config.json beside it — not a Hugging Face model; put the model's "
+           f"config.json (and tokenizer files) in the same directory")
+    assert main(["models", "inspect", str(lone)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    fields = {ln.split()[0]: ln.split()[1:] for ln in out if not ln.startswith(" ")}
+    assert fields["format"] == ["safetensors"] and fields["tensors"] == [str(len(tensors))]
+    assert fields["parameters"] == [str(sum(t.size for t in tensors.values()))]
+    assert fields["tensor_bytes"] == [str(sum(t.nbytes for t in tensors.values()))]
+    assert fields["file_size_bytes"] == [str(lone.stat().st_size)]
+    assert " ".join(fields["tensor_types"]) == f"F32 ×{len(tensors) - 1}, F16 ×1"
+    assert ["format", "pt"] in [ln.split() for ln in out[out.index("metadata:"):out.index("tensors:")]]
+    shape = list(tensors["model.embed_tokens.weight"].shape)
+    assert f"F32 {shape}".split() == next(ln.split()[1:] for ln in out if ln.split()[0] == "model.embed_tokens.weight")
+    assert out[-1].split(None, 1) == ["runnable", f"no: {why}"]  # what it holds first, then why it cannot run
+    assert main(["generate", "hi", "--model", str(lone)]) == 2  # generate keeps its one-line refusal
+    assert capsys.readouterr().err.strip() == f"opscope: error: {why}"
