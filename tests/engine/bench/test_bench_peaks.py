@@ -159,7 +159,7 @@ class _Gpus:
     @staticmethod
     def install(monkeypatch, name: str, sm_mhz: int, mem_mhz: int, bus_bits: int):
         pynvml = pytest.importorskip("pynvml")
-        from test_telemetry_nvml import FakeGpu, FakeNvml
+        from fake_nvml import FakeGpu, FakeNvml
 
         class FakeWithClocks(FakeNvml):
             def nvmlDeviceGetMaxClockInfo(self, h, clock_type):

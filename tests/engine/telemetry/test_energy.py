@@ -165,7 +165,7 @@ def test_generation_without_a_counter_says_n_a_and_why(tmp_path, monkeypatch, lm
 
 def _fake_nvml(monkeypatch, total_mj: list[int] | None, unsupported=()):
     pynvml = pytest.importorskip("pynvml")
-    from test_telemetry_nvml import FakeGpu, FakeNvml
+    from fake_nvml import FakeGpu, FakeNvml
 
     class FakeWithEnergy(FakeNvml):
         def nvmlDeviceGetTotalEnergyConsumption(self, h):
@@ -212,7 +212,7 @@ def test_nvml_with_neither_counter_is_n_a(monkeypatch):
 def _two_gpus_with_energy(monkeypatch):
     """Two GPUs whose total-energy counters differ, so a test sees which one a meter reads."""
     pynvml = pytest.importorskip("pynvml")
-    from test_telemetry_nvml import FakeGpu, FakeNvml
+    from fake_nvml import FakeGpu, FakeNvml
 
     class FakeWithEnergy(FakeNvml):
         def nvmlDeviceGetTotalEnergyConsumption(self, h):
@@ -233,7 +233,7 @@ def _joules_read_for(device: str) -> float | None:
 
 
 def test_cuda_visible_devices_by_uuid_reads_that_gpu(monkeypatch):
-    from test_telemetry_nvml import fake_uuid
+    from fake_nvml import fake_uuid
 
     _two_gpus_with_energy(monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", fake_uuid(1))  # what nvitop and Slurm hand out
@@ -248,7 +248,7 @@ def test_cuda_device_is_mapped_through_the_uuid_torch_reports(monkeypatch):
     import types
 
     import torch
-    from test_telemetry_nvml import fake_uuid
+    from fake_nvml import fake_uuid
 
     _two_gpus_with_energy(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
