@@ -64,6 +64,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "get_suite": (f"{_E}.bench.suites", "get_suite"),
     "run_suite": (f"{_E}.bench.session", "run_suite"),
     "build_params": (f"{_E}.bench.measure.params", "build_params"),
+    "param_doc": (f"{_E}.bench.measure.params", "param_doc"),
     "override_cli_params": (f"{_E}.bench.measure.params", "override_cli_params"),
     "QUALITIES": (f"{_E}.bench.measure.quality", "QUALITIES"),
     "summarize": (f"{_E}.bench.measure.stats", "summarize"),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan, torch_dtype
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Point, PointOutcome
 from opscope.engine.core.errors import DeviceError
 from opscope.engine.core.results import Metric
@@ -33,10 +34,14 @@ WORKLOADS = ("matmul", "attention", "decode")
 
 @dataclass(frozen=True)
 class Params:
-    matmul: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
-    attention: tuple[int, ...] = (16, 64, 256, 1024, 2048)
-    decode: tuple[int, ...] = (64, 256, 576, 1024, 2048, 4096)
-    accelerator: str = ""  # empty: the first of cuda, mps present
+    matmul: tuple[int, ...] = param((16, 32, 64, 128, 256, 512, 1024, 2048), "Matmul sizes", "n×n",
+                                    "Square matmul sizes timed on the CPU and the GPU, transfers included.")
+    attention: tuple[int, ...] = param((16, 64, 256, 1024, 2048), "Attention lengths", "tokens",
+                                       "Sequence lengths of the attention call timed on both devices.")
+    decode: tuple[int, ...] = param((64, 256, 576, 1024, 2048, 4096), "Decode widths", "hidden size",
+                                    "Hidden sizes of one decode step timed on both devices.")
+    accelerator: str = param("", "Accelerator", "", "Device compared with the CPU (cuda, cuda:1, mps); empty: "
+                                                    "the first one present.")
 
 
 QUICK = Params(matmul=(16, 128, 512), attention=(16, 256), decode=(64, 576, 2048))

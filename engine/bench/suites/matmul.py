@@ -17,6 +17,7 @@ from typing import Iterator
 
 from opscope.engine.bench.ceilings import peaks, utilisation
 from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Point, PointOutcome, skipped_point
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.core.results import Metric
@@ -30,13 +31,16 @@ MEMORY_FRACTION = 0.5  # leave room for everything else in the process
 
 @dataclass(frozen=True)
 class Params:
-    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
-    sizes: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
-    call_budget_s: float = 2.0  # skip a size whose single call is predicted to take longer
-    # A planted regression for checking comparisons end to end: every timed call runs the matmul
-    # round(10 × this) times while GFLOP/s counts 10 (1 = off; 2 halves the reported rate, 1.1 is a
-    # 10% slowdown).
-    planted_slowdown: float = 1.0
+    dtypes: tuple[str, ...] = param(("float32", "bfloat16", "float16"), "Data types", "",
+                                    "Element types measured, each at every size (float32, bfloat16, float16).")
+    sizes: tuple[int, ...] = param((128, 256, 512, 1024, 2048, 4096, 8192), "Matrix sizes", "n×n",
+                                   "Square matrix sizes n: each point multiplies two n×n matrices (2·n³ FLOP).")
+    call_budget_s: float = param(2.0, "Call budget", "s", "Skip a size whose single call is predicted (from the "
+                                                          "smaller sizes) to take longer than this.")
+    # Every timed call runs the matmul round(10 × this) times while GFLOP/s counts 10.
+    planted_slowdown: float = param(1.0, "Planted slowdown", "×",
+                                    "A deliberate regression to check comparisons end to end: 1 = off, 2 halves "
+                                    "the reported rate, 1.1 is 10 % slower.")
 
 
 QUICK = Params(sizes=(128, 256), call_budget_s=0.5)

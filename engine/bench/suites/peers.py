@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Extra, Point, skipped_point
 from opscope.engine.bench.suites import _model as M
 from opscope.engine.core.clock import now_ns
@@ -44,13 +45,20 @@ REFERENCE = "opscope"
 
 @dataclass(frozen=True)
 class Params:
-    pp: int = 512
-    tg: int = 128
-    peers: tuple[str, ...] = ("opscope", "llama_bench", "hf_fp32", "hf_bf16",
-                              "opscope:prefill_dtype=bf16", "opscope:activations=q8", "opscope:weights=dense",
-                              "opscope:fused_decode=0")
-    load_peers: tuple[str, ...] = ("opscope", "llama_cpp")  # fresh loads per round: keep it short
-    llama_bench: str = ""  # path of llama-bench; empty: $OPSCOPE_LLAMA_BENCH, else llama-bench on PATH
+    pp: int = param(512, "Prompt length", "tokens", "Prompt processing (prefill) test: tokens in one forward "
+                                                    "pass (llama-bench -p).")
+    tg: int = param(128, "Generation length", "tokens", "Text generation (decode) test: tokens generated one "
+                                                        "at a time (llama-bench -n).")
+    peers: tuple[str, ...] = param(("opscope", "llama_bench", "hf_fp32", "hf_bf16",
+                                    "opscope:prefill_dtype=bf16", "opscope:activations=q8", "opscope:weights=dense",
+                                    "opscope:fused_decode=0"), "Peers", "",
+                                   "Engines compared on the same GGUF, interleaved: opscope, llama_bench, hf_fp32, "
+                                   "hf_bf16, or opscope:KEY=VALUE for a fast-path variant.")
+    load_peers: tuple[str, ...] = param(("opscope", "llama_cpp"), "Load-time peers", "",
+                                        "Engines whose model load time is measured with a fresh load each round "
+                                        "(slow: keep the list short; empty skips it).")
+    llama_bench: str = param("", "Path of llama-bench", "", "Path of the llama-bench executable; empty: "
+                                                            "$OPSCOPE_LLAMA_BENCH, else llama-bench on PATH.")
 
 
 QUICK = Params(pp=64, tg=16, peers=("opscope", "llama_bench", "opscope:weights=dense"), load_peers=())
