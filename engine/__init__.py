@@ -24,6 +24,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     # backends (plugins)
     "API_VERSION": (f"{_E}.backends", "API_VERSION"),
     "Backend": (f"{_E}.backends", "Backend"),
+    "BackendBase": (f"{_E}.backends", "BackendBase"),
     "DeviceInfo": (f"{_E}.backends", "DeviceInfo"),
     "OpEvent": (f"{_E}.backends", "OpEvent"),
     "check_prompt": (f"{_E}.backends", "check_prompt"),
