@@ -75,12 +75,6 @@ def _check_merges(path: Path, merges: list[str], vocab: set[str]) -> None:
                                              _GGUF_VOCAB_FIX)
 
 
-def usable_special_id(meta: dict, key: str, n_tokens: int):
-    """A special-token id that names a token, else None (llama.cpp ignores such ids the same way)."""
-    v = meta.get(key)
-    return int(v) if v is not None and 0 <= int(v) < n_tokens else None
-
-
 # -- Hugging Face tokenizer.json -----------------------------------------------------------------------
 def check_hf_tokenizer(path: Path, backend) -> None:
     """Refuse a pre-tokenizer or normalizer regex with nested unbounded quantifiers."""
