@@ -122,11 +122,9 @@ def decode_threads(model):
     """Run decode steps with ``model.decode_threads`` intra-op threads, then restore the count;
     yields None, or for ``"auto"`` an engine.cpuload.LoadAwareThreads that the loop steps per token.
 
-    Batch-1 matmuls use one thread here anyway (DESIGN.md); the extra threads only join the tiny
-    parallel regions of norms and attention, and when another process holds the second core each
-    region waits for a descheduled worker: decode measured 17 tok/s with 1 thread and 3.8 with 2
-    on this 2-core machine under load (interleaved, same run). The fast path's fused step does use
-    every thread, so it takes "auto": all of them unless other processes are busy."""
+    The plain model asks for one thread (its batch-1 matmuls use one anyway; more only wait on
+    a busy core); the fast path's fused step uses every thread, so it takes "auto": all of them
+    unless other processes are busy (docs/decisions/0003-decode-threads-yield-to-busy-cores.md)."""
     want = getattr(model, "decode_threads", None)
     have = torch.get_num_threads()
     if want == "auto":

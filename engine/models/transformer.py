@@ -39,8 +39,8 @@ class RMSNorm(nn.Module):
 
 
 class KVCache(nn.Module):
-    """Static cache stored [B,S,K,D]: the used prefix [:, :end] stays one dense block per row, which
-    SDPA's CPU kernel reads up to 10× faster than a [B,K,S,D] slice (measured at S=1000)."""
+    """Static cache stored [B,S,K,D]: the used prefix [:, :end] stays one dense block per row, the
+    layout SDPA's CPU kernel reads fastest (docs/decisions/0006-kv-cache-layout.md)."""
 
     def __init__(self, batch: int, n_kv_heads: int, max_seq: int, head_dim: int, dtype, device):
         super().__init__()

@@ -1,6 +1,6 @@
 """The benchmark runner: turns benchmark points into raw per-repetition samples, honestly.
 
-Rules (../shared/DESIGN.md, STYLE habit 5): warm-up calls are never recorded; the device is
+Rules: warm-up calls are never recorded; the device is
 synchronized before every clock read (CUDA/MPS/XPU synchronize, ``mx.eval`` for MLX, nothing on
 CPU); repetitions continue until BOTH ``min_reps`` and ``min_time_s`` are met (or ``max_reps``
 caps a very fast point); every sample is kept. A point that fails (out of memory, an unsupported
