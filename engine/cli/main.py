@@ -211,7 +211,7 @@ def _run(func: Callable, args) -> int:
     except EngineError as e:
         if args.debug:
             raise
-        print(f"opscope: error: {e}", file=sys.stderr)
+        print(f"opscope: error: {e.for_cli()}", file=sys.stderr)
         return e.exit_code
     except OSError as e:
         if args.debug:

@@ -5,11 +5,17 @@ prints ``str(err)`` on one line and exits with ``exit_code``; the GUI shows the 
 """
 from __future__ import annotations
 
+import re
+
 
 class EngineError(Exception):
     """Root of every error the engine raises on purpose."""
 
     exit_code = 2
+
+    def for_cli(self) -> str:
+        """The message as the `opscope` command prints it (options named as its flags)."""
+        return str(self)
 
 
 class ModelFormatError(EngineError):
@@ -22,6 +28,42 @@ class UnsupportedModelError(EngineError):
 
 class ConfigError(EngineError):
     """A bad setting: device, dtype, sampling flag, suite parameter."""
+
+
+_OPTION = re.compile(r"\{([a-z_]+)(=[^{}]*)?\}")
+
+
+class OptionError(ConfigError):
+    """A bad keyword option of an API call, written once and read two ways. In ``template``,
+    ``{compile}`` names an option, ``{compile=}`` names it with the value the caller gave
+    (``given["compile"]``) and ``{fastpath=off}`` with a value that fixes it. ``str()`` speaks to
+    API callers (``compile='always'``, ``fastpath='off'``); ``for_cli()`` to the command line
+    (``--compile 'always'``, ``--fastpath off``)."""
+
+    def __init__(self, template: str, **given: object):
+        self.template, self.given = template, given
+        super().__init__(self._render(cli=False))
+
+    def __reduce__(self):  # crosses the worker-process boundary (pickle) with its fields
+        return _option_error, (type(self), self.template, self.given)
+
+    def for_cli(self) -> str:
+        return self._render(cli=True)
+
+    def _render(self, cli: bool) -> str:
+        def one(m: re.Match) -> str:
+            name, value = m.group(1), m.group(2)
+            if value is None:
+                return f"--{name.replace('_', '-')}" if cli else name
+            text = repr(self.given.get(name)) if value == "=" else value[1:]
+            if cli:
+                return f"--{name.replace('_', '-')} {text}"
+            return f"{name}={text}" if value == "=" else f"{name}={text!r}"
+        return _OPTION.sub(one, self.template)
+
+
+def _option_error(cls, template: str, given: dict) -> OptionError:
+    return cls(template, **given)
 
 
 class DeviceError(EngineError):
