@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from opscope.engine.core.devices import resolve_dtype
-from opscope.engine.core.errors import OptionError
+from opscope.engine.core.errors import ConfigError
 from opscope.engine.generation.generate import GenerationConfig
 from opscope.engine.generation.loaded import LoadedModel, LoadOptions, load_plain
 
@@ -45,8 +45,8 @@ def fastpath_options(spec, device: str, dtype: str, model) -> "object | None":
     if str(device) != "cpu" or dt not in (torch.float32, torch.bfloat16):
         if spec == "auto":
             return None
-        raise OptionError("{fastpath}: the CPU fast path runs on {device=cpu} in float32 or bfloat16; "
-                          "use {fastpath=off}")
+        raise ConfigError.about_options("{fastpath}: the CPU fast path runs on {device=cpu} in float32 or "
+                                        "bfloat16; use {fastpath=off}")
     base = FastPathOptions()
     if dt == torch.bfloat16:
         from opscope.engine.fastpath.kernels import native_bf16
@@ -71,15 +71,15 @@ def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: 
     from opscope.engine.models.woq import WOQ_MODES
 
     if compile not in COMPILE_MODES:
-        raise OptionError(f"{{compile=}} is not one of {', '.join(COMPILE_MODES)}", compile=compile)
+        raise ConfigError.about_options(f"{{compile=}} is not one of {', '.join(COMPILE_MODES)}", compile=compile)
     if quantize not in WOQ_MODES:
-        raise OptionError(f"{{quantize=}} is not one of {', '.join(WOQ_MODES)}", quantize=quantize)
+        raise ConfigError.about_options(f"{{quantize=}} is not one of {', '.join(WOQ_MODES)}", quantize=quantize)
     if (compile != "off" or quantize != "off") and fastpath == "auto":
         fastpath = "off"  # the compiled step and weight-only quantization belong to the plain torch model
     options = fastpath_options(fastpath, device, dtype, model)
     if options is not None and (compile != "off" or quantize != "off"):
-        raise OptionError("{compile} and {quantize} apply to the plain torch model; add {fastpath=off} "
-                          "(the fast path keeps the GGUF's own quantized blocks)")
+        raise ConfigError.about_options("{compile} and {quantize} apply to the plain torch model; add "
+                                        "{fastpath=off} (the fast path keeps the GGUF's own quantized blocks)")
     if options is not None:
         from opscope.engine.fastpath import load as load_fast
 

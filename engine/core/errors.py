@@ -27,43 +27,52 @@ class UnsupportedModelError(EngineError):
 
 
 class ConfigError(EngineError):
-    """A bad setting: device, dtype, sampling flag, suite parameter."""
+    """A bad setting: device, dtype, sampling flag, suite parameter.
+
+    ``ConfigError.about_options(template, **given)`` writes a message about keyword options once,
+    read two ways. In ``template``, ``{compile}`` names an option, ``{compile=}`` names it with the
+    value the caller gave (``given["compile"]``) and ``{fastpath=off}`` with a value that fixes it.
+    ``str()`` speaks to API callers (``compile='always'``, ``fastpath='off'``), ``for_cli()`` to
+    the command line (``--compile 'always'``, ``--fastpath off``)."""
+
+    template: str | None = None
+    given: dict[str, object] | None = None
+
+    @classmethod
+    def about_options(cls, template: str, **given: object) -> ConfigError:
+        err = cls(_render_options(template, given, cli=False))
+        err.template, err.given = template, given
+        return err
+
+    def for_cli(self) -> str:
+        if self.template is None:
+            return str(self)
+        return _render_options(self.template, self.given or {}, cli=True)
+
+    def __reduce__(self):  # crosses the worker-process boundary (pickle) with its template
+        if self.template is None:
+            return super().__reduce__()
+        return _about_options, (type(self), self.template, self.given or {})
 
 
 _OPTION = re.compile(r"\{([a-z_]+)(=[^{}]*)?\}")
 
 
-class OptionError(ConfigError):
-    """A bad keyword option of an API call, written once and read two ways. In ``template``,
-    ``{compile}`` names an option, ``{compile=}`` names it with the value the caller gave
-    (``given["compile"]``) and ``{fastpath=off}`` with a value that fixes it. ``str()`` speaks to
-    API callers (``compile='always'``, ``fastpath='off'``); ``for_cli()`` to the command line
-    (``--compile 'always'``, ``--fastpath off``)."""
-
-    def __init__(self, template: str, **given: object):
-        self.template, self.given = template, given
-        super().__init__(self._render(cli=False))
-
-    def __reduce__(self):  # crosses the worker-process boundary (pickle) with its fields
-        return _option_error, (type(self), self.template, self.given)
-
-    def for_cli(self) -> str:
-        return self._render(cli=True)
-
-    def _render(self, cli: bool) -> str:
-        def one(m: re.Match) -> str:
-            name, value = m.group(1), m.group(2)
-            if value is None:
-                return f"--{name.replace('_', '-')}" if cli else name
-            text = repr(self.given.get(name)) if value == "=" else value[1:]
-            if cli:
-                return f"--{name.replace('_', '-')} {text}"
-            return f"{name}={text}" if value == "=" else f"{name}={text!r}"
-        return _OPTION.sub(one, self.template)
+def _render_options(template: str, given: dict[str, object], cli: bool) -> str:
+    def one(m: re.Match[str]) -> str:
+        name, value = m.group(1), m.group(2)
+        flag = f"--{name.replace('_', '-')}"
+        if value is None:
+            return flag if cli else name
+        text = repr(given.get(name)) if value == "=" else value[1:]
+        if cli:
+            return f"{flag} {text}"
+        return f"{name}={text}" if value == "=" else f"{name}={text!r}"
+    return _OPTION.sub(one, template)
 
 
-def _option_error(cls, template: str, given: dict) -> OptionError:
-    return cls(template, **given)
+def _about_options(cls: type[ConfigError], template: str, given: dict[str, object]) -> ConfigError:
+    return cls.about_options(template, **given)
 
 
 class DeviceError(EngineError):

@@ -7,7 +7,7 @@ import pytest
 
 from opscope.engine.api import load
 from opscope.engine.cli.main import main
-from opscope.engine.core.errors import ConfigError, OptionError
+from opscope.engine.core.errors import ConfigError
 
 
 def test_load_options_errors_name_keywords_for_api_callers():
@@ -29,8 +29,9 @@ def test_the_same_error_names_flags_on_the_command_line(capsys):
 
 
 def test_option_error_keeps_both_wordings_across_the_worker_boundary():
-    err = OptionError("{dtype=} is not usable here; use {dtype=float32} or lower {max_tokens}", dtype="fp8")
+    err = ConfigError.about_options("{dtype=} is not usable here; use {dtype=float32} or lower {max_tokens}",
+                                    dtype="fp8")
     assert str(err) == "dtype='fp8' is not usable here; use dtype='float32' or lower max_tokens"
     assert err.for_cli() == "--dtype 'fp8' is not usable here; use --dtype float32 or lower --max-tokens"
     back = pickle.loads(pickle.dumps(err))
-    assert type(back) is OptionError and str(back) == str(err) and back.for_cli() == err.for_cli()
+    assert type(back) is ConfigError and str(back) == str(err) and back.for_cli() == err.for_cli()
