@@ -182,7 +182,7 @@ def _check_binop(op: str, left, right) -> None:
         if left.bit_length() + right.bit_length() > MAX_INT_BITS:
             raise _Limit(f"'*' on integers of {left.bit_length()} and {right.bit_length()} bits")
     elif op == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)):
-        if abs(left) > 1 and abs(right) * max(abs(left), 2).bit_length() > MAX_INT_BITS:
+        if abs(left) > 1 and abs(right) * int(max(abs(left), 2)).bit_length() > MAX_INT_BITS:
             raise _Limit(f"'**' with exponent {right}")
     elif op == "+" and _length(left) and _length(right):
         b.size(_length(left) + _length(right), "'+'")

@@ -429,3 +429,9 @@ def test_errors_survive_the_worker_process_boundary(tmp_path):
     e = E.TensorOverlap(tmp_path / "m.gguf", "tensor a overlaps tensor b")
     back = pickle.loads(pickle.dumps(e))
     assert type(back) is E.TensorOverlap and str(back) == str(e)
+
+
+def test_float_power_in_a_template_renders(tmp_path, craft):
+    """The '**' size check reads the base's bit length: a float base is measured by its integer part."""
+    p = craft.set("tokenizer.chat_template", "{{ 2.5 ** 3 }}|{{ 1.5 ** 2 }}", STRING).write(tmp_path / "t.gguf")
+    assert open_model(p).tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == "15.625|2.25"
