@@ -6,10 +6,15 @@
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from opscope.engine.core.devices import resolve_dtype
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.generation.generate import GenerationConfig
 from opscope.engine.generation.loaded import LoadedModel, LoadOptions, load_plain
+
+if TYPE_CHECKING:
+    from opscope.engine.fastpath import FastPathOptions
 
 __all__ = ["GenerationConfig", "LoadOptions", "LoadedModel", "fastpath_options", "load"]
 
@@ -24,7 +29,7 @@ def _spec(options) -> str:
     return "on" + (f" ({', '.join(changed)})" if changed else "")
 
 
-def fastpath_options(spec, device: str, dtype: str, model) -> "object | None":
+def fastpath_options(spec, device: str, dtype: str, model) -> FastPathOptions | None:
     """The fast-path options a load should use, or None for the plain torch model.
 
     ``spec``: "auto" (default: the CPU fast path for a GGUF on the CPU in float32 or bfloat16 — the

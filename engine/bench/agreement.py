@@ -81,7 +81,8 @@ def matmul(n: int, dtype: str = "float32", rounds: int = 5, min_time_s: float = 
     from opscope.engine.core.cpuload import OtherLoad
 
     load = OtherLoad()
-    ours, theirs = [], []
+    ours: list[float] = []
+    theirs: list[float] = []
     for r in range(rounds):
         sides = [(ours, _opscope_matmul), (theirs, _torch_timer_matmul)]
         for out, fn in (sides if r % 2 == 0 else sides[::-1]):

@@ -64,7 +64,7 @@ def held():
         yield
     finally:
         try:
-            if mask:  # a signal blocked meanwhile is handled now, still held: remembered, not raised here,
+            if before is not None:  # a signal blocked meanwhile is handled now, still held: remembered, not raised here,
                 signal.pthread_sigmask(signal.SIG_SETMASK, before)  # inside the import system's frames
         finally:
             _holding -= 1

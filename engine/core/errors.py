@@ -6,6 +6,8 @@ prints ``str(err)`` on one line and exits with ``exit_code``; the GUI shows the 
 from __future__ import annotations
 
 import re
+from os import PathLike
+from typing import Any
 
 
 class EngineError(Exception):
@@ -49,7 +51,7 @@ class ConfigError(EngineError):
             return str(self)
         return _render_options(self.template, self.given or {}, cli=True)
 
-    def __reduce__(self):  # crosses the worker-process boundary (pickle) with its template
+    def __reduce__(self) -> str | tuple[Any, ...]:  # crosses the worker-process boundary (pickle) with its template
         if self.template is None:
             return super().__reduce__()
         return _about_options, (type(self), self.template, self.given or {})
@@ -106,15 +108,15 @@ class ModelLoadError(ModelFormatError):
 
     fix = "the file is damaged or was not written by a GGUF/safetensors converter; download or convert it again"
 
-    def __init__(self, path, detail: str, fix: str | None = None):
+    def __init__(self, path: str | PathLike[str] | None, detail: str, fix: str | None = None):
         self.path, self.detail, self.fix = path, detail, fix or self.fix
         where = f"{_printable(str(path))}: " if path is not None else ""
         super().__init__(f"{where}{_printable(detail, 600)}; {self.fix}")
 
-    def __reduce__(self):  # crosses the worker-process boundary (pickle) with its fields
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses the worker-process boundary (pickle) with its fields
         return type(self), (self.path, self.detail, self.fix)
 
-    def at(self, path) -> "ModelLoadError":
+    def at(self, path: str | PathLike[str]) -> ModelLoadError:
         """The same error naming ``path`` (for checks that run before the file is known)."""
         return type(self)(path, self.detail, self.fix)
 

@@ -54,7 +54,7 @@ def article(kind: str) -> str:
 
 def kind_of(vtype: int, etype: int | None = None) -> str:
     if vtype == ARRAY:
-        return "array of " + ("array" if etype == ARRAY else KIND.get(etype, f"type {etype}"))
+        return "array of " + ("array" if etype == ARRAY or etype is None else KIND.get(etype, f"type {etype}"))
     return KIND.get(vtype, f"type {vtype}")
 
 

@@ -5,7 +5,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from opscope.engine.formats.files import PICKLE_SUFFIXES, json_type, read_json_o
 from opscope.engine.formats.gguf_spec import article
 from opscope.engine.formats.safetensors_header import check_hf_tensors, read_safetensors_header
 from opscope.engine.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from opscope.engine.tokenizer.loader import Tokenizer
 
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
         "lm_head.weight": "lm_head.weight"}
@@ -46,6 +49,8 @@ def hf_name(engine: str, family=None) -> str:
     if engine in ENGINE_TO_HF:
         return ENGINE_TO_HF[engine]
     m = re.match(r"layers\.(\d+)\.(.+)\.(weight|bias)$", engine)
+    if m is None:
+        raise KeyError(f"{engine!r} is not an engine parameter name")
     inv = {v: k for k, v in _layer_map(family).items()}
     return f"model.layers.{m.group(1)}.{inv[m.group(2)]}.{m.group(3)}"
 
@@ -96,6 +101,7 @@ def _shown(v) -> str:
 
 class HFDirSource:
     format = "safetensors"
+    tokenizer: Tokenizer  # attached by engine.formats.open_model
 
     def __init__(self, path: Path, only: Path | None = None):
         """``path``: the model directory; ``only``: one .safetensors file in it to load alone."""
@@ -191,8 +197,9 @@ class HFDirSource:
             raise ModelFormatError(f"{shard}: tensor {key} is corrupt: {e}") from e
         if self.family.hf_norm_offset and key.endswith("norm.weight"):
             t = t.float() + self.family.hf_norm_offset  # Gemma computes x·(1+w); the core computes x·w
-        if split is None:
-            yield name, t
+        if m is None or split is None:  # split is None without a layer match
+            if name is not None:
+                yield name, t
             return
         row = 0
         for sub, rows in split(self.config):  # fused q|k|v, gate|up (Phi-3): rows of the core's linears

@@ -91,10 +91,10 @@ def _check_metadata(path: Path, meta) -> None:
 
 
 def _check_layout(path: Path, entries: list[SafetensorsEntry], data_bytes: int) -> None:
-    prev = None
+    prev: SafetensorsEntry | None = None
     for e in sorted(entries, key=lambda e: (e.begin, e.end)):
         at = prev.end if prev else 0
-        if e.begin < at:
+        if prev is not None and e.begin < at:  # at > 0 only after a previous tensor
             raise TensorOverlap(path, f"tensor {e.name} (bytes {e.begin}..{e.end}) overlaps tensor {prev.name} "
                                       f"(bytes {prev.begin}..{prev.end})")
         if e.begin > at:
@@ -102,7 +102,7 @@ def _check_layout(path: Path, entries: list[SafetensorsEntry], data_bytes: int) 
                                           f"{at}; safetensors tensors must be contiguous")
         prev = e
     end = prev.end if prev else 0
-    if end > data_bytes:
+    if prev is not None and end > data_bytes:
         raise Truncated(path, f"tensor {prev.name} ends at data byte {end} but the file holds {data_bytes} "
                               f"bytes of data")
     if end < data_bytes:

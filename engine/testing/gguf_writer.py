@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, TypeAlias
 
 import numpy as np
 
@@ -31,7 +31,7 @@ _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "
 _TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128, vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-6,
              rope_theta=10000.0, tie_word_embeddings=False)
-_FAMILY_DEFAULTS = {
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {},
     "mistral": {"sliding_window": 16},
     "qwen2": {"tie_word_embeddings": True},
@@ -45,7 +45,7 @@ _FAMILY_DEFAULTS = {
     "phi3": {},
 }
 
-TensorLike = "np.ndarray | Callable[[], np.ndarray]"
+TensorLike: TypeAlias = "np.ndarray | Callable[[], np.ndarray]"
 
 
 def hf_config(family: str, **overrides) -> dict:

@@ -50,7 +50,7 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or ""
 
-    source = None  # the file the vocabulary and its regular expressions came from, for encode's errors
+    source: Path | None = None  # the file the vocabulary and its regular expressions came from, for encode's errors
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         try:

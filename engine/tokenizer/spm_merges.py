@@ -199,8 +199,8 @@ def _read(file: Path, key: bytes, n: int) -> np.ndarray | None:
         return None
     ok = (stored.dtype == np.int32 and stored.ndim == 2 and stored.shape[0] > 4 and stored.shape[1] == 2)
     ids = np.ascontiguousarray(stored[4:]) if ok else None
-    if not (ok and np.array_equal(_sealed(ids, key)[:4], stored[:4])
-            and int(ids.min()) >= 0 and int(ids.max()) < n):
+    if ids is None or not (np.array_equal(_sealed(ids, key)[:4], stored[:4])
+                           and int(ids.min()) >= 0 and int(ids.max()) < n):
         log.debug("ignoring merge cache %s: not sealed for this vocabulary", file)
         return None
     return ids

@@ -109,7 +109,7 @@ def crossover_metrics(outcomes: list[PointOutcome], sweep: dict[str, Sequence[in
             size = crossover_size(ns, cpu, accel, xfer)
             if size is None:
                 note[workload] = f"no crossover: the CPU is faster up to the largest size swept ({max(ns)})"
-        if workload in note:  # said as a metric: the run's settings are saved before this is known
+        if size is None or workload in note:  # said as a metric: the run's settings are saved before this is known
             out.append(Metric(f"{workload}.crossover", "size", [], False, {"workload": workload, "accelerator": acc},
                               "failed", note[workload]))
             continue
@@ -189,7 +189,9 @@ def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     p = params or (QUICK if opts.quick else Params())
     check_here(opts, p)
     acc = accelerator(p.accelerator)
-    sweep = {w: tuple(getattr(p, w)) for w in WORKLOADS}
+    if acc is None:  # check_here has said so already
+        raise DeviceError(one_device_message())
+    sweep: dict[str, Sequence[int]] = {w: tuple(getattr(p, w)) for w in WORKLOADS}
     note: dict[str, str] = {}
     settings: dict[str, Any] = {"accelerator": acc, "sweep": {k: list(v) for k, v in sweep.items()},
                                 "dtype": opts.dtype, "crossover_note": note,

@@ -98,7 +98,7 @@ def _points(p: Params, device: str, outcomes: list[PointOutcome]) -> Iterator[Po
             if need > MEMORY_FRACTION * free:
                 yield skipped_point(point_name(dtype, n), "GFLOP/s",
                                     f"needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free", params)
-            elif call_s > p.call_budget_s:
+            elif rate is not None and call_s > p.call_budget_s:
                 yield skipped_point(point_name(dtype, n), "GFLOP/s",
                                     f"one call would take ~{call_s:.0f} s at the {rate[1]:.1f} GFLOP/s "
                                     f"measured at n={rate[0]} (budget {p.call_budget_s:g} s)", params)
@@ -138,7 +138,7 @@ def _finish(device: str, quick: bool, planted: bool, settings: dict, load):
         other = load.cores()
         extra: list[Metric] = []
         recorded = settings.setdefault("peak_record", {})
-        for dtype in sorted({o.point.params.get("dtype") for o in outcomes if o.ok}):
+        for dtype in sorted({str(o.point.params["dtype"]) for o in outcomes if o.ok}):
             best = _best(outcomes, dtype)
             if best is None:
                 continue

@@ -76,7 +76,7 @@ class OpScopePeer:
 
         self.name, self.path, self.threads = name, path, threads
         self.options = FastPathOptions.from_string(name.partition(":")[2])
-        self.lm = None
+        self.lm: Any = None  # a LoadedModel once load() ran (the fast path's or the plain one)
 
     @property
     def loaded(self) -> bool:
@@ -121,7 +121,7 @@ class LlamaCppPeer:
         import llama_cpp  # noqa: F401  (ImportError: the peer is skipped)
 
         self.name, self.path, self.threads, self.n_ctx, self.n_batch = name, path, threads, n_ctx, n_batch
-        self.llm = None
+        self.llm: Any = None  # llama_cpp.Llama (untyped library) once load() ran
 
     @property
     def loaded(self) -> bool:
@@ -192,7 +192,7 @@ class HFPeer:
 
         self.name, self.path, self.threads = name, path, threads
         self.dtype_name = "bfloat16" if name.endswith("bf16") else "float32"
-        self.model = None
+        self.model: Any = None  # a transformers model (untyped library) once load() ran
 
     @property
     def loaded(self) -> bool:
