@@ -176,7 +176,7 @@ def test_an_hour_of_10hz_history_is_clipped_to_the_view(qtbot):
 
 
 def _fake_nvml(monkeypatch, procs=()):
-    from test_telemetry_nvml import FakeGpu, FakeNvml
+    from fake_nvml import FakeGpu, FakeNvml
 
     gpus = [FakeGpu("NVIDIA H100 80GB HBM3", procs=procs),
             FakeGpu("NVIDIA H100 80GB HBM3", unsupported=("nvmlDeviceGetPcieThroughput",))]

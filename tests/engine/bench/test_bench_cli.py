@@ -18,16 +18,6 @@ FAST = ["--quick", "--repeat", "2", "--min-time", "0", "--warmup", "0"]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-
-
-@pytest.fixture
-def db(tmp_path):
-    return f"sqlite:///{tmp_path / 'runs.db'}"
-
-
 def test_cancel_mid_suite_keeps_finished_points_and_marks_the_run_aborted(db):
     from opscope.engine.store import RunStore
 

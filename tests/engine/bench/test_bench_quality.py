@@ -131,11 +131,7 @@ def test_bad_threshold_is_a_config_error():
 
 def test_other_gpu_processes_exclude_ours(monkeypatch):
     pynvml = pytest.importorskip("pynvml")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "telemetry"))
-    try:
-        from test_telemetry_nvml import FakeGpu, FakeNvml
-    finally:
-        sys.path.pop(0)
+    from fake_nvml import FakeGpu, FakeNvml
     me = os.getpid()
     FakeNvml([FakeGpu("H100", procs=((me, 1 << 20), (99999, 1 << 30))), FakeGpu("H100", procs=((me, 1),))]
              ).install(monkeypatch)

@@ -22,7 +22,6 @@ import pytest
 from opscope.engine.core import errors as E
 from opscope.engine.formats import open_model
 from gguf_craft import ARRAY, F32, STRING, U32
-from hostile_fixtures import _craft, craft, tiny  # noqa: F401  (fixtures)
 
 DAMAGED = "the file is damaged or was not written by a GGUF/safetensors converter; download or convert it again"
 

@@ -165,7 +165,7 @@ def test_generation_without_a_counter_says_n_a_and_why(tmp_path, monkeypatch, lm
 
 def _fake_nvml(monkeypatch, total_mj: list[int] | None, unsupported=()):
     pynvml = pytest.importorskip("pynvml")
-    from test_telemetry_nvml import FakeGpu, FakeNvml
+    from fake_nvml import FakeGpu, FakeNvml
 
     class FakeWithEnergy(FakeNvml):
         def nvmlDeviceGetTotalEnergyConsumption(self, h):
