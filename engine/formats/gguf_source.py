@@ -5,7 +5,7 @@ import logging
 import re
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from opscope.engine.formats.gguf_tensors import check_tensor_shapes, check_vocab
 from opscope.engine.models.config import ModelConfig
 
 if TYPE_CHECKING:
+    from opscope.engine.models.families import Family
     from opscope.engine.tokenizer.loader import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ _BLOCK_MAP = {
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def engine_name(gguf_name: str, family=None) -> str | None:
+def engine_name(gguf_name: str, family: Family | None = None) -> str | None:
     """Engine parameter name of a GGUF tensor (``family``: its extra names), None if unknown."""
     if gguf_name in _NAME_MAP:
         return _NAME_MAP[gguf_name]
@@ -49,7 +50,7 @@ def engine_name(gguf_name: str, family=None) -> str | None:
     return f"layers.{m.group(1)}.{sub}.{m.group(3)}" if m and sub else None
 
 
-def tensor_index(tensors, family, cfg: ModelConfig) -> dict[str, tuple[str, int, int | None]]:
+def tensor_index(tensors: Iterable[str], family: Family | None, cfg: ModelConfig) -> dict[str, tuple[str, int, int | None]]:
     """engine name → (GGUF name, first row, rows or None for all): fused tensors (Phi-3's attn_qkv,
     gate|up in ffn_up) become row ranges of their GGUF tensor."""
     index: dict[str, tuple[str, int, int | None]] = {}
@@ -114,7 +115,7 @@ class GGUFSource:
     def type_name(self, t: TensorEntry) -> str:
         import gguf
 
-        return gguf.GGMLQuantizationType(t.ggml_type).name
+        return str(gguf.GGMLQuantizationType(t.ggml_type).name)
 
     def _check_types(self) -> None:
         bad = [t for t in self.tensors.values() if self.type_name(t) not in SUPPORTED_TYPES]
