@@ -5,7 +5,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from opscope.engine.formats.safetensors_header import check_hf_tensors, read_saf
 from opscope.engine.models.config import ModelConfig
 
 if TYPE_CHECKING:
+    from opscope.engine.models.families import Family
     from opscope.engine.tokenizer.loader import Tokenizer
 
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
@@ -29,11 +30,11 @@ _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 ENGINE_TO_HF = {v: k for k, v in _TOP.items()}
 
 
-def _layer_map(family) -> dict[str, str]:
+def _layer_map(family: Family | None) -> dict[str, str]:
     return {**_LAYER, **family.hf_tensors} if family is not None else _LAYER
 
 
-def engine_name(hf_name: str, family=None) -> str | None:
+def engine_name(hf_name: str, family: Family | None = None) -> str | None:
     """Engine parameter name of a Hugging Face tensor (``family``: its extra names), None if unknown."""
     if hf_name in _TOP:
         return _TOP[hf_name]
@@ -44,7 +45,7 @@ def engine_name(hf_name: str, family=None) -> str | None:
     return None
 
 
-def hf_name(engine: str, family=None) -> str:
+def hf_name(engine: str, family: Family | None = None) -> str:
     """Inverse of engine_name (used to write HF directories from an engine state dict)."""
     if engine in ENGINE_TO_HF:
         return ENGINE_TO_HF[engine]
@@ -94,7 +95,7 @@ def read_config_json(path: Path) -> dict:
 _json_type = json_type
 
 
-def _shown(v) -> str:
+def _shown(v: object) -> str:
     text = json.dumps(v) if isinstance(v, (str, int, float, bool, type(None))) else f"a JSON {json_type(v)}"
     return text if len(text) <= 80 else text[:80] + "…"
 
@@ -148,7 +149,7 @@ class HFDirSource:
                                 "the download is incomplete: download every shard the index lists")
         return shards
 
-    def _inside(self, index: Path, name) -> Path:
+    def _inside(self, index: Path, name: object) -> Path:
         """A shard path of the index, refused unless it names a file inside the model directory."""
         if not isinstance(name, str):
             raise WrongMetadataType(index, f"weight_map holds {_shown(name)} where a shard file name belongs",
@@ -185,7 +186,7 @@ class HFDirSource:
                 for key in f.keys():
                     yield from self._pieces(shard, key, f)
 
-    def _pieces(self, shard: Path, key: str, f) -> Iterator[tuple[str, "np.ndarray"]]:
+    def _pieces(self, shard: Path, key: str, f: Any) -> Iterator[tuple[str, "np.ndarray"]]:  # f: safe_open's handle
         m = _LAYER_RE.match(key)
         split = self.family.hf_fused.get(m.group(2)) if m else None
         name = engine_name(key, self.family)
@@ -207,7 +208,7 @@ class HFDirSource:
             row += rows
 
 
-def _open(shard: Path, safe_open):
+def _open(shard: Path, safe_open: Callable[..., Any]) -> Any:
     try:
         return safe_open(str(shard), framework="pt")
     except Exception as e:
