@@ -24,6 +24,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     # backends (plugins)
     "API_VERSION": (f"{_E}.backends", "API_VERSION"),
     "Backend": (f"{_E}.backends", "Backend"),
+    "BackendBase": (f"{_E}.backends", "BackendBase"),
     "DeviceInfo": (f"{_E}.backends", "DeviceInfo"),
     "OpEvent": (f"{_E}.backends", "OpEvent"),
     "check_prompt": (f"{_E}.backends", "check_prompt"),
@@ -64,6 +65,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "get_suite": (f"{_E}.bench.suites", "get_suite"),
     "run_suite": (f"{_E}.bench.session", "run_suite"),
     "build_params": (f"{_E}.bench.measure.params", "build_params"),
+    "param_doc": (f"{_E}.bench.measure.params", "param_doc"),
     "override_cli_params": (f"{_E}.bench.measure.params", "override_cli_params"),
     "QUALITIES": (f"{_E}.bench.measure.quality", "QUALITIES"),
     "summarize": (f"{_E}.bench.measure.stats", "summarize"),

@@ -6,10 +6,15 @@
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from opscope.engine.core.devices import resolve_dtype
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.generation.generate import GenerationConfig
 from opscope.engine.generation.loaded import LoadedModel, LoadOptions, load_plain
+
+if TYPE_CHECKING:
+    from opscope.engine.fastpath import FastPathOptions
 
 __all__ = ["GenerationConfig", "LoadOptions", "LoadedModel", "fastpath_options", "load"]
 
@@ -24,7 +29,7 @@ def _spec(options) -> str:
     return "on" + (f" ({', '.join(changed)})" if changed else "")
 
 
-def fastpath_options(spec, device: str, dtype: str, model) -> "object | None":
+def fastpath_options(spec, device: str, dtype: str, model) -> FastPathOptions | None:
     """The fast-path options a load should use, or None for the plain torch model.
 
     ``spec``: "auto" (default: the CPU fast path for a GGUF on the CPU in float32 or bfloat16 — the
@@ -45,8 +50,8 @@ def fastpath_options(spec, device: str, dtype: str, model) -> "object | None":
     if str(device) != "cpu" or dt not in (torch.float32, torch.bfloat16):
         if spec == "auto":
             return None
-        raise ConfigError("--fastpath: the CPU fast path runs on --device cpu in float32 or bfloat16; "
-                          "use --fastpath off")
+        raise ConfigError.about_options("{fastpath}: the CPU fast path runs on {device=cpu} in float32 or "
+                                        "bfloat16; use {fastpath=off}")
     base = FastPathOptions()
     if dt == torch.bfloat16:
         from opscope.engine.fastpath.kernels import native_bf16
@@ -71,15 +76,15 @@ def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: 
     from opscope.engine.models.woq import WOQ_MODES
 
     if compile not in COMPILE_MODES:
-        raise ConfigError(f"--compile {compile!r} is not one of {', '.join(COMPILE_MODES)}")
+        raise ConfigError.about_options(f"{{compile=}} is not one of {', '.join(COMPILE_MODES)}", compile=compile)
     if quantize not in WOQ_MODES:
-        raise ConfigError(f"--quantize {quantize!r} is not one of {', '.join(WOQ_MODES)}")
+        raise ConfigError.about_options(f"{{quantize=}} is not one of {', '.join(WOQ_MODES)}", quantize=quantize)
     if (compile != "off" or quantize != "off") and fastpath == "auto":
         fastpath = "off"  # the compiled step and weight-only quantization belong to the plain torch model
     options = fastpath_options(fastpath, device, dtype, model)
     if options is not None and (compile != "off" or quantize != "off"):
-        raise ConfigError("--compile and --quantize apply to the plain torch model; add --fastpath off "
-                          "(the fast path keeps the GGUF's own quantized blocks)")
+        raise ConfigError.about_options("{compile} and {quantize} apply to the plain torch model; add "
+                                        "{fastpath=off} (the fast path keeps the GGUF's own quantized blocks)")
     if options is not None:
         from opscope.engine.fastpath import load as load_fast
 

@@ -3,6 +3,7 @@ that needs it; the Hugging Face reference is loaded once too, only by the refere
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -100,6 +101,19 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(base / "cache"))
     monkeypatch.delenv("OPSCOPE_DB", raising=False)
     monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(base / "opscope-cache"))
+
+
+@pytest.fixture
+def cache_dir(_isolated_user_dirs) -> Path:
+    """This test's OpScope cache (OPSCOPE_CACHE_DIR, set by _isolated_user_dirs): measured peaks,
+    file hashes. Not created yet."""
+    return Path(os.environ["OPSCOPE_CACHE_DIR"])
+
+
+@pytest.fixture
+def db(tmp_path) -> str:
+    """The URL of a run store of this test's own (a SQLite file, created on first open)."""
+    return f"sqlite:///{tmp_path / 'runs.db'}"
 
 
 @pytest.fixture(autouse=True)

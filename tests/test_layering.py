@@ -22,7 +22,7 @@ def test_public_api_is_importable_from_engine_api():
     """LoadedModel and LoadOptions live in engine.generation.loaded (below the fast path, which
     builds them); engine.api re-exports them with load."""
     import opscope.engine.api
-    import opscope.engine.generation.loaded
+    import opscope.engine.generation.loaded  # noqa: F401  (sets engine.generation.loaded)
     from opscope import engine
 
     assert engine.api.LoadedModel is engine.generation.loaded.LoadedModel

@@ -15,7 +15,7 @@ from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QPlainTextEdit
 
 from opscope.app.bench.model import BenchModel, point_summary
-from opscope.app.bench.param_units import format_size, param_doc, parse_size
+from opscope.app.bench.param_units import format_size, parse_size
 from opscope.app.runs.roofline import RooflineView
 from opscope.app.ui.tables import display_unit, fit_columns, keep_in_view, with_unit
 from opscope.app.ui.widgets import category_ticks
@@ -33,19 +33,18 @@ class ParamForm(QGroupBox):
         self.editors: dict[str, QWidget] = {}
         self.units: dict[str, str] = {}
 
-    def set_fields(self, fields: list[dict], quick: bool, suite: str = "") -> None:
+    def set_fields(self, fields: list[dict], quick: bool) -> None:
         while self.form.rowCount():
             self.form.removeRow(0)
         self.fields, self.editors, self.units = fields, {}, {}
         for f in fields:
-            doc = param_doc(suite, f["name"])
-            self.units[f["name"]] = doc.unit
-            editor = _editor(f, f["quick"] if quick else f["default"], doc.unit)
+            self.units[f["name"]] = f["unit"]
+            editor = _editor(f, f["quick"] if quick else f["default"], f["unit"])
             self.editors[f["name"]] = editor
             # "Call budget (s)": the unit once, in the label; the tooltip says what it changes and
             # the command line's name, so a value seen here can be given to `opscope bench --param`.
-            tip = f"{doc.help}\n(--param {f['name']}=…)"
-            label = QLabel(doc.text, toolTip=tip)
+            tip = f"{f['help']}\n(--param {f['name']}=…)"
+            label = QLabel(f["label"], toolTip=tip)
             label.setBuddy(editor)
             _set_tooltip(editor, tip)
             self.form.addRow(label, editor)
@@ -224,7 +223,7 @@ class BenchPanel(QWidget):
         suite = self.suites.get(self.suite_combo.currentText())
         if suite:
             self.description.setText(suite["description"])
-            self.params.set_fields(suite["params"], self.quick.isChecked(), suite["name"])
+            self.params.set_fields(suite["params"], self.quick.isChecked())
             self._fit_form_width()
 
     def _fit_form_width(self) -> None:

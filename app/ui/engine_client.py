@@ -19,7 +19,7 @@ from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signa
 
 from opscope.app.worker import protocol  # noqa: F401  (qt_compat: must run before any emit)
 
-from opscope.app.ui import qt_compat
+from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
 from opscope.app.worker.protocol import LoadRequest, PingRequest, Request, ShutdownRequest, StopRequest
 
 log = logging.getLogger(__name__)

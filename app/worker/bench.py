@@ -11,7 +11,7 @@ import typing
 from typing import Any
 
 from opscope.app.worker.protocol import BenchRequest, LoadRequest
-from opscope.engine import build_params
+from opscope.engine import build_params, param_doc
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,8 @@ PROGRESS_INTERVAL_S = 0.1  # the runner reports fractional progress often; the G
 
 
 def suite_catalog() -> list[dict]:
-    """Every suite with its description and parameters (name, kind, default, quick value)."""
+    """Every suite with its description and parameters (name, kind, default, quick value, and the
+    suite's label with unit, unit and help for each)."""
     from opscope.engine import SUITES, get_suite
 
     out = []
@@ -41,8 +42,10 @@ def _param_fields(params_cls, quick) -> list[dict]:
     fields = []
     for f in dataclasses.fields(params_cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        doc = param_doc(f)  # the suite's own description of the field: the form's label and tooltip
         fields.append({"name": f.name, "kind": _kind(hints.get(f.name), default),
-                       "default": _plain(default), "quick": _plain(getattr(quick, f.name, default))})
+                       "default": _plain(default), "quick": _plain(getattr(quick, f.name, default)),
+                       "label": doc.text, "unit": doc.unit, "help": doc.help})
     return fields
 
 

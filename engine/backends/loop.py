@@ -35,13 +35,6 @@ class Stepper(Protocol):
     def sample(self) -> int: ...
 
 
-def text_stream(tokenizer, stop: tuple[str, ...]):
-    """The engine's stop-string and UTF-8 hold-back logic, so every backend cuts text alike."""
-    from opscope.engine.generation.textstream import TextStream
-
-    return TextStream(tokenizer, stop)
-
-
 def check_prompt(prompt_ids: list[int], cfg, max_seq_len: int) -> None:
     if not prompt_ids:
         raise ConfigError("the prompt is empty after tokenization; give at least one token")

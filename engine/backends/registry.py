@@ -160,6 +160,8 @@ def _discover(group: str, disabled: frozenset[str]) -> dict[str, _Entry]:
 def _import_backend(info: PluginInfo, ep: importlib.metadata.EntryPoint | None) -> GuardedBackend:
     label = f"backend plugin {info.name!r} ({_dist_label(info)}, {info.target})"
     try:
+        if ep is None:  # discovered without one (cannot happen for an entry the registry lists)
+            raise ImportError("no entry point to import")
         obj = ep.load()
         backend = obj() if isinstance(obj, type) else obj
     except (Exception, SystemExit) as e:  # a plugin may raise anything at import; never fatal

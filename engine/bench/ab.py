@@ -1,7 +1,7 @@
 """Two settings of one suite measured interleaved, in one process: `opscope bench SUITE --ab FLAGS`.
 
-Two runs taken one after the other differ by the machine's drift between them (10-30 % seen on
-this project's shared 2-core host), which hides a 10 % change or invents one. Here both settings'
+Two runs taken one after the other differ by the machine's drift between them, which can hide a
+change or invent one (docs/decisions/0004-ab-runs-interleaved.md). Here both settings'
 plans are made up front (for model suites: both models loaded), and each point is measured with
 A's and B's repetitions alternating, ABBA (engine.bench.runner.measure_pair), so whatever the
 machine does lands on both sides alike. Two runs are saved, as `opscope bench` would save each,

@@ -76,14 +76,13 @@ def _torch_timer_matmul(n: int, dtype: str, min_time_s: float) -> float:
 def matmul(n: int, dtype: str = "float32", rounds: int = 5, min_time_s: float = 0.3) -> Agreement:
     """OpScope's matmul GFLOP/s against torch.utils.benchmark's on the same n×n @ n×n.
 
-    Under foreign load the two part ways by design: OpScope's ~1 ms repetitions mostly run between
-    preemptions (and disturbed ones are re-run), blocked_autorange's 10-100 ms blocks average the
-    time slices away (measured at load average 5 on 2 cores: 158 vs 54 GFLOP/s). Hence
-    ``other_cores``: agreement is a claim about a quiet machine."""
+    ``other_cores`` records the foreign load: agreement is a claim about a quiet machine, since
+    under load the two timers part ways by design (docs/decisions/0007-matmul-agreement-on-a-quiet-machine.md)."""
     from opscope.engine.core.cpuload import OtherLoad
 
     load = OtherLoad()
-    ours, theirs = [], []
+    ours: list[float] = []
+    theirs: list[float] = []
     for r in range(rounds):
         sides = [(ours, _opscope_matmul), (theirs, _torch_timer_matmul)]
         for out, fn in (sides if r % 2 == 0 else sides[::-1]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import sys
 from contextlib import contextmanager
-from typing import IO, Iterator
+from typing import IO, Iterator, Literal
 
 from rich.markup import escape
 
@@ -59,8 +59,9 @@ def summary_table(result: RunResult, run_id, out: IO[str] | None = None) -> None
 
     title = escape(f"{result.kind} — {result.status}") + (f" — saved as run {run_id}" if run_id is not None else " — not saved")
     table = Table(title=title, title_justify="left")
-    for col, justify in (("metric", "left"), ("unit", "left"), ("median", "right"), ("± CI", "right"),
-                         ("95% CI of median", "right"), ("n", "right"), ("quality", "left"), ("notes", "left")):
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (("metric", "left"), ("unit", "left"), ("median", "right"), ("± CI", "right"),
+                         ("95% CI of median", "right"), ("n", "right"), ("quality", "left"), ("notes", "left"))
+    for col, justify in columns:
         table.add_column(col, justify=justify, no_wrap=col in ("metric", "unit"))
     for m in result.metrics:
         table.add_row(*(escape(cell) for cell in _row(m)))

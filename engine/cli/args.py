@@ -57,7 +57,8 @@ def float_in(lo: float | Callable[[], float], hi: float | Callable[[], float] | 
     read only when the flag is given (its module need not be imported to build the parser)."""
 
     def parse(text: str) -> float:
-        low, high = (b() if callable(b) else b for b in (lo, hi))
+        low = lo() if callable(lo) else lo
+        high = hi() if callable(hi) else hi
         rng = _range_text(low, high, lo_open, hi_open) + (f" ({what})" if what else "")
         try:
             value = float(text)
@@ -213,6 +214,7 @@ class CliParser(argparse.ArgumentParser):
 
     def add_subparsers(self, **kwargs):
         action = super().add_subparsers(**kwargs)
+        assert isinstance(action, _SubParsers)  # registered as the "parsers" action above
         action.global_flags = self._global_flags
         return action
 

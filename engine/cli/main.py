@@ -83,7 +83,7 @@ def _modules_for(argv: list[str] | None, gui: Callable | None) -> tuple[str, ...
     word = command_word(argv)
     if gui is not None and (word == "gui" or (word is None and not {"-h", "--help"} & set(argv))):
         return ()  # the window: no engine command is parsed
-    home = COMMAND_HOMES.get(word)
+    home = COMMAND_HOMES.get(word) if word is not None else None
     return (home,) if home in COMMAND_MODULES else COMMAND_MODULES
 
 
@@ -175,6 +175,7 @@ def _main(argv: list[str] | None, gui: Callable | None, whole_process: bool) -> 
             func = gui
         if func is gui:  # Qt's event loop runs no Python for a signal handler: let SIGTERM end it
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        assert func is not None  # the command's handler, or the window
         return _run(func, args)
     except KeyboardInterrupt as e:
         return _interrupted(e, None, debug)
@@ -213,7 +214,7 @@ def _run(func: Callable, args) -> int:
     except EngineError as e:
         if args.debug:
             raise
-        print(f"opscope: error: {e}", file=sys.stderr)
+        print(f"opscope: error: {e.for_cli()}", file=sys.stderr)
         return e.exit_code
     except OSError as e:
         if args.debug:

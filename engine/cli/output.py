@@ -73,7 +73,7 @@ def guard(closed_is_error: bool = True) -> None:
     except (AttributeError, OSError, ValueError):  # not a file (a test's capture): leave it alone
         return
     sys.stdout = io.TextIOWrapper(io.BufferedWriter(_Raw(fd)), encoding=old.encoding, errors=old.errors,
-                                  line_buffering=old.line_buffering)
+                                  line_buffering=bool(old.line_buffering))
 
 
 def flush() -> None:

@@ -1,24 +1,15 @@
 """Ctrl-C and SIGTERM as exceptions for the `opscope` command (engine.cli's main turns them into one
 line and exit 130/143, after every clean-up that handles Ctrl-C has run).
 
-A Python signal handler's exception is raised in whatever Python code runs next, and C code between
-it and the command's frames may swallow it: torch._C's module init imports numpy and, when that
-import fails, clears the error and carries on without numpy ("Failed to initialize NumPy"). A
-SIGTERM landing there was lost, and the generation it should have stopped ran to its end (found by
-tests/cli/test_signals_early.py under load). So while a C extension's init is on the stack the handler
-only remembers the signal, and a one-shot interval timer (SIGALRM, every few ms) raises it as soon
-as the init has returned. Python itself swallows an exception raised where it cannot propagate (a
-weakref callback such as the import system's module-lock `cb`, a ``__del__``, a GC callback: found
-the same way) and passes it to sys.unraisablehook: ours raises it again the same way, from the next
-ordinary bytecode.
+Promises: no signal is lost and none is raised inside C code. While a C extension's init is on the
+stack the handler only remembers the signal, and a one-shot interval timer (SIGALRM, every few ms)
+raises it as soon as the init has returned. An exception Python swallows where it cannot propagate
+(a weakref callback, a ``__del__``, a GC callback) reaches sys.unraisablehook: ours raises it
+again the same way, from the next ordinary bytecode. The import of torch itself (and of numpy)
+runs with SIGINT and SIGTERM blocked (HELD_IMPORTS, through a meta-path finder that install() puts
+first; held()): a signal sent then is raised right after the import returns.
 
-The import of torch itself (and of numpy, which torch imports) runs with SIGINT and SIGTERM blocked
-(HELD_IMPORTS, through a meta-path finder that install() puts first; held()). torch's import calls
-back into Python from C++ (torch._C._initExtension imports torch.cuda, …): an exception raised by a
-handler there runs through C++ frames and leaves torch half imported, and a loop that SIGTERMed
-`opscope generate` in its first seconds saw 2 aborts (exit -6) in ~860 rounds. Blocked, a signal
-waits in the kernel, no handler runs inside torch's C++ code, and it is raised a few milliseconds
-after the import has returned (a deferral of the import's length: 1-2 s on a quiet machine).
+Why, and what it cost: docs/decisions/0002-signals-held-during-torch-import.md.
 """
 from __future__ import annotations
 
@@ -73,7 +64,7 @@ def held():
         yield
     finally:
         try:
-            if mask:  # a signal blocked meanwhile is handled now, still held: remembered, not raised here,
+            if before is not None:  # a signal blocked meanwhile is handled now, still held: remembered, not raised here,
                 signal.pthread_sigmask(signal.SIG_SETMASK, before)  # inside the import system's frames
         finally:
             _holding -= 1

@@ -6,6 +6,3 @@ import time
 
 now_ns = time.monotonic_ns
 
-
-def ns_to_ms(ns: int | float) -> float:
-    return ns / 1e6

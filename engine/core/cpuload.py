@@ -1,9 +1,8 @@
 """How many CPU cores other processes keep busy (Linux /proc), and decode threads that leave them be.
 
 Batch-1 decode on the CPU runs a hundred short parallel regions per token; when another process
-holds one of the cores, every region waits for the descheduled worker. Measured on this project's
-2-core machine with one busy-loop process beside it (tg128, interleaved rounds): 2 threads 41.1
-tok/s, 1 thread 68.5 (llama.cpp: 34.5 and 70.6). So decode gives a core back while others use it.
+holds one of the cores, every region waits for the descheduled worker, so decode gives a core back
+while others use it (measurements: docs/decisions/0003-decode-threads-yield-to-busy-cores.md).
 """
 from __future__ import annotations
 

@@ -1,14 +1,19 @@
 """Device and dtype names → torch objects, with errors that say what is available."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from opscope.engine.core.errors import ConfigError, DeviceError
+
+if TYPE_CHECKING:
+    import torch
 
 DTYPES = ("float32", "bfloat16", "float16")
 _ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16",
             "half": "float16"}
 
 
-def resolve_dtype(name: str):
+def resolve_dtype(name: str) -> torch.dtype:
     import torch
 
     key = _ALIASES.get(str(name).lower(), str(name).lower())
@@ -17,7 +22,7 @@ def resolve_dtype(name: str):
     return getattr(torch, key)
 
 
-def resolve_device(name: str):
+def resolve_device(name: str) -> torch.device:
     import torch
 
     try:

@@ -5,11 +5,19 @@ prints ``str(err)`` on one line and exits with ``exit_code``; the GUI shows the 
 """
 from __future__ import annotations
 
+import re
+from os import PathLike
+from typing import Any
+
 
 class EngineError(Exception):
     """Root of every error the engine raises on purpose."""
 
     exit_code = 2
+
+    def for_cli(self) -> str:
+        """The message as the `opscope` command prints it (options named as its flags)."""
+        return str(self)
 
 
 class ModelFormatError(EngineError):
@@ -21,7 +29,52 @@ class UnsupportedModelError(EngineError):
 
 
 class ConfigError(EngineError):
-    """A bad setting: device, dtype, sampling flag, suite parameter."""
+    """A bad setting: device, dtype, sampling flag, suite parameter.
+
+    ``ConfigError.about_options(template, **given)`` writes a message about keyword options once,
+    read two ways. In ``template``, ``{compile}`` names an option, ``{compile=}`` names it with the
+    value the caller gave (``given["compile"]``) and ``{fastpath=off}`` with a value that fixes it.
+    ``str()`` speaks to API callers (``compile='always'``, ``fastpath='off'``), ``for_cli()`` to
+    the command line (``--compile 'always'``, ``--fastpath off``)."""
+
+    template: str | None = None
+    given: dict[str, object] | None = None
+
+    @classmethod
+    def about_options(cls, template: str, **given: object) -> ConfigError:
+        err = cls(_render_options(template, given, cli=False))
+        err.template, err.given = template, given
+        return err
+
+    def for_cli(self) -> str:
+        if self.template is None:
+            return str(self)
+        return _render_options(self.template, self.given or {}, cli=True)
+
+    def __reduce__(self) -> str | tuple[Any, ...]:  # crosses the worker-process boundary (pickle) with its template
+        if self.template is None:
+            return super().__reduce__()
+        return _about_options, (type(self), self.template, self.given or {})
+
+
+_OPTION = re.compile(r"\{([a-z_]+)(=[^{}]*)?\}")
+
+
+def _render_options(template: str, given: dict[str, object], cli: bool) -> str:
+    def one(m: re.Match[str]) -> str:
+        name, value = m.group(1), m.group(2)
+        flag = f"--{name.replace('_', '-')}"
+        if value is None:
+            return flag if cli else name
+        text = repr(given.get(name)) if value == "=" else value[1:]
+        if cli:
+            return f"{flag} {text}"
+        return f"{name}={text}" if value == "=" else f"{name}={text!r}"
+    return _OPTION.sub(one, template)
+
+
+def _about_options(cls: type[ConfigError], template: str, given: dict[str, object]) -> ConfigError:
+    return cls.about_options(template, **given)
 
 
 class DeviceError(EngineError):
@@ -55,15 +108,15 @@ class ModelLoadError(ModelFormatError):
 
     fix = "the file is damaged or was not written by a GGUF/safetensors converter; download or convert it again"
 
-    def __init__(self, path, detail: str, fix: str | None = None):
+    def __init__(self, path: str | PathLike[str] | None, detail: str, fix: str | None = None):
         self.path, self.detail, self.fix = path, detail, fix or self.fix
         where = f"{_printable(str(path))}: " if path is not None else ""
         super().__init__(f"{where}{_printable(detail, 600)}; {self.fix}")
 
-    def __reduce__(self):  # crosses the worker-process boundary (pickle) with its fields
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses the worker-process boundary (pickle) with its fields
         return type(self), (self.path, self.detail, self.fix)
 
-    def at(self, path) -> "ModelLoadError":
+    def at(self, path: str | PathLike[str]) -> ModelLoadError:
         """The same error naming ``path`` (for checks that run before the file is known)."""
         return type(self)(path, self.detail, self.fix)
 

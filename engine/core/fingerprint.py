@@ -15,7 +15,8 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, Callable
 
 from opscope.engine.core.paths import cache_dir
 
@@ -136,7 +137,7 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _nvml_field(fn, *args) -> Any:
+def _nvml_field(fn: Callable[..., Any], *args: Any) -> Any:
     """One NVML query; a field the GPU or driver does not support is None, not a failure."""
     import pynvml
 
@@ -146,7 +147,7 @@ def _nvml_field(fn, *args) -> Any:
         return None
 
 
-def _nvml_gpu(pynvml, i: int) -> dict[str, Any]:
+def _nvml_gpu(pynvml: ModuleType, i: int) -> dict[str, Any]:
     h = pynvml.nvmlDeviceGetHandleByIndex(i)
     mem = _nvml_field(pynvml.nvmlDeviceGetMemoryInfo, h)
     limit_mw = _nvml_field(pynvml.nvmlDeviceGetPowerManagementLimit, h)
@@ -194,16 +195,16 @@ def file_sha256(path: str | Path) -> str:
         cache = json.loads(cache_file.read_text())
     except (OSError, ValueError):
         cache = {}
-    if key in cache:
-        return cache[key]
+    if isinstance(cache.get(key), str):
+        return str(cache[key])
     h = hashlib.sha256()
     with p.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     cache = {k: v for k, v in cache.items() if not k.startswith(f"{p}|")}
-    cache[key] = h.hexdigest()
+    digest = cache[key] = h.hexdigest()
     _write_json_atomic(cache_file, cache)
-    return cache[key]
+    return digest
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
@@ -227,7 +228,7 @@ def model_info(source: Any) -> dict[str, Any]:
         "sha256": file_sha256(file) if file else None,
         "file_size_bytes": getattr(source, "file_size_bytes", None),
         "quantization": getattr(source, "quant_summary", None),
-        "config": cfg.shape_fields() if hasattr(cfg, "shape_fields") else None,
+        "config": cfg.shape_fields() if cfg is not None and hasattr(cfg, "shape_fields") else None,
     }
 
 

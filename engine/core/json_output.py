@@ -19,7 +19,7 @@ def finite(value: Any) -> Any:
     return value
 
 
-def dumps(value: Any, **kwargs) -> str:
+def dumps(value: Any, **kwargs: Any) -> str:
     """json.dumps for what a command prints: non-finite numbers as null, and allow_nan=False so one
     that slips past (a ``default=`` converter's result) fails here, not in the reader's parser."""
     default = kwargs.pop("default", None)

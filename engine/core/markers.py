@@ -9,7 +9,7 @@ import logging
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from opscope.engine.core.clock import now_ns
 
@@ -48,7 +48,7 @@ def subscribe(listener: Listener) -> Callable[[], None]:
     return unsubscribe
 
 
-def emit(phase: str, edge: str, t_ns: int | None = None, **attrs) -> None:
+def emit(phase: str, edge: str, t_ns: int | None = None, **attrs: Any) -> None:
     if not _listeners:
         return
     marker = Marker(phase, edge, now_ns() if t_ns is None else t_ns, attrs)
@@ -60,7 +60,7 @@ def emit(phase: str, edge: str, t_ns: int | None = None, **attrs) -> None:
 
 
 @contextmanager
-def phase(name: str, **attrs) -> Iterator[None]:
+def phase(name: str, **attrs: Any) -> Iterator[None]:
     emit(name, "start", **attrs)
     try:
         yield

@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, Callable
 
 from opscope.engine.core.errors import Terminated
@@ -346,7 +347,7 @@ class _Watchdog:
     def _fire(self):
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-        where, waiting = _where(sys._current_frames().get(self.main))
+        where, waiting = _where(sys._current_frames().get(self.main or 0))  # ident: None only before start
         if waiting:  # give the rank it waits for the first word (the agent stops everyone on the first failure)
             time.sleep(_grace_s(self.timeout_s))
         state = f"{_WAITING} in {where}" if waiting else f"{_HUNG} in {where}"
@@ -409,7 +410,7 @@ def _first_line(text: str) -> str:
 
 def _in_the_forkserver() -> bool:
     """Whether this module is being imported by the forkserver (_preload_forkserver's preload)."""
-    frame = sys._getframe()
+    frame: FrameType | None = sys._getframe()
     while frame is not None:
         code = frame.f_code
         if code.co_name == "main" and code.co_filename.endswith(os.path.join("multiprocessing", "forkserver.py")):

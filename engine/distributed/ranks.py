@@ -79,8 +79,8 @@ def imbalance(per_rank_times_s: dict[int, Iterable[float]]) -> dict[str, Any]:
     import statistics
 
     medians = {r: statistics.median(list(ts)) for r, ts in per_rank_times_s.items()}
-    slow = max(medians, key=medians.get)
-    fast = min(medians, key=medians.get)
+    slow = max(medians, key=medians.__getitem__)
+    fast = min(medians, key=medians.__getitem__)
     spread = (medians[slow] - medians[fast]) / medians[fast] * 100 if medians[fast] > 0 else 0.0
     return {"median_s": medians, "slowest_rank": slow, "fastest_rank": fast, "spread_pct": spread}
 
@@ -172,7 +172,7 @@ def tp_report(spans_by_rank: dict[int, dict[str, Any]], backend: str = "") -> li
         longest = [max(compute, key=lambda r: compute[r][i]) for i in range(n)]
         rank = max(set(longest), key=longest.count)
         medians = {r: statistics.median(c) for r, c in compute.items()}
-        slow, fast = max(medians, key=medians.get), min(medians, key=medians.get)
+        slow, fast = max(medians, key=medians.__getitem__), min(medians, key=medians.__getitem__)
         spread = (medians[slow] - medians[fast]) / medians[fast] * 100 if medians[fast] > 0 else 0.0
         lines.append(f"imbalance: rank {rank} computed longest (step minus all_reduce) at {longest.count(rank)} of "
                      f"{n} decode steps, the other ranks waiting for it inside all_reduce; spread of the ranks' "

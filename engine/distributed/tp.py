@@ -77,7 +77,7 @@ class CommMeter:
         self.ar = (array("q"), array("q"), array("q"))  # start_ns, end_ns, bytes
         self.window = 0  # index of the window's first forward
         self.dropped = 0  # forwards dropped past max_spans
-        self._open = None
+        self._open: int | None = None
 
     def reset(self) -> None:
         self.window = len(self.fwd[0])

@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from opscope.engine.core.errors import Terminated
 from opscope.engine.core.errors import Cancelled, ConfigError, DeviceError, EngineError
+from opscope.engine.core.results import Marker
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ class Driver:
         import torch.distributed as dist
 
         dist.broadcast(_header(self.device, OP_METER_READ), 0)
-        out = [None] * self.world
+        out: list[dict] = [{} for _ in range(self.world)]  # filled by the gather
         dist.gather_object(self.meter.summary(), out, dst=0)
         return out
 
@@ -250,7 +251,7 @@ class Driver:
         import torch.distributed as dist
 
         dist.broadcast(_header(self.device, OP_SPANS_READ), 0)
-        out = [None] * self.world
+        out: list[dict] = [{} for _ in range(self.world)]  # filled by the gather
         dist.gather_object(_own_spans(self.meter), out, dst=0)
         return dict(enumerate(out))
 
@@ -343,7 +344,8 @@ class SpanRecorder:
     all_reduces, engine.distributed.ranks.tp_markers), with any telemetry recorder's own."""
 
     def __init__(self, driver: Driver, inner=None):
-        self.driver, self.inner, self.markers = driver, inner, []
+        self.driver, self.inner = driver, inner
+        self.markers: list[Marker] = []
 
     def start(self):
         self.driver.clear_spans()
@@ -379,7 +381,8 @@ class _matching_cache:
     a reused prefix on growth; stale positions past it are overwritten before they are read)."""
 
     def __init__(self, model, batch: int, length: int):
-        self.model, self.batch, self.length, self.saved = model, batch, length, None
+        self.model, self.batch, self.length = model, batch, length
+        self.saved: tuple[list, int] | None = None
 
     def __enter__(self):
         m = self.model

@@ -6,9 +6,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opscope.engine.core.errors import BadMagic, ModelFormatError
 from opscope.engine.formats.files import PICKLE_SUFFIXES
+
+if TYPE_CHECKING:
+    from opscope.engine.formats.gguf_source import GGUFSource
+    from opscope.engine.formats.hf_source import HFDirSource
 
 __all__ = ["open_model", "check_model_path", "ModelSource"]
 
@@ -18,7 +23,7 @@ class ModelSource:
     file_size_bytes, quant_summary, chat_template, iter_tensors(), tokenizer."""
 
 
-def open_model(path: str | Path | None = None):
+def open_model(path: str | Path | None = None) -> GGUFSource | HFDirSource:
     """The source of ``path`` (None: the embedded default model): a .gguf file, one .safetensors
     file (config.json and tokenizer files beside it), or a Hugging Face directory. A file path loads
     exactly that file or fails; nothing else in its directory is tried in its place."""
@@ -67,7 +72,7 @@ def _check_holds_model(p: Path) -> None:
     raise ModelFormatError(f"{p}: directory holds no model (no config.json, *.safetensors or *.gguf)")
 
 
-def _gguf(p: Path):
+def _gguf(p: Path) -> GGUFSource:
     from opscope.engine.formats.gguf_source import GGUFSource
     from opscope.engine.tokenizer.loader import from_gguf
 
@@ -83,7 +88,7 @@ def _gguf(p: Path):
     return src
 
 
-def _hf(p: Path, only: Path | None = None):
+def _hf(p: Path, only: Path | None = None) -> GGUFSource | HFDirSource:
     from opscope.engine.formats.hf_source import HFDirSource
     from opscope.engine.tokenizer.loader import from_hf_dir
 

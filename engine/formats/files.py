@@ -7,6 +7,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any, Callable, NoReturn
 
 from opscope.engine.core.errors import (DuplicateEntry, LimitExceeded, NotARegularFile, Truncated, UnsafeFormat,
                                   WrongMetadataType)
@@ -46,14 +47,14 @@ MAX_TOKENIZER_JSON_BYTES = 64 << 20
 JSON_FIX = "the file is damaged or was not written by a model converter; download it again from the model's repository"
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def unique_keys(path: Path, where: str = "the JSON"):
+def unique_keys(path: Path, where: str = "the JSON") -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
     """json object_pairs_hook: DuplicateEntry for a key given twice (the second would silently win)."""
-    def hook(pairs):
-        seen = set()
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
         for k, _ in pairs:
             if k in seen:
                 raise DuplicateEntry(path, f"{where} names {k!r} twice")
@@ -92,6 +93,6 @@ def read_json_object(path: Path, max_bytes: int = MAX_JSON_BYTES) -> dict:
     return obj
 
 
-def json_type(v) -> str:
+def json_type(v: object) -> str:
     return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
             type(None): "null"}.get(type(v), type(v).__name__)

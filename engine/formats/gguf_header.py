@@ -16,6 +16,7 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class _Cursor:
     def truncated(self, what: str) -> Truncated:
         return Truncated(self.path, f"file ends at byte {len(self.buf)} inside {what} (at byte {self.pos})")
 
-    def take(self, fmt: str, what: str):
+    def take(self, fmt: str, what: str) -> Any:  # what struct.unpack gives for ``fmt``
         size = struct.calcsize("<" + fmt)
         if size > self.left:
             raise self.truncated(what)
@@ -76,7 +77,7 @@ class _Cursor:
         """A uint64 count of items of at least ``unit_bytes`` each, checked against ``limit`` and the
         bytes left (a count the file cannot hold is corrupt, not a truncated download)."""
         at = self.pos
-        n = self.take("Q", what)
+        n: int = self.take("Q", what)
         if n > limit or n * unit_bytes > len(self.buf):
             raise LimitExceeded(self.path, f"{what} {n} at byte {at} exceeds "
                                            f"{'the limit ' + str(limit) if n > limit else 'what the file can hold'}")
@@ -126,7 +127,7 @@ class _Cursor:
                 from None
 
 
-def _read_value(cur: _Cursor, vtype: int, key: str):
+def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
     if vtype in _SCALARS:
         return cur.take(_SCALARS[vtype], f"the value of {key}")
     if vtype == _STRING:
@@ -224,7 +225,7 @@ def read_gguf_header(path: Path, known_types: dict[int, tuple[int, int]]) -> GGU
             pass
 
 
-def _walk(cur: _Cursor, size: int, known_types) -> GGUFHeader:
+def _walk(cur: _Cursor, size: int, known_types: dict[int, tuple[int, int]]) -> GGUFHeader:
     magic = bytes(cur.buf[:4])
     if magic != GGUF_MAGIC:
         raise BadMagic(cur.path, f"not a GGUF file (magic {magic!r} at byte 0, expected b'GGUF')")
@@ -248,7 +249,8 @@ def _walk(cur: _Cursor, size: int, known_types) -> GGUFHeader:
     return GGUFHeader(version, meta, entries, data_start, size)
 
 
-def _check_tensor_table(path: Path, entries: list[TensorEntry], known_types, alignment: int, data_bytes: int):
+def _check_tensor_table(path: Path, entries: list[TensorEntry], known_types: dict[int, tuple[int, int]],
+                        alignment: int, data_bytes: int) -> None:
     """Names unique; each tensor aligned, of the size its type and shape imply, inside the data
     section, and sharing no byte with another. A table that is well formed but runs past the end of
     the file is a truncated download; an offset that points elsewhere is a corrupt table."""

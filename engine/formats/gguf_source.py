@@ -5,7 +5,7 @@ import logging
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
@@ -13,6 +13,10 @@ from opscope.engine.core.errors import MissingMetadata, MissingTensor, Unsupport
 from opscope.engine.formats.gguf_header import TensorEntry, read_gguf_header
 from opscope.engine.formats.gguf_tensors import check_tensor_shapes, check_vocabulary
 from opscope.engine.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from opscope.engine.models.families import Family
+    from opscope.engine.tokenizer.loader import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -36,24 +40,24 @@ _BLOCK_MAP = {
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def engine_name(gguf_name: str, family=None) -> str | None:
+def engine_name(gguf_name: str, family: Family | None = None) -> str | None:
     """Engine parameter name of a GGUF tensor (``family``: its extra names), None if unknown."""
     if gguf_name in _NAME_MAP:
         return _NAME_MAP[gguf_name]
     m = _BLOCK_RE.match(gguf_name)
     extra = family.gguf_tensors if family is not None else {}
     sub = extra.get(m.group(2)) or _BLOCK_MAP.get(m.group(2)) if m else None
-    return f"layers.{m.group(1)}.{sub}.{m.group(3)}" if sub else None
+    return f"layers.{m.group(1)}.{sub}.{m.group(3)}" if m and sub else None
 
 
-def tensor_index(tensors, family, cfg: ModelConfig) -> dict[str, tuple[str, int, int | None]]:
+def tensor_index(tensors: Iterable[str], family: Family | None, cfg: ModelConfig) -> dict[str, tuple[str, int, int | None]]:
     """engine name → (GGUF name, first row, rows or None for all): fused tensors (Phi-3's attn_qkv,
     gate|up in ffn_up) become row ranges of their GGUF tensor."""
     index: dict[str, tuple[str, int, int | None]] = {}
     for g in tensors:
         m = _BLOCK_RE.match(g)
         split = family.gguf_fused.get(m.group(2)) if m and family is not None else None
-        if split is None:
+        if m is None or split is None:
             name = engine_name(g, family)
             if name is not None:
                 index[name] = (g, 0, None)
@@ -79,6 +83,7 @@ def permute_qk_rows(n_rows: int, n_heads: int) -> np.ndarray:
 
 class GGUFSource:
     format = "gguf"
+    tokenizer: Tokenizer  # attached by engine.formats.open_model
 
     def __init__(self, path: Path):
         import gguf
@@ -110,7 +115,7 @@ class GGUFSource:
     def type_name(self, t: TensorEntry) -> str:
         import gguf
 
-        return gguf.GGMLQuantizationType(t.ggml_type).name
+        return str(gguf.GGMLQuantizationType(t.ggml_type).name)
 
     def _check_types(self) -> None:
         bad = [t for t in self.tensors.values() if self.type_name(t) not in SUPPORTED_TYPES]

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opscope.engine.core.errors import InvalidHyperparameters, MissingTensor
+
+if TYPE_CHECKING:
+    from opscope.engine.models.config import ModelConfig
+    from opscope.engine.models.families import Family
 
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def _shapes(cfg, family) -> dict[str, tuple[int, ...]]:
+def _shapes(cfg: ModelConfig, family: Family | None) -> dict[str, tuple[int, ...]]:
     """GGUF block tensor kind (``attn_q.weight``) → shape in ggml order (ne0 first)."""
     D, F, hd = cfg.dim, cfg.hidden_dim, cfg.head_dim
     q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
@@ -29,7 +34,7 @@ def _shapes(cfg, family) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _required(cfg, family) -> list[str]:
+def _required(cfg: ModelConfig, family: Family | None) -> list[str]:
     fused = family.gguf_fused if family is not None else {}
     kinds = ["attn_norm", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]
     kinds += ["attn_qkv"] if "attn_qkv" in fused else ["attn_q", "attn_k", "attn_v"]
@@ -39,7 +44,7 @@ def _required(cfg, family) -> list[str]:
     return [f"{k}.weight" for k in kinds]
 
 
-def check_tensor_shapes(path: Path, tensors: dict, family, cfg) -> None:
+def check_tensor_shapes(path: Path, tensors: dict, family: Family | None, cfg: ModelConfig) -> None:
     """``tensors``: GGUF name → TensorEntry. MissingTensor for an absent tensor the architecture
     needs; InvalidHyperparameters for a shape the config contradicts, or blocks beyond block_count."""
     top = {"token_embd.weight": (cfg.dim, cfg.vocab_size), "output_norm.weight": (cfg.dim,)}
@@ -66,7 +71,7 @@ def check_tensor_shapes(path: Path, tensors: dict, family, cfg) -> None:
                                                f"metadata's sizes imply {want}")
 
 
-def check_vocabulary(path: Path, meta: dict, cfg) -> None:
+def check_vocabulary(path: Path, meta: dict, cfg: ModelConfig) -> None:
     """The tokenizer cannot produce an id the embedding has no row for."""
     tokens = meta.get("tokenizer.ggml.tokens")
     if isinstance(tokens, list) and len(tokens) > cfg.vocab_size:

@@ -5,7 +5,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -15,6 +15,10 @@ from opscope.engine.formats.files import PICKLE_SUFFIXES, json_type, read_json_o
 from opscope.engine.formats.gguf_spec import article
 from opscope.engine.formats.safetensors_header import check_hf_tensors, read_safetensors_header
 from opscope.engine.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from opscope.engine.models.families import Family
+    from opscope.engine.tokenizer.loader import Tokenizer
 
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
         "lm_head.weight": "lm_head.weight"}
@@ -26,11 +30,11 @@ _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 ENGINE_TO_HF = {v: k for k, v in _TOP.items()}
 
 
-def _layer_map(family) -> dict[str, str]:
+def _layer_map(family: Family | None) -> dict[str, str]:
     return {**_LAYER, **family.hf_tensors} if family is not None else _LAYER
 
 
-def engine_name(hf_name: str, family=None) -> str | None:
+def engine_name(hf_name: str, family: Family | None = None) -> str | None:
     """Engine parameter name of a Hugging Face tensor (``family``: its extra names), None if unknown."""
     if hf_name in _TOP:
         return _TOP[hf_name]
@@ -41,11 +45,13 @@ def engine_name(hf_name: str, family=None) -> str | None:
     return None
 
 
-def hf_name(engine: str, family=None) -> str:
+def hf_name(engine: str, family: Family | None = None) -> str:
     """Inverse of engine_name (used to write HF directories from an engine state dict)."""
     if engine in ENGINE_TO_HF:
         return ENGINE_TO_HF[engine]
     m = re.match(r"layers\.(\d+)\.(.+)\.(weight|bias)$", engine)
+    if m is None:
+        raise KeyError(f"{engine!r} is not an engine parameter name")
     inv = {v: k for k, v in _layer_map(family).items()}
     return f"model.layers.{m.group(1)}.{inv[m.group(2)]}.{m.group(3)}"
 
@@ -89,13 +95,14 @@ def read_config_json(path: Path) -> dict:
 _json_type = json_type
 
 
-def _shown(v) -> str:
+def _shown(v: object) -> str:
     text = json.dumps(v) if isinstance(v, (str, int, float, bool, type(None))) else f"a JSON {json_type(v)}"
     return text if len(text) <= 80 else text[:80] + "…"
 
 
 class HFDirSource:
     format = "safetensors"
+    tokenizer: Tokenizer  # attached by engine.formats.open_model
 
     def __init__(self, path: Path, only: Path | None = None):
         """``path``: the model directory; ``only``: one .safetensors file in it to load alone."""
@@ -142,7 +149,7 @@ class HFDirSource:
                                 "the download is incomplete: download every shard the index lists")
         return shards
 
-    def _inside(self, index: Path, name) -> Path:
+    def _inside(self, index: Path, name: object) -> Path:
         """A shard path of the index, refused unless it names a file inside the model directory."""
         if not isinstance(name, str):
             raise WrongMetadataType(index, f"weight_map holds {_shown(name)} where a shard file name belongs",
@@ -179,7 +186,7 @@ class HFDirSource:
                 for key in f.keys():
                     yield from self._pieces(shard, key, f)
 
-    def _pieces(self, shard: Path, key: str, f) -> Iterator[tuple[str, "np.ndarray"]]:
+    def _pieces(self, shard: Path, key: str, f: Any) -> Iterator[tuple[str, "np.ndarray"]]:  # f: safe_open's handle
         m = _LAYER_RE.match(key)
         split = self.family.hf_fused.get(m.group(2)) if m else None
         name = engine_name(key, self.family)
@@ -191,8 +198,9 @@ class HFDirSource:
             raise ModelFormatError(f"{shard}: tensor {key} is corrupt: {e}") from e
         if self.family.hf_norm_offset and key.endswith("norm.weight"):
             t = t.float() + self.family.hf_norm_offset  # Gemma computes x·(1+w); the core computes x·w
-        if split is None:
-            yield name, t
+        if m is None or split is None:  # split is None without a layer match
+            if name is not None:
+                yield name, t
             return
         row = 0
         for sub, rows in split(self.config):  # fused q|k|v, gate|up (Phi-3): rows of the core's linears
@@ -200,7 +208,7 @@ class HFDirSource:
             row += rows
 
 
-def _open(shard: Path, safe_open):
+def _open(shard: Path, safe_open: Callable[..., Any]) -> Any:
     try:
         return safe_open(str(shard), framework="pt")
     except Exception as e:

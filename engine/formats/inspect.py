@@ -9,15 +9,21 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
 
 from opscope.engine.core.errors import EngineError
 from opscope.engine.core.units import format_bytes
+
+if TYPE_CHECKING:
+    from opscope.engine.formats.gguf_source import GGUFSource
+    from opscope.engine.formats.hf_source import HFDirSource
+    from opscope.engine.models.config import ModelConfig
 
 _LONG_STRING = 120
 _TEXT_TENSORS = 64  # tensors listed by the text view (JSON lists all)
 
 
-def describe(source) -> dict:
+def describe(source: GGUFSource | HFDirSource) -> dict:
     cfg = source.config
     tok = source.tokenizer
     return {
@@ -46,7 +52,7 @@ def describe(source) -> dict:
     }
 
 
-def block_summary(cfg) -> str:
+def block_summary(cfg: ModelConfig) -> str:
     """The switches a family sets on the shared Llama block, in words ("llama" when none)."""
     parts = []
     if cfg.qkv_bias:
@@ -183,19 +189,19 @@ def _type_name(ggml_type: int) -> str:
     import gguf
 
     try:
-        return gguf.GGMLQuantizationType(ggml_type).name
+        return str(gguf.GGMLQuantizationType(ggml_type).name)
     except ValueError:
         return f"type {ggml_type}"
 
 
-def _numel(shape) -> int:
+def _numel(shape: Sequence[int]) -> int:
     n = 1
     for d in shape:
         n *= int(d)
     return n
 
 
-def _short(value):
+def _short(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         if len(value) > 8:
             return f"[{len(value)} items: {', '.join(map(repr, value[:3]))}, …]"

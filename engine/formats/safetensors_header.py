@@ -14,10 +14,15 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opscope.engine.core.errors import (BadMagic, DuplicateEntry, InvalidHyperparameters, LimitExceeded, MissingTensor,
                                   TensorOutOfBounds, TensorOverlap, Truncated, WrongMetadataType)
 from opscope.engine.formats.files import check_regular_file, unique_keys
+
+if TYPE_CHECKING:
+    from opscope.engine.models.config import ModelConfig
+    from opscope.engine.models.families import Family
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 MAX_DIMS = 8
@@ -68,7 +73,7 @@ def read_safetensors_table(path: Path) -> tuple[list[SafetensorsEntry], dict[str
     return entries, table.get("__metadata__") or {}
 
 
-def _entry(path: Path, name: str, v) -> SafetensorsEntry:
+def _entry(path: Path, name: str, v: object) -> SafetensorsEntry:
     if not isinstance(v, dict):
         raise WrongMetadataType(path, f"tensor {name}: entry is a {type(v).__name__}, not an object")
     dtype, shape, offsets = v.get("dtype"), v.get("shape"), v.get("data_offsets")
@@ -90,16 +95,16 @@ def _entry(path: Path, name: str, v) -> SafetensorsEntry:
     return SafetensorsEntry(name, dtype, tuple(shape), begin, end)
 
 
-def _check_metadata(path: Path, meta) -> None:
+def _check_metadata(path: Path, meta: object) -> None:
     if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
         raise WrongMetadataType(path, "__metadata__ must map strings to strings")
 
 
 def _check_layout(path: Path, entries: list[SafetensorsEntry], data_bytes: int) -> None:
-    prev = None
+    prev: SafetensorsEntry | None = None
     for e in sorted(entries, key=lambda e: (e.begin, e.end)):
         at = prev.end if prev else 0
-        if e.begin < at:
+        if prev is not None and e.begin < at:  # at > 0 only after a previous tensor
             raise TensorOverlap(path, f"tensor {e.name} (bytes {e.begin}..{e.end}) overlaps tensor {prev.name} "
                                       f"(bytes {prev.begin}..{prev.end})")
         if e.begin > at:
@@ -107,7 +112,7 @@ def _check_layout(path: Path, entries: list[SafetensorsEntry], data_bytes: int) 
                                           f"{at}; safetensors tensors must be contiguous")
         prev = e
     end = prev.end if prev else 0
-    if end > data_bytes:
+    if prev is not None and end > data_bytes:
         raise Truncated(path, f"tensor {prev.name} ends at data byte {end} but the file holds {data_bytes} "
                               f"bytes of data")
     if end < data_bytes:
@@ -122,7 +127,7 @@ _DISAGREE = ("config.json and the weights disagree: use the config.json that cam
 _MISSING = "the weights are incomplete: download every shard again, or convert the model again"
 
 
-def _layer_shapes(cfg, family) -> dict[str, tuple[int, ...]]:
+def _layer_shapes(cfg: ModelConfig, family: Family) -> dict[str, tuple[int, ...]]:
     """HF layer tensor (``self_attn.q_proj.weight``) → its shape [out, in] under ``cfg``."""
     D, F, hd = cfg.dim, cfg.hidden_dim, cfg.head_dim
     q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
@@ -139,7 +144,7 @@ def _layer_shapes(cfg, family) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _layer_required(cfg, family) -> list[str]:
+def _layer_required(cfg: ModelConfig, family: Family) -> list[str]:
     fused = family.hf_fused
     names = ["input_layernorm", "post_attention_layernorm", "self_attn.o_proj", "mlp.down_proj"]
     names += ["self_attn.qkv_proj"] if "self_attn.qkv_proj" in fused else ["self_attn.q_proj", "self_attn.k_proj",
@@ -153,7 +158,8 @@ def _layer_required(cfg, family) -> list[str]:
     return weights
 
 
-def check_hf_tensors(where: Path, headers: dict[Path, list[SafetensorsEntry]], family, cfg) -> None:
+def check_hf_tensors(where: Path, headers: dict[Path, list[SafetensorsEntry]], family: Family,
+                     cfg: ModelConfig) -> None:
     """``headers``: shard → its entries; ``where``: the directory (or the one file) for a missing
     tensor. MissingTensor for a tensor the architecture needs and no shard holds;
     InvalidHyperparameters (naming the shard and the tensor) for a shape config.json contradicts

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from opscope.engine.core.errors import InvalidHyperparameters, LimitExceeded, MissingMetadata, WrongMetadataType
+
+if TYPE_CHECKING:
+    from opscope.engine.tokenizer.loader import Tokenizer
 
 TOKEN_TYPES = range(0, 7)  # llama_token_type: undefined, normal, unknown, control, user-defined, unused, byte
 REGEX_FIX = ("its regular expression can backtrack exponentially (a quantified group holding an unbounded "
@@ -75,14 +79,8 @@ def _check_merges(path: Path, merges: list[str], vocab: set[str]) -> None:
                                              _GGUF_VOCAB_FIX)
 
 
-def usable_special_id(meta: dict, key: str, n_tokens: int):
-    """A special-token id that names a token, else None (llama.cpp ignores such ids the same way)."""
-    v = meta.get(key)
-    return int(v) if v is not None and 0 <= int(v) < n_tokens else None
-
-
 # -- Hugging Face tokenizer.json -----------------------------------------------------------------------
-def check_hf_tokenizer(path: Path, backend) -> None:
+def check_hf_tokenizer(path: Path, backend: Any) -> None:  # a tokenizers.Tokenizer (untyped library)
     """Refuse a pre-tokenizer or normalizer regex with nested unbounded quantifiers."""
     for part in ("pre_tokenizer", "normalizer"):
         component = getattr(backend, part, None)
@@ -95,7 +93,7 @@ def check_hf_tokenizer(path: Path, backend) -> None:
                                           f"{group[:40]!r}, which itself repeats without bound", REGEX_FIX)
 
 
-def check_token_ids_fit(directory: Path, tokenizer, vocab_size: int) -> None:
+def check_token_ids_fit(directory: Path, tokenizer: Tokenizer, vocab_size: int) -> None:
     """Every id in tokenizer.json (vocabulary and added tokens), and the bos/eos ids config.json
     gives, has a row in the embedding."""
     path = directory / "tokenizer.json"
@@ -112,7 +110,7 @@ def check_token_ids_fit(directory: Path, tokenizer, vocab_size: int) -> None:
                                                f"embedding rows (config.json's vocab_size)", _VOCAB_FIX)
 
 
-def _regexes(node) -> list[str]:
+def _regexes(node: object) -> list[str]:
     if isinstance(node, dict):
         found = [node["Regex"]] if isinstance(node.get("Regex"), str) else []
         return found + [r for v in node.values() for r in _regexes(v)]

@@ -12,7 +12,7 @@ first comes from the prefill's logits).
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -21,14 +21,18 @@ from opscope.engine.telemetry import energy
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
 from opscope.engine.generation.decode_book import DecodeBook, decode_events
-from opscope.engine.generation.events import Finished, PrefillFinished, PrefillStarted, Token
+from opscope.engine.generation.events import Event, Finished, PrefillFinished, PrefillStarted, Token
 from opscope.engine.generation.generate import ensure_cache
 from opscope.engine.generation.config import GenerationConfig
 from opscope.engine.generation.sampling import sample
 
+if TYPE_CHECKING:
+    from opscope.engine.models.transformer import Transformer
+    from opscope.engine.tokenizer.loader import Tokenizer
 
-def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: GenerationConfig = GenerationConfig(),
-                   cancel: threading.Event | None = None) -> Iterator:
+
+def generate_batch(model: Transformer, tokenizer: Tokenizer, prompts: list[list[int]],
+                   cfg: GenerationConfig = GenerationConfig(), cancel: threading.Event | None = None) -> Iterator[Event]:
     request_ns = now_ns()
     B, L = len(prompts), max(len(p) for p in prompts)
     ensure_cache(model, B, L + cfg.max_tokens)
@@ -56,7 +60,7 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], cfg: GenerationCo
             nonlocal nxt
             logits = model(nxt.view(B, 1), L + i, pad=pad)
             nxt = sample(logits[:, -1], cfg.sampling, None, gen)
-            return nxt.tolist()  # the step's one sync
+            return list(nxt.tolist())  # the step's one sync
 
         per_row = [0] * B  # tokens each row produced
         for event in decode_events(book, out, advance):

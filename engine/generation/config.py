@@ -29,7 +29,7 @@ class GenerationConfig:
     prefill_chunk: int = 512  # prompt tokens per forward pass during prefill (progress events)
     reuse_prefix: bool = True  # keep the KV cache of the prompt's prefix the last generation left (chat turns)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         checks = {
             "max_tokens": self.max_tokens >= 1, "temperature": self.temperature >= 0,
             "top_k": self.top_k >= 0, "top_p": 0 < self.top_p <= 1, "min_p": 0 <= self.min_p < 1,

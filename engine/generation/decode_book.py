@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
 from opscope.engine.generation.events import Finished, Token, stats_from_times
 from opscope.engine.generation.textstream import TextStream
+
+if TYPE_CHECKING:
+    from opscope.engine.generation.config import GenerationConfig
+    from opscope.engine.tokenizer.loader import Tokenizer
 
 
 class DecodeBook:
@@ -33,8 +37,8 @@ class DecodeBook:
     statistics report as the prompt (B·L for a padded batch). ``marker_fields`` go on the decode
     phase markers (e.g. ``batch=B``). The decode-start marker is emitted here."""
 
-    def __init__(self, tokenizer, cfg, prompt_tokens: int, times: tuple[int, int, int],
-                 cancel: threading.Event | None = None, rows: int = 1, **marker_fields):
+    def __init__(self, tokenizer: Tokenizer, cfg: GenerationConfig, prompt_tokens: int, times: tuple[int, int, int],
+                 cancel: threading.Event | None = None, rows: int = 1, **marker_fields: object) -> None:
         self.cfg, self.prompt_tokens, self.times, self.cancel = cfg, prompt_tokens, times, cancel
         self.eos = frozenset() if cfg.ignore_eos else frozenset(tokenizer.eos_ids)
         self.streams = [TextStream(tokenizer, cfg.stop) for _ in range(rows)]

@@ -94,7 +94,7 @@ Event = PrefillStarted | PrefillProgress | PrefillFinished | Token | Finished
 
 def stats_from_times(request_ns: int, prefill_start_ns: int, prefill_end_ns: int, prompt_tokens: int,
                      token_ns: list[int], end_ns: int, cached_tokens: int = 0) -> GenerationStats:
-    """Standard metrics (../shared/DESIGN.md): TTFT from request to first token; ITL between
+    """Standard metrics: TTFT from request to first token (tokenization and prefill included); ITL between
     consecutive tokens after the first; decode tok/s = (n-1) / (t_last - t_first); prefill tok/s
     over the prompt tokens actually prefilled (not the ``cached_tokens`` reused from the KV cache)."""
     n = len(token_ns)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -24,12 +24,18 @@ from opscope.engine.generation.events import Finished, PrefillFinished, PrefillP
 from opscope.engine.generation.config import GenerationConfig
 from opscope.engine.generation.sampling import sample
 
+if TYPE_CHECKING:
+    from opscope.engine.core.cpuload import LoadAwareThreads
+    from opscope.engine.generation.events import Event
+    from opscope.engine.models.transformer import Transformer
+    from opscope.engine.tokenizer.loader import Tokenizer
+
 __all__ = ["GenerationConfig", "generate", "ensure_cache"]
 
 CACHE_ROUND = 256  # the static cache grows in steps so that most requests reuse it
 
 
-def ensure_cache(model, batch: int, length: int, keep: int = 0) -> None:
+def ensure_cache(model: Transformer, batch: int, length: int, keep: int = 0) -> None:
     """A cache of at least ``batch`` rows and ``length`` positions. The caller writes it, so what it
     held is forgotten (engine.prefix_cache), except positions 0..keep-1 of row 0 (single-sequence
     generate reusing a prefix): copied over when the cache has to grow."""
@@ -57,8 +63,9 @@ def _generator(cfg: GenerationConfig, device: torch.device) -> torch.Generator |
     return gen
 
 
-def generate(model, tokenizer, prompt_ids: list[int], cfg: GenerationConfig = GenerationConfig(),
-             cancel: threading.Event | None = None, request_ns: int | None = None) -> Iterator:
+def generate(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int],
+             cfg: GenerationConfig = GenerationConfig(), cancel: threading.Event | None = None,
+             request_ns: int | None = None) -> Iterator[Event]:
     """Yield PrefillStarted, PrefillProgress*, PrefillFinished, Token*, Finished.
 
     With ``cfg.reuse_prefix`` the leading prompt tokens whose K/V the cache already holds (the
@@ -77,7 +84,9 @@ def generate(model, tokenizer, prompt_ids: list[int], cfg: GenerationConfig = Ge
         prefix_cache.seal(model, record)
 
 
-def _generate(model, tokenizer, prompt_ids, reused, record, cfg, cancel, request_ns) -> Iterator:
+def _generate(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], reused: int,
+              record: prefix_cache.PrefixRecord, cfg: GenerationConfig, cancel: threading.Event | None,
+              request_ns: int) -> Iterator[Event]:
     n = len(prompt_ids)
     device = model.embed.weight.device
     gen = _generator(cfg, device)
@@ -118,15 +127,13 @@ def _with_cached(done: Finished, cached: int) -> Finished:
 
 
 @contextmanager
-def decode_threads(model):
+def decode_threads(model: torch.nn.Module) -> Iterator[LoadAwareThreads | None]:
     """Run decode steps with ``model.decode_threads`` intra-op threads, then restore the count;
     yields None, or for ``"auto"`` an engine.cpuload.LoadAwareThreads that the loop steps per token.
 
-    Batch-1 matmuls use one thread here anyway (DESIGN.md); the extra threads only join the tiny
-    parallel regions of norms and attention, and when another process holds the second core each
-    region waits for a descheduled worker: decode measured 17 tok/s with 1 thread and 3.8 with 2
-    on this 2-core machine under load (interleaved, same run). The fast path's fused step does use
-    every thread, so it takes "auto": all of them unless other processes are busy."""
+    The plain model asks for one thread (its batch-1 matmuls use one anyway; more only wait on
+    a busy core); the fast path's fused step uses every thread, so it takes "auto": all of them
+    unless other processes are busy (docs/decisions/0003-decode-threads-yield-to-busy-cores.md)."""
     want = getattr(model, "decode_threads", None)
     have = torch.get_num_threads()
     if want == "auto":
@@ -147,12 +154,16 @@ def decode_threads(model):
         torch.set_num_threads(have)
 
 
-def _decode(model, nxt, token_id, n, cfg, history, gen, book, held=None) -> Iterator:
+def _decode(model: Transformer, nxt: torch.Tensor, token_id: int, n: int, cfg: GenerationConfig,
+            history: torch.Tensor, gen: torch.Generator | None, book: DecodeBook,
+            held: list[int] | None = None) -> Iterator[Event]:
     with decode_threads(model) as threads:
         yield from _decode_loop(model, nxt, token_id, n, cfg, history, gen, book, threads, held)
 
 
-def _decode_loop(model, nxt, token_id, n, cfg, history, gen, book, threads=None, held=None) -> Iterator:
+def _decode_loop(model: Transformer, nxt: torch.Tensor, token_id: int, n: int, cfg: GenerationConfig,
+                 history: torch.Tensor, gen: torch.Generator | None, book: DecodeBook,
+                 threads: LoadAwareThreads | None = None, held: list[int] | None = None) -> Iterator[Event]:
     """Token* then Finished (engine.decode_book); ``nxt`` [1] is the token sampled from the prefill
     (``token_id`` on the host), kept on the device as the next input. Each token fed to the model
     is appended to ``held`` (the ids the KV cache holds) once its step has written the cache."""

@@ -9,13 +9,22 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.devices import resolve_device, resolve_dtype
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.generation.generate import GenerationConfig, generate
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from opscope.engine.formats.gguf_source import GGUFSource
+    from opscope.engine.formats.hf_source import HFDirSource
+    from opscope.engine.models.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +45,7 @@ class LoadedModel:
 
     backend_name = "torch"
 
-    def __init__(self, source, model, options: LoadOptions, load_ms: float):
+    def __init__(self, source: GGUFSource | HFDirSource, model: Transformer, options: LoadOptions, load_ms: float) -> None:
         self.source, self.model, self.options, self.load_ms = source, model, options, load_ms
         self.tokenizer = source.tokenizer
         self.config = source.config
@@ -69,7 +78,7 @@ class LoadedModel:
         prefix_cache.forget(self.model)  # the batch overwrites row 0 of the cache
         return generate_batch(self.model, self.tokenizer, ids, config, cancel)
 
-    def logits(self, ids: list[int]):
+    def logits(self, ids: list[int]) -> torch.Tensor:
         """Float32 logits [T, V] of a full forward pass without the cache (reference tests)."""
         import torch
 
@@ -118,10 +127,10 @@ class LoadedModel:
 def _threads() -> int:
     import torch
 
-    return torch.get_num_threads()
+    return int(torch.get_num_threads())
 
 
-def _unique_tensors(model):
+def _unique_tensors(model: torch.nn.Module) -> Iterator[torch.Tensor]:
     """Parameters and buffers (the fast path keeps packed weights as buffers), each once; the KV
     cache is counted separately."""
     seen = set()
@@ -131,7 +140,7 @@ def _unique_tensors(model):
             yield t
 
 
-def load_plain(model=None, *, device: str = "cpu", dtype: str = "float32", attention: str = "sdpa",
+def load_plain(model: str | Path | None = None, *, device: str = "cpu", dtype: str = "float32", attention: str = "sdpa",
                threads: int | None = None, compile: str = "off", quantize: str = "off") -> LoadedModel:
     """The plain torch model of ``model`` (engine.models) on ``device``; ``compile`` and
     ``quantize`` as in engine.api.load, whose checks of them have run."""

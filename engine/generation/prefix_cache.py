@@ -15,8 +15,12 @@ corrupting the next reply.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from opscope.engine.models.transformer import KVCache, Transformer
 
 
 @dataclass(eq=False)
@@ -26,22 +30,23 @@ class PrefixRecord:
     keys: torch.Tensor | None = None  # layer 0's K (head 0) over those positions once sealed; None while open
 
 
-def _cache(model):
-    return model.layers[0].attn.cache
+def _cache(model: Transformer) -> KVCache | None:
+    cache: KVCache | None = model.layers[0].attn.cache
+    return cache
 
 
-def _keys(cache, m: int) -> torch.Tensor:
+def _keys(cache: KVCache, m: int) -> torch.Tensor:
     """Row 0's keys of KV head 0 at positions 0..m-1 [m, D]: a token written over any of them
     changes them (one head is enough to notice, and 1/K of the memory of all)."""
     return cache.k[0, :m, 0]
 
 
-def forget(model) -> None:
+def forget(model: Transformer) -> None:
     """Nothing in the cache may be reused any more (the caller writes it another way)."""
     model.kv_prefix = None
 
 
-def held(model) -> list[int]:
+def held(model: Transformer) -> list[int]:
     """The ids whose K/V the cache holds at positions 0.. (row 0); [] when unknown or stale."""
     rec = getattr(model, "kv_prefix", None)
     cache = _cache(model)
@@ -50,10 +55,10 @@ def held(model) -> list[int]:
     m = len(rec.ids)
     if cache.k.shape[1] < m or not torch.equal(_keys(cache, m), rec.keys):
         return []
-    return rec.ids
+    return list(rec.ids)
 
 
-def reusable(model, prompt_ids: list[int]) -> int:
+def reusable(model: Transformer, prompt_ids: list[int]) -> int:
     """How many leading positions of ``prompt_ids`` the cache already holds; at most len - 1, so the
     last prompt token is always recomputed and gives the logits to sample from."""
     ids = held(model)
@@ -64,7 +69,7 @@ def reusable(model, prompt_ids: list[int]) -> int:
     return i
 
 
-def open_record(model, ids: list[int]) -> PrefixRecord:
+def open_record(model: Transformer, ids: list[int]) -> PrefixRecord:
     """Mark the cache as being written by one generation, holding ``ids`` so far; the generation
     appends to ``record.ids`` after each forward pass that wrote more positions, then seals it."""
     rec = PrefixRecord(_cache(model), list(ids))
@@ -72,7 +77,7 @@ def open_record(model, ids: list[int]) -> PrefixRecord:
     return rec
 
 
-def seal(model, rec: PrefixRecord) -> None:
+def seal(model: Transformer, rec: PrefixRecord) -> None:
     """End of the generation that opened ``rec``: make it reusable, unless something invalidated or
     replaced it meanwhile (another generation, ``forget``, a new cache)."""
     cache = _cache(model)
@@ -83,7 +88,7 @@ def seal(model, rec: PrefixRecord) -> None:
     rec.keys = _keys(cache, len(rec.ids)).clone()
 
 
-def keep_on_resize(model, old_caches: list, keep: int) -> None:
+def keep_on_resize(model: Transformer, old_caches: list, keep: int) -> None:
     """After ``setup_cache`` allocated a larger cache: copy positions 0..keep-1 of row 0 from
     ``old_caches`` (one KVCache per layer) and re-seal the record over them."""
     rec = getattr(model, "kv_prefix", None)

@@ -1,11 +1,16 @@
 """Streaming text out of token ids (torch-free; shared by every backend)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from opscope.engine.tokenizer.loader import Tokenizer
+
 
 class TextStream:
     """Printable text out of token ids, holding back any tail that could start a stop string."""
 
-    def __init__(self, tokenizer, stop: tuple[str, ...]):
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...]) -> None:
         self.decoder, self.stop = tokenizer.stream(), stop
         self.text, self.emitted = "", 0
 

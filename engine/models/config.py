@@ -128,13 +128,3 @@ class ModelConfig:
         norms = (4 if self.post_norms else 2) * self.dim + (2 * self.head_dim if self.qk_norm else 0)
         bias = self.head_dim * (self.n_heads + 2 * self.n_kv_heads) if self.qkv_bias else 0
         return self.n_layers * (attn + mlp + norms + bias) + embed + self.dim
-
-    def flops_per_token(self, context_len: int = 0) -> float:
-        """Forward FLOPs per token: 2 per weight multiply-add (embedding lookup excluded) plus
-        attention scores and values over ``context_len`` keys (nanoGPT's estimate_mfu)."""
-        matmul_params = self.n_params - self.vocab_size * self.dim * (0 if self.tie_embeddings else 1)
-        attn = 2 * 2 * self.n_layers * self.n_heads * self.head_dim * context_len
-        return 2.0 * matmul_params + attn
-
-    def kv_bytes_per_token(self, bytes_per_el: int) -> int:
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_el

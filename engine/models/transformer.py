@@ -7,7 +7,7 @@ Everything a forward pass creates is created on the model's device (placement tr
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 import torch.nn as nn
@@ -21,7 +21,7 @@ ATTENTION_IMPLS = ("sdpa", "naive")
 class RMSNorm(nn.Module):
     # A one-pass kernel (x, weight, eps) → y for float32 inference, set by a backend that has one
     # (the CPU fast path): torch's CPU rms_norm is ~6 elementwise passes over [T, C] at prefill.
-    fused = None
+    fused: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -39,8 +39,8 @@ class RMSNorm(nn.Module):
 
 
 class KVCache(nn.Module):
-    """Static cache stored [B,S,K,D]: the used prefix [:, :end] stays one dense block per row, which
-    SDPA's CPU kernel reads up to 10× faster than a [B,K,S,D] slice (measured at S=1000)."""
+    """Static cache stored [B,S,K,D]: the used prefix [:, :end] stays one dense block per row, the
+    layout SDPA's CPU kernel reads fastest (docs/decisions/0006-kv-cache-layout.md)."""
 
     def __init__(self, batch: int, n_kv_heads: int, max_seq: int, head_dim: int, dtype, device):
         super().__init__()
@@ -79,7 +79,7 @@ class Attention(nn.Module):
         # A fused prefill kernel, set by a backend that has one (the CPU fast path): (q, k, v [B,T,·,D]
         # before RoPE, cos, sin, cache k, cache v, start, scale or 0) → [B,T,H*D]; it applies RoPE,
         # writes the cache and attends causally over positions 0..start+T.
-        self.prefill = None
+        self.prefill: Callable[..., torch.Tensor] | None = None
 
     def forward(self, x, cos, sin, start: int, mask) -> torch.Tensor:
         B, T, _ = x.shape
@@ -88,7 +88,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
         if hasattr(self, "q_norm"):  # per-head norms run in the activation dtype (their weights')
             q, k = self.q_norm(q.to(self.q_norm.weight.dtype)), self.k_norm(k.to(self.k_norm.weight.dtype))
-        if self._fused_prefill(q, v, start, mask):
+        if self.prefill is not None and self.cache is not None and self._fused_prefill(q, v, start, mask):
             y = self.prefill(q, k, v, cos, sin, self.cache.k, self.cache.v, start, self.scale or 0.0)
             return self.o_proj(y.to(x.dtype))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -311,7 +311,8 @@ class Transformer(nn.Module):
         masks = {0: mask}
         for layer in self.layers:
             if layer.window not in masks:
-                masks[layer.window] = window_mask(mask, *slots, layer.window)
+                q_slots, k_slots = slots
+                masks[layer.window] = window_mask(mask, q_slots, k_slots, layer.window)
             cos, sin = rope[layer.local_rope]
             x = layer(x, cos, sin, start, masks[layer.window])
         return x

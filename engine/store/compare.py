@@ -54,6 +54,11 @@ class Cell:
     def usable(self) -> bool:
         return self.status == "ok" and self.summary is not None and self.summary.n > 0
 
+    @property
+    def median(self) -> float:
+        """The summary's median; NaN for a cell without samples."""
+        return self.summary.median if self.summary is not None else float("nan")
+
 
 @dataclass(frozen=True, slots=True)
 class Delta:
@@ -188,7 +193,8 @@ def _cell(metric: Metric | None, confidence: float) -> Cell:
 
 def _delta(base: Cell, other: Cell, base_m: Metric, other_m: Metric, higher_is_better: bool,
            alpha: float) -> Delta | None:
-    if not (base.usable and other.usable) or base.summary.median == 0:
+    if not (base.usable and other.usable) or base.summary is None or other.summary is None \
+            or base.summary.median == 0:
         return None
     pct = (other.summary.median / base.summary.median - 1.0) * 100.0
     p = mann_whitney_p(base_m.samples, other_m.samples)
@@ -214,18 +220,19 @@ def _row(key: tuple[str, str, str], metrics: list[Metric | None], alpha: float, 
     cells = tuple(_cell(m, confidence) for m in metrics)
     if first.params.get("memory") == SHARED_AB:  # one process's peak for both sides: no change to claim
         return Row(key[0], first.unit, dict(first.params), first.higher_is_better, cells, (None,) * (len(metrics) - 1))
+    base = metrics[0]
     deltas = tuple(
-        _delta(cells[0], cells[i], metrics[0], metrics[i], first.higher_is_better, alpha)
-        if metrics[0] is not None and metrics[i] is not None else None
-        for i in range(1, len(metrics)))
+        _delta(cells[0], cells[i], base, other, first.higher_is_better, alpha)
+        if base is not None and other is not None else None
+        for i, other in enumerate(metrics[1:], start=1))
     return Row(key[0], first.unit, dict(first.params), first.higher_is_better, cells, deltas)
 
 
 def _section(unit: str, rows: list[Row]) -> Section:
-    complete = [r for r in rows if all(c.usable and c.summary.median > 0 for c in r.cells)]
+    complete = [r for r in rows if all(c.usable and c.median > 0 for c in r.cells)]
     if len(complete) < 2:
         return Section(unit, tuple(rows), None, None)
-    per_run = tuple(geomean([r.cells[i].summary.median for r in complete]) for i in range(len(rows[0].cells)))
+    per_run = tuple(geomean([r.cells[i].median for r in complete]) for i in range(len(rows[0].cells)))
     deltas = tuple((g / per_run[0] - 1.0) * 100.0 for g in per_run[1:])
     return Section(unit, tuple(rows), per_run, deltas)
 
@@ -298,7 +305,8 @@ def interleaved_pair(runs: Sequence[StoredRun]) -> bool:
     """Whether ``runs`` are the two runs of one `opscope bench --ab` (engine.bench.ab)."""
     pairs = [((r.result.settings or {}).get("interleaved") or {}).get("pair") for r in runs]
     names = [r.info.name for r in runs]
-    return len(runs) == 2 and bool(pairs[0]) and pairs[0] == pairs[1] and sorted(pairs[0]) == sorted(names)
+    first = pairs[0] if runs else None
+    return len(runs) == 2 and bool(first) and first == pairs[1] and sorted(first or ()) == sorted(names)
 
 
 def _drift_note(runs: Sequence[StoredRun]) -> list[str]:

@@ -47,7 +47,7 @@ def fmt_unit_value(v: float | None, unit: str) -> str:
 def cell_text(cell: Cell, unit: str = "") -> str:
     if cell.status == "missing":
         return "—"
-    if not cell.usable:
+    if not cell.usable or cell.summary is None:
         return "invalid" if (cell.error or "").startswith("invalid") else "failed"
     marks = ((FEW_MARK if cell.few_samples else "") + (NOISY_MARK if cell.noisy else "")
              + (DISTURBED_MARK if cell.disturbed else ""))
@@ -99,7 +99,7 @@ def _section_lines(cmp: Comparison, section: Section) -> list[list[str]]:
         lines.append(line)
     if section.geomeans is not None:
         line = ["geomean", fmt_unit_value(section.geomeans[0], section.unit)]
-        for g, d in zip(section.geomeans[1:], section.geomean_deltas_pct):
+        for g, d in zip(section.geomeans[1:], section.geomean_deltas_pct or ()):
             line += [fmt_unit_value(g, section.unit), f"{d:+.2f}%"]
         lines.append(line)
     return lines

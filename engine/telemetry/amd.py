@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-from opscope.engine.telemetry.base import NA, LogOnce, Source, to_float
+from opscope.engine.telemetry.base import NA, LogOnce, Source, _NotAvailable, to_float
 
 log = logging.getLogger(__name__)
 _once = LogOnce(log)
@@ -32,7 +32,7 @@ class AmdSmiSource(Source):
 
     def __init__(self, pids: set[int] | None = None) -> None:
         super().__init__()
-        self.pids = set(pids) if pids else {os.getpid()}
+        self.pids: frozenset[int] = frozenset(pids) if pids else frozenset({os.getpid()})
         self._smi: Any = None
         self._handles: list[Any] = []
 
@@ -100,7 +100,7 @@ class AmdSmiSource(Source):
     def _proc_mem(self, h: Any) -> Any:
         pids = self.pids
         procs = self._query("amdsmi_get_gpu_process_list", h) if pids else NA
-        if procs is NA:
+        if isinstance(procs, _NotAvailable):
             return NA
         return sum(to_float(p.get("mem", 0)) for p in procs if p.get("pid") in pids)
 

@@ -130,8 +130,10 @@ class NvmlEnergyMeter(Meter):
 
         self.NA, self.nv, self.own = NA, nvml or Nvml(), nvml is None
         self.period_s, self.clock = period_s, clock
-        self.handle, self.thread, self.lock = None, None, threading.Lock()
-        self.joules_so_far, self._last = 0.0, None
+        self.handle, self.lock = None, threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.joules_so_far = 0.0
+        self._last: tuple[float, float] | None = None
         self._stop = threading.Event()
         if not self.nv.init():
             self.reason = f"GPU energy N/A: {self.nv.reason}"

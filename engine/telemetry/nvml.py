@@ -133,7 +133,7 @@ class NvmlSource(Source):
 
     def __init__(self, pids: set[int] | None = None, pcie: bool = True, nvml: Nvml | None = None):
         super().__init__()
-        self.pids = set(pids) if pids else {os.getpid()}
+        self.pids: frozenset[int] = frozenset(pids) if pids else frozenset({os.getpid()})
         self.pcie = pcie
         self.nvml = nvml or Nvml()
         self.devices: list[dict] = []  # index, name, uuid, lost
@@ -184,7 +184,7 @@ class NvmlSource(Source):
             if dev["lost"]:
                 continue  # its series read NaN from now on (History fills missing with NaN)
             values = self._sample_gpu(handle)
-            if values is GPU_LOST:
+            if isinstance(values, _GpuLost):
                 self._mark_lost(dev)
                 continue
             out.update({f"gpu{dev['index']}.{k}": v for k, v in values.items()})

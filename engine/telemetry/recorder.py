@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from opscope.engine.core import markers as engine_markers
 from opscope.engine.core.clock import now_ns
@@ -34,7 +34,7 @@ class Recorder:
         self.end_ns: int | None = None
         self.markers: list[Marker] = []
         self._lock = threading.Lock()
-        self._unsubscribe = None
+        self._unsubscribe: Callable[[], None] | None = None
 
     def start(self) -> Recorder:
         if self.sampler is not None and self.sampler.running:

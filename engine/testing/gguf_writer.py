@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping, TypeAlias
 
 import numpy as np
 
@@ -31,7 +31,7 @@ _GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "
 _TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128, vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-6,
              rope_theta=10000.0, tie_word_embeddings=False)
-_FAMILY_DEFAULTS = {
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {},
     "mistral": {"sliding_window": 16},
     "qwen2": {"tie_word_embeddings": True},
@@ -45,7 +45,7 @@ _FAMILY_DEFAULTS = {
     "phi3": {},
 }
 
-TensorLike = "np.ndarray | Callable[[], np.ndarray]"
+TensorLike: TypeAlias = "np.ndarray | Callable[[], np.ndarray]"
 
 
 def hf_config(family: str, **overrides) -> dict:
@@ -55,16 +55,6 @@ def hf_config(family: str, **overrides) -> dict:
     cfg = {"model_type": "gemma3_text" if family == "gemma3" else family, **_TINY, **_FAMILY_DEFAULTS[family]}
     cfg.update(overrides)
     return cfg
-
-
-def hf_config_from(cfg, family: str = "llama") -> dict:
-    """The config.json-style dict of an engine ``ModelConfig`` (sizes, eps, RoPE base, tying), for
-    writing a synthetic model of a given shape (e.g. a 1B llama for benchmarks)."""
-    return hf_config(family, hidden_size=cfg.dim, num_hidden_layers=cfg.n_layers,
-                     num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-                     intermediate_size=cfg.hidden_dim, vocab_size=cfg.vocab_size, head_dim=cfg.head_dim,
-                     rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-                     max_position_embeddings=cfg.max_seq_len, tie_word_embeddings=cfg.tie_embeddings)
 
 
 def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -332,9 +322,3 @@ def _family(cfg: dict) -> str:
     if family not in FAMILIES:
         raise ValueError(f"model_type {mt!r} is not one of {', '.join(FAMILIES)}")
     return family
-
-
-def iter_plan(cfg: dict, types="F16") -> Iterator[tuple[str, tuple[int, ...], str]]:
-    """(HF name, shape, GGML type name) the writer would produce: for size estimates."""
-    for hf, shape in tensor_shapes(cfg).items():
-        yield hf, shape, _type_of(types, hf, shape).name

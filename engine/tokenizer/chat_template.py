@@ -18,8 +18,10 @@ import re
 import time
 from datetime import datetime
 from functools import cached_property
+from os import PathLike
+from typing import Any, Callable, NoReturn
 
-from opscope.engine.core.errors import ChatTemplateError, UnsafeTemplate
+from opscope.engine.core.errors import ChatTemplateError, ModelLoadError, UnsafeTemplate
 
 MAX_TEMPLATE_CHARS = 256 * 1024
 MAX_CHARS = 1 << 20  # any one string the template builds, and the output, beyond the messages' own size
@@ -66,7 +68,7 @@ def _budget() -> _Budget:
     return _BUDGET.get()
 
 
-def _length(x) -> int:
+def _length(x: object) -> int:
     return len(x) if isinstance(x, (str, bytes, list, tuple, dict)) else 0
 
 
@@ -76,7 +78,7 @@ def _check_widths(fmt: str, what: str) -> None:
         _budget().size(int(m.group()), what)
 
 
-def _env():
+def _env() -> Any:  # a jinja2 sandboxed Environment (jinja2 is read as untyped)
     from jinja2 import nodes, pass_context
     from jinja2.sandbox import ImmutableSandboxedEnvironment
     from jinja2.visitor import NodeTransformer
@@ -85,12 +87,12 @@ def _env():
         """Every for loop's iterable passes through the ``_each`` filter (charged per item); every
         ``~`` through ``_concat`` (size-checked)."""
 
-        def visit_For(self, node):
+        def visit_For(self, node: Any) -> Any:
             node = self.generic_visit(node)
             node.iter = nodes.Filter(node.iter, "_each", [], [], None, None).set_lineno(node.lineno)
             return node
 
-        def visit_Concat(self, node):
+        def visit_Concat(self, node: Any) -> Any:
             node = self.generic_visit(node)
             items = nodes.List(node.nodes).set_lineno(node.lineno)
             return nodes.Filter(items, "_concat", [], [], None, None).set_lineno(node.lineno)
@@ -98,40 +100,40 @@ def _env():
     class Env(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset(["*", "**", "+", "%", "//"])
 
-        def _parse(self, source, name, filename):
+        def _parse(self, source: str, name: str | None, filename: str | None) -> Any:
             return _Charged().visit(super()._parse(source, name, filename))
 
-        def call_binop(self, context, operator, left, right):
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             _budget().charge()
             _check_binop(operator, left, right)
             result = super().call_binop(context, operator, left, right)
             _budget().made(_length(result), f"'{operator}'")
             return result
 
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's own signature)
             _budget().charge()
             args = _check_method(__obj, args)
             result = super().call(__context, __obj, *args, **kwargs)
             _budget().made(_length(result), "a call")
             return result
 
-        def getattr(self, obj, attribute):
+        def getattr(self, obj: Any, attribute: str) -> Any:
             _budget().charge()
             return super().getattr(obj, attribute)
 
-        def getitem(self, obj, argument):
+        def getitem(self, obj: Any, argument: Any) -> Any:
             _budget().charge()
             return super().getitem(obj, argument)
 
     @pass_context
-    def each(_ctx, iterable):
+    def each(_ctx: Any, iterable: Any) -> Any:
         if isinstance(iterable, (str, list, tuple, dict, range)):
             _budget().charge(len(iterable) + 1)
             return iterable
         return (_charged(x) for x in iterable)
 
     @pass_context
-    def concat(_ctx, parts):
+    def concat(_ctx: Any, parts: Any) -> str:
         texts = [str(p) for p in parts]
         _budget().made(sum(map(len, texts)), "'~'")
         return "".join(texts)
@@ -145,12 +147,12 @@ def _env():
     return env
 
 
-def _charged(x):
+def _charged(x: Any) -> Any:
     _budget().charge()
     return x
 
 
-def _range(*args):
+def _range(*args: int) -> range:
     r = range(*args)
     if len(r) > MAX_RANGE:
         raise _Limit(f"range() of {len(r)} items is over the cap of {MAX_RANGE}")
@@ -158,13 +160,13 @@ def _range(*args):
     return r
 
 
-def _raise(message):
+def _raise(message: str) -> NoReturn:
     from jinja2.exceptions import TemplateError
 
     raise TemplateError(message)
 
 
-def _tojson(x, indent=None, **_):
+def _tojson(x: Any, indent: int | None = None, **_: Any) -> str:
     if indent is not None:
         _budget().size(int(indent) * 64, "tojson's indent")
     out = json.dumps(x, ensure_ascii=False, indent=indent)
@@ -172,7 +174,7 @@ def _tojson(x, indent=None, **_):
     return out
 
 
-def _check_binop(op: str, left, right) -> None:
+def _check_binop(op: str, left: Any, right: Any) -> None:
     b = _budget()
     if op == "*" and isinstance(right, int) and _length(left):
         b.size(_length(left) * right, "'*'")
@@ -182,7 +184,7 @@ def _check_binop(op: str, left, right) -> None:
         if left.bit_length() + right.bit_length() > MAX_INT_BITS:
             raise _Limit(f"'*' on integers of {left.bit_length()} and {right.bit_length()} bits")
     elif op == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)):
-        if abs(left) > 1 and abs(right) * max(abs(left), 2).bit_length() > MAX_INT_BITS:
+        if abs(left) > 1 and abs(right) * int(max(abs(left), 2)).bit_length() > MAX_INT_BITS:
             raise _Limit(f"'**' with exponent {right}")
     elif op == "+" and _length(left) and _length(right):
         b.size(_length(left) + _length(right), "'+'")
@@ -193,7 +195,7 @@ def _check_binop(op: str, left, right) -> None:
 _STR_WIDTH_METHODS = {"center", "ljust", "rjust", "zfill"}
 
 
-def _check_method(obj, args) -> tuple:
+def _check_method(obj: Any, args: tuple) -> tuple:
     """str methods whose output size comes from their arguments, checked before they run; the
     arguments to call it with (an iterable given to join is read into a list first)."""
     owner, name = getattr(obj, "__self__", None), getattr(obj, "__name__", "")
@@ -216,8 +218,8 @@ def _check_method(obj, args) -> tuple:
     return args
 
 
-def _capped_filter(original, name: str):
-    def run(*args, **kwargs):
+def _capped_filter(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
         b = _budget()
         b.charge()
         value = args[1 if getattr(original, "jinja_pass_arg", None) else 0] if len(args) > 1 else (
@@ -250,17 +252,17 @@ def _capped_filter(original, name: str):
 class ChatTemplate:
     """A model's chat template: ``path`` and ``key`` say where it came from (for every error)."""
 
-    def __init__(self, text, path, key: str):
+    def __init__(self, text: Any, path: str | PathLike[str] | None, key: str) -> None:  # text: str, or named templates (a list)
         if isinstance(text, list):  # tokenizer_config.json may hold named templates: use "default"
             named = {t.get("name"): t.get("template") for t in text if isinstance(t, dict)}
             text = named.get("default", next(iter(named.values()), None))
         self.text, self.path, self.key = text, path, key
 
-    def _error(self, cls, detail: str):
+    def _error(self, cls: type[ModelLoadError], detail: str) -> ModelLoadError:
         return cls(self.path, f"chat template {self.key}: {detail}")
 
     @cached_property
-    def _template(self):
+    def _template(self) -> Any:  # a compiled jinja2 Template
         if not isinstance(self.text, str):
             raise self._error(ChatTemplateError, f"is a {type(self.text).__name__}, not a string")
         if len(self.text) > MAX_TEMPLATE_CHARS:
@@ -272,7 +274,7 @@ class ChatTemplate:
         except Exception as e:
             raise self._error(ChatTemplateError, f"does not compile: {_one_line(e)}") from e
 
-    def render(self, **variables) -> str:
+    def render(self, **variables: Any) -> str:
         from jinja2.exceptions import SecurityError
 
         template = self._template

@@ -9,8 +9,12 @@ from contextlib import contextmanager
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
 
 from opscope.engine.core.errors import LimitExceeded, MissingMetadata, UnsupportedModelError, WrongMetadataType
+
+if TYPE_CHECKING:
+    from opscope.engine.tokenizer.chat_template import ChatTemplate
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +38,9 @@ _RUNAWAY_FIX = ("the tokenizer's regular expression backtracks without bound on 
 class Tokenizer:
     """Encode/decode plus the special tokens and chat template the model's metadata declares."""
 
-    def __init__(self, backend, *, bos_id: int | None, eos_ids: tuple[int, ...], add_bos: bool,
+    def __init__(self, backend: Any, *, bos_id: int | None, eos_ids: tuple[int, ...], add_bos: bool,
                  chat_template: str | None, pad_id: int | None = None, add_eos: bool = False,
-                 template_source: tuple = (None, "chat_template"), fallback=None):
+                 template_source: tuple = (None, "chat_template"), fallback=None) -> None:
         from opscope.engine.tokenizer.fallback import CHATML
 
         self.backend = backend
@@ -48,16 +52,16 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self.backend.get_vocab_size(with_added_tokens=True)
+        return int(self.backend.get_vocab_size(with_added_tokens=True))
 
     def token_text(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or ""
 
-    source = None  # the file the vocabulary and its regular expressions came from, for encode's errors
+    source: Path | None = None  # the file the vocabulary and its regular expressions came from, for encode's errors
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         try:
-            ids = self.backend.encode(text, add_special_tokens=False).ids
+            ids: list[int] = self.backend.encode(text, add_special_tokens=False).ids
         except BaseException as e:  # noqa: B036 - a Rust panic is a BaseException (pyo3's PanicException)
             if type(e).__name__ != "PanicException":
                 raise
@@ -70,14 +74,14 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def stream(self) -> "StreamDecoder":
         return StreamDecoder(self)
 
     # -- chat -----------------------------------------------------------------------------------
     @cached_property
-    def _template(self):
+    def _template(self) -> ChatTemplate:
         from opscope.engine.tokenizer.chat_template import ChatTemplate
 
         if self.chat_template is None:
@@ -171,7 +175,7 @@ def from_gguf(meta: dict, path: Path) -> Tokenizer:
 
 
 @contextmanager
-def _vocabulary_errors(meta: dict, path: Path):
+def _vocabulary_errors(meta: dict, path: Path) -> Iterator[None]:
     """The tokenizers library's refusals (a merge of unknown tokens, …) as one line naming the key."""
     from opscope.engine.core.errors import ModelLoadError
 
@@ -184,7 +188,7 @@ def _vocabulary_errors(meta: dict, path: Path):
                                       f"{' '.join(str(e).split())[:200]}") from e
 
 
-def _byte_level_bpe(tokens: list[str], merges: list[str], types: list[int], pre: str):
+def _byte_level_bpe(tokens: list[str], merges: list[str], types: list[int], pre: str) -> Any:
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -252,7 +256,7 @@ def _token_field(path: Path, cfg: dict, key: str) -> str | None:
     return text or None
 
 
-def _id_field(path: Path, cfg: dict, key: str, many: bool = False):
+def _id_field(path: Path, cfg: dict, key: str, many: bool = False) -> Any:  # int | list[int] | None
     """A token id of config.json: a non-negative integer (or, with ``many``, a list of them)."""
     v = cfg.get(key)
     ok = lambda x: type(x) is int and x >= 0  # noqa: E731
@@ -263,7 +267,7 @@ def _id_field(path: Path, cfg: dict, key: str, many: bool = False):
                                                                               "file again")
 
 
-def _shown(v) -> str:
+def _shown(v: object) -> str:
     text = json.dumps(v) if not isinstance(v, (dict, list)) or len(str(v)) < 60 else f"a JSON {type(v).__name__}"
     return text[:80]
 
@@ -277,8 +281,9 @@ def _fallback(backend, family, sentencepiece: bool):
     return fallback_for(family, lambda t: backend.token_to_id(t) is not None, sentencepiece)
 
 
-def _token_id(backend, token: str) -> int | None:
-    return backend.token_to_id(token)
+def _token_id(backend: Any, token: str) -> int | None:
+    found = backend.token_to_id(token)
+    return None if found is None else int(found)
 
 
 def _read_json(path: Path) -> dict:

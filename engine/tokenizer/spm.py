@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from opscope.engine.core.errors import MissingMetadata
 
@@ -48,7 +49,7 @@ def flavor_for(model: str, arch: str) -> SpmFlavor:
     return GEMMA if model == "gemma" or arch in _GEMMA_ARCHS else LLAMA
 
 
-def spm_backend(meta: dict, path: Path):
+def spm_backend(meta: dict, path: Path) -> Any:  # a tokenizers.Tokenizer (untyped library)
     """A ``tokenizers.Tokenizer`` for the SentencePiece vocabulary in ``meta``."""
     from tokenizers import models
     from tokenizers import Tokenizer as HFTokenizer
@@ -63,7 +64,7 @@ def spm_backend(meta: dict, path: Path):
     return tk
 
 
-def _set_prefix_space(tk, prefix: bool) -> None:
+def _set_prefix_space(tk: Any, prefix: bool) -> None:
     """Spaces are "▁" in the vocabulary; with a prefix space every text segment (the whole text, or
     the text after a special token, as llama.cpp cuts it) starts with one, which decoding drops."""
     from tokenizers import decoders, normalizers
@@ -74,7 +75,7 @@ def _set_prefix_space(tk, prefix: bool) -> None:
     tk.decoder = decoders.Sequence(steps + ([decoders.Strip(content=" ", left=1, right=0)] if prefix else []))
 
 
-def _add_special_tokens(tk, meta: dict, tokens: list[str]) -> None:
+def _add_special_tokens(tk: Any, meta: dict, tokens: list[str]) -> None:
     """llama.cpp matches control, unknown and user-defined tokens whole in the text; the first two
     (and the declared bos/eos/unk/pad) are special: ``skip_special_tokens`` drops them."""
     from tokenizers import AddedToken
@@ -92,7 +93,7 @@ _SPECIAL_ID_KEYS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"
                     "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id")
 
 
-def _token_at(tokens: list[str], token_id) -> str | None:
+def _token_at(tokens: list[str], token_id: int | str | None) -> str | None:
     return tokens[int(token_id)] if token_id is not None and 0 <= int(token_id) < len(tokens) else None
 
 

@@ -16,10 +16,12 @@ import hashlib
 import logging
 import os
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 
 log = logging.getLogger(__name__)
+Triples = tuple[np.ndarray, np.ndarray, np.ndarray]  # (piece, first part, second part) ids
 
 CACHE_VERSION = 1  # bump when the merge order changes: old files are then simply not found
 _B = 0x9E3779B97F4A7C15  # odd, so invertible modulo 2**64
@@ -27,11 +29,11 @@ _B_INV = pow(_B, -1, 1 << 64)
 _LEN_MIX = np.uint64(0xD6E8FEB86659FD93)
 
 
-def merges_from_scores(tokens: list[str], scores) -> list[tuple[str, str]]:
+def merges_from_scores(tokens: list[str], scores: Sequence[float]) -> list[tuple[str, str]]:
     return _pieces(tokens, merge_ids(tokens, scores))
 
 
-def cached_merges(tokens: list[str], scores, flavor: str) -> list[tuple[str, str]]:
+def cached_merges(tokens: list[str], scores: Sequence[float], flavor: str) -> list[tuple[str, str]]:
     """``merges_from_scores`` through the cache (a miss builds and stores; any cache trouble is a
     debug log line and a rebuild, never an error)."""
     cache = _cache_file(tokens, scores, flavor)
@@ -49,7 +51,7 @@ def _pieces(tokens: list[str], ids: np.ndarray) -> list[tuple[str, str]]:
 
 
 # -- construction -----------------------------------------------------------------------------------
-def merge_ids(tokens: list[str], scores) -> np.ndarray:
+def merge_ids(tokens: list[str], scores: Sequence[float]) -> np.ndarray:
     """[M, 2] int32 token ids (each piece's last position, like transformers' vocab dict)."""
     index = {t: i for i, t in enumerate(tokens)}  # a piece given twice: its last position
     ranked = dict(zip(tokens, scores))  # first-position order, last score (generate_merges' dict)
@@ -67,7 +69,7 @@ def merge_ids(tokens: list[str], scores) -> np.ndarray:
     return np.stack([last[a[order]], last[b[order]]], axis=1).astype(np.int32).reshape(-1, 2)
 
 
-def _vectorised(uniq: list[str]):
+def _vectorised(uniq: list[str]) -> Triples | None:
     """(piece, left, right) positions in ``uniq`` of every split of a piece into two pieces."""
     U = len(uniq)
     lens = np.fromiter(map(len, uniq), dtype=np.int64, count=U)
@@ -79,7 +81,7 @@ def _vectorised(uniq: list[str]):
         np.cumsum(codes * _powers(_B, codes.size)[:-1], out=prefix[1:])
         inverse = _powers(_B_INV, codes.size)
 
-        def key(i, j):  # hash of the text between global positions i and j, mixed with its length
+        def key(i: np.ndarray, j: np.ndarray) -> np.ndarray:  # hash of the text between global positions i and j, mixed with its length
             return (prefix[j] - prefix[i]) * inverse[i] + (j - i).astype(np.uint64) * _LEN_MIX
 
         find = _finder(key(starts[:-1], starts[1:]))
@@ -99,7 +101,8 @@ def _vectorised(uniq: list[str]):
     return tok[same], a[same], b[same]
 
 
-def _spells(codes, starts, tok, k, a, b, lens) -> np.ndarray:
+def _spells(codes: np.ndarray, starts: np.ndarray, tok: np.ndarray, k: np.ndarray, a: np.ndarray,
+            b: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """For each candidate: do piece a then piece b spell piece tok, character for character?"""
     if tok.size == 0:
         return np.zeros(0, dtype=bool)
@@ -119,7 +122,7 @@ def _powers(base: int, n: int) -> np.ndarray:
         return np.cumprod(out, dtype=np.uint64)
 
 
-def _finder(table: np.ndarray):
+def _finder(table: np.ndarray) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
     """keys → (position in ``table``, found), through a direct-address table on the keys' top bits
     (one random read per key); the few slots two pieces share go through a sorted search. None when
     two pieces have the same key."""
@@ -136,7 +139,7 @@ def _finder(table: np.ndarray):
     if np.any(shared_keys[1:] == shared_keys[:-1]):
         return None
 
-    def find(keys):
+    def find(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s = (keys >> shift).astype(np.int64)
         pos = direct[s]
         hit = pos >= 0
@@ -151,7 +154,7 @@ def _finder(table: np.ndarray):
     return find
 
 
-def _looped(uniq: list[str]):
+def _looped(uniq: list[str]) -> Triples:
     where = {t: i for i, t in enumerate(uniq)}
     found = [(i, where[t[:k]], where[t[k:]]) for i, t in enumerate(uniq) for k in range(1, len(t))
              if t[:k] in where and t[k:] in where]
@@ -169,7 +172,7 @@ def _cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("opscope")) / "spm-merges"
 
 
-def _cache_file(tokens: list[str], scores, flavor: str) -> tuple[Path, bytes] | None:
+def _cache_file(tokens: list[str], scores: Sequence[float], flavor: str) -> tuple[Path, bytes] | None:
     """The cache file of this vocabulary and its key (the digest of the pieces and scores)."""
     h = hashlib.sha256(f"v{CACHE_VERSION}\0{flavor}\0{len(tokens)}\0".encode())
     h.update("\0".join(tokens).encode("utf-8", "surrogatepass"))
@@ -199,8 +202,8 @@ def _read(file: Path, key: bytes, n: int) -> np.ndarray | None:
         return None
     ok = (stored.dtype == np.int32 and stored.ndim == 2 and stored.shape[0] > 4 and stored.shape[1] == 2)
     ids = np.ascontiguousarray(stored[4:]) if ok else None
-    if not (ok and np.array_equal(_sealed(ids, key)[:4], stored[:4])
-            and int(ids.min()) >= 0 and int(ids.max()) < n):
+    if ids is None or not (np.array_equal(_sealed(ids, key)[:4], stored[:4])
+                           and int(ids.min()) >= 0 and int(ids.max()) < n):
         log.debug("ignoring merge cache %s: not sealed for this vocabulary", file)
         return None
     return ids

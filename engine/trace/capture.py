@@ -16,7 +16,7 @@ import gc
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -117,7 +117,7 @@ class Tracer(TorchDispatchMode):
         self._max_events = self.options.max_events
         self._all_sources = self.options.source == SOURCE_ALL
         self._off_target_sources = self.options.source == SOURCE_FINDINGS
-        self._unsubscribe = None
+        self._unsubscribe: Callable[[], None] | None = None
         self._gc_was_enabled = True
         self.start_ns = self.end_ns = self.device_timed = 0
         self._suspended = False

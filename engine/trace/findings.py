@@ -163,7 +163,7 @@ def _evidence(groups: list[Group], tokens: int, unit: str = "token") -> dict:
     ops: Counter = Counter()
     for g in groups:
         ops.update(g.ops)
-    per_dir: Counter = Counter()
+    per_dir: defaultdict[str, float] = defaultdict(float)  # transfers per token, by direction
     for g in groups:
         if g.direction and g.kind != MIXED:
             per_dir[g.direction] += decode_rate(g, tokens)

@@ -13,6 +13,7 @@ Bookkeeping ops run with the tracer suspended, so the trace shows only the scrip
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import statistics
@@ -58,7 +59,7 @@ class HealthMonitor:
         self.losses: list = []  # detached 0-dim copies, on their device
         self.loss_site: str | None = None
         self.optimizers: dict[int, _OptRecord] = {}
-        self._opt_refs: dict[int, object] = {}
+        self._opt_refs: dict[int, torch.optim.Optimizer] = {}
         self._got_grad: set[int] = set()
         self._original_backward = None
         self._handles: list = []
@@ -70,11 +71,11 @@ class HealthMonitor:
         original = self._original_backward = torch.autograd.backward
         monitor = self
 
+        @functools.wraps(original)  # same name, docstring and __wrapped__
         def backward(tensors, *args, **kwargs):  # same signature: every argument passed through
             monitor._on_backward(tensors)
             return original(tensors, *args, **kwargs)
 
-        backward.__wrapped__ = original
         torch.autograd.backward = backward
         self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_step))
 
@@ -154,7 +155,7 @@ class HealthMonitor:
 
     def _named(self) -> dict[int, tuple[str, str | None]]:
         """id(param) → (module path, the line that first called the module)."""
-        out = {}
+        out: dict[int, tuple[str, str | None]] = {}
         for root_name, root in self.modules.roots.items():
             for path, module in root.named_modules():
                 name = f"{root_name}.{path}" if path else root_name

@@ -6,7 +6,7 @@ The summary (RunResult.trace_summary) is plain JSON, so a diff needs nothing but
 from __future__ import annotations
 
 import statistics
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
 from opscope.engine.core.errors import ConfigError
@@ -172,7 +172,7 @@ def _last(values: list | None) -> float | None:
 
 
 def _module_changes(a: dict, b: dict) -> list[dict]:
-    rows = defaultdict(lambda: {"ms": (0.0, 0.0), "ops": (0, 0)})
+    rows: dict[str, dict[str, Any]] = {}
     for m in set(a) | set(b):
         x, y = a.get(m, {"ms": 0.0, "ops": 0}), b.get(m, {"ms": 0.0, "ops": 0})
         rows[m] = {"module": m, "ms": (x["ms"], y["ms"]), "ops": (x["ops"], y["ops"])}

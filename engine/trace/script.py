@@ -22,10 +22,14 @@ import traceback
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from opscope.engine.trace.capture import TraceResult
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +95,7 @@ class _SysState:
         if self.spec.cwd:
             os.chdir(self.spec.cwd)
         here = os.getcwd()
-        if self.spec.module:
+        if self.spec.module or self.spec.path is None:  # a spec names a module or a path
             sys.argv = ["-m", *self.spec.args]  # runpy.run_module(alter_sys=True) puts the file first
             first = here
         else:
@@ -117,6 +121,7 @@ def run_script(spec: ScriptSpec) -> ScriptOutcome:
             if spec.module:
                 runpy.run_module(spec.module, run_name="__main__", alter_sys=True)
             else:
+                assert spec.path is not None  # a spec names a module or a path
                 _run_file(os.path.abspath(spec.path))
         except SystemExit as e:
             outcome.exit_code = _exit_code(e.code)
@@ -170,7 +175,7 @@ def _traceback_text(e: BaseException) -> str:
 @dataclass
 class ScriptTrace:
     spec: ScriptSpec
-    result: object  # engine.trace.capture.TraceResult
+    result: TraceResult
     outcome: ScriptOutcome
     step_source: str
     health: list = field(default_factory=list)  # engine.trace.findings.Finding

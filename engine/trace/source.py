@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 from pathlib import Path
 
 _TORCH_DIR = ""
@@ -39,7 +40,7 @@ def _skipped(filename: str) -> bool:
 
 def caller_site(depth: int = 2) -> tuple[str, int] | None:
     """(filename, line) of the first frame outside torch and the trace machinery, or None."""
-    frame = sys._getframe(depth)
+    frame: FrameType | None = sys._getframe(depth)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not _skipped(filename):

@@ -9,17 +9,16 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from opscope.engine import API_VERSION, DeviceInfo
-from opscope.engine import BackendError, ConfigError
+from opscope.engine import BackendBase, DeviceInfo
 
 INSTALL_HINT = "pip install 'mlx[cpu]' on Linux, or pip install mlx on Apple Silicon"
 
 
-class MLXBackend:
+class MLXBackend(BackendBase):
     """Backend plugin ``mlx`` (see engine.backends.Backend for the contract)."""
 
     name = "mlx"
-    api_version = API_VERSION
+    load_options = frozenset({"threads", "attention"})
 
     def is_available(self) -> tuple[bool, str]:
         if importlib.util.find_spec("mlx") is None:
@@ -41,16 +40,9 @@ class MLXBackend:
                                                         f"backend here (Metal needs Apple Silicon)"))
         return out
 
-    def load(self, source: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
-             **options):
+    def load_model(self, source: str | Path | None, device: str, dtype: str, **options):
         """Load a GGUF file or a Hugging Face safetensors directory (None: the default model).
         Options: ``threads`` (ignored: mlx picks its own), ``attention`` ("sdpa" only)."""
-        unknown = set(options) - {"threads", "attention"}
-        if unknown:
-            raise ConfigError(f"mlx backend: unknown option(s) {', '.join(sorted(unknown))}")
-        ok, reason = self.is_available()
-        if not ok:
-            raise BackendError(f"backend 'mlx' is not available: {reason}")
         from opscope.plugins.mlx_backend.loaded import load
 
         return load(source, device=device, dtype=dtype, **options)

@@ -8,15 +8,14 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from opscope.engine import API_VERSION, DeviceInfo
-from opscope.engine import BackendError, ConfigError
+from opscope.engine import BackendBase, DeviceInfo
 
 
-class TorchBackend:
+class TorchBackend(BackendBase):
     """Backend plugin ``torch`` (see engine.backends.Backend for the contract)."""
 
     name = "torch"
-    api_version = API_VERSION
+    load_options = frozenset({"threads", "attention", "fastpath"})
 
     def is_available(self) -> tuple[bool, str]:
         if importlib.util.find_spec("torch") is None:
@@ -28,16 +27,9 @@ class TorchBackend:
 
         return torch_devices()
 
-    def load(self, source: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
-             **options):
+    def load_model(self, source: str | Path | None, device: str, dtype: str, **options):
         """engine.api.load. Options: ``threads`` (torch CPU threads), ``attention`` ("sdpa" | "naive"),
         ``fastpath`` ("auto" | "off" | a settings string, see engine.fastpath)."""
-        unknown = set(options) - {"threads", "attention", "fastpath"}
-        if unknown:
-            raise ConfigError(f"torch backend: unknown option(s) {', '.join(sorted(unknown))}")
-        ok, reason = self.is_available()
-        if not ok:
-            raise BackendError(f"backend 'torch' is not available: {reason}")
         from opscope.engine import load
 
         return load(source, device=device, dtype=dtype, **options)

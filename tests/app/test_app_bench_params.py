@@ -1,5 +1,5 @@
 """What the Benchmarks panel shows a person: every suite parameter under a human label with its
-unit and a tooltip (one table, app/bench/param_units.py), byte sizes as "64 MiB", roofline ticks in
+unit and a tooltip (the suite's own ``param`` description), byte sizes as "64 MiB", roofline ticks in
 engineering units, and a collectives run started from the window with a moving progress bar and
 every rank's markers saved as `opscope bench collectives --nproc` saves them."""
 from __future__ import annotations
@@ -40,12 +40,17 @@ def _rows(panel) -> dict[str, tuple[str, str, str]]:
 
 
 def test_every_suite_parameter_has_a_human_label_unit_and_tooltip(panel):
-    from opscope.app.bench.param_units import PARAMS, SUITE_PARAMS
+    import dataclasses
+
+    from opscope.engine.bench.suites import get_suite
 
     for suite in panel.suites:
         panel.suite_combo.setCurrentText(suite)
-        for name, (label, label_tip, editor_tip) in _rows(panel).items():
-            assert (suite, name) in SUITE_PARAMS or name in PARAMS, f"{suite}.{name} has no entry in param_units"
+        rows = _rows(panel)
+        fields = {f.name: f for f in dataclasses.fields(get_suite(suite).Params)}
+        assert list(rows) == list(fields), suite
+        for name, (label, label_tip, editor_tip) in rows.items():
+            assert "doc" in fields[name].metadata, f"{suite}.{name} is not declared with param(...)"
             assert label != name and "_" not in label and label[0].isupper(), (suite, name, label)
             assert len(label_tip) > 20 and f"--param {name}=" in label_tip, (suite, name, label_tip)
             assert editor_tip.startswith(label_tip.split("\n")[0]), (suite, name, editor_tip)
@@ -53,7 +58,8 @@ def test_every_suite_parameter_has_a_human_label_unit_and_tooltip(panel):
     rows = _rows(panel)
     assert rows["call_budget_s"][0] == "Call budget (s)"
     assert rows["sizes"][0] == "Matrix sizes (n×n)" and rows["dtypes"][0] == "Data types"
-    assert "predicted" in rows["call_budget_s"][1]
+    assert rows["call_budget_s"][1] == ("Skip a size whose single call is predicted (from the smaller sizes) to "
+                                        "take longer than this.\n(--param call_budget_s=…)")
     assert panel.params.editors["call_budget_s"].text() == "0.500"  # no unit repeated after the number
 
 

@@ -92,7 +92,7 @@ def test_a_rejected_setting_keeps_the_loaded_model_and_says_why(qtbot, window):
         window.apply_engine_settings(EngineSettings(threads=1, fastpath="on", quantize="int8"))
     qtbot.waitUntil(lambda: window.error_dialog is not None and window.error_dialog.isVisible(), timeout=10_000)
     text = window.error_dialog.informativeText()
-    assert "--compile and --quantize apply to the plain torch model" in text and "is still loaded" in text
+    assert "compile and quantize apply to the plain torch model" in text and "is still loaded" in text
     card = window.notifications.latest
     assert card.isVisible() and "ConfigError" in card.text.text()
     qtbot.waitUntil(lambda: window.client.model_info is not None, timeout=240_000)

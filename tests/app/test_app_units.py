@@ -240,6 +240,7 @@ def test_param_form_round_trips_every_kind(qtbot):
               {"name": "sizes", "kind": "tuple_int", "default": [128, 256], "quick": [64]},
               {"name": "dtypes", "kind": "tuple_str", "default": ["float32", "bfloat16"], "quick": ["float32"]},
               {"name": "checkpoint", "kind": "bool", "default": False, "quick": True}]
+    fields = [{**f, "label": f["name"].capitalize(), "unit": "", "help": "what it changes"} for f in fields]
     form = ParamForm()
     qtbot.addWidget(form)
     form.set_fields(fields, quick=True)

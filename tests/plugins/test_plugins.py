@@ -221,3 +221,50 @@ def test_default_registry_helpers_agree(monkeypatch):
     names = [i.name for i in registry_mod.list_backends(load=False)]
     assert names == sorted(names) and {"torch", "mlx"} <= set(names)
     assert registry_mod.get_backend("mlx").name == "mlx"
+
+
+class _Recorder:
+    """A backend built on BackendBase that records what reaches its own part."""
+
+    def __init__(self, available: tuple[bool, str]):
+        from opscope.engine import BackendBase
+
+        class Plugin(BackendBase):
+            name = "recorder"
+            load_options = frozenset({"threads"})
+            calls: list = []
+
+            def is_available(self):
+                return available
+
+            def load_model(self, source, device, dtype, **options):
+                self.calls.append((source, device, dtype, options))
+                return "model"
+
+        self.plugin = Plugin()
+
+
+def test_backend_base_checks_options_and_availability_before_the_plugins_own_load():
+    ok = _Recorder((True, "")).plugin
+    assert ok.load("m.gguf", threads=2) == "model"
+    assert ok.calls == [("m.gguf", "cpu", "float32", {"threads": 2})]
+    with pytest.raises(ConfigError) as e:
+        ok.load(None, flash=True, beam=2)
+    assert str(e.value) == "recorder backend: unknown option(s) beam, flash"
+    off = _Recorder((False, "needs the moon: pip install moon")).plugin
+    with pytest.raises(BackendError) as e:
+        off.load(None)
+    assert str(e.value) == "backend 'recorder' is not available: needs the moon: pip install moon"
+    assert off.calls == [] and off.api_version == API_VERSION
+
+
+def test_built_in_backends_share_the_base_load():
+    from opscope.engine import BackendBase
+    from opscope.plugins.mlx_backend import MLXBackend
+    from opscope.plugins.torch_backend import TorchBackend
+
+    for cls in (TorchBackend, MLXBackend):
+        assert issubclass(cls, BackendBase) and "load" not in vars(cls), cls
+    with pytest.raises(ConfigError) as e:
+        MLXBackend().load(None, fastpath="off")
+    assert str(e.value) == "mlx backend: unknown option(s) fastpath"

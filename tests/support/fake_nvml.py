@@ -1,9 +1,10 @@
-"""A fake NVML installed into the real ``pynvml`` module (monkeypatched functions, real ctypes
-structs, real NVMLError subclasses): GPUs for tests on a machine that has none."""
+"""A fake NVML for tests: the pynvml calls NvmlSource makes, installed into the real ``pynvml``
+module (monkeypatched functions, real ctypes structs, real NVMLError subclasses)."""
 from __future__ import annotations
 
-import pynvml
 import pytest
+
+pynvml = pytest.importorskip("pynvml")
 
 MiB = 1024 * 1024
 

@@ -215,8 +215,10 @@ def from_run(result: RunResult) -> Roofline:
             roof.left_out.append(f"{m.name}: no rate in {m.unit!r}")
             continue
         intensity = flop / nbytes
-        attainable = min(p.value, intensity * b.value) if p and b else None
-        bound = None if attainable is None else "compute" if intensity >= p.value / b.value else "memory"
+        attainable = bound = None
+        if p and b:
+            attainable = min(p.value, intensity * b.value)
+            bound = "compute" if intensity >= p.value / b.value else "memory"
         roof.points.append(RoofPoint(m.name, result.kind, intensity, rate * flop, attainable, m.quality, bound))
     return roof
 

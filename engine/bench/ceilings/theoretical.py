@@ -146,7 +146,7 @@ def cpu_spec(cpuinfo: Path = PROC_CPUINFO, sys_cpu: Path = SYS_CPU,
     first = blocks[0]
     flags = frozenset((first.get("flags") or first.get("Features") or "").split())
     model = first.get("model name") or first.get("Model") or first.get("CPU part") or "unknown CPU"
-    cpus = _usable_cpus() if usable == "self" else usable
+    cpus = _usable_cpus() if isinstance(usable, str) else usable  # "self": this process's CPUs
     return CpuSpec(model, _physical_cores(blocks, cpus), clock[0], clock[1], flags)
 
 

@@ -29,6 +29,11 @@ def pct(achieved: float, peak: float | None) -> float:
     return achieved / peak * 100.0 if peak else float("nan")
 
 
+def _pct_of(achieved: Callable[[float], float], peak: float | None) -> Callable[[float], float]:
+    """A primary sample → its percent of ``peak``."""
+    return lambda v: pct(achieved(v), peak)
+
+
 def is_utilisation(name: str) -> bool:
     return name.endswith(SUFFIXES) or name.endswith(tuple(s + "_measured" for s in SUFFIXES))
 
@@ -40,7 +45,8 @@ def unit_label(m: Metric) -> str:
     if m.unit != "%" or not p.get("peak"):
         return m.unit
     if p.get("peak_value") and p.get("peak_unit"):
-        basis = {"theoretical": "theor.", "measured": "meas."}.get(p.get("peak_basis"), p.get("peak_basis"))
+        given = p.get("peak_basis")
+        basis = {"theoretical": "theor.", "measured": "meas."}.get(given, given) if isinstance(given, str) else given
         return f"% of {basis} {format_rate(p['peak_value'], p['peak_unit'], digits=3)}"
     return f"% of {p['peak']}"
 
@@ -83,11 +89,11 @@ def derived(point: str, metric: str, achieved: Callable[[float], float], pk: dic
     out = []
     th_name = f"{point}.{metric}"
     if th is not None:
-        out.append(Derived(th_name, "%", lambda v, p=th.value: pct(achieved(v), p), th.as_params(),
+        out.append(Derived(th_name, "%", _pct_of(achieved, th.value), th.as_params(),
                            limit=CEILING_PCT, over_limit=over_theoretical(th)))
     if me is not None:
         name = f"{th_name}_measured"
-        out.append(Derived(name, "%", lambda v, p=me.value: pct(achieved(v), p), me.as_params(),
+        out.append(Derived(name, "%", _pct_of(achieved, me.value), me.as_params(),
                            limit=CEILING_PCT,
                            over_limit=over_measured(name, me, ps.get("device", "cpu"), th_name if th else None)))
     return tuple(out)

@@ -108,7 +108,7 @@ class SuitePlan:
     settings: dict[str, Any] = field(default_factory=dict)
     model_source: Any = None
     outcomes: list[PointOutcome] = field(default_factory=list)
-    finish: Callable[[list[PointOutcome]], list[Metric]] | None = None
+    finish: Callable[..., list[Metric]] | None = None  # (outcomes[, progress=]) → metrics
     close: Callable[[], None] | None = None  # frees what the plan holds (a loaded model)
     # A plan that measures in ``finish`` (collectives: the ranks run the whole sweep there) is
     # called ``finish(outcomes, progress=...)`` with the run's progress callback, and leaves the

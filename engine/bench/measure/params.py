@@ -1,5 +1,7 @@
-"""A suite's Params from user values: the GUI's form (typed values) or ``opscope bench --param
-KEY=VALUE`` (strings, converted by the type of the field's default)."""
+"""A suite's Params: each field described once where it is declared (``param``: label, unit, help,
+read by ``opscope bench SUITE --help`` and the window's form), and built from user values: the GUI's
+form (typed values) or ``opscope bench --param KEY=VALUE`` (strings, converted by the type of the
+field's default)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,6 +10,52 @@ import math
 
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.core.textparse import parse_bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamDoc:
+    label: str  # "Call budget"
+    unit: str = ""  # "s"; "" for a plain number, a name list or a switch
+    help: str = ""  # what the parameter changes in the run
+
+    @property
+    def text(self) -> str:
+        """The label with its unit once: "Call budget (s)"."""
+        return f"{self.label} ({self.unit})" if self.unit else self.label
+
+
+def param(default, label: str, unit: str = "", help: str = ""):
+    """A suite Params field with its description: ``call_budget_s: float = param(2.0, "Call budget",
+    "s", "Skip a size whose ...")``. Defaults are immutable (tuples), so one object serves every
+    instance."""
+    return dataclasses.field(default=default, metadata={"doc": ParamDoc(label, unit, help)})
+
+
+def param_doc(field: dataclasses.Field) -> ParamDoc:
+    """A field's description; a field declared without ``param`` gets a label from its name."""
+    doc = field.metadata.get("doc")
+    if doc is not None:
+        return doc
+    return ParamDoc(field.name.replace("_", " ").capitalize(), "", f"--param {field.name}=…")
+
+
+def param_help_lines(params_cls) -> list[str]:
+    """One line per field for ``opscope bench SUITE --help``:
+    ``  call_budget_s=2.0  Call budget (s): Skip a size whose ...``."""
+    lines = []
+    for f in dataclasses.fields(params_cls):
+        doc = param_doc(f)
+        lines.append(f"  {f.name}={_shown(f.default)}  {doc.text}: {doc.help}")
+    return lines
+
+
+def _shown(value) -> str:
+    """A default as it is typed after ``--param KEY=``: lists comma-separated."""
+    if isinstance(value, tuple) and all(isinstance(v, (int, float, str)) for v in value):
+        return ",".join(map(str, value))
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return "(JSON)"
 
 
 def _base(module, quick: bool):

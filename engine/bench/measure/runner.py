@@ -1,6 +1,6 @@
 """The benchmark runner: turns benchmark points into raw per-repetition samples, honestly.
 
-Rules (../shared/DESIGN.md, STYLE habit 5): warm-up calls are never recorded; the device is
+Rules: warm-up calls are never recorded; the device is
 synchronized before every clock read (CUDA/MPS/XPU synchronize, ``mx.eval`` for MLX, nothing on
 CPU); repetitions continue until BOTH ``min_reps`` and ``min_time_s`` are met (or ``max_reps``
 caps a very fast point); every sample is kept. A point that fails (out of memory, an unsupported
@@ -234,7 +234,7 @@ class _Samples:
         extras: dict[str, list[float]] = {}
         if self.point.observe is not None:
             for name, v in self.point.observe(out).items():
-                vals = v if isinstance(v, (list, tuple)) else [v]
+                vals: Iterable[Any] = v if isinstance(v, (list, tuple)) else [v]
                 extras.setdefault(name, []).extend(float(x) for x in vals)
         self.rep_extras.append(extras)
         self.peak_mem.append(None if peak_bytes is None else float(peak_bytes))
@@ -544,8 +544,9 @@ def run_points(points: Iterable[Point], cfg: RunnerConfig, *, cancel: threading.
     """Measures each point in turn, yielding its outcome as soon as it is known (so a store can
     commit it at once). ``total`` is the number of points when ``points`` is a generator.
     ``budget``: the run's time budget (Budget.for_run), shared by its points."""
-    points = list(points) if total is None else points
-    total = len(points) if total is None else total
+    if total is None:
+        listed = list(points)
+        points, total = listed, len(listed)
     start_ns = now_ns()
 
     def report(done: float) -> None:
@@ -555,9 +556,12 @@ def run_points(points: Iterable[Point], cfg: RunnerConfig, *, cancel: threading.
         eta = elapsed_s / done * (total - done) if done > 0 else None
         progress(done, total, eta)
 
+    def tick(i: int) -> Callable[[float], None]:  # point i's fraction done → the run's progress
+        return lambda f: report(i + f)
+
     report(0.0)
     for i, point in enumerate(points):
         check_cancel(cancel)
-        outcome = measure_point(point, cfg, cancel, tick=lambda f, i=i: report(i + f), budget=budget)
+        outcome = measure_point(point, cfg, cancel, tick=tick(i), budget=budget)
         report(float(i + 1))
         yield outcome

@@ -126,7 +126,8 @@ def _wait(proc: subprocess.Popen, timeout_s: float):
             proc.kill()
             os.wait4(proc.pid, 0)
             proc.returncode = -9
-            raise RuntimeError(f"{Path(proc.args[0]).name} ran past {timeout_s:.0f} s and was killed")
+            exe = proc.args[0] if isinstance(proc.args, (list, tuple)) else proc.args
+            raise RuntimeError(f"{Path(os.fsdecode(str(exe))).name} ran past {timeout_s:.0f} s and was killed")
         time.sleep(0.02)
 
 

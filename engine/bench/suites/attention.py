@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Derived, Point, skipped_point
 
 NAME = "attention"
@@ -20,10 +21,11 @@ BACKENDS = {"sdpa_math": "MATH", "sdpa_flash": "FLASH_ATTENTION",
 
 @dataclass(frozen=True)
 class Params:
-    seq_lens: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)
-    batch: int = 1
-    heads: int = 8
-    head_dim: int = 64
+    seq_lens: tuple[int, ...] = param((128, 256, 512, 1024, 2048, 4096), "Sequence lengths", "tokens",
+                                      "Sequence lengths measured, one point each.")
+    batch: int = param(1, "Batch size", "sequences", "Sequences processed together in each call.")
+    heads: int = param(8, "Attention heads", "", "Query heads of the attention call.")
+    head_dim: int = param(64, "Head size", "elements", "Elements per attention head.")
 
 
 QUICK = Params(seq_lens=(128, 256), heads=4)

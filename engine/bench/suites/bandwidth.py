@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from opscope.engine.bench.ceilings import peaks
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Point, PointOutcome, skipped_point
 from opscope.engine.core.results import Metric
 
@@ -19,7 +20,9 @@ MIB = 2**20
 
 @dataclass(frozen=True)
 class Params:
-    sizes_bytes: tuple[int, ...] = (256 * MIB, 1024 * MIB)
+    sizes_bytes: tuple[int, ...] = param((256 * MIB, 1024 * MIB), "Copy sizes", "bytes",
+                                         "Bytes copied per point (the rate counts read + write); sizes larger "
+                                         "than the caches measure memory.")
 
 
 QUICK = Params(sizes_bytes=(64 * MIB,))

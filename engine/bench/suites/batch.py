@@ -11,6 +11,7 @@ from typing import Any
 
 from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan, free_memory_bytes
 from opscope.engine.bench.measure.devsync import synchronizer
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Derived, Point, skipped_point
 from opscope.engine.bench.suites import _model as M
 
@@ -21,9 +22,12 @@ NEEDS_MODEL = True
 
 @dataclass(frozen=True)
 class Params:
-    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    prompt: int = 128
-    steps: int = 32
+    batches: tuple[int, ...] = param((1, 2, 4, 8, 16, 32), "Batch sizes", "sequences",
+                                     "Sequences decoded together, one point each: throughput against "
+                                     "per-sequence latency.")
+    prompt: int = param(128, "Prompt length", "tokens", "Tokens in the KV cache of every sequence before "
+                                                        "decoding starts.")
+    steps: int = param(32, "Decode steps", "tokens", "Tokens decoded per sequence in each timed repetition.")
 
 
 QUICK = Params(batches=(1, 2, 4), prompt=16, steps=4)

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from opscope.engine.bench.measure.params import param
 from opscope.engine.distributed.collectives import (COLLECTIVES, SweepConfig, busbw_gb_s, bus_factor, mean, read_progress,
                                                    sizes_between, sweep_points)
 from opscope.engine.core.errors import ConfigError
@@ -36,10 +37,15 @@ CPU_MAX_BYTES = 64 * 2**20
 
 @dataclass(frozen=True)
 class Params:
-    sizes_bytes: tuple[int, ...] = sizes_between(8, GIB)  # 8 B … 1 GiB in x4 steps (CPU: capped, see plan)
-    collectives: tuple[str, ...] = COLLECTIVES
-    reps: int = 10
-    nproc: int = 2  # ranks on this machine from the window; the command line takes --nproc
+    # 8 B … 1 GiB in x4 steps (CPU: capped, see plan)
+    sizes_bytes: tuple[int, ...] = param(sizes_between(8, GIB), "Message sizes", "bytes",
+                                         "Bytes each collective moves per call (nccl-tests -b … -e).")
+    collectives: tuple[str, ...] = param(COLLECTIVES, "Collectives", "",
+                                         "Operations measured: all_reduce, all_gather, reduce_scatter, "
+                                         "broadcast, all_to_all, send_recv.")
+    reps: int = param(10, "Repetitions", "", "Timed repetitions per size (nccl-tests -n).")
+    nproc: int = param(2, "Ranks", "processes", "Processes started on this machine, one rank each (the "
+                                                "command line's --nproc); at least 2.")
 
 
 QUICK = Params(sizes_bytes=(8, 1024, 65536), reps=5)

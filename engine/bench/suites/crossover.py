@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan, torch_dtype
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Point, PointOutcome
 from opscope.engine.core.errors import DeviceError
 from opscope.engine.core.results import Metric
@@ -33,10 +34,14 @@ WORKLOADS = ("matmul", "attention", "decode")
 
 @dataclass(frozen=True)
 class Params:
-    matmul: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
-    attention: tuple[int, ...] = (16, 64, 256, 1024, 2048)
-    decode: tuple[int, ...] = (64, 256, 576, 1024, 2048, 4096)
-    accelerator: str = ""  # empty: the first of cuda, mps present
+    matmul: tuple[int, ...] = param((16, 32, 64, 128, 256, 512, 1024, 2048), "Matmul sizes", "n×n",
+                                    "Square matmul sizes timed on the CPU and the GPU, transfers included.")
+    attention: tuple[int, ...] = param((16, 64, 256, 1024, 2048), "Attention lengths", "tokens",
+                                       "Sequence lengths of the attention call timed on both devices.")
+    decode: tuple[int, ...] = param((64, 256, 576, 1024, 2048, 4096), "Decode widths", "hidden size",
+                                    "Hidden sizes of one decode step timed on both devices.")
+    accelerator: str = param("", "Accelerator", "", "Device compared with the CPU (cuda, cuda:1, mps); empty: "
+                                                    "the first one present.")
 
 
 QUICK = Params(matmul=(16, 128, 512), attention=(16, 256), decode=(64, 576, 2048))
@@ -104,7 +109,7 @@ def crossover_metrics(outcomes: list[PointOutcome], sweep: dict[str, Sequence[in
             size = crossover_size(ns, cpu, accel, xfer)
             if size is None:
                 note[workload] = f"no crossover: the CPU is faster up to the largest size swept ({max(ns)})"
-        if workload in note:  # said as a metric: the run's settings are saved before this is known
+        if size is None or workload in note:  # said as a metric: the run's settings are saved before this is known
             out.append(Metric(f"{workload}.crossover", "size", [], False, {"workload": workload, "accelerator": acc},
                               "failed", note[workload]))
             continue
@@ -184,7 +189,9 @@ def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     p = params or (QUICK if opts.quick else Params())
     check_here(opts, p)
     acc = accelerator(p.accelerator)
-    sweep = {w: tuple(getattr(p, w)) for w in WORKLOADS}
+    if acc is None:  # check_here has said so already
+        raise DeviceError(one_device_message())
+    sweep: dict[str, Sequence[int]] = {w: tuple(getattr(p, w)) for w in WORKLOADS}
     note: dict[str, str] = {}
     settings: dict[str, Any] = {"accelerator": acc, "sweep": {k: list(v) for k, v in sweep.items()},
                                 "dtype": opts.dtype, "crossover_note": note,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Point, skipped_point
 from opscope.engine.bench.suites import _model as M
 
@@ -20,7 +21,8 @@ NEEDS_MODEL = True
 
 @dataclass(frozen=True)
 class Params:
-    seq_lens: tuple[int, ...] = (128, 256, 512, 1024, 2048)
+    seq_lens: tuple[int, ...] = param((128, 256, 512, 1024, 2048), "Sequence lengths", "tokens",
+                                      "Sequence lengths measured, one point each.")
 
 
 QUICK = Params(seq_lens=(16, 64))

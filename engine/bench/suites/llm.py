@@ -20,6 +20,7 @@ import numpy as np
 from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan
 from opscope.engine.bench.measure.devsync import synchronizer
 from opscope.engine.bench.ceilings import utilisation as U
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Extra, Point, skipped_point
 from opscope.engine.bench.suites import _model as M
 
@@ -30,11 +31,17 @@ NEEDS_MODEL = True
 
 @dataclass(frozen=True)
 class Params:
-    pp: int = 512
-    tg: int = 128
-    depths: tuple[int, ...] = (0, 512)
-    gen_prompt: int = 128
-    gen_tokens: int = 128
+    pp: int = param(512, "Prompt length", "tokens", "Prompt processing (prefill) test: tokens in one forward "
+                                                    "pass (llama-bench -p).")
+    tg: int = param(128, "Generation length", "tokens", "Text generation (decode) test: tokens generated one "
+                                                        "at a time (llama-bench -n).")
+    depths: tuple[int, ...] = param((0, 512), "Context depths", "tokens",
+                                    "Tokens already in the KV cache before the pp and tg tests, one run per "
+                                    "depth (llama-bench -d); 0 is an empty cache.")
+    gen_prompt: int = param(128, "Latency test prompt", "tokens", "Prompt of the end-to-end generation that "
+                                                                  "measures TTFT, TPOT and inter-token latency.")
+    gen_tokens: int = param(128, "Latency test length", "tokens", "Tokens generated in the end-to-end "
+                                                                  "TTFT/TPOT/ITL measurement.")
 
 
 QUICK = Params(pp=64, tg=16, depths=(0, 64), gen_prompt=32, gen_tokens=16)

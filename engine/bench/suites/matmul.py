@@ -17,6 +17,7 @@ from typing import Iterator
 
 from opscope.engine.bench.ceilings import peaks, utilisation
 from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Point, PointOutcome, skipped_point
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.core.results import Metric
@@ -30,13 +31,16 @@ MEMORY_FRACTION = 0.5  # leave room for everything else in the process
 
 @dataclass(frozen=True)
 class Params:
-    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
-    sizes: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192)
-    call_budget_s: float = 2.0  # skip a size whose single call is predicted to take longer
-    # A planted regression for checking comparisons end to end: every timed call runs the matmul
-    # round(10 × this) times while GFLOP/s counts 10 (1 = off; 2 halves the reported rate, 1.1 is a
-    # 10% slowdown).
-    planted_slowdown: float = 1.0
+    dtypes: tuple[str, ...] = param(("float32", "bfloat16", "float16"), "Data types", "",
+                                    "Element types measured, each at every size (float32, bfloat16, float16).")
+    sizes: tuple[int, ...] = param((128, 256, 512, 1024, 2048, 4096, 8192), "Matrix sizes", "n×n",
+                                   "Square matrix sizes n: each point multiplies two n×n matrices (2·n³ FLOP).")
+    call_budget_s: float = param(2.0, "Call budget", "s", "Skip a size whose single call is predicted (from the "
+                                                          "smaller sizes) to take longer than this.")
+    # Every timed call runs the matmul round(10 × this) times while GFLOP/s counts 10.
+    planted_slowdown: float = param(1.0, "Planted slowdown", "×",
+                                    "A deliberate regression to check comparisons end to end: 1 = off, 2 halves "
+                                    "the reported rate, 1.1 is 10 % slower.")
 
 
 QUICK = Params(sizes=(128, 256), call_budget_s=0.5)
@@ -94,7 +98,7 @@ def _points(p: Params, device: str, outcomes: list[PointOutcome]) -> Iterator[Po
             if need > MEMORY_FRACTION * free:
                 yield skipped_point(point_name(dtype, n), "GFLOP/s",
                                     f"needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free", params)
-            elif call_s > p.call_budget_s:
+            elif rate is not None and call_s > p.call_budget_s:
                 yield skipped_point(point_name(dtype, n), "GFLOP/s",
                                     f"one call would take ~{call_s:.0f} s at the {rate[1]:.1f} GFLOP/s "
                                     f"measured at n={rate[0]} (budget {p.call_budget_s:g} s)", params)
@@ -134,7 +138,7 @@ def _finish(device: str, quick: bool, planted: bool, settings: dict, load):
         other = load.cores()
         extra: list[Metric] = []
         recorded = settings.setdefault("peak_record", {})
-        for dtype in sorted({o.point.params.get("dtype") for o in outcomes if o.ok}):
+        for dtype in sorted({str(o.point.params["dtype"]) for o in outcomes if o.ok}):
             best = _best(outcomes, dtype)
             if best is None:
                 continue

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Extra, Point, skipped_point
 from opscope.engine.bench.suites import _model as M
 from opscope.engine.core.clock import now_ns
@@ -44,13 +45,20 @@ REFERENCE = "opscope"
 
 @dataclass(frozen=True)
 class Params:
-    pp: int = 512
-    tg: int = 128
-    peers: tuple[str, ...] = ("opscope", "llama_bench", "hf_fp32", "hf_bf16",
-                              "opscope:prefill_dtype=bf16", "opscope:activations=q8", "opscope:weights=dense",
-                              "opscope:fused_decode=0")
-    load_peers: tuple[str, ...] = ("opscope", "llama_cpp")  # fresh loads per round: keep it short
-    llama_bench: str = ""  # path of llama-bench; empty: $OPSCOPE_LLAMA_BENCH, else llama-bench on PATH
+    pp: int = param(512, "Prompt length", "tokens", "Prompt processing (prefill) test: tokens in one forward "
+                                                    "pass (llama-bench -p).")
+    tg: int = param(128, "Generation length", "tokens", "Text generation (decode) test: tokens generated one "
+                                                        "at a time (llama-bench -n).")
+    peers: tuple[str, ...] = param(("opscope", "llama_bench", "hf_fp32", "hf_bf16",
+                                    "opscope:prefill_dtype=bf16", "opscope:activations=q8", "opscope:weights=dense",
+                                    "opscope:fused_decode=0"), "Peers", "",
+                                   "Engines compared on the same GGUF, interleaved: opscope, llama_bench, hf_fp32, "
+                                   "hf_bf16, or opscope:KEY=VALUE for a fast-path variant.")
+    load_peers: tuple[str, ...] = param(("opscope", "llama_cpp"), "Load-time peers", "",
+                                        "Engines whose model load time is measured with a fresh load each round "
+                                        "(slow: keep the list short; empty skips it).")
+    llama_bench: str = param("", "Path of llama-bench", "", "Path of the llama-bench executable; empty: "
+                                                            "$OPSCOPE_LLAMA_BENCH, else llama-bench on PATH.")
 
 
 QUICK = Params(pp=64, tg=16, peers=("opscope", "llama_bench", "opscope:weights=dense"), load_peers=())
@@ -68,7 +76,7 @@ class OpScopePeer:
 
         self.name, self.path, self.threads = name, path, threads
         self.options = FastPathOptions.from_string(name.partition(":")[2])
-        self.lm = None
+        self.lm: Any = None  # a LoadedModel once load() ran (the fast path's or the plain one)
 
     @property
     def loaded(self) -> bool:
@@ -113,7 +121,7 @@ class LlamaCppPeer:
         import llama_cpp  # noqa: F401  (ImportError: the peer is skipped)
 
         self.name, self.path, self.threads, self.n_ctx, self.n_batch = name, path, threads, n_ctx, n_batch
-        self.llm = None
+        self.llm: Any = None  # llama_cpp.Llama (untyped library) once load() ran
 
     @property
     def loaded(self) -> bool:
@@ -184,7 +192,7 @@ class HFPeer:
 
         self.name, self.path, self.threads = name, path, threads
         self.dtype_name = "bfloat16" if name.endswith("bf16") else "float32"
-        self.model = None
+        self.model: Any = None  # a transformers model (untyped library) once load() ran
 
     @property
     def loaded(self) -> bool:

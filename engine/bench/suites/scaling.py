@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from opscope.engine.bench.ceilings import peaks
 from opscope.engine.bench.ceilings import utilisation as U
 from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Point, skipped_point
 from opscope.engine.bench.suites import _model as M
 
@@ -34,9 +35,10 @@ def gpt2_config(name: str):
 
 @dataclass(frozen=True)
 class Params:
-    models: tuple[str, ...] = tuple(GPT2_SHAPES)
-    batch: int = 1
-    seq: int = 512
+    models: tuple[str, ...] = param(tuple(GPT2_SHAPES), "Model shapes", "",
+                                    "GPT-2-shaped models measured (gpt2-small … gpt2-xl), random weights.")
+    batch: int = param(1, "Batch size", "sequences", "Sequences per forward pass.")
+    seq: int = param(512, "Sequence length", "tokens", "Tokens per sequence in each forward pass.")
 
 
 QUICK = Params(models=("gpt2-small", "gpt2-medium"), seq=32)

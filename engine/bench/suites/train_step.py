@@ -9,11 +9,12 @@ per optimizer step; MFU uses 3× the forward FLOPs (the usual 6·N per token plu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opscope.engine.bench.ceilings import peaks
 from opscope.engine.bench.ceilings import utilisation as U
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan, check_torch_device
+from opscope.engine.bench.measure.params import param
 from opscope.engine.bench.measure.runner import Extra, Point
 from opscope.engine.bench.suites import _model as M
 
@@ -35,16 +36,20 @@ VARIANTS = (Variant("fp32"), Variant("autocast_bf16", "bfloat16"), Variant("auto
 
 @dataclass(frozen=True)
 class Params:
-    dim: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    hidden_dim: int = 688
-    vocab_size: int = 4096
-    batch: int = 4
-    seq: int = 128
-    lr: float = 3e-3
-    variants: tuple[Variant, ...] = field(default=VARIANTS)
+    dim: int = param(256, "Model width", "elements", "Hidden size of the small Llama-shaped model trained.")
+    n_layers: int = param(4, "Layers", "", "Transformer blocks of the trained model.")
+    n_heads: int = param(4, "Attention heads", "", "Query heads per layer.")
+    n_kv_heads: int = param(2, "KV heads", "", "Key/value heads per layer (fewer than the query heads: "
+                                                "grouped-query attention).")
+    hidden_dim: int = param(688, "MLP width", "elements", "Hidden size of the feed-forward block.")
+    vocab_size: int = param(4096, "Vocabulary size", "tokens", "Tokens in the model's vocabulary (the size of "
+                                                               "the output layer).")
+    batch: int = param(4, "Batch size", "sequences", "Sequences per optimizer step.")
+    seq: int = param(128, "Sequence length", "tokens", "Tokens per sequence in each forward pass.")
+    lr: float = param(3e-3, "Learning rate", "", "AdamW's learning rate; the run checks that the loss decreases.")
+    variants: tuple[Variant, ...] = param(VARIANTS, "Variants", "",
+                                          "Training setups measured, as JSON: autocast dtype, activation "
+                                          "checkpointing, gradient accumulation.")
 
     def model_config(self):
         from opscope.engine.models.config import ModelConfig

@@ -16,9 +16,10 @@ def register(subparsers) -> None:
     from opscope.engine.cli.common import add_model_args
 
     p = subparsers.add_parser(
-        "bench", help="run a benchmark suite and save the run",
+        "bench", help="run a benchmark suite and save the run", add_help=False,
         description="Run a benchmark suite, save every raw sample to the run store, print a summary. "
                     f"Suites: {', '.join(SUITES)}.")
+    p.add_argument("-h", "--help", action=SuiteHelp, help="show this help (after SUITE: with its parameters)")
     p.add_argument("suite", choices=list(SUITES), metavar="SUITE", help=" | ".join(SUITES))
     add_model_args(p)
     g = p.add_argument_group("benchmark")
@@ -36,7 +37,8 @@ def register(subparsers) -> None:
                         f"disturbed: re-run within a budget and marked (default {DISTURBED_CORES:g})")
     g.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a suite parameter (repeatable; lists comma-separated), e.g. "
-                        "--param peers=opscope,llama_cpp --param tg=64")
+                        "--param peers=opscope,llama_cpp --param tg=64; `opscope bench SUITE --help` "
+                        "lists SUITE's parameters")
     g.add_argument("--name", type=check.run_name, default="", help="unique run name (default: SUITE-DATE-TIME)")
     g.add_argument("--tag", action="append", type=check.tag, default=[], help="tag the run (repeatable)")
     g.add_argument("--notes", default="", help="free text saved with the run")
@@ -60,6 +62,25 @@ def register(subparsers) -> None:
                    help="collectives, llm --nproc N: write every rank's timeline as a Chrome/Perfetto trace, "
                         "one process per rank")
     p.set_defaults(func=cmd_bench)
+
+
+class SuiteHelp(argparse.Action):
+    """``-h``/``--help``: the usual help, then, when SUITE came before it, the suite's parameters
+    as its Params declare them (name=default, label (unit): help)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.print_help()
+        suite = getattr(namespace, "suite", None)
+        if suite in SUITES:
+            from opscope.engine.bench.measure.params import param_help_lines
+            from opscope.engine.bench.suites import get_suite
+
+            lines = param_help_lines(get_suite(suite).Params)
+            sys.stdout.write(f"\n{suite} parameters (--param KEY=VALUE, default shown):\n" + "\n".join(lines) + "\n")
+        parser.exit()
 
 
 def options_from_args(args: argparse.Namespace):

@@ -140,8 +140,8 @@ def _straggler_line(result, n: int) -> str:
     from opscope.engine.distributed.ranks import imbalance
 
     by_name = {m.name: m for m in result.metrics}
-    slowest = Counter()
-    spreads = []
+    slowest: Counter[int] = Counter()
+    spreads: list[float] = []
     for m in result.metrics:
         if "." not in m.name:
             imb = imbalance({r: by_name[f"{m.name}.rank{r}.time"].samples for r in range(n)})

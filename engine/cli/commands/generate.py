@@ -82,10 +82,9 @@ def _energy_text(stats, said: set | None) -> str:
 
 def _stream(events, out=None, quiet: bool = False):
     """Writes the reply as it comes, with prompt progress and the decode rate live on stderr where it
-    is a terminal (engine.cli.live). The generator is closed whatever happens here: a generation
-    left suspended (a write failed, a Ctrl-C between tokens) otherwise keeps its tensors until the
-    interpreter's teardown, where torch's C++ aborted freeing them (exit -6: THPVariable_clear's
-    `use_count() == 1` assert, seen under pytest after a failed write)."""
+    is a terminal (engine.cli.live). The generator is closed whatever happens here (a write fails,
+    a Ctrl-C between tokens), so its tensors are freed now, not at the interpreter's teardown
+    (docs/decisions/0005-generation-closed-when-streaming-stops.md)."""
     from opscope.engine.generation.events import Finished, Token
 
     from opscope.engine.cli.live import LiveStatus, isatty

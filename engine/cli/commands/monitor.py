@@ -9,11 +9,15 @@ import math
 import queue
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opscope.engine.core import json_output
 from opscope.engine.cli.args import stderr_line
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 MONITOR_HISTORY_S = 60.0  # the monitor shows the latest values only; keep its ring small
 
@@ -137,7 +141,7 @@ class _Output:
         self.notes_to = sys.stderr if as_json else sys.stdout  # keep JSON Lines pure
         self.view = MonitorView(sampler.series_names())
         self.t0_ns = sampler.start_ns
-        self.live = None
+        self.live: Live | None = None
         self.last_status = sampler.status()
 
     def notes(self, sources) -> None:

@@ -82,6 +82,8 @@ def build_key() -> str:
 def _import_so(name: str, so: Path) -> ModuleType:
     loader = importlib.machinery.ExtensionFileLoader(name, str(so))
     spec = importlib.util.spec_from_file_location(name, str(so), loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot import {so}")
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from opscope.engine.core.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    import torch
 
 QK = 32
 QTYPES = {"Q4_1": 0, "Q8_0": 1}  # the structure-of-arrays layouts
@@ -42,9 +46,9 @@ class PackedWeight:
     (``d`` set) or raw GGUF blocks (``qs`` [N, bytes per row] uint8, ``d`` and ``m`` None)."""
 
     ggml_type: str
-    qs: object  # SoA: torch.uint8 [N, K/2] (Q4_1) or torch.int8 [N, K] (Q8_0); raw: torch.uint8 [N, row bytes]
-    d: object | None  # SoA: torch.float16 [N, K/32]
-    m: object | None  # SoA: torch.float16 [N, K/32] (Q4_1 only)
+    qs: torch.Tensor  # SoA: torch.uint8 [N, K/2] (Q4_1) or torch.int8 [N, K] (Q8_0); raw: torch.uint8 [N, row bytes]
+    d: torch.Tensor | None  # SoA: torch.float16 [N, K/32]
+    m: torch.Tensor | None  # SoA: torch.float16 [N, K/32] (Q4_1 only)
     shape: tuple[int, int]  # (N, K), logical
 
     @property
@@ -157,6 +161,7 @@ def dequantize_reference(w: PackedWeight):
 
         dense = gguf.quants.dequantize(w.qs.numpy(), gguf.GGMLQuantizationType[w.ggml_type])
         return torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32).reshape(n, k))
+    assert w.d is not None  # every SoA layout carries its scales
     d = w.d.float().reshape(n, k // QK, 1)
     if w.m is not None:  # Q4_1 (and Q4_0 held as Q4_1)
         q = w.qs.reshape(n, k // QK, 16)

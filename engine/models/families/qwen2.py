@@ -5,7 +5,7 @@ from opscope.engine.models.families import Family, register
 
 
 def _hf(cfg: dict, base: dict) -> dict:
-    windows = ()
+    windows: tuple[int, ...] = ()
     if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
         # transformers' Qwen2: layers from max_window_layers on attend within the window
         first = int(cfg.get("max_window_layers", 0))

@@ -66,11 +66,6 @@ def test_a_side_failing_mid_way_fails_and_the_other_is_measured_again_alone():
     assert b.ok and len(b.metrics[0].samples) == 6
 
 
-@pytest.fixture
-def db(tmp_path):
-    return f"sqlite:///{tmp_path / 'runs.db'}"
-
-
 def _compare(db, capsys, *refs: str, fmt: str = "text") -> str:
     capsys.readouterr()
     assert main(["--db", db, "runs", "compare", *refs, "--format", fmt]) == 0

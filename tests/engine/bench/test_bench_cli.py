@@ -18,16 +18,6 @@ FAST = ["--quick", "--repeat", "2", "--min-time", "0", "--warmup", "0"]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-
-
-@pytest.fixture
-def db(tmp_path):
-    return f"sqlite:///{tmp_path / 'runs.db'}"
-
-
 def test_cancel_mid_suite_keeps_finished_points_and_marks_the_run_aborted(db):
     from opscope.engine.store import RunStore
 
@@ -113,6 +103,41 @@ def test_bad_repeat_is_a_user_error(db, capsys):
     with pytest.raises(SystemExit) as e:  # checked by the parser, before anything runs
         main(["--db", db, "bench", "matmul", "--repeat", "0"])
     assert e.value.code == 2 and "--repeat" in capsys.readouterr().err
+
+
+def test_suite_help_lists_each_parameter_with_its_default_unit_and_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "matmul", "--help"])
+    assert e.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("matmul parameters (--param KEY=VALUE, default shown):")
+    assert lines[start + 1:] == [
+        "  dtypes=float32,bfloat16,float16  Data types: Element types measured, each at every size (float32, "
+        "bfloat16, float16).",
+        "  sizes=128,256,512,1024,2048,4096,8192  Matrix sizes (n×n): Square matrix sizes n: each point multiplies "
+        "two n×n matrices (2·n³ FLOP).",
+        "  call_budget_s=2.0  Call budget (s): Skip a size whose single call is predicted (from the smaller sizes) "
+        "to take longer than this.",
+        "  planted_slowdown=1.0  Planted slowdown (×): A deliberate regression to check comparisons end to end: "
+        "1 = off, 2 halves the reported rate, 1.1 is 10 % slower.",
+    ]
+
+
+def test_every_suite_help_describes_every_parameter(capsys):
+    import dataclasses
+
+    from opscope.engine.bench.suites import SUITES, get_suite
+
+    for suite in SUITES:
+        with pytest.raises(SystemExit):
+            main(["bench", suite, "-h"])
+        out = capsys.readouterr().out.split(f"{suite} parameters (--param KEY=VALUE, default shown):\n")[1]
+        names = [f.name for f in dataclasses.fields(get_suite(suite).Params)]
+        assert [line.split("=")[0].strip() for line in out.splitlines()] == names, suite
+        for line, name in zip(out.splitlines(), names, strict=True):
+            described = line.split("  ", 2)[2]  # after "  name=default  "
+            label, _, text = described.partition(": ")
+            assert label[0].isupper() and "_" not in label and len(text) > 20, (suite, name, line)
 
 
 def test_unknown_suite_is_rejected_by_the_parser(db, capsys):

@@ -7,14 +7,7 @@ import subprocess
 import sys
 import types
 
-import pytest
-
 from opscope.engine.core import fingerprint
-
-
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def test_collect_has_every_section_with_real_values():

@@ -5,13 +5,12 @@ import math
 
 import pytest
 
-from opscope.engine.bench.ceilings import peaks
 from opscope.engine.bench.measure.options import BenchOptions
 from opscope.engine.bench.session import run_suite
 from opscope.engine.bench.suites import _model as M
 from opscope.engine.bench.suites import batch, kv_cache, llm
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread", "known_peaks")]
 OPTS = BenchOptions(quick=True, repeat=2, min_time_s=0.0, warmup=1)
 
 
@@ -20,13 +19,6 @@ def lm():
     from opscope.engine.api import load
 
     return load()
-
-
-@pytest.fixture(autouse=True)
-def known_peaks(tmp_path, monkeypatch):
-    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    peaks.record("cpu", "matmul", "float32", 100e9, "test")
-    peaks.record("cpu", "bandwidth", None, 10e9, "test")
 
 
 def by_name(result):

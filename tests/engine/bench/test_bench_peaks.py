@@ -18,12 +18,6 @@ from opscope.engine.bench.suites import matmul
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def quiet_proc(base: Path) -> Path:
     """A /proc whose counters never move: no other process is busy (this machine is never quiet)."""
     proc = base / "proc"

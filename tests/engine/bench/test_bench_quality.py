@@ -132,7 +132,6 @@ def test_bad_threshold_is_a_config_error():
 def test_other_gpu_processes_exclude_ours(monkeypatch):
     pynvml = pytest.importorskip("pynvml")
     from fake_nvml import FakeGpu, FakeNvml
-
     me = os.getpid()
     FakeNvml([FakeGpu("H100", procs=((me, 1 << 20), (99999, 1 << 30))), FakeGpu("H100", procs=((me, 1),))]
              ).install(monkeypatch)

@@ -18,11 +18,6 @@ TH = {"value": 500e9, "source": "test", "basis": "theoretical", "kind": "matmul"
       "label": "theoretical 500 GFLOP/s"}
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-
-
 def matmul_run(name="mm") -> RunResult:
     metrics = [Metric("matmul_float32_256", "GFLOP/s", [100.0, 102.0, 98.0], params={"n": 256, "dtype": "float32"}),
                Metric("matmul_float32_64", "GFLOP/s", [10.0, 10.0, 10.0], params={"n": 64, "dtype": "float32"}),

@@ -14,17 +14,7 @@ from opscope.engine.core.errors import ConfigError
 FAST = dict(quick=True, repeat=2, min_time_s=0.0, warmup=1)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    """A private cache with known peaks, so MFU/MBU have a denominator without measuring."""
-    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    for dt in ("float32", "bfloat16", "float16"):
-        peaks.record("cpu", "matmul", dt, 100e9, "test")
-    peaks.record("cpu", "bandwidth", None, 10e9, "test")
-    return tmp_path / "cache"
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "known_peaks")
 
 
 @pytest.fixture

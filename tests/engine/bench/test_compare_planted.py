@@ -27,11 +27,6 @@ TINY = ["--param", "sizes=64", "--param", "dtypes=float32"]
 ROW = "matmul_float32_64"
 
 
-@pytest.fixture
-def db(tmp_path):
-    return f"sqlite:///{tmp_path / 'runs.db'}"
-
-
 def bench(db, name: str, slowdown: int, *extra: str) -> None:
     assert main(["--db", db, "bench", "matmul", "--quick", *TINY, "--param", f"planted_slowdown={slowdown}",
                  "--name", name, *extra]) == 0

@@ -148,7 +148,7 @@ def test_op_traces_of_two_ranks_merge_into_one_process_per_rank():
     """engine.trace's exporter: each rank's op trace (a real capture) becomes one process
     named "rank N", shifted onto the shared clock, valid Trace Event Format."""
     import torch
-    from test_trace_export import validate_trace_event_format
+    from trace_format import validate_trace_event_format
 
     from opscope.engine.core import markers
     from opscope.engine.trace.capture import Tracer

@@ -22,7 +22,6 @@ import pytest
 from opscope.engine.core import errors as E
 from opscope.engine.formats import open_model
 from gguf_craft import ARRAY, F32, I32, STRING, U32, U64
-from hostile_fixtures import _craft, craft, tiny  # noqa: F401  (fixtures)
 
 U8, F64 = 0, 12  # GGUF value type ids gguf_craft does not name
 DAMAGED = "the file is damaged or was not written by a GGUF/safetensors converter; download or convert it again"
@@ -457,3 +456,9 @@ def test_errors_survive_the_worker_process_boundary(tmp_path):
     e = E.TensorOverlap(tmp_path / "m.gguf", "tensor a overlaps tensor b")
     back = pickle.loads(pickle.dumps(e))
     assert type(back) is E.TensorOverlap and str(back) == str(e)
+
+
+def test_float_power_in_a_template_renders(tmp_path, craft):
+    """The '**' size check reads the base's bit length: a float base is measured by its integer part."""
+    p = craft.set("tokenizer.chat_template", "{{ 2.5 ** 3 }}|{{ 1.5 ** 2 }}", STRING).write(tmp_path / "t.gguf")
+    assert open_model(p).tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == "15.625|2.25"

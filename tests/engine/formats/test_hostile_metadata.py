@@ -20,7 +20,6 @@ from opscope.engine.core import errors as E
 from opscope.engine.formats import open_model
 from opscope.engine.formats.tokenizer_checks import REGEX_FIX, nested_quantifier
 from gguf_craft import ARRAY, I32, STRING, U32
-from hostile_fixtures import _craft, craft, tiny  # noqa: F401  (fixtures)
 
 DAMAGED = "the file is damaged or was not written by a GGUF/safetensors converter; download or convert it again"
 VOCAB = "the file's vocabulary is damaged or was tampered with; convert the model again"

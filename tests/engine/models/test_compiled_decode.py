@@ -126,9 +126,9 @@ def test_only_single_token_cached_decode_is_compiled():
 def test_load_rejects_bad_compile_settings():
     from opscope.engine.api import load
 
-    with pytest.raises(ConfigError, match="--compile"):
+    with pytest.raises(ConfigError, match="compile='always'"):
         load(compile="always")
-    with pytest.raises(ConfigError, match="--fastpath off"):
+    with pytest.raises(ConfigError, match="fastpath='off'"):
         load(compile="decode", fastpath="activations=q8")
 
 

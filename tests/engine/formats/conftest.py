@@ -1,5 +1,5 @@
-"""The valid tiny GGUF the hostile-file tests damage one field at a time (tests/test_hostile_*.py
-import these fixtures): written once per module, and a fresh editable Craft of it per test."""
+"""Fixtures of the model-file tests: the valid tiny GGUF the hostile-file tests damage one field at
+a time, written once per module, and a fresh editable Craft of it per test."""
 from __future__ import annotations
 
 import copy
