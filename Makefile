@@ -37,7 +37,7 @@ postgres:
 	  { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) || \
 	    echo "postgresql could not be installed: PostgreSQL tests will fail"; }
 
-# ruff (lint and format), the import-linter contracts (tests/test_layering.py runs them too), mypy.
+# ruff (lint and format), the import-linter contracts, mypy.
 # mypy finds the package `opscope` (the repository root) through build/typecheck/opscope -> ../..;
 # mlx_backend's modules other than its entry point are checked once its MLX-parity work has landed.
 TYPECHECK := build/typecheck

@@ -12,6 +12,7 @@ import os
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
+from typing import Any
 
 from opscope.engine.diagnose import probes
 from opscope.engine.diagnose.measurement import DECODE, PREFILL, STEP, Issue, Measurement, Phase
@@ -171,7 +172,7 @@ def measure_model(lm, plan: ModelPlan, subject: str) -> Measurement:
         neighbours=neighbours, notes=tuple(notes))
 
 
-def measure_script(spec, target: str) -> tuple[Measurement, object, object]:
+def measure_script(spec: Any, target: str) -> tuple[Measurement, Any, Any]:
     """Diagnose-measure a user's script (engine.trace.script.ScriptSpec); also returns its trace and report."""
     from opscope.engine.trace.events import TraceOptions
     from opscope.engine.trace.script import trace_script

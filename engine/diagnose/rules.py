@@ -185,7 +185,7 @@ def host_bound(m: Measurement) -> Finding | None:
 
 def compute_bound(m: Measurement) -> Finding | None:
     p = _held(m, COMPUTE)
-    if p is None:
+    if p is None or p.flop is None or m.peak_flop_s is None:
         return None
     achieved = p.flop / p.wall_ms * 1000.0
     need = roofs(m, p)[COMPUTE]
@@ -201,7 +201,7 @@ def compute_bound(m: Measurement) -> Finding | None:
 
 def memory_bound(m: Measurement) -> Finding | None:
     p = _held(m, MEMORY)
-    if p is None:
+    if p is None or p.bytes is None or m.peak_bytes_s is None:
         return None
     achieved = p.bytes / p.wall_ms * 1000.0
     need = roofs(m, p)[MEMORY]

@@ -64,7 +64,7 @@ def article(kind: str) -> str:
     return ("an " if kind[0] in "aeiou" else "a ") + kind
 
 
-def type_name(declared) -> str:
+def type_name(declared: int | tuple[int, int]) -> str:
     """uint32, array of int32, ... (an id outside the spec is named by its number)."""
     if isinstance(declared, tuple):
         etype = declared[1]
@@ -72,8 +72,8 @@ def type_name(declared) -> str:
     return TYPE_NAME.get(declared, f"type {declared}")
 
 
-def declared_type(vtype: int, etype: int | None = None):
-    return arr(etype) if vtype == ARRAY else vtype
+def declared_type(vtype: int, etype: int | None = None) -> int | tuple[int, int]:
+    return arr(etype) if vtype == ARRAY and etype is not None else vtype
 
 
 def expected_types(key: str, arch: str | None) -> tuple | None:

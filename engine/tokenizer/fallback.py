@@ -9,6 +9,8 @@ reduced to plain turns; rendered in the same sandbox as a file's template.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import dataclass
 
 
@@ -47,7 +49,7 @@ _MARKERS = (("<start_of_turn>", GEMMA), ("<|start_header_id|>", LLAMA3), ("<|im_
 _FAMILIES = (("gemma", GEMMA), ("qwen", CHATML), ("phi3", PHI3), ("mistral", INST), ("llama", LLAMA3))
 
 
-def fallback_for(family: str | None, has_token, sentencepiece: bool = False) -> FallbackTemplate:
+def fallback_for(family: str | None, has_token: Callable[[str], bool], sentencepiece: bool = False) -> FallbackTemplate:
     """The fallback for a model of ``family`` whose vocabulary holds a token t when ``has_token(t)``.
     A ``llama`` SentencePiece vocabulary without markers is Llama 2's ([INST]), a BPE one Llama 3's."""
     from dataclasses import replace

@@ -15,6 +15,7 @@ from opscope.engine.core.errors import LimitExceeded, MissingMetadata, Unsupport
 
 if TYPE_CHECKING:
     from opscope.engine.tokenizer.chat_template import ChatTemplate
+    from opscope.engine.tokenizer.fallback import FallbackTemplate
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class Tokenizer:
 
     def __init__(self, backend: Any, *, bos_id: int | None, eos_ids: tuple[int, ...], add_bos: bool,
                  chat_template: str | None, pad_id: int | None = None, add_eos: bool = False,
-                 template_source: tuple = (None, "chat_template"), fallback=None) -> None:
+                 template_source: tuple = (None, "chat_template"), fallback: FallbackTemplate | None = None) -> None:
         from opscope.engine.tokenizer.fallback import CHATML
 
         self.backend = backend
@@ -272,7 +273,7 @@ def _shown(v: object) -> str:
     return text[:80]
 
 
-def _fallback(backend, family, sentencepiece: bool):
+def _fallback(backend: Any, family: object, sentencepiece: bool) -> FallbackTemplate:
     """The chat format for a file without a template (engine.tokenizer.fallback): its vocabulary's
     markers first, then its family."""
     from opscope.engine.tokenizer.fallback import fallback_for

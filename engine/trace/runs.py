@@ -136,7 +136,7 @@ def step_change(a_ms: list[float], b_ms: list[float]) -> dict[str, Any] | None:
     if not a_ms or not b_ms:
         return None
     cell_a, cell_b, delta = compare_samples(a_ms, b_ms, higher_is_better=False)
-    if delta is None:
+    if delta is None or cell_a.summary is None or cell_b.summary is None:
         return None
     return {"delta_pct": delta.delta_pct, "p_value": delta.p_value, "significant": delta.significant,
             "decidable": delta.decidable, "slower": delta.worse, "n": (delta.n_base, delta.n_other),
