@@ -16,6 +16,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "open_model": (f"{_E}.formats", "open_model"),
     "GenerationConfig": (f"{_E}.generation.config", "GenerationConfig"),
     "stats_from_times": (f"{_E}.generation.events", "stats_from_times"),
+    "prefix_cache": (f"{_E}.generation.prefix_cache", None),
     "COMPILE_MODES": (f"{_E}.models.compiled", "COMPILE_MODES"),
     "WOQ_MODES": (f"{_E}.models.woq", "WOQ_MODES"),
     "fastpath_settings": (f"{_E}.fastpath.options", None),
