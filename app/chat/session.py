@@ -133,6 +133,17 @@ class ChatSession(QObject):
         self.pending = ""  # text of the reply being streamed
         self.job: Job | None = None
         self.times = LiveTimes()
+        self.model_name = ""  # the file the worker holds now: each reply records the one that wrote it
+        if client is not None:
+            client.modelChanged.connect(self._on_model_changed)
+
+    def _on_model_changed(self, info: dict | None) -> None:
+        """A reply written by another model says so once the model changes (views render again)."""
+        name = Path(str(info.get("path", ""))).name if info else ""
+        if name != self.model_name:
+            self.model_name = name
+            if any(t.role == "assistant" for t in self.history):
+                self.changed.emit()
 
     @property
     def busy(self) -> bool:
@@ -228,17 +239,19 @@ class ChatSession(QObject):
     def _on_finished(self, result: dict) -> None:
         # Finished.text is authoritative (stop strings are already removed from it).
         text = result.get("text") or self.pending
-        turn = Turn("assistant", text, result.get("stats"), result.get("stop_reason", ""))
+        turn = Turn("assistant", text, result.get("stats"), result.get("stop_reason", ""),
+                    extra={"model": self.model_name})
         self._end(turn)
         self.replyFinished.emit(turn)
 
     def _on_failed(self, error_type: str, message: str) -> None:
-        turn = Turn("assistant", self.pending, None, "error", error=f"{error_type}: {message}")
+        turn = Turn("assistant", self.pending, None, "error", error=message or error_type)
         self._end(turn)
         self.replyFailed.emit(message)
 
     def _end(self, turn: Turn) -> None:
-        self.client.jobsChanged.disconnect(self._check_waiting)
+        if self.job is not None:
+            self.client.jobsChanged.disconnect(self._check_waiting)
         self.history.append(turn)
         self.job, self.pending = None, ""
         self.busyChanged.emit(False)
