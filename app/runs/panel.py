@@ -251,7 +251,7 @@ class RunsPanel(QWidget):
         if self.client is not None:  # the store read and torch's import: in the engine worker
             self.roofline_view.compute(self.client, self.model.db_url, ids[0])
         else:
-            self.roofline_view.show_run(self.model.load(ids[0]))
+            self.roofline_view.show_run(self.model.load(ids[0]), self.model.store)
         self.tabs.setCurrentWidget(self.roofline_view)
 
     def compare_selected(self) -> None:

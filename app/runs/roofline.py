@@ -23,6 +23,7 @@ class RooflineView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.roof = None
+        self.labels: list[pg.TextItem] = []  # the points' names on the plot
         self._job = None  # the engine job computing the roofline to show next (compute)
         self._keys: list[tuple[str, str]] = []  # (html, plain text) of each line of the key
         self._rekey_timer = QTimer(self, singleShot=True, interval=0, timeout=self._rekey)
@@ -53,14 +54,14 @@ class RooflineView(QWidget):
         col.addWidget(self.summary)
         col.addLayout(buttons)
 
-    def show_run(self, stored) -> bool:
+    def show_run(self, stored, store=None) -> bool:
         """Draws ``stored`` (engine.store StoredRun); False (and says why) for a run it cannot place.
         Computes here, on the calling thread (it may import torch): the GUI uses compute()."""
         from opscope.engine import roofline
         from opscope.engine import EngineError
 
         try:
-            roof = roofline.from_run(stored.result)
+            roof = roofline.from_run(stored.result, store, probe=True)  # a memory roof, always
         except EngineError as e:
             self._clear(str(e))
             return False
@@ -114,6 +115,7 @@ class RooflineView(QWidget):
 
     def _clear(self, why: str) -> None:
         self.plot.clear()
+        self.labels = []
         self.plot.setTitle(" ")
         self._keys = []
         self.roof = None
@@ -124,6 +126,8 @@ class RooflineView(QWidget):
 
     def _draw(self, roof) -> None:
         from opscope.engine import roofline
+
+        self.labels = []
 
         # setLogMode plots log10 of the data: give it the raw values
         keys = []
@@ -138,10 +142,11 @@ class RooflineView(QWidget):
             ys = [p.flop_s for p in roof.points]
             self.plot.plot(xs, ys, pen=None, symbol="o", symbolSize=8, symbolBrush=_POINT_COLOUR, name="points")
             keys.append((f"<span style='color:{_POINT_COLOUR}'>●</span> measured points", "● measured points"))
-            for p in _spaced(roof.points, *self._text_decades(roof)):
-                text = pg.TextItem(p.name, anchor=(0, 1), color=foreground)  # not pyqtgraph's light grey
-                text.setPos(math.log10(p.intensity), math.log10(p.flop_s))
+            for name, x, y, anchor in placed_labels(roof.points, *self._text_decades(roof)):
+                text = pg.TextItem(name, anchor=anchor, color=foreground)  # not pyqtgraph's light grey
+                text.setPos(x, y)
                 self.plot.addItem(text)
+                self.labels.append(text)
         self._keys = keys
         self._set_key()
         self.summary.setText(summary_text(roof, short=True))
@@ -226,14 +231,39 @@ def _with_values(label: str, roof) -> str:
     return label
 
 
-def _spaced(points, decades_per_char: float = 0.06, line_decades: float = 0.12):
-    """The points to name on the plot: a name whose text box (it starts at its point and is
-    ``decades_per_char`` a character wide, ``line_decades`` tall, log10 on both axes) would print
-    over one already named stays unnamed (the table lists them all)."""
-    named: list[tuple[float, float, float]] = []  # x from, x to, y of each name drawn
+# Where a name may go around its point, in order: above right, below right, above left, below
+# left (pyqtgraph TextItem anchors: the corner of the text at the point).
+_ANCHORS = ((0, 1), (0, 0), (1, 1), (1, 0))
+
+
+def placed_labels(points, decades_per_char: float = 0.06, line_decades: float = 0.12):
+    """[(text, x, y, anchor)] naming every point (log10 coordinates): points that coincide share
+    one label ("pp64, pp64@d64"); each label takes the first corner around its point where its
+    box (``decades_per_char`` a character wide, ``line_decades`` tall) overlaps no label placed
+    yet nor another point; a label that fits nowhere is left out (the table lists every point)."""
+    groups: list[list] = []
     for p in sorted(points, key=lambda q: q.flop_s, reverse=True):
         x, y = math.log10(p.intensity), math.log10(p.flop_s)
-        end = x + len(p.name) * decades_per_char
-        if all(end < a or x > b or abs(y - c) >= line_decades for a, b, c in named):
-            named.append((x, end, y))
-            yield p
+        near = next((g for g in groups if abs(g[1] - x) < decades_per_char and abs(g[2] - y) < line_decades / 2), None)
+        if near is not None:
+            near[0].append(p.name)
+        else:
+            groups.append([[p.name], x, y])
+    dots = [(x, y) for _names, x, y in groups]
+    boxes: list[tuple[float, float, float, float]] = []
+    out = []
+    for names, x, y in groups:
+        text = ", ".join(names)
+        w, h = len(text) * decades_per_char, line_decades
+        for ax, ay in _ANCHORS:
+            box = (x - ax * w, x + (1 - ax) * w, y - (1 - ay) * h, y + ay * h)
+            if not any(_overlap(box, b) for b in boxes) and not any(
+                    box[0] < dx < box[1] and box[2] < dy < box[3] for dx, dy in dots if (dx, dy) != (x, y)):
+                boxes.append(box)
+                out.append((text, x, y, (ax, ay)))
+                break
+    return out
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]

@@ -141,7 +141,8 @@ def stored_roofline(run_id: int, db_url: str | None) -> dict:
 
     with RunStore.open(db_url) as store:
         stored = store.load(run_id)
-    roof = roofline.from_run(stored.result) if stored.info.kind in roofline.SUITES else None
+        # the memory roof from a stored bandwidth run, else a short probe (engine roofline.from_run)
+        roof = roofline.from_run(stored.result, store, probe=True) if stored.info.kind in roofline.SUITES else None
     return {"run_id": run_id, "name": stored.info.name, "run_kind": stored.info.kind,
             "roofline": roof.as_dict() if roof is not None else None}
 

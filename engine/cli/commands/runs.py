@@ -157,7 +157,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     from opscope.engine.bench import roofline
 
     with _open_store(args) as store:
-        roof = roofline.from_run(store.load(args.run).result)
+        roof = roofline.from_run(store.load(args.run).result, store, probe=True)
     if args.out:
         suffix = Path(args.out).suffix.lower()
         if suffix == ".svg":
