@@ -24,6 +24,7 @@ class RooflineView(QWidget):
         super().__init__(parent)
         self.roof = None
         self.labels: list[pg.TextItem] = []  # the points' names on the plot
+        self._drawn = None  # the roofline drawn (its points are named again after a resize)
         self._job = None  # the engine job computing the roofline to show next (compute)
         self._keys: list[tuple[str, str]] = []  # (html, plain text) of each line of the key
         self._rekey_timer = QTimer(self, singleShot=True, interval=0, timeout=self._rekey)
@@ -115,7 +116,7 @@ class RooflineView(QWidget):
 
     def _clear(self, why: str) -> None:
         self.plot.clear()
-        self.labels = []
+        self.labels, self._drawn = [], None
         self.plot.setTitle(" ")
         self._keys = []
         self.roof = None
@@ -127,7 +128,7 @@ class RooflineView(QWidget):
     def _draw(self, roof) -> None:
         from opscope.engine import roofline
 
-        self.labels = []
+        self.labels, self._drawn = [], roof
 
         # setLogMode plots log10 of the data: give it the raw values
         keys = []
@@ -136,17 +137,12 @@ class RooflineView(QWidget):
             self.plot.plot(list(xs), list(ys), pen=pg.mkPen(_ROOF_COLOURS[i % 4], width=2), name=label)
             text = _with_values(label, roof)
             keys.append((f"<span style='color:{_ROOF_COLOURS[i % 4]}'>━</span> {text}", f"━ {text}"))
-        foreground = pg.mkColor(pg.getConfigOption("foreground"))
         if roof.points:
             xs = [p.intensity for p in roof.points]
             ys = [p.flop_s for p in roof.points]
             self.plot.plot(xs, ys, pen=None, symbol="o", symbolSize=8, symbolBrush=_POINT_COLOUR, name="points")
             keys.append((f"<span style='color:{_POINT_COLOUR}'>●</span> measured points", "● measured points"))
-            for name, x, y, anchor in placed_labels(roof.points, *self._text_decades(roof)):
-                text = pg.TextItem(name, anchor=anchor, color=foreground)  # not pyqtgraph's light grey
-                text.setPos(x, y)
-                self.plot.addItem(text)
-                self.labels.append(text)
+            self._place_labels()
         self._keys = keys
         self._set_key()
         self.summary.setText(summary_text(roof, short=True))
@@ -167,19 +163,37 @@ class RooflineView(QWidget):
 
     def _rekey(self) -> None:
         self._set_key()
+        self._place_labels()
         # the plot was fitted to the view under the old key's width: fit it again once laid out
         QTimer.singleShot(0, lambda: self.plot.plotItem.setGeometry(QRectF(self.plot.viewport().rect())))
 
-    def _text_decades(self, roof) -> tuple[float, float]:
-        """How many decades a character of a point's name covers across, and a line of it up."""
-        from opscope.engine import roofline
+    def _place_labels(self) -> None:
+        """Name the points where the plot is now (its range and size): again after a resize."""
+        for label in self.labels:
+            self.plot.removeItem(label)
+        self.labels = []
+        points = self._drawn.points if self._drawn is not None else []
+        if not points:
+            return
+        foreground = pg.mkColor(pg.getConfigOption("foreground"))  # not pyqtgraph's light grey
+        for name, x, y, anchor in placed_labels(points, self._text_size()):
+            text = pg.TextItem(name, anchor=anchor, color=foreground)
+            text.setPos(x, y)
+            self.plot.addItem(text)
+            self.labels.append(text)
 
-        (x0, x1), (y0, y1) = roofline.plot_ranges(roof)
-        width_px = max(self.plot.width() - 80, 200)  # less the left axis
-        height_px = max(self.plot.height() - 60, 150)  # less the bottom axis and its label
-        metrics = self.plot.fontMetrics()
-        return (math.log10(x1 / x0) / width_px * metrics.averageCharWidth(),
-                math.log10(y1 / y0) / height_px * metrics.lineSpacing())
+    def _text_size(self):
+        """text → (width, height) of its label in decades (log10 units) on each axis, from the
+        view's range and size in pixels now, and the label's own font and padding."""
+        vb = self.plot.getPlotItem().getViewBox()
+        vb.updateAutoRange()  # the range the roofs and points will be shown in
+        (x0, x1), (y0, y1) = vb.viewRange()
+        width_px, height_px = max(vb.width(), 200.0), max(vb.height(), 150.0)
+        probe = pg.TextItem("x")  # held: its text item dies with it
+        metrics = QFontMetrics(probe.textItem.font())
+        pad = 6  # TextItem's document margins around the text
+        return lambda text: ((metrics.horizontalAdvance(text) + 2 * pad) * (x1 - x0) / width_px,
+                             (metrics.lineSpacing() + 2 * pad) * (y1 - y0) / height_px)
 
     def export_dialog(self, kind: str) -> None:
         if self.roof is None:
@@ -236,15 +250,16 @@ def _with_values(label: str, roof) -> str:
 _ANCHORS = ((0, 1), (0, 0), (1, 1), (1, 0))
 
 
-def placed_labels(points, decades_per_char: float = 0.06, line_decades: float = 0.12):
+def placed_labels(points, size):
     """[(text, x, y, anchor)] naming every point (log10 coordinates): points that coincide share
     one label ("pp64, pp64@d64"); each label takes the first corner around its point where its
-    box (``decades_per_char`` a character wide, ``line_decades`` tall) overlaps no label placed
-    yet nor another point; a label that fits nowhere is left out (the table lists every point)."""
+    box (``size(text)`` → width, height in decades) overlaps no label placed yet nor another
+    point; a label that fits nowhere is left out (the table lists every point)."""
+    char_w, line_h = size("x")
     groups: list[list] = []
     for p in sorted(points, key=lambda q: q.flop_s, reverse=True):
         x, y = math.log10(p.intensity), math.log10(p.flop_s)
-        near = next((g for g in groups if abs(g[1] - x) < decades_per_char and abs(g[2] - y) < line_decades / 2), None)
+        near = next((g for g in groups if abs(g[1] - x) < char_w and abs(g[2] - y) < line_h / 2), None)
         if near is not None:
             near[0].append(p.name)
         else:
@@ -254,7 +269,7 @@ def placed_labels(points, decades_per_char: float = 0.06, line_decades: float = 
     out = []
     for names, x, y in groups:
         text = ", ".join(names)
-        w, h = len(text) * decades_per_char, line_decades
+        w, h = size(text)
         for ax, ay in _ANCHORS:
             box = (x - ax * w, x + (1 - ax) * w, y - (1 - ay) * h, y + ay * h)
             if not any(_overlap(box, b) for b in boxes) and not any(
