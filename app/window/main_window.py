@@ -174,8 +174,9 @@ class MainWindow(QMainWindow):
         if self.settings_dialog is not None:
             self.settings_dialog.done(0)
         context = (self.client.model_info or {}).get("config", {}).get("max_seq_len", 0)
-        self.settings_dialog = EngineSettingsDialog(self.engine_settings, self.load_options,
-                                                    model_context=context, parent=self)
+        active = str((self.client.model_info or {}).get("fastpath", "")).startswith("on")
+        self.settings_dialog = EngineSettingsDialog(self.engine_settings, self.load_options, model_context=context,
+                                                    fastpath_active=active, parent=self)
         self.settings_dialog.applied.connect(self.apply_engine_settings)
         self.settings_dialog.open()
         return self.settings_dialog

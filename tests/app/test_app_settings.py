@@ -53,9 +53,15 @@ def test_settings_dialog_shows_every_model_option(qtbot, window):
                                             "fused_decode", "compile_decode", "pin_threads", "adapt_threads",
                                             "on_error"}
     assert "the model's own (" in dialog.context.specialValueText()
-    assert not dialog.fastpath_box.isEnabled()  # fast path "auto": its settings apply only when on
-    dialog.fastpath.setCurrentIndex(dialog.fastpath.findData("on"))
-    assert dialog.fastpath_box.isEnabled() and not dialog.quantize.isEnabled()
+    # Issue 28: "auto" chose the fast path (the status bar says so): its settings are not greyed out
+    assert window.client.model_info["fastpath"].startswith("on") and "fast path" in window.statusBar().device_label.text()
+    assert dialog.fastpath.currentData() == "auto" and dialog.fastpath_box.isEnabled()
+    assert dialog.fastpath_box.title() == "Fast path settings"
+    dialog.fastpath.setCurrentIndex(dialog.fastpath.findData("off"))
+    assert not dialog.fastpath_box.isEnabled()
+    dialog.fastpath.setCurrentIndex(dialog.fastpath.findData("auto"))
+    dialog.fastpath_widgets["pin_threads"].toggle()  # a setting edited under "auto": it applies only when on
+    assert dialog.fastpath.currentData() == "on" and dialog.fastpath_box.isEnabled() and not dialog.quantize.isEnabled()
     dialog.reject()
 
 
