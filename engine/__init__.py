@@ -85,6 +85,10 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "cell_text": (f"{_E}.store.render", "cell_text"),
     "delta_text": (f"{_E}.store.render", "delta_text"),
     "disturbed_text": (f"{_E}.store.render", "disturbed_text"),
+    "compare_footnotes": (f"{_E}.store.render", "footnotes"),
+    "FEW_MARK": (f"{_E}.store.render", "FEW_MARK"),
+    "NOISY_MARK": (f"{_E}.store.render", "NOISY_MARK"),
+    "DISTURBED_MARK": (f"{_E}.store.render", "DISTURBED_MARK"),
     "fmt_unit_value": (f"{_E}.store.render", "fmt_unit_value"),
     # trace
     "TraceOptions": (f"{_E}.trace.events", "TraceOptions"),

@@ -105,6 +105,7 @@ class RunsPanel(QWidget):
         split.addWidget(upper)
         split.addWidget(self.tabs)
         split.setStretchFactor(1, 2)
+        split.setSizes([230, 570])  # at 1280x800 a compare needs the height: its rows and a readable plot
         QVBoxLayout(self).addWidget(split)
 
     # -- listing --------------------------------------------------------------------------------
