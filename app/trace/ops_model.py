@@ -8,8 +8,9 @@ from __future__ import annotations
 import fnmatch
 
 import numpy as np
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
-from PySide6.QtGui import QColor
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSize, Qt
+from PySide6.QtGui import QColor, QFontMetrics
+from PySide6.QtWidgets import QApplication
 
 from opscope.app.ui.status import format_bytes
 from opscope.app.ui.theme import device_color
@@ -23,7 +24,8 @@ KIND_COLORS = {"fallback": "#e53e3e", "transfer": "#dd6b20", "sync": "#d69e2e", 
 # Shown at 1400x900 without sideways scrolling; the others are a right-click on the header away,
 # and every op's hover text holds all of them.
 HIDDEN_BY_DEFAULT = ("source", "step", "t_us", "shapes")
-ELASTIC = ("op", "module", "source", "shapes")  # text that may elide (whole on hover); numbers never
+ELASTIC = ("op", "module", "source", "shapes")
+WHOLE = ("seq", "kind", "direction", "device")  # short columns always wide enough for every value  # text that may elide (whole on hover); numbers never
 
 
 class OpTableModel(QAbstractTableModel):
@@ -87,9 +89,23 @@ class OpTableModel(QAbstractTableModel):
         return 0 if parent.isValid() else len(COLUMNS)
 
     def headerData(self, section: int, orientation, role=Qt.DisplayRole):
-        if role == Qt.DisplayRole and orientation == Qt.Horizontal:
+        if orientation != Qt.Horizontal:
+            return None
+        if role == Qt.DisplayRole:
             return COLUMNS[section][1]
+        if role == Qt.SizeHintRole and COLUMNS[section][0] in WHOLE:
+            return self._whole_width(COLUMNS[section][0])
         return None
+
+    def _whole_width(self, key: str) -> QSize | None:
+        """Room for the widest value of a short column (the table sizes its columns by the rows
+        on screen only: "#" read "…" past row 99 and "dir" "…" for the first transfer)."""
+        if not self.total:
+            return None
+        values = [str(int(self.columns[key].max()))] if key == "seq" else self.distinct(key)
+        values.append(next(h for k, h, _f in COLUMNS if k == key) + "  ")  # the title, and its sort arrow's room
+        metrics = QFontMetrics(QApplication.font())
+        return QSize(max(metrics.horizontalAdvance(v) for v in values) + 16, metrics.height() + 6)
 
     def data(self, index: QModelIndex | QPersistentModelIndex, role=Qt.DisplayRole):
         if not index.isValid():

@@ -22,6 +22,7 @@ SIMULATE = (("as loaded (its own device)", ""), ("simulated accelerator (meta)",
 SEVERITY_MARK = {"high": "●", "medium": "◐", "low": "○"}
 NO_TRACE_YET = "No trace yet: press Trace to record a short generation, or Trace a script…"
 MIN_FINDING_ROWS = 4  # the findings list shows at least this many one-line rows at 1400x900
+NARROW_PX = 820  # below this width (the dock of a 1280 px window; 845 px at 1400x900) the findings go above the op table (_arrange)
 
 
 class Card(QFrame):
@@ -118,11 +119,29 @@ class TracePanel(QWidget):
         body.setStretchFactor(0, 3)
         body.setSizes([560, 200])
         top.setSizes([330, 800])  # the op table gets the room: its names elide less
+        self._top, self._findings_split, self._narrow = top, findings, False
         layout = QVBoxLayout(self)
         layout.addLayout(self._controls_layout())
         layout.addWidget(self.status)
         layout.addLayout(cards)
         layout.addWidget(body, 1)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._arrange(self.width() < NARROW_PX)
+
+    def _arrange(self, narrow: bool) -> None:
+        """Narrow (the Trace dock of a 1280 px window): the findings go above the op table, their
+        list beside their detail, so the table has the full width and its op and module names are
+        not cut to "pow.Tenso…" and "layer…"; wide: the findings beside the table."""
+        if narrow == self._narrow:
+            return
+        self._narrow = narrow
+        self._top.setOrientation(Qt.Vertical if narrow else Qt.Horizontal)
+        self._findings_split.setOrientation(Qt.Horizontal if narrow else Qt.Vertical)
+        self._top.setSizes([1, 1000] if narrow else [330, 800])  # narrow: the findings at their minimum height
+        self._findings_split.setSizes([420, 380] if narrow else [200, 180])
+        refit(self.table)
 
     def _controls_layout(self) -> QGridLayout:
         controls = QGridLayout()

@@ -20,7 +20,7 @@ from opscope.app.trace.ops_model import KIND_COLORS
 
 LANE_WIDTH_PX = 10
 EMPTY_TITLE = "No trace yet: each op will show here as a bar on its device's lane"
-HINT = "drag to zoom into a span · wheel zooms · right-click → View All"
+HINT = "drag to zoom into a span, right-click → View All"
 # Distinct, mid-lightness hues that read on both themes; an op name always gets the same one.
 OP_PALETTE = ("#4c78a8", "#72b7b2", "#54a24b", "#b279a2", "#9d755d", "#4f6d9a", "#88d27a", "#6f4e7c",
               "#3d9970", "#8c6bb1")
@@ -39,7 +39,7 @@ class TraceTimeline(pg.PlotWidget):
         super().__init__(parent)
         self.setMinimumHeight(120)
         plot = self.getPlotItem()
-        plot.setLabel("bottom", "time since the trace started", units="s")
+        plot.setLabel("bottom", f"time since the trace started ({HINT})", units="s")
         plot.setMouseEnabled(y=False)
         plot.showGrid(x=True, alpha=0.2)
         plot.getViewBox().setMouseMode(pg.ViewBox.RectMode)  # a drag zooms to the dragged span
@@ -57,7 +57,7 @@ class TraceTimeline(pg.PlotWidget):
     def show_ops(self, columns: dict[str, np.ndarray]) -> None:
         self.clear()
         self._highlight, self.selected, self.columns = None, np.empty(0, dtype=np.int64), columns
-        self.getPlotItem().setTitle(HINT if len(columns["t_us"]) else "The trace recorded no ops")
+        self.getPlotItem().setTitle(None if len(columns["t_us"]) else "The trace recorded no ops")
         t0, t1 = self._spans(columns)
         lane_of = np.where(columns["kind"] == "transfer", "transfer",
                            np.where(columns["kind"] == "sync", "sync", columns["device"]))

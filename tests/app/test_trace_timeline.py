@@ -151,3 +151,25 @@ def test_an_unzoomed_lane_shows_its_ops_apart(panel):
     background = image.pixelColor(left + 2, 4).name()
     colours = {image.pixelColor(x, y).name() for x in range(max(left, 0), min(right, image.width()))}
     assert len(colours - {background}) >= 3
+
+
+def test_at_1280x800_the_op_table_shows_whole_names(qtbot, panel):
+    """The Trace dock of a 1280x800 window is ~790 px wide: op names read "pow.Tenso…", "#" "…"
+    past row 99. The findings go above the table there, and short columns fit every value."""
+    from opscope.app.trace.ops_model import COLUMNS
+
+    panel.resize(790, 690)
+    qtbot.waitUntil(lambda: panel._narrow)
+    table, ops = panel.table, panel.model.ops
+    metrics = table.fontMetrics()
+    col = {key: i for i, (key, _h, _f) in enumerate(COLUMNS)}
+    last = ops.rowCount() - 1
+    table.scrollToBottom()  # the highest seq: three digits
+    qtbot.wait(20)
+    for key in ("seq", "op", "kind", "device"):
+        widest = max(metrics.horizontalAdvance(str(ops.data(ops.index(r, col[key])))) for r in (0, last))
+        assert widest + 8 <= table.columnWidth(col[key]), key
+    shown = [r for r in range(ops.rowCount())
+             if 0 <= table.rowViewportPosition(r) and table.rowViewportPosition(r) + table.rowHeight(r)
+             <= table.viewport().height()]
+    assert len(shown) >= 6
