@@ -24,8 +24,11 @@ KIND_COLORS = {"fallback": "#e53e3e", "transfer": "#dd6b20", "sync": "#d69e2e", 
 # Shown at 1400x900 without sideways scrolling; the others are a right-click on the header away,
 # and every op's hover text holds all of them.
 HIDDEN_BY_DEFAULT = ("source", "step", "t_us", "shapes")
-ELASTIC = ("op", "module", "source", "shapes")
-WHOLE = ("seq", "kind", "direction", "device")  # short columns always wide enough for every value  # text that may elide (whole on hover); numbers never
+ELASTIC = ("op", "module", "source", "shapes")  # text that may elide (whole on hover); numbers never
+# Columns sized by every value, not only the rows on screen (none, for a trace that arrives while
+# its dock is a hidden tab: names came out "pow.Tenso…" in a half-empty table); the elastic ones
+# (op, module) still give up width when the view is too narrow for all.
+WHOLE = ("seq", "kind", "direction", "device", "op", "module")
 
 
 class OpTableModel(QAbstractTableModel):
@@ -103,6 +106,8 @@ class OpTableModel(QAbstractTableModel):
         if not self.total:
             return None
         values = [str(int(self.columns[key].max()))] if key == "seq" else self.distinct(key)
+        if key == "op":
+            values = [v.removeprefix("aten.") for v in values]  # as the cells show them
         values.append(next(h for k, h, _f in COLUMNS if k == key) + "  ")  # the title, and its sort arrow's room
         metrics = QFontMetrics(QApplication.font())
         return QSize(max(metrics.horizontalAdvance(v) for v in values) + 16, metrics.height() + 6)
