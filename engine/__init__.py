@@ -48,6 +48,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "finite": (f"{_E}.core.json_output", "finite"),
     "Marker": (f"{_E}.core.results", "Marker"),
     "TelemetrySeries": (f"{_E}.core.results", "TelemetrySeries"),
+    "RunResult": (f"{_E}.core.results", "RunResult"),
     "BYTE_UNITS": (f"{_E}.core.units", "BYTE_UNITS"),
     "display_scale": (f"{_E}.core.units", "display_scale"),
     "format_rate": (f"{_E}.core.units", "format_rate"),

@@ -210,7 +210,8 @@ class TracePanel(QWidget):
     # -- actions --------------------------------------------------------------------------------
     def request(self) -> TraceRequest:
         return TraceRequest(prompt=self.prompt.text(), tokens=self.tokens.value(),
-                            variant=self.variant.currentText(), simulate=self.target.currentData())
+                            variant=self.variant.currentText(), simulate=self.target.currentData(),
+                            db_url=getattr(self.window(), "db_url", None))
 
     def run(self) -> None:
         self.model.run(self.request())
@@ -316,8 +317,9 @@ class TracePanel(QWidget):
         self.export_button.setEnabled(True)
         result = self.model.result or {}
         sim = " (simulated)" if result.get("simulated") else ""
+        saved = f"; saved as run {result['run_name']}" if result.get("run_name") else ""
         self.status.setText(f"{result.get('variant', '')} model on {report['target']}{sim}: {report['ops']:,} ops, "
-                            f"{report['tokens']} tokens; {len(report['findings'])} finding(s).")
+                            f"{report['tokens']} tokens; {len(report['findings'])} finding(s){saved}.")
         self.status.setToolTip("\n".join(report.get("notes", [])))
         self._fill_cards(report)
         self._fill_findings(report)
