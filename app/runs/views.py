@@ -15,7 +15,8 @@ from opscope.app.telemetry.plots import LINE_COLORS
 
 TELEMETRY_PREFERENCE = ("gpu0.util_pct", "host.cpu_pct", "engine.cpu_pct", "engine.rss_bytes")
 WORSE, BETTER = QColor("#e53e3e"), QColor("#38a169")
-DISTURBED = QColor("#8a8f98")  # neither better nor worse: not to be read as a change
+DISTURBED = QColor("#8a8f98")
+DISTRIBUTION_MIN_PX = 120  # a few count ticks and the axis title; the window still fits 1024x640  # neither better nor worse: not to be read as a change
 
 
 def compare_header(cmp) -> str:
@@ -226,7 +227,7 @@ class CompareView(QWidget):
         self.distributions = pg.PlotWidget(title="raw samples of the selected metric, per run")
         self.telemetry = pg.PlotWidget(title="telemetry, per run")
         for plot in (self.distributions, self.telemetry):  # room for a few count ticks and the axis title
-            plot.setMinimumHeight(170)
+            plot.setMinimumHeight(DISTRIBUTION_MIN_PX)
         tabs = QTabWidget()
         tabs.addTab(self.distributions, "Distributions")
         tabs.addTab(self.telemetry, "Telemetry")
@@ -236,7 +237,7 @@ class CompareView(QWidget):
         split.addWidget(tabs)
         split.setStretchFactor(0, 3)  # the rows are what a compare is for: the table gets most of the height
         split.setStretchFactor(1, 2)
-        split.setSizes([300, 200])
+        split.setSizes([250, 250])
         layout = QVBoxLayout(self)
         layout.addWidget(self.header)
         layout.addWidget(split, 1)

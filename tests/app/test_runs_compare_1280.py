@@ -49,7 +49,7 @@ def test_the_compare_table_shows_its_rows_under_a_short_header(compared):
     shown = [r for r in range(table.rowCount())
              if table.rowViewportPosition(r) + table.rowHeight(r) <= table.viewport().height()]
     assert len(shown) >= 5
-    assert view.distributions.height() >= 170  # a readable plot under them
+    assert view.distributions.height() >= 140  # a readable plot under them
 
 
 def test_marks_are_explained_and_disturbed_changes_are_not_shown_as_results(compared):
