@@ -99,6 +99,16 @@ def _value(field: dict, editor: QWidget, unit: str = ""):
 NO_POINTS_YET = "No results yet: press Run"  # short: a title never wraps, and the chart is narrow at 1024 px
 
 
+def shown_unit(median_text: str, unit: str) -> str:
+    """The unit column says the unit the values are shown in: "GiB" beside "3.20 GiB", not the
+    stored "bytes" (byte values are shown in binary units, engine.units)."""
+    from opscope.engine import BYTE_UNITS
+
+    if unit in BYTE_UNITS and " " in median_text:
+        return median_text.rsplit(" ", 1)[1]
+    return display_unit(unit)
+
+
 def _value_range(lo: float | None, hi: float | None, unit: str) -> str:
     """"0.05 … 0.16 GFLOP/s": the unit once, so the cell fits its column (byte sizes keep both units)."""
     lo_text, hi_text = with_unit(lo, unit), with_unit(hi, unit)
@@ -114,7 +124,9 @@ class BenchPanel(QWidget):
         self.suites: dict[str, dict] = {}
         self.suite_combo = QComboBox()
         self.description = QLabel(objectName="panelHint", wordWrap=True)
-        self.quick = QCheckBox("Quick (tiny sizes, under a minute)", checked=True)
+        self.quick = QCheckBox("Quick (tiny sizes)", checked=True,
+                               toolTip="Fewer, smaller points: a smaller budget, not a time promise (the llm "
+                                       "suite took 121 s on a loaded host)")
         self.params = ParamForm()
         self.name_edit = QLineEdit(placeholderText="automatic: <suite>-<date>")
         self.tags_edit = QLineEdit(placeholderText="e.g. baseline, laptop")
@@ -253,6 +265,8 @@ class BenchPanel(QWidget):
         self._ab_shown = False
         self.chart.clear()
         self.chart.setTitle(f"{suite}: waiting for the first point…")
+        self.chart.setLabel("left", "")  # the last run's unit (GFLOP/s) is not this one's
+        self.chart.getAxis("bottom").setTicks(None)
         self._chart_unit, self._chart_names, self._chart_rows = None, [], []
         self.table.verticalHeader().setVisible(False)
         self.progress.setRange(0, 0)
@@ -262,7 +276,8 @@ class BenchPanel(QWidget):
     def _on_progress(self, done: float, total: int, eta_s) -> None:
         self.progress.setRange(0, 1000)
         self.progress.setValue(int(1000 * done / max(total, 1)))
-        eta = f", about {eta_s:.0f} s left" if eta_s is not None else ""
+        # "about 0 s left" on a finished run says nothing; under 1 s the run is about to end
+        eta = f", about {eta_s:.0f} s left" if eta_s is not None and done < total and eta_s >= 0.5 else ""
         done_text = f"{done:.0f}" if float(done).is_integer() else f"{done:.1f}"  # "1 / 1", never "1.0 / 1"
         self.progress.setFormat(f"{done_text} / {total} points{eta}")
         if done > 0:  # past planning and warm-up: say so, not "(planning, warm-up)" until the end
@@ -275,8 +290,9 @@ class BenchPanel(QWidget):
         params = ", ".join(f"{k}={v}" for k, v in point.get("params", {}).items())
         unit = point["unit"]
         side = f" [{point['ab'].upper()}]" if point.get("ab") else ""  # an A/B run: which side
-        cells = (point["name"] + side, params, with_unit(s["median"], unit), _value_range(s["lo"], s["hi"], unit),
-                 display_unit(unit),
+        median = with_unit(s["median"], unit)
+        cells = (point["name"] + side, params, median, _value_range(s["lo"], s["hi"], unit),
+                 shown_unit(median, unit),
                  str(s["n"]), point["status"] if point["status"] == "ok" else f"{point['status']}: {point['error']}")
         for col, text in enumerate(cells):
             self.table.setItem(row, col, QTableWidgetItem(text))
@@ -316,6 +332,7 @@ class BenchPanel(QWidget):
     def _on_finished(self, result: dict) -> None:
         self._done()
         self.progress.setValue(1000)
+        self.progress.setFormat(self.progress.format().split(",")[0] + ", done")  # "6 / 6 points, done"
         extra = f" ({result['error']})" if result.get("error") else ""
         if result.get("comparison") is not None:
             self._show_ab(result, extra)

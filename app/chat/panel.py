@@ -223,6 +223,7 @@ class ChatPanel(QWidget):
         s.busyChanged.connect(self._on_busy)
         s.changed.connect(self.render)
         s.changed.connect(self._update_actions)
+        s.changed.connect(self._show_last_stats)
         self.system_prompt.textChanged.connect(
             lambda: setattr(s, "system_prompt", self.system_prompt.toPlainText()))
 
@@ -260,7 +261,8 @@ class ChatPanel(QWidget):
 
     def render(self) -> None:
         self._rendered_base = self.transcript.palette().color(QPalette.Base).rgb()
-        self.transcript.show_turns(self.session.history, _footer, EMPTY_HINT)
+        self.transcript.show_turns(self.session.history, lambda turn: _footer(turn, self.session.model_name),
+                                   EMPTY_HINT)
         if self.session.busy:
             self.transcript.begin_stream()
             self.transcript.stream(self.session.pending)
@@ -298,6 +300,18 @@ class ChatPanel(QWidget):
         self.stats_label.setToolTip(f"energy: {(turn.stats or {}).get('energy_source') or 'not measured'}")
         self.render()
 
+    def _show_last_stats(self) -> None:
+        """The stats line describes the reply the transcript ends with: Edit last and Clear remove
+        it, and its figures with it."""
+        if self.session.busy:
+            return
+        last = self.session.history[-1] if self.session.history else None
+        if last is None or last.role != "assistant":
+            self.stats_label.setText("")
+            self.stats_label.setToolTip("")
+        else:
+            self.stats_label.setText(_footer(last, self.session.model_name)[0])
+
     def _on_busy(self, busy: bool) -> None:
         self.send_button.setEnabled(not busy)
         self.stop_button.setEnabled(busy)
@@ -309,6 +323,11 @@ class ChatPanel(QWidget):
         self.edit_button.setEnabled(has_user and not self.session.busy)
 
 
-def _footer(turn: Turn) -> tuple[str, bool]:
-    """The line under a reply: its stats, or why it failed."""
-    return turn.error or format_stats(turn.stats, turn.stop_reason), bool(turn.error)
+def _footer(turn: Turn, loaded: str = "") -> tuple[str, bool]:
+    """The line under a reply: its stats, or why it failed; and which model wrote it once another
+    model is loaded (the conversation stays on screen across a model switch)."""
+    text = turn.error or format_stats(turn.stats, turn.stop_reason)
+    writer = turn.extra.get("model", "")
+    if writer and writer != loaded:
+        text += f" · written by {writer}, not the model loaded now"
+    return text, bool(turn.error)

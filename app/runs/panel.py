@@ -105,6 +105,7 @@ class RunsPanel(QWidget):
         split.addWidget(upper)
         split.addWidget(self.tabs)
         split.setStretchFactor(1, 2)
+        split.setSizes([230, 570])  # at 1280x800 a compare needs the height: its rows and a readable plot
         QVBoxLayout(self).addWidget(split)
 
     # -- listing --------------------------------------------------------------------------------
@@ -251,7 +252,7 @@ class RunsPanel(QWidget):
         if self.client is not None:  # the store read and torch's import: in the engine worker
             self.roofline_view.compute(self.client, self.model.db_url, ids[0])
         else:
-            self.roofline_view.show_run(self.model.load(ids[0]))
+            self.roofline_view.show_run(self.model.load(ids[0]), self.model.store)
         self.tabs.setCurrentWidget(self.roofline_view)
 
     def compare_selected(self) -> None:

@@ -23,6 +23,8 @@ class RooflineView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.roof = None
+        self.labels: list[pg.TextItem] = []  # the points' names on the plot
+        self._drawn = None  # the roofline drawn (its points are named again after a resize)
         self._job = None  # the engine job computing the roofline to show next (compute)
         self._keys: list[tuple[str, str]] = []  # (html, plain text) of each line of the key
         self._rekey_timer = QTimer(self, singleShot=True, interval=0, timeout=self._rekey)
@@ -53,14 +55,14 @@ class RooflineView(QWidget):
         col.addWidget(self.summary)
         col.addLayout(buttons)
 
-    def show_run(self, stored) -> bool:
+    def show_run(self, stored, store=None) -> bool:
         """Draws ``stored`` (engine.store StoredRun); False (and says why) for a run it cannot place.
         Computes here, on the calling thread (it may import torch): the GUI uses compute()."""
         from opscope.engine import roofline
         from opscope.engine import EngineError
 
         try:
-            roof = roofline.from_run(stored.result)
+            roof = roofline.from_run(stored.result, store, probe=True)  # a memory roof, always
         except EngineError as e:
             self._clear(str(e))
             return False
@@ -114,6 +116,7 @@ class RooflineView(QWidget):
 
     def _clear(self, why: str) -> None:
         self.plot.clear()
+        self.labels, self._drawn = [], None
         self.plot.setTitle(" ")
         self._keys = []
         self.roof = None
@@ -125,6 +128,8 @@ class RooflineView(QWidget):
     def _draw(self, roof) -> None:
         from opscope.engine import roofline
 
+        self.labels, self._drawn = [], roof
+
         # setLogMode plots log10 of the data: give it the raw values
         keys = []
         for i, (label, pts) in enumerate(roofline.roof_lines(roof)):
@@ -132,16 +137,12 @@ class RooflineView(QWidget):
             self.plot.plot(list(xs), list(ys), pen=pg.mkPen(_ROOF_COLOURS[i % 4], width=2), name=label)
             text = _with_values(label, roof)
             keys.append((f"<span style='color:{_ROOF_COLOURS[i % 4]}'>━</span> {text}", f"━ {text}"))
-        foreground = pg.mkColor(pg.getConfigOption("foreground"))
         if roof.points:
             xs = [p.intensity for p in roof.points]
             ys = [p.flop_s for p in roof.points]
             self.plot.plot(xs, ys, pen=None, symbol="o", symbolSize=8, symbolBrush=_POINT_COLOUR, name="points")
             keys.append((f"<span style='color:{_POINT_COLOUR}'>●</span> measured points", "● measured points"))
-            for p in _spaced(roof.points, *self._text_decades(roof)):
-                text = pg.TextItem(p.name, anchor=(0, 1), color=foreground)  # not pyqtgraph's light grey
-                text.setPos(math.log10(p.intensity), math.log10(p.flop_s))
-                self.plot.addItem(text)
+            self._place_labels()
         self._keys = keys
         self._set_key()
         self.summary.setText(summary_text(roof, short=True))
@@ -162,19 +163,37 @@ class RooflineView(QWidget):
 
     def _rekey(self) -> None:
         self._set_key()
+        self._place_labels()
         # the plot was fitted to the view under the old key's width: fit it again once laid out
         QTimer.singleShot(0, lambda: self.plot.plotItem.setGeometry(QRectF(self.plot.viewport().rect())))
 
-    def _text_decades(self, roof) -> tuple[float, float]:
-        """How many decades a character of a point's name covers across, and a line of it up."""
-        from opscope.engine import roofline
+    def _place_labels(self) -> None:
+        """Name the points where the plot is now (its range and size): again after a resize."""
+        for label in self.labels:
+            self.plot.removeItem(label)
+        self.labels = []
+        points = self._drawn.points if self._drawn is not None else []
+        if not points:
+            return
+        foreground = pg.mkColor(pg.getConfigOption("foreground"))  # not pyqtgraph's light grey
+        for name, x, y, anchor in placed_labels(points, self._text_size()):
+            text = pg.TextItem(name, anchor=anchor, color=foreground)
+            text.setPos(x, y)
+            self.plot.addItem(text)
+            self.labels.append(text)
 
-        (x0, x1), (y0, y1) = roofline.plot_ranges(roof)
-        width_px = max(self.plot.width() - 80, 200)  # less the left axis
-        height_px = max(self.plot.height() - 60, 150)  # less the bottom axis and its label
-        metrics = self.plot.fontMetrics()
-        return (math.log10(x1 / x0) / width_px * metrics.averageCharWidth(),
-                math.log10(y1 / y0) / height_px * metrics.lineSpacing())
+    def _text_size(self):
+        """text → (width, height) of its label in decades (log10 units) on each axis, from the
+        view's range and size in pixels now, and the label's own font and padding."""
+        vb = self.plot.getPlotItem().getViewBox()
+        vb.updateAutoRange()  # the range the roofs and points will be shown in
+        (x0, x1), (y0, y1) = vb.viewRange()
+        width_px, height_px = max(vb.width(), 200.0), max(vb.height(), 150.0)
+        probe = pg.TextItem("x")  # held: its text item dies with it
+        metrics = QFontMetrics(probe.textItem.font())
+        pad = 6  # TextItem's document margins around the text
+        return lambda text: ((metrics.horizontalAdvance(text) + 2 * pad) * (x1 - x0) / width_px,
+                             (metrics.lineSpacing() + 2 * pad) * (y1 - y0) / height_px)
 
     def export_dialog(self, kind: str) -> None:
         if self.roof is None:
@@ -226,14 +245,40 @@ def _with_values(label: str, roof) -> str:
     return label
 
 
-def _spaced(points, decades_per_char: float = 0.06, line_decades: float = 0.12):
-    """The points to name on the plot: a name whose text box (it starts at its point and is
-    ``decades_per_char`` a character wide, ``line_decades`` tall, log10 on both axes) would print
-    over one already named stays unnamed (the table lists them all)."""
-    named: list[tuple[float, float, float]] = []  # x from, x to, y of each name drawn
+# Where a name may go around its point, in order: above right, below right, above left, below
+# left (pyqtgraph TextItem anchors: the corner of the text at the point).
+_ANCHORS = ((0, 1), (0, 0), (1, 1), (1, 0))
+
+
+def placed_labels(points, size):
+    """[(text, x, y, anchor)] naming every point (log10 coordinates): points that coincide share
+    one label ("pp64, pp64@d64"); each label takes the first corner around its point where its
+    box (``size(text)`` → width, height in decades) overlaps no label placed yet nor another
+    point; a label that fits nowhere is left out (the table lists every point)."""
+    char_w, line_h = size("x")
+    groups: list[list] = []
     for p in sorted(points, key=lambda q: q.flop_s, reverse=True):
         x, y = math.log10(p.intensity), math.log10(p.flop_s)
-        end = x + len(p.name) * decades_per_char
-        if all(end < a or x > b or abs(y - c) >= line_decades for a, b, c in named):
-            named.append((x, end, y))
-            yield p
+        near = next((g for g in groups if abs(g[1] - x) < char_w and abs(g[2] - y) < line_h / 2), None)
+        if near is not None:
+            near[0].append(p.name)
+        else:
+            groups.append([[p.name], x, y])
+    dots = [(x, y) for _names, x, y in groups]
+    boxes: list[tuple[float, float, float, float]] = []
+    out = []
+    for names, x, y in groups:
+        text = ", ".join(names)
+        w, h = size(text)
+        for ax, ay in _ANCHORS:
+            box = (x - ax * w, x + (1 - ax) * w, y - (1 - ay) * h, y + ay * h)
+            if not any(_overlap(box, b) for b in boxes) and not any(
+                    box[0] < dx < box[1] and box[2] < dy < box[3] for dx, dy in dots if (dx, dy) != (x, y)):
+                boxes.append(box)
+                out.append((text, x, y, (ax, ay)))
+                break
+    return out
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]

@@ -15,6 +15,32 @@ from opscope.app.telemetry.plots import LINE_COLORS
 
 TELEMETRY_PREFERENCE = ("gpu0.util_pct", "host.cpu_pct", "engine.cpu_pct", "engine.rss_bytes")
 WORSE, BETTER = QColor("#e53e3e"), QColor("#38a169")
+DISTURBED = QColor("#8a8f98")
+DISTRIBUTION_MIN_PX = 120  # a few count ticks and the axis title; the window still fits 1024x640  # neither better nor worse: not to be read as a change
+
+
+def compare_header(cmp) -> str:
+    """Two short lines over the compare table: what Δ means and what each mark means (the engine's
+    footnotes, whole, are the header's tooltip)."""
+    from opscope.engine import DISTURBED_MARK, FEW_MARK, NOISY_MARK
+
+    names = [r.name for r in cmp.runs]
+    marks = [f"{FEW_MARK} few samples", f"{NOISY_MARK} noisy", f"{DISTURBED_MARK} disturbed (grey: not a result)"]
+    warn = f" · {len(cmp.notes)} warning(s), on hover" if cmp.notes else ""
+    return (f"Baseline <b>{names[0]}</b> vs {', '.join(names[1:])}. Δ: change of the median where significant "
+            f"(Mann-Whitney p ≤ {cmp.alpha:g}), ~ none.<br>Marks: {', '.join(marks)}{warn}")
+
+
+def short_delta(delta, disturbed: bool) -> str:
+    """A Δ cell in a few characters: "+30.1%", "~", "+2.0%?" (too few samples to decide); with
+    "³" when either side was disturbed. p and n are the cell's tooltip."""
+    from opscope.engine import DISTURBED_MARK
+
+    if delta is None:
+        return ""
+    text = ("~" if delta.decidable and not delta.significant
+            else f"{delta.delta_pct:+.1f}%" + ("" if delta.decidable else "?"))
+    return text + (DISTURBED_MARK if disturbed else "")
 
 
 def _table(headers: list[str]) -> QTableWidget:
@@ -112,7 +138,9 @@ class RunDetailView(QWidget):
         split = QSplitter(Qt.Vertical)
         split.addWidget(self.metrics)
         split.addWidget(plots)
-        split.setSizes([200, 300])
+        split.setStretchFactor(0, 3)  # the rows are what a compare is for: the table gets most of the height
+        split.setStretchFactor(1, 2)
+        split.setSizes([300, 200])
         layout = QVBoxLayout(self)
         layout.addWidget(self.header)
         layout.addWidget(split, 1)
@@ -194,9 +222,12 @@ class CompareView(QWidget):
         self.table = _table(["metric"])
         self.diff = _table(["field"])
         keep_in_view(self.table, elastic=(0,))
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().lineSpacing() + 8)  # one-line rows
         # Keys in the title row, not a legend box over the bars and lines.
         self.distributions = pg.PlotWidget(title="raw samples of the selected metric, per run")
         self.telemetry = pg.PlotWidget(title="telemetry, per run")
+        for plot in (self.distributions, self.telemetry):  # room for a few count ticks and the axis title
+            plot.setMinimumHeight(DISTRIBUTION_MIN_PX)
         tabs = QTabWidget()
         tabs.addTab(self.distributions, "Distributions")
         tabs.addTab(self.telemetry, "Telemetry")
@@ -204,7 +235,9 @@ class CompareView(QWidget):
         split = QSplitter(Qt.Vertical)  # the table gets the full width: it has a column per run
         split.addWidget(self.table)
         split.addWidget(tabs)
-        split.setSizes([200, 300])
+        split.setStretchFactor(0, 3)  # the rows are what a compare is for: the table gets most of the height
+        split.setStretchFactor(1, 2)
+        split.setSizes([250, 250])
         layout = QVBoxLayout(self)
         layout.addWidget(self.header)
         layout.addWidget(split, 1)
@@ -214,9 +247,10 @@ class CompareView(QWidget):
     def show_comparison(self, comparison, runs) -> None:
         self.comparison, self.runs = comparison, runs
         names = [r.name for r in comparison.runs]
-        self.header.setText(f"Baseline <b>{names[0]}</b> vs {', '.join(names[1:])}. Δ% is shown when the "
-                            f"change is significant (Mann-Whitney p ≤ {comparison.alpha}); ~ means no significant "
-                            f"change. " + " ".join(comparison.notes))
+        self.header.setText(compare_header(comparison))
+        from opscope.engine import compare_footnotes
+
+        self.header.setToolTip("\n".join(compare_footnotes(comparison)))  # the whole story, on hover
         self._fill_table(comparison, names)
         self._fill_diff(comparison, names)
         keep_in_view(self.diff, elastic=range(self.diff.columnCount()))  # long fingerprint values elide
@@ -233,12 +267,20 @@ class CompareView(QWidget):
         self.table.setHorizontalHeaderLabels(headers)
         self._rows = [row for section in comparison.sections for row in section.rows]
         _fill(self.table, [[row.label, row.unit] + [cell_text(c, row.unit) for c in row.cells]
-                           + [delta_text(d) + disturbed_text(comparison, row, i, d)
-                              for i, d in enumerate(row.deltas, start=1)] for row in self._rows])
+                           + [short_delta(d, bool(row.disturbed_pair(i))) for i, d in enumerate(row.deltas, start=1)]
+                           for row in self._rows])
         for r, row in enumerate(self._rows):
-            for i, d in enumerate(row.deltas):
-                if d is not None and d.significant:
-                    self.table.item(r, 2 + len(names) + i).setForeground(WORSE if d.worse else BETTER)
+            for i, d in enumerate(row.deltas, start=1):
+                item = self.table.item(r, 1 + len(names) + i)
+                # the test's p and counts, and who was disturbed, on hover: the cell stays short
+                item.setToolTip((delta_text(d) + disturbed_text(comparison, row, i, d)).strip())
+                if row.disturbed_pair(i):  # a change measured under foreign load is not a result
+                    item.setForeground(DISTURBED)
+                    font = item.font()
+                    font.setItalic(True)
+                    item.setFont(font)
+                elif d is not None and d.significant:
+                    item.setForeground(WORSE if d.worse else BETTER)
 
     def _fill_diff(self, comparison, names: list[str]) -> None:
         self.diff.setColumnCount(1 + len(names))

@@ -39,6 +39,7 @@ class TelemetryModel(QObject):
     def __init__(self, client=None, *, interval_ms: float = 100.0, history_s: float = 3600.0,
                  sources=None, parent: QObject | None = None) -> None:
         super().__init__(parent)
+        self.client = client  # the panel follows its state (busy: redraw often; idle: seldom)
         self.engine_source = EngineProcessSource()
         if sources is None:
             sources = [*default_sources(in_process=False), self.engine_source]

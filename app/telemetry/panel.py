@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Qt, QTimer
+from PySide6.QtCore import QEvent, QRectF, Qt, QTimer
 from PySide6.QtGui import QColor, QFontMetrics
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QMenu, QPushButton,
                                QSizePolicy, QVBoxLayout, QWidget)
@@ -26,6 +26,8 @@ WINDOWS_S = (("30 s", 30), ("1 min", 60), ("5 min", 300), ("15 min", 900), ("1 h
 MAX_BANDS = 2000  # the newest bands in the window; a long benchmark marks every repetition
 RANKS_ROW = 100  # below every host and GPU plot, however many GPUs appear later
 COMM_PHASE = "all_reduce"  # a tensor-parallel rank's communication inside its forwards
+READOUT_HINT = "Move the mouse over a plot to read values."
+IDLE_REFRESH_MS = 1000  # while the engine waits: the plots move once a second, not ten times
 
 
 def _lane(phases, rank: int, until_ns: int) -> tuple[np.ndarray, np.ndarray]:
@@ -80,8 +82,14 @@ class TelemetryPanel(QWidget):
         for spec in HOST_PLOTS:
             self._add_plot(spec)
         self._mouse = pg.SignalProxy(self.graphics.scene().sigMouseMoved, rateLimit=30, slot=self._on_mouse)
+        self.graphics.viewport().installEventFilter(self)  # the mouse leaving clears the crosshair
+        self.refresh_ms = refresh_ms
         self.timer = QTimer(self, interval=refresh_ms, timeout=self.refresh)
         self.timer.start()
+        client = getattr(model, "client", None)
+        if client is not None and hasattr(client, "stateChanged"):
+            client.stateChanged.connect(self.follow_engine)
+            self.follow_engine(client.state)
 
     # -- construction ---------------------------------------------------------------------------
     def _build_controls(self) -> None:
@@ -92,7 +100,7 @@ class TelemetryPanel(QWidget):
         self.window_combo.currentIndexChanged.connect(lambda _i: self.set_window(self.window_combo.currentData()))
         self.pause_button = QPushButton("Pause", checkable=True, toggled=self.set_paused)
         # On its own full-width line, wrapping: every series with its unit must stay readable.
-        self.readout = QLabel("Move the mouse over a plot to read values.", objectName="statsLine", wordWrap=True)
+        self.readout = QLabel(READOUT_HINT, objectName="statsLine", wordWrap=True)
         self.readout.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Minimum)  # long readouts never widen the window
         self._controls = QHBoxLayout()
         self._controls.addWidget(QLabel("Window"))
@@ -319,11 +327,33 @@ class TelemetryPanel(QWidget):
             curve = self.rank_comm_curves[rank] = self.rank_plot.plot(pen=pg.mkPen(color, width=4))
         return curve
 
+    def follow_engine(self, state: str) -> None:
+        """Redraw at ``refresh_ms`` while the engine works, at IDLE_REFRESH_MS while it waits: every
+        redraw repaints every plot (the x axis follows "now"), and with software rendering that
+        kept an idle window at ~11 % of a core."""
+        interval = self.refresh_ms if state in ("busy", "starting") else max(self.refresh_ms, IDLE_REFRESH_MS)
+        if self.timer.interval() != interval:
+            self.timer.setInterval(interval)
+            if interval == self.refresh_ms:
+                self.refresh()  # the first busy frame at once, not up to a second late
+
     # -- crosshair ------------------------------------------------------------------------------
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 (Qt's name)
+        if watched is self.graphics.viewport() and event.type() == QEvent.Leave:
+            self.clear_crosshair()
+        return False
+
+    def clear_crosshair(self) -> None:
+        """No value is read where the mouse no longer is: the cursors hide, the hint is back."""
+        for cursor in self.cursors:
+            cursor.setVisible(False)
+        self.readout.setText(READOUT_HINT)
+
     def _on_mouse(self, event) -> None:
         pos = event[0]
         plot = next((p for p in self.plots.values() if p.sceneBoundingRect().contains(pos)), None)
         if plot is None:
+            self.clear_crosshair()
             return
         x = plot.vb.mapSceneToView(pos).x()
         for cursor in self.cursors:

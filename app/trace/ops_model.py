@@ -8,8 +8,9 @@ from __future__ import annotations
 import fnmatch
 
 import numpy as np
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
-from PySide6.QtGui import QColor
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSize, Qt
+from PySide6.QtGui import QColor, QFontMetrics
+from PySide6.QtWidgets import QApplication
 
 from opscope.app.ui.status import format_bytes
 from opscope.app.ui.theme import device_color
@@ -24,6 +25,10 @@ KIND_COLORS = {"fallback": "#e53e3e", "transfer": "#dd6b20", "sync": "#d69e2e", 
 # and every op's hover text holds all of them.
 HIDDEN_BY_DEFAULT = ("source", "step", "t_us", "shapes")
 ELASTIC = ("op", "module", "source", "shapes")  # text that may elide (whole on hover); numbers never
+# Columns sized by every value, not only the rows on screen (none, for a trace that arrives while
+# its dock is a hidden tab: names came out "pow.Tenso…" in a half-empty table); the elastic ones
+# (op, module) still give up width when the view is too narrow for all.
+WHOLE = ("seq", "kind", "direction", "device", "op", "module")
 
 
 class OpTableModel(QAbstractTableModel):
@@ -87,9 +92,25 @@ class OpTableModel(QAbstractTableModel):
         return 0 if parent.isValid() else len(COLUMNS)
 
     def headerData(self, section: int, orientation, role=Qt.DisplayRole):
-        if role == Qt.DisplayRole and orientation == Qt.Horizontal:
+        if orientation != Qt.Horizontal:
+            return None
+        if role == Qt.DisplayRole:
             return COLUMNS[section][1]
+        if role == Qt.SizeHintRole and COLUMNS[section][0] in WHOLE:
+            return self._whole_width(COLUMNS[section][0])
         return None
+
+    def _whole_width(self, key: str) -> QSize | None:
+        """Room for the widest value of a short column (the table sizes its columns by the rows
+        on screen only: "#" read "…" past row 99 and "dir" "…" for the first transfer)."""
+        if not self.total:
+            return None
+        values = [str(int(self.columns[key].max()))] if key == "seq" else self.distinct(key)
+        if key == "op":
+            values = [v.removeprefix("aten.") for v in values]  # as the cells show them
+        values.append(next(h for k, h, _f in COLUMNS if k == key) + "  ")  # the title, and its sort arrow's room
+        metrics = QFontMetrics(QApplication.font())
+        return QSize(max(metrics.horizontalAdvance(v) for v in values) + 16, metrics.height() + 6)
 
     def data(self, index: QModelIndex | QPersistentModelIndex, role=Qt.DisplayRole):
         if not index.isValid():

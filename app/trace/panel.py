@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import Qt
+import numpy as np
+from PySide6.QtCore import QItemSelectionModel, Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHeaderView, QLabel,
                                QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton, QSizePolicy,
@@ -21,6 +22,7 @@ SIMULATE = (("as loaded (its own device)", ""), ("simulated accelerator (meta)",
 SEVERITY_MARK = {"high": "●", "medium": "◐", "low": "○"}
 NO_TRACE_YET = "No trace yet: press Trace to record a short generation, or Trace a script…"
 MIN_FINDING_ROWS = 4  # the findings list shows at least this many one-line rows at 1400x900
+NARROW_PX = 820  # below this width (the dock of a 1280 px window; 845 px at 1400x900) the findings go above the op table (_arrange)
 
 
 class Card(QFrame):
@@ -62,6 +64,10 @@ class TracePanel(QWidget):
         model.failed.connect(self._on_failed)
         self._connect_diagnose()
         self.findings.currentRowChanged.connect(self.select_finding)
+        self.table.setSelectionBehavior(QTableView.SelectRows)
+        self.table.setSelectionMode(QTableView.SingleSelection)
+        self.table.selectionModel().currentRowChanged.connect(lambda index, _prev: self._on_row(index.row()))
+        self.timeline.opClicked.connect(self.select_op)
         self._show_empty()
 
     # -- construction ---------------------------------------------------------------------------
@@ -94,7 +100,8 @@ class TracePanel(QWidget):
 
     def _build_cards(self) -> None:
         self.cards = {key: Card(title) for key, title in (
-            ("on_target", "ops on target"), ("time_on_target", "time on target"), ("fallbacks", "fallback ops"),
+            ("on_target", "compute ops on target"), ("time_on_target", "compute time on target"),
+            ("fallbacks", "fallback ops"),
             ("transfers", "transfers / token"), ("syncs", "syncs / token"), ("storms", "storms"))}
 
     def _build_layout(self) -> None:
@@ -120,12 +127,30 @@ class TracePanel(QWidget):
         body.setStretchFactor(0, 3)
         body.setSizes([560, 200])
         top.setSizes([330, 800])  # the op table gets the room: its names elide less
+        self._top, self._findings_split, self._narrow = top, findings, False
         layout = QVBoxLayout(self)
         layout.addLayout(self._controls_layout())
         layout.addWidget(self.status)
         layout.addWidget(self.diagnosis)
         layout.addLayout(cards)
         layout.addWidget(body, 1)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._arrange(self.width() < NARROW_PX)
+
+    def _arrange(self, narrow: bool) -> None:
+        """Narrow (the Trace dock of a 1280 px window): the findings go above the op table, their
+        list beside their detail, so the table has the full width and its op and module names are
+        not cut to "pow.Tenso…" and "layer…"; wide: the findings beside the table."""
+        if narrow == self._narrow:
+            return
+        self._narrow = narrow
+        self._top.setOrientation(Qt.Vertical if narrow else Qt.Horizontal)
+        self._findings_split.setOrientation(Qt.Horizontal if narrow else Qt.Vertical)
+        self._top.setSizes([1, 1000] if narrow else [330, 800])  # narrow: the findings at their minimum height
+        self._findings_split.setSizes([420, 380] if narrow else [200, 180])
+        refit(self.table)
 
     def _controls_layout(self) -> QGridLayout:
         controls = QGridLayout()
@@ -195,7 +220,8 @@ class TracePanel(QWidget):
     # -- actions --------------------------------------------------------------------------------
     def request(self) -> TraceRequest:
         return TraceRequest(prompt=self.prompt.text(), tokens=self.tokens.value(),
-                            variant=self.variant.currentText(), simulate=self.target.currentData())
+                            variant=self.variant.currentText(), simulate=self.target.currentData(),
+                            db_url=getattr(self.window(), "db_url", None))
 
     def run(self) -> None:
         self.model.run(self.request())
@@ -267,6 +293,33 @@ class TracePanel(QWidget):
         self.finding_detail.setHtml(f"<b>{html.escape(f['title'])}</b><br>{evidence}<br><b>Fix:</b> "
                                     f"{html.escape(f.get('fix', ''))}")
         self.apply_filters(tuple(f.get("sources", ())), tuple(f.get("modules", ())))
+        self.timeline.select(self.model.ops.rows)  # the finding's ops, outlined where they ran
+
+    def _on_row(self, view_row: int) -> None:
+        """A table row chosen (click, keys): its op outlined on the timeline, in view."""
+        if 0 <= view_row < len(self.model.ops.rows):
+            self.timeline.select([int(self.model.ops.rows[view_row])])
+
+    def select_op(self, row: int) -> None:
+        """An op clicked on the timeline: its table row selected and scrolled to; filters that
+        hide it are cleared first."""
+        rows = self.model.ops.rows
+        at = int(np.searchsorted(rows, row))
+        if at >= len(rows) or rows[at] != row:
+            self.findings.blockSignals(True)
+            self.findings.setCurrentRow(-1)
+            self.findings.blockSignals(False)
+            for combo in (self.device_filter, self.kind_filter):
+                combo.setCurrentIndex(0)
+            self.module_filter.clear()
+            self.op_filter.clear()
+            self.apply_filters()
+            rows = self.model.ops.rows
+            at = int(np.searchsorted(rows, row))
+        index = self.model.ops.index(at, 1)
+        flags = QItemSelectionModel.SelectionFlag
+        self.table.selectionModel().setCurrentIndex(index, flags.ClearAndSelect | flags.Rows)
+        self.table.scrollTo(index, QTableView.PositionAtCenter)
 
     # -- results --------------------------------------------------------------------------------
     def _show_empty(self) -> None:
@@ -292,8 +345,9 @@ class TracePanel(QWidget):
         self.export_button.setEnabled(True)
         result = self.model.result or {}
         sim = " (simulated)" if result.get("simulated") else ""
+        saved = f"; saved as run {result['run_name']}" if result.get("run_name") else ""
         self.status.setText(f"{result.get('variant', '')} model on {report['target']}{sim}: {report['ops']:,} ops, "
-                            f"{report['tokens']} tokens; {len(report['findings'])} finding(s).")
+                            f"{report['tokens']} tokens; {len(report['findings'])} finding(s){saved}.")
         self.status.setToolTip("\n".join(report.get("notes", [])))
         self._fill_cards(report)
         self._fill_findings(report)
@@ -307,9 +361,14 @@ class TracePanel(QWidget):
         transfers = sum(t["per_token_count"] for t in report.get("transfers", []))
         storms = sum(1 for f in report.get("findings", []) if f["kind"] == "storm")
         fallback_ops = kinds.get("fallback", {}).get("count", 0)
-        on_target = report["ops_on_target_pct"]
-        self.cards["on_target"].set(f"{on_target:.1f}%", "good" if not report["findings"] else "bad")
-        self.cards["time_on_target"].set(f"{report['time_on_target_pct']:.1f}%")
+        ops_pct, time_pct, severity = compute_on_target(kinds)
+        self.cards["on_target"].set(f"{ops_pct:.1f}%" if ops_pct is not None else "–", severity)
+        self.cards["time_on_target"].set(f"{time_pct:.1f}%" if time_pct is not None else "–", severity)
+        host = kinds.get("host", {}).get("count", 0)
+        for key in ("on_target", "time_on_target"):  # what the share leaves out, on hover
+            self.cards[key].setToolTip(f"Share of the compute ops (on target, fallback, mixed-device); the {host:,} "
+                                       f"host bookkeeping ops (views, Python data), transfers and syncs have "
+                                       f"cards of their own.")
         self.cards["fallbacks"].set(f"{fallback_ops:,}", "bad" if fallback_ops else "good")
         unit = report.get("unit", "token")  # a script's trace reports per step
         self.cards["transfers"].title.setText(f"transfers / {unit}")
@@ -340,6 +399,22 @@ class TracePanel(QWidget):
             for value in self.model.ops.distinct(key):
                 combo.addItem(value, value)
             combo.blockSignals(False)
+
+
+def compute_on_target(kinds: dict) -> tuple[float | None, float | None, str]:
+    """(% of compute ops on target, % of their time, card severity) from the report's ``by_kind``.
+
+    Host bookkeeping (views, Python data lifted into tensors), transfers and syncs are not compute
+    that could run elsewhere: counted in, a CPU-only script read "64.3 % ops on target" in red
+    beside "0 fallback ops". Red only when a compute op did run off target."""
+    compute = [kinds.get(k, {}) for k in ("on_target", "fallback", "mixed")]
+    count = sum(k.get("count", 0) for k in compute)
+    ms = sum(k.get("ms", 0.0) for k in compute)
+    on = kinds.get("on_target", {})
+    ops_pct = 100.0 * on.get("count", 0) / count if count else None
+    time_pct = 100.0 * on.get("ms", 0.0) / ms if ms > 0 else ops_pct
+    off = count - on.get("count", 0)
+    return ops_pct, time_pct, ("bad" if off else "good") if count else ""
 
 
 def _findings_list() -> QListWidget:

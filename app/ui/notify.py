@@ -5,7 +5,7 @@ forwards ``EngineClient.jobFailed``/``crashed``), exports (``export_guard``), an
 caught, on any thread (``install_excepthooks``). The main window shows each notice in its
 ``NotificationArea`` (cards in the lower right corner of the window, over the panels, with the
 reason and a "Details…" view of the traceback) and logs it. A notice marked ``modal`` (a failure the
-user must act on, such as a model that did not load) also opens a window-modal dialog, with
+user must act on, such as a model that did not load) opens a window-modal dialog instead of a card, with
 ``open()``: asynchronous, so the event loop keeps running behind it.
 """
 from __future__ import annotations
@@ -139,7 +139,9 @@ class NotificationArea(QWidget):
     def latest(self) -> NoticeCard | None:
         return self.cards[-1] if self.cards else None
 
-    def add(self, notice: Notice) -> NoticeCard:
+    def add(self, notice: Notice) -> NoticeCard | None:
+        if notice.modal:  # the window shows it in a dialog: a card too would say it twice
+            return None
         card = NoticeCard(notice, self)
         card.dismissed.connect(self.remove)
         self.cards.append(card)

@@ -42,6 +42,12 @@ def _model_name(spec: LoadRequest) -> str:
     return spec.model or "the embedded default model"
 
 
+def _reason(error_type: str, message: str) -> str:
+    """What went wrong, as the engine says it, without the error's class name (the Details show
+    it with the traceback); the class only where the engine said nothing else."""
+    return message.strip().rstrip(". ") or error_type
+
+
 def _short_name(spec: LoadRequest) -> str:
     return os.path.basename(spec.model.rstrip("/\\")) if spec.model else "the embedded default model"
 
@@ -145,7 +151,6 @@ class MainWindow(QMainWindow):
         job = self.client.submit(spec)
         self.toolbar.show_model(spec, loaded=False)
         self.statusBar().showMessage(f"Loading {_short_name(spec)}…")
-        job.failed.connect(lambda *_a: self.statusBar().showMessage(f"Could not load {_short_name(spec)}", 15000))
         job.progress.connect(lambda msg: self.statusBar().showMessage(  # a first start compiles for minutes
             f"Loading {_short_name(spec)}: {msg.get('stage', 'working')} ({msg.get('elapsed_s', 0)} s)…"))
         return job
@@ -169,8 +174,9 @@ class MainWindow(QMainWindow):
         if self.settings_dialog is not None:
             self.settings_dialog.done(0)
         context = (self.client.model_info or {}).get("config", {}).get("max_seq_len", 0)
-        self.settings_dialog = EngineSettingsDialog(self.engine_settings, self.load_options,
-                                                    model_context=context, parent=self)
+        active = str((self.client.model_info or {}).get("fastpath", "")).startswith("on")
+        self.settings_dialog = EngineSettingsDialog(self.engine_settings, self.load_options, model_context=context,
+                                                    fastpath_active=active, parent=self)
         self.settings_dialog.applied.connect(self.apply_engine_settings)
         self.settings_dialog.open()
         return self.settings_dialog
@@ -200,22 +206,24 @@ class MainWindow(QMainWindow):
             self._load_failed(job.request, error_type, message, details, job.reply)
             return
         what = JOB_TEXT.get(job.kind, job.kind)
-        self.notifier.error(f"{what} failed — {error_type}: {message}", details)
+        self.notifier.error(f"{what} failed: {_reason(error_type, message)}", details)
 
     def _load_failed(self, spec: LoadRequest, error_type: str, message: str, details: str, reply: dict) -> None:
         if "model" in reply:
             now = reply["model"]
-            kept = (f"{os.path.basename(now.get('path', ''))} is still loaded." if now else
-                    "No model is loaded: pick one in the toolbar (Model) or with File → Open model.")
+            kept = (f"{os.path.basename(now.get('path', ''))} is still loaded" if now else
+                    "no model is loaded: pick one in the toolbar (Model) or with File → Open model")
         else:  # the worker died while loading: the box names what comes back with it, or nothing
-            kept = ("The engine restarts with the last model that loaded on the next request."
-                    if self.client.model_spec is not None else "No model is loaded: pick one in the toolbar.")
+            kept = ("the engine restarts with the last model that loaded on the next request"
+                    if self.client.model_spec is not None else "no model is loaded: pick one in the toolbar")
             self.toolbar.show_model(self.client.model_spec, loaded=True)
             if self.client.model_spec is None:
                 self.statusBar().on_model_changed(None)
-        reason = message.rstrip(". ")
-        self.notifier.error(f"Could not load {_model_name(spec)} on {spec.device}/{spec.dtype} — "
-                            f"{error_type}: {reason}. {kept}", details, modal=True,
+        # One sentence, in one place (the dialog): no error class, no card or status line repeating it.
+        self.statusBar().clearMessage()
+        self.notifier.error(f"Could not load {_model_name(spec)} on {spec.device}/{spec.dtype}: "
+                            f"{_reason(error_type, message).removeprefix(f'{spec.model}: ')} ({kept}).",
+                            details, modal=True,
                             title=f"Could not load {os.path.basename(spec.model or '') or _model_name(spec)}")
 
     def _on_notice(self, notice: Notice) -> None:

@@ -38,7 +38,7 @@ class EngineSettingsDialog(QDialog):
     applied = Signal(object)  # EngineSettings
 
     def __init__(self, current: EngineSettings, load_options: dict | None = None, *, model_context: int = 0,
-                 parent: QWidget | None = None) -> None:
+                 fastpath_active: bool = False, parent: QWidget | None = None) -> None:
         super().__init__(parent, windowTitle="Engine settings", objectName="engineSettings")
         options = load_options or FALLBACK_LOAD_OPTIONS
         self.field_specs: list[dict] = list(options["fastpath_fields"])
@@ -54,10 +54,14 @@ class EngineSettingsDialog(QDialog):
         self.context = QSpinBox(minimum=0, maximum=1 << 20, singleStep=256, suffix=" tokens")
         self.context.setSpecialValueText(f"the model's own ({model_context} tokens)" if model_context
                                          else "the model's own")
-        self.fastpath_box = QGroupBox("Fast path settings (with the fast path on)")
+        self._loading = False
+        self.fastpath_active = fastpath_active  # the loaded model runs on the fast path ("auto" chose it)
+        self.fastpath_box = QGroupBox("Fast path settings")
         self.fastpath_widgets = {spec["name"]: _field_widget(spec) for spec in self.field_specs}
         self._build()
         self.fastpath.currentIndexChanged.connect(self._update_enabled)
+        for widget in self.fastpath_widgets.values():
+            _changed_signal(widget).connect(self._field_edited)
         self.set_settings(current)
 
     def _build(self) -> None:
@@ -86,6 +90,13 @@ class EngineSettingsDialog(QDialog):
         layout.addWidget(buttons)
 
     def set_settings(self, s: EngineSettings) -> None:
+        self._loading = True  # values shown, not edited: "auto" stays "auto"
+        try:
+            self._show_settings(s)
+        finally:
+            self._loading = False
+
+    def _show_settings(self, s: EngineSettings) -> None:
         self.threads.setValue(s.threads)
         _select(self.attention, s.attention)
         self.fastpath.setCurrentIndex(max(self.fastpath.findData(s.fastpath), 0))
@@ -109,10 +120,18 @@ class EngineSettingsDialog(QDialog):
         """The engine's rules: fast-path settings need the fast path on; compile and quantize belong to
         the plain torch model, so they are offered only when the fast path is not forced on."""
         on = self.fastpath.currentData() == "on"
-        self.fastpath_box.setEnabled(on)
+        # "auto" that chose the fast path (the status bar says "fast path on"): its settings are live
+        # ones, not greyed out; editing one makes the choice explicit (_field_edited)
+        self.fastpath_box.setEnabled(on or (self.fastpath.currentData() == "auto" and self.fastpath_active))
+        self.fastpath_box.setToolTip("" if on else "editing a setting turns the fast path on (they apply only then)")
         for combo in (self.compile, self.quantize):
             combo.setEnabled(not on)
             combo.setToolTip("needs the fast path off or auto (it belongs to the plain torch model)" if on else "")
+
+    def _field_edited(self, *_args) -> None:
+        """The engine applies fast-path settings only with the fast path "on": "auto" becomes "on"."""
+        if not self._loading and self.fastpath.currentData() == "auto" and self.fastpath_box.isEnabled():
+            self.fastpath.setCurrentIndex(self.fastpath.findData("on"))
 
     def apply(self) -> None:
         self.applied.emit(self.settings())
@@ -138,6 +157,14 @@ def _field_widget(spec: dict) -> QWidget:
     if spec["type"] == "int":  # "gemm_min_rows": rows are tokens (prompt positions in one pass)
         return QSpinBox(minimum=1, maximum=1 << 16, suffix=" tokens" if spec["name"].endswith("_rows") else "")
     return _combo(spec["choices"])
+
+
+def _changed_signal(widget: QWidget):
+    if isinstance(widget, QCheckBox):
+        return widget.toggled
+    if isinstance(widget, QSpinBox):
+        return widget.valueChanged
+    return widget.currentIndexChanged
 
 
 def _set_value(widget: QWidget, value) -> None:

@@ -57,7 +57,9 @@ class EngineState:
             return model_info(self.loaded, req, load_ms=0.0, reused=True)
         previous = self.load_spec if self.loaded is not None else None
         # Drop the old weights before loading new ones (peak memory stays one model); a failed load
-        # brings the old model back, so a bad file never leaves the user with nothing loaded.
+        # brings the old model back, with the conversation's KV cache (a host copy of its held
+        # positions), so a bad file neither leaves the user with nothing loaded nor re-reads the chat.
+        kept = _cache_snapshot(self.loaded)
         self.loaded, self.load_spec, self.info = None, None, None
         gc.collect()
         t0 = time.perf_counter()
@@ -66,20 +68,25 @@ class EngineState:
                 loaded = _load_model(req)
         except BaseException:
             if previous is not None:
-                self._restore(previous)
+                self._restore(previous, kept)
             raise
         self.loaded, self.load_spec = loaded, req
         self.info = model_info(loaded, req, load_ms=(time.perf_counter() - t0) * 1e3, reused=False)
         return self.info
 
-    def _restore(self, spec: LoadRequest) -> None:
-        """Reload ``spec`` after a failed load; on failure nothing stays loaded (``info`` says so)."""
+    def _restore(self, spec: LoadRequest, kept=None) -> None:
+        """Reload ``spec`` after a failed load, with ``kept`` (a prefix-cache snapshot) put back; on
+        failure nothing stays loaded (``info`` says so)."""
         t0 = time.perf_counter()
         try:
             self.loaded = _load_model(spec)
         except Exception:
             log.exception("could not reload %s after a failed load", spec.model or "the default model")
             return
+        if kept is not None:
+            from opscope.engine import prefix_cache
+
+            prefix_cache.restore(self.loaded.model, kept)
         self.load_spec = spec
         self.info = model_info(self.loaded, spec, load_ms=(time.perf_counter() - t0) * 1e3, reused=False)
 
@@ -140,7 +147,8 @@ def stored_roofline(run_id: int, db_url: str | None) -> dict:
 
     with RunStore.open(db_url) as store:
         stored = store.load(run_id)
-    roof = roofline.from_run(stored.result) if stored.info.kind in roofline.SUITES else None
+        # the memory roof from a stored bandwidth run, else a short probe (engine roofline.from_run)
+        roof = roofline.from_run(stored.result, store, probe=True) if stored.info.kind in roofline.SUITES else None
     return {"run_id": run_id, "name": stored.info.name, "run_kind": stored.info.kind,
             "roofline": roof.as_dict() if roof is not None else None}
 
@@ -280,6 +288,16 @@ def kernel_build_heartbeat(send: Send, every_s: float = KERNEL_HEARTBEAT_S):
         yield
     finally:
         done.set()
+
+
+def _cache_snapshot(loaded):
+    """What the built-in engine's KV cache holds, copied to the host (None for other backends)."""
+    model = getattr(loaded, "model", None)
+    if model is None or not hasattr(model, "layers"):
+        return None
+    from opscope.engine import prefix_cache
+
+    return prefix_cache.snapshot(model)
 
 
 def _load_model(req: LoadRequest):

@@ -74,6 +74,8 @@ class TraceRequest:
     variant: str = "clean"  # engine.trace.variants: clean | leaky-norm | per-element-copy
     simulate: str = ""  # "" = trace on the loaded device; "meta" = a simulated accelerator
     max_events: int = 200_000
+    db_url: str | None = None  # the run store the trace is saved to as a run (None: the default store)
+    save: bool = True
     type: str = "trace"
 
 

@@ -38,12 +38,32 @@ def run_trace(loaded, req: TraceRequest, send, cancel: threading.Event) -> dict:
     if target == "cpu":
         notes.append("the target is the host (cpu), so a fallback to the CPU cannot show: choose "
                      "'simulated accelerator' to see placement as on a GPU")
-    report = build_report(run.result, notes).as_dict()
+    placement = build_report(run.result, notes)
+    report = placement.as_dict()
     _send_rows(run.result, send, cancel)
     path = Path(tempfile.mkdtemp(prefix="opscope-trace-")) / "trace.perfetto.json"
     write_chrome_trace(run.result, path, report)
+    saved = save_model_trace(loaded, req, run.result, placement) if req.save else (None, None)
     return {"report": report, "perfetto_path": str(path), "variant": req.variant, "simulated": simulate,
-            "tokens": run.result.tokens, "ops": run.result.stats.ops, "stored": len(run.result.events)}
+            "tokens": run.result.tokens, "ops": run.result.stats.ops, "stored": len(run.result.events),
+            "run_id": saved[0], "run_name": saved[1]}
+
+
+def save_model_trace(loaded, req: TraceRequest, result, placement) -> tuple[int, str]:
+    """The model's trace as a run (kind "trace"), as a script's trace is saved: listed in Runs and
+    comparable with `opscope trace diff` (a model trace from the Trace panel was not kept)."""
+    from types import SimpleNamespace
+
+    from opscope.engine import RunResult, trace_runs
+
+    label = f"model {req.variant}: {req.prompt[:40]!r}"
+    shim = SimpleNamespace(spec=SimpleNamespace(label=label, args=[]), step_source="generated tokens",
+                           step_ms=[], outcome=SimpleNamespace(wall_ns=0, exit_code=0, error=None),
+                           result=result, losses=[], roots=[])
+    settings = {"script": label, "variant": req.variant, "prompt": req.prompt, "tokens": req.tokens,
+                "target": placement.target, "model": str(getattr(loaded.source, "path", ""))}
+    run = RunResult(kind=trace_runs.RUN_KIND, settings=settings, trace_summary=trace_runs.summary(shim, placement))
+    return trace_runs.save(run, req.db_url)
 
 
 def _send_rows(result, send, cancel: threading.Event) -> None:

@@ -64,6 +64,10 @@ class LoadedModel:
         request_ns = now_ns()
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if config.reuse_prefix:  # the previous reply as generated, not as re-tokenized
+            from opscope.engine.generation import prefix_cache
+
+            ids = prefix_cache.aligned_ids(self.model, self.tokenizer, text, ids)
         return generate(self.model, self.tokenizer, ids, config, cancel, request_ns)
 
     def generate_batch(self, prompts: list[str | list[int]], config: GenerationConfig = GenerationConfig(),

@@ -100,3 +100,81 @@ def keep_on_resize(model: Transformer, old_caches: list, keep: int) -> None:
         layer.attn.cache.v[0, :keep] = old.v[0, :keep]
     model.kv_prefix = PrefixRecord(_cache(model), rec.ids[:keep])
     seal(model, model.kv_prefix)
+
+
+def aligned_ids(model, tokenizer, text: str, ids: list[int]) -> list[int]:
+    """``ids`` (``text`` tokenized) with its head replaced by the ids the cache holds wherever they
+    spell the same text. A sampled reply is often not the canonical tokenization of its own text
+    ("12345" generated as "123"+"45" re-tokenizes as "1234"+"5"), so the next turn's re-rendered
+    prompt diverged from the cache mid-reply and re-read the rest of the conversation. Falls back
+    to ``ids`` unless the merged ids decode to exactly what ``ids`` decode to."""
+    have = held(model)
+    common = _common_prefix(have, ids)
+    if common >= len(have) or not text.startswith(tokenizer.decode(have[:common])):
+        return ids
+    k = _longest_text_prefix(tokenizer, have, text, common)
+    if k <= common:
+        return ids
+    head = tokenizer.decode(have[:k])
+    merged = have[:k] + tokenizer.encode(text[len(head):], add_special_tokens=False)
+    return merged if tokenizer.decode(merged) == tokenizer.decode(ids) else ids
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _longest_text_prefix(tokenizer, have: list[int], text: str, lo: int) -> int:
+    """The largest k in [lo, len(have)] whose ``decode(have[:k])`` starts ``text`` (binary search:
+    a longer run of ids decodes to a longer text, so the property holds up to some k and not after)."""
+    hi = len(have)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if text.startswith(tokenizer.decode(have[:mid])):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Row 0's K/V over the held positions, on the host: what a model reload puts back."""
+    ids: tuple[int, ...]
+    kv: tuple  # one (k, v) pair per layer, [m, H, D] each
+
+
+def snapshot(model) -> Snapshot | None:
+    """A host copy of what the cache holds (None when nothing is reusable): taken before the
+    worker drops a model to load another file, so that a failed load restores the conversation's
+    cache along with the model."""
+    ids = held(model)
+    if not ids:
+        return None
+    m = len(ids)
+    kv = tuple((layer.attn.cache.k[0, :m].to("cpu", copy=True), layer.attn.cache.v[0, :m].to("cpu", copy=True))
+               for layer in model.layers)
+    return Snapshot(tuple(ids), kv)
+
+
+def restore(model, snap: Snapshot | None) -> None:
+    """Put ``snap`` back into ``model``'s cache (the same model reloaded) and make it reusable."""
+    if snap is None or len(snap.kv) != len(model.layers):
+        return
+    from opscope.engine.generation.generate import ensure_cache
+
+    m = len(snap.ids)
+    ensure_cache(model, 1, m)
+    for layer, (k, v) in zip(model.layers, snap.kv):
+        cache = layer.attn.cache
+        if cache.k.shape[2:] != k.shape[1:]:
+            forget(model)
+            return
+        cache.k[0, :m] = k.to(cache.k.device, cache.k.dtype)
+        cache.v[0, :m] = v.to(cache.v.device, cache.v.dtype)
+    model.kv_prefix = PrefixRecord(_cache(model), list(snap.ids))
+    seal(model, model.kv_prefix)

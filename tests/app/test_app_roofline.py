@@ -80,8 +80,89 @@ def test_point_names_do_not_print_over_each_other_and_axes_are_not_rescaled(qtbo
     qtbot.addWidget(view)
     view._draw(roof)
     names = sorted(i.toPlainText() for i in view.plot.getPlotItem().items if isinstance(i, pg.TextItem))
-    assert names == ["pp512", "tg128"]  # pp512@d64 sits 0.02 decades from pp512: unnamed on the plot
+    assert names == ["pp512, pp512@d64", "tg128"]  # 0.02 decades apart: one name for both, never one left unnamed
     view.resize(900, 600)
     view.show()
     qtbot.waitExposed(view)
     assert view.plot.getAxis("left").labelString().find("x1e") == -1
+
+
+def _llm_run():
+    """Six llm points as the suite stores them; pp64 and pp64@d64 land on the same spot."""
+    work = {"pp16": (1e9, 4e8), "pp64": (1e9, 1e8), "pp64@d64": (1e9, 1e8), "pp256": (1e9, 3e7),
+            "tg16": (1e9, 1e9), "tg16@d64": (1e9, 1.1e9)}
+    rates = {"pp16": 40.0, "pp64": 100.0, "pp64@d64": 100.0, "pp256": 150.0, "tg16": 12.0, "tg16@d64": 11.0}
+    th = {"value": 500e9, "source": "test", "basis": "theoretical", "kind": "matmul", "dtype": "float32",
+          "label": "theoretical 500 GFLOP/s"}
+    return RunResult(kind="llm", name="llm-run", metrics=[Metric(n, "tok/s", [r, r, r]) for n, r in rates.items()],
+                     settings={"device": "cpu", "dtype": "float32", "suite_params": {
+                         "peaks": {"flop": {"theoretical": th, "measured": None}, "bytes": {}},
+                         "roofline": {n: {"flop": f, "bytes": b} for n, (f, b) in work.items()}}})
+
+
+@pytest.fixture
+def llm_db(tmp_path, monkeypatch):
+    """A store with an llm run and no bandwidth ceiling anywhere (none theoretical, none measured)."""
+    from opscope.engine.bench.ceilings import peaks
+    from opscope.engine.store import RunStore
+
+    monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(peaks, "theoretical", lambda *a, **k: None)
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    with RunStore.open(url) as store:
+        run_id = store.save(_llm_run())
+    return url, run_id
+
+
+def _drawn(qtbot, url, run_id):
+    from opscope.app.runs.roofline import RooflineView
+    from opscope.app.worker.jobs import stored_roofline
+    from opscope.engine import Roofline
+
+    view = RooflineView()
+    qtbot.addWidget(view)
+    view.resize(1000, 520)
+    view.show()
+    qtbot.waitExposed(view)
+    view.show_roof(Roofline.from_dict(stored_roofline(run_id, url)["roofline"]))  # what the worker sends
+    qtbot.wait(50)  # laid out and painted: the names sit where they are drawn
+    return view
+
+
+def test_the_memory_roof_comes_from_the_stored_bandwidth_run(qtbot, llm_db):
+    from opscope.engine.store import RunStore
+
+    url, run_id = llm_db
+    with RunStore.open(url) as store:
+        store.save(RunResult(kind="bandwidth", name="bw-run", settings={"device": "cpu"},
+                             metrics=[Metric("copy_256MiB", "GB/s", [18.0, 20.0, 19.0])]))
+    view = _drawn(qtbot, url, run_id)
+    bandwidth = view.roof.best("bandwidth")
+    assert bandwidth.value == pytest.approx(19e9) and bandwidth.origin == "bandwidth run bw-run"
+    assert "bandwidth ceiling: measured 19.00 GB/s (bandwidth run bw-run)" in view.summary.text()
+    assert "no bandwidth ceiling" not in view.summary.toolTip()
+    assert {p.name: p.bound for p in view.roof.points if p.name.startswith("tg")} == {"tg16": "memory",
+                                                                                      "tg16@d64": "memory"}
+    assert view.roof.ridge == pytest.approx(500e9 / 19e9)
+
+
+def test_without_a_bandwidth_run_a_short_probe_gives_the_memory_roof(qtbot, llm_db):
+    view = _drawn(qtbot, *llm_db)
+    bandwidth = view.roof.best("bandwidth")
+    assert bandwidth is not None and bandwidth.value > 1e8 and bandwidth.label.endswith("(short probe)")
+    assert "bandwidth ceiling: measured" in view.summary.text() and "64 MiB copy just now" in view.summary.text()
+    assert len(view.plot.getPlotItem().listDataItems()) == 2  # the two roofs as one line, and the points
+
+
+def test_every_point_is_named_once_and_no_names_overlap(qtbot, llm_db):
+    """6 points, 4 names, pp64 and pp64@d64 sharing one: each point is named, coinciding ones
+    together, and no two names print over each other."""
+    view = _drawn(qtbot, *llm_db)
+    texts = [label.textItem.toPlainText() for label in view.labels]
+    names = [n for t in texts for n in t.split(", ")]
+    assert sorted(names) == sorted(p.name for p in view.roof.points)
+    assert "pp64, pp64@d64" in texts
+    rects = [label.sceneBoundingRect() for label in view.labels]
+    for i, a in enumerate(rects):
+        for b in rects[i + 1:]:
+            assert not a.intersects(b), texts

@@ -241,3 +241,42 @@ def test_vram_of_the_engine_worker_not_of_the_gui(qtbot, monkeypatch):
     finally:
         model.stop()
         client.shutdown()
+
+
+def test_the_crosshair_and_readout_clear_when_the_mouse_leaves(qtbot, host_panel):
+    """Issue 28: the hover readout and crosshair stayed frozen after the mouse left the plots."""
+    from PySide6.QtCore import QEvent
+    from PySide6.QtWidgets import QApplication
+
+    from opscope.app.telemetry.panel import READOUT_HINT
+
+    model, panel = host_panel
+    qtbot.waitUntil(lambda: "host.cpu_pct" in panel.curves and _points(panel, "host.cpu_pct") >= 5, timeout=10_000)
+    plot = panel.plots["cpu"]
+    centre = panel.graphics.mapFromScene(plot.sceneBoundingRect().center())
+    qtbot.mouseMove(panel.graphics.viewport(), centre)
+    qtbot.waitUntil(lambda: "host CPU" in panel.readout.text())
+    assert all(c.isVisible() for c in panel.cursors)
+    qtbot.mouseMove(panel.window_combo)  # the mouse leaves the plots for the controls
+    QApplication.sendEvent(panel.graphics.viewport(), QEvent(QEvent.Leave))  # what Qt sends as it goes
+    assert panel.readout.text() == READOUT_HINT
+    assert not any(c.isVisible() for c in panel.cursors)
+
+
+def test_an_idle_engine_redraws_the_plots_once_a_second(qtbot):
+    """Issue 28: an idle window took ~11 % of a core redrawing every plot ten times a second."""
+    from opscope.app.telemetry.panel import IDLE_REFRESH_MS
+    from opscope.app.ui.engine_client import EngineClient
+
+    client = EngineClient()  # never started: the test says what state it reports
+    model = TelemetryModel(client, interval_ms=50, history_s=60, sources=[HostSource()])
+    panel = TelemetryPanel(model, refresh_ms=100)
+    qtbot.addWidget(panel)
+    try:
+        assert panel.timer.interval() == IDLE_REFRESH_MS == 1000
+        client.stateChanged.emit("busy")
+        assert panel.timer.interval() == 100
+        client.stateChanged.emit("idle")
+        assert panel.timer.interval() == IDLE_REFRESH_MS
+    finally:
+        panel.shutdown()

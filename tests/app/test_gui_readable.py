@@ -295,3 +295,30 @@ def test_a_waiting_chat_message_shows_what_it_waits_for_on_screen(qtbot, theme):
     bar.setFormat("")
     without_text = bar.grab().toImage()
     assert bar.isVisible() and with_text != without_text  # the reason is drawn, not only set
+
+
+def test_a_benchmark_run_reads_right_from_start_to_finish(qtbot):
+    """Issue 28: a stale GFLOP/s axis while the next suite waited for its first point, "bytes" in
+    the unit column beside values in GiB, and a finished run still "about 0 s left"."""
+    from opscope.app.bench.model import BenchModel
+    from opscope.app.bench.panel import BenchPanel
+
+    model = BenchModel(client=None, db_url=None)
+    panel = BenchPanel(model)
+    qtbot.addWidget(panel)
+    model.started.emit("matmul")
+    model.point.emit({"name": "matmul_float32_64", "unit": "GFLOP/s", "samples": [1.0, 1.1, 1.2], "params": {},
+                      "status": "ok", "error": None})
+    assert panel.chart.getAxis("left").labelText == "GFLOP/s"
+    model.finished.emit({"status": "completed", "name": "mm", "run_id": 1, "metrics": 1})
+    model.started.emit("llm")
+    assert panel.chart.getAxis("left").labelText == ""  # waiting for llm's first point: no unit yet
+    model.point.emit({"name": "weights", "unit": "bytes", "samples": [3.2 * 2**30] * 3, "params": {},
+                      "status": "ok", "error": None})
+    assert panel.table.item(0, 2).text() == "3.200 GiB" and panel.table.item(0, 4).text() == "GiB"
+    model.progress.emit(5.0, 6, 12.0)
+    assert panel.progress.format() == "5 / 6 points, about 12 s left"
+    model.progress.emit(6.0, 6, 0.0)
+    assert panel.progress.format() == "6 / 6 points"
+    model.finished.emit({"status": "completed", "name": "llm-run", "run_id": 2, "metrics": 1})
+    assert panel.progress.format() == "6 / 6 points, done"

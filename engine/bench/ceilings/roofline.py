@@ -190,8 +190,13 @@ def _ceilings(result: RunResult, device: str, dtype: str) -> list[Ceiling]:
 
 # --- the roofline -------------------------------------------------------------------------------
 
-def from_run(result: RunResult) -> Roofline:
-    """The roofline of a stored llm, matmul or attention run; ConfigError for another kind."""
+def from_run(result: RunResult, store=None, probe: bool = False) -> Roofline:
+    """The roofline of a stored llm, matmul or attention run; ConfigError for another kind.
+
+    Without a bandwidth ceiling (no theoretical figure for the device, none measured in the peaks
+    cache) the memory roof comes from the newest bandwidth run in ``store`` on the same device,
+    else, with ``probe``, from a short copy measured now (memory_probe): a decode point, memory
+    bound, is otherwise placed under no roof at all."""
     from opscope.engine.core.errors import ConfigError
 
     if result.kind not in SUITES:
@@ -200,6 +205,10 @@ def from_run(result: RunResult) -> Roofline:
     device = result.settings.get("device", "cpu")
     dtype = result.settings.get("dtype", "float32")
     roof = Roofline(result.name, result.kind, device, dtype, ceilings=_ceilings(result, device, dtype))
+    if not any(c.kind == "bandwidth" for c in roof.ceilings):
+        found = stored_bandwidth(store, device) if store is not None else None
+        found = found or (memory_probe(device) if probe else None)
+        roof.ceilings += [found] if found else []
     roof.notes = _missing(roof.ceilings)
     p, b = roof.best("compute"), roof.best("bandwidth")
     for m in result.metrics:
@@ -221,6 +230,54 @@ def from_run(result: RunResult) -> Roofline:
             bound = "compute" if intensity >= p.value / b.value else "memory"
         roof.points.append(RoofPoint(m.name, result.kind, intensity, rate * flop, attainable, m.quality, bound))
     return roof
+
+
+def stored_bandwidth(store, device: str) -> Ceiling | None:
+    """The best median of the newest bandwidth run on ``device`` in ``store``, as a ceiling."""
+    from opscope.engine.core.units import format_rate
+
+    for info in store.list(kind="bandwidth", limit=20):
+        result = store.load(info.id).result
+        if result.settings.get("device", "cpu") != device:
+            continue
+        rates = [statistics.median(m.samples) * 1e9 for m in result.metrics
+                 if m.unit == "GB/s" and m.status == "ok" and m.samples]
+        if rates:
+            value = max(rates)
+            return Ceiling("bandwidth", "measured", value, f"measured {format_rate(value, 'B/s')} "
+                           f"(bandwidth run {result.name})", f"bandwidth run {result.name}")
+    return None
+
+
+PROBE_MIB = 64  # well past the last-level cache of a desktop CPU, small enough for any GPU
+PROBE_REPEATS = 6
+
+
+def memory_probe(device: str) -> Ceiling | None:
+    """A short copy of PROBE_MIB MiB on ``device`` (read + write counted, the bandwidth suite's
+    measure), fastest of PROBE_REPEATS: a fraction of a second, a rougher figure than the suite's."""
+    import time
+
+    import torch
+
+    from opscope.engine.core.units import format_rate
+
+    try:
+        src = torch.ones(PROBE_MIB * 2**20 // 4, dtype=torch.float32, device=device)
+        dst = torch.empty_like(src)
+    except (RuntimeError, ValueError):  # no such device here, or no memory for the buffers
+        return None
+    sync = torch.cuda.synchronize if src.device.type == "cuda" else (lambda: None)
+    best = math.inf
+    for _ in range(PROBE_REPEATS):
+        sync()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    value = 2.0 * src.numel() * 4 / best
+    return Ceiling("bandwidth", "measured", value, f"measured {format_rate(value, 'B/s')} (short probe)",
+                   f"a {PROBE_MIB} MiB copy just now (`opscope bench bandwidth` measures a steadier one)")
 
 
 def text(roof: Roofline) -> str:

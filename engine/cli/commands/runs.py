@@ -157,7 +157,7 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     from opscope.engine.bench.ceilings import roofline
 
     with _open_store(args) as store:
-        roof = roofline.from_run(store.load(args.run).result)
+        roof = roofline.from_run(store.load(args.run).result, store, probe=True)
     notes = _draw_roofline(roofline, roof, args.out) if args.out else []
     _write(json_output.dumps(roof.as_dict(), indent=2) + "\n" if args.format == "json" else roofline.text(roof), None)
     for note in notes:

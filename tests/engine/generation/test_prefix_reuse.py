@@ -20,12 +20,12 @@ def models(request, one_torch_thread):
     return load(fastpath=request.param), load(fastpath=request.param)
 
 
-def run(lm, prompt, reuse=True, **cfg):
+def run(lm, prompt, reuse=True, tokens=TOKENS, **cfg):
     """(token ids, Finished, PrefillStarted, [(T, start)] of the prefill's forward calls) of one
     chat (``prompt`` a message list) or generation (``prompt`` a token list)."""
     calls, prefill_calls = [], None
     hook = lm.model.register_forward_pre_hook(lambda _m, args: calls.append((args[0].shape[1], int(args[1]))))
-    config = GenerationConfig(max_tokens=TOKENS, reuse_prefix=reuse, **cfg)
+    config = GenerationConfig(max_tokens=tokens, reuse_prefix=reuse, **cfg)
     events = lm.chat(prompt, config) if isinstance(prompt[0], dict) else lm.generate(prompt, config)
     tokens, done, started = [], None, None
     try:
@@ -127,6 +127,62 @@ def test_sampling_with_a_seed_is_unchanged_by_reuse(models):
     assert tokens == run(fresh, messages, reuse=False, temperature=0.9, seed=7, top_k=40)[0]
 
 
+CODE_TURNS = ["Write a python function with numbers 12345 and a list.", "And more?", "Once more, with 678."]
+
+
+def sampled_conversation(lm, turns):
+    """Three sampled turns (code and numbers: the replies are not the canonical tokenization of
+    their own text); [(prompt ids fed, Finished, PrefillStarted)] per turn."""
+    from opscope.engine.generation import prefix_cache
+
+    prefix_cache.forget(lm.model)
+    messages, out = [], []
+    for turn, text in enumerate(turns):
+        messages.append({"role": "user", "content": text})
+        calls = []
+        hook = lm.model.register_forward_pre_hook(lambda _m, args: calls.append(args[0][0].tolist()))
+        try:
+            tokens, done, started, prefill = run(lm, messages, tokens=64, temperature=1.3, seed=turn)
+        finally:
+            hook.remove()
+        fed = [i for ids in calls[:len(prefill)] for i in ids]
+        out.append((fed, tokens, done, started))
+        messages.append({"role": "assistant", "content": done.text})
+    return out
+
+
+def test_each_sampled_turn_reuses_the_whole_previous_turn(models):
+    """Turn one left prompt + reply in the cache; turn two re-rendered the reply's text, whose
+    tokenization differs from the sampled ids mid-reply, and reused only up to there."""
+    lm, _fresh = models
+    turns = sampled_conversation(lm, CODE_TURNS)
+    first_fed, first_tokens, first_done, _ = turns[0]
+    canonical = lm.tokenizer.encode(first_done.text, add_special_tokens=False)
+    assert canonical[:len(first_tokens) - 1] != first_tokens[:-1]  # the case that used to break
+    held = first_fed
+    for fed, tokens, done, started in turns:
+        if done is not first_done:
+            assert started.cached_tokens == done.stats.cached_tokens == len(held)
+        held = held[:started.cached_tokens] + fed + (tokens[:-1] if done.stop_reason == "length" else tokens)
+
+
+def test_a_snapshot_restores_the_cache_into_a_reloaded_model(lm_plain):
+    """What the worker does around a failed load of another file: the reloaded model reuses the
+    conversation instead of re-reading it."""
+    from opscope.engine.api import load
+    from opscope.engine.generation import prefix_cache
+
+    messages = [{"role": "user", "content": TURNS[0]}]
+    _, done, _, _ = run(lm_plain, messages)
+    snap = prefix_cache.snapshot(lm_plain.model)
+    again = load(fastpath="off")
+    prefix_cache.restore(again.model, snap)
+    messages += [{"role": "assistant", "content": done.text}, {"role": "user", "content": TURNS[1]}]
+    tokens, done, _, _ = run(again, messages)
+    assert done.stats.cached_tokens == len(snap.ids) > 0
+    assert tokens == run(lm_plain, messages, reuse=False)[0]
+
+
 def _batch(lm):
     for _ in lm.generate_batch(["The sky is", "Paris is"], GenerationConfig(max_tokens=4)):
         pass
@@ -190,8 +246,20 @@ def test_stats_line_shows_the_cached_count():
 
     stats = {"ttft_ms": 40.0, "prefill_tok_s": 300.0, "decode_tok_s": 20.0, "prompt_tokens": 200,
              "generated_tokens": 8, "cached_tokens": 180}
-    assert format_stats(stats, "eos").endswith("200 prompt + 8 generated tokens · 180 cached · stop: eos")
+    assert format_stats(stats, "eos") == ("TTFT 40 ms · prefill 200 tok (180 cached) · decode 20.0 tok/s · "
+                                          "8 generated tokens · stop: eos")
     assert "cached" not in format_stats({**stats, "cached_tokens": 0}, "eos")
+
+
+def test_stats_line_shows_a_prefill_rate_only_over_enough_uncached_tokens():
+    """1 uncached token over a 1.8 s step read "prefill 0.6 tok/s": a step's cost, not a rate."""
+    from opscope.app.chat.session import format_stats
+
+    stats = {"ttft_ms": 1815.0, "prefill_tok_s": 0.6, "decode_tok_s": 4.0, "prompt_tokens": 40,
+             "generated_tokens": 8, "cached_tokens": 39}
+    assert format_stats(stats, "eos").startswith("TTFT 1815 ms · prefill 40 tok (39 cached) · decode 4.0 tok/s")
+    many = format_stats({**stats, "prompt_tokens": 200, "prefill_tok_s": 150.0}, "eos")
+    assert many.startswith("TTFT 1815 ms · prefill 200 tok (39 cached), 150.0 tok/s · decode")
 
 
 @pytest.mark.gui
@@ -215,6 +283,6 @@ def test_the_window_reuses_the_conversation_in_the_worker(qapp, qtbot, tmp_path)
         first, second = (t.stats for t in turns)
         assert first["cached_tokens"] == 0
         assert first["prompt_tokens"] < second["cached_tokens"] < second["prompt_tokens"]
-        assert f"· {second['cached_tokens']} cached ·" in chat.stats_label.text()
+        assert f"· prefill {second['prompt_tokens']} tok ({second['cached_tokens']} cached)" in chat.stats_label.text()
     finally:
         close_window(win)
