@@ -15,7 +15,7 @@ corrupting the next reply.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -102,7 +102,7 @@ def keep_on_resize(model: Transformer, old_caches: list, keep: int) -> None:
     seal(model, model.kv_prefix)
 
 
-def aligned_ids(model, tokenizer, text: str, ids: list[int]) -> list[int]:
+def aligned_ids(model: Transformer, tokenizer: Any, text: str, ids: list[int]) -> list[int]:
     """``ids`` (``text`` tokenized) with its head replaced by the ids the cache holds wherever they
     spell the same text. A sampled reply is often not the canonical tokenization of its own text
     ("12345" generated as "123"+"45" re-tokenizes as "1234"+"5"), so the next turn's re-rendered
@@ -128,7 +128,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def _longest_text_prefix(tokenizer, have: list[int], text: str, lo: int) -> int:
+def _longest_text_prefix(tokenizer: Any, have: list[int], text: str, lo: int) -> int:
     """The largest k in [lo, len(have)] whose ``decode(have[:k])`` starts ``text`` (binary search:
     a longer run of ids decodes to a longer text, so the property holds up to some k and not after)."""
     hi = len(have)
@@ -148,7 +148,7 @@ class Snapshot:
     kv: tuple  # one (k, v) pair per layer, [m, H, D] each
 
 
-def snapshot(model) -> Snapshot | None:
+def snapshot(model: Transformer) -> Snapshot | None:
     """A host copy of what the cache holds (None when nothing is reusable): taken before the
     worker drops a model to load another file, so that a failed load restores the conversation's
     cache along with the model."""
@@ -161,7 +161,7 @@ def snapshot(model) -> Snapshot | None:
     return Snapshot(tuple(ids), kv)
 
 
-def restore(model, snap: Snapshot | None) -> None:
+def restore(model: Transformer, snap: Snapshot | None) -> None:
     """Put ``snap`` back into ``model``'s cache (the same model reloaded) and make it reusable."""
     if snap is None or len(snap.kv) != len(model.layers):
         return
