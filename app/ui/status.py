@@ -128,11 +128,13 @@ class EngineStatusBar(QStatusBar):
 
     def on_model_loaded(self, info: dict) -> None:
         fast = info.get("fastpath", "off")
-        fast = f" · fast path{fast[2:]}" if fast.startswith("on") else ""  # "on (prefill_dtype=bf16)"
+        variant = f" {info['cpu_kernels']}" if info.get("cpu_kernels") else ""  # "avx2": the kernels' variant
+        fast = f" · fast path{variant}{fast[2:]}" if fast.startswith("on") else ""  # "on (prefill_dtype=bf16)"
         self.device_label.setText(f"device: {info.get('device', '–')} · {info.get('dtype', '')}{fast}"
                                   f" · {info.get('backend', '')}")
         explain = ("\nfast path: the GGUF's quantized weights with OpScope's CPU kernels "
-                   "(benchmarks/FASTPATH_NOTES.md)" if fast else "")
+                   f"({info['cpu_kernels'] + ' variant, ' if variant else ''}benchmarks/FASTPATH_NOTES.md)"
+                   if fast else "")
         self.device_label.setToolTip(self.device_label.full_text + explain)  # whole, when elided
         name = os.path.basename(info.get("path", "")) or "–"
         self.model_label.setText(f"model: {name}")

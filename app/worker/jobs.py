@@ -332,6 +332,7 @@ def model_info(loaded, req: LoadRequest, *, load_ms: float, reused: bool) -> dic
         "device": str(getattr(loaded, "device", req.device)),
         "dtype": str(getattr(loaded, "dtype", req.dtype)).replace("torch.", ""),
         "fastpath": str(getattr(getattr(loaded, "options", None), "fastpath", "off")),
+        "cpu_kernels": _cpu_kernels(loaded),
         "backend": req.backend,
         "load_ms": load_ms,
         "reused": reused,
@@ -360,3 +361,10 @@ def _rss_bytes() -> int | None:
         return psutil.Process(os.getpid()).memory_info().rss
     except Exception:
         return None
+
+
+def _cpu_kernels(loaded) -> str | None:
+    """The fast path's kernel variant (e.g. "avx2"), None on the plain path or another backend."""
+    from opscope.engine import cpu_kernels
+
+    return cpu_kernels(str(getattr(getattr(loaded, "options", None), "fastpath", "off")))

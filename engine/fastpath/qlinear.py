@@ -71,6 +71,16 @@ def _raw_has_q8(ggml_type: str) -> bool:
         return False
 
 
+def _soa_has_q8() -> bool:
+    """Whether the loaded variant runs the repacked Q4_1/Q8_0 matrices with int8 activations:
+    only where the CPU has VNNI. Elsewhere the kernels would take float32 activations anyway, so
+    the module says so (act_mode 0) instead of promising a mode that does not run."""
+    try:
+        return bool(load_kernels().has_vnni())
+    except KernelBuildError:
+        return False
+
+
 class BlocksWeight(torch.Tensor):
     """A quantized matrix seen as a float32 [N, K] tensor: shape, dtype and device are free (code
     that asks ``model.embed.weight.device`` pays nothing); any operation on it dequantizes the
@@ -130,7 +140,7 @@ class QuantLinear(_Blocks):
                  gemm_min_rows: int = 8, gemm_dtype: str = "bf16"):
         super().__init__(packed)
         self.out_features, self.in_features = packed.shape
-        int8_kernel = not packed.raw or _raw_has_q8(packed.ggml_type)
+        int8_kernel = _soa_has_q8() if not packed.raw else _raw_has_q8(packed.ggml_type)
         if act_mode == 1 and not int8_kernel and packed.ggml_type not in _q8_logged:
             _q8_logged.add(packed.ggml_type)
             log.info("fast path: no int8-activation kernel for %s; its matmuls use float32 activations",

@@ -5,10 +5,11 @@ the next input, and one ``.item()`` brings it back for text and stop checks (the
 """
 from __future__ import annotations
 
+import logging
 import threading
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -25,10 +26,13 @@ from opscope.engine.generation.config import GenerationConfig
 from opscope.engine.generation.sampling import sample
 
 if TYPE_CHECKING:
+    from opscope.engine.core.cpuload import OtherLoad
     from opscope.engine.core.cpuload import LoadAwareThreads
     from opscope.engine.generation.events import Event
     from opscope.engine.models.transformer import Transformer
     from opscope.engine.tokenizer.loader import Tokenizer
+
+log = logging.getLogger(__name__)
 
 __all__ = ["GenerationConfig", "generate", "ensure_cache"]
 
@@ -101,11 +105,12 @@ def _generate(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], r
         yield PrefillStarted(n, t_start, request_ns, cached_tokens=reused)
         reuse_fields = {"cached": reused} if reused else {}  # marker ``tokens``: those prefilled
         markers.emit(markers.PREFILL, "start", t_start, tokens=n - reused, **reuse_fields)
-        for s in range(reused, n, cfg.prefill_chunk):
-            logits = model(ids[:, s:s + cfg.prefill_chunk], s, last_only=True)
-            record.ids.extend(prompt_ids[s:s + cfg.prefill_chunk])
-            if s + cfg.prefill_chunk < n:
-                yield PrefillProgress(s + cfg.prefill_chunk, n, now_ns())
+        with prefill_threads(model):
+            for s in range(reused, n, cfg.prefill_chunk):
+                logits = model(ids[:, s:s + cfg.prefill_chunk], s, last_only=True)
+                record.ids.extend(prompt_ids[s:s + cfg.prefill_chunk])
+                if s + cfg.prefill_chunk < n:
+                    yield PrefillProgress(s + cfg.prefill_chunk, n, now_ns())
         nxt = sample(logits[:, -1], cfg.sampling, history[:n], gen)  # [1]
         token_id = int(nxt.item())  # sync: prefill is done when this returns
         t_prefill = now_ns()
@@ -124,6 +129,43 @@ def _with_cached(done: Finished, cached: int) -> Finished:
     st = done.stats
     rate = (st.prompt_tokens - cached) / (st.prefill_ms / 1e3) if st.prefill_ms > 0 else st.prefill_tok_s
     return replace(done, stats=replace(st, cached_tokens=cached, prefill_tok_s=rate))
+
+
+_other_load: OtherLoad | None = None  # other processes' busy cores since the previous prefill
+
+
+def prefill_load() -> OtherLoad:
+    """The process's OtherLoad reader (made on first use)."""
+    global _other_load
+    if _other_load is None:
+        from opscope.engine.core.cpuload import OtherLoad
+
+        _other_load = OtherLoad()
+    return _other_load
+
+
+@contextmanager
+def prefill_threads(model: Any, load: OtherLoad | None = None) -> Iterator[None]:
+    """Prefill on the CPU with the cores other processes left free since the previous prefill (at
+    least 1): under outside load every parallel region of the prefill waits for a descheduled
+    worker (issue 31: TTFT 9,054 ms with 2 threads, 412 ms with 1, same prompt). Other devices,
+    and a load not known yet (the first prefill, no /proc), keep the thread count."""
+    have = torch.get_num_threads()
+    if model.embed.weight.device.type != "cpu" or have == 1:
+        yield
+        return
+    load = load or prefill_load()
+    others = load.cores()
+    want = have if others is None else max(1, min(have, int(load.n_cpus - others + 0.5)))
+    if want == have:
+        yield
+        return
+    log.info("prefill on %d of %d threads: other processes kept %.1f cores busy", want, have, others)
+    torch.set_num_threads(want)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(have)
 
 
 @contextmanager

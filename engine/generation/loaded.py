@@ -38,6 +38,7 @@ class LoadOptions:
     fastpath: str = "off"
     compile: str = "off"
     quantize: str = "off"
+    cpu_kernels: str | None = None  # the CPU kernel variant the fast path runs (None: the plain path)
 
 
 class LoadedModel:
@@ -125,7 +126,7 @@ class LoadedModel:
         return {"model": str(self.source.path), "format": self.source.format, "arch": self.config.arch,
                 "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                 "attention": self.options.attention, "threads": _threads(), "backend": self.backend_name,
-                "fastpath": self.options.fastpath}
+                "fastpath": self.options.fastpath, "cpu_kernels": self.options.cpu_kernels}
 
 
 def _threads() -> int:

@@ -78,9 +78,10 @@ def command(binary: Path, model: Path, n_prompt: int, n_gen: int, threads: int, 
 
 
 def run(binary: Path, model: Path, n_prompt: int, n_gen: int, threads: int, reps: int = 1,
-        timeout_s: float = RUN_TIMEOUT_S) -> LlamaBenchRun:
-    """Run llama-bench once (``n_prompt``/``n_gen`` 0 skips that test); RuntimeError on failure."""
-    child = run_child(command(binary, model, n_prompt, n_gen, threads, reps), timeout_s)
+        timeout_s: float = RUN_TIMEOUT_S, env: dict | None = None) -> LlamaBenchRun:
+    """Run llama-bench once (``n_prompt``/``n_gen`` 0 skips that test); RuntimeError on failure.
+    ``env``: the child's environment (default: this process's)."""
+    child = run_child(command(binary, model, n_prompt, n_gen, threads, reps), timeout_s, env=env)
     if child.status != 0:
         tail = " | ".join(child.stderr.strip().splitlines()[-3:]) or f"exit status {child.status}"
         raise RuntimeError(f"llama-bench failed on {model.name} (exit {child.status}): {tail}")

@@ -1,4 +1,5 @@
-"""`opscope fastpath build`: compile (or find) the CPU fast-path kernels and say what they use."""
+"""`opscope fastpath`: which CPU kernel variant runs here and why; `opscope fastpath build`: load
+it (compiling it only where no prebuilt library fits) and report it."""
 from __future__ import annotations
 
 import argparse
@@ -6,19 +7,40 @@ import argparse
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("fastpath", help="CPU fast-path kernels",
-                              description="Build the CPU fast-path kernels once (a few minutes) and report them.")
-    sub = p.add_subparsers(dest="fastpath_cmd", required=True)
-    b = sub.add_parser("build", help="compile the kernels for this CPU, or find the cached build")
+                              description="Say which CPU kernel variant runs on this machine and why; "
+                                          "`build` loads it (compiling it where no prebuilt one fits).")
+    p.set_defaults(func=cmd_info)
+    sub = p.add_subparsers(dest="fastpath_cmd")
+    b = sub.add_parser("build", help="load the kernels for this CPU: the prebuilt variant, else compile it")
+    b.add_argument("--all", action="store_true",
+                   help="compile every variant of this architecture ahead of time into the package's "
+                        "prebuilt folder (what `make setup` and `make dist` run)")
     b.set_defaults(func=cmd_build)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """One line for the variant and why, one for where its library comes from."""
+    from opscope.engine.fastpath.kernels import build, variants
+
+    v = build.variant()  # VariantError (an EngineError): an override this CPU cannot run, in one line
+    print(f"variant {variants.reason(v)}")
+    print(f"library {build.library_origin(v)}")
+    others = [f"{o.name} (lacks {' '.join(build.variants.missing(o))})" for o in variants.for_arch() if not variants.can_run(o)]
+    if others:
+        print(f"not on this CPU: {', '.join(others)}")
+    return 0
 
 
 def cmd_build(args: argparse.Namespace) -> int:
     from opscope.engine.core.clock import now_ns
-    from opscope.engine.fastpath.kernels import load_kernels
-    from opscope.engine.fastpath.kernels.build import build_key, cache_root
+    from opscope.engine.fastpath.kernels import build, load_kernels, variants
 
     t0 = now_ns()
+    if args.all:
+        for line in build.prebuild(build.prebuilt_root()):
+            print(line)
+        return 0
     kern = load_kernels()  # KernelBuildError (an EngineError) says what is missing
-    print(f"kernels {build_key()} ready in {(now_ns() - t0) / 1e9:.1f} s at {cache_root()}: "
+    print(f"kernels {build.build_key()} ready in {(now_ns() - t0) / 1e9:.1f} s: {variants.reason(build.variant())}; "
           f"avx512={kern.has_avx512()} vnni={kern.has_vnni()}")
     return 0

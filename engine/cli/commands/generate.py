@@ -87,7 +87,7 @@ def _stream(events, out=None, quiet: bool = False):
     (docs/decisions/0005-generation-closed-when-streaming-stops.md)."""
     from opscope.engine.generation.events import Finished, Token
 
-    from opscope.engine.cli.live import LiveStatus, isatty
+    from opscope.engine.cli.main.live import LiveStatus, isatty
 
     out = out or sys.stdout  # looked up now: tests and the CLI's output guard replace sys.stdout
     live = LiveStatus(sys.stderr if not quiet else None, isatty(out) and isatty(sys.stderr))
@@ -231,5 +231,24 @@ def cmd_inspect(args) -> int:
     from opscope.engine.formats.inspect import format_text, inspect_path
 
     info = inspect_path(args.path)  # any GGUF's metadata, and in one line why it cannot run, if so
+    if info.get("format") == "gguf" and info.get("runnable") == "yes":
+        info = _with_metadata_last(info, cpu_kernels=_cpu_kernels())
     print(json_output.dumps(info, indent=2, default=str) if args.json else format_text(info))
     return 0
+
+
+def _cpu_kernels() -> str:
+    """The kernel variant the CPU fast path would run here and why (nothing loaded or compiled)."""
+    from opscope.engine.core.errors import EngineError
+    from opscope.engine.fastpath.kernels import build, variants
+
+    try:
+        return variants.reason(build.variant())
+    except EngineError as e:
+        return f"none: {e}"
+
+
+def _with_metadata_last(info: dict, **extra) -> dict:
+    """``info`` with ``extra`` added before its metadata block (which format_text prints last)."""
+    meta = {k: v for k, v in info.items() if k == "metadata"}
+    return {**{k: v for k, v in info.items() if k != "metadata"}, **extra, **meta}

@@ -1,10 +1,12 @@
-"""Builds the C++ kernels once per machine kind and caches them in a per-user directory.
+"""Loads the C++ kernels of the CPU variant this process runs (engine.kernels.variants).
 
-The kernels are compiled with torch's own extension tooling for the CPU they run on
-(``-march=native``: AVX-512/VNNI where present, AVX2 or plain code elsewhere). The cache key is a
-hash of the source, the flags, torch's version and the CPU's feature flags, so a build made on one
-kind of CPU is never loaded on another. A cached build is imported directly, without running the
-compiler or ninja, which keeps model load fast.
+Each variant is compiled ahead of time (``make setup`` for a checkout, ``make dist`` for the wheel:
+``opscope fastpath build --all``) into ``prebuilt/<torch+python tag>/`` beside
+this file, so the user needs no compiler. Where no prebuilt library fits (another torch, a source
+change, a platform no variant was built for) the variant is compiled at first use with torch's
+extension tooling into a per-user cache, as before. The key of a build is a hash of the sources,
+the variant's flags, torch's and Python's versions: a library never runs with other sources or
+on a CPU its variant does not fit. A found library is imported directly, without the compiler.
 """
 from __future__ import annotations
 
@@ -23,13 +25,15 @@ from pathlib import Path
 from types import ModuleType
 
 from opscope.engine.core.errors import BackendError
+from opscope.engine.fastpath.kernels import variants
+from opscope.engine.fastpath.kernels.variants import Variant
 
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "ops.cpp", "decode.cpp", "prefill.cpp")
-_HEADERS = ("qkernels.h", "qtensors.h", "gguf_types.h", "simd_v1.h", "simd_v2.h")
-_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast")
+_HEADERS = ("qkernels.h", "qtensors.h", "gguf_types.h", "simd_v1.h", "simd_v2.h", "vec.h", "portable.h", "pool.h")
+_CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")  # + the variant's -m flags
 _LDFLAGS = ("-fopenmp",)
 _lock = threading.Lock()
 
@@ -67,16 +71,120 @@ def native_bf16() -> bool:
     return bool(set(_cpu_flags().split()) & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def build_key() -> str:
+def loaded_variant() -> str | None:
+    """The name of the variant whose kernels this process has loaded (None: none loaded yet, or
+    the load failed)."""
+    return _loaded_variant
+
+
+def variant() -> Variant:
+    """The variant this process loads (VariantError, a KernelBuildError's sibling, where
+    OPSCOPE_CPU_VARIANT names one this CPU cannot run)."""
+    return variants.chosen()
+
+
+def cflags(v: Variant) -> list[str]:
+    return list(_CFLAGS + v.cflags)
+
+
+def build_key(v: Variant | None = None) -> str:
     import torch
 
+    v = v or variant()
     h = hashlib.sha256()
     for name in _SOURCES + _HEADERS:
         h.update((_CSRC / name).read_bytes())
-    for part in (" ".join(_CFLAGS + _LDFLAGS).encode(), torch.__version__.encode(),
-                 _cpu_flags().encode(), sys.version.encode()):
+    for part in (v.name.encode(), " ".join(cflags(v) + list(_LDFLAGS)).encode(), torch.__version__.encode(),
+                 sys.version.encode()):
         h.update(part)
     return h.hexdigest()[:16]
+
+
+def module_name(v: Variant | None = None) -> str:
+    v = v or variant()
+    return f"opscope_qlinear_{v.name.replace('-', '_')}_{build_key(v)}"
+
+
+def abi_tag() -> str:
+    """The prebuilt libraries' folder: they link against this torch and this Python."""
+    import torch
+
+    return f"torch{torch.__version__.split('+')[0]}-{sys.implementation.cache_tag}-{variants.arch()}"
+
+
+def prebuilt_root() -> Path:
+    """``$OPSCOPE_KERNEL_PREBUILT``, else ``prebuilt`` beside this file (in the wheel, in a checkout
+    after ``make setup``)."""
+    import os
+
+    if os.environ.get("OPSCOPE_KERNEL_PREBUILT"):
+        return Path(os.environ["OPSCOPE_KERNEL_PREBUILT"])
+    return Path(__file__).with_name("prebuilt")
+
+
+def prebuilt_path(v: Variant | None = None) -> Path:
+    v = v or variant()
+    return prebuilt_root() / abi_tag() / f"{module_name(v)}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+
+
+def sources_key(v: Variant) -> str:
+    """The hash of what a prebuilt library was compiled from (sources, variant, flags): the folder
+    it sits in (abi_tag) says which torch and CPython ABI it needs, so a Python of another patch
+    release (3.11.2 vs 3.11.7: another build_key) still loads it."""
+    h = hashlib.sha256()
+    for name in _SOURCES + _HEADERS:
+        h.update((_CSRC / name).read_bytes())
+    h.update(v.name.encode())
+    h.update(" ".join(cflags(v) + list(_LDFLAGS)).encode())
+    return h.hexdigest()[:16]
+
+
+_MANIFEST = "manifest.json"
+
+
+def prebuilt_entry(v: Variant) -> tuple[str, Path] | None:
+    """(module name, library) of the prebuilt variant ``v`` for these sources, or None."""
+    exact = prebuilt_path(v)
+    if exact.is_file():
+        return module_name(v), exact
+    import json
+
+    manifest = prebuilt_root() / abi_tag() / _MANIFEST
+    try:
+        entry = json.loads(manifest.read_text()).get(v.name)
+    except (OSError, ValueError):
+        return None
+    if not entry or entry.get("sources") != sources_key(v):
+        return None
+    path = manifest.parent / entry["file"]
+    return (entry["module"], path) if path.is_file() else None
+
+
+def _record_prebuilt(v: Variant, dest: Path) -> None:
+    """Add ``dest`` (variant ``v``, these sources) to its folder's manifest."""
+    import json
+
+    manifest = dest.parent / _MANIFEST
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data[v.name] = {"module": module_name(v), "file": dest.name, "sources": sources_key(v)}
+    manifest.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def library_origin(v: Variant | None = None) -> str:
+    """Where variant ``v``'s library comes from here: prebuilt, the per-user cache, or a compile
+    at first use (a few minutes; needs a C++ compiler)."""
+    v = v or variant()
+    name = module_name(v)
+    pre = prebuilt_entry(v)
+    if pre is not None:
+        return f"prebuilt: {pre[1]}"
+    cached = [p for p in (cache_root() / name).glob(f"{name}*.so")]
+    if cached:
+        return f"compiled here: {cached[0]}"
+    return f"not built yet: compiled at first use into {cache_root() / name} (a few minutes, needs a C++ compiler)"
 
 
 def _import_so(name: str, so: Path) -> ModuleType:
@@ -89,7 +197,7 @@ def _import_so(name: str, so: Path) -> ModuleType:
     return module
 
 
-def _compile(name: str, build_dir: Path) -> ModuleType:
+def _compile(name: str, build_dir: Path, v: Variant) -> ModuleType:
     if shutil.which("c++") is None and shutil.which("g++") is None:
         raise KernelBuildError("no C++ compiler found (c++/g++): install one (e.g. `apt-get install g++`) "
                                "to use the CPU fast path, or run with the dense torch path")
@@ -98,13 +206,14 @@ def _compile(name: str, build_dir: Path) -> ModuleType:
     log.info("building CPU kernels %s in %s", name, build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return load(name=name, sources=[str(_CSRC / n) for n in _SOURCES], extra_cflags=list(_CFLAGS),
+        return load(name=name, sources=[str(_CSRC / n) for n in _SOURCES], extra_cflags=cflags(v),
                     extra_ldflags=list(_LDFLAGS), build_directory=str(build_dir), verbose=False)
     except (RuntimeError, OSError, ImportError) as e:  # compile/link errors arrive as RuntimeError
         raise KernelBuildError(f"building the CPU kernels in {build_dir} failed: {e}") from e
 
 
 _failure: KernelBuildError | None = None  # remembered: a failed build is not retried in this process
+_loaded_variant: str | None = None
 
 
 def _one_line(message: str) -> str:
@@ -125,11 +234,15 @@ def load_kernels() -> ModuleType:
     global _failure
     if _failure is not None:
         raise _failure
+    global _loaded_variant
     try:
-        return _load_kernels()
+        module = _load_kernels()
+        _loaded_variant = variant().name
+        return module
     except Exception as e:  # noqa: BLE001 (whatever breaks here, the fallback is plain torch, not a crash)
         log.debug("CPU kernel build failed", exc_info=True)
-        detail = str(e) if isinstance(e, KernelBuildError) else f"the CPU kernels cannot be built: {type(e).__name__}: {e}"
+        plain = isinstance(e, (KernelBuildError, variants.VariantError))
+        detail = str(e) if plain else f"the CPU kernels cannot be built: {type(e).__name__}: {e}"
         _failure = KernelBuildError(_one_line(detail))
         raise _failure from e
 
@@ -138,13 +251,17 @@ def load_kernels() -> ModuleType:
 def _load_kernels() -> ModuleType:
     import torch  # noqa: F401  (the extension links against torch's libraries, loaded first)
 
-    name = f"opscope_qlinear_{build_key()}"
+    v = variant()
+    name = module_name(v)
     build_dir = cache_root() / name
     so = build_dir / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
     alt = build_dir / f"{name}.so"
     with _lock:
-        module = _import_cached(name, so, alt)
+        pre = prebuilt_entry(v)
+        module = _import_cached(pre[0], pre[1]) if pre else None
+        module = module or _import_cached(name, so, alt)
         if module is not None:
+            log.info("CPU kernels: %s", variants.reason(v))
             return module
         with _machine_lock(build_dir):  # one build per machine; the others wait, then import it
             module = _import_cached(name, so, alt)
@@ -152,7 +269,7 @@ def _load_kernels() -> ModuleType:
                 return module
             _drop_stale_torch_lock(build_dir)
             with _announced():
-                return _compile(name, build_dir)
+                return _compile(name, build_dir, v)
 
 
 @contextmanager
@@ -204,3 +321,58 @@ def _drop_stale_torch_lock(build_dir: Path) -> None:
     if stale.exists():
         log.warning("removing %s left by an interrupted kernel build", stale)
         stale.unlink(missing_ok=True)
+
+
+def build_variant(v: Variant, out_root: Path) -> Path:
+    """Compile variant ``v`` (in this process: one variant per process, each registers the same
+    torch operator namespace) and copy its library to ``out_root/<abi tag>/``."""
+    name = module_name(v)
+    build_dir = cache_root() / name
+    so = build_dir / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    alt = build_dir / f"{name}.so"
+    if not (so.is_file() or alt.is_file()):
+        with _machine_lock(build_dir):
+            _drop_stale_torch_lock(build_dir)
+            _compile(name, build_dir, v)
+    dest = out_root / abi_tag() / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    prefix = name.rsplit("_", 1)[0] + "_"
+    for stale in dest.parent.glob(f"{prefix}*"):  # this variant built from older sources (not avx512 vs avx512_vnni)
+        key = stale.name[len(prefix):].split(".", 1)[0]
+        if stale != dest and len(key) == 16 and "_" not in key:
+            stale.unlink()
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copyfile(so if so.is_file() else alt, tmp)
+    tmp.replace(dest)  # a new file: a process that has the old one mapped keeps it
+    _record_prebuilt(v, dest)
+    return dest
+
+
+def prebuild(out_root: Path, names: list[str] | None = None) -> list[str]:
+    """Every variant of this architecture (or ``names``) compiled ahead of time into
+    ``out_root``, one child process each; the lines to print."""
+    import os
+    import subprocess
+
+    lines = []
+    for v in [variants.by_name(n) for n in names] if names else variants.for_arch():
+        code = ("import sys; from pathlib import Path; from opscope.engine.fastpath.kernels import build, variants; "
+                "print(build.build_variant(variants.by_name(sys.argv[1]), Path(sys.argv[2])))")
+        out = subprocess.run([sys.executable, "-c", code, v.name, str(out_root)], capture_output=True, text=True,
+                             env={**os.environ, variants.ENV: ""})
+        if out.returncode != 0:
+            raise KernelBuildError(f"building kernel variant {v.name} failed: {_one_line(out.stderr)}")
+        lines.append(f"{v.name}: {out.stdout.strip().splitlines()[-1]}")
+    return lines
+
+
+if __name__ == "__main__":  # python -m opscope.engine.fastpath.kernels.build [--out DIR] [VARIANT ...]
+    import argparse
+
+    ap = argparse.ArgumentParser(description="compile the kernel variants ahead of time")
+    ap.add_argument("--out", default=str(prebuilt_root()), metavar="DIR", help="default: the package's prebuilt/")
+    ap.add_argument("variants", nargs="*", help="default: every variant of this architecture")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    for line in prebuild(Path(a.out), a.variants or None):
+        print(line)

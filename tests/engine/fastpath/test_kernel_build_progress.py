@@ -13,6 +13,7 @@ def test_a_kernel_build_says_it_starts_and_ends(tmp_path, monkeypatch, capsys):
     # A real build with an empty cache, ended at once by the machine having no compiler on PATH.
     monkeypatch.setenv("OPSCOPE_KERNEL_CACHE", str(tmp_path / "kernels"))
     monkeypatch.setenv("PATH", str(tmp_path / "no-compiler-here"))
+    monkeypatch.setenv("OPSCOPE_KERNEL_PREBUILT", str(tmp_path / "none"))  # a platform no prebuilt variant covers
     # this process may have loaded (or failed) the kernels already: a fresh cache for this test,
     # the process's own put back after it
     monkeypatch.setattr(build, "_load_kernels", functools.lru_cache(maxsize=1)(build._load_kernels.__wrapped__))

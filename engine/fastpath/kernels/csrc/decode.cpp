@@ -19,6 +19,8 @@
 #endif
 
 #include "gguf_types.h"
+#include "pool.h"
+#include "portable.h"
 #include "qtensors.h"
 
 namespace opscope {
@@ -57,6 +59,8 @@ float dot(const float* a, const float* b, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
   for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
   s = _mm512_reduce_add_ps(acc);
+#else
+  return portable::dot<vec::Vec>(a, b, n);
 #endif
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
@@ -90,6 +94,8 @@ void silu_mul(const float* g, const float* u, int64_t n, float* out) {
     const __m512 e = gguf::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv));
     _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(e, one)), _mm512_loadu_ps(u + i)));
   }
+#else
+  return portable::silu_mul<vec::Vec>(g, u, n, out);
 #endif
   for (; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
@@ -235,8 +241,9 @@ class DecodeModel {
   void attention(const float* kc, const float* vc, int64_t pos) {
     const float scale = 1.f / std::sqrt(float(D_));
     const int64_t rep = H_ / KV_;
-    at::parallel_for(0, H_, 1, [&](int64_t h0, int64_t h1) {
-      for (int64_t h = h0; h < h1; ++h) {
+    // one head per chunk, shared out by the work pool (pool.h: no wait for a descheduled worker)
+    WorkPool::get().run(H_, at::get_num_threads(), [&](int64_t h0) {
+      for (int64_t h = h0; h < h0 + 1; ++h) {
         const float* q = q_.data() + h * D_;
         const float* kh = kc + (h / rep) * D_;  // key t of this head at kh + t * KV_ * D_
         const float* vh = vc + (h / rep) * D_;
@@ -250,7 +257,7 @@ class DecodeModel {
         for (int64_t t = 0; t <= pos; ++t) {
           const float p = sc[t] / sum;
           const float* vt = vh + t * KV_ * D_;
-          for (int64_t i = 0; i < D_; ++i) out[i] += p * vt[i];
+          portable::axpy<vec::Vec>(p, vt, D_, out);
         }
       }
     });

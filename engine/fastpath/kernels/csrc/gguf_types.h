@@ -16,8 +16,6 @@
 // most 7), so the one rounding of the types with a min ("d*q - m") is the same fused or not.
 // Layouts follow ggml's block_* structs (ggml-common.h).
 #pragma once
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -25,6 +23,7 @@
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#include "vec.h"
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define OPSCOPE_AVX512_RAW 1
 #endif
@@ -44,7 +43,7 @@ inline float fp16(const uint8_t* p) {
 #if defined(__F16C__)
   return _cvtsh_ss(u16(p));  // one instruction; the portable conversion costs ~15 per block
 #else
-  return static_cast<float>(c10::Half(u16(p), c10::Half::from_bits()));
+  return vec::half_to_float(u16(p));  // own conversion: no torch header here (the NEON test driver)
 #endif
 }
 

@@ -17,6 +17,13 @@
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "pool.h"
+#if !defined(__AVX512F__)
+#include "portable.h"  // the AVX2 / NEON / baseline variants' kernels (vec.h traits)
+#endif
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -165,6 +172,25 @@ void group4(const Weights& w, const Act& a, bool q8, int64_t r, float* y) {
 }
 #endif
 
+#if !defined(__AVX512F__)
+// The SoA layouts through the portable kernels (exact float32), 4 rows at a time, then single rows.
+void portable_rows(const Weights& w, const Act& a, int64_t r0, int64_t r1, float* y) {
+  using V = vec::Vec;
+  int64_t r = r0;
+  if (w.qtype == 0 && w.m_from_d) {
+    for (; r + 4 <= r1; r += 4) portable::soa_q4_1_rows<V, 4, true>(a.x, a.sx, w.qs, w.d, w.m, w.K, r, y);
+    for (; r < r1; ++r) portable::soa_q4_1_rows<V, 1, true>(a.x, a.sx, w.qs, w.d, w.m, w.K, r, y);
+  } else if (w.qtype == 0) {
+    for (; r + 4 <= r1; r += 4) portable::soa_q4_1_rows<V, 4, false>(a.x, a.sx, w.qs, w.d, w.m, w.K, r, y);
+    for (; r < r1; ++r) portable::soa_q4_1_rows<V, 1, false>(a.x, a.sx, w.qs, w.d, w.m, w.K, r, y);
+  } else {
+    const int8_t* q = reinterpret_cast<const int8_t*>(w.qs);
+    for (; r + 4 <= r1; r += 4) portable::soa_q8_0_rows<V, 4>(a.x, q, w.d, w.K, r, y);
+    for (; r < r1; ++r) portable::soa_q8_0_rows<V, 1>(a.x, q, w.d, w.K, r, y);
+  }
+}
+#endif
+
 // Rows [r0, r1) of one output vector; whole 4-row groups take the SIMD path.
 void rows_range(const Weights& w, const Act& a, bool q8, int64_t r0, int64_t r1, float* y) {
   if (w.raw()) {  // int8 activations where the type has a kernel for them, else float32
@@ -174,6 +200,8 @@ void rows_range(const Weights& w, const Act& a, bool q8, int64_t r0, int64_t r1,
   int64_t r = r0;
 #if defined(__AVX512F__)
   for (; r + 4 <= r1; r += 4) group4(w, a, q8, r, y);
+#else
+  if (!q8) return portable_rows(w, a, r0, r1, y);
 #endif
   for (; r < r1 && q8; ++r) {
     if (w.qtype == 0) q4_1_row_scalar_q8(a.qy, a.dy, a.sx, w.qs, w.d, w.m, w.K, r, y);
@@ -183,6 +211,15 @@ void rows_range(const Weights& w, const Act& a, bool q8, int64_t r0, int64_t r1,
     if (w.qtype == 0) q4_1_row_scalar(a.x, a.sx, w.qs, w.d, w.m, w.K, r, y);
     else q8_0_row_scalar(a.x, reinterpret_cast<const int8_t*>(w.qs), w.d, w.K, r, y);
   }
+}
+
+// OPSCOPE_DECODE_POOL=0: the matvecs through at::parallel_for (OpenMP) instead (A/B benchmarks).
+bool use_pool() {
+  static const bool on = [] {
+    const char* v = std::getenv("OPSCOPE_DECODE_POOL");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
 }
 
 }  // namespace
@@ -212,12 +249,18 @@ void matvec_multi(const float* x, int64_t K, const Weights* ws, float* const* ys
   const Act a{x, s.sxf.data(), s.sx.data(), s.qy.data(), s.qyp.data(), s.dy.data(), &s.k};
   std::vector<int64_t> start(n + 1, 0);  // prefix sums of 4-row groups over the matrices
   for (int i = 0; i < n; ++i) start[i + 1] = start[i] + (ws[i].N + 3) / 4;
-  at::parallel_for(0, start[n], GROUP_GRAIN, [&](int64_t g0, int64_t g1) {
+  auto groups = [&](int64_t g0, int64_t g1) {
     for (int i = 0; i < n; ++i) {
       const int64_t lo = std::max(g0, start[i]), hi = std::min(g1, start[i + 1]);
       if (lo < hi) rows_range(ws[i], a, q8, (lo - start[i]) * 4, std::min((hi - start[i]) * 4, ws[i].N), ys[i]);
     }
-  });
+  };
+  const int threads = at::get_num_threads();
+  if (!use_pool()) return at::parallel_for(0, start[n], GROUP_GRAIN, groups);
+  // chunks handed out dynamically (pool.h): about 8 per thread, at least GROUP_GRAIN groups each
+  const int64_t chunk = std::max<int64_t>(GROUP_GRAIN, start[n] / (8 * std::max(1, threads)));
+  const int64_t chunks = (start[n] + chunk - 1) / chunk;
+  WorkPool::get().run(chunks, threads, [&](int64_t c) { groups(c * chunk, std::min(start[n], (c + 1) * chunk)); });
 }
 
 void dequantize_row(const Weights& w, int64_t r, float* out) {

@@ -16,6 +16,9 @@
 #include <algorithm>
 #include <type_traits>
 #include <vector>
+#if !defined(OPSCOPE_AVX512_RAW)
+#include "portable.h"  // the AVX2 / NEON / baseline variants' kernels (vec.h traits)
+#endif
 
 namespace opscope {
 namespace {
@@ -304,6 +307,8 @@ void raw_rows(const Weights& w, const float* x, const float* sx, int64_t r0, int
       for (; r < r1; ++r) rows_k<T, 1>(x, sx, w, r, y);
       return;
     }
+#else
+    if (portable::raw_rows<vec::Vec, T>(x, sx, w.qs, w.row_bytes, w.K, r0, r1, y)) return;
 #endif
     for (; r + 4 <= r1; r += 4) rows_raw<T, 4>(x, w, r, y);
     for (; r < r1; ++r) rows_raw<T, 1>(x, w, r, y);

@@ -1,0 +1,451 @@
+// The matvec kernel bodies of the portable variants (x86-64 baseline, AVX2+FMA+F16C, ARM64 NEON),
+// written once over the vector traits of vec.h (V) and instantiated for the instruction set the
+// translation unit is compiled for. Exact float32: weights decoded to float32 in registers, float32
+// FMA accumulation, each block's scale factored out of its dot product.
+//   soa_q4_1_rows / soa_q8_0_rows  the repacked structure-of-arrays layouts (kernels.cpp)
+//   b32_rows                        raw 32-weight blocks with one fp16 scale (Q4_0 ... IQ4_NL)
+//   k_rows                          raw 256-weight superblocks (Q2_K ... Q6_K, IQ4_XS)
+//   half_rows                       raw F32 / F16 / BF16
+// Each computes R rows (4 share every activation load: four independent FMA chains).
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "gguf_types.h"
+#include "vec.h"
+
+namespace opscope {
+namespace portable {
+
+using gguf::static_for;
+constexpr int C16 = 16;  // bytes per V::B
+
+// Convert chunk c of a byte register to float lanes, signed or not.
+template <class V, bool SIGNED, int c>
+inline typename V::F conv(typename V::B b) {
+  if constexpr (SIGNED) return V::template s8<c>(b);
+  else return V::template u8<c>(b);
+}
+
+// Dot product of the 32 quants (lo: weights 0-15, hi: 16-31) with x0 = x[0:16], x1 = x[16:32],
+// two FMA chains.
+template <class V, bool SIGNED>
+inline typename V::F dot32(typename V::B lo, typename V::B hi, const typename V::F* x0, const typename V::F* x1) {
+  constexpr int C = C16 / V::W;
+  typename V::F t0 = V::mul(conv<V, SIGNED, 0>(lo), x0[0]);
+  typename V::F t1 = V::mul(conv<V, SIGNED, 0>(hi), x1[0]);
+  static_for<C - 1>([&](auto cc) {
+    constexpr int c = decltype(cc)::value + 1;
+    t0 = V::fma(conv<V, SIGNED, c>(lo), x0[c], t0);
+    t1 = V::fma(conv<V, SIGNED, c>(hi), x1[c], t1);
+  });
+  return V::add(t0, t1);
+}
+
+// The same from memory: 32 signed/unsigned bytes at q, or 16 bytes of nibbles (low: weights 0-15,
+// high: 16-31) at q.
+template <class V, bool SIGNED>
+inline typename V::F dot32p(const uint8_t* q, const typename V::F* x0, const typename V::F* x1) {
+  constexpr int C = C16 / V::W;
+  typename V::F t0 = V::zero(), t1 = V::zero();
+  static_for<C>([&](auto cc) {
+    constexpr int c = decltype(cc)::value;
+    if constexpr (SIGNED) {
+      t0 = V::fma(V::template s8p<c>(q), x0[c], t0);
+      t1 = V::fma(V::template s8p<c>(q + 16), x1[c], t1);
+    } else {
+      t0 = V::fma(V::template u8p<c>(q), x0[c], t0);
+      t1 = V::fma(V::template u8p<c>(q + 16), x1[c], t1);
+    }
+  });
+  return V::add(t0, t1);
+}
+
+template <class V>
+inline typename V::F dot_nib32p(const uint8_t* q, const typename V::F* x0, const typename V::F* x1) {
+  constexpr int C = C16 / V::W;
+  typename V::F t0 = V::zero(), t1 = V::zero();
+  static_for<C>([&](auto cc) {
+    constexpr int c = decltype(cc)::value;
+    typename V::F lo, hi;
+    V::template nibp<c>(q, lo, hi);
+    t0 = V::fma(lo, x0[c], t0);
+    t1 = V::fma(hi, x1[c], t1);
+  });
+  return V::add(t0, t1);
+}
+
+template <class V>
+inline void load_x32(const float* x, typename V::F* x0, typename V::F* x1) {
+  for (int c = 0; c < C16 / V::W; ++c) { x0[c] = V::load(x + c * V::W); x1[c] = V::load(x + 16 + c * V::W); }
+}
+
+// fp16 scale i of an array of fp16 (the SoA layouts' d and m).
+template <class V>
+inline float h16(const void* p, int64_t i) { return V::fp16(static_cast<const uint8_t*>(p) + 2 * i); }
+
+// ---- SoA layouts (engine.kernels.packing): Q4_1 qs [N, K/2], d, m [N, K/32]; Q8_0 qs [N, K]
+// MD: Q4_0 held as Q4_1 with m = -8 d (m never read).
+template <class V, int R, bool MD>
+void soa_q4_1_rows(const float* x, const float* sx, const uint8_t* qs, const void* d, const void* m, int64_t K,
+                   int64_t row, float* y) {
+  constexpr int C = C16 / V::W;
+  const int64_t nb = K / 32;
+  typename V::F acc[R], x0[C], x1[C];
+  float macc[R];
+  for (int r = 0; r < R; ++r) { acc[r] = V::zero(); macc[r] = 0.f; }
+  for (int64_t b = 0; b < nb; ++b) {
+    load_x32<V>(x + 32 * b, x0, x1);
+    static_for<R>([&](auto rc) {
+      constexpr int r = decltype(rc)::value;
+      const int64_t i = (row + r) * nb + b;
+      const float dd = h16<V>(d, i);
+      acc[r] = V::fma(V::set1(dd), dot_nib32p<V>(qs + (row + r) * (K / 2) + b * 16, x0, x1), acc[r]);
+      macc[r] += (MD ? -8.f * dd : h16<V>(m, i)) * sx[b];
+    });
+  }
+  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) + macc[r];
+}
+
+template <class V, int R>
+void soa_q8_0_rows(const float* x, const int8_t* qs, const void* d, int64_t K, int64_t row, float* y) {
+  constexpr int C = C16 / V::W;
+  const int64_t nb = K / 32;
+  typename V::F acc[R], x0[C], x1[C];
+  for (int r = 0; r < R; ++r) acc[r] = V::zero();
+  for (int64_t b = 0; b < nb; ++b) {
+    load_x32<V>(x + 32 * b, x0, x1);
+    static_for<R>([&](auto rc) {
+      constexpr int r = decltype(rc)::value;
+      const uint8_t* q = reinterpret_cast<const uint8_t*>(qs + (row + r) * K + b * 32);
+      acc[r] = V::fma(V::set1(h16<V>(d, (row + r) * nb + b)), dot32p<V, true>(q, x0, x1), acc[r]);
+    });
+  }
+  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]);
+}
+
+// ---- raw 32-weight blocks: bytes(blk, lo, hi) gives the 32 quants as bytes (weights 0-15, 16-31),
+// SIGNED or not; w = d * q (+ m where M_OFF >= 0, through the block sums of x).
+template <class T> struct B32 { static constexpr bool OK = false; };
+
+template <> struct B32<gguf::TQ4_0> {
+  static constexpr bool OK = true, SIGNED = true;
+  static constexpr int M_OFF = -1;
+  template <class V> static void bytes(const uint8_t* b, typename V::B& lo, typename V::B& hi) {
+    const typename V::B v = V::load16(b + 2);
+    lo = V::sub8(V::nib_lo(v), 8);
+    hi = V::sub8(V::nib_hi(v), 8);
+  }
+};
+template <> struct B32<gguf::TQ4_1> {
+  static constexpr bool OK = true, SIGNED = false;
+  static constexpr int M_OFF = 2;
+  template <class V> static void bytes(const uint8_t* b, typename V::B& lo, typename V::B& hi) {
+    const typename V::B v = V::load16(b + 4);
+    lo = V::nib_lo(v);
+    hi = V::nib_hi(v);
+  }
+};
+// The 5th bits: 16 where bit j of qh is set (bytes of lo: bits 0-15, hi: 16-31).
+template <class V>
+inline void fives(typename V::B v, uint32_t qh, typename V::B& lo, typename V::B& hi) {
+  const typename V::B sixteen = V::splat8(16);
+  lo = V::or8(V::nib_lo(v), V::and8(V::bits16(qh & 0xFFFF), sixteen));
+  hi = V::or8(V::nib_hi(v), V::and8(V::bits16(qh >> 16), sixteen));
+}
+template <> struct B32<gguf::TQ5_0> {
+  static constexpr bool OK = true, SIGNED = true;
+  static constexpr int M_OFF = -1;
+  template <class V> static void bytes(const uint8_t* b, typename V::B& lo, typename V::B& hi) {
+    fives<V>(V::load16(b + 6), gguf::u32(b + 2), lo, hi);
+    lo = V::sub8(lo, 16);
+    hi = V::sub8(hi, 16);
+  }
+};
+template <> struct B32<gguf::TQ5_1> {
+  static constexpr bool OK = true, SIGNED = false;
+  static constexpr int M_OFF = 2;
+  template <class V> static void bytes(const uint8_t* b, typename V::B& lo, typename V::B& hi) {
+    fives<V>(V::load16(b + 8), gguf::u32(b + 4), lo, hi);
+  }
+};
+template <> struct B32<gguf::TQ8_0> {
+  static constexpr bool OK = true, SIGNED = true;
+  static constexpr int M_OFF = -1;
+  template <class V> static void bytes(const uint8_t* b, typename V::B& lo, typename V::B& hi) {
+    lo = V::load16(b + 2);
+    hi = V::load16(b + 18);
+  }
+};
+template <> struct B32<gguf::TIQ4_NL> {
+  static constexpr bool OK = true, SIGNED = true;
+  static constexpr int M_OFF = -1;
+  template <class V> static void bytes(const uint8_t* b, typename V::B& lo, typename V::B& hi) {
+    const typename V::B v = V::load16(b + 2);
+    lo = V::lut16(gguf::kIQ4NL, V::nib_lo(v));
+    hi = V::lut16(gguf::kIQ4NL, V::nib_hi(v));
+  }
+};
+
+// sx: the exact float32 sums of x per 32-block (the min term).
+template <class V, class T, int R>
+void b32_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_bytes, int64_t K, int64_t row, float* y) {
+  using P = B32<T>;
+  constexpr int C = C16 / V::W;
+  const int64_t nb = K / 32;
+  typename V::F acc[R], x0[C], x1[C];
+  float macc[R];
+  for (int r = 0; r < R; ++r) { acc[r] = V::zero(); macc[r] = 0.f; }
+  for (int64_t b = 0; b < nb; ++b) {
+    load_x32<V>(x + 32 * b, x0, x1);
+    static_for<R>([&](auto rc) {
+      constexpr int r = decltype(rc)::value;
+      const uint8_t* blk = qs + (row + r) * row_bytes + b * T::BYTES;
+      typename V::F t;
+      if constexpr (std::is_same_v<T, gguf::TQ8_0>) {
+        t = dot32p<V, true>(blk + 2, x0, x1);
+      } else if constexpr (std::is_same_v<T, gguf::TQ4_1>) {
+        t = dot_nib32p<V>(blk + 4, x0, x1);
+      } else if constexpr (std::is_same_v<T, gguf::TQ4_0>) {  // d (q - 8): the -8 d through the block sum
+        t = dot_nib32p<V>(blk + 2, x0, x1);
+        macc[r] -= 8.f * V::fp16(blk) * sx[b];
+      } else {
+        typename V::B lo, hi;
+        P::template bytes<V>(blk, lo, hi);
+        t = dot32<V, P::SIGNED>(lo, hi, x0, x1);
+      }
+      acc[r] = V::fma(V::set1(V::fp16(blk)), t, acc[r]);
+      if constexpr (P::M_OFF >= 0) macc[r] += V::fp16(blk + P::M_OFF) * sx[b];
+    });
+  }
+  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) + macc[r];
+}
+
+// ---- raw 256-weight superblocks: prep decodes a superblock's quants to bytes in weight order
+// and its group scales to floats (G weights per group: sc[g] = d * scale of group g; MINS:
+// sc[256/G + g] = dmin * min, w = sc[g] * q - sc[256/G + g]), once per row and superblock; the
+// dot products then read 16 quants per load with the group scale factored out.
+template <class T> struct KT { static constexpr bool OK = false; };
+
+template <> struct KT<gguf::TQ2_K> {
+  static constexpr bool OK = true, SIGNED = false, MINS = true;
+  static constexpr int G = 16;
+  template <class V> static void prep(const uint8_t* b, uint8_t* q, float* sc) {
+    const float d = V::fp16(b + 80), dmin = V::fp16(b + 82);
+    for (int g = 0; g < 16; ++g) { sc[g] = d * float(b[g] & 0xF); sc[16 + g] = dmin * float(b[g] >> 4); }
+    for (int h = 0; h < 2; ++h)
+      for (int s = 0; s < 4; ++s)  // groups 8h + 2s (bytes 0-15 of the 32), 8h + 2s + 1 (16-31)
+        for (int l = 0; l < 32; ++l) q[128 * h + 32 * s + l] = (b[16 + 32 * h + l] >> (2 * s)) & 3;
+  }
+};
+template <> struct KT<gguf::TQ3_K> {
+  static constexpr bool OK = true, SIGNED = true, MINS = false;
+  static constexpr int G = 16;
+  template <class V> static void prep(const uint8_t* b, uint8_t* q, float* sc) {
+    const float d = V::fp16(b + 108);
+    uint8_t s6[16];
+    gguf::scales_q3k(b + 96).to(s6);
+    for (int g = 0; g < 16; ++g) sc[g] = d * float(int(s6[g]) - 32);
+    for (int h = 0; h < 2; ++h)
+      for (int s = 0; s < 4; ++s)
+        for (int l = 0; l < 32; ++l) {
+          const int lo = (b[32 + 32 * h + l] >> (2 * s)) & 3, hb = (b[l] >> (4 * h + s)) & 1;
+          q[128 * h + 32 * s + l] = uint8_t(lo - (hb ? 0 : 4));
+        }
+  }
+};
+template <class V>
+inline void prep_k45(const uint8_t* b, const uint8_t* qs, const uint8_t* qh, uint8_t* q, float* sc) {
+  const float d = V::fp16(b), dmin = V::fp16(b + 2);
+  uint8_t sm[16];
+  gguf::scale_min_k4(b + 4).to(sm);
+  for (int s = 0; s < 8; ++s) { sc[s] = d * float(sm[s]); sc[8 + s] = dmin * float(sm[8 + s]); }
+  for (int j = 0; j < 4; ++j)
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t v = qs[32 * j + l];
+      q[64 * j + l] = uint8_t((v & 0xF) | (qh ? ((qh[l] >> (2 * j)) & 1) << 4 : 0));
+      q[64 * j + 32 + l] = uint8_t((v >> 4) | (qh ? ((qh[l] >> (2 * j + 1)) & 1) << 4 : 0));
+    }
+}
+template <> struct KT<gguf::TQ4_K> {
+  static constexpr bool OK = true, SIGNED = false, MINS = true;
+  static constexpr int G = 32;
+  template <class V> static void prep(const uint8_t* b, uint8_t* q, float* sc) { prep_k45<V>(b, b + 16, nullptr, q, sc); }
+};
+template <> struct KT<gguf::TQ5_K> {
+  static constexpr bool OK = true, SIGNED = false, MINS = true;
+  static constexpr int G = 32;
+  template <class V> static void prep(const uint8_t* b, uint8_t* q, float* sc) { prep_k45<V>(b, b + 48, b + 16, q, sc); }
+};
+template <> struct KT<gguf::TQ6_K> {
+  static constexpr bool OK = true, SIGNED = true, MINS = false;
+  static constexpr int G = 16;
+  template <class V> static void prep(const uint8_t* b, uint8_t* q, float* sc) {
+    const float d = V::fp16(b + 208);
+    const int8_t* s8 = reinterpret_cast<const int8_t*>(b + 192);
+    for (int g = 0; g < 16; ++g) sc[g] = d * float(s8[g]);
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t lv = b[64 * h + 32 * (k % 2) + l];
+          const int lo = k / 2 ? lv >> 4 : lv & 0xF;
+          q[128 * h + 32 * k + l] = uint8_t((lo | (((b[128 + 32 * h + l] >> (2 * k)) & 3) << 4)) - 32);
+        }
+  }
+};
+template <> struct KT<gguf::TIQ4_XS> {
+  static constexpr bool OK = true, SIGNED = true, MINS = false;
+  static constexpr int G = 32;
+  template <class V> static void prep(const uint8_t* b, uint8_t* q, float* sc) {
+    const float d = V::fp16(b);
+    for (int s = 0; s < 8; ++s) {
+      sc[s] = d * float(gguf::TIQ4_XS::scale(b, s));
+      const typename V::B v = V::load16(b + 8 + 16 * s);
+      store16<V>(q + 32 * s, V::lut16(gguf::kIQ4NL, V::nib_lo(v)));
+      store16<V>(q + 32 * s + 16, V::lut16(gguf::kIQ4NL, V::nib_hi(v)));
+    }
+  }
+  template <class V> static void store16(uint8_t* p, typename V::B v) { std::memcpy(p, &v, 16); }
+};
+
+// sx: the exact float32 sums of x per 32 values (the mins of the 32-weight groups).
+template <class V, class T, int R>
+void k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_bytes, int64_t K, int64_t row, float* y) {
+  using P = KT<T>;
+  constexpr int C = C16 / V::W, NG = 256 / P::G;
+  const int64_t nb = K / 256;
+  alignas(64) uint8_t q[R][256];
+  alignas(64) float sc[R][32];
+  typename V::F acc[R];
+  float macc[R];
+  for (int r = 0; r < R; ++r) { acc[r] = V::zero(); macc[r] = 0.f; }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) P::template prep<V>(qs + (row + r) * row_bytes + b * T::BYTES, q[r], sc[r]);
+    const float* xb = x + 256 * b;
+    if constexpr (P::G == 32) {
+      for (int s = 0; s < 8; ++s) {
+        typename V::F x0[C], x1[C];
+        load_x32<V>(xb + 32 * s, x0, x1);
+        static_for<R>([&](auto rc) {
+          constexpr int r = decltype(rc)::value;
+          const typename V::F t = dot32p<V, P::SIGNED>(q[r] + 32 * s, x0, x1);
+          acc[r] = V::fma(V::set1(sc[r][s]), t, acc[r]);
+        });
+      }
+      if constexpr (P::MINS)
+        for (int r = 0; r < R; ++r)
+          for (int s = 0; s < 8; ++s) macc[r] += sc[r][NG + s] * sx[8 * b + s];
+    } else {
+      float xs16[16];  // sums of x per 16 (the mins of the 16-weight groups)
+      if constexpr (P::MINS)
+        for (int g = 0; g < 16; ++g) {
+          float t = 0.f;
+          for (int l = 0; l < 16; ++l) t += xb[16 * g + l];
+          xs16[g] = t;
+        }
+      for (int g = 0; g < 16; g += 2) {  // two groups per step: the dot32 of the 32 weights g, g+1
+        typename V::F x0[C], x1[C];
+        load_x32<V>(xb + 16 * g, x0, x1);
+        static_for<R>([&](auto rc) {
+          constexpr int r = decltype(rc)::value;
+          const uint8_t* qg = q[r] + 16 * g;
+          typename V::F t0 = V::zero(), t1 = V::zero();
+          static_for<C>([&](auto cc) {
+            constexpr int c = decltype(cc)::value;
+            if constexpr (P::SIGNED) {
+              t0 = V::fma(V::template s8p<c>(qg), x0[c], t0);
+              t1 = V::fma(V::template s8p<c>(qg + 16), x1[c], t1);
+            } else {
+              t0 = V::fma(V::template u8p<c>(qg), x0[c], t0);
+              t1 = V::fma(V::template u8p<c>(qg + 16), x1[c], t1);
+            }
+          });
+          acc[r] = V::fma(V::set1(sc[r][g + 1]), t1, V::fma(V::set1(sc[r][g]), t0, acc[r]));
+        });
+      }
+      if constexpr (P::MINS)
+        for (int r = 0; r < R; ++r)
+          for (int g = 0; g < 16; ++g) macc[r] += sc[r][NG + g] * xs16[g];
+    }
+  }
+  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) - macc[r];
+}
+
+// ---- raw F32 / F16 / BF16 rows
+template <class V, class T, int R>
+void half_rows(const float* x, const uint8_t* qs, int64_t row_bytes, int64_t K, int64_t row, float* y) {
+  typename V::F acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::zero();
+  for (int64_t i = 0; i < K; i += V::W) {
+    const typename V::F xv = V::load(x + i);
+    static_for<R>([&](auto rc) {
+      constexpr int r = decltype(rc)::value;
+      const uint8_t* p = qs + (row + r) * row_bytes;
+      typename V::F wv;
+      if constexpr (std::is_same_v<T, gguf::TF32>) wv = V::load(reinterpret_cast<const float*>(p) + i);
+      else if constexpr (std::is_same_v<T, gguf::TF16>) wv = V::load_f16(reinterpret_cast<const uint16_t*>(p) + i);
+      else wv = V::load_bf16(reinterpret_cast<const uint16_t*>(p) + i);
+      acc[r] = V::fma(wv, xv, acc[r]);
+    });
+  }
+  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]);
+}
+
+// Rows [r0, r1) of y = W x for raw blocks of type T: 4 rows at a time, then single rows. False
+// when T has no portable kernel here.
+template <class V, class T>
+bool raw_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_bytes, int64_t K, int64_t r0,
+              int64_t r1, float* y) {
+  int64_t r = r0;
+  if constexpr (B32<T>::OK) {
+    for (; r + 4 <= r1; r += 4) b32_rows<V, T, 4>(x, sx, qs, row_bytes, K, r, y);
+    for (; r < r1; ++r) b32_rows<V, T, 1>(x, sx, qs, row_bytes, K, r, y);
+    return true;
+  } else if constexpr (KT<T>::OK) {
+    for (; r + 4 <= r1; r += 4) k_rows<V, T, 4>(x, sx, qs, row_bytes, K, r, y);
+    for (; r < r1; ++r) k_rows<V, T, 1>(x, sx, qs, row_bytes, K, r, y);
+    return true;
+  } else {
+    for (; r + 4 <= r1; r += 4) half_rows<V, T, 4>(x, qs, row_bytes, K, r, y);
+    for (; r < r1; ++r) half_rows<V, T, 1>(x, qs, row_bytes, K, r, y);
+    return true;
+  }
+}
+
+// ---- the decode step's elementwise work
+template <class V>
+inline float dot(const float* a, const float* b, int64_t n) {
+  typename V::F acc0 = V::zero(), acc1 = V::zero();
+  int64_t i = 0;
+  for (; i + 2 * V::W <= n; i += 2 * V::W) {
+    acc0 = V::fma(V::load(a + i), V::load(b + i), acc0);
+    acc1 = V::fma(V::load(a + i + V::W), V::load(b + i + V::W), acc1);
+  }
+  float s = V::reduce(V::add(acc0, acc1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// out = silu(g) * u
+template <class V>
+inline void silu_mul(const float* g, const float* u, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + V::W <= n; i += V::W) {
+    const typename V::F gv = V::load(g + i);
+    const typename V::F e = vec::exp<V>(V::sub(V::zero(), gv));
+    V::store(out + i, V::mul(V::div(gv, V::add(e, V::set1(1.f))), V::load(u + i)));
+  }
+  for (; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
+// out += p * v
+template <class V>
+inline void axpy(float p, const float* v, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + V::W <= n; i += V::W) V::store(out + i, V::fma(V::set1(p), V::load(v + i), V::load(out + i)));
+  for (; i < n; ++i) out[i] += p * v[i];
+}
+
+}  // namespace portable
+}  // namespace opscope

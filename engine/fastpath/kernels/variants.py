@@ -1,0 +1,121 @@
+"""The CPU variants of the kernels and the choice of one per process.
+
+The kernel library is compiled once per instruction-set level (each with its own -m flags, the
+portable kernels instantiated over vec.h's traits for it) and the best level the CPU can run is
+loaded, as llama.cpp's GGML_CPU_ALL_VARIANTS and PyTorch's CPU-capability dispatch do.
+``OPSCOPE_CPU_VARIANT`` names one instead (tests, benchmarks: an AVX2 host stood in for by an
+AVX-512 one); a variant this CPU cannot run is refused in one line.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from opscope.engine.core.errors import BackendError
+
+ENV = "OPSCOPE_CPU_VARIANT"
+
+
+class VariantError(BackendError):
+    """A kernel variant that does not exist, or that this CPU cannot run."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    arch: str  # platform.machine() family: "x86_64" or "aarch64"
+    cflags: tuple[str, ...]
+    needs: tuple[str, ...]  # CPU feature flags as /proc/cpuinfo names them
+    summary: str
+
+
+# Best first within an architecture. The x86 levels are the psABI's (x86-64-v3: AVX2, FMA, F16C,
+# BMI1/2, LZCNT, MOVBE; v4: AVX-512 F/BW/CD/DQ/VL). AVX-VNNI (Alder Lake) has no variant: its
+# int8 kernels would run only in the int8-activation mode, which on AVX2 is not faster than exact
+# float32 here (docs/decisions/cpu-variants.md).
+VARIANTS: tuple[Variant, ...] = (
+    Variant("avx512-vnni", "x86_64", ("-march=x86-64-v4", "-mavx512vnni", "-mtune=generic"),
+            ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"),
+            "AVX-512 kernels with VNNI int8 dot products"),
+    Variant("avx512", "x86_64", ("-march=x86-64-v4", "-mtune=generic"),
+            ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+            "AVX-512 kernels"),
+    Variant("avx2", "x86_64", ("-march=x86-64-v3", "-mtune=generic"),
+            ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"),
+            "AVX2+FMA+F16C kernels (vec.h traits)"),
+    Variant("baseline", "x86_64", ("-march=x86-64", "-mtune=generic"), (), "portable kernels (SSE2)"),
+    Variant("neon", "aarch64", ("-march=armv8-a",), ("asimd",), "NEON kernels (vec.h traits)"),
+)
+
+
+def arch() -> str:
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def for_arch(a: str | None = None) -> list[Variant]:
+    a = a or arch()
+    return [v for v in VARIANTS if v.arch == a]
+
+
+def by_name(name: str) -> Variant:
+    for v in VARIANTS:
+        if v.name == name:
+            return v
+    raise VariantError(f"{ENV}={name}: no such kernel variant (known: {', '.join(v.name for v in VARIANTS)})")
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux: x86 "flags", ARM "Features"); empty where unknown."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    if arch() == "aarch64":
+        return frozenset({"asimd"})  # every ARMv8-A core (macOS has no /proc/cpuinfo)
+    return frozenset()
+
+
+def missing(v: Variant, flags: frozenset[str] | None = None) -> list[str]:
+    """The features ``v`` needs that this CPU lacks (another architecture: its name)."""
+    if v.arch != arch():
+        return [v.arch]
+    have = cpu_flags() if flags is None else flags
+    return [f for f in v.needs if f not in have]
+
+
+def can_run(v: Variant) -> bool:
+    return not missing(v)
+
+
+def best() -> Variant:
+    for v in for_arch():
+        if can_run(v):
+            return v
+    raise VariantError(f"no kernel variant for this CPU ({arch()})")
+
+
+def chosen() -> Variant:
+    """The variant this process runs: ``OPSCOPE_CPU_VARIANT`` when set (refused where the CPU
+    cannot run it), else the best this CPU can run."""
+    name = os.environ.get(ENV, "").strip()
+    if not name:
+        return best()
+    v = by_name(name)
+    lack = missing(v)
+    if lack:
+        raise VariantError(f"{ENV}={name}: this CPU cannot run it (lacks {' '.join(lack)})")
+    return v
+
+
+def reason(v: Variant) -> str:
+    """Why ``v`` runs here, as one line: "avx512-vnni: CPU has avx512f avx512bw ..."."""
+    forced = os.environ.get(ENV, "").strip() == v.name
+    why = f"{ENV}={v.name}" if forced else (f"CPU has {' '.join(v.needs)}" if v.needs else "no SIMD level above the baseline")
+    return f"{v.name}: {why} ({v.summary})"

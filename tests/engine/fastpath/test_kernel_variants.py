@@ -1,0 +1,96 @@
+"""The CPU kernel variants: the choice per CPU, the refusal of an override the CPU cannot run, and
+every variant this host can execute checked against the same independent references.
+
+The reference tests (tests/test_kernels_types.py: gguf.quants.dequantize, float64 numpy, the
+plain-torch model, llama.cpp's requantized files; tests/test_fastpath_q4_0.py) run once per
+variant in a child process with OPSCOPE_CPU_VARIANT set (one variant per process: each registers
+the same torch operators). A variant this CPU cannot run is skipped with what it lacks."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opscope.engine.fastpath.kernels import variants
+
+REPO = Path(__file__).resolve().parents[1]
+EPYC_7B13 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi1 bmi2 abm movbe popcnt sha_ni".split())
+CASCADE_LAKE = EPYC_7B13 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"}
+
+
+def _best_for(flags: frozenset[str]) -> str:
+    return next(v.name for v in variants.for_arch("x86_64") if not [f for f in v.needs if f not in flags])
+
+
+def test_each_cpu_gets_the_best_variant_it_can_run():
+    assert _best_for(CASCADE_LAKE) == "avx512-vnni"
+    assert _best_for(CASCADE_LAKE - {"avx512_vnni"}) == "avx512"
+    assert _best_for(EPYC_7B13) == "avx2"  # the issue's AVX2-only AMD hosts
+    assert _best_for(EPYC_7B13 - {"f16c"}) == "baseline"  # AVX2 without F16C: not the AVX2 variant
+    assert _best_for(frozenset()) == "baseline"
+
+
+def test_this_process_runs_the_variant_its_cpu_supports():
+    v = variants.chosen()
+    assert variants.can_run(v)
+    if not os.environ.get(variants.ENV):
+        assert v == variants.best()
+        assert variants.reason(v).startswith(f"{v.name}: CPU has" if v.needs else f"{v.name}: no SIMD")
+
+
+def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "opscope", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
+def test_fastpath_names_the_variant_and_why():
+    out = _cli("fastpath")
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.splitlines()[0]
+    assert first.startswith(f"variant {variants.chosen().name}: "), first
+
+
+def test_an_override_the_cpu_cannot_run_is_refused_in_one_line():
+    foreign = next(v for v in variants.VARIANTS if not variants.can_run(v))  # another arch at least
+    out = _cli("fastpath", **{variants.ENV: foreign.name})
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"opscope: error: {variants.ENV}={foreign.name}: this CPU cannot run it (lacks {' '.join(variants.missing(foreign))})"]
+
+
+def test_an_unknown_variant_is_refused_in_one_line():
+    out = _cli("fastpath", **{variants.ENV: "avx1024"})
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "no such kernel variant" in out.stderr
+
+
+REFERENCE_TESTS = ["tests/test_kernels_types.py", "tests/test_fastpath_q4_0.py"]
+
+
+@pytest.mark.parametrize("name", [v.name for v in variants.VARIANTS])
+def test_every_variant_matches_the_references(name):
+    v = variants.by_name(name)
+    lack = variants.missing(v)
+    if lack:
+        pytest.skip(f"this CPU cannot run {name}: lacks {' '.join(lack)}")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *REFERENCE_TESTS],
+                         capture_output=True, text=True, cwd=REPO, timeout=1200,
+                         env={**os.environ, variants.ENV: name})
+    tail = out.stdout[-3000:] + out.stderr[-2000:]
+    assert out.returncode == 0, tail
+    assert " passed" in out.stdout and " failed" not in out.stdout, tail
+
+
+def test_auto_takes_plain_torch_where_the_kernels_would_be_slower(monkeypatch):
+    """The baseline variant (no AVX2) decodes slower than plain torch: "auto" leaves it; an
+    explicit fast-path spec still runs it."""
+    from opscope.engine.api import fastpath_options
+
+    monkeypatch.setattr(variants, "chosen", lambda: variants.by_name("baseline"))
+    assert fastpath_options("auto", "cpu", "float32", None) is None
+    assert fastpath_options("activations=f32", "cpu", "float32", None) is not None
+    monkeypatch.setattr(variants, "chosen", lambda: variants.by_name("avx2"))
+    assert fastpath_options("auto", "cpu", "float32", None) is not None

@@ -1,0 +1,85 @@
+"""The portable kernels (engine/fastpath/kernels/csrc/portable.h over vec.h's traits) built without torch by
+a small C++ driver (engine/fastpath/kernels/ctest/driver.cpp) for each instruction set: the x86-64 baseline
+and AVX2 with the host's compiler, ARM64 NEON cross-compiled with Debian's aarch64 toolchain and
+run under qemu-user. The references are made here: gguf.quants.dequantize and float64 numpy."""
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from opscope.engine.fastpath.kernels import variants
+from opscope.engine.fastpath.kernels.packing import RAW_TYPES, random_blocks
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER = ROOT / "engine" / "kernels" / "ctest" / "driver.cpp"
+TYPES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+         "IQ4_NL", "IQ4_XS"]
+N_ROWS = 9  # two 4-row groups and a single row
+
+
+def write_vectors(path: Path) -> None:
+    with open(path, "wb") as f:
+        for i, t in enumerate(TYPES):
+            qk = RAW_TYPES[t][1]
+            k = qk * (3 if qk == 256 else 5)
+            rng = np.random.default_rng(100 + i)
+            raw = random_blocks(t, N_ROWS, k, rng)
+            dense = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[t]).reshape(N_ROWS, k).astype(np.float64)
+            x = rng.standard_normal(k).astype(np.float32)
+            raw = np.ascontiguousarray(raw).reshape(N_ROWS, -1)
+            f.write(struct.pack("<4q", RAW_TYPES[t][0], N_ROWS, k, raw.shape[1]))
+            f.write(raw.tobytes())
+            f.write(x.tobytes())
+            f.write((dense @ x.astype(np.float64)).tobytes())
+            f.write((np.abs(dense) @ np.abs(x.astype(np.float64))).tobytes())
+
+
+def check(out: subprocess.CompletedProcess, vec_name: str) -> None:
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"vec {vec_name}", lines[0]
+    assert len(lines) == 2 + len(TYPES), out.stdout  # every type ran, and the helpers
+
+
+@pytest.fixture(scope="module")
+def vectors(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("vectors") / "vectors.bin"
+    write_vectors(path)
+    return path
+
+
+def _compile(cxx: str, flags: list[str], exe: Path) -> None:
+    r = subprocess.run([cxx, "-O2", "-std=c++17", *flags, "-o", str(exe), str(DRIVER)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name, flags, vec_name", [("baseline", ["-march=x86-64"], "scalar"),
+                                                  ("avx2", ["-march=x86-64-v3"], "avx2")])
+def test_x86_portable_kernels_match_the_references(vectors, tmp_path, name, flags, vec_name):
+    v = variants.by_name(name)
+    if variants.missing(v):
+        pytest.skip(f"this CPU cannot run {name}: lacks {' '.join(variants.missing(v))}")
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++/c++) to build the test driver")
+    _compile(cxx, flags, tmp_path / "driver")
+    check(subprocess.run([str(tmp_path / "driver"), str(vectors)], capture_output=True, text=True, timeout=120),
+          vec_name)
+
+
+def test_neon_kernels_match_the_references_under_qemu(vectors, tmp_path):
+    cxx, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
+    if variants.arch() == "aarch64":
+        cxx, qemu = shutil.which("g++") or shutil.which("c++"), None  # natively
+    elif cxx is None or qemu is None:
+        pytest.skip("no aarch64 cross toolchain or qemu-user: apt-get install g++-aarch64-linux-gnu qemu-user")
+    _compile(cxx, ["-march=armv8-a", "-static"], tmp_path / "driver")
+    cmd = ([qemu] if qemu else []) + [str(tmp_path / "driver"), str(vectors)]
+    check(subprocess.run(cmd, capture_output=True, text=True, timeout=300), "neon")
