@@ -1,0 +1,131 @@
+"""GGUF tensors → MLX arrays, one tensor at a time, for every type the torch backend reads.
+
+MLX's quantized layers hold affine groups: ``w = scale · q + bias`` with q packed into uint32 words.
+- Q4_0, Q4_1 and Q8_0 blocks *are* such groups (32 values, one scale, an offset): their bits are
+  repacked as they are ("exact"), with the scales and offsets kept in float32.
+- The other quantized types (K-quants, Q5_0/Q5_1, IQ4_NL/IQ4_XS) have no MLX form: they are
+  dequantized by the ggml project's ``gguf.quants`` and ``mx.quantize``d to groups of
+  ``GROUP`` values with 4 bits (sources of at most 4.5 bits per weight) or 8 bits (5 and 6 bits)
+  ("requantized"; the error this adds is measured in benchmarks/mlx_precision.py).
+- F32, F16 and BF16 stay dense.
+
+Whatever the type, ``mx.load`` never sees the file: it reads only F16/F32/Q4_0/Q4_1/Q8_0 and stops at
+the first other tensor, where almost every downloaded file is a K-quant mix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+GROUP = 32  # every GGUF type's (sub-)blocks are 32 values or a divisor of 32 (Q3_K/Q6_K: 16)
+FLOAT_TYPES = ("F32", "F16", "BF16")
+EXACT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}  # blocks already in MLX's affine form
+REQUANT_BITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 4, "IQ4_NL": 4, "IQ4_XS": 4,
+                "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q6_K": 8}
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """How one GGUF type reaches MLX: ``kind`` is "dense", "exact" or "requantized"."""
+
+    source: str
+    kind: str
+    bits: int = 0
+    group_size: int = 0
+
+    def describe(self) -> str:
+        """'Q4_K → MLX 4-bit g32: requantized' (the load line and the status bar)."""
+        if self.kind == "dense":
+            return f"{self.source} → MLX dense"
+        return f"{self.source} → MLX {self.bits}-bit g{self.group_size}: {self.kind}"
+
+
+def conversion(type_name: str) -> Conversion:
+    if type_name in FLOAT_TYPES:
+        return Conversion(type_name, "dense")
+    if type_name in EXACT:
+        return Conversion(type_name, "exact", EXACT[type_name], 32)
+    if type_name in REQUANT_BITS:
+        return Conversion(type_name, "requantized", REQUANT_BITS[type_name], GROUP)
+    raise KeyError(type_name)
+
+
+def summary(types: dict[str, int]) -> list[str]:
+    """One line per quantized type in the file, e.g. ['Q4_K → MLX 4-bit g32: requantized', ...]."""
+    order = sorted(t for t in types if t not in FLOAT_TYPES)
+    return [conversion(t).describe() for t in order]
+
+
+def convert(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> dict:
+    """Raw GGUF blocks [rows, bytes] of logical ``shape`` → {"weight"} (dense, numpy float) or
+    {"weight", "scales", "biases"} (MLX quantized arrays)."""
+    import gguf
+
+    conv = conversion(type_name)
+    if conv.kind == "exact" and len(shape) == 2:
+        return _EXACT_CONVERTERS[type_name](raw, shape)
+    w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[type_name]).reshape(shape)
+    if conv.kind == "dense" or len(shape) != 2:
+        return {"weight": w if type_name != "F32" else np.array(w, dtype=np.float32)}
+    return _requantize(w, conv.bits)
+
+
+def _requantize(w: np.ndarray, bits: int) -> dict:
+    import mlx.core as mx
+
+    q, scales, biases = mx.quantize(mx.array(w.astype(np.float32)), group_size=GROUP, bits=bits)
+    mx.eval(q, scales, biases)
+    return {"weight": q, "scales": scales, "biases": biases}
+
+
+# -- the exact repacks --------------------------------------------------------------------------------
+def _blocks(raw: np.ndarray, shape, nbytes: int) -> np.ndarray:
+    """[rows, bytes per row] → [rows, blocks per row, nbytes]."""
+    return np.ascontiguousarray(raw).reshape(shape[0], shape[1] // 32, nbytes)
+
+
+def _f16(b: np.ndarray, at: int) -> np.ndarray:
+    return b[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, blocks]
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """ggml's 16 bytes of a 4-bit block → 32 values in order (low nibbles first, then high)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # [rows, blocks, 32]
+
+
+def _pack(q: np.ndarray, bits: int, shape) -> np.ndarray:
+    """Values [rows, blocks, 32] → MLX's uint32 words [rows, in·bits/32], element i at bits
+    ``bits·(i mod 32/bits)`` of word ``i // (32/bits)`` (little-endian)."""
+    per = 32 // bits
+    q = q.reshape(shape[0], -1, per).astype(np.uint32)
+    shifts = (np.arange(per, dtype=np.uint32) * bits)
+    return np.bitwise_or.reduce(q << shifts, axis=-1)
+
+
+def _quantized(q: np.ndarray, bits: int, scales: np.ndarray, biases: np.ndarray, shape) -> dict:
+    import mlx.core as mx
+
+    return {"weight": mx.array(_pack(q, bits, shape)), "scales": mx.array(scales),
+            "biases": mx.array(biases)}
+
+
+def _q4_0(raw, shape) -> dict:  # block: d (f16), 16 bytes of nibbles; w = d·(q − 8)
+    b = _blocks(raw, shape, 18)
+    d = _f16(b, 0)
+    return _quantized(_nibbles(b[..., 2:]), 4, d, -8.0 * d, shape)
+
+
+def _q4_1(raw, shape) -> dict:  # block: d, m (f16), 16 bytes of nibbles; w = d·q + m
+    b = _blocks(raw, shape, 20)
+    return _quantized(_nibbles(b[..., 4:]), 4, _f16(b, 0), _f16(b, 2), shape)
+
+
+def _q8_0(raw, shape) -> dict:  # block: d (f16), 32 int8; w = d·q = d·(q + 128) − 128·d
+    b = _blocks(raw, shape, 34)
+    d = _f16(b, 0)
+    q = b[..., 2:].view(np.int8).astype(np.int16) + 128
+    return _quantized(q, 8, d, -128.0 * d, shape)
+
+
+_EXACT_CONVERTERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0}
