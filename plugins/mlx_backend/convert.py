@@ -1,8 +1,9 @@
 """GGUF tensors → MLX arrays, one tensor at a time, for every type the torch backend reads.
 
 MLX's quantized layers hold affine groups: ``w = scale · q + bias`` with q packed into uint32 words.
-- Q4_0, Q4_1 and Q8_0 blocks *are* such groups (32 values, one scale, an offset): their bits are
-  repacked as they are ("exact"), with the scales and offsets kept in float32.
+- Q4_0, Q4_1 and Q8_0 blocks *are* such groups (32 values, one scale, an offset), and so are Q4_K's
+  32-value sub-blocks (scale d·sc, offset −dmin·m): their bits are repacked as they are ("exact"),
+  with the scales and offsets kept in float32.
 - The other quantized types (K-quants, Q5_0/Q5_1, IQ4_NL/IQ4_XS) have no MLX form: they are
   dequantized by the ggml project's ``gguf.quants`` and ``mx.quantize``d to groups of
   ``GROUP`` values with 4 bits (sources of at most 4.5 bits per weight) or 8 bits (5 and 6 bits)
@@ -20,8 +21,8 @@ import numpy as np
 
 GROUP = 32  # every GGUF type's (sub-)blocks are 32 values or a divisor of 32 (Q3_K/Q6_K: 16)
 FLOAT_TYPES = ("F32", "F16", "BF16")
-EXACT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}  # blocks already in MLX's affine form
-REQUANT_BITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 4, "IQ4_NL": 4, "IQ4_XS": 4,
+EXACT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4}  # blocks already in MLX's affine form
+REQUANT_BITS = {"Q2_K": 4, "Q3_K": 4, "IQ4_NL": 4, "IQ4_XS": 4,
                 "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q6_K": 8}
 
 
@@ -80,9 +81,9 @@ def _requantize(w: np.ndarray, bits: int) -> dict:
 
 
 # -- the exact repacks --------------------------------------------------------------------------------
-def _blocks(raw: np.ndarray, shape, nbytes: int) -> np.ndarray:
+def _blocks(raw: np.ndarray, shape, nbytes: int, values: int = 32) -> np.ndarray:
     """[rows, bytes per row] → [rows, blocks per row, nbytes]."""
-    return np.ascontiguousarray(raw).reshape(shape[0], shape[1] // 32, nbytes)
+    return np.ascontiguousarray(raw).reshape(shape[0], shape[1] // values, nbytes)
 
 
 def _f16(b: np.ndarray, at: int) -> np.ndarray:
@@ -128,4 +129,26 @@ def _q8_0(raw, shape) -> dict:  # block: d (f16), 32 int8; w = d·q = d·(q + 12
     return _quantized(q, 8, d, -128.0 * d, shape)
 
 
-_EXACT_CONVERTERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0}
+def _q4_k(raw, shape) -> dict:
+    """Super-block of 256: d, dmin (f16), 12 bytes of 6-bit sub-block scales and mins, 128 bytes of
+    nibbles; sub-block j: w = d·sc_j·q − dmin·m_j (ggml's dequantize_row_q4_K)."""
+    b = _blocks(raw, shape, 144, 256)
+    d, dmin, sc, qs = _f16(b, 0), _f16(b, 2), b[..., 4:16].astype(np.uint8), b[..., 16:]
+    scale, minimum = _k4_scales(sc)  # [rows, blocks, 8]
+    chunks = qs.reshape(*qs.shape[:2], 4, 32)  # 64 values each: low nibbles, then high
+    q = np.stack([chunks & 0x0F, chunks >> 4], axis=3).reshape(*qs.shape[:2], 8, 32)
+    scales = (d[..., None] * scale).reshape(shape[0], -1)
+    biases = (-dmin[..., None] * minimum).reshape(shape[0], -1)
+    return _quantized(q, 4, scales.astype(np.float32), biases.astype(np.float32), shape)
+
+
+def _k4_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's get_scale_min_k4 for all 8 sub-blocks: 6-bit scales and mins from 12 bytes."""
+    lo, hi = sc[..., 0:4], sc[..., 4:8]  # sub-blocks 0..3: 6 low bits of bytes 0..3 / 4..7
+    top = sc[..., 8:12]  # sub-blocks 4..7: 4 bits here, the top 2 bits in bytes 0..3 / 4..7
+    scale = np.concatenate([lo & 63, (top & 0x0F) | ((lo >> 6) << 4)], axis=-1)
+    minimum = np.concatenate([hi & 63, (top >> 4) | ((hi >> 6) << 4)], axis=-1)
+    return scale.astype(np.float32), minimum.astype(np.float32)
+
+
+_EXACT_CONVERTERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q4_K": _q4_k}
