@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.opscope-installed
 
-.PHONY: setup run chat lint test test-fast perf-check stress-check postgres clean screenshots xvfb-walk dist bundle bundle-test
+.PHONY: setup run chat lint test test-fast perf-check stress-check postgres clean screenshots xvfb-walk dist bundle bundle-test \
+	gpu-wheels gpu-check gpu-check-dry
 
 setup: $(STAMP)
 
@@ -100,6 +101,26 @@ bundle: setup
 
 bundle-test: bundle
 	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -p no:cacheprovider -m bundle tests/test_packaging.py
+
+# The first-contact GPU check (docs/gpu.md, packaging/gpu_check/). `gpu-wheels` (here, with PyPI
+# reachable) saves what the GPU image lacks as cp312 manylinux wheels in .whl/ (git-ignored; carried
+# with the run); `gpu-check` runs on the GPU machine with its own Python, which holds torch with CUDA
+# (no `setup`: that machine is offline); `gpu-check-dry` is the same script on this CPU.
+GPU_WHEELS := gguf==0.19.0 SQLAlchemy==2.1.9 alembic==1.20.1 Mako==1.4.3 platformdirs==4.14.8
+GPU_PY ?= python3
+OUT ?= build/gpu-check
+gpu-wheels:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) -m pip download -q --no-deps --only-binary=:all: \
+	  --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+	  -d .whl $(GPU_WHEELS)
+	@du -sh .whl
+
+gpu-check:
+	$(GPU_PY) packaging/gpu_check/run.py --out $(OUT)
+
+gpu-check-dry: setup
+	$(BIN)/python packaging/gpu_check/run.py --dry --out $(OUT)-dry
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -201,7 +201,7 @@ def peak_rss_bytes(run: dict) -> int | None:
 
 
 def run_llama(path: Path, pp: int, tg: int, threads: int) -> dict:
-    from opscope.engine.bench import llama_bench
+    from opscope.engine.bench.peers import llama_bench
 
     try:
         r = llama_bench.run(TOOLS / "llama-bench", path, pp, tg, threads)

@@ -117,7 +117,7 @@ def run_opscope(path: Path, variant: str, pp: int, threads: int, reps: int) -> f
 
 def run_llama(path: Path, pp: int, threads: int) -> float | None:
     from benchmarks.gguf_types import TOOLS
-    from opscope.engine.bench import llama_bench
+    from opscope.engine.bench.peers import llama_bench
 
     try:
         r = llama_bench.run(TOOLS / "llama-bench", path, pp, 0, threads, reps=3)

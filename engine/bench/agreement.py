@@ -117,7 +117,7 @@ def llama_bench(model: Path, binary: Path, pp: int = 512, tg: int = 128, reps: i
     """
     import torch
 
-    from opscope.engine.bench import llama_bench as lb
+    from opscope.engine.bench.peers import llama_bench as lb
     from opscope.engine.core.cpuload import OtherLoad
 
     threads = threads or torch.get_num_threads()

@@ -124,7 +124,7 @@ class NvmlEnergyMeter(Meter):
     integrated power."""
 
     def __init__(self, nvml_index: int, nvml: Any = None, period_s: float = POWER_PERIOD_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, uuid: str | None = None) -> None:
         from opscope.engine.telemetry.base import NA
         from opscope.engine.telemetry.nvml import Nvml
 
@@ -136,9 +136,12 @@ class NvmlEnergyMeter(Meter):
         if not self.nv.init():
             self.reason = f"GPU energy N/A: {self.nv.reason}"
             return
-        h = self.nv.query("nvmlDeviceGetHandleByIndex", nvml_index)
+        if uuid:  # the device CUDA means, whatever NVML's own numbering
+            h, which = self.nv.query("nvmlDeviceGetHandleByUUID", uuid), uuid
+        else:
+            h, which = self.nv.query("nvmlDeviceGetHandleByIndex", nvml_index), str(nvml_index)
         if h is NA:
-            self.reason = f"GPU energy N/A: NVML has no device {nvml_index}"
+            self.reason = f"GPU energy N/A: NVML has no device {which}"
             return
         self.handle = h
         if self.nv.query("nvmlDeviceGetTotalEnergyConsumption", h) is not NA:
@@ -206,11 +209,49 @@ def _make(key: str) -> Meter:
         return RaplMeter()
     if key.startswith("cuda"):
         index = int(key.split(":")[1]) if ":" in key else 0
-        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        if visible and all(v.isdigit() for v in visible) and index < len(visible):
-            index = int(visible[index])
-        return NvmlEnergyMeter(index)
+        uuid = cuda_uuid(index)
+        return NvmlEnergyMeter(_visible_index(index), uuid=uuid)
     return Unavailable(f"no energy counter for device {key}")
+
+
+def cuda_uuid(index: int) -> str | None:
+    """NVML's UUID ("GPU-…") of torch's ``cuda:index``, or None.
+
+    CUDA numbers devices after ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs) and ``CUDA_DEVICE_ORDER``
+    (FASTEST_FIRST by default); NVML numbers them by PCI bus. The UUID is the same in both, so it is
+    the mapping (as nvitop does). Asked from torch only when it has CUDA up already: this must not be
+    the call that starts a CUDA context.
+    """
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return _visible_uuid(index)
+    try:
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+    except (RuntimeError, AssertionError, AttributeError) as e:  # no such device, or an old torch
+        log.debug("CUDA device %d has no UUID from torch: %s", index, e)
+        return _visible_uuid(index)
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def _visible() -> list[str]:
+    return [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+
+
+def _visible_uuid(index: int) -> str | None:
+    visible = _visible()
+    entry = visible[index] if index < len(visible) else ""
+    return entry if entry.startswith(("GPU-", "MIG-")) else None
+
+
+def _visible_index(index: int) -> int:
+    """NVML's index for ``cuda:index`` without torch's answer: CUDA_VISIBLE_DEVICES' entry (NVML
+    numbers by PCI bus, as CUDA does under CUDA_DEVICE_ORDER=PCI_BUS_ID)."""
+    visible = _visible()
+    if index < len(visible) and visible[index].isdigit():
+        return int(visible[index])
+    return index
 
 
 def reset() -> None:

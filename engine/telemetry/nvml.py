@@ -84,8 +84,13 @@ class Nvml:
         """``pynvml.<func>(*args)``, or NA / GPU_LOST. Never raises."""
         if self._state != "ok":
             return NA
+        fn = getattr(self._lib, func, None)
+        if fn is None:  # a call newer than this nvidia-ml-py (e.g. clock events before 12.535)
+            self._once((func, "missing"), logging.DEBUG,
+                       "NVML %s: not in this nvidia-ml-py; reported as N/A", func)
+            return NA
         try:
-            return getattr(self._lib, func)(*args)
+            return fn(*args)
         except Exception as e:  # every NVML failure becomes N/A for this field
             return self._failed(func, e)
 
@@ -118,8 +123,9 @@ class NvmlSource(Source):
     """Every NVIDIA GPU NVML sees, one ``gpu<N>.*`` group of series per device.
 
     ``pids``: processes whose GPU memory is summed into ``gpu<N>.proc_mem_bytes`` (default: this
-    one; the GUI passes the engine worker's pid). In a container NVML reports host pids, which do
-    not match ours: that field then reads 0. ``pcie``: PCIe throughput costs ~20 ms per call on
+    one; the GUI passes the engine worker's pid). A process NVML does not list on a device (no CUDA
+    context there, or a container whose pids are not the host's that NVML reports) reads N/A, not
+    0: nothing was measured. ``pcie``: PCIe throughput costs ~20 ms per call on
     real drivers (NVML samples the counter over 20 ms), so it can be turned off for 50 Hz.
     """
 
@@ -231,6 +237,8 @@ class NvmlSource(Source):
         if not pids:
             return NA
         used = [p.usedGpuMemory for p in procs if p.pid in pids]
+        if not used:  # not listed: no context on this device, or another PID namespace
+            return NA
         if any(u is None for u in used):  # WDDM (Windows) does not report per-process memory
             return NA
         return sum(used)

@@ -204,7 +204,7 @@ def test_run_opens_the_window_and_returns_when_it_closes(tmp_path):
 
     code = (
         "import sys; from PySide6.QtCore import QTimer; from PySide6.QtWidgets import QApplication\n"
-        "from opscope.app import settings; settings.use_directory(sys.argv[1])\n"
+        "from opscope.app.ui import settings; settings.use_directory(sys.argv[1])\n"
         "from opscope.app.main import run; from opscope.app.window.main_window import MainWindow\n"
         "def close():\n"
         "    wins = [w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible()]\n"

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.gui, pytest.mark.usefixtures("one_torch_thread")]
 
 @pytest.fixture
 def saved_runs(tmp_path):
-    from opscope.engine.bench import peaks
+    from opscope.engine.bench.ceilings import peaks
     from opscope.engine.bench.measure.options import BenchOptions
     from opscope.engine.bench.session import run_suite
     from opscope.engine.bench.suites import get_suite

@@ -24,7 +24,7 @@ def _matmul_run():
 
 @pytest.fixture
 def db(tmp_path, monkeypatch):
-    from opscope.engine.bench import peaks
+    from opscope.engine.bench.ceilings import peaks
     from opscope.engine.store import RunStore
 
     monkeypatch.setenv("OPSCOPE_CACHE_DIR", str(tmp_path / "cache"))

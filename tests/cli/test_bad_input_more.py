@@ -10,6 +10,7 @@ import pytest
 
 from opscope.engine.cli import args as cli_args
 from opscope.engine.cli.main import main
+from opscope.engine.core import results
 from opscope.engine.store import runstore
 
 
@@ -80,7 +81,8 @@ def test_run_name_limit_is_one_constant_the_store_imports():
     tree = ast.parse(Path(runstore.__file__).read_text())
     imported = {(node.module, a.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                 for a in node.names}
-    assert ("opscope.engine.cli.args", "RUN_NAME_MAX_CHARS") in imported
+    assert ("opscope.engine.core.results", "RUN_NAME_MAX_CHARS") in imported
+    assert cli_args.RUN_NAME_MAX_CHARS is results.RUN_NAME_MAX_CHARS  # --name takes the same names
     own = [node.lineno for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
            and isinstance(node.value, ast.Constant) and node.value.value == cli_args.RUN_NAME_MAX_CHARS]
     assert own == []  # the limit is not written a second time

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from opscope.engine.bench import theoretical as T
+from opscope.engine.bench.ceilings import theoretical as T
 from opscope.engine.core.paths import cache_dir
 from opscope.engine.core.units import format_rate
 

@@ -169,7 +169,7 @@ def _missing(ceilings: list[Ceiling]) -> list[str]:
 
 
 def _ceilings(result: RunResult, device: str, dtype: str) -> list[Ceiling]:
-    from opscope.engine.bench import peaks
+    from opscope.engine.bench.ceilings import peaks
 
     sp = result.settings.get("suite_params", {})
     stored = sp.get("peaks") or {}

@@ -12,7 +12,7 @@ import logging
 import math
 from typing import Any, Callable
 
-from opscope.engine.bench import peaks
+from opscope.engine.bench.ceilings import peaks
 from opscope.engine.bench.measure.runner import Derived
 from opscope.engine.core.results import Metric
 from opscope.engine.core.units import format_rate

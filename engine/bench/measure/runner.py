@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from opscope.engine.core import markers
 from opscope.engine.bench.measure.devsync import synchronizer
 from opscope.engine.bench.measure.memory import peak_tracker
-from opscope.engine.bench import quality as Q
+from opscope.engine.bench.measure import quality as Q
 from opscope.engine.bench.measure.quality import DISTURBED_CORES, LoadProbe
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.errors import Cancelled, ConfigError

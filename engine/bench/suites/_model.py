@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from opscope.engine.bench import peaks
+from opscope.engine.bench.ceilings import peaks
 from opscope.engine.bench.measure.options import BenchOptions
 
 

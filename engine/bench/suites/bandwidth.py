@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opscope.engine.bench import peaks
+from opscope.engine.bench.ceilings import peaks
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
 from opscope.engine.bench.measure.runner import Point, PointOutcome, skipped_point
 from opscope.engine.core.results import Metric

@@ -53,11 +53,11 @@ def plan(opts, params=None):
     from opscope.engine.distributed.launch import LaunchSpec
 
     p = params or (QUICK if opts.quick else Params())
-    if p.nproc < 2:
-        raise ConfigError(f"collectives needs at least 2 ranks, got nproc {p.nproc}: give nproc 2 or more")
+    if p.nproc < 1:
+        raise ConfigError(f"collectives needs at least 1 rank, got nproc {p.nproc}")
     spec = LaunchSpec(nproc=p.nproc, backend="nccl" if str(opts.device).startswith("cuda") else "gloo",
                       timeout_s=WINDOW_TIMEOUT_S)
-    cfg, note = sweep_config(p, spec.backend == "nccl", opts.quick)
+    cfg, note = sweep_config(p, spec.backend == "nccl", opts.quick, world=p.nproc)
     settings = {"backend": spec.backend, "nproc": p.nproc, "world_size": p.nproc, "timeout_s": spec.timeout_s,
                 "sweep": {"sizes_bytes": list(cfg.sizes_bytes), "collectives": list(cfg.collectives),
                           "reps": cfg.reps}, "note": note,
@@ -115,17 +115,28 @@ def measure_reporting(spec, cfg: SweepConfig, progress=None) -> dict[int, dict[s
         return ranks
 
 
-def sweep_config(params: Params, on_cuda: bool, quick: bool) -> tuple[SweepConfig, str | None]:
-    """The ranks' sweep and, where the CPU cap cut sizes, a note saying so."""
+def sweep_config(params: Params, on_cuda: bool, quick: bool, world: int = 2) -> tuple[SweepConfig, str | None]:
+    """The ranks' sweep and, where the CPU cap cut sizes or one rank is all there is, a note saying so.
+
+    A world of one (a one-GPU machine) still sets up the backend's communicator and runs every
+    collective through it, so NCCL is exercised; no link is crossed (busbw is 0 by nccl-tests'
+    factors) and send/recv, which needs a peer, is left out."""
     bad = [c for c in params.collectives if c not in COLLECTIVES]
     if bad:
         raise ConfigError(f"collectives {', '.join(bad)}: unknown; choose from {', '.join(COLLECTIVES)}")
-    sizes, note = params.sizes_bytes, None
+    sizes, notes, collectives = params.sizes_bytes, [], params.collectives
     if not on_cuda and dataclasses.replace(params, nproc=Params.nproc) == Params():  # the default sweep
         sizes = tuple(s for s in sizes if s <= CPU_MAX_BYTES)
-        note = (f"sizes capped at {CPU_MAX_BYTES // 2**20} MiB on the CPU (host memory); "
-                f"give --param sizes_bytes=... for larger")
-    cfg = SweepConfig(sizes_bytes=sizes, collectives=params.collectives, reps=params.reps,
+        notes.append(f"sizes capped at {CPU_MAX_BYTES // 2**20} MiB on the CPU (host memory); "
+                     f"give --param sizes_bytes=... for larger")
+    if world == 1:
+        collectives = tuple(c for c in collectives if c != "send_recv")
+        notes.append("world size 1: the backend's own set-up and launch cost, no link crossed (busbw 0); "
+                     "send_recv needs 2 ranks and is left out")
+    if not collectives:
+        raise ConfigError("collectives: nothing left to run with one rank (send_recv needs 2)")
+    note = "; ".join(notes) or None
+    cfg = SweepConfig(sizes_bytes=sizes, collectives=collectives, reps=params.reps,
                       warmup=1 if quick else 2, target_rep_s=5e-4 if quick else 2e-3, max_inner=8 if quick else 50)
     return cfg, note
 

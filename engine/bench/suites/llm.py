@@ -19,7 +19,7 @@ import numpy as np
 
 from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan
 from opscope.engine.bench.measure.devsync import synchronizer
-from opscope.engine.bench import utilisation as U
+from opscope.engine.bench.ceilings import utilisation as U
 from opscope.engine.bench.measure.runner import Extra, Point, skipped_point
 from opscope.engine.bench.suites import _model as M
 

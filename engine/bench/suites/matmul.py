@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterator
 
-from opscope.engine.bench import peaks, utilisation
+from opscope.engine.bench.ceilings import peaks, utilisation
 from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
 from opscope.engine.bench.measure.runner import Point, PointOutcome, skipped_point
 from opscope.engine.core.errors import ConfigError

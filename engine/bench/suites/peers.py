@@ -152,7 +152,7 @@ class LlamaBenchPeer:
     measures_load = False
 
     def __init__(self, name: str, path: Path, threads: int, binary: Path):
-        from opscope.engine.bench import llama_bench
+        from opscope.engine.bench.peers import llama_bench
 
         self.name, self.path, self.threads, self.binary = name, path, threads, binary
         self.version = llama_bench.check_binary(binary)
@@ -161,7 +161,7 @@ class LlamaBenchPeer:
         return 0.0
 
     def _run(self, n_prompt: int, n_gen: int) -> float:
-        from opscope.engine.bench import llama_bench
+        from opscope.engine.bench.peers import llama_bench
 
         result = llama_bench.run(self.binary, self.path, n_prompt, n_gen, self.threads)
         seconds = result.pp_s if n_prompt else result.tg_s
@@ -229,7 +229,7 @@ def make_peer(name: str, path: Path, threads: int, p: Params):
     if name == "llama_cpp":
         return LlamaCppPeer(name, path, threads, n_ctx=max(p.pp, p.tg) + 16, n_batch=p.pp)
     if name == "llama_bench":
-        from opscope.engine.bench import llama_bench
+        from opscope.engine.bench.peers import llama_bench
 
         binary = llama_bench.find_binary(p.llama_bench or None)  # ConfigError: set but missing
         if binary is None:

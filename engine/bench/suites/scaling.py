@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opscope.engine.bench import peaks
-from opscope.engine.bench import utilisation as U
+from opscope.engine.bench.ceilings import peaks
+from opscope.engine.bench.ceilings import utilisation as U
 from opscope.engine.bench.measure.options import DTYPE_BYTES, BenchOptions, SuitePlan, check_torch_device, free_memory_bytes
 from opscope.engine.bench.measure.runner import Point, skipped_point
 from opscope.engine.bench.suites import _model as M

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from opscope.engine.bench import peaks
-from opscope.engine.bench import utilisation as U
+from opscope.engine.bench.ceilings import peaks
+from opscope.engine.bench.ceilings import utilisation as U
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan, check_torch_device
 from opscope.engine.bench.measure.runner import Extra, Point
 from opscope.engine.bench.suites import _model as M

@@ -46,13 +46,13 @@ def run_collectives(args: argparse.Namespace, out: IO[str] | None = None) -> int
     from opscope.engine.bench.suites import collectives as suite
     from opscope.engine.core.errors import ConfigError
 
-    if args.nproc * args.nnodes < 2:
-        raise ConfigError(f"collectives needs at least 2 ranks, got --nproc {args.nproc} × --nnodes {args.nnodes}: "
-                          f"give --nproc 2 or more")
+    world = args.nproc * args.nnodes
+    if world < 1:
+        raise ConfigError(f"collectives needs at least 1 rank, got --nproc {args.nproc} × --nnodes {args.nnodes}")
     spec = launch_spec(args, default_timeout_s=600.0)
     params = parse_cli_params(suite, args.param, args.quick) or (suite.QUICK if args.quick else suite.Params())
     params = dataclasses.replace(params, nproc=args.nproc)  # the command line's --nproc, saved with the run
-    cfg, note = suite.sweep_config(params, spec.resolved_backend() == "nccl", args.quick)
+    cfg, note = suite.sweep_config(params, spec.resolved_backend() == "nccl", args.quick, world=world)
     ranks = suite.measure(spec, cfg)
     if args.node_rank != 0:  # only node 0 (global rank 0's node) saves and reports the run
         out.write(f"node {args.node_rank}: {len(ranks)} ranks done; node 0 saves the run\n")
@@ -102,7 +102,7 @@ def _save(args, result) -> Any:
 def print_report(result, ranks: dict[int, dict[str, Any]], run_id, out: IO[str], note: str | None) -> None:
     """nccl-tests' columns per size, then the slowest rank and the spread between ranks."""
     from opscope.engine.bench.measure.stats import summarize
-    from opscope.engine.distributed.collectives import bus_factor
+    from opscope.engine.distributed.collectives import algbw_gb_s
     from opscope.engine.distributed.ranks import imbalance
 
     n = len(ranks)
@@ -119,7 +119,7 @@ def print_report(result, ranks: dict[int, dict[str, Any]], run_id, out: IO[str],
         p = m.params
         t = summarize(by_name[f"{m.name}.time"].samples).median
         busbw = summarize(m.samples).median
-        algbw = busbw / bus_factor(p["collective"], n) if bus_factor(p["collective"], n) else float("nan")
+        algbw = algbw_gb_s(p["size_bytes"], t / 1e6) if t > 0 else float("nan")  # busbw is 0 for one rank
         per_rank = {r: by_name[f"{m.name}.rank{r}.time"].samples for r in range(n)}
         imb = imbalance(per_rank)
         form = "ip" if p["mode"] == "in_place" else "oop"

@@ -52,9 +52,10 @@ prompt_text.__name__ = "prompt"
 def add_nproc_arg(p) -> None:
     from opscope.engine.cli import args as check
 
-    p.add_argument("--nproc", type=check.int_in(1, 64, what="processes"), default=1, metavar="N",
+    p.add_argument("--nproc", type=check.int_in(1, 64, what="processes"), default=None, metavar="N",
                    help="run the model tensor-parallel over N processes (torch.distributed: gloo on cpu, "
-                        "nccl on cuda); N must divide the KV heads; dense weights, no fast path")
+                        "nccl on cuda; N = 1 too, a world of one); N must divide the KV heads; dense "
+                        "weights, no fast path")
 
 
 def summary_line(stats) -> str:
@@ -104,10 +105,11 @@ def cmd_generate(args) -> int:
     if args.prompt == "-":
         args.prompt = read_stdin_prompt()
     generation_config(args)  # bad sampling flags fail before anything is loaded
-    if getattr(args, "trace_out", None) and getattr(args, "nproc", 1) < 2:
-        raise ConfigError("--trace-out is the per-rank trace of --nproc N (N >= 2); for one process's ops "
+    tp = tensor_parallel(args)
+    if getattr(args, "trace_out", None) and not tp:
+        raise ConfigError("--trace-out is the per-rank trace of --nproc N; for one process's ops "
                           "use `opscope trace`")
-    if getattr(args, "nproc", 1) > 1:
+    if tp:
         from opscope.engine.distributed.tp_worker import GENERATE_TIMEOUT_S, job_from_args, run_tp
 
         return run_tp(job_from_args(args, GENERATE_TIMEOUT_S), generate_with, args)
@@ -129,8 +131,17 @@ def generate_with(lm, args) -> int:
     return 0
 
 
+def tensor_parallel(args) -> bool:
+    """Whether --nproc was given: then the model runs tensor-parallel through the launcher, one
+    rank included (a world of one: the communicator and all_reduces of the path, on a one-GPU
+    machine). Without it, one plain process. Leaves ``args.nproc`` an int either way."""
+    given = getattr(args, "nproc", None) is not None
+    args.nproc = args.nproc if given else 1
+    return given
+
+
 def cmd_chat(args) -> int:
-    if getattr(args, "nproc", 1) > 1:
+    if tensor_parallel(args):
         from opscope.engine.distributed.tp_worker import CHAT_TIMEOUT_S, job_from_args, run_tp
 
         return run_tp(job_from_args(args, CHAT_TIMEOUT_S, stdin=True), chat_with, args)

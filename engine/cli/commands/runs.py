@@ -154,7 +154,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:
-    from opscope.engine.bench import roofline
+    from opscope.engine.bench.ceilings import roofline
 
     with _open_store(args) as store:
         roof = roofline.from_run(store.load(args.run).result)

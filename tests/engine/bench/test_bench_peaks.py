@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from opscope.engine.bench import peaks, theoretical
+from opscope.engine.bench.ceilings import peaks, theoretical
 from opscope.engine.bench.measure.options import BenchOptions
 from opscope.engine.bench.session import run_suite
 from opscope.engine.bench.suites import matmul

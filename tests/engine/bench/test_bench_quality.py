@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from opscope.engine.bench import quality as Q
+from opscope.engine.bench.measure import quality as Q
 from opscope.engine.bench.measure.runner import Point, RunnerConfig, run_points
 from opscope.engine.core.results import RunResult
 from opscope.engine.store import RunStore, db as store_db

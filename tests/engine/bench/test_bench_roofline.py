@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from opscope.engine.bench import peaks, roofline
+from opscope.engine.bench.ceilings import peaks, roofline
 from opscope.engine.cli.main import main
 from opscope.engine.core.results import Metric, RunResult
 from opscope.engine.store import RunStore

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from opscope.engine.core import markers
-from opscope.engine.bench import runner
+from opscope.engine.bench.measure import runner
 from opscope.engine.bench.measure.runner import Derived, Extra, Point, RunnerConfig, measure_point, run_points
 from opscope.engine.core.errors import Cancelled, ConfigError
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from opscope.engine.bench import peaks
+from opscope.engine.bench.ceilings import peaks
 from opscope.engine.bench.measure.options import BenchOptions
 from opscope.engine.bench.session import run_suite
 from opscope.engine.bench.suites import attention, bandwidth, get_suite, matmul, scaling, train_step

@@ -15,7 +15,7 @@ from opscope.engine.fastpath.kernels.build import cache_root
 
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))  # see tests/engine/fastpath/test_fastpath_model.py
 
-from opscope.engine.bench import llama_bench  # noqa: E402
+from opscope.engine.bench.peers import llama_bench  # noqa: E402
 from opscope.engine.bench.measure.options import BenchOptions  # noqa: E402
 from opscope.engine.bench.suites import get_suite  # noqa: E402
 from opscope.engine.core.errors import ConfigError  # noqa: E402

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from opscope.engine.bench import stats
+from opscope.engine.bench.measure import stats
 
 
 def test_percentiles_are_numpy_linear_type_7():

@@ -106,10 +106,21 @@ def test_the_perfetto_trace_has_one_process_per_rank(two_runs):
     assert min(e["ts"] for e in spans) == 0 and all(e["dur"] > 0 for e in spans)
 
 
-def test_one_rank_is_refused_before_anything_starts(tmp_path):
+def test_one_rank_runs_every_collective_but_send_recv_and_says_why(tmp_path, capsys):
+    """A one-GPU machine's `--nproc 1` (world size 1): the backend's communicator is set up and used;
+    no link is crossed, so busbw is 0 while algbw (size / time) stays a rate."""
     from opscope.engine.cli.main import main
 
-    assert main(["--db", str(tmp_path / "r.db"), "bench", "collectives", "--nproc", "1", "--quick"]) == 2
+    db = str(tmp_path / "r.db")
+    assert main(["--db", db, "bench", "collectives", "--nproc", "1", "--quick", "--name", "one",
+                 "--param", "sizes_bytes=65536", "--param", "reps=2"]) == 0
+    out = capsys.readouterr().out
+    assert "world size 1" in out and "send_recv needs 2 ranks" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("all_reduce ")]
+    assert rows and all(float(r[4]) > 0 and float(r[5]) == 0 for r in rows)  # algbw GB/s, busbw GB/s
+    run = load_run(db, "one")
+    assert run.status == "completed"
+    assert {m.params["collective"] for m in run.metrics} == set(COLLECTIVES) - {"send_recv"}
 
 
 @pytest.mark.gui

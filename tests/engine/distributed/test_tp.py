@@ -151,6 +151,22 @@ def test_cli_generate_nproc_streams_the_same_text_and_prints_the_share_its_trace
     assert "computed longest" in two.stderr
 
 
+def test_cli_generate_nproc_1_runs_the_tensor_parallel_path_as_a_world_of_one(tiny_gguf, tmp_path):
+    """A one-GPU machine's only way onto the launcher, the process group and the all_reduces:
+    `--nproc 1` given is the tensor-parallel path (one rank), not the plain process it is without."""
+    import json
+
+    argv = [sys.executable, "-m", "opscope.engine.cli.main", "generate", "hello", "-m", tiny_gguf, "-n", "6",
+            "--ignore-eos", "--temperature", "0", "--json"]
+    one = subprocess.run([*argv, "--nproc", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    plain = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    assert one.returncode == 0, one.stderr
+    got, ref = json.loads(one.stdout), json.loads(plain.stdout)
+    assert (got["tensor_parallel"], got["nproc"]) == (True, 1) and "tensor_parallel" not in ref
+    assert got["text"] == _text(tiny_gguf, "hello", 6)
+    assert "all_reduce" in one.stderr  # rank 0's share line, as with --nproc 2
+
+
 @pytest.mark.slow
 def test_embedded_model_over_three_ranks_matches_one_process(default_model_2_layers):
     """The embedded model (dense float32 weights) over its 3 KV heads, one per rank: its first 2

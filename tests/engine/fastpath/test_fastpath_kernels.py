@@ -147,7 +147,7 @@ def test_bad_packed_weights_are_rejected(kern):
 def test_fastpath_build_command_reports_the_kernels(capsys):
     import argparse
 
-    from opscope.engine.fastpath import commands
+    from opscope.engine.cli.commands import fastpath as commands
 
     parser = argparse.ArgumentParser()
     commands.register(parser.add_subparsers())

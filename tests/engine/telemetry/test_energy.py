@@ -209,6 +209,57 @@ def test_nvml_with_neither_counter_is_n_a(monkeypatch):
     m.close()
 
 
+def _two_gpus_with_energy(monkeypatch):
+    """Two GPUs whose total-energy counters differ, so a test sees which one a meter reads."""
+    pynvml = pytest.importorskip("pynvml")
+    from test_telemetry_nvml import FakeGpu, FakeNvml
+
+    class FakeWithEnergy(FakeNvml):
+        def nvmlDeviceGetTotalEnergyConsumption(self, h):
+            self._gpu(h, "nvmlDeviceGetTotalEnergyConsumption")
+            return pynvml.c_ulonglong((h.index + 1) * 1_000_000).value  # gpu0: 1 kJ, gpu1: 2 kJ
+
+    FakeWithEnergy([FakeGpu("NVIDIA H100 80GB HBM3"), FakeGpu("NVIDIA H100 80GB HBM3")]).install(monkeypatch)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    energy.reset()
+
+
+def _joules_read_for(device: str) -> float | None:
+    meter = energy.meter_for(device)
+    try:
+        return meter.read()
+    finally:
+        energy.reset()
+
+
+def test_cuda_visible_devices_by_uuid_reads_that_gpu(monkeypatch):
+    from test_telemetry_nvml import fake_uuid
+
+    _two_gpus_with_energy(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", fake_uuid(1))  # what nvitop and Slurm hand out
+    assert _joules_read_for("cuda:0") == pytest.approx(2000.0)  # NVML's gpu1, not its gpu0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert _joules_read_for("cuda:0") == pytest.approx(2000.0)
+
+
+def test_cuda_device_is_mapped_through_the_uuid_torch_reports(monkeypatch):
+    """Under CUDA_DEVICE_ORDER=FASTEST_FIRST (CUDA's default) cuda:0 need not be NVML's 0: the
+    UUID torch reports for cuda:0 names the device, as nvitop maps it."""
+    import types
+
+    import torch
+    from test_telemetry_nvml import fake_uuid
+
+    _two_gpus_with_energy(monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    cuda_uuids = {0: fake_uuid(1)[len("GPU-"):], 1: fake_uuid(0)[len("GPU-"):]}  # torch prints no prefix
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(uuid=cuda_uuids[i]))
+    assert _joules_read_for("cuda:0") == pytest.approx(2000.0)
+    assert _joules_read_for("cuda:1") == pytest.approx(1000.0)
+
+
 def test_no_nvidia_driver_here_is_n_a_with_the_reason():
     pytest.importorskip("pynvml")
     m = energy.NvmlEnergyMeter(0)

@@ -86,7 +86,14 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, h: FakeHandle) -> str:
         self._gpu(h, "nvmlDeviceGetUUID")
-        return f"GPU-0000000{h.index}-fake"
+        return fake_uuid(h.index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeHandle:
+        self._check_init()  # the real call: NVML_ERROR_NOT_FOUND for a UUID no device has
+        for index in range(len(self.gpus)):
+            if fake_uuid(index) == uuid:
+                return FakeHandle(index)
+        raise _err(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeHandle):
         gpu = self.gpus[h.index]
@@ -152,6 +159,11 @@ class FakeNvml:
         return gpu
 
 
+def fake_uuid(index: int) -> str:
+    """NVML's form ("GPU-" + the CUDA UUID torch prints) for fake device ``index``."""
+    return f"GPU-{index:08x}-1111-2222-3333-444444444444"
+
+
 def _at(values: list, i: int):
     return values[min(max(i, 0), len(values) - 1)]
 
@@ -178,7 +190,7 @@ def test_two_gpus_report_every_field_in_engine_units(two_gpus):
     assert (v["gpu0.pcie_tx_bytes_s"], v["gpu0.pcie_rx_bytes_s"]) == (1000 * 1024, 2000 * 1024)
     assert describe_reasons(v["gpu0.clock_event_reasons"]) == "sw_pwr"
     assert v["gpu0.proc_mem_bytes"] == 512 * MiB  # only this process, not pid 99999
-    assert v["gpu1.proc_mem_bytes"] == 0
+    assert math.isnan(v["gpu1.proc_mem_bytes"])  # not listed there: nothing measured, not 0 bytes
     assert src.sample()["gpu0.power_w"] == pytest.approx(200.0)  # scripted values advance
     src.close()
     assert two_gpus.initialized == 0  # close() shut NVML down
@@ -237,6 +249,32 @@ def test_old_driver_falls_back_to_throttle_reasons(monkeypatch):
     src = NvmlSource()
     src.open()
     assert describe_reasons(src.sample()["gpu0.clock_event_reasons"]) == "hw_therm"
+
+
+def test_nvidia_ml_py_older_than_12_535_has_no_clock_event_call(monkeypatch, caplog):
+    """nvidia-ml-py before 12.535 lacks nvmlDeviceGetCurrentClocksEventReasons altogether: the
+    throttle call answers, and the missing symbol is no WARNING (it is not a fault)."""
+    FakeNvml([FakeGpu("old bindings")]).install(monkeypatch)
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons")
+    src = NvmlSource()
+    src.open()
+    with caplog.at_level(logging.DEBUG, logger="opscope.engine.telemetry.nvml"):
+        reasons = [src.sample()["gpu0.clock_event_reasons"] for _ in range(2)]
+    src.close()
+    assert [describe_reasons(r) for r in reasons] == ["hw_therm", "hw_therm"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    missing = [r for r in caplog.records if "nvmlDeviceGetCurrentClocksEventReasons" in r.getMessage()]
+    assert len(missing) == 1 and "not in this nvidia-ml-py" in missing[0].getMessage()
+
+
+def test_an_engine_pid_nvml_does_not_list_reads_na_not_zero(two_gpus):
+    """No CUDA context yet, or a container whose pids NVML does not report: unknown, not 0 bytes."""
+    src = NvmlSource(pids={424242})
+    src.open()
+    v = src.sample()
+    src.close()
+    assert math.isnan(v["gpu0.proc_mem_bytes"]) and math.isnan(v["gpu1.proc_mem_bytes"])
+    assert v["gpu0.mem_used_bytes"] == 1024 * MiB  # the device's own figures still read
 
 
 def test_library_version_mismatch_is_na_not_an_exception(monkeypatch):
