@@ -73,7 +73,7 @@ def read_gguf(source) -> dict[str, "mx.array"]:
         kind, raw, shape = source.raw_tensor(name)
         parts = convert(kind, raw, shape)
         if name.endswith(("attn.q_proj.bias", "attn.k_proj.bias")) and source.arch == "llama":
-            from opscope.engine.formats.gguf_source import permute_qk_rows  # raw_tensor reorders weights only
+            from opscope.engine import permute_qk_rows  # raw_tensor reorders weights only
 
             heads = source.config.n_heads if "q_proj" in name else source.config.n_kv_heads
             parts["weight"] = parts["weight"][permute_qk_rows(shape[0], heads)]
