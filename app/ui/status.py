@@ -129,8 +129,10 @@ class EngineStatusBar(QStatusBar):
     def on_model_loaded(self, info: dict) -> None:
         fast = info.get("fastpath", "off")
         fast = f" · fast path{fast[2:]}" if fast.startswith("on") else ""  # "on (prefill_dtype=bf16)"
+        # how the backend took the file's types ("Q4_K → MLX 4-bit g32: exact; Q6_K → ..."), when it converted
+        conversion = f" · {info['conversion']}" if info.get("conversion") else ""
         self.device_label.setText(f"device: {info.get('device', '–')} · {info.get('dtype', '')}{fast}"
-                                  f" · {info.get('backend', '')}")
+                                  f" · {info.get('backend', '')}{conversion}")
         explain = ("\nfast path: the GGUF's quantized weights with OpScope's CPU kernels "
                    "(benchmarks/FASTPATH_NOTES.md)" if fast else "")
         self.device_label.setToolTip(self.device_label.full_text + explain)  # whole, when elided

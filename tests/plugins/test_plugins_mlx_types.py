@@ -121,3 +121,11 @@ def test_real_q4_k_m_download_loads_and_greedy_matches_torch(tmp_path, lm):
     greedy = [[e.token_id for e in m.generate(ids, cfg) if isinstance(e, Token)]
               for m in (load(out, fastpath="off"), mlx_lm)]
     assert greedy[0] == greedy[1]
+
+
+def test_models_inspect_states_the_mlx_conversion(typed, capsys):
+    from opscope.engine.cli.main import main
+
+    assert main(["models", "inspect", str(typed("Q6_K")), "--backend", "mlx"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert ["mlx_conversion", "Q6_K → MLX 8-bit g32: requantized"] in [line.split(None, 1) for line in lines]
