@@ -129,3 +129,23 @@ def test_models_inspect_states_the_mlx_conversion(typed, capsys):
     assert main(["models", "inspect", str(typed("Q6_K")), "--backend", "mlx"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert ["mlx_conversion", "Q6_K → MLX 8-bit g32: requantized"] in [line.split(None, 1) for line in lines]
+
+
+def test_bench_llm_points_run_through_the_mlx_backend(typed):
+    """bench llm on a plugin backend: pp and tg through the backend's own generate, the depth
+    points skipped with the reason, the e2e request with its engine stats."""
+    from opscope.engine.bench.measure.options import BenchOptions
+    from opscope.engine.bench.measure.runner import PointSkipped
+    from opscope.engine.bench.suites import llm
+
+    lm = get_backend("mlx").load(typed("Q4_0"))
+    plan = llm.plan(BenchOptions(backend="mlx"), llm.Params(pp=8, tg=4, depths=(0, 8), gen_prompt=8, gen_tokens=4),
+                    model=lm)
+    assert plan.settings["weights_bytes_per_decode_step"] == lm.memory_stats()["weights_bytes"]
+    points = list(plan.points)
+    assert [p.name for p in points] == ["pp8", "tg4", "pp8@d8", "tg4@d8", "e2e_p8_g4"]
+    for p in points[:2] + points[-1:]:
+        stats = p.prepare()()
+        assert stats.generated_tokens == (1 if p.name == "pp8" else 4)
+    with pytest.raises(PointSkipped, match="^the mlx backend measures whole requests; depth points need --backend torch$"):
+        points[2].prepare()

@@ -83,7 +83,7 @@ def backend_point(lm, name: str, n_prompt: int, n_gen: int, n: int, opts: BenchO
         config = GenerationConfig(max_tokens=n_gen, temperature=0.0, ignore_eos=True, reuse_prefix=False)
 
         def step():
-            return next(ev for ev in lm.generate(ids, config) if isinstance(ev, Finished))
+            return next(ev for ev in lm.generate(ids, config) if isinstance(ev, Finished)).stats
         return step
 
     return Point(name, "tok/s", prepare, value=lambda s: n / s, params={"n_prompt": n_prompt, "n_gen": n_gen},
