@@ -341,3 +341,19 @@ def test_writer_stores_llama_cpp_conventions(files):
     assert "output.weight" not in by_name  # Gemma 2 ties its head
     norm = np.asarray(by_name["blk.0.attn_norm.weight"].data)
     np.testing.assert_allclose(norm, tensors["model.layers.0.input_layernorm.weight"]() + 1, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "gemma3", "phi3"])
+def test_mlx_backend_reads_hf_directories_of_the_families(family, files, references, tmp_path, one_torch_thread):
+    """Hugging Face directories on the MLX backend through the engine's own source (Gemma's w+1 norms,
+    Phi-3's fused qkv and gate_up split by the family descriptors)."""
+    pytest.importorskip("mlx.core")
+    from transformers import AutoModelForCausalLM
+
+    from opscope.engine.backends import get_backend
+
+    save_hf_directory(references(family, "F32"), files(family, "F32"), tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    lm = get_backend("mlx").load(tmp_path)
+    assert lm.source.format == "safetensors" and lm.config.arch == family
+    check_against_reference(MLXLogits(lm), ref, family)
