@@ -4,10 +4,12 @@ MLX's quantized layers hold affine groups: ``w = scale · q + bias`` with q pack
 - Q4_0, Q4_1 and Q8_0 blocks *are* such groups (32 values, one scale, an offset), and so are Q4_K's
   32-value sub-blocks (scale d·sc, offset −dmin·m): their bits are repacked as they are ("exact"),
   with the scales and offsets kept in float32.
-- The other quantized types (K-quants, Q5_0/Q5_1, IQ4_NL/IQ4_XS) have no MLX form: they are
-  dequantized by the ggml project's ``gguf.quants`` and ``mx.quantize``d to groups of
-  ``GROUP`` values with 4 bits (sources of at most 4.5 bits per weight) or 8 bits (5 and 6 bits)
-  ("requantized"; the error this adds is measured in benchmarks/mlx_precision.py).
+  Q5_0, Q5_1 and Q5_K's 32-value sub-blocks are affine too, with 5-bit values: repacked exactly
+  into 8-bit groups.
+- Q2_K, Q3_K, Q6_K (16-value sub-blocks) and IQ4_NL/IQ4_XS (non-uniform levels) have no MLX form:
+  they are dequantized by the ggml project's ``gguf.quants`` and ``mx.quantize``d to 8-bit groups
+  of ``GROUP`` values ("requantized"; the error this adds is measured in
+  benchmarks/mlx_precision.py).
 - F32, F16 and BF16 stay dense.
 
 Whatever the type, ``mx.load`` never sees the file: it reads only F16/F32/Q4_0/Q4_1/Q8_0 and stops at
@@ -21,9 +23,12 @@ import numpy as np
 
 GROUP = 32  # every GGUF type's (sub-)blocks are 32 values or a divisor of 32 (Q3_K/Q6_K: 16)
 FLOAT_TYPES = ("F32", "F16", "BF16")
-EXACT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4}  # blocks already in MLX's affine form
-REQUANT_BITS = {"Q2_K": 4, "Q3_K": 4, "IQ4_NL": 4, "IQ4_XS": 4,
-                "Q5_0": 8, "Q5_1": 8, "Q5_K": 8, "Q6_K": 8}
+# blocks (or 32-value sub-blocks) already in MLX's affine form; 5-bit values sit in 8-bit groups
+EXACT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8}
+# 16-value sub-blocks (MLX's smallest group is 32) and IQ4's non-uniform levels fit no MLX group
+# exactly: 8 bits keep the added rounding within 1/255 of a group's range. Measured with 4 bits,
+# IQ4_NL moved the default model's logits by a mean KL of 0.53 (benchmarks/mlx_precision.py).
+REQUANT_BITS = {"Q2_K": 8, "Q3_K": 8, "IQ4_NL": 8, "IQ4_XS": 8, "Q6_K": 8}
 
 
 @dataclass(frozen=True)
@@ -151,4 +156,39 @@ def _k4_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scale.astype(np.float32), minimum.astype(np.float32)
 
 
-_EXACT_CONVERTERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q4_K": _q4_k}
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1's 4 bytes of high bits → bit j of the little-endian word, as [.., 32] values."""
+    word = qh.copy().view("<u4")  # [rows, blocks, 1]
+    return ((word >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+
+
+def _q5_0(raw, shape) -> dict:  # block: d, qh (4 bytes), 16 bytes of nibbles; w = d·(q − 16)
+    b = _blocks(raw, shape, 22)
+    d = _f16(b, 0)
+    q = _nibbles(b[..., 6:]) | (_fifth_bits(b[..., 2:6]) << 4)
+    return _quantized(q, 8, d, -16.0 * d, shape)
+
+
+def _q5_1(raw, shape) -> dict:  # block: d, m, qh (4 bytes), 16 bytes of nibbles; w = d·q + m
+    b = _blocks(raw, shape, 24)
+    q = _nibbles(b[..., 8:]) | (_fifth_bits(b[..., 4:8]) << 4)
+    return _quantized(q, 8, _f16(b, 0), _f16(b, 2), shape)
+
+
+def _q5_k(raw, shape) -> dict:
+    """Super-block of 256: d, dmin, 12 bytes of 6-bit scales/mins, qh[32], qs[128]; sub-block j:
+    w = d·sc_j·q − dmin·m_j, q = nibble + 16·(bit j of qh[l]) (ggml's dequantize_row_q5_K)."""
+    b = _blocks(raw, shape, 176, 256)
+    d, dmin, scale, minimum = _f16(b, 0), _f16(b, 2), *_k4_scales(b[..., 4:16].astype(np.uint8))
+    qh, qs = b[..., 16:48], b[..., 48:]
+    chunks = qs.reshape(*qs.shape[:2], 4, 32)
+    low = np.stack([chunks & 0x0F, chunks >> 4], axis=3).reshape(*qs.shape[:2], 8, 32)
+    high = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [rows, blocks, 8, 32]
+    q = low | (high << 4)
+    scales = (d[..., None] * scale).reshape(shape[0], -1)
+    biases = (-dmin[..., None] * minimum).reshape(shape[0], -1)
+    return _quantized(q, 8, scales.astype(np.float32), biases.astype(np.float32), shape)
+
+
+_EXACT_CONVERTERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q4_K": _q4_k,
+                     "Q5_0": _q5_0, "Q5_1": _q5_1, "Q5_K": _q5_k}

@@ -1,5 +1,5 @@
-"""Every GGUF type the torch backend reads loads on the MLX backend: Q4_0/Q4_1/Q8_0 (and Q4_K)
-repacked exactly, the other quantized types requantized to MLX's affine groups at the source's bits,
+"""Every GGUF type the torch backend reads loads on the MLX backend: Q4_0/Q4_1/Q8_0/Q4_K/Q5_0/Q5_1/Q5_K
+repacked exactly, the others (Q2_K, Q3_K, Q6_K, IQ4_NL, IQ4_XS) requantized to MLX 8-bit groups,
 floats dense; the conversion stated; the numbers checked against the file's own dequantized weights
 and against the torch backend on the same file. Tiny files of every type come from
 engine.testing.gguf_writer (random valid blocks for the types gguf-py cannot write); a real
@@ -25,10 +25,11 @@ WIDE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_k
 EXPECTED = {"F32": None, "F16": None, "BF16": None,
             "Q4_0": "Q4_0 → MLX 4-bit g32: exact", "Q4_1": "Q4_1 → MLX 4-bit g32: exact",
             "Q8_0": "Q8_0 → MLX 8-bit g32: exact", "Q4_K": "Q4_K → MLX 4-bit g32: exact",
-            "Q5_0": "Q5_0 → MLX 8-bit g32: requantized", "Q5_1": "Q5_1 → MLX 8-bit g32: requantized",
-            "Q2_K": "Q2_K → MLX 4-bit g32: requantized", "Q3_K": "Q3_K → MLX 4-bit g32: requantized",
-            "Q5_K": "Q5_K → MLX 8-bit g32: requantized", "Q6_K": "Q6_K → MLX 8-bit g32: requantized",
-            "IQ4_NL": "IQ4_NL → MLX 4-bit g32: requantized", "IQ4_XS": "IQ4_XS → MLX 4-bit g32: requantized"}
+            "Q5_0": "Q5_0 → MLX 8-bit g32: exact", "Q5_1": "Q5_1 → MLX 8-bit g32: exact",
+            "Q5_K": "Q5_K → MLX 8-bit g32: exact",
+            "Q2_K": "Q2_K → MLX 8-bit g32: requantized", "Q3_K": "Q3_K → MLX 8-bit g32: requantized",
+            "Q6_K": "Q6_K → MLX 8-bit g32: requantized",
+            "IQ4_NL": "IQ4_NL → MLX 8-bit g32: requantized", "IQ4_XS": "IQ4_XS → MLX 8-bit g32: requantized"}
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_type_loads_with_its_conversion_stated_and_bounded(qtype, typed):
         assert (err.reshape(groups.shape) <= step[..., None]).all()
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_K", "Q5_0", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_K", "Q5_K", "Q2_K", "Q6_K", "IQ4_XS"])
 def test_logits_against_the_torch_backend_on_the_same_file(qtype, typed):
     from opscope.engine.api import load
 
