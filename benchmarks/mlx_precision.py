@@ -90,13 +90,13 @@ ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
              "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 
 
-def families_table(root: Path) -> list[dict]:
+def families_table(root: Path, only: list[str] | None = None) -> list[dict]:
     from opscope.engine.testing.gguf_writer import FAMILIES
 
     from mlx_tiny import write_family  # noqa: E402  (benchmarks/ on sys.path)
 
     rows = []
-    for family in FAMILIES:
+    for family in only or FAMILIES:
         for qtype in ALL_TYPES:
             path = write_family(root / f"{family}-{qtype}.gguf", family, qtype)
             row = {"family": family, "type": qtype}
@@ -129,6 +129,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--families", action="store_true")
+    ap.add_argument("--family", action="append", default=None, help="with --families: only these (repeatable)")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--text", type=Path, default=DEFAULT_TEXT)
     ap.add_argument("--out", type=Path)
@@ -137,7 +138,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.families:
         with tempfile.TemporaryDirectory() as d:
-            rows = families_table(Path(d))
+            rows = families_table(Path(d), args.family)
     else:
         rows = files_table(args.files, args.text, args.tokens)
     table = markdown(rows)

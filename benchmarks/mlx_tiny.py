@@ -11,7 +11,7 @@ WIDE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_k
 
 def family_config(family: str) -> dict:
     extra = {"num_hidden_layers": 6} if family == "gemma3" else {}  # five local layers, one global
-    return hf_config(family, **WIDE, **extra)
+    return hf_config(family, **{**WIDE, **extra})
 
 
 def write_family(path: Path, family: str, qtype: str) -> Path:
