@@ -14,6 +14,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     # loading and generating
     "load": (f"{_E}.api", "load"),
     "open_model": (f"{_E}.formats", "open_model"),
+    "permute_qk_rows": (f"{_E}.formats.gguf_source", "permute_qk_rows"),
     "GenerationConfig": (f"{_E}.generation.config", "GenerationConfig"),
     "stats_from_times": (f"{_E}.generation.events", "stats_from_times"),
     "prefix_cache": (f"{_E}.generation.prefix_cache", None),

@@ -130,8 +130,10 @@ class EngineStatusBar(QStatusBar):
         fast = info.get("fastpath", "off")
         variant = f" {info['cpu_kernels']}" if info.get("cpu_kernels") else ""  # "avx2": the kernels' variant
         fast = f" · fast path{variant}{fast[2:]}" if fast.startswith("on") else ""  # "on (prefill_dtype=bf16)"
+        # how the backend took the file's types ("Q4_K → MLX 4-bit g32: exact; Q6_K → ..."), when it converted
+        conversion = f" · {info['conversion']}" if info.get("conversion") else ""
         self.device_label.setText(f"device: {info.get('device', '–')} · {info.get('dtype', '')}{fast}"
-                                  f" · {info.get('backend', '')}")
+                                  f" · {info.get('backend', '')}{conversion}")
         explain = ("\nfast path: the GGUF's quantized weights with OpScope's CPU kernels "
                    f"({info['cpu_kernels'] + ' variant, ' if variant else ''}benchmarks/FASTPATH_NOTES.md)"
                    if fast else "")

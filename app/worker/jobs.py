@@ -334,9 +334,16 @@ def model_info(loaded, req: LoadRequest, *, load_ms: float, reused: bool) -> dic
         "fastpath": str(getattr(getattr(loaded, "options", None), "fastpath", "off")),
         "cpu_kernels": _cpu_kernels(loaded),
         "backend": req.backend,
+        "conversion": _conversion(loaded),
         "load_ms": load_ms,
         "reused": reused,
     }
+
+
+def _conversion(loaded) -> str:
+    """How a backend converted the file's tensor types at load (MLX: 'Q4_K → MLX 4-bit g32: exact'), or ''."""
+    describe = getattr(loaded, "describe", None)
+    return str(describe().get("conversion", "")) if callable(describe) else ""
 
 
 def _jsonable(value: Any) -> Any:

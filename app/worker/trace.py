@@ -25,8 +25,10 @@ def run_trace(loaded, req: TraceRequest, send, cancel: threading.Event) -> dict:
     from opscope.engine import build_report
     from opscope.engine import trace_generation
 
-    if not hasattr(loaded, "model"):
-        raise ConfigError("tracing needs a torch model: switch the backend to torch")
+    backend = getattr(loaded, "backend_name", "torch")
+    if backend != "torch":  # an MLX model has .model too, but no torch ops for the placement tracer
+        raise ConfigError(f"the window traces torch ops and this model runs on the {backend} backend: switch the "
+                          f"backend to torch, or run `opscope trace --backend {backend}` for its op table")
     if req.tokens < 1:
         raise ConfigError(f"trace tokens must be at least 1, got {req.tokens}")
     simulate = req.simulate == "meta"

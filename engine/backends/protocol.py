@@ -25,7 +25,7 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 API_VERSION = 1
 
 # Optional members a backend may implement; see Backend's docstring for their contracts.
-OPTIONAL_MEMBERS = ("trace_ops", "bench_matmul", "bench_copy")
+OPTIONAL_MEMBERS = ("trace_ops", "bench_matmul", "bench_copy", "conversion")
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,9 @@ class Backend(Protocol):
       clock read; one warm-up product runs first and is not counted.
     * ``bench_copy(n_bytes, *, device, iterations) -> list[int]``: the same for a device-to-device
       copy of ``n_bytes`` (bytes moved per copy = 2 × n_bytes: one read, one write).
+    * ``conversion(types: dict[str, int]) -> list[str]``: how the backend takes a GGUF's tensor types
+      (``{"Q4_K": 16, ...}``) at load, one line per converted type ("Q4_K → MLX 4-bit g32: exact");
+      shown by ``opscope models inspect --backend NAME``.
     """
 
     name: str

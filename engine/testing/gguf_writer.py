@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, TypeAlias
 
 import numpy as np
@@ -45,7 +46,40 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "phi3": {},
 }
 
-TensorLike: TypeAlias = "np.ndarray | Callable[[], np.ndarray]"
+TensorLike: TypeAlias = "np.ndarray | RawBlocks | Callable[[], np.ndarray | RawBlocks]"
+
+# Byte offsets of the float16 scale fields in one block of the types gguf-py cannot quantize (ggml's
+# block structs): random blocks get these set so that their values have a chosen spread.
+_SCALE_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+                 "IQ4_NL": (0,), "IQ4_XS": (0,)}
+
+
+@dataclass(frozen=True)
+class RawBlocks:
+    """A tensor given as already-encoded GGML blocks (bytes [rows, bytes per row]), written as is."""
+
+    qtype: str
+    data: np.ndarray
+
+
+def random_blocks(qtype: str, shape: tuple[int, ...], seed: int = 0, std: float = 0.02) -> RawBlocks:
+    """Valid random blocks of ``qtype`` for a tensor of ``shape`` ([rows, cols]) whose dequantized
+    values have about ``std`` spread: the K-quants and IQ4 types, which gguf-py can read but not write
+    (no llama-quantize needed). Quantized bits are random; the float16 scales are set."""
+    import gguf
+
+    t = gguf.GGMLQuantizationType[qtype]
+    block, nbytes = gguf.GGML_QUANT_SIZES[t]
+    raw = np.random.default_rng(seed).integers(0, 256, (shape[0], shape[1] // block, nbytes), dtype=np.uint8)
+
+    def set_scales(value: float) -> None:
+        for at in _SCALE_FIELDS[qtype]:
+            raw[..., at:at + 2] = np.full(raw.shape[:2], value, np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+
+    set_scales(1.0)
+    spread = float(gguf.quants.dequantize(raw.reshape(shape[0], -1), t).std())
+    set_scales(std / spread)
+    return RawBlocks(qtype, raw.reshape(shape[0], -1))
 
 
 def hf_config(family: str, **overrides) -> dict:
@@ -150,7 +184,14 @@ def write_gguf(path: str | Path, cfg: dict, tensors: Mapping[str, TensorLike] | 
     w.write_ti_data_to_file()
     for hf, gname, shape, qtype in plan:
         t = tensors[hf]
-        arr = np.asarray(t() if callable(t) else t, dtype=np.float32)
+        value = t() if callable(t) else t
+        if isinstance(value, RawBlocks):  # pre-encoded: its type must be the one planned
+            if value.qtype != qtype.name or value.data.nbytes != _nbytes(shape, qtype):
+                raise ValueError(f"tensor {hf}: {value.qtype} blocks of {value.data.nbytes} bytes for a "
+                                 f"{qtype.name} tensor of shape {shape}")
+            w.write_tensor_data(value.data)
+            continue
+        arr = np.asarray(value, dtype=np.float32)
         if tuple(arr.shape) != tuple(shape):
             raise ValueError(f"tensor {hf} has shape {arr.shape}, the config implies {shape}")
         w.write_tensor_data(_encode(_convert(arr, hf, cfg, family, arch), qtype))
@@ -184,7 +225,7 @@ def _gguf_name(name_map, hf: str) -> str:
     return f"{g}.{suffix}"
 
 
-def _type_of(types, hf: str, shape) -> "object":
+def _type_of(types: Any, hf: str, shape: tuple[int, ...]) -> Any:  # a gguf.GGMLQuantizationType
     import gguf
 
     if len(shape) == 1:
@@ -322,3 +363,17 @@ def _family(cfg: dict) -> str:
     if family not in FAMILIES:
         raise ValueError(f"model_type {mt!r} is not one of {', '.join(FAMILIES)}")
     return family
+
+
+def write_typed_gguf(path: str | Path, cfg: dict, qtype: str, seed: int = 0, std: float = 0.05) -> Path:
+    """``cfg`` with every 2-D tensor of ``qtype``: quantized by gguf-py where it can, random valid
+    blocks (``random_blocks``) for the K-quants and IQ4 types. Rows must be multiples of the type's
+    block (256 for the K-quants)."""
+    tensors = random_tensors(cfg, seed, std)
+    if qtype in _SCALE_FIELDS:
+        shapes = tensor_shapes(cfg)
+        def blocks(hf: str, k: int) -> Callable[[], RawBlocks]:
+            return lambda: random_blocks(qtype, shapes[hf], seed=k, std=std)
+
+        tensors = {hf: blocks(hf, k) if len(shapes[hf]) == 2 else fn for k, (hf, fn) in enumerate(tensors.items())}
+    return write_gguf(path, cfg, tensors, types=qtype)

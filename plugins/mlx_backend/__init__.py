@@ -47,6 +47,12 @@ class MLXBackend(BackendBase):
 
         return load(source, device=device, dtype=dtype, **options)
 
+    def conversion(self, types: dict[str, int]) -> list[str]:
+        """How each quantized GGUF type reaches MLX at load ('Q4_K → MLX 4-bit g32: exact', ...)."""
+        from opscope.plugins.mlx_backend.convert import summary
+
+        return summary(types)
+
     def trace_ops(self, sink):
         """Report every MLX function and array operator call to ``sink`` as an OpEvent."""
         from opscope.plugins.mlx_backend.trace import trace_ops

@@ -13,7 +13,7 @@ from opscope.engine import ConfigError, DeviceError, UnsupportedModelError
 from opscope.engine import GenerationConfig
 from opscope.plugins.mlx_backend.generate import generate
 from opscope.plugins.mlx_backend.model import MLXModelArgs, Transformer
-from opscope.plugins.mlx_backend.weights import apply_weights, mlx_dtype, read_tensors, weights_nbytes
+from opscope.plugins.mlx_backend.weights import apply_weights, mlx_dtype, read_gguf, read_hf, weights_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +82,21 @@ class MLXLoadedModel:
                 "cache_bytes": mx.get_cache_memory(), "rss_bytes": psutil.Process().memory_info().rss}
 
     def describe(self) -> dict:
-        return {"model": str(self.source.path), "format": self.source.format, "arch": self.config.arch,
-                "device": self.device, "dtype": self.dtype, "attention": "sdpa", "backend": "mlx",
-                "mlx_version": mx.__version__}
+        out = {"model": str(self.source.path), "format": self.source.format, "arch": self.config.arch,
+               "device": self.device, "dtype": self.dtype, "attention": "sdpa", "backend": "mlx",
+               "mlx_version": mx.__version__}
+        lines = conversions(self.source)
+        if lines:
+            out["conversion"] = "; ".join(lines)
+        return out
+
+
+def conversions(source) -> list[str]:
+    """How the file's quantized types reach MLX ('Q4_K → MLX 4-bit g32: requantized'); [] for
+    safetensors (float, or already MLX-quantized)."""
+    from opscope.plugins.mlx_backend.convert import summary
+
+    return summary(source.quant_summary) if source.format == "gguf" else []
 
 
 def load(path, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
@@ -101,33 +113,18 @@ def load(path, device: str = "cpu", dtype: str = "float32", threads: int | None 
     t0 = now_ns()
     with markers.phase(markers.MODEL_LOAD, model=str(path or "default"), backend="mlx"):
         source = open_model(path)  # validates the header before mlx's reader sees the file
-        _check_family(source)
         model = _build(source, dev, dt)
     load_ms = (now_ns() - t0) / 1e6
-    log.info("mlx loaded %s on %s/%s in %.0f ms", source.path, device, dtype, load_ms)
+    log.info("mlx loaded %s on %s/%s in %.0f ms%s", source.path, device, dtype, load_ms,
+             "".join(f"; {line}" for line in conversions(source)))
     return MLXLoadedModel(source, model, str(device).lower(), dtype, load_ms)
 
 
-# The MLX model is the plain Llama block with its own tensor names; other families' switches
-# (QK-norm, post-norms, soft-caps, windows) and phi3's fused tensors would load wrongly.
-_MLX_ARCHS = ("llama", "mistral", "qwen2", "smollm")
-
-
-def _check_family(source) -> None:
-    cfg = source.config
-    if cfg.arch not in _MLX_ARCHS or not cfg.is_llama_core:
-        raise UnsupportedModelError(
-            f"{source.path}: the mlx backend runs the plain Llama block ({', '.join(_MLX_ARCHS[:3])}); "
-            f"{cfg.arch!r} needs the torch backend (--backend torch)")
-
-
 def _build(source, dev, dt) -> Transformer:
-    fmt = "gguf" if source.format == "gguf" else "hf"
-    files = [source.path] if fmt == "gguf" else list(source.shards)
-    tensors = read_tensors(files, fmt)
+    tensors = read_gguf(source) if source.format == "gguf" else read_hf(source)
     factors = tensors.pop("rope_freqs", None)
     args = MLXModelArgs.from_config(
-        source.config, rope_traditional=fmt == "gguf",
+        source.config, rope_traditional=False,  # both readers give Q/K rows in rotate-half order
         tie_embeddings="lm_head.weight" not in tensors,
         rope_freq_factors=None if factors is None else tuple(factors.astype(mx.float32).tolist()))
     with mx.stream(dev):

@@ -1,10 +1,12 @@
-"""Checkpoint tensors → the MLX Transformer, with one name table per format.
+"""Checkpoint tensors → the MLX Transformer, named as the engine names them.
 
-``mx.load`` reads GGUF Q4_0/Q4_1/Q8_0 blocks straight into MLX's affine group-32 form (packed
-uint32 weights + float16 scales and biases) and dequantizes every other GGUF type to float16.
-Quantized tensors stay quantized: their modules become nn.QuantizedLinear / QuantizedEmbedding
-with the bits and group size read off the tensor shapes. Safetensors directories (float, or
-MLX-quantized with ``.scales``/``.biases``) go through the same path.
+GGUF files and float safetensors directories are read through the engine's own sources
+(``opscope.engine.open_model``): the same family descriptors (extra tensor names, fused q|k|v and
+gate|up splits, Gemma's norm offset, Q/K row order) as the torch backend, one registry. GGUF blocks
+become MLX arrays tensor by tensor (``convert``: exact repacks, requantization or dense).
+MLX-quantized safetensors (``.scales``/``.biases``, as mlx-lm writes them) are read by ``mx.load``
+with the name table below. Quantized tensors stay quantized: their modules become
+nn.QuantizedLinear / QuantizedEmbedding with the bits and group size read off the tensor shapes.
 """
 from __future__ import annotations
 
@@ -57,6 +59,59 @@ def rename(name: str, fmt: str) -> str | None:
     if m and m.group(2) in block:
         return f"layers.{m.group(1)}.{block[m.group(2)]}.{suffix}"
     return None
+
+
+def read_gguf(source) -> dict[str, "mx.array"]:
+    """Every tensor of a (validated) GGUF source as MLX arrays under engine names; Q/K rows come in
+    rotate-half order (``raw_tensor``), the RoPE the model applies for every family."""
+    import numpy as np
+
+    from opscope.plugins.mlx_backend.convert import convert
+
+    out: dict[str, mx.array] = {}
+    for name in source.tensor_names():
+        kind, raw, shape = source.raw_tensor(name)
+        parts = convert(kind, raw, shape)
+        if name.endswith(("attn.q_proj.bias", "attn.k_proj.bias")) and source.arch == "llama":
+            from opscope.engine import permute_qk_rows  # raw_tensor reorders weights only
+
+            heads = source.config.n_heads if "q_proj" in name else source.config.n_kv_heads
+            parts["weight"] = parts["weight"][permute_qk_rows(shape[0], heads)]
+        module = name[: -len(".weight")] if name.endswith(".weight") else name
+        for key, arr in parts.items():
+            full = name if key == "weight" else f"{module}.{key}"
+            out[full] = arr if isinstance(arr, mx.array) else mx.array(np.ascontiguousarray(arr))
+    return out
+
+
+def read_hf(source) -> dict[str, "mx.array"]:
+    """A safetensors directory: MLX-quantized ones through ``mx.load`` (mlx-lm's layout), float ones
+    through the engine's source (family names, fused splits, Gemma's norm offset)."""
+    files = list(source.shards)
+    if _mlx_quantized(files):
+        _refuse_switches(source)
+        return read_tensors(files, "hf")
+    out = {}
+    for name, t in source.iter_tensors():
+        out[name] = mx.array(t.float().numpy())
+    return out
+
+
+def _mlx_quantized(files: list[Path]) -> bool:
+    from safetensors import safe_open
+
+    for f in files:
+        with safe_open(str(f), framework="numpy") as h:
+            if any(k.endswith(".scales") for k in h.keys()):
+                return True
+    return False
+
+
+def _refuse_switches(source) -> None:
+    if not source.config.is_llama_core or source.config.arch == "phi3":
+        raise UnsupportedModelError(
+            f"{source.path}: the mlx backend reads MLX-quantized safetensors of Llama-core models only; "
+            f"for {source.config.arch!r} use its float checkpoint or a GGUF file")
 
 
 def read_tensors(files: list[Path], fmt: str) -> dict[str, mx.array]:

@@ -221,3 +221,15 @@ def test_a_load_that_waits_for_the_kernel_build_keeps_saying_so(tmp_path, monkey
     count = len(sent)
     time.sleep(0.2)
     assert len(sent) == count  # it stops with the load
+
+
+def test_the_status_bar_states_the_mlx_conversion(qtbot):
+    from opscope.app.ui.engine_client import EngineClient
+    from opscope.app.ui.status import EngineStatusBar
+
+    bar = EngineStatusBar(EngineClient())
+    qtbot.addWidget(bar)
+    bar.on_model_loaded({"device": "cpu", "dtype": "float32", "backend": "mlx", "path": "/m/q.gguf",
+                         "conversion": "Q4_K → MLX 4-bit g32: exact; Q6_K → MLX 8-bit g32: requantized"})
+    assert bar.device_label.full_text == ("device: cpu · float32 · mlx · Q4_K → MLX 4-bit g32: exact; "
+                                          "Q6_K → MLX 8-bit g32: requantized")

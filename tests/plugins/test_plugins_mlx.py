@@ -257,3 +257,28 @@ def test_devices_explain_the_missing_gpu():
     assert devices["cpu"].available
     if not devices["gpu"].available:
         assert "no GPU backend" in devices["gpu"].reason
+
+
+# -- trace through the backend --------------------------------------------------------------------
+@pytest.mark.slow
+def test_cli_trace_runs_through_the_mlx_backend(tmp_path, capsys):
+    from opscope.engine.cli.main import main
+
+    out = tmp_path / "mlx.perfetto.json"
+    assert main(["trace", "Hi", "--tokens", "2", "--backend", "mlx", "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("Op trace on the mlx backend: ")
+    assert lines[0].endswith("device/stream: Stream(Device(cpu, 0), 0)")
+    assert lines[1] == "host syncs: 2 (1.0 per token)"  # one item() per token
+    assert any(line.split()[0] == "quantized_matmul" for line in lines[4:])
+    trace = json.loads(out.read_text())["traceEvents"]
+    assert {e["name"] for e in trace} >= {"quantized_matmul", "fast.scaled_dot_product_attention", "token"}
+
+
+def test_cli_trace_names_what_mlx_cannot_trace(capsys):
+    from opscope.engine.cli.main import main
+
+    assert main(["trace", "Hi", "--backend", "mlx", "--variant", "leaky-norm"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "opscope: error: --backend mlx: planted variants, --jsonl and simulated devices trace torch ops; "
+        "use --backend torch for them")

@@ -9,6 +9,11 @@
   ``itl_p50/p95/p99`` from the engine's own events, so the CLI, the GUI and this suite agree.
 - MFU on pp and tg, MBU on tg (weights + KV cache read per step), against the theoretical and the
   measured peaks in settings (engine.bench.utilisation: ``.mfu``, ``.mfu_measured``, ...).
+
+A plugin backend's model (``--backend mlx``) is measured through the backend, never around it: its
+pp and tg points time whole requests of its own ``generate`` (ppN: N prompt tokens and the first
+token sampled; tgN: N tokens after a one-token prompt); the ``@dD`` points, which fill a torch
+model's cache outside generation, are skipped with the reason.
 """
 from __future__ import annotations
 
@@ -54,7 +59,7 @@ def _suffix(depth: int) -> str:
 def pp_work(lm, n: int, depth: int, dtype: str) -> dict[str, float]:
     """FLOP and bytes per token of ppN@dD (engine.bench.roofline): weights read once per pass."""
     cfg = lm.config
-    read = M.weight_bytes_per_step(lm.model) + M.kv_bytes_per_position(cfg, DTYPE_BYTES[dtype]) * (depth + n)
+    read = weight_bytes(lm) + M.kv_bytes_per_position(cfg, DTYPE_BYTES[dtype]) * (depth + n)
     return {"flop": M.forward_flops(cfg, n, depth, logits_tokens=1) / n, "bytes": read / n}
 
 
@@ -62,8 +67,50 @@ def tg_work(lm, n: int, depth: int, dtype: str) -> dict[str, float]:
     """FLOP and bytes per token of tgN@dD: every step reads the weights and the cache so far."""
     cfg = lm.config
     flops = sum(M.forward_flops(cfg, 1, depth + i, 1) for i in range(n)) / n
-    read = M.weight_bytes_per_step(lm.model) + M.kv_bytes_per_position(cfg, DTYPE_BYTES[dtype]) * (depth + (n + 1) / 2)
+    read = weight_bytes(lm) + M.kv_bytes_per_position(cfg, DTYPE_BYTES[dtype]) * (depth + (n + 1) / 2)
     return {"flop": flops, "bytes": read}
+
+
+def is_torch(lm) -> bool:
+    return getattr(lm, "backend_name", "torch") == "torch"
+
+
+def weight_bytes(lm) -> int:
+    """Weight bytes a decode step reads: from the torch model's tensors, or the backend's own count."""
+    return M.weight_bytes_per_step(lm.model) if is_torch(lm) else int(lm.memory_stats()["weights_bytes"])
+
+
+def backend_point(lm, name: str, n_prompt: int, n_gen: int, n: int, opts: BenchOptions, derived) -> Point:
+    """``n`` tokens per request of the backend's own generate (``n_prompt`` in, ``n_gen`` out), tok/s."""
+    from opscope.engine.generation.events import Finished
+    from opscope.engine.generation.generate import GenerationConfig
+
+    def prepare():
+        ids = M.random_tokens(n_prompt, lm.config.vocab_size, 2, "cpu")[0].tolist()
+        config = GenerationConfig(max_tokens=n_gen, temperature=0.0, ignore_eos=True, reuse_prefix=False)
+
+        def step():
+            return next(ev for ev in lm.generate(ids, config) if isinstance(ev, Finished)).stats
+        return step
+
+    return Point(name, "tok/s", prepare, value=lambda s: n / s, params={"n_prompt": n_prompt, "n_gen": n_gen},
+                 device=opts.device, track_memory=True, derived=derived)
+
+
+def backend_points(lm, p: "Params", opts: BenchOptions, pk: dict):
+    cfg = lm.config
+    pp_flops = M.forward_flops(cfg, p.pp, 0, logits_tokens=1)
+    tg = tg_work(lm, p.tg, 0, opts.dtype)
+    yield backend_point(lm, f"pp{p.pp}", p.pp, 1, p.pp, opts,
+                        U.derived(f"pp{p.pp}", "mfu", lambda tps: tps / p.pp * pp_flops, pk, "flop"))
+    yield backend_point(lm, f"tg{p.tg}", 1, p.tg, p.tg, opts,
+                        U.derived(f"tg{p.tg}", "mfu", lambda tps: tps * tg["flop"], pk, "flop")
+                        + U.derived(f"tg{p.tg}", "mbu", lambda tps: tps * tg["bytes"], pk, "bytes"))
+    for depth in (d for d in p.depths if d):
+        for kind, n in (("pp", p.pp), ("tg", p.tg)):
+            yield skipped_point(f"{kind}{n}{_suffix(depth)}", "tok/s",
+                                f"the {lm.backend_name} backend measures whole requests; depth points need --backend torch")
+    yield gen_point(lm, p.gen_prompt, p.gen_tokens, opts)
 
 
 def pp_point(lm, n: int, depth: int, opts: BenchOptions, pk: dict) -> Point:
@@ -187,6 +234,9 @@ def gen_point(lm, n_prompt: int, n_gen: int, opts: BenchOptions) -> Point:
 
 
 def _points(lm, p: Params, opts: BenchOptions, pk: dict):
+    if not is_torch(lm):
+        yield from backend_points(lm, p, opts, pk)
+        return
     ctx = lm.config.max_seq_len
     for depth in p.depths:
         for kind, n, make in (("pp", p.pp, pp_point), ("tg", p.tg, tg_point)):
@@ -196,6 +246,16 @@ def _points(lm, p: Params, opts: BenchOptions, pk: dict):
             else:
                 yield make(lm, n, depth, opts, pk)
     yield gen_point(lm, p.gen_prompt, p.gen_tokens, opts)
+
+
+def load_any(opts: BenchOptions):
+    """The torch model (engine.api.load), or the plugin backend's own model for other backends."""
+    if opts.backend == "torch":
+        return M.load_model(opts)
+    from opscope.engine.backends import get_backend
+
+    kwargs = {"threads": opts.threads} if opts.threads is not None else {}
+    return get_backend(opts.backend).load(opts.model, device=opts.device, dtype=opts.dtype, **kwargs)
 
 
 def _roofline_work(lm, p: Params, opts: BenchOptions) -> dict[str, dict[str, float]]:
@@ -210,13 +270,13 @@ def _roofline_work(lm, p: Params, opts: BenchOptions) -> dict[str, dict[str, flo
 
 def plan(opts: BenchOptions, params: Params | None = None, model: Any = None) -> SuitePlan:
     p = params or (QUICK if opts.quick else Params())
-    lm = model if model is not None else M.load_model(opts)
+    lm = model if model is not None else load_any(opts)
     pk = M.model_peaks(opts)
     settings = {"pp": p.pp, "tg": p.tg, "depths": list(p.depths), "gen_prompt": p.gen_prompt,
                 "gen_tokens": p.gen_tokens, "peaks": pk, "model_memory": lm.memory_stats(),
-                "weights_bytes_per_decode_step": M.weight_bytes_per_step(lm.model),
+                "weights_bytes_per_decode_step": weight_bytes(lm), "backend": opts.backend,
                 "model": lm.describe() if hasattr(lm, "describe") else {},
                 "roofline": _roofline_work(lm, p, opts), "energy": energy_setting(opts.device)}
-    close = None if model is not None else (lambda: lm.model.drop_cache())
+    close = None if model is not None or not is_torch(lm) else (lambda: lm.model.drop_cache())
     return SuitePlan(points=_points(lm, p, opts, pk), n_points=2 * len(p.depths) + 1, settings=settings,
                      model_source=lm.source, close=close)

@@ -35,6 +35,8 @@ def register(sub) -> None:
     q = msub.add_parser("inspect", help="architecture, parameters, quantization, tokenizer, template")
     q.add_argument("path", nargs="?", default=None, help="GGUF file or HF directory (default: embedded model)")
     q.add_argument("--json", action="store_true")
+    q.add_argument("--backend", default="torch",
+                   help="also say how this backend takes the file's tensor types (e.g. mlx: converted at load)")
     q.set_defaults(func=cmd_inspect)
 
 
@@ -227,12 +229,24 @@ def _end_prompt_line() -> None:
         pass
 
 
+def _conversion(backend_name: str, info: dict) -> str:
+    """How a plugin backend takes the file's types (its optional ``conversion(types)`` hook)."""
+    from opscope.engine.backends import get_backend
+
+    hook = getattr(get_backend(backend_name), "conversion", None)
+    if hook is None or info.get("format") != "gguf":
+        return f"the {backend_name} backend reads the tensors as stored"
+    return "; ".join(hook(info.get("quantization") or {})) or "none: float tensors stay dense"
+
+
 def cmd_inspect(args) -> int:
     from opscope.engine.formats.inspect import format_text, inspect_path
 
     info = inspect_path(args.path)  # any GGUF's metadata, and in one line why it cannot run, if so
     if info.get("format") == "gguf" and info.get("runnable") == "yes":
         info = _with_metadata_last(info, cpu_kernels=_cpu_kernels())
+    if args.backend != "torch":
+        info = {**info, f"{args.backend}_conversion": _conversion(args.backend, info)}
     print(json_output.dumps(info, indent=2, default=str) if args.json else format_text(info))
     return 0
 

@@ -103,8 +103,6 @@ def _load(args):
     if getattr(args, "fastpath", "auto") == "auto":
         args.fastpath = "off"  # placement is about torch ops; the fused C++ decode step is opaque
     lm = load_from_args(args)
-    if not hasattr(lm, "model"):
-        raise ConfigError(f"--backend {args.backend}: tracing needs a torch model (use --backend torch)")
     return lm, (device if simulate else str(lm.device)), simulate
 
 
@@ -126,6 +124,8 @@ def cmd_model_trace(args) -> int:
     from opscope.engine.trace.session import trace_generation
 
     _check(args)
+    if (getattr(args, "backend", "torch") or "torch") != "torch":
+        return cmd_backend_trace(args)
     lm, target, simulate = _load(args)
     config = GenerationConfig(max_tokens=args.tokens, ignore_eos=True)
     run = trace_generation(lm, args.prompt, config, _options(args, target), variant=args.variant, simulate=simulate)
@@ -142,4 +142,31 @@ def cmd_model_trace(args) -> int:
         for label, path in (("Chrome trace / Perfetto JSON", args.out), ("events (JSON lines)", args.jsonl)):
             if path:
                 print(f"{label}: {path}")
+    return 0
+
+
+def cmd_backend_trace(args) -> int:
+    """A plugin backend's model, traced through the backend's own op hook (engine.trace.backend_ops)."""
+    from opscope.engine.backends import get_backend
+    from opscope.engine.generation.generate import GenerationConfig
+    from opscope.engine.trace import backend_ops
+    from opscope.engine.trace.variants import CLEAN
+
+    if args.variant != CLEAN or args.jsonl or str(args.device).strip().lower() in SIMULATED_DEVICES:
+        raise ConfigError(f"--backend {args.backend}: planted variants, --jsonl and simulated devices trace torch "
+                          f"ops; use --backend torch for them")
+    backend = get_backend(args.backend)
+    from opscope.engine.cli.common import load_from_args
+
+    lm = load_from_args(args)
+    config = GenerationConfig(max_tokens=args.tokens, ignore_eos=True)
+    trace = backend_ops.trace_backend_generation(backend, lm, args.prompt, config, args.max_events)
+    if args.out:
+        backend_ops.write_chrome_trace(trace, args.out)
+    if args.json:
+        print(json_output.dumps(backend_ops.as_dict(trace), indent=1, default=str))
+    else:
+        print(backend_ops.render_text(trace), end="")
+        if args.out:
+            print(f"Chrome trace / Perfetto JSON: {args.out}")
     return 0

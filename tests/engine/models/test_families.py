@@ -158,6 +158,36 @@ def test_fastpath_matches_transformers(family, files, references, one_torch_thre
     check_against_reference(lm, references(family, "Q8_0"), family)
 
 
+class MLXLogits:
+    """An MLX backend model seen through check_against_reference (torch logits out)."""
+
+    def __init__(self, lm):
+        self.lm = lm
+
+    def logits(self, ids):
+        return torch.from_numpy(self.lm.logits(ids))
+
+    def generate(self, ids, cfg):
+        return self.lm.generate(ids, cfg)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+@pytest.mark.parametrize("family", list(CASES))
+def test_mlx_backend_matches_transformers(family, qtype, files, references, one_torch_thread):
+    """The same contract on the MLX backend, built from the same family descriptors (Q8_0 blocks
+    repacked exactly into MLX 8-bit groups, so the reference is the same dequantized weights)."""
+    pytest.importorskip("mlx.core")
+    import mlx.nn as nn
+
+    from opscope.engine.backends import get_backend
+
+    lm = get_backend("mlx").load(files(family, qtype))
+    assert lm.config.arch == ("llama" if family == "mistral" else family)
+    if qtype == "Q8_0":
+        assert isinstance(lm.model.layers[0].attn.q_proj, nn.QuantizedLinear)
+    check_against_reference(MLXLogits(lm), references(family, qtype), family)
+
+
 @pytest.mark.parametrize("family", ["gemma2", "gemma3"])
 def test_compiled_decode_matches_transformers(family, files, references, one_torch_thread):
     """Compiling is slow (20-40 s per family on a quiet 2-core CPU, minutes on a busy one): the two
@@ -311,3 +341,19 @@ def test_writer_stores_llama_cpp_conventions(files):
     assert "output.weight" not in by_name  # Gemma 2 ties its head
     norm = np.asarray(by_name["blk.0.attn_norm.weight"].data)
     np.testing.assert_allclose(norm, tensors["model.layers.0.input_layernorm.weight"]() + 1, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "gemma3", "phi3"])
+def test_mlx_backend_reads_hf_directories_of_the_families(family, files, references, tmp_path, one_torch_thread):
+    """Hugging Face directories on the MLX backend through the engine's own source (Gemma's w+1 norms,
+    Phi-3's fused qkv and gate_up split by the family descriptors)."""
+    pytest.importorskip("mlx.core")
+    from transformers import AutoModelForCausalLM
+
+    from opscope.engine.backends import get_backend
+
+    save_hf_directory(references(family, "F32"), files(family, "F32"), tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    lm = get_backend("mlx").load(tmp_path)
+    assert lm.source.format == "safetensors" and lm.config.arch == family
+    check_against_reference(MLXLogits(lm), ref, family)

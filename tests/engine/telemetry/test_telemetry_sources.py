@@ -123,8 +123,8 @@ def test_torch_without_cuda_says_so():
 def test_default_sources_import_nothing_until_opened(monkeypatch):
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     names = [s.name for s in default_sources()]
-    assert names == ["host", "nvml", "amdsmi", "torch", "mlx"]
-    assert [s.name for s in default_sources(in_process=False)] == ["host", "nvml", "amdsmi"]
+    assert names == ["host", "nvml", "amdsmi", "apple", "torch", "mlx"]
+    assert [s.name for s in default_sources(in_process=False)] == ["host", "nvml", "amdsmi", "apple"]
     assert "pynvml" not in sys.modules
 
 
@@ -188,3 +188,23 @@ def test_amd_gpus_map_amdsmi_fields_and_na(monkeypatch):
     assert math.isnan(v["amd0.temp_c"]) and v["amd0.proc_mem_bytes"] == 3 * 2**20
     src.close()
     assert smi.shut_down == 1
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="the N/A statement is for other systems")
+def test_apple_memory_is_stated_na_elsewhere():
+    from opscope.engine.telemetry.apple import AppleMemorySource
+
+    src = AppleMemorySource()
+    assert not src.open() and src.sample() == {}
+    assert src.reason == (f"process footprint and memory pressure: N/A on {sys.platform} "
+                          f"(macOS kernel counters; RSS is in the host series)")
+
+
+@pytest.mark.skipif(sys.platform != "darwin", reason="macOS kernel counters")
+def test_apple_footprint_and_pressure_on_macos():
+    from opscope.engine.telemetry.apple import AppleMemorySource
+
+    src = AppleMemorySource()
+    assert src.open()
+    v = src.sample()
+    assert v["apple.footprint_bytes"] > 1 << 20 and v["apple.memory_pressure"] in (1.0, 2.0, 4.0)
