@@ -7,6 +7,7 @@ PyInstaller, pkgutil) find them there.
 ``import opscope`` stays light (no torch, no Qt): the user API, ``opscope.step`` and
 ``opscope.region``, is imported on first use (PEP 562 module ``__getattr__``).
 """
+
 from __future__ import annotations
 
 __all__ = ["__version__", "region", "step"]

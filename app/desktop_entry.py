@@ -6,6 +6,7 @@
 
 Reads the files through importlib.resources, so it works from a checkout or an installed wheel.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,10 @@ def data_home() -> Path:
 
 def targets(prefix: Path) -> dict[Path, bytes]:
     """Every file to write, under ``prefix`` (an XDG data dir), with its content."""
-    files = {prefix / "applications" / f"{APP_ID}.desktop": resources.read_bytes("opscope.desktop"),
-             prefix / "icons" / "hicolor" / "scalable" / "apps" / f"{APP_ID}.svg": resources.read_bytes("opscope.svg")}
+    files = {
+        prefix / "applications" / f"{APP_ID}.desktop": resources.read_bytes("opscope.desktop"),
+        prefix / "icons" / "hicolor" / "scalable" / "apps" / f"{APP_ID}.svg": resources.read_bytes("opscope.svg"),
+    }
     for size in resources.ICON_SIZES:
         files[prefix / "icons" / "hicolor" / f"{size}x{size}" / "apps" / f"{APP_ID}.png"] = resources.icon_png(size)
     return files
@@ -53,11 +56,16 @@ def uninstall(prefix: Path) -> list[Path]:
 
 def _refresh_caches(prefix: Path) -> None:
     # Menus and icon themes cache their contents; both tools are optional.
-    for tool, target in (("update-desktop-database", prefix / "applications"),
-                         ("gtk-update-icon-cache", prefix / "icons" / "hicolor")):
+    for tool, target in (
+        ("update-desktop-database", prefix / "applications"),
+        ("gtk-update-icon-cache", prefix / "icons" / "hicolor"),
+    ):
         if shutil.which(tool) and target.exists():
-            subprocess.run([tool, "-q", str(target)] if tool.startswith("gtk") else [tool, str(target)],
-                           check=False, capture_output=True)
+            subprocess.run(
+                [tool, "-q", str(target)] if tool.startswith("gtk") else [tool, str(target)],
+                check=False,
+                capture_output=True,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,13 +4,14 @@
 when present) or a list of command-line strings. A frozen bundle starts its engine worker by
 running itself with ``--engine-worker``.
 """
+
 from __future__ import annotations
 
 import argparse
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -21,13 +22,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--backend", default="torch")
-    p.add_argument("--db", help="run store URL (default: $OPSCOPE_DB, else the store last opened in the Runs "
-                                "panel, else the user's SQLite database)")
+    p.add_argument(
+        "--db",
+        help="run store URL (default: $OPSCOPE_DB, else the store last opened in the Runs "
+        "panel, else the user's SQLite database)",
+    )
     p.add_argument("--theme", choices=("system", "light", "dark"), help="override the system theme")
     p.add_argument("--debug", action="store_true", help="verbose logging")
-    p.add_argument("--screenshot", metavar="PATH",
-                   help="wait until the engine is idle (model loaded or failed), write a PNG of the window to "
-                        "PATH and exit")
+    p.add_argument(
+        "--screenshot",
+        metavar="PATH",
+        help="wait until the engine is idle (model loaded or failed), write a PNG of the window to PATH and exit",
+    )
     return p
 
 
@@ -36,8 +42,9 @@ def _options(args: argparse.Namespace | Sequence[str] | None) -> argparse.Namesp
         args = sys.argv[1:]
     if isinstance(args, argparse.Namespace):
         defaults = vars(build_parser().parse_args([]))
-        return argparse.Namespace(**{k: getattr(args, k, v) if getattr(args, k, None) is not None else v
-                                     for k, v in defaults.items()})
+        return argparse.Namespace(
+            **{k: getattr(args, k, v) if getattr(args, k, None) is not None else v for k, v in defaults.items()}
+        )
     return build_parser().parse_args(list(args))
 
 
@@ -54,16 +61,16 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         if (why := unwritable_reason(opts.screenshot)) is not None:
             print(f"opscope: error: cannot write the screenshot to {opts.screenshot}: {why}", file=sys.stderr)
             return 2
-    logging.basicConfig(level=logging.DEBUG if opts.debug else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from PySide6.QtWidgets import QApplication
-
+    logging.basicConfig(
+        level=logging.DEBUG if opts.debug else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     from opscope.app.ui import settings
     from opscope.app.ui.engine_client import EngineClient
-    from opscope.app.window.main_window import MainWindow
-    from opscope.app.worker.protocol import LoadRequest
-    from opscope.app.window.stop_signals import CloseOnSignal
     from opscope.app.ui.theme import ThemeManager, app_icon
+    from opscope.app.window.main_window import MainWindow
+    from opscope.app.window.stop_signals import CloseOnSignal
+    from opscope.app.worker.protocol import LoadRequest
+    from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication([sys.argv[0]])
     app.setApplicationName("OpScope")

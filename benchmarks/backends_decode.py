@@ -6,6 +6,7 @@ Backends take turns within each round (A B A B ...), so a neighbour's load hits 
 per-round ratio is reported next to the ratio of medians. Warm-up generations are not counted.
 decode tok/s = (n - 1) / (t_last_token - t_first_token), from the engine's own Token events.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,10 @@ def main() -> None:
     if len(models) == 2:
         a, b = list(models)
         ratios = [y / x for x, y in zip(samples[a], samples[b])]
-        print(f"{b}/{a}: ratio of medians {statistics.median(samples[b]) / statistics.median(samples[a]):.2f}, "
-              f"per-round ratios {spread(ratios)}")
+        print(
+            f"{b}/{a}: ratio of medians {statistics.median(samples[b]) / statistics.median(samples[a]):.2f}, "
+            f"per-round ratios {spread(ratios)}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"tokens": args.tokens, "samples": samples}, f, indent=2)

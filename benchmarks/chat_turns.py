@@ -9,6 +9,7 @@ from a cache that holds nothing (as after a load). With reuse, TTFT of turn N sh
 the history: the ratio turn5/turn1 of median TTFTs is the figure (goal: within 1.5×).
 TTFT comes from the engine's own events (request → first token), as everywhere else.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
-from opscope.engine.generation import prefix_cache
 from opscope.engine.api import load
+from opscope.engine.generation import prefix_cache
 from opscope.engine.generation.events import Finished, Token
 from opscope.engine.generation.generate import GenerationConfig
 
@@ -48,8 +49,15 @@ def conversation(lm, reuse: bool, tokens: int) -> list[dict]:
             elif isinstance(ev, Finished):
                 done = ev
         s = done.stats
-        turns.append({"ttft_ms": s.ttft_ms, "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens,
-                      "generated_tokens": s.generated_tokens, "token_ids": ids})
+        turns.append(
+            {
+                "ttft_ms": s.ttft_ms,
+                "prompt_tokens": s.prompt_tokens,
+                "cached_tokens": s.cached_tokens,
+                "generated_tokens": s.generated_tokens,
+                "token_ids": ids,
+            }
+        )
         messages.append({"role": "assistant", "content": done.text})
     return turns
 
@@ -60,10 +68,17 @@ def summarize(samples: dict[str, list[list[dict]]]) -> dict:
         per_turn = []
         for t in range(len(USER_TURNS)):
             ttft = [r[t]["ttft_ms"] for r in rounds]
-            per_turn.append({"turn": t + 1, "ttft_median_ms": statistics.median(ttft), "ttft_min_ms": min(ttft),
-                             "ttft_max_ms": max(ttft), "prompt_tokens": rounds[0][t]["prompt_tokens"],
-                             "cached_tokens": rounds[0][t]["cached_tokens"],
-                             "generated_tokens": rounds[0][t]["generated_tokens"]})
+            per_turn.append(
+                {
+                    "turn": t + 1,
+                    "ttft_median_ms": statistics.median(ttft),
+                    "ttft_min_ms": min(ttft),
+                    "ttft_max_ms": max(ttft),
+                    "prompt_tokens": rounds[0][t]["prompt_tokens"],
+                    "cached_tokens": rounds[0][t]["cached_tokens"],
+                    "generated_tokens": rounds[0][t]["generated_tokens"],
+                }
+            )
         ratio = per_turn[4]["ttft_median_ms"] / per_turn[0]["ttft_median_ms"]
         out[mode] = {"turns": per_turn, "turn5_over_turn1": ratio}
     return out
@@ -76,15 +91,21 @@ def same_tokens(samples: dict[str, list[list[dict]]]) -> bool:
 
 
 def table(summary: dict) -> str:
-    lines = ["| turn | prompt tok | cached (reuse) | TTFT reuse ms, median (min–max) | "
-             "TTFT no reuse ms, median (min–max) |", "|---|---|---|---|---|"]
+    lines = [
+        "| turn | prompt tok | cached (reuse) | TTFT reuse ms, median (min–max) | TTFT no reuse ms, median (min–max) |",
+        "|---|---|---|---|---|",
+    ]
     on, off = summary["reuse"]["turns"], summary["no_reuse"]["turns"]
     for a, b in zip(on, off):
-        lines.append(f"| {a['turn']} | {a['prompt_tokens']} | {a['cached_tokens']} | "
-                     f"{a['ttft_median_ms']:.0f} ({a['ttft_min_ms']:.0f}–{a['ttft_max_ms']:.0f}) | "
-                     f"{b['ttft_median_ms']:.0f} ({b['ttft_min_ms']:.0f}–{b['ttft_max_ms']:.0f}) |")
-    lines.append(f"| turn5/turn1 | | | {summary['reuse']['turn5_over_turn1']:.2f}× | "
-                 f"{summary['no_reuse']['turn5_over_turn1']:.2f}× |")
+        lines.append(
+            f"| {a['turn']} | {a['prompt_tokens']} | {a['cached_tokens']} | "
+            f"{a['ttft_median_ms']:.0f} ({a['ttft_min_ms']:.0f}–{a['ttft_max_ms']:.0f}) | "
+            f"{b['ttft_median_ms']:.0f} ({b['ttft_min_ms']:.0f}–{b['ttft_max_ms']:.0f}) |"
+        )
+    lines.append(
+        f"| turn5/turn1 | | | {summary['reuse']['turn5_over_turn1']:.2f}× | "
+        f"{summary['no_reuse']['turn5_over_turn1']:.2f}× |"
+    )
     return "\n".join(lines)
 
 
@@ -108,16 +129,27 @@ def main() -> None:
         for mode in order:
             samples[mode].append(conversation(lm, MODES[mode], args.tokens))
     summary = summarize(samples)
-    result = {"model": str(lm.source.path), "fastpath": lm.options.fastpath, "threads": args.threads,
-              "rounds": args.rounds, "max_tokens": args.tokens, "user_turns": list(USER_TURNS),
-              "same_tokens": same_tokens(samples), "loadavg_before": load_before,
-              "loadavg_after": os.getloadavg(), "wall_s": time.perf_counter() - t0,
-              "summary": summary, "samples": samples}
+    result = {
+        "model": str(lm.source.path),
+        "fastpath": lm.options.fastpath,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "max_tokens": args.tokens,
+        "user_turns": list(USER_TURNS),
+        "same_tokens": same_tokens(samples),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "wall_s": time.perf_counter() - t0,
+        "summary": summary,
+        "samples": samples,
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(table(summary))
-    print(f"same tokens with and without reuse: {result['same_tokens']}; load {load_before} → "
-          f"{result['loadavg_after']}; wrote {args.json}")
+    print(
+        f"same tokens with and without reuse: {result['same_tokens']}; load {load_before} → "
+        f"{result['loadavg_after']}; wrote {args.json}"
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ framework overhead. Variants (dtype × compile setting) are interleaved so machi
 ``--compile decode`` runs the decode step through torch.compile (engine.models.compiled); its
 warm-up includes the compile.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from opscope.engine.api import load
 from opscope.engine.generation.events import Finished, PrefillFinished, PrefillStarted
 from opscope.engine.generation.generate import GenerationConfig, decode_threads
@@ -61,8 +61,7 @@ def tg(lm, n: int) -> float:
 
 def summary(xs: list[float]) -> dict:
     q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
-    return {"median": statistics.median(xs), "p25": q[0], "p75": q[2], "min": min(xs), "max": max(xs),
-            "samples": xs}
+    return {"median": statistics.median(xs), "p25": q[0], "p75": q[2], "min": min(xs), "max": max(xs), "samples": xs}
 
 
 def main() -> int:
@@ -72,8 +71,12 @@ def main() -> int:
     ap.add_argument("--out", default="engine_bench.json")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--compile", default="off,decode", help="compile settings to run (off, decode)")
-    ap.add_argument("--fastpath", default="off", help="engine.api.load's fast-path setting (this script "
-                    "measures the plain torch engine against its matmul ceiling by default)")
+    ap.add_argument(
+        "--fastpath",
+        default="off",
+        help="engine.api.load's fast-path setting (this script "
+        "measures the plain torch engine against its matmul ceiling by default)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
@@ -96,15 +99,23 @@ def main() -> int:
     for key, lm in models.items():  # load time: a fresh load per repetition, after the rest
         for _ in range(2):
             load_ms[key].append(load(dtype=lm.options.dtype, threads=args.threads, fastpath=args.fastpath).load_ms)
-    report = {"threads": args.threads, "reps": args.reps,
-              "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "dtypes": {}}
-    print(f"{'variant':16} {'pp512 tok/s':>14} {'tg128 tok/s':>14} {'ceiling tok/s':>14} {'tg/ceiling':>10} {'load ms':>9}")
+    report = {
+        "threads": args.threads,
+        "reps": args.reps,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "dtypes": {},
+    }
+    print(
+        f"{'variant':16} {'pp512 tok/s':>14} {'tg128 tok/s':>14} {'ceiling tok/s':>14} {'tg/ceiling':>10} {'load ms':>9}"
+    )
     for dt, r in res.items():
         ratio = [a / b for a, b in zip(r["tg128"], r["ceiling"])]
         d = {k: summary(v) for k, v in r.items()} | {"tg_over_ceiling": summary(ratio), "load_ms": summary(load_ms[dt])}
         report["dtypes"][dt] = d
-        print(f"{dt:16} {_fmt(d['pp512'])} {_fmt(d['tg128'])} {_fmt(d['ceiling'])} "
-              f"{d['tg_over_ceiling']['median']:>10.2f} {d['load_ms']['median']:>9.0f}")
+        print(
+            f"{dt:16} {_fmt(d['pp512'])} {_fmt(d['tg128'])} {_fmt(d['ceiling'])} "
+            f"{d['tg_over_ceiling']['median']:>10.2f} {d['load_ms']['median']:>9.0f}"
+        )
     print(f"peak RSS {report['peak_rss_bytes'] / 2**20:.0f} MiB (all models of this run together)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:

@@ -10,6 +10,7 @@ hits all candidates alike. Reports per-call medians, the spread (IQR), and each 
 Weights are the model's real ones, cycled over all 30 layers so that, as in decode, they are not
 cache-resident (the output head is a single 30 MB matrix and is read once per call).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,11 +25,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from opscope.engine.core.defaults import default_model_path  # noqa: E402
-from opscope.engine.fastpath.kernels import load_kernels, pack  # noqa: E402
+from opscope.engine.core.defaults import default_model_path
+from opscope.engine.fastpath.kernels import load_kernels, pack
 
-SHAPES = {"q": "attn_q", "k": "attn_k", "o": "attn_output", "gate": "ffn_gate", "down": "ffn_down",
-          "head": "token_embd"}
+SHAPES = {
+    "q": "attn_q",
+    "k": "attn_k",
+    "o": "attn_output",
+    "gate": "ffn_gate",
+    "down": "ffn_down",
+    "head": "token_embd",
+}
 
 
 def read_weights(path: Path) -> dict[str, list]:
@@ -55,6 +62,7 @@ def candidates(kern, mats: list) -> dict:
         def call(x, p):
             kern.set_kernel_variant(variant)  # the same tiny cost for every kernel candidate
             return kern.qlinear(x, p.qs, p.d, p.m, p.qtype, mode, 1 << 30, torch.float32)
+
         return call
 
     return {
@@ -97,7 +105,7 @@ def run_all_weights(cands_by_shape: dict, rounds: int) -> dict[str, list[float]]
     samples: dict[str, list[float]] = {c: [] for c in names}
     xs = {s: torch.randn(1, ops["torch_f32"][1][0].shape[1]) for s, ops in cands_by_shape.items()}
     for r in range(rounds + 1):
-        for c in (list(names) if r % 2 == 0 else list(reversed(list(names)))):
+        for c in list(names) if r % 2 == 0 else list(reversed(list(names))):
             t0 = CLOCK()
             for s, ops in cands_by_shape.items():
                 fn, mats = ops[c]
@@ -115,8 +123,10 @@ def report(title: str, samples: dict[str, list[float]], unit_scale: float, unit:
     for c, s in samples.items():
         q1, med, q3 = np.percentile(s, [25, 50, 75])
         ratios = [b / v for b, v in zip(base, s)]
-        print(f"  {c:<12} {med * unit_scale:>8.1f}{unit} [{q1 * unit_scale:6.1f}-{q3 * unit_scale:6.1f}]"
-              f" {statistics.median(ratios):>10.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]")
+        print(
+            f"  {c:<12} {med * unit_scale:>8.1f}{unit} [{q1 * unit_scale:6.1f}-{q3 * unit_scale:6.1f}]"
+            f" {statistics.median(ratios):>10.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+        )
 
 
 def main() -> None:
@@ -124,8 +134,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shapes", default="q,k,o,gate,down,head,all")
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                    help="cpu: the main thread's CPU time, robust to other jobs' load (use --threads 1)")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the main thread's CPU time, robust to other jobs' load (use --threads 1)",
+    )
     args = ap.parse_args()
     global CLOCK
     CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
@@ -133,7 +147,9 @@ def main() -> None:
     kern = load_kernels()
     weights = read_weights(default_model_path())
     cands = {s: candidates(kern, weights[s]) for s in SHAPES}
-    print(f"clock={args.clock} threads={args.threads} rounds={args.rounds} avx512={kern.has_avx512()} vnni={kern.has_vnni()}")
+    print(
+        f"clock={args.clock} threads={args.threads} rounds={args.rounds} avx512={kern.has_avx512()} vnni={kern.has_vnni()}"
+    )
     for s in args.shapes.split(","):
         if s == "all":
             continue
@@ -146,8 +162,10 @@ def main() -> None:
         full = {**full, "v": cands["k"], "up": cands["gate"]}
         samples = run_all_weights(full, max(3, args.rounds // 3))
         report("all weight matmuls of one decode step", samples, 1e3, "ms")
-        print("  implied weights-only tok/s: " + ", ".join(
-            f"{c} {1 / statistics.median(s):.0f}" for c, s in samples.items()))
+        print(
+            "  implied weights-only tok/s: "
+            + ", ".join(f"{c} {1 / statistics.median(s):.0f}" for c, s in samples.items())
+        )
 
 
 if __name__ == "__main__":

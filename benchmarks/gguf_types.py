@@ -21,6 +21,7 @@
    each figure and of the per-round ratios, the goals (tg ≥ 1.0×, pp ≥ 1.5×, RSS ≤ file + KV + 450 MB),
    and ``uptime`` load before and after. A type the engine refuses shows as "refused: <message>".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,22 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 TOOLS = Path(os.environ.get("OPSCOPE_LLAMA_TOOLS", REPO.parent / "shared" / "tools" / "llama.cpp"))
-TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K",
-         "IQ4_NL", "IQ4_XS", "F16", "BF16")
+TYPES = (
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K_M",
+    "Q4_K_M",
+    "Q5_K_M",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+    "F16",
+    "BF16",
+)
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "opscope" / "gguf_types"
 RESULTS = REPO / "benchmarks" / "results"
 RSS_SLACK_BYTES = 450 * 2**20  # the memory goal: peak RSS <= file + KV cache + 450 MB
@@ -98,8 +113,15 @@ class Phases:
 
     def mark(self, name: str) -> None:
         kb = _status_kb()
-        self.rows.append({"phase": name, "rss_mb": kb["VmRSS"] / 1024, "peak_mb": kb["VmHWM"] / 1024,
-                          "anon_mb": kb.get("RssAnon", 0) / 1024, "file_mb": kb.get("RssFile", 0) / 1024})
+        self.rows.append(
+            {
+                "phase": name,
+                "rss_mb": kb["VmRSS"] / 1024,
+                "peak_mb": kb["VmHWM"] / 1024,
+                "anon_mb": kb.get("RssAnon", 0) / 1024,
+                "file_mb": kb.get("RssFile", 0) / 1024,
+            }
+        )
         try:
             Path("/proc/self/clear_refs").write_text("5")
         except OSError:
@@ -171,16 +193,31 @@ def child_main(path: str, pp: int, tg: int, threads: int, fastpath: str = "auto"
 def build_kernels() -> None:
     """Build (or find) the fast-path kernels before measuring: a rebuild inside a measured child
     would count the compiler's time and memory."""
-    subprocess.run([sys.executable, "-c", "from opscope.engine.fastpath.kernels import load_kernels; load_kernels()"],
-                   cwd=REPO, check=False)
+    subprocess.run(
+        [sys.executable, "-c", "from opscope.engine.fastpath.kernels import load_kernels; load_kernels()"],
+        cwd=REPO,
+        check=False,
+    )
 
 
 def run_opscope(path: Path, pp: int, tg: int, threads: int, fastpath: str = "auto") -> dict:
     from opscope.engine.bench.peers.llama_bench import run_child
 
     env = os.environ | {"OMP_NUM_THREADS": str(threads)}
-    argv = [sys.executable, str(Path(__file__).resolve()), "--child", str(path), "--pp", str(pp),
-            "--tg", str(tg), "--threads", str(threads), "--fastpath", fastpath]
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        str(path),
+        "--pp",
+        str(pp),
+        "--tg",
+        str(tg),
+        "--threads",
+        str(threads),
+        "--fastpath",
+        fastpath,
+    ]
     child = run_child(argv, env=env)
     lines = [ln for ln in child.stdout.splitlines() if ln.startswith("{")]
     if not lines:
@@ -208,20 +245,30 @@ def run_llama(path: Path, pp: int, tg: int, threads: int) -> dict:
         r = llama_bench.run(TOOLS / "llama-bench", path, pp, tg, threads, env=os.environ | PEER_ENV)
     except RuntimeError as e:
         return {"error": str(e)}
-    return {"pp_s": r.pp_s[0] if r.pp_s else None, "tg_s": r.tg_s[0] if r.tg_s else None,
-            "peak_rss_bytes": r.peak_rss_bytes, "wall_s": r.wall_s, "info": r.info}
+    return {
+        "pp_s": r.pp_s[0] if r.pp_s else None,
+        "tg_s": r.tg_s[0] if r.tg_s else None,
+        "peak_rss_bytes": r.peak_rss_bytes,
+        "wall_s": r.wall_s,
+        "info": r.info,
+    }
 
 
-def measure_type(kind: str, path: Path, rounds: int, pp: int, tg: int, threads: int,
-                 fastpath: str = "auto") -> dict:
-    rec: dict = {"type": kind, "file": str(path), "file_bytes": path.stat().st_size,
-                 "tensor_types": tensor_types(path), "rounds": []}
+def measure_type(kind: str, path: Path, rounds: int, pp: int, tg: int, threads: int, fastpath: str = "auto") -> dict:
+    rec: dict = {
+        "type": kind,
+        "file": str(path),
+        "file_bytes": path.stat().st_size,
+        "tensor_types": tensor_types(path),
+        "rounds": [],
+    }
     for r in range(rounds):
         order = ("llama", "opscope") if r % 2 == 0 else ("opscope", "llama")
         one = {}
         for who in order:
-            one[who] = (run_llama(path, pp, tg, threads) if who == "llama"
-                        else run_opscope(path, pp, tg, threads, fastpath))
+            one[who] = (
+                run_llama(path, pp, tg, threads) if who == "llama" else run_opscope(path, pp, tg, threads, fastpath)
+            )
         rec["rounds"].append(one)
         log.info("%s round %d: %s", kind, r + 1, _round_line(one, pp, tg))
         if "refused" in one["opscope"]:
@@ -235,9 +282,11 @@ def _round_line(one: dict, pp: int, tg: int) -> str:
 
     o, lb = one["opscope"], one["llama"]
     status = o.get("refused") or o.get("error") or ""
-    return (f"tg {f(o, 'tg_s', tg)} vs {f(lb, 'tg_s', tg)}, pp {f(o, 'pp_s', pp)} vs {f(lb, 'pp_s', pp)}, "
-            f"RSS {(o.get('peak_rss_bytes') or 0) / MiB:.0f} vs {(lb.get('peak_rss_bytes') or 0) / MiB:.0f} MiB "
-            f"{status}").strip()
+    return (
+        f"tg {f(o, 'tg_s', tg)} vs {f(lb, 'tg_s', tg)}, pp {f(o, 'pp_s', pp)} vs {f(lb, 'pp_s', pp)}, "
+        f"RSS {(o.get('peak_rss_bytes') or 0) / MiB:.0f} vs {(lb.get('peak_rss_bytes') or 0) / MiB:.0f} MiB "
+        f"{status}"
+    ).strip()
 
 
 # ---------------------------------------------------------------- summary
@@ -292,11 +341,18 @@ def summarize(rec: dict, pp: int, tg: int) -> dict:
         return [peak_rss_bytes(one[who]) / MiB if peak_rss_bytes(one[who]) else None for one in rec["rounds"]]
 
     first = rec["rounds"][0]["opscope"]
-    s = {"tg_opscope": spread(tok_s("opscope", "tg_s", tg)), "tg_llama": spread(tok_s("llama", "tg_s", tg)),
-         "pp_opscope": spread(tok_s("opscope", "pp_s", pp)), "pp_llama": spread(tok_s("llama", "pp_s", pp)),
-         "tg_ratio": spread(ratios("tg_s", tg)), "pp_ratio": spread(ratios("pp_s", pp)),
-         "rss_opscope": spread(rss("opscope") if "refused" not in first else []),
-         "rss_llama": spread(rss("llama")), "status": _status(first), "linears": first.get("linears", {})}
+    s = {
+        "tg_opscope": spread(tok_s("opscope", "tg_s", tg)),
+        "tg_llama": spread(tok_s("llama", "tg_s", tg)),
+        "pp_opscope": spread(tok_s("opscope", "pp_s", pp)),
+        "pp_llama": spread(tok_s("llama", "pp_s", pp)),
+        "tg_ratio": spread(ratios("tg_s", tg)),
+        "pp_ratio": spread(ratios("pp_s", pp)),
+        "rss_opscope": spread(rss("opscope") if "refused" not in first else []),
+        "rss_llama": spread(rss("llama")),
+        "status": _status(first),
+        "linears": first.get("linears", {}),
+    }
     kv = kv_bytes_needed(Path(rec["file"]), max(pp, tg))
     s["rss_budget_mib"] = (rec["file_bytes"] + kv + RSS_SLACK_BYTES) / MiB
     s["kv_needed_mib"] = kv / MiB
@@ -325,31 +381,64 @@ def _linears(counts: dict) -> str:
 def markdown(records: list[dict], meta: dict) -> str:
     pp, tg = meta["pp"], meta["tg"]
     spec = meta.get("fastpath", "auto")
-    head = (f"# GGUF types: OpScope vs llama-bench ({meta['threads']} threads, {meta['rounds']} rounds"
-            f"{'' if spec == 'auto' else ', OpScope fast path ' + spec})\n\n"
-            f"Source: {meta['source']} (re-quantized by llama-quantize --allow-requantize; F16/BF16 straight "
-            f"from it). Started {meta['started']}, load average before {meta['load_before']}, after "
-            f"{meta['load_after']} (1/5/15 min; the machine has {os.cpu_count()} cores). Figures: median "
-            f"[min–max] over rounds, tok/s; ratio = OpScope / llama.cpp per round. RSS: each process's own "
-            f"peak (VmHWM / os.wait4), MiB. Goals: tg{tg} ≥ {GOAL_TG}×, pp{pp} ≥ {GOAL_PP}×, RSS ≤ file + KV "
-            f"({max(pp, tg)} positions, float32) + 450 MiB. linears q/dense: weight matmuls kept quantized "
-            f"vs dense float.\n\n" + host_lines(meta))
-    cols = ["type", "file MiB", "tensor types", f"OpScope tg{tg}", f"llama tg{tg}", "tg ratio", "",
-            f"OpScope pp{pp}", f"llama pp{pp}", "pp ratio", "", "OpScope RSS", "llama RSS", "RSS budget", "",
-            "linears q/dense", "status"]
+    head = (
+        f"# GGUF types: OpScope vs llama-bench ({meta['threads']} threads, {meta['rounds']} rounds"
+        f"{'' if spec == 'auto' else ', OpScope fast path ' + spec})\n\n"
+        f"Source: {meta['source']} (re-quantized by llama-quantize --allow-requantize; F16/BF16 straight "
+        f"from it). Started {meta['started']}, load average before {meta['load_before']}, after "
+        f"{meta['load_after']} (1/5/15 min; the machine has {os.cpu_count()} cores). Figures: median "
+        f"[min–max] over rounds, tok/s; ratio = OpScope / llama.cpp per round. RSS: each process's own "
+        f"peak (VmHWM / os.wait4), MiB. Goals: tg{tg} ≥ {GOAL_TG}×, pp{pp} ≥ {GOAL_PP}×, RSS ≤ file + KV "
+        f"({max(pp, tg)} positions, float32) + 450 MiB. linears q/dense: weight matmuls kept quantized "
+        f"vs dense float.\n\n" + host_lines(meta)
+    )
+    cols = [
+        "type",
+        "file MiB",
+        "tensor types",
+        f"OpScope tg{tg}",
+        f"llama tg{tg}",
+        "tg ratio",
+        "",
+        f"OpScope pp{pp}",
+        f"llama pp{pp}",
+        "pp ratio",
+        "",
+        "OpScope RSS",
+        "llama RSS",
+        "RSS budget",
+        "",
+        "linears q/dense",
+        "status",
+    ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for rec in records:
         s = rec["summary"]
 
-        def g(key: str, digits: int = 1) -> str:
+        def g(key: str, digits: int = 1, s=s) -> str:
             return s[key].fmt(digits) if s[key] else "–"
 
         types = ", ".join(f"{k}×{v}" for k, v in rec["tensor_types"].items())
         rss_ok = _goal(s["rss_opscope"], s["rss_budget_mib"], higher=False)
-        row = [rec["type"], f"{rec['file_bytes'] / MiB:.0f}", types, g("tg_opscope"), g("tg_llama"),
-               g("tg_ratio", 2), _goal(s["tg_ratio"], GOAL_TG), g("pp_opscope"), g("pp_llama"), g("pp_ratio", 2),
-               _goal(s["pp_ratio"], GOAL_PP), g("rss_opscope", 0), g("rss_llama", 0),
-               f"{s['rss_budget_mib']:.0f}", rss_ok, _linears(s["linears"]), s["status"]]
+        row = [
+            rec["type"],
+            f"{rec['file_bytes'] / MiB:.0f}",
+            types,
+            g("tg_opscope"),
+            g("tg_llama"),
+            g("tg_ratio", 2),
+            _goal(s["tg_ratio"], GOAL_TG),
+            g("pp_opscope"),
+            g("pp_llama"),
+            g("pp_ratio", 2),
+            _goal(s["pp_ratio"], GOAL_PP),
+            g("rss_opscope", 0),
+            g("rss_llama", 0),
+            f"{s['rss_budget_mib']:.0f}",
+            rss_ok,
+            _linears(s["linears"]),
+            s["status"],
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return head + "\n".join(lines) + "\n\n" + phases_table(records)
 
@@ -406,8 +495,10 @@ def host_meta() -> dict:
 
 def host_lines(meta: dict) -> str:
     """The host paragraph of a results file."""
-    return (f"CPU: {meta.get('cpu', '?')}; OpScope kernels: {meta.get('kernel_variant', '?')}; peer run with "
-            f"{meta.get('peer_env', '-')}.\n\nlscpu flags: `{meta.get('cpu_flags', '?')}`\n\n")
+    return (
+        f"CPU: {meta.get('cpu', '?')}; OpScope kernels: {meta.get('kernel_variant', '?')}; peer run with "
+        f"{meta.get('peer_env', '-')}.\n\nlscpu flags: `{meta.get('cpu_flags', '?')}`\n\n"
+    )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -421,12 +512,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--source", default=None, help="GGUF to re-quantize (default: the embedded model)")
     ap.add_argument("--cache", default=str(CACHE), help="where the re-quantized files go")
     ap.add_argument("--out", default=str(RESULTS / "gguf_types"), help="results path without suffix")
-    ap.add_argument("--render", default=None, metavar="JSON",
-                    help="re-render the Markdown table from a raw JSON this script wrote, and exit")
-    ap.add_argument("--fastpath", default="auto",
-                    help="OpScope's fast-path spec, e.g. activations=q8 (llama.cpp's int8-activation scheme)")
-    ap.add_argument("--variant", default=None,
-                    help="OpScope's CPU kernel variant (OPSCOPE_CPU_VARIANT), e.g. avx2 on an AVX-512 host")
+    ap.add_argument(
+        "--render",
+        default=None,
+        metavar="JSON",
+        help="re-render the Markdown table from a raw JSON this script wrote, and exit",
+    )
+    ap.add_argument(
+        "--fastpath",
+        default="auto",
+        help="OpScope's fast-path spec, e.g. activations=q8 (llama.cpp's int8-activation scheme)",
+    )
+    ap.add_argument(
+        "--variant",
+        default=None,
+        help="OpScope's CPU kernel variant (OPSCOPE_CPU_VARIANT), e.g. avx2 on an AVX-512 host",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.variant:
@@ -438,10 +539,21 @@ def run(args: argparse.Namespace, source: Path, types: list[str], title_extra: d
     """Quantize ``types`` from ``source``, measure each, write the Markdown table and raw JSON."""
     if args.quick:
         args.pp, args.tg, args.rounds = 64, 16, 1
-    meta = {"source": str(source), "threads": args.threads, "rounds": args.rounds, "pp": args.pp, "tg": args.tg,
+    meta = (
+        {
+            "source": str(source),
+            "threads": args.threads,
+            "rounds": args.rounds,
+            "pp": args.pp,
+            "tg": args.tg,
             "fastpath": args.fastpath,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": loadavg(),
-            "tools": str(TOOLS)} | host_meta() | (title_extra or {})
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "load_before": loadavg(),
+            "tools": str(TOOLS),
+        }
+        | host_meta()
+        | (title_extra or {})
+    )
     build_kernels()
     files = {}
     for kind in types:
@@ -462,8 +574,7 @@ def run(args: argparse.Namespace, source: Path, types: list[str], title_extra: d
 
 def _write(records: list[dict], meta: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "types": records}, indent=1,
-                                                   default=_json_default))
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "types": records}, indent=1, default=_json_default))
     out.with_suffix(".md").write_text(markdown(records, meta))
 
 

@@ -14,6 +14,7 @@ Each at window = 1 h and 5 min, with --gpus fake GPUs (default 2: the panel's fu
 plots) and the host. The data is uniform noise, the worst case for drawing: every pixel column
 spans the plot's height.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,18 +27,25 @@ from pathlib import Path
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
-from PySide6.QtCore import QEvent, QObject  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
-
-from opscope.app.telemetry.model import TelemetryModel  # noqa: E402
-from opscope.app.telemetry.panel import TelemetryPanel  # noqa: E402
-from opscope.engine.core.clock import now_ns  # noqa: E402
+import numpy as np
+from opscope.app.telemetry.model import TelemetryModel
+from opscope.app.telemetry.panel import TelemetryPanel
+from opscope.engine.core.clock import now_ns
+from PySide6.QtCore import QEvent, QObject
+from PySide6.QtWidgets import QApplication
 
 HOUR_TICKS = 36_000
 PERIOD_NS = 100_000_000
-GPU_FIELDS = ("util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "power_limit_w", "temp_c",
-              "sm_clock_mhz", "mem_clock_mhz")
+GPU_FIELDS = (
+    "util_pct",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "power_w",
+    "power_limit_w",
+    "temp_c",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+)
 
 
 def filled_model(gpus: int) -> TelemetryModel:
@@ -48,9 +56,13 @@ def filled_model(gpus: int) -> TelemetryModel:
     noise = rng.random((HOUR_TICKS, 4))
     for k in range(HOUR_TICKS):
         t = t_end - (HOUR_TICKS - k) * PERIOD_NS
-        values = {"host.cpu_pct": 100 * noise[k, 0], "host.ram_used_bytes": 8e9 + 1e8 * noise[k, 1],
-                  "host.ram_total_bytes": 32e9, "engine.rss_bytes": 2e9 + 1e7 * noise[k, 2],
-                  "engine.cpu_pct": 100 * noise[k, 3]}
+        values = {
+            "host.cpu_pct": 100 * noise[k, 0],
+            "host.ram_used_bytes": 8e9 + 1e8 * noise[k, 1],
+            "host.ram_total_bytes": 32e9,
+            "engine.rss_bytes": 2e9 + 1e7 * noise[k, 2],
+            "engine.cpu_pct": 100 * noise[k, 3],
+        }
         for gpu in (f"gpu{i}" for i in range(gpus)):
             values.update({f"{gpu}.{f}": 50.0 + 40 * noise[k, i % 4] for i, f in enumerate(GPU_FIELDS)})
         model.sampler.history.append(t, values)
@@ -124,8 +136,10 @@ def main() -> int:
     for _ in range(args.rounds):
         for key in variants:  # interleaved: A B A B ...
             results[key].append(frame_ms(app, panels[key], args.frames))
-    print(f"{args.rounds} rounds × {args.frames} frames, interleaved; series: {len(model.names())}, "
-          f"points per series: {HOUR_TICKS}")
+    print(
+        f"{args.rounds} rounds × {args.frames} frames, interleaved; series: {len(model.names())}, "
+        f"points per series: {HOUR_TICKS}"
+    )
     print(f"{'variant':<12} {'window':>7} {'median ms':>10} {'min … max ms':>16} {'fps':>6} {'× app':>7}")
     for key in variants:
         med = statistics.median(results[key])

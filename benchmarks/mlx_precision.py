@@ -16,6 +16,7 @@ printed with each row.
 GGUF type per family (types gguf-py cannot write are random valid blocks), against the torch
 backend on the same file: whether MLX loads it, greedy tokens equal, mean KL.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,12 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
     lr = torch.log_softmax(torch.from_numpy(ref).double(), -1)
     lg = torch.log_softmax(torch.from_numpy(got).double(), -1)
     kl = (lr.exp() * (lr - lg)).sum(-1)
-    return {"kl_mean": kl.mean().item(), "kl_p99": kl.quantile(0.99).item(),
-            "top1_agree": (lr.argmax(-1) == lg.argmax(-1)).double().mean().item(),
-            "max_abs_dlogit": float(np.abs(ref - got).max())}
+    return {
+        "kl_mean": kl.mean().item(),
+        "kl_p99": kl.quantile(0.99).item(),
+        "top1_agree": (lr.argmax(-1) == lg.argmax(-1)).double().mean().item(),
+        "max_abs_dlogit": float(np.abs(ref - got).max()),
+    }
 
 
 def greedy(lm, ids: list[int], n: int = GREEDY) -> list[int]:
@@ -55,8 +59,11 @@ def greedy(lm, ids: list[int], n: int = GREEDY) -> list[int]:
 def agreement(a: list[int], b: list[int]) -> str:
     if a == b:
         return f"equal ({len(a)})"
-    first = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) if any(
-        x != y for x, y in zip(a, b)) else min(len(a), len(b))
+    first = (
+        next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        if any(x != y for x, y in zip(a, b))
+        else min(len(a), len(b))
+    )
     return f"part at {first}/{len(a)}"
 
 
@@ -66,8 +73,11 @@ def measure(path: Path, ids: list[int], prompt_ids: list[int]) -> dict:
 
     ref = load(str(path), fastpath="off")
     mlx = get_backend("mlx").load(path)
-    row = {"file": path.name, "conversion": mlx.describe().get("conversion", "dense"),
-           **compare(ref.logits(ids).numpy(), mlx.logits(ids))}
+    row = {
+        "file": path.name,
+        "conversion": mlx.describe().get("conversion", "dense"),
+        **compare(ref.logits(ids).numpy(), mlx.logits(ids)),
+    }
     row["greedy"] = agreement(greedy(ref, prompt_ids), greedy(mlx, prompt_ids))
     return row
 
@@ -86,14 +96,28 @@ def files_table(paths: list[Path], text: Path, n_tokens: int) -> list[dict]:
 
 
 # -- --families: tiny random models, every type --------------------------------------------------
-ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-             "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+ALL_TYPES = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+)
 
 
 def families_table(root: Path, only: list[str] | None = None) -> list[dict]:
+    from mlx_tiny import write_family
     from opscope.engine.testing.gguf_writer import FAMILIES
-
-    from mlx_tiny import write_family  # noqa: E402  (benchmarks/ on sys.path)
 
     rows = []
     for family in only or FAMILIES:
@@ -104,7 +128,7 @@ def families_table(root: Path, only: list[str] | None = None) -> list[dict]:
                 ids = [int(i) for i in np.random.default_rng(7).integers(1, 300, 48)]
                 row.update(measure(path, ids, ids[:8]))
                 row["loads"] = True
-            except Exception as e:  # noqa: BLE001  the table records what failed
+            except Exception as e:
                 row.update(loads=False, error=f"{type(e).__name__}: {e}")
             rows.append(row)
             logging.info("%s", row)
@@ -114,14 +138,22 @@ def families_table(root: Path, only: list[str] | None = None) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
     if rows and "family" in rows[0]:
         head = "| family | type | loads | greedy (32) | mean KL | top-1 | max Δlogit | conversion |\n|---|---|---|---|---|---|---|---|"
-        body = [f"| {r['family']} | {r['type']} | {'yes' if r['loads'] else 'NO: ' + r['error']} | "
-                f"{r.get('greedy', '')} | {r.get('kl_mean', float('nan')):.2e} | "
-                f"{r.get('top1_agree', float('nan')):.3f} | {r.get('max_abs_dlogit', float('nan')):.3g} | "
-                f"{r.get('conversion', '')} |" for r in rows]
+        body = [
+            f"| {r['family']} | {r['type']} | {'yes' if r['loads'] else 'NO: ' + r['error']} | "
+            f"{r.get('greedy', '')} | {r.get('kl_mean', float('nan')):.2e} | "
+            f"{r.get('top1_agree', float('nan')):.3f} | {r.get('max_abs_dlogit', float('nan')):.3g} | "
+            f"{r.get('conversion', '')} |"
+            for r in rows
+        ]
     else:
-        head = "| file | conversion | mean KL | p99 KL | top-1 | max Δlogit | greedy (32) |\n|---|---|---|---|---|---|---|"
-        body = [f"| {r['file']} | {r['conversion']} | {r['kl_mean']:.2e} | {r['kl_p99']:.2e} | "
-                f"{r['top1_agree']:.3f} | {r['max_abs_dlogit']:.3g} | {r['greedy']} |" for r in rows]
+        head = (
+            "| file | conversion | mean KL | p99 KL | top-1 | max Δlogit | greedy (32) |\n|---|---|---|---|---|---|---|"
+        )
+        body = [
+            f"| {r['file']} | {r['conversion']} | {r['kl_mean']:.2e} | {r['kl_p99']:.2e} | "
+            f"{r['top1_agree']:.3f} | {r['max_abs_dlogit']:.3g} | {r['greedy']} |"
+            for r in rows
+        ]
     return "\n".join([head, *body])
 
 

@@ -1,12 +1,20 @@
 """Tiny random GGUFs of every family × type with row widths every GGUF block divides (256)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from opscope.engine.testing.gguf_writer import hf_config, write_typed_gguf
 
-WIDE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-            vocab_size=320, num_hidden_layers=2)
+WIDE = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    vocab_size=320,
+    num_hidden_layers=2,
+)
 
 
 def family_config(family: str) -> dict:

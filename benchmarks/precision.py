@@ -24,6 +24,7 @@ agreement and mean KL(llama.cpp ‖ OpScope) against llama.cpp's own log-probabi
 (Q8 blocks) in its matmuls, so the gap to it is llama.cpp's, not the file's. Markdown table on
 stdout and in ``--out`` (.md beside the .json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from opscope.engine.api import load
 from opscope.engine.core.defaults import default_model_path
 
@@ -62,8 +62,16 @@ def llama_cpp_logits(path: Path, ids: list[int], mode: str, threads: int) -> tor
     from llama_cpp import Llama
 
     n = len(ids)
-    llm = Llama(model_path=str(path), n_ctx=n + 16, n_batch=n, n_ubatch=n, n_threads=threads,
-                n_threads_batch=threads, logits_all=True, verbose=False)
+    llm = Llama(
+        model_path=str(path),
+        n_ctx=n + 16,
+        n_batch=n,
+        n_ubatch=n,
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=True,
+        verbose=False,
+    )
     if mode == "prefill":
         llm.eval(ids)
     else:
@@ -77,18 +85,25 @@ def compare(ref: torch.Tensor, got: torch.Tensor, ids: list[int]) -> dict:
     kl = (lr.exp() * (lr - lg)).sum(-1)
     nxt = torch.tensor(ids[1:])
     nll = lambda lp: -lp[:-1].gather(-1, nxt[:, None]).mean().item()  # noqa: E731
-    return {"kl_mean": kl.mean().item(), "kl_p99": kl.quantile(0.99).item(), "kl_max": kl.max().item(),
-            "top1_agree": (ref.argmax(-1) == got.argmax(-1)).double().mean().item(),
-            "max_abs_dlogit": (ref - got).abs().max().item(),
-            "ppl": float(torch.tensor(nll(lg)).exp()), "ppl_ref": float(torch.tensor(nll(lr)).exp())}
+    return {
+        "kl_mean": kl.mean().item(),
+        "kl_p99": kl.quantile(0.99).item(),
+        "kl_max": kl.max().item(),
+        "top1_agree": (ref.argmax(-1) == got.argmax(-1)).double().mean().item(),
+        "max_abs_dlogit": (ref - got).abs().max().item(),
+        "ppl": float(torch.tensor(nll(lg)).exp()),
+        "ppl_ref": float(torch.tensor(nll(lr)).exp()),
+    }
 
 
 def candidates(path: Path, ids: list[int], threads: int):
     """(name, modes, logits(mode)) for every candidate that can run here."""
+
     def engine(**kw):
         def run(mode):
             lm = load(str(path), threads=threads, **kw)
             return ours_logits(lm.model, ids, mode)
+
         return run
 
     yield "opscope fast path (default: f32)", ("prefill", "decode"), engine()
@@ -100,8 +115,11 @@ def candidates(path: Path, ids: list[int], threads: int):
     try:
         import llama_cpp  # noqa: F401
 
-        yield "llama.cpp (llama-cpp-python)", ("prefill", "decode"), \
-            lambda mode: llama_cpp_logits(path, ids, mode, threads)
+        yield (
+            "llama.cpp (llama-cpp-python)",
+            ("prefill", "decode"),
+            lambda mode: llama_cpp_logits(path, ids, mode, threads),
+        )
     except ImportError:
         logging.warning("llama-cpp-python is not installed: llama.cpp is left out")
 
@@ -140,21 +158,37 @@ def read_kld_base(path: Path) -> LlamaCppLogprobs:
     if off + codes.nbytes != len(raw):
         raise ValueError(f"{path}: {len(raw)} bytes, expected {off + codes.nbytes}")
     head = codes[..., :4].copy().view(np.float32)  # [.., 2]: scale, min log-prob
-    lp = torch.from_numpy(codes[..., 4:4 + n_vocab].astype(np.float64))
+    lp = torch.from_numpy(codes[..., 4 : 4 + n_vocab].astype(np.float64))
     lp = lp * torch.from_numpy(head[..., :1].astype(np.float64)) + torch.from_numpy(head[..., 1:2].astype(np.float64))
     return LlamaCppLogprobs(n_ctx, tokens, lp, first)
 
 
-def llama_cpp_logprobs(path: Path, text: Path, n_ctx: int, chunks: int, threads: int = 1,
-                       tools: Path | None = None) -> LlamaCppLogprobs:
+def llama_cpp_logprobs(
+    path: Path, text: Path, n_ctx: int, chunks: int, threads: int = 1, tools: Path | None = None
+) -> LlamaCppLogprobs:
     """Run llama.cpp's own ``llama-perplexity`` on ``path`` over ``text`` and read its log-probs."""
     from gguf_types import TOOLS
 
     exe = (tools or TOOLS) / "llama-perplexity"
     with tempfile.TemporaryDirectory(prefix="opscope-kld-") as tmp:
         out = Path(tmp) / "base.bin"
-        argv = [str(exe), "-m", str(path), "-f", str(text), "-c", str(n_ctx), "-b", str(n_ctx),
-                "--chunks", str(chunks), "-t", str(threads), "--kl-divergence-base", str(out)]
+        argv = [
+            str(exe),
+            "-m",
+            str(path),
+            "-f",
+            str(text),
+            "-c",
+            str(n_ctx),
+            "-b",
+            str(n_ctx),
+            "--chunks",
+            str(chunks),
+            "-t",
+            str(threads),
+            "--kl-divergence-base",
+            str(out),
+        ]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
         if done.returncode != 0 or not out.is_file():
             raise RuntimeError(f"llama-perplexity failed on {path.name}: {done.stderr.strip().splitlines()[-3:]}")
@@ -169,7 +203,7 @@ def teacher_forced_logprobs(forward, base: LlamaCppLogprobs, bos_id: int | None)
         ids = chunk.tolist()
         if bos_id is not None:
             ids[0] = bos_id
-        logits = forward(ids)[base.first:base.n_ctx - 1]
+        logits = forward(ids)[base.first : base.n_ctx - 1]
         out.append(torch.log_softmax(logits.double(), -1))
     return torch.stack(out)
 
@@ -205,8 +239,9 @@ class HFReference:
         res = self.model.load_state_dict(tensors, strict=False)
         allowed = {"lm_head.weight"} if self.tied else set()
         if set(res.missing_keys) - allowed or res.unexpected_keys:
-            raise RuntimeError(f"transformers read {path.name} with missing {res.missing_keys}, "
-                               f"unexpected {res.unexpected_keys}")
+            raise RuntimeError(
+                f"transformers read {path.name} with missing {res.missing_keys}, unexpected {res.unexpected_keys}"
+            )
         if self.tied:
             self.model.tie_weights()
 
@@ -230,8 +265,9 @@ def ours_greedy(lm, ids: list[int], n: int = GREEDY_TOKENS) -> list[int]:
     from opscope.engine.generation.events import Token
     from opscope.engine.generation.generate import GenerationConfig
 
-    return [e.token_id for e in lm.generate(ids, GenerationConfig(max_tokens=n, ignore_eos=True))
-            if isinstance(e, Token)]
+    return [
+        e.token_id for e in lm.generate(ids, GenerationConfig(max_tokens=n, ignore_eos=True)) if isinstance(e, Token)
+    ]
 
 
 def decode_logits(lm, prompt: list[int], steps: list[int]) -> torch.Tensor:
@@ -242,8 +278,7 @@ def decode_logits(lm, prompt: list[int], steps: list[int]) -> torch.Tensor:
     model.setup_cache(1, len(prompt) + len(steps) + 1)
     with torch.inference_mode():
         model(torch.tensor([prompt]), 0, last_only=True)
-        return torch.stack([model(torch.tensor([[t]]), len(prompt) + i)[0, -1].float()
-                            for i, t in enumerate(steps)])
+        return torch.stack([model(torch.tensor([[t]]), len(prompt) + i)[0, -1].float() for i, t in enumerate(steps)])
 
 
 def chat_prompt_ids(lm) -> list[int]:
@@ -255,8 +290,9 @@ def same_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def check_type(kind: str, path: Path, hf: HFReference | None, text: Path, n_ctx: int, chunks: int,
-               threads: int) -> dict:
+def check_type(
+    kind: str, path: Path, hf: HFReference | None, text: Path, n_ctx: int, chunks: int, threads: int
+) -> dict:
     """One real file: OpScope's fast path against transformers, its own eager path and llama.cpp."""
     from gguf_types import tensor_types
 
@@ -268,8 +304,11 @@ def check_type(kind: str, path: Path, hf: HFReference | None, text: Path, n_ctx:
     dec = decode_logits(fast, ids, toks)
     eager = load(str(path), fastpath="off", threads=threads)
     e_toks, e_last = ours_greedy(eager, ids), eager.logits(ids)[-1]
-    row |= {"eager_same_tokens": same_prefix(toks, e_toks), "eager_max_dlogit": (last - e_last).abs().max().item(),
-            "eager_decode_max_dlogit": (dec - decode_logits(eager, ids, toks)).abs().max().item()}
+    row |= {
+        "eager_same_tokens": same_prefix(toks, e_toks),
+        "eager_max_dlogit": (last - e_last).abs().max().item(),
+        "eager_decode_max_dlogit": (dec - decode_logits(eager, ids, toks)).abs().max().item(),
+    }
     del eager
     bos = fast.tokenizer.bos_id if fast.tokenizer.add_bos else None
     base = llama_cpp_logprobs(path, text, n_ctx, chunks, threads)
@@ -277,19 +316,24 @@ def check_type(kind: str, path: Path, hf: HFReference | None, text: Path, n_ctx:
     if hf is not None:
         hf.load_file(path)
         h_toks, h_last = hf.greedy(ids), hf.logits(ids)[-1]
-        full = hf.logits(ids + toks)[len(ids):]  # what transformers predicts after each decoded token
-        row |= {"hf_same_tokens": same_prefix(toks, h_toks), "hf_max_dlogit": (last - h_last).abs().max().item(),
-                "hf_decode_max_dlogit": (dec - full).abs().max().item(),
-                "max_abs_logit": h_last.abs().max().item(),
-                "hf_vs_llama_cpp": against_llama_cpp(base, teacher_forced_logprobs(hf.logits, base, bos))}
+        full = hf.logits(ids + toks)[len(ids) :]  # what transformers predicts after each decoded token
+        row |= {
+            "hf_same_tokens": same_prefix(toks, h_toks),
+            "hf_max_dlogit": (last - h_last).abs().max().item(),
+            "hf_decode_max_dlogit": (dec - full).abs().max().item(),
+            "max_abs_logit": h_last.abs().max().item(),
+            "hf_vs_llama_cpp": against_llama_cpp(base, teacher_forced_logprobs(hf.logits, base, bos)),
+        }
     row["seconds"] = round(time.perf_counter() - t0, 1)
     return row
 
 
 def types_table(rows: list[dict]) -> str:
-    head = ("| type | tensor types in the file | greedy 32 = transformers | max \\|Δlogit\\| vs transformers: prompt, decode "
-            "| eager: greedy 32 =, max \\|Δlogit\\| prompt, decode | vs llama.cpp: top-1, mean KL (max) "
-            "| transformers vs llama.cpp: top-1, mean KL |\n" + "|---" * 7 + "|")
+    head = (
+        "| type | tensor types in the file | greedy 32 = transformers | max \\|Δlogit\\| vs transformers: prompt, decode "
+        "| eager: greedy 32 =, max \\|Δlogit\\| prompt, decode | vs llama.cpp: top-1, mean KL (max) "
+        "| transformers vs llama.cpp: top-1, mean KL |\n" + "|---" * 7 + "|"
+    )
     lines = [head]
     for r in rows:
         if "error" in r:
@@ -297,14 +341,18 @@ def types_table(rows: list[dict]) -> str:
             continue
         mix = ", ".join(f"{k} {n}" for k, n in r["tensor_types"].items() if k != "F32")
         lc = r["llama_cpp"]
-        hf = (f"{r['hf_same_tokens']}/{GREEDY_TOKENS}",
-              f"{r['hf_max_dlogit']:.1e}, {r['hf_decode_max_dlogit']:.1e}") if "hf_same_tokens" in r \
+        hf = (
+            (f"{r['hf_same_tokens']}/{GREEDY_TOKENS}", f"{r['hf_max_dlogit']:.1e}, {r['hf_decode_max_dlogit']:.1e}")
+            if "hf_same_tokens" in r
             else ("not run", "")
+        )
         hl = r.get("hf_vs_llama_cpp")
         hl = f"{hl['top1_agree']:.3f}, {hl['kl_mean']:.1e}" if hl else ""
-        lines.append(f"| {r['type']} | {mix} | {hf[0]} | {hf[1]} | {r['eager_same_tokens']}/{GREEDY_TOKENS}, "
-                     f"{r['eager_max_dlogit']:.1e}, {r['eager_decode_max_dlogit']:.1e} | {lc['top1_agree']:.3f}, {lc['kl_mean']:.1e} "
-                     f"({lc['kl_max']:.1e}) | {hl} |")
+        lines.append(
+            f"| {r['type']} | {mix} | {hf[0]} | {hf[1]} | {r['eager_same_tokens']}/{GREEDY_TOKENS}, "
+            f"{r['eager_max_dlogit']:.1e}, {r['eager_decode_max_dlogit']:.1e} | {lc['top1_agree']:.3f}, {lc['kl_mean']:.1e} "
+            f"({lc['kl_max']:.1e}) | {hl} |"
+        )
     return "\n".join(lines)
 
 
@@ -323,24 +371,38 @@ def types_main(a) -> int:
         t0 = time.perf_counter()
         path = quantize(src, kind, CACHE, a.threads)
         try:
-            rows.append(check_type(kind, path, hf, a.text, a.ctx, a.chunks, a.threads)
-                        | {"quantize_s": round(time.perf_counter() - t0, 1)})
-        except Exception as e:  # noqa: BLE001 - one type's failure is a row of the table, not the end
+            rows.append(
+                check_type(kind, path, hf, a.text, a.ctx, a.chunks, a.threads)
+                | {"quantize_s": round(time.perf_counter() - t0, 1)}
+            )
+        except Exception as e:
             logging.exception("%s failed", kind)
             rows.append({"type": kind, "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"})
         print(types_table(rows[-1:]).splitlines()[-1], flush=True)
     table = types_table(rows)
-    note = (f"\n\nSmolLM2-135M-Instruct ({src.name}) re-quantized by llama-quantize --allow-requantize; "
-            f"prompt {CHAT_PROMPT[0]['content']!r} (chat template), {GREEDY_TOKENS} greedy tokens; "
-            f"llama.cpp: llama-perplexity -c {a.ctx} --chunks {a.chunks} on {a.text.name}, KL(llama.cpp ‖ x) "
-            f"in nats over the second half of each chunk; transformers {_version('transformers')}, "
-            f"gguf {_version('gguf')}, torch {torch.__version__}.")
+    note = (
+        f"\n\nSmolLM2-135M-Instruct ({src.name}) re-quantized by llama-quantize --allow-requantize; "
+        f"prompt {CHAT_PROMPT[0]['content']!r} (chat template), {GREEDY_TOKENS} greedy tokens; "
+        f"llama.cpp: llama-perplexity -c {a.ctx} --chunks {a.chunks} on {a.text.name}, KL(llama.cpp ‖ x) "
+        f"in nats over the second half of each chunk; transformers {_version('transformers')}, "
+        f"gguf {_version('gguf')}, torch {torch.__version__}."
+    )
     print("\n" + table + note)
     out = a.out if a.out != DEFAULT_OUT else DEFAULT_TYPES_OUT
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "text": str(a.text), "ctx": a.ctx, "chunks": a.chunks,
-                               "threads": a.threads, "machine": platform.processor() or platform.machine()},
-                              indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "text": str(a.text),
+                "ctx": a.ctx,
+                "chunks": a.chunks,
+                "threads": a.threads,
+                "machine": platform.processor() or platform.machine(),
+            },
+            indent=1,
+        )
+    )
     out.with_suffix(".md").write_text(table + note + "\n")
     return 0 if all("error" not in r for r in rows) else 1
 
@@ -359,10 +421,16 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--text", type=Path, default=DEFAULT_TEXT)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                    help=f"JSON results (default {DEFAULT_OUT}; with --types {DEFAULT_TYPES_OUT}, and .md beside)")
-    ap.add_argument("--types", help="real files of these GGUF types (comma list, or all) against "
-                                    "transformers, the eager path and llama.cpp")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"JSON results (default {DEFAULT_OUT}; with --types {DEFAULT_TYPES_OUT}, and .md beside)",
+    )
+    ap.add_argument(
+        "--types",
+        help="real files of these GGUF types (comma list, or all) against transformers, the eager path and llama.cpp",
+    )
     ap.add_argument("--ctx", type=int, default=256, help="--types: llama-perplexity chunk size")
     ap.add_argument("--chunks", type=int, default=4, help="--types: llama-perplexity chunks")
     ap.add_argument("--no-hf", action="store_true", help="--types: leave transformers out (it is slow to load)")
@@ -375,29 +443,53 @@ def main() -> int:
         return types_main(a)
     path = default_model_path()
     ref_lm = load(str(path), fastpath="off", threads=a.threads)
-    ids = ref_lm.tokenizer.encode(a.text.read_text(), add_special_tokens=False)[:a.tokens]
+    ids = ref_lm.tokenizer.encode(a.text.read_text(), add_special_tokens=False)[: a.tokens]
     ref = {m: ours_logits(ref_lm.model, ids, m) for m in ("prefill", "decode")}
-    rows = [{"candidate": "reference (plain torch float32)", "mode": "decode",
-             **compare(ref["prefill"], ref["decode"], ids)}]
+    rows = [
+        {
+            "candidate": "reference (plain torch float32)",
+            "mode": "decode",
+            **compare(ref["prefill"], ref["decode"], ids),
+        }
+    ]
     for name, modes, run in candidates(path, ids, a.threads):
         for mode in modes:
             t0 = time.perf_counter()
-            rows.append({"candidate": name, "mode": mode, **compare(ref[mode], run(mode), ids),
-                         "seconds": round(time.perf_counter() - t0, 1)})
+            rows.append(
+                {
+                    "candidate": name,
+                    "mode": mode,
+                    **compare(ref[mode], run(mode), ids),
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
+            )
             print(_line(rows[-1]), flush=True)
     print(f"\n{len(ids)} tokens of {a.text}; KL in nats, reference perplexity {rows[0]['ppl_ref']:.3f}")
     print(_line(rows[0]))
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"model": str(path), "text": str(a.text), "tokens": len(ids),
-                                 "threads": a.threads, "torch": torch.__version__,
-                                 "machine": platform.processor() or platform.machine(), "rows": rows}, indent=1))
+    a.out.write_text(
+        json.dumps(
+            {
+                "model": str(path),
+                "text": str(a.text),
+                "tokens": len(ids),
+                "threads": a.threads,
+                "torch": torch.__version__,
+                "machine": platform.processor() or platform.machine(),
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 
 def _line(r: dict) -> str:
-    return (f"{r['candidate']:<42} {r['mode']:<8} KL mean {r['kl_mean']:.2e} p99 {r['kl_p99']:.2e} "
-            f"max {r['kl_max']:.2e}  top-1 {r['top1_agree']:.3f}  max|Δlogit| {r['max_abs_dlogit']:.3f}  "
-            f"ppl {r['ppl']:.3f}")
+    return (
+        f"{r['candidate']:<42} {r['mode']:<8} KL mean {r['kl_mean']:.2e} p99 {r['kl_p99']:.2e} "
+        f"max {r['kl_max']:.2e}  top-1 {r['top1_agree']:.3f}  max|Δlogit| {r['max_abs_dlogit']:.3f}  "
+        f"ppl {r['ppl']:.3f}"
+    )
 
 
 if __name__ == "__main__":

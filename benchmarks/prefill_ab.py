@@ -12,6 +12,7 @@ shared: ratios within a round are the figure to trust, absolute tok/s are not). 
 the fused RMSNorm/attention kernels on and off in one process, CPU time per pass. Files come from
 benchmarks/gguf_types.py's cache (made there with llama-quantize when missing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,7 +62,6 @@ def in_process(path: str, pp: int, threads: int, rounds: int) -> int:
     off between passes: per variant the median over rounds of wall and process CPU time (CPU time
     counts both threads: less sensitive to other processes on a shared machine than wall time)."""
     import torch
-
     from opscope.engine.api import load
     from opscope.engine.fastpath.qlinear import install_prefill_kernels
 
@@ -74,7 +74,7 @@ def in_process(path: str, pp: int, threads: int, rounds: int) -> int:
     cpu: dict[str, list[float]] = {"fused": [], "torch": []}
     with torch.inference_mode():
         for r in range(rounds + 1):
-            for variant in (("fused", "torch") if r % 2 else ("torch", "fused")):
+            for variant in ("fused", "torch") if r % 2 else ("torch", "fused"):
                 install_prefill_kernels(model, variant == "fused")
                 t0, c0 = time.perf_counter(), time.process_time()
                 model(toks, 0, last_only=True)
@@ -83,11 +83,15 @@ def in_process(path: str, pp: int, threads: int, rounds: int) -> int:
                     cpu[variant].append(time.process_time() - c0)
     for v in wall:
         w, c = statistics.median(wall[v]), statistics.median(cpu[v])
-        print(f"{Path(path).name} {v:6s}: wall {pp / w:6.1f} tok/s [{pp / max(wall[v]):.0f}-{pp / min(wall[v]):.0f}], "
-              f"CPU {c * 1e3:7.1f} ms per pass")
+        print(
+            f"{Path(path).name} {v:6s}: wall {pp / w:6.1f} tok/s [{pp / max(wall[v]):.0f}-{pp / min(wall[v]):.0f}], "
+            f"CPU {c * 1e3:7.1f} ms per pass"
+        )
     ratio = [a / b for a, b in zip(cpu["torch"], cpu["fused"])]
-    print(f"  CPU time torch/fused per round: median {statistics.median(ratio):.3f} [{min(ratio):.3f}-{max(ratio):.3f}]"
-          f"; load {os.getloadavg()}")
+    print(
+        f"  CPU time torch/fused per round: median {statistics.median(ratio):.3f} [{min(ratio):.3f}-{max(ratio):.3f}]"
+        f"; load {os.getloadavg()}"
+    )
     return 0
 
 
@@ -106,8 +110,20 @@ def _unfuse_mlps(model) -> None:
 
 
 def run_opscope(path: Path, variant: str, pp: int, threads: int, reps: int) -> float | None:
-    argv = [sys.executable, __file__, "--child", str(path), "--variant", variant, "--pp", str(pp),
-            "--threads", str(threads), "--reps", str(reps)]
+    argv = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(path),
+        "--variant",
+        variant,
+        "--pp",
+        str(pp),
+        "--threads",
+        str(threads),
+        "--reps",
+        str(reps),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"  opscope {variant} failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
@@ -116,8 +132,9 @@ def run_opscope(path: Path, variant: str, pp: int, threads: int, reps: int) -> f
 
 
 def run_llama(path: Path, pp: int, threads: int) -> float | None:
-    from benchmarks.gguf_types import TOOLS
     from opscope.engine.bench.peers import llama_bench
+
+    from benchmarks.gguf_types import TOOLS
 
     try:
         r = llama_bench.run(TOOLS / "llama-bench", path, pp, 0, threads, reps=3)
@@ -136,21 +153,26 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--variants", default="new,old")
     ap.add_argument("--no-llama", action="store_true")
-    ap.add_argument("--in-process", action="store_true",
-                    help="one process per type: fused prefill kernels on/off between passes (CPU time A/B)")
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="one process per type: fused prefill kernels on/off between passes (CPU time A/B)",
+    )
     ap.add_argument("--child")
     ap.add_argument("--variant", default="new")
     args = ap.parse_args(argv)
     if args.child:
         return child(args.child, args.variant, args.pp, args.threads, args.reps)
 
-    from benchmarks.gguf_types import CACHE, quantize
     from opscope.engine.core.defaults import default_model_path
+
+    from benchmarks.gguf_types import CACHE, quantize
 
     if args.in_process:
         for kind in [t.strip().upper() for t in args.types.split(",") if t.strip()]:
-            in_process(str(quantize(default_model_path(), kind, CACHE, args.threads)), args.pp, args.threads,
-                       args.rounds)
+            in_process(
+                str(quantize(default_model_path(), kind, CACHE, args.threads)), args.pp, args.threads, args.rounds
+            )
         return 0
     who = [v.strip() for v in args.variants.split(",") if v.strip()] + ([] if args.no_llama else ["llama"])
     print(f"load before: {os.getloadavg()}")
@@ -159,17 +181,27 @@ def main(argv=None) -> int:
         got: dict[str, list[float]] = {w: [] for w in who}
         ratios: dict[str, list[float]] = {w: [] for w in who if w != "llama"}
         for r in range(args.rounds):
-            order = who[r % len(who):] + who[:r % len(who)]
-            one = {w: (run_llama(path, args.pp, args.threads) if w == "llama"
-                       else run_opscope(path, w, args.pp, args.threads, args.reps)) for w in order}
+            order = who[r % len(who) :] + who[: r % len(who)]
+            one = {
+                w: (
+                    run_llama(path, args.pp, args.threads)
+                    if w == "llama"
+                    else run_opscope(path, w, args.pp, args.threads, args.reps)
+                )
+                for w in order
+            }
             for w, v in one.items():
                 if v is not None:
                     got[w].append(v)
             for w in ratios:
                 if one.get(w) and one.get("llama"):
                     ratios[w].append(one[w] / one["llama"])
-            print(f"{kind} round {r + 1}: " + ", ".join(f"{w} {v:.0f}" for w, v in one.items() if v)
-                  + f"  (load {os.getloadavg()[0]:.1f})", flush=True)
+            print(
+                f"{kind} round {r + 1}: "
+                + ", ".join(f"{w} {v:.0f}" for w, v in one.items() if v)
+                + f"  (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
         med = {w: statistics.median(v) for w, v in got.items() if v}
         line = f"{kind}: " + ", ".join(f"{w} {v:.0f} tok/s" for w, v in med.items())
         for w, v in ratios.items():

@@ -9,6 +9,7 @@ cores that scale perfectly: weight FLOPs at the measured GEMM rate plus attentio
 (norms, RoPE and residual adds left out: the ceiling is generous). llama.cpp's pp per type comes
 from benchmarks/results/gguf_types.json (the last quiet run), the bar being 1.5× that.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,6 @@ def main(argv=None) -> int:
 
     import torch
     import torch.nn.functional as F
-
     from opscope.engine.core.defaults import default_model_path
     from opscope.engine.formats.gguf_source import GGUFSource
 
@@ -50,13 +50,20 @@ def main(argv=None) -> int:
     cfg = GGUFSource(Path(args.model or default_model_path())).config
     M, C, Hd = args.pp, cfg.dim, cfg.n_heads * cfg.head_dim
     kv = cfg.n_kv_heads * cfg.head_dim
-    shapes = {"q": (Hd, C), "k": (kv, C), "v": (kv, C), "o": (C, Hd), "gate": (cfg.hidden_dim, C),
-              "up": (cfg.hidden_dim, C), "down": (C, cfg.hidden_dim)}
+    shapes = {
+        "q": (Hd, C),
+        "k": (kv, C),
+        "v": (kv, C),
+        "o": (C, Hd),
+        "gate": (cfg.hidden_dim, C),
+        "up": (cfg.hidden_dim, C),
+        "down": (C, cfg.hidden_dim),
+    }
     gemm_s, flops = 0.0, 0.0
     print(f"float32 GEMM, 1 thread, M={M} (CPU time):")
     for name, (n, k) in shapes.items():
         x, w = torch.randn(M, k), torch.randn(n, k)
-        t = cpu_time(lambda: F.linear(x, w))
+        t = cpu_time(lambda x=x, w=w: F.linear(x, w))
         f = 2.0 * M * n * k
         gemm_s, flops = gemm_s + t, flops + f
         print(f"  {name:5s} N={n:5d} K={k:5d}: {t * 1e3:7.3f} ms  {f / t / 1e9:6.1f} GFLOP/s")
@@ -67,12 +74,16 @@ def main(argv=None) -> int:
     L = cfg.n_layers
     print(f"  SDPA causal T={M}: {t_attn * 1e3:.3f} ms per layer, {attn_flops / t_attn / 1e9:.1f} GFLOP/s")
     per_pass = L * (gemm_s + t_attn) / args.threads
-    print(f"per token: {L * flops / M / 1e6:.1f} MFLOP weights + {L * attn_flops / M / 1e6:.1f} MFLOP attention; "
-          f"GEMM rate {flops / gemm_s / 1e9:.1f} GFLOP/s per core")
+    print(
+        f"per token: {L * flops / M / 1e6:.1f} MFLOP weights + {L * attn_flops / M / 1e6:.1f} MFLOP attention; "
+        f"GEMM rate {flops / gemm_s / 1e9:.1f} GFLOP/s per core"
+    )
     ceiling = M / per_pass
     weights_only = M / (L * gemm_s / args.threads)
-    print(f"ceiling, {args.threads} perfectly scaling cores: {ceiling:.0f} tok/s "
-          f"(weights' GEMMs alone: {weights_only:.0f} tok/s)")
+    print(
+        f"ceiling, {args.threads} perfectly scaling cores: {ceiling:.0f} tok/s "
+        f"(weights' GEMMs alone: {weights_only:.0f} tok/s)"
+    )
     path = Path(args.results)
     if path.is_file():
         data = json.loads(path.read_text())
@@ -81,7 +92,9 @@ def main(argv=None) -> int:
             s = rec.get("summary", {}).get("pp_llama")
             med = s["median"] if isinstance(s, dict) else (s[0] if s else None)
             if med:
-                print(f"  {rec['type']:7s} llama {med:6.0f}  bar {1.5 * med:6.0f}  headroom {ceiling / (1.5 * med):.2f}")
+                print(
+                    f"  {rec['type']:7s} llama {med:6.0f}  bar {1.5 * med:6.0f}  headroom {ceiling / (1.5 * med):.2f}"
+                )
     return 0
 
 

@@ -6,6 +6,7 @@ Prints torch.profiler's table grouped by operator (self CPU time: opscope::qline
 dequantization; the GEMM shows as aten::mm/addmm beneath it, or inside it for the fused kernel), then
 the time per module kind (q/k/v/o, gate/up/down, lm_head, attention, norms) from forward hooks.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -14,6 +14,7 @@ interleaved, each in a fresh child process so nothing is shared:
 
 Prints the median and [min–max] wall and CPU seconds of each, and ``uptime`` before and after.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,10 +33,15 @@ def gemma_meta(n: int, seed: int = 0) -> dict:
     rnd = random.Random(seed)
     special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
-    alphabet = list(dict.fromkeys(
-        list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'\"()[]{}-_+=*/\\<>@#$%&")
-        + ["\u2581"] + [chr(c) for c in range(0x3B1, 0x3C9)] + [chr(c) for c in range(0x430, 0x44F)]
-        + [chr(c) for c in range(0x4E00, 0x4E00 + 2000)]))
+    alphabet = list(
+        dict.fromkeys(
+            list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'\"()[]{}-_+=*/\\<>@#$%&")
+            + ["\u2581"]
+            + [chr(c) for c in range(0x3B1, 0x3C9)]
+            + [chr(c) for c in range(0x430, 0x44F)]
+            + [chr(c) for c in range(0x4E00, 0x4E00 + 2000)]
+        )
+    )
     pieces, seen = list(alphabet), set(alphabet)
     target = n - len(special) - len(byte_tokens)
     while len(pieces) < target:
@@ -46,11 +52,17 @@ def gemma_meta(n: int, seed: int = 0) -> dict:
             seen.add(a + b)
             pieces.append(a + b)
     tokens = special + byte_tokens + pieces
-    return {"general.architecture": "gemma3", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.scores": [0.0] * len(tokens),
-            "tokenizer.ggml.token_type": [3] * 4 + [4, 4] + [6] * 256 + [1] * len(pieces),
-            "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
-            "tokenizer.ggml.unknown_token_id": 3, "tokenizer.ggml.padding_token_id": 0}
+    return {
+        "general.architecture": "gemma3",
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": [0.0] * len(tokens),
+        "tokenizer.ggml.token_type": [3] * 4 + [4, 4] + [6] * 256 + [1] * len(pieces),
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.unknown_token_id": 3,
+        "tokenizer.ggml.padding_token_id": 0,
+    }
 
 
 def child(mode: str, meta_file: str) -> None:
@@ -73,8 +85,9 @@ def child(mode: str, meta_file: str) -> None:
 
 def run(mode: str, meta_file: Path, cache: Path) -> dict:
     env = {**os.environ, "OPSCOPE_CACHE_DIR": str(cache)}
-    out = subprocess.run([sys.executable, __file__, "--child", mode, str(meta_file)], env=env, check=True,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, str(meta_file)], env=env, check=True, capture_output=True, text=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -107,14 +120,14 @@ def main() -> None:
 
 
 def _check_same_merges(meta: dict) -> None:
-    from transformers.convert_slow_tokenizer import generate_merges
-
     from opscope.engine.tokenizer.spm import merges_from_scores
+    from transformers.convert_slow_tokenizer import generate_merges
 
     tokens = meta["tokenizer.ggml.tokens"]
     scores = [-float(i) for i in range(len(tokens))]
-    assert merges_from_scores(tokens, scores) == generate_merges({t: i for i, t in enumerate(tokens)},
-                                                                 list(zip(tokens, scores)))
+    assert merges_from_scores(tokens, scores) == generate_merges(
+        {t: i for i, t in enumerate(tokens)}, list(zip(tokens, scores))
+    )
 
 
 if __name__ == "__main__":

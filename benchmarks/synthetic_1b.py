@@ -15,6 +15,7 @@
 
 A benchmark only, never run in CI (minutes, 3 GB of disk, ~2 GB of RAM per process).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,12 +29,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import gguf_types as G  # noqa: E402  (benchmarks/gguf_types.py)
+import gguf_types as G
 
 CACHE = G.CACHE.parent / "synthetic_1b"
-SHAPE = dict(hidden_size=2048, num_hidden_layers=22, intermediate_size=5632, num_attention_heads=32,
-             num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-5,
-             rope_theta=10000.0, tie_word_embeddings=False)
+SHAPE = dict(
+    hidden_size=2048,
+    num_hidden_layers=22,
+    intermediate_size=5632,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    vocab_size=32000,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+)
 GOAL_RSS_VS_LLAMA = 1.3
 
 log = logging.getLogger("synthetic_1b")
@@ -71,22 +81,31 @@ def make_files(layers: int, threads: int, cache: Path) -> tuple[Path, Path, dict
 def _check_disk(where: Path, need_bytes: float) -> None:
     free = shutil.disk_usage(where).free
     if free < need_bytes:
-        raise SystemExit(f"{where}: {free / 2**30:.1f} GiB free, the synthetic model needs "
-                         f"{need_bytes / 2**30:.1f} GiB; free some space or pass --cache elsewhere")
+        raise SystemExit(
+            f"{where}: {free / 2**30:.1f} GiB free, the synthetic model needs "
+            f"{need_bytes / 2**30:.1f} GiB; free some space or pass --cache elsewhere"
+        )
 
 
-def measure(path: Path, rounds: int, pp_rounds: int, pp: int, tg: int, threads: int,
-            fastpath: str = "auto") -> dict:
+def measure(path: Path, rounds: int, pp_rounds: int, pp: int, tg: int, threads: int, fastpath: str = "auto") -> dict:
     """gguf_types' interleaved rounds; pp only in the first ``pp_rounds`` (pp512 of 1B is slow)."""
-    rec = {"type": "Q4_K_M (synthetic 1B)", "file": str(path), "file_bytes": path.stat().st_size,
-           "tensor_types": G.tensor_types(path), "rounds": []}
+    rec = {
+        "type": "Q4_K_M (synthetic 1B)",
+        "file": str(path),
+        "file_bytes": path.stat().st_size,
+        "tensor_types": G.tensor_types(path),
+        "rounds": [],
+    }
     for r in range(rounds):
         n_pp = pp if r < pp_rounds else 0
         order = ("llama", "opscope") if r % 2 == 0 else ("opscope", "llama")
         one = {}
         for who in order:
-            one[who] = (G.run_llama(path, n_pp, tg, threads) if who == "llama"
-                        else G.run_opscope(path, n_pp, tg, threads, fastpath))
+            one[who] = (
+                G.run_llama(path, n_pp, tg, threads)
+                if who == "llama"
+                else G.run_opscope(path, n_pp, tg, threads, fastpath)
+            )
         rec["rounds"].append(one)
         log.info("round %d: %s", r + 1, G._round_line(one, pp, tg))
         if "refused" in one["opscope"]:
@@ -99,15 +118,17 @@ def markdown(rec: dict, meta: dict) -> str:
     ratio = None
     if s["rss_opscope"] and s["rss_llama"]:
         ratio = s["rss_opscope"].median / s["rss_llama"].median
-    head = (f"# Synthetic 1B Llama (Q4_K_M): OpScope vs llama-bench\n\n"
-            f"Model: {meta['params_b']:.2f} B parameters, {meta['shape']}; random weights written by "
-            f"engine.testing.gguf_writer (F16), re-quantized by llama-quantize. {meta['threads']} threads, "
-            f"{meta['rounds']} rounds (pp{meta['pp']} in the first {meta['pp_rounds']})"
-            f"{'' if meta.get('fastpath', 'auto') == 'auto' else ', OpScope fast path ' + meta['fastpath']}. Load average "
-            f"before {meta['load_before']}, after {meta['load_after']}. Goals: tg{meta['tg']} ≥ 1.0×, "
-            f"peak RSS ≤ {GOAL_RSS_VS_LLAMA}× llama.cpp's"
-            + (f" (measured {ratio:.2f}×: {'✓' if ratio <= GOAL_RSS_VS_LLAMA else '✗'})" if ratio else "")
-            + ".\n\n")
+    head = (
+        f"# Synthetic 1B Llama (Q4_K_M): OpScope vs llama-bench\n\n"
+        f"Model: {meta['params_b']:.2f} B parameters, {meta['shape']}; random weights written by "
+        f"engine.testing.gguf_writer (F16), re-quantized by llama-quantize. {meta['threads']} threads, "
+        f"{meta['rounds']} rounds (pp{meta['pp']} in the first {meta['pp_rounds']})"
+        f"{'' if meta.get('fastpath', 'auto') == 'auto' else ', OpScope fast path ' + meta['fastpath']}. Load average "
+        f"before {meta['load_before']}, after {meta['load_after']}. Goals: tg{meta['tg']} ≥ 1.0×, "
+        f"peak RSS ≤ {GOAL_RSS_VS_LLAMA}× llama.cpp's"
+        + (f" (measured {ratio:.2f}×: {'✓' if ratio <= GOAL_RSS_VS_LLAMA else '✗'})" if ratio else "")
+        + ".\n\n"
+    )
     return head + G.markdown([rec], meta).split("\n\n", 2)[2]
 
 
@@ -122,10 +143,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cache", default=str(CACHE))
     ap.add_argument("--out", default=str(G.RESULTS / "synthetic_1b"))
     ap.add_argument("--clean", action="store_true", help="delete the cached model files and exit")
-    ap.add_argument("--fastpath", default="auto",
-                    help="OpScope's fast-path settings, e.g. activations=q8 (engine.fastpath.FastPathOptions)")
-    ap.add_argument("--variant", default=None,
-                    help="OpScope's CPU kernel variant (OPSCOPE_CPU_VARIANT), e.g. avx2 on an AVX-512 host")
+    ap.add_argument(
+        "--fastpath",
+        default="auto",
+        help="OpScope's fast-path settings, e.g. activations=q8 (engine.fastpath.FastPathOptions)",
+    )
+    ap.add_argument(
+        "--variant",
+        default=None,
+        help="OpScope's CPU kernel variant (OPSCOPE_CPU_VARIANT), e.g. avx2 on an AVX-512 host",
+    )
     args = ap.parse_args(argv)
     if args.variant:
         os.environ["OPSCOPE_CPU_VARIANT"] = args.variant  # the children inherit it
@@ -141,10 +168,19 @@ def main(argv=None) -> int:
         return 0
     f16, q, cfg = make_files(args.layers, args.threads, cache)
     G.build_kernels()
-    meta = {"threads": args.threads, "rounds": args.rounds, "pp_rounds": args.pp_rounds, "pp": args.pp,
-            "tg": args.tg, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "load_before": G.loadavg(), "params_b": n_params(cfg) / 1e9, "source": str(f16),
-            "shape": {k: cfg[k] for k in SHAPE}, "fastpath": args.fastpath} | G.host_meta()
+    meta = {
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "pp_rounds": args.pp_rounds,
+        "pp": args.pp,
+        "tg": args.tg,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "load_before": G.loadavg(),
+        "params_b": n_params(cfg) / 1e9,
+        "source": str(f16),
+        "shape": {k: cfg[k] for k in SHAPE},
+        "fastpath": args.fastpath,
+    } | G.host_meta()
     rec = measure(q, args.rounds, args.pp_rounds, args.pp, args.tg, args.threads, args.fastpath)
     rec["summary"] = G.summarize(rec, args.pp, args.tg)
     meta["load_after"] = G.loadavg()

@@ -12,6 +12,7 @@ an 8-GPU NVIDIA machine (same sizing rule: 8 bytes per tick for the timestamp + 
 
     .venv/bin/python benchmarks/telemetry_overhead.py [--rounds 5] [--seconds 4] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
-from opscope.engine.telemetry import Sampler, default_sources  # noqa: E402
-from opscope.engine.telemetry.nvml import GPU_FIELDS  # noqa: E402
+from opscope.engine.telemetry import Sampler, default_sources
+from opscope.engine.telemetry.nvml import GPU_FIELDS
 
 
 def trial(interval_ms: float | None, seconds: float) -> dict[str, float]:
@@ -56,17 +57,20 @@ def run(rounds: int, seconds: float) -> dict:
         for name in order:
             results[name].append(trial(variants[name], seconds))
     idle = statistics.median(t["process_pct"] for t in results["idle"])
-    return {"rounds": rounds, "seconds": seconds, "idle_process_pct": idle,
-            "variants": {name: _summary(trials, idle) for name, trials in results.items()},
-            "memory": memory()}
+    return {
+        "rounds": rounds,
+        "seconds": seconds,
+        "idle_process_pct": idle,
+        "variants": {name: _summary(trials, idle) for name, trials in results.items()},
+        "memory": memory(),
+    }
 
 
 def _summary(trials: list[dict], idle: float) -> dict:
     out = {}
     for key in trials[0]:
         values = [t[key] for t in trials]
-        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values),
-                    "raw": values}
+        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values), "raw": values}
     out["process_minus_idle_pct"] = out["process_pct"]["median"] - idle
     return out
 
@@ -74,30 +78,34 @@ def _summary(trials: list[dict], idle: float) -> dict:
 def memory() -> dict:
     sampler = Sampler(default_sources(), interval_ms=100, history_s=3600)
     sampler.sample_now()  # opens the sources: the ring is sized for the series found
-    here = {"series": len(sampler.series_names()), "ticks": sampler.history.capacity,
-            "bytes": sampler.history.nbytes}
+    here = {"series": len(sampler.series_names()), "ticks": sampler.history.capacity, "bytes": sampler.history.nbytes}
     sampler.stop()
     n_8gpu = 8 * len(GPU_FIELDS) + 2 + 64 + 4  # 8 GPUs, host (64 cores), RAM, process
-    return {"this_machine": here,
-            "nvidia_8gpu_64core": {"series": n_8gpu, "bytes": 36_000 * 8 * (1 + n_8gpu)}}
+    return {"this_machine": here, "nvidia_8gpu_64core": {"series": n_8gpu, "bytes": 36_000 * 8 * (1 + n_8gpu)}}
 
 
 def report(res: dict) -> str:
-    lines = [f"telemetry sampler overhead: {res['rounds']} rounds x {res['seconds']} s per variant, "
-             f"interleaved; % of one core, median [min..max]"]
+    lines = [
+        f"telemetry sampler overhead: {res['rounds']} rounds x {res['seconds']} s per variant, "
+        f"interleaved; % of one core, median [min..max]"
+    ]
     for name, v in res["variants"].items():
         p = v["process_pct"]
         line = f"  {name:6} process {p['median']:6.3f}% [{p['min']:.3f}..{p['max']:.3f}]"
         if "thread_pct" in v:
             t = v["thread_pct"]
-            line += (f"  minus idle {v['process_minus_idle_pct']:6.3f}%"
-                     f"  sampler thread {t['median']:6.3f}% [{t['min']:.3f}..{t['max']:.3f}]"
-                     f"  ticks/s {v['ticks_per_s']['median']:.1f}  missed {int(v['missed']['max'])} max")
+            line += (
+                f"  minus idle {v['process_minus_idle_pct']:6.3f}%"
+                f"  sampler thread {t['median']:6.3f}% [{t['min']:.3f}..{t['max']:.3f}]"
+                f"  ticks/s {v['ticks_per_s']['median']:.1f}  missed {int(v['missed']['max'])} max"
+            )
         lines.append(line)
     m = res["memory"]
     here, big = m["this_machine"], m["nvidia_8gpu_64core"]
-    lines.append(f"  memory, 1 h at 10 Hz: {here['bytes'] / 2**20:.2f} MiB for {here['series']} series "
-                 f"here; {big['bytes'] / 2**20:.1f} MiB for {big['series']} series (8 GPUs, 64 cores)")
+    lines.append(
+        f"  memory, 1 h at 10 Hz: {here['bytes'] / 2**20:.2f} MiB for {here['series']} series "
+        f"here; {big['bytes'] / 2**20:.1f} MiB for {big['series']} series (8 GPUs, 64 cores)"
+    )
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ heads of 48, dim 576, 30 layers, ffn 1536, vocab 49152, tied embeddings; random 
 
 A benchmark only, never run in CI.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,19 @@ import time
 from pathlib import Path
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "opscope" / "tp_scaling"
-SYNTHETIC = dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=12,
-                 num_key_value_heads=4, head_dim=48, vocab_size=49152, max_position_embeddings=2048,
-                 rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)
+SYNTHETIC = dict(
+    hidden_size=576,
+    num_hidden_layers=30,
+    intermediate_size=1536,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    head_dim=48,
+    vocab_size=49152,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
 
 WHY_NO_SPEEDUP = (
     "Why no speed-up on this machine: it has 2 cores shared by other jobs. Batch-1 decode is "
@@ -40,14 +51,14 @@ WHY_NO_SPEEDUP = (
     "layer (60 for 30 layers) over gloo's loopback TCP, each a barrier that waits for the slowest "
     "rank — any descheduling of one rank stalls all of them — and the replicated output head "
     "(49152x576, the largest matmul) runs on rank 0 alone while the others wait. Tensor parallelism "
-    "pays where each rank has its own device and a fast link (NVLink, NCCL), not on 2 shared cores.")
+    "pays where each rank has its own device and a fast link (NVLink, NCCL), not on 2 shared cores."
+)
 
 
 def measure(lm, pp: int, tg: int, reps: int) -> dict:
     """Rank 0's task: ``reps`` timed pp and tg passes after one warm-up of each; tg's per-step
     all_reduce shares from every rank."""
     import torch
-
     from opscope.engine.generation.generate import decode_threads
 
     model, vocab = lm.model, lm.config.vocab_size
@@ -67,7 +78,7 @@ def measure(lm, pp: int, tg: int, reps: int) -> dict:
             with decode_threads(model):
                 t0 = time.perf_counter()
                 for i in range(tg):
-                    model(steps[:, i:i + 1], i, last_only=True)
+                    model(steps[:, i : i + 1], i, last_only=True)
                 tg_s = time.perf_counter() - t0
             if rep:  # rep 0 is the warm-up
                 out["pp_s"].append(pp_s)
@@ -93,8 +104,7 @@ def run_one(path, nproc: int, args) -> dict:
     from opscope.engine.distributed.tp_worker import TPJob, run_tp
 
     threads = args.threads or max(1, (os.cpu_count() or 1) // nproc)
-    return run_tp(TPJob(model=path, nproc=nproc, threads=threads, timeout_s=3600), measure, args.pp, args.tg,
-                  args.reps)
+    return run_tp(TPJob(model=path, nproc=nproc, threads=threads, timeout_s=3600), measure, args.pp, args.tg, args.reps)
 
 
 def spread(values: list[float]) -> str:
@@ -106,9 +116,11 @@ def uptime() -> str:
 
 
 def table(results: dict, args) -> list[str]:
-    rows = [f"| N | pp{args.pp} tok/s median [min–max] | tg{args.tg} tok/s median [min–max] | "
-            f"tg vs N=1 | all_reduce share of a decode step, per rank: median [min–max] % |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = [
+        f"| N | pp{args.pp} tok/s median [min–max] | tg{args.tg} tok/s median [min–max] | "
+        f"tg vs N=1 | all_reduce share of a decode step, per rank: median [min–max] % |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     base = None
     for n, runs in results.items():
         pp = [args.pp / s for r in runs for s in r["pp_s"]]
@@ -118,8 +130,9 @@ def table(results: dict, args) -> list[str]:
         for rank in range(n):
             vals = [v for r in runs for v in r["shares"][rank]]
             shares.append(f"r{rank} {spread(vals)}")
-        rows.append(f"| {n} | {spread(pp)} | {spread(tg)} | {statistics.median(tg) / base:.2f}× | "
-                    f"{'; '.join(shares)} |")
+        rows.append(
+            f"| {n} | {spread(pp)} | {spread(tg)} | {statistics.median(tg) / base:.2f}× | {'; '.join(shares)} |"
+        )
     return rows
 
 
@@ -145,11 +158,17 @@ def main() -> int:
             results[n].append(run_one(path, n, args))
             print(f"round {rnd + 1}/{args.rounds} N={n}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
     after = uptime()
-    lines = [f"model: {args.model} ({path or 'embedded SmolLM2-135M, dense float32'}); "
-             f"{args.rounds} rounds x {args.reps} reps, gloo, {os.cpu_count()} logical CPUs, "
-             f"threads per rank = {args.threads or 'logical CPUs // N'}",
-             f"uptime before: {before}", f"uptime after:  {after}", "", *table(results, args), "",
-             WHY_NO_SPEEDUP]
+    lines = [
+        f"model: {args.model} ({path or 'embedded SmolLM2-135M, dense float32'}); "
+        f"{args.rounds} rounds x {args.reps} reps, gloo, {os.cpu_count()} logical CPUs, "
+        f"threads per rank = {args.threads or 'logical CPUs // N'}",
+        f"uptime before: {before}",
+        f"uptime after:  {after}",
+        "",
+        *table(results, args),
+        "",
+        WHY_NO_SPEEDUP,
+    ]
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -19,6 +19,7 @@ module hooks per model vs global; the garbage-collector pause off.
     .venv/bin/python benchmarks/trace_overhead.py [--rounds 5] [--tokens 16] [--ops 5000] [--json out.json]
     .venv/bin/python benchmarks/trace_overhead.py --scripts-only --rounds 5 --steps 30
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
-from opscope.engine.trace.capture import Tracer  # noqa: E402
-from opscope.engine.trace.events import TraceOptions  # noqa: E402
+from opscope.engine.trace.capture import Tracer
+from opscope.engine.trace.events import TraceOptions
 
 VARIANTS = {  # name → TraceOptions (None: untraced)
     "untraced": None,
@@ -75,7 +76,7 @@ def bench_decode(rounds: int, tokens: int) -> dict:
     cpu_s = {name: [] for name in VARIANTS}
     ops = []
     for r in range(rounds):
-        order = list(VARIANTS)[r % len(VARIANTS):] + list(VARIANTS)[:r % len(VARIANTS)]
+        order = list(VARIANTS)[r % len(VARIANTS) :] + list(VARIANTS)[: r % len(VARIANTS)]
         for name in order:
             rate, cpu, n_ops = _decode_once(lm, VARIANTS[name], tokens)
             tok_s[name].append(rate)
@@ -119,10 +120,12 @@ def bench_hooks(rounds: int, calls: int = 200) -> dict:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(64)])
     x = torch.randn(1, 4)
-    makers = {"empty dispatch mode": _Empty,
-              "trace, no module paths": lambda: Tracer(TraceOptions()),
-              "hooks=model": lambda: Tracer(TraceOptions(hooks="model"), model=model),
-              "hooks=global": lambda: Tracer(TraceOptions(hooks="global"), model=model)}
+    makers = {
+        "empty dispatch mode": _Empty,
+        "trace, no module paths": lambda: Tracer(TraceOptions()),
+        "hooks=model": lambda: Tracer(TraceOptions(hooks="model"), model=model),
+        "hooks=global": lambda: Tracer(TraceOptions(hooks="global"), model=model),
+    }
     samples = {name: [] for name in makers}
     for _ in range(rounds):
         for name, make in makers.items():
@@ -162,7 +165,7 @@ def bench_scripts(rounds: int, steps: int) -> dict:
         _run_script_once(path, 2, True)  # warm-up: imports, lazy inits
         samples = {"untraced": {"wall_s": [], "cpu_s": []}, "traced": {"wall_s": [], "cpu_s": []}}
         for r in range(rounds):
-            for variant in (("untraced", "traced") if r % 2 == 0 else ("traced", "untraced")):
+            for variant in ("untraced", "traced") if r % 2 == 0 else ("traced", "untraced"):
                 wall, cpu = _run_script_once(path, steps, variant == "traced")
                 samples[variant]["wall_s"].append(wall)
                 samples[variant]["cpu_s"].append(cpu)
@@ -172,16 +175,20 @@ def bench_scripts(rounds: int, steps: int) -> dict:
 
 
 def print_scripts(res: dict) -> None:
-    print(f"\nExample scripts, {res['steps']} steps, in-process (load average before "
-          f"{', '.join(f'{v:.1f}' for v in res['load_average'])}; after "
-          f"{', '.join(f'{v:.1f}' for v in res['load_average_after'])})")
+    print(
+        f"\nExample scripts, {res['steps']} steps, in-process (load average before "
+        f"{', '.join(f'{v:.1f}' for v in res['load_average'])}; after "
+        f"{', '.join(f'{v:.1f}' for v in res['load_average_after'])})"
+    )
     print("  script           variant    wall s median (min..max)        CPU s median (min..max)     traced/untraced")
     for name in ("slow_train.py", "fast_train.py"):
         base_w = statistics.median(res[name]["untraced"]["wall_s"])
         base_c = statistics.median(res[name]["untraced"]["cpu_s"])
         for variant, v in res[name].items():
-            ratio = (f"wall {statistics.median(v['wall_s']) / base_w:.2f}×, "
-                     f"CPU {statistics.median(v['cpu_s']) / base_c:.2f}×")
+            ratio = (
+                f"wall {statistics.median(v['wall_s']) / base_w:.2f}×, "
+                f"CPU {statistics.median(v['cpu_s']) / base_c:.2f}×"
+            )
             print(f"  {name:<16} {variant:<10} {_summary(v['wall_s'])}   {_summary(v['cpu_s'])}   {ratio}")
 
 

@@ -3,6 +3,7 @@ them to it). Names are imported on first use, so `import opscope.engine` stays c
 
     from opscope.engine import load, GenerationConfig, RunStore
 """
+
 from __future__ import annotations
 
 import importlib

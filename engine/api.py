@@ -1,9 +1,10 @@
 """The engine's public entry point: load a model, then generate or chat with it.
 
-    lm = load()                                   # the embedded default model, CPU, float32
-    for ev in lm.chat([{"role": "user", "content": "Hi"}], GenerationConfig(max_tokens=32)):
-        ...                                       # engine.events: PrefillStarted … Token … Finished
+lm = load()                                   # the embedded default model, CPU, float32
+for ev in lm.chat([{"role": "user", "content": "Hi"}], GenerationConfig(max_tokens=32)):
+    ...                                       # engine.events: PrefillStarted … Token … Finished
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,7 +42,6 @@ def fastpath_options(spec, device: str, dtype: str, model) -> FastPathOptions | 
     keeps float32 activations and exact decode kernels and runs prefill GEMMs in bf16 (where the CPU
     has native bf16), as the plain model's bf16 policy does (engine.models.llama.activation_dtype)."""
     import torch
-
     from opscope.engine.fastpath import FastPathOptions
 
     if isinstance(spec, FastPathOptions):
@@ -53,8 +53,9 @@ def fastpath_options(spec, device: str, dtype: str, model) -> FastPathOptions | 
     if str(device) != "cpu" or dt not in (torch.float32, torch.bfloat16):
         if spec == "auto":
             return None
-        raise ConfigError.about_options("{fastpath}: the CPU fast path runs on {device=cpu} in float32 or "
-                                        "bfloat16; use {fastpath=off}")
+        raise ConfigError.about_options(
+            "{fastpath}: the CPU fast path runs on {device=cpu} in float32 or bfloat16; use {fastpath=off}"
+        )
     base = FastPathOptions()
     if dt == torch.bfloat16:
         from opscope.engine.fastpath.kernels import native_bf16
@@ -85,8 +86,17 @@ def _kernels_beat_torch() -> bool:
     return True
 
 
-def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: str = "sdpa",
-         threads: int | None = None, fastpath="auto", compile: str = "off", quantize: str = "off") -> LoadedModel:
+def load(
+    model=None,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    attention: str = "sdpa",
+    threads: int | None = None,
+    fastpath="auto",
+    compile: str = "off",
+    quantize: str = "off",
+) -> LoadedModel:
     """Load ``model`` (a .gguf file or HF directory; None = the embedded default) onto ``device``.
     ``fastpath`` picks the CPU fast path (engine.fastpath) or the plain torch model ("off");
     ``compile="decode"`` runs the plain model's decode steps through torch.compile
@@ -103,8 +113,10 @@ def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: 
         fastpath = "off"  # the compiled step and weight-only quantization belong to the plain torch model
     options = fastpath_options(fastpath, device, dtype, model)
     if options is not None and (compile != "off" or quantize != "off"):
-        raise ConfigError.about_options("{compile} and {quantize} apply to the plain torch model; add "
-                                        "{fastpath=off} (the fast path keeps the GGUF's own quantized blocks)")
+        raise ConfigError.about_options(
+            "{compile} and {quantize} apply to the plain torch model; add "
+            "{fastpath=off} (the fast path keeps the GGUF's own quantized blocks)"
+        )
     if options is not None:
         from opscope.engine.fastpath import load as load_fast
 
@@ -112,8 +124,9 @@ def load(model=None, *, device: str = "cpu", dtype: str = "float32", attention: 
         spec = _spec(options)
         lm.options = LoadOptions(device, dtype, attention, threads, fastpath=spec, cpu_kernels=cpu_kernels(spec))
         return lm
-    return load_plain(model, device=device, dtype=dtype, attention=attention, threads=threads,
-                      compile=compile, quantize=quantize)
+    return load_plain(
+        model, device=device, dtype=dtype, attention=attention, threads=threads, compile=compile, quantize=quantize
+    )
 
 
 def cpu_kernels(fastpath: str) -> str | None:

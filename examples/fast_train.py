@@ -5,12 +5,12 @@
 
 The loss is read back once every 10 steps for the log line, not every step.
 """
+
 import argparse
 
+import opscope
 import torch
 from torch import nn
-
-import opscope
 
 
 class TinyNet(nn.Module):
@@ -33,7 +33,7 @@ def main() -> None:
     device = torch.device(args.device)
     model = TinyNet().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    w = torch.randn(32, device=device) / 32 ** 0.5
+    w = torch.randn(32, device=device) / 32**0.5
     data = torch.randn(args.batch, 32, device=device)  # one fixed batch: small and deterministic
     for step in range(args.steps):
         with opscope.region("data"):

@@ -11,12 +11,12 @@
 
 examples/fast_train.py is the same loop with both fixed. Plain PyTorch: it runs alone too.
 """
+
 import argparse
 
+import opscope
 import torch
 from torch import nn
-
-import opscope
 
 
 class TinyNet(nn.Module):
@@ -39,7 +39,7 @@ def main() -> None:
     device = torch.device(args.device)
     model = TinyNet().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    w = torch.randn(32, device=device) / 32 ** 0.5
+    w = torch.randn(32, device=device) / 32**0.5
     data = torch.randn(args.batch, 32, device=device)  # one fixed batch: small and deterministic
     for step in range(args.steps):
         with opscope.region("data"):

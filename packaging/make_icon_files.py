@@ -3,6 +3,7 @@ opscope.icns via `iconutil`. Run before PyInstaller on those platforms.
 
     QT_QPA_PLATFORM=offscreen python packaging/make_icon_files.py
 """
+
 from __future__ import annotations
 
 import shutil
@@ -11,9 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from PySide6.QtGui import QGuiApplication, QImage
-
 from opscope import resources
+from PySide6.QtGui import QGuiApplication, QImage
 
 OUT = Path(__file__).resolve().parent
 

@@ -1,17 +1,17 @@
 """Render resources/opscope.svg to the PNG sizes in resources/icons/ (run after editing the SVG).
 
-    QT_QPA_PLATFORM=offscreen python packaging/make_icons.py
+QT_QPA_PLATFORM=offscreen python packaging/make_icons.py
 """
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from opscope import resources
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QGuiApplication, QImage, QPainter
 from PySide6.QtSvg import QSvgRenderer
-
-from opscope import resources
 
 
 def render(svg: bytes, size: int) -> QImage:

@@ -5,6 +5,7 @@
   --screenshot window.png``);
 - the headless ``opscope`` command: ``opscope-gui generate "Hello" -n 8``, ``opscope-gui models inspect``.
 """
+
 import sys
 
 

@@ -1,5 +1,6 @@
 """OpScope's icons, stylesheets and desktop entry, found through importlib.resources so that they
 work from a checkout, an installed wheel, a zip or a frozen bundle alike."""
+
 from __future__ import annotations
 
 from importlib.resources import files

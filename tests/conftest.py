@@ -1,5 +1,6 @@
 """Shared fixtures. The real default model is loaded once per session and shared by every test
 that needs it; the Hugging Face reference is loaded once too, only by the reference tests."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The fast-path kernels are built once per machine (a few minutes, `make setup` does it): keep
 # their cache out of the per-test temporary dirs below.
-os.environ.setdefault("OPSCOPE_KERNEL_CACHE", os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "opscope", "kernels"))
+os.environ.setdefault(
+    "OPSCOPE_KERNEL_CACHE",
+    os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "opscope", "kernels"),
+)
 
 
 @pytest.fixture(scope="session")
@@ -157,6 +160,7 @@ def one_torch_thread():
 # Debian's postgresql package (`make test` installs it). tests/engine/store/test_store_pg.py and
 # tests/app/test_app_store.py share this one server; each test gets its own fresh database (pg_url).
 
+
 def _pg_bindir():
     import glob
     import shutil
@@ -193,8 +197,10 @@ def pg_server():
 
     bindir = _pg_bindir()
     if bindir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: install Debian's "
-                    "`postgresql` package (`make test` does)")
+        pytest.skip(
+            "PostgreSQL server binaries (initdb, pg_ctl) not found: install Debian's "
+            "`postgresql` package (`make test` does)"
+        )
     base = Path(tempfile.mkdtemp(prefix="opscope-pg-"))  # pytest's tmp is private to root
     if os.geteuid() == 0:
         shutil.chown(base, "postgres")
@@ -229,8 +235,10 @@ def pg_url(pg_server):
 # The GUI tests that once rewrote docs/screenshots/ are watched where they run in this session: the
 # tree's state before and after each, so the packaging test need not run them a second time.
 
-TREE_WATCHED = ("tests/app/test_app_panels.py::test_screenshots_of_every_panel",
-                "tests/cli/test_cli_gui.py::test_screenshot_of_a_failed_start_is_written_and_exits_0")
+TREE_WATCHED = (
+    "tests/app/test_app_panels.py::test_screenshots_of_every_panel",
+    "tests/cli/test_cli_gui.py::test_screenshot_of_a_failed_start_is_written_and_exits_0",
+)
 _tree_records: dict[str, tuple[dict, dict]] = {}
 
 
@@ -242,8 +250,9 @@ def checkout_tree_state() -> dict[str, str]:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root,
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, capture_output=True, text=True, check=True
+    )
     state = {}
     for line in r.stdout.splitlines():
         path = root / line[3:].split(" -> ")[-1]
@@ -258,8 +267,11 @@ _tree_ran: set[str] = set()
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    watched = item.nodeid in TREE_WATCHED and not os.environ.get("OPSCOPE_SCREENSHOT_DIR") \
+    watched = (
+        item.nodeid in TREE_WATCHED
+        and not os.environ.get("OPSCOPE_SCREENSHOT_DIR")
         and os.path.isdir(os.path.join(os.path.dirname(__file__), "..", ".git"))
+    )
     before = checkout_tree_state() if watched else None
     yield  # setup, call and teardown: a fixture's teardown could write into the tree too
     if watched and item.nodeid in _tree_ran:  # it ran (passed or failed), not skipped
@@ -282,6 +294,7 @@ def checkout_tree():
 
 # -- the default model cut to its first layers ----------------------------------------------------
 
+
 def first_layers_gguf(src, dst, n_layers: int):
     """A copy of the GGUF ``src`` holding only its first ``n_layers`` blocks: the same metadata
     (tokenizer, template, hyperparameters) with {arch}.block_count set to ``n_layers``, the same
@@ -302,7 +315,7 @@ def first_layers_gguf(src, dst, n_layers: int):
             continue
         data += b"\0" * (-len(data) % craft.alignment)
         kept.append(dataclasses.replace(t, offset=len(data)))
-        data += craft.data[t.offset:ends[ends.index(t.offset) + 1]]  # up to the next tensor's start
+        data += craft.data[t.offset : ends[ends.index(t.offset) + 1]]  # up to the next tensor's start
     craft.tensors, craft.data = kept, bytes(data)
     return craft.write(dst)
 

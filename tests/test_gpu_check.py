@@ -1,6 +1,7 @@
 """The first-contact GPU check (packaging/gpu_check, docs/gpu.md) kept from rotting on a machine
 without a GPU: its dry run end to end, its verdict on a machine that has no GPU, the figures it
 judges, and the size of the tree a GPU machine would be sent."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,13 @@ WHEELS_ALLOWANCE_BYTES = 8 * 2**20  # `make gpu-wheels` saves ~5.3 MB; counted w
 
 
 def _run(out: Path, *flags: str, timeout_s: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(RUN), "--out", str(out), *flags], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, str(RUN), "--out", str(out), *flags],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO,
+    )
 
 
 @pytest.fixture
@@ -37,15 +43,38 @@ def test_the_dry_run_runs_what_needs_no_gpu_and_lists_the_rest_as_skipped(tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     status = {c["name"]: c["status"] for c in report["checks"]}
-    assert proc.stderr.splitlines()[-2] == report["verdict"] == (
-        f"gpu-check: ok: {list(status.values()).count('pass')} passed, {list(status.values()).count('skip')} skipped")
-    ran = {"setup", "environment", "models-tiny", "cpu-reference", "logits", "trace-clean", "trace-leaky-norm",
-           "trace-slow-train", "trace-fast-train", "generate-nproc1", "models-large", "store-compare",
-           "bench-collectives"}
+    assert (
+        proc.stderr.splitlines()[-2]
+        == report["verdict"]
+        == (
+            f"gpu-check: ok: {list(status.values()).count('pass')} passed, {list(status.values()).count('skip')} skipped"
+        )
+    )
+    ran = {
+        "setup",
+        "environment",
+        "models-tiny",
+        "cpu-reference",
+        "logits",
+        "trace-clean",
+        "trace-leaky-norm",
+        "trace-slow-train",
+        "trace-fast-train",
+        "generate-nproc1",
+        "models-large",
+        "store-compare",
+        "bench-collectives",
+    }
     assert {n for n, s in status.items() if s == "pass"} == ran
     skipped = [c for c in report["checks"] if c["status"] == "skip"]
-    assert {c["name"] for c in skipped} >= {"generate-cuda-float32", "generate-compile-decode", "bench-matmul",
-                                            "bench-llm-telemetry", "energy", "bench-crossover"}
+    assert {c["name"] for c in skipped} >= {
+        "generate-cuda-float32",
+        "generate-compile-decode",
+        "bench-matmul",
+        "bench-llm-telemetry",
+        "energy",
+        "bench-crossover",
+    }
     assert all(c["reason"] == "dry run: needs a CUDA GPU (this run is on the CPU)" for c in skipped)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| generate-cuda-float32 | skip |" in md and "| trace-leaky-norm | pass |" in md
@@ -71,8 +100,12 @@ def test_on_a_machine_without_a_gpu_the_real_run_fails_and_names_the_check(tmp_p
 def test_the_tree_a_gpu_machine_is_sent_fits_its_limit():
     if not (REPO / ".git").exists():
         pytest.skip("not a git checkout: what travels is what git tracks")
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     files = [REPO / p for p in listed.split("\0") if p]
     tree = sum(f.stat().st_size for f in files if f.is_file() and not f.is_symlink())
     whl = REPO / ".whl"
@@ -101,12 +134,34 @@ def test_a_missing_module_without_its_wheel_says_to_run_make_gpu_wheels(tmp_path
 
 def test_nvml_and_nvidia_smi_disagreeing_is_named(gpu_check):
     _, checks = gpu_check
-    nvml = [{"gpu0.mem_used_bytes": 10 * 2**30, "gpu0.mem_total_bytes": 80 * 2**30, "gpu0.power_w": 400.0,
-             "gpu0.power_limit_w": 700.0, "gpu0.sm_clock_mhz": 1980.0, "gpu0.mem_clock_mhz": 2619.0,
-             "gpu0.temp_c": 50.0, "gpu0.util_pct": 100.0, "gpu0.pcie_tx_bytes_s": 1e6, "gpu0.pcie_rx_bytes_s": 1e6,
-             "gpu0.clock_event_reasons": 0.0, "gpu0.proc_mem_bytes": 9 * 2**30}] * 20
-    smi = [{"memory.used": 10240.0, "memory.total": 81920.0, "power.draw": 150.0, "power.limit": 700.0,
-            "clocks.sm": 1980.0, "clocks.mem": 2619.0, "temperature.gpu": 51.0, "utilization.gpu": 98.0}] * 10
+    nvml = [
+        {
+            "gpu0.mem_used_bytes": 10 * 2**30,
+            "gpu0.mem_total_bytes": 80 * 2**30,
+            "gpu0.power_w": 400.0,
+            "gpu0.power_limit_w": 700.0,
+            "gpu0.sm_clock_mhz": 1980.0,
+            "gpu0.mem_clock_mhz": 2619.0,
+            "gpu0.temp_c": 50.0,
+            "gpu0.util_pct": 100.0,
+            "gpu0.pcie_tx_bytes_s": 1e6,
+            "gpu0.pcie_rx_bytes_s": 1e6,
+            "gpu0.clock_event_reasons": 0.0,
+            "gpu0.proc_mem_bytes": 9 * 2**30,
+        }
+    ] * 20
+    smi = [
+        {
+            "memory.used": 10240.0,
+            "memory.total": 81920.0,
+            "power.draw": 150.0,
+            "power.limit": 700.0,
+            "clocks.sm": 1980.0,
+            "clocks.mem": 2619.0,
+            "temperature.gpu": 51.0,
+            "utilization.gpu": 98.0,
+        }
+    ] * 10
     out = checks.compare_telemetry(nvml, smi, "4242, 9216\n", 4242)
     assert out["disagree"] == ["gpu0.power_w 400 vs power.draw 150"]
     assert out["nvidia_smi_app_mib"] == 9216 and out["pairs"]["gpu0.temp_c"] == {"nvml": 50.0, "nvidia_smi": 51.0}

@@ -1,6 +1,7 @@
 """OpScope as users install it: one `opscope` import namespace over the fixed folder layout, a wheel
 that works outside the checkout, a kernel build that can fail without taking the app down, a test
 run that leaves the checkout as it found it, and (`make bundle-test`) the PyInstaller bundle."""
+
 from __future__ import annotations
 
 import ast
@@ -25,15 +26,18 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 def _sources():
     for dirpath, dirnames, filenames in os.walk(ROOT):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
-                       and not (Path(dirpath, d) / "pyvenv.cfg").exists()]
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if d not in SKIP_DIRS and not d.endswith(".egg-info") and not (Path(dirpath, d) / "pyvenv.cfg").exists()
+        ]
         for name in filenames:
             if name.endswith((".py", ".spec")):
                 yield Path(dirpath, name)
 
 
 def _names_a_module_of_the_tree(value: str) -> bool:
-    """"engine.cli", "app.cli:main", "engine.x.attr" (a monkeypatch target), "engine.models.families."
+    """ "engine.cli", "app.cli:main", "engine.x.attr" (a monkeypatch target), "engine.models.families."
     (an f-string's prefix); not prose, not "engine.rss_bytes" (a metric name)."""
     if not re.fullmatch(r"[A-Za-z_][\w.]*(:[\w.]+)?", value):
         return False
@@ -60,7 +64,11 @@ def test_no_module_uses_the_old_top_level_names():
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _names_a_module_of_the_tree(node.value):
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and _names_a_module_of_the_tree(node.value)
+            ):
                 names = [node.value]
             bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in OLD_ROOTS]
     assert not bad, "old top-level import names (use opscope.engine, opscope.app, ...):\n" + "\n".join(bad)
@@ -85,9 +93,15 @@ for pkg in ("opscope.engine", "opscope.app", "opscope.plugins", "opscope.resourc
             failed[info.name] = repr(e)
 old = sorted(m for m in sys.modules if m.split(".")[0] in %r)
 print(json.dumps({"old": old, "failed": failed}))
-""" % (OLD_ROOTS,)
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+""" % (OLD_ROOTS,)  # noqa: UP031  (a code template full of braces)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["old"] == [], f"modules loaded under their old names: {out['old']}"
@@ -95,10 +109,12 @@ print(json.dumps({"old": old, "failed": failed}))
 
 
 def test_import_opscope_is_light_and_exposes_the_user_api():
-    code = ("import sys, opscope; heavy = sorted(m for m in ('torch', 'PySide6', 'numpy') if m in sys.modules); "
-            "print(heavy); import opscope.engine.trace.userapi as u; "
-            "assert opscope.step is u.step and opscope.region is u.region, 'step/region are not the user API'; "
-            "print(opscope.__version__)")
+    code = (
+        "import sys, opscope; heavy = sorted(m for m in ('torch', 'PySide6', 'numpy') if m in sys.modules); "
+        "print(heavy); import opscope.engine.trace.userapi as u; "
+        "assert opscope.step is u.step and opscope.region is u.region, 'step/region are not the user API'; "
+        "print(opscope.__version__)"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     heavy, version = r.stdout.splitlines()
@@ -152,11 +168,15 @@ BUILD_FAILURES = ["sources missing", "no compiler", "compile error"]
 
 def _start_failing_build(tmp: Path, failure: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "OPSCOPE_DB"}
-    env.update(OPSCOPE_KERNEL_CACHE=str(tmp / "cache"),  # nothing cached: it must build
-               XDG_DATA_HOME=str(tmp / "data"), XDG_CONFIG_HOME=str(tmp / "config"),
-               XDG_CACHE_HOME=str(tmp / "xdg-cache"), OPSCOPE_CACHE_DIR=str(tmp / "opscope-cache"),
-               OMP_NUM_THREADS="1",  # three at once on two cores: no OpenMP spin-waiting on each other
-               OPSCOPE_KERNEL_PREBUILT=str(tmp / "no-prebuilt"))  # a platform no prebuilt variant covers
+    env.update(
+        OPSCOPE_KERNEL_CACHE=str(tmp / "cache"),  # nothing cached: it must build
+        XDG_DATA_HOME=str(tmp / "data"),
+        XDG_CONFIG_HOME=str(tmp / "config"),
+        XDG_CACHE_HOME=str(tmp / "xdg-cache"),
+        OPSCOPE_CACHE_DIR=str(tmp / "opscope-cache"),
+        OMP_NUM_THREADS="1",  # three at once on two cores: no OpenMP spin-waiting on each other
+        OPSCOPE_KERNEL_PREBUILT=str(tmp / "no-prebuilt"),
+    )  # a platform no prebuilt variant covers
     csrc = tmp / "csrc"
     csrc.mkdir()
     if failure == "no compiler":
@@ -168,8 +188,14 @@ def _start_failing_build(tmp: Path, failure: str) -> subprocess.Popen:
             real = ROOT / "engine" / "kernels" / "csrc"
             for f in real.iterdir():
                 (csrc / f.name).write_text("#error broken on purpose\n" if f.suffix == ".cpp" else f.read_text())
-    return subprocess.Popen([sys.executable, "-c", FALLBACK, arg], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
+    return subprocess.Popen(
+        [sys.executable, "-c", FALLBACK, arg],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -194,15 +220,20 @@ def test_a_kernel_build_failure_falls_back_to_plain_torch_with_one_line(failing_
     assert stdout.strip().splitlines()[-1] == "3"  # the plain torch model generated
     lines = [x for x in stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("WARNING") and "fast path unavailable" in lines[0], stderr
-    want = {"sources missing": "kernels.cpp", "no compiler": "no C++ compiler",
-            "compile error": "error: #error broken on purpose"}[failure]
+    want = {
+        "sources missing": "kernels.cpp",
+        "no compiler": "no C++ compiler",
+        "compile error": "error: #error broken on purpose",
+    }[failure]
     assert want in lines[0], lines[0]
 
 
 # -- the checkout stays as it was ----------------------------------------------------------------
 
-GUI_TESTS = ("tests/app/test_app_panels.py::test_screenshots_of_every_panel",
-             "tests/cli/test_cli_gui.py::test_screenshot_of_a_failed_start_is_written_and_exits_0")
+GUI_TESTS = (
+    "tests/app/test_app_panels.py::test_screenshots_of_every_panel",
+    "tests/cli/test_cli_gui.py::test_screenshot_of_a_failed_start_is_written_and_exits_0",
+)
 
 
 @pytest.mark.slow
@@ -219,20 +250,29 @@ def test_the_gui_tests_leave_the_checkout_unchanged(tmp_path, checkout_tree):
     else:
         before = checkout_tree.state()
         env = {k: v for k, v in os.environ.items() if k != "OPSCOPE_SCREENSHOT_DIR"}
-        env.update(QT_QPA_PLATFORM="offscreen", XDG_CONFIG_HOME=str(tmp_path / "config"),
-                   XDG_DATA_HOME=str(tmp_path / "data"))
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GUI_TESTS],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        env.update(
+            QT_QPA_PLATFORM="offscreen", XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_DATA_HOME=str(tmp_path / "data")
+        )
+        r = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GUI_TESTS],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         # whether they pass is their own business (they run in this suite too); here they must have run
-        assert r.returncode in (0, 1) and re.search(r"\b2 (passed|failed)|1 passed, 1 failed|1 failed, 1 passed",
-                                                    r.stdout), r.stdout[-3000:] + r.stderr[-2000:]
+        assert r.returncode in (0, 1) and re.search(
+            r"\b2 (passed|failed)|1 passed, 1 failed|1 failed, 1 passed", r.stdout
+        ), r.stdout[-3000:] + r.stderr[-2000:]
         pairs = [(before, checkout_tree.state())]
     for before, after in pairs:
         changed = sorted(set(before.items()) ^ set(after.items()))
         assert not changed, f"the GUI tests changed the checkout: {changed}"
         if os.environ.get("CI"):
-            assert after == {k: v for k, v in after.items() if k.startswith("docs/screenshots")}, \
+            assert after == {k: v for k, v in after.items() if k.startswith("docs/screenshots")}, (
                 f"a fresh clone is dirty after the tests: {sorted(after)}"
+            )
 
 
 # -- the wheel, installed the normal way into a new virtual environment ---------------------------
@@ -244,8 +284,12 @@ VENV_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / 
 
 
 def _pip_install(python: Path, *args: str) -> None:
-    r = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, f"pip install {args}: {r.stderr[-3000:]}"
 
 
@@ -272,6 +316,7 @@ def _new_venv_with_torch(dest: Path) -> Path:
     """A copy of the torch template at ``dest`` (hard links where the filesystem allows: seconds, not
     a minute). pip only adds files to it and replaces or removes whole files (it never writes into an
     installed one), so the template stays as it was built."""
+
     def link_or_copy(src, dst):
         try:
             os.link(src, dst)
@@ -281,8 +326,12 @@ def _new_venv_with_torch(dest: Path) -> Path:
     shutil.copytree(_torch_template(), dest, symlinks=True, copy_function=link_or_copy)
     (dest / ".complete").unlink()
     python = dest / "bin" / "python"
-    r = subprocess.run([str(python), "-c", "import sys, torch; print(sys.prefix); print(torch.__version__)"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(python), "-c", "import sys, torch; print(sys.prefix); print(torch.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     prefix, version = r.stdout.split()
     assert Path(prefix).resolve() == dest.resolve() and version.split("+")[0] == TORCH_PIN.split("==")[1], r.stdout
@@ -292,8 +341,9 @@ def _new_venv_with_torch(dest: Path) -> Path:
 def _copy_checkout(dest: Path) -> None:
     """The files a fresh clone has (tracked, and new files not ignored), so the build writes its
     build/ and *.egg-info into a scratch copy, never into the checkout."""
-    r = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
-                       check=True)
+    r = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+    )
     for rel in filter(None, r.stdout.decode().split("\0")):
         src = ROOT / rel
         if src.is_file():
@@ -305,15 +355,35 @@ def _build(src: Path, out: Path) -> tuple[Path, Path]:
     """sdist from the source tree, then the wheel from the unpacked sdist (what pip does with an
     sdist): a file missing from the sdist shows up as a file missing from the wheel."""
     out.mkdir()
-    sdist = out / subprocess.run(
-        [sys.executable, "-c", f"from setuptools import build_meta as b; print(b.build_sdist({str(out)!r}))"],
-        cwd=src, capture_output=True, text=True, check=True, timeout=300).stdout.strip().splitlines()[-1]
+    sdist = (
+        out
+        / subprocess.run(
+            [sys.executable, "-c", f"from setuptools import build_meta as b; print(b.build_sdist({str(out)!r}))"],
+            cwd=src,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     with tarfile.open(sdist) as tar:
         tar.extractall(out / "sdist", filter="data")
     unpacked = next((out / "sdist").iterdir())
-    wheel = out / subprocess.run(
-        [sys.executable, "-c", f"from setuptools import build_meta as b; print(b.build_wheel({str(out)!r}))"],
-        cwd=unpacked, capture_output=True, text=True, check=True, timeout=300).stdout.strip().splitlines()[-1]
+    wheel = (
+        out
+        / subprocess.run(
+            [sys.executable, "-c", f"from setuptools import build_meta as b; print(b.build_wheel({str(out)!r}))"],
+            cwd=unpacked,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     return sdist, wheel
 
 
@@ -338,8 +408,10 @@ def _check_prebuilt_in_wheel(wheel: Path, prebuilt: list[str]) -> None:
 
     names = set(zipfile.ZipFile(wheel).namelist())
     assert not set(prebuilt) - names, f"prebuilt kernels missing from the wheel: {sorted(set(prebuilt) - names)}"
-    want = {f"opscope/engine/fastpath/kernels/prebuilt/{build.abi_tag()}/{build.module_name(v)}"
-            for v in variants.for_arch()}
+    want = {
+        f"opscope/engine/fastpath/kernels/prebuilt/{build.abi_tag()}/{build.module_name(v)}"
+        for v in variants.for_arch()
+    }
     have = {n.split(".cpython")[0] for n in names if n.endswith(".so")}
     assert want <= have, f"variants missing from the wheel: {sorted(want - have)}"
 
@@ -348,16 +420,25 @@ def _check_wheel_contents(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"opscope"}, f"top-level names: {sorted(tops)}"
-    need = {"opscope/__init__.py", "opscope/resources/opscope.desktop", "opscope/resources/opscope.svg",
-            "opscope/resources/light.qss", "opscope/resources/dark.qss", "opscope/engine/store/migrations/env.py",
-            "opscope/engine/store/migrations/script.py.mako", "opscope/plugins/torch_backend/__init__.py"}
+    need = {
+        "opscope/__init__.py",
+        "opscope/resources/opscope.desktop",
+        "opscope/resources/opscope.svg",
+        "opscope/resources/light.qss",
+        "opscope/resources/dark.qss",
+        "opscope/engine/store/migrations/env.py",
+        "opscope/engine/store/migrations/script.py.mako",
+        "opscope/plugins/torch_backend/__init__.py",
+    }
     for folder in ("engine/fastpath/kernels/csrc", "engine/store/migrations/versions", "resources/icons"):
-        need |= {f"opscope/{folder}/{f.name}" for f in (ROOT / folder).iterdir() if f.is_file()
-                 and f.suffix != ".pyc"}
+        need |= {f"opscope/{folder}/{f.name}" for f in (ROOT / folder).iterdir() if f.is_file() and f.suffix != ".pyc"}
     for root in OLD_ROOTS:  # every module of the tree (a subpackage missing from pyproject's list shows here)
-        need |= {f"opscope/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / root).rglob("*.py")
-                 if not set(p.relative_to(ROOT).parts) & SKIP_DIRS
-                 and p.relative_to(ROOT).parts[:2] != ("plugins", "example_backend")}
+        need |= {
+            f"opscope/{p.relative_to(ROOT).as_posix()}"
+            for p in (ROOT / root).rglob("*.py")
+            if not set(p.relative_to(ROOT).parts) & SKIP_DIRS
+            and p.relative_to(ROOT).parts[:2] != ("plugins", "example_backend")
+        }
     assert not need - names, f"missing from the wheel: {sorted(need - names)}"
     second = {n.split("/")[1] for n in names if n.startswith("opscope/")}
     root_modules = {f for f in ("__init__.py", "__main__.py") if (ROOT / f).is_file()}  # `python -m opscope`
@@ -387,28 +468,50 @@ def test_the_wheel_installs_into_a_new_venv_and_runs(tmp_path):
         _pip_install(python, "--no-compile", *args)
     home = tmp_path / "home"
     # no compiler on PATH (the venv's scripts only): the fast path runs from the prebuilt variants
-    env = {**os.environ, "XDG_DATA_HOME": str(home / "data"), "XDG_CONFIG_HOME": str(home / "config"),
-           "XDG_CACHE_HOME": str(home / "cache"), "PYTHONPATH": "", "PATH": str(venv / "bin")}
+    env = {
+        **os.environ,
+        "XDG_DATA_HOME": str(home / "data"),
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "PYTHONPATH": "",
+        "PATH": str(venv / "bin"),
+    }
     for name in ("OPSCOPE_KERNEL_CACHE", "OPSCOPE_KERNEL_PREBUILT", "OPSCOPE_CPU_VARIANT"):
         env.pop(name, None)
     opscope = str(venv / "bin" / "opscope")
     run = tmp_path / "elsewhere"  # not the checkout: nothing may come from it
     run.mkdir()
-    gen = subprocess.run([opscope, "generate", "The capital of France is", "--max-tokens", "4", "--ignore-eos"],
-                         cwd=run, env=env, capture_output=True, text=True, timeout=600)
+    gen = subprocess.run(
+        [opscope, "generate", "The capital of France is", "--max-tokens", "4", "--ignore-eos"],
+        cwd=run,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert gen.returncode == 0, gen.stderr[-3000:]
     assert gen.stdout.strip(), "generate printed nothing"
     assert "fast path unavailable" not in gen.stderr and "building CPU kernels" not in gen.stderr, gen.stderr[-2000:]
     fast = subprocess.run([opscope, "fastpath"], cwd=run, env=env, capture_output=True, text=True, timeout=300)
     assert fast.returncode == 0, fast.stderr[-3000:]
     assert fast.stdout.splitlines()[1].startswith(f"library prebuilt: {venv}"), fast.stdout
-    inspect = subprocess.run([opscope, "models", "inspect"], cwd=run, env=env, capture_output=True, text=True,
-                             timeout=300)
+    inspect = subprocess.run(
+        [opscope, "models", "inspect"], cwd=run, env=env, capture_output=True, text=True, timeout=300
+    )
     assert inspect.returncode == 0, inspect.stderr[-3000:]
     assert "llama" in inspect.stdout.lower(), inspect.stdout[:2000]
-    where = subprocess.run([str(venv / "bin" / "python"), "-c",
-                            "import opscope, opscope.engine as e; print(opscope.__file__); print(e.__file__)"],
-                           cwd=run, env=env, capture_output=True, text=True, timeout=120)
+    where = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import opscope, opscope.engine as e; print(opscope.__file__); print(e.__file__)",
+        ],
+        cwd=run,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert where.returncode == 0, where.stderr
     assert all(str(venv) in line for line in where.stdout.splitlines()), where.stdout
 
@@ -424,15 +527,23 @@ def test_the_bundle_generates_and_opens_its_window(tmp_path):
     exe = BUNDLE / ("opscope-gui.exe" if sys.platform == "win32" else "opscope-gui")
     assert exe.is_file(), f"{exe} is missing: run `make bundle` first"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.update(QT_QPA_PLATFORM="offscreen", XDG_DATA_HOME=str(tmp_path / "data"),
-               XDG_CONFIG_HOME=str(tmp_path / "config"))
-    gen = subprocess.run([str(exe), "generate", "The capital of France is", "--max-tokens", "4", "--ignore-eos"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    env.update(
+        QT_QPA_PLATFORM="offscreen", XDG_DATA_HOME=str(tmp_path / "data"), XDG_CONFIG_HOME=str(tmp_path / "config")
+    )
+    gen = subprocess.run(
+        [str(exe), "generate", "The capital of France is", "--max-tokens", "4", "--ignore-eos"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert gen.returncode == 0, gen.stderr[-3000:]
     assert gen.stdout.strip()
     shot = tmp_path / "window.png"
-    gui = subprocess.run([str(exe), "gui", "--screenshot", str(shot)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
+    gui = subprocess.run(
+        [str(exe), "gui", "--screenshot", str(shot)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert gui.returncode == 0, gui.stderr[-3000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Traceback" not in gui.stderr, gui.stderr[-3000:]

@@ -1,14 +1,14 @@
 """The Benchmarks panel's model: runs a suite in the engine worker, which saves every point to the
 run store as it lands and the run's telemetry window and phase markers when it ends."""
+
 from __future__ import annotations
 
 import logging
 import statistics
 
-from PySide6.QtCore import QObject, Signal
-
 from opscope.app.ui.engine_client import EngineClient, Job
 from opscope.app.worker.protocol import BenchRequest
+from PySide6.QtCore import QObject, Signal
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +19,14 @@ def point_summary(point: dict) -> dict:
     if not samples:
         return {"median": None, "lo": None, "hi": None, "q1": None, "q3": None, "n": 0}
     q1, _q2, q3 = statistics.quantiles(samples, n=4, method="inclusive") if len(samples) > 1 else (samples[0],) * 3
-    return {"median": statistics.median(samples), "lo": min(samples), "hi": max(samples), "q1": q1, "q3": q3,
-            "n": len(samples)}
+    return {
+        "median": statistics.median(samples),
+        "lo": min(samples),
+        "hi": max(samples),
+        "q1": q1,
+        "q3": q3,
+        "n": len(samples),
+    }
 
 
 class BenchModel(QObject):
@@ -42,15 +48,24 @@ class BenchModel(QObject):
     def busy(self) -> bool:
         return self.job is not None
 
-    def run(self, suite: str, params: dict, *, name: str = "", tags: list[str] | None = None,
-            quick: bool = False, ab: str | None = None) -> Job | None:
+    def run(
+        self,
+        suite: str,
+        params: dict,
+        *,
+        name: str = "",
+        tags: list[str] | None = None,
+        quick: bool = False,
+        ab: str | None = None,
+    ) -> Job | None:
         """Runs ``suite``; with ``ab`` (side B's flags, as `opscope bench --ab` takes them) both
         settings interleaved, two runs saved, and the result's "comparison" is B against A."""
         if self.busy:
             return None
         self.points, self.run_id = [], None
-        request = BenchRequest(suite=suite, params=params, name=name, tags=list(tags or []),
-                               db_url=self.db_url, quick=quick, ab=ab)
+        request = BenchRequest(
+            suite=suite, params=params, name=name, tags=list(tags or []), db_url=self.db_url, quick=quick, ab=ab
+        )
         self.job = self.client.submit(request)
         self.job.progress.connect(self._on_progress)
         self.job.finished.connect(self._on_finished)

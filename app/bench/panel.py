@@ -1,24 +1,42 @@
 """The Benchmarks panel: pick a suite and its parameters, run it with progress, ETA and cancel, and
 watch each point land on a live chart; the run is saved with its name and tags as it goes."""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGroupBox, QHBoxLayout,
-                               QLabel, QLineEdit, QProgressBar, QPushButton, QScrollArea, QSizePolicy, QSpinBox, QSplitter,
-                               QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
-
-from PySide6.QtGui import QFontDatabase
-from PySide6.QtWidgets import QPlainTextEdit
-
 from opscope.app.bench.model import BenchModel, point_summary
 from opscope.app.bench.param_units import format_size, parse_size
 from opscope.app.runs.roofline import RooflineView
 from opscope.app.ui.tables import display_unit, fit_columns, keep_in_view, with_unit
 from opscope.app.ui.widgets import category_ticks
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QFrame,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 ROW_COLUMNS = ("point", "params", "median", "min … max", "unit", "n", "status")
 
@@ -71,8 +89,13 @@ def _editor(field: dict, value, unit: str = "") -> QWidget:
     if kind == "float":
         return QDoubleSpinBox(minimum=0.0, maximum=1e9, decimals=3, value=float(value))
     show = format_size if unit == "bytes" else str  # "64 MiB", never "67108864"
-    text = ", ".join(show(v) for v in value) if kind in ("tuple_int", "tuple_str") else \
-        value if isinstance(value, str) else json.dumps(value)
+    text = (
+        ", ".join(show(v) for v in value)
+        if kind in ("tuple_int", "tuple_str")
+        else value
+        if isinstance(value, str)
+        else json.dumps(value)
+    )
     edit = QLineEdit(text)
     edit.setCursorPosition(0)  # a list longer than the field shows its start, not "t32, bfloat16"
     return edit
@@ -110,7 +133,7 @@ def shown_unit(median_text: str, unit: str) -> str:
 
 
 def _value_range(lo: float | None, hi: float | None, unit: str) -> str:
-    """"0.05 … 0.16 GFLOP/s": the unit once, so the cell fits its column (byte sizes keep both units)."""
+    """ "0.05 … 0.16 GFLOP/s": the unit once, so the cell fits its column (byte sizes keep both units)."""
     lo_text, hi_text = with_unit(lo, unit), with_unit(hi, unit)
     if unit and lo_text.endswith(f" {unit}"):
         lo_text = lo_text[: -len(unit) - 1]
@@ -124,28 +147,34 @@ class BenchPanel(QWidget):
         self.suites: dict[str, dict] = {}
         self.suite_combo = QComboBox()
         self.description = QLabel(objectName="panelHint", wordWrap=True)
-        self.quick = QCheckBox("Quick (tiny sizes)", checked=True,
-                               toolTip="Fewer, smaller points: a smaller budget, not a time promise (the llm "
-                                       "suite took 121 s on a loaded host)")
+        self.quick = QCheckBox(
+            "Quick (tiny sizes)",
+            checked=True,
+            toolTip="Fewer, smaller points: a smaller budget, not a time promise (the llm "
+            "suite took 121 s on a loaded host)",
+        )
         self.params = ParamForm()
         self.name_edit = QLineEdit(placeholderText="automatic: <suite>-<date>")
         self.tags_edit = QLineEdit(placeholderText="e.g. baseline, laptop")
         # A/B: the same suite again with some flags changed, both interleaved in one process
         self.ab_check = QCheckBox("A/B: also run with these flags (B), interleaved with A")
-        self.ab_flags = QLineEdit(placeholderText="e.g. --fastpath off, --threads 1, --param sizes=64; empty: A/A",
-                                  enabled=False)
+        self.ab_flags = QLineEdit(
+            placeholderText="e.g. --fastpath off, --threads 1, --param sizes=64; empty: A/A", enabled=False
+        )
         self.ab_check.toggled.connect(self.ab_flags.setEnabled)
         self.ab_view = QPlainTextEdit(readOnly=True, objectName="abComparison")
         self.ab_view.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))  # the table's columns align
         self.ab_view.setLineWrapMode(QPlainTextEdit.NoWrap)
         self._ab_shown = False  # the finished run was an A/B pair: its comparison tab stays in front
-        self.ab_view.setPlainText("Tick A/B and press Run: B is compared against A here, as `opscope runs "
-                                  "compare` prints it.")
+        self.ab_view.setPlainText(
+            "Tick A/B and press Run: B is compared against A here, as `opscope runs compare` prints it."
+        )
         self.run_button = QPushButton("Run", objectName="primary", clicked=self.run)
         self.cancel_button = QPushButton("Cancel", objectName="danger", clicked=model.cancel, enabled=False)
         self.progress = QProgressBar(textVisible=True, value=0)
-        self.status = QLabel("Choose a suite and press Run. Every point is saved as it completes.",
-                             objectName="statsLine", wordWrap=True)
+        self.status = QLabel(
+            "Choose a suite and press Run. Every point is saved as it completes.", objectName="statsLine", wordWrap=True
+        )
         self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.description.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.chart = pg.PlotWidget()
@@ -188,8 +217,9 @@ class BenchPanel(QWidget):
         self.tabs.addTab(self.chart, "Points")
         self.tabs.addTab(self.roofline_view, "Roofline")
         self.tabs.addTab(self.ab_view, "A/B")
-        self.roofline_view.summary.setText("After an llm, matmul or attention run its points show here against "
-                                           "the compute and bandwidth ceilings.")
+        self.roofline_view.summary.setText(
+            "After an llm, matmul or attention run its points show here against the compute and bandwidth ceilings."
+        )
         # The form scrolls: a suite with ten parameters must not make the window taller than a
         # 1024x640 screen.
         self.form_scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.NoFrame)
@@ -253,8 +283,14 @@ class BenchPanel(QWidget):
             self.status.setText(f"a parameter is not valid: {e}")
             return
         ab = self.ab_flags.text().strip() if self.ab_check.isChecked() else None
-        self.model.run(self.suite_combo.currentText(), params, name=self.name_edit.text().strip(),
-                       tags=tags, quick=self.quick.isChecked(), ab=ab)
+        self.model.run(
+            self.suite_combo.currentText(),
+            params,
+            name=self.name_edit.text().strip(),
+            tags=tags,
+            quick=self.quick.isChecked(),
+            ab=ab,
+        )
 
     # -- progress -------------------------------------------------------------------------------
     def _on_started(self, suite: str) -> None:
@@ -291,9 +327,15 @@ class BenchPanel(QWidget):
         unit = point["unit"]
         side = f" [{point['ab'].upper()}]" if point.get("ab") else ""  # an A/B run: which side
         median = with_unit(s["median"], unit)
-        cells = (point["name"] + side, params, median, _value_range(s["lo"], s["hi"], unit),
-                 shown_unit(median, unit),
-                 str(s["n"]), point["status"] if point["status"] == "ok" else f"{point['status']}: {point['error']}")
+        cells = (
+            point["name"] + side,
+            params,
+            median,
+            _value_range(s["lo"], s["hi"], unit),
+            shown_unit(median, unit),
+            str(s["n"]),
+            point["status"] if point["status"] == "ok" else f"{point['status']}: {point['error']}",
+        )
         for col, text in enumerate(cells):
             self.table.setItem(row, col, QTableWidgetItem(text))
         fit_columns(self.table, max_px=170)  # the params column must leave room for the numbers
@@ -314,8 +356,15 @@ class BenchPanel(QWidget):
         x = float(len(self._chart_names) - 1)
         self.chart.plot([x], [s["median"]], pen=None, symbol="o", symbolBrush="#3182ce", symbolSize=9)
         # The bar is the interquartile range: one outlier on a busy machine must not hide the spread.
-        self.chart.addItem(pg.ErrorBarItem(x=np.array([x]), y=np.array([s["median"]]), top=np.array([s["q3"] - s["median"]]),
-                                           bottom=np.array([s["median"] - s["q1"]]), beam=0.2))
+        self.chart.addItem(
+            pg.ErrorBarItem(
+                x=np.array([x]),
+                y=np.array([s["median"]]),
+                top=np.array([s["q3"] - s["median"]]),
+                bottom=np.array([s["median"] - s["q1"]]),
+                beam=0.2,
+            )
+        )
         self._label_points()
         self.chart.setXRange(-0.5, x + 0.5, padding=0)
 
@@ -324,8 +373,9 @@ class BenchPanel(QWidget):
         table's row numbers (its row header then shows) when even those do not fit."""
         axis = self.chart.getPlotItem().getAxis("bottom")
         metrics = self.chart.fontMetrics()
-        labels, numbered = category_ticks(self._chart_names, max(axis.width(), self.chart.width() - 80),
-                                          metrics.horizontalAdvance, self._chart_rows)
+        labels, numbered = category_ticks(
+            self._chart_names, max(axis.width(), self.chart.width() - 80), metrics.horizontalAdvance, self._chart_rows
+        )
         axis.setTicks([list(enumerate(labels))])
         self.table.verticalHeader().setVisible(numbered)
 
@@ -337,8 +387,10 @@ class BenchPanel(QWidget):
         if result.get("comparison") is not None:
             self._show_ab(result, extra)
             return
-        self.status.setText(f"{result['status']}: saved as run “{result['name']}” (id {result['run_id']}) with "
-                            f"{result['metrics']} metrics{extra}. Open it in Runs.")
+        self.status.setText(
+            f"{result['status']}: saved as run “{result['name']}” (id {result['run_id']}) with "
+            f"{result['metrics']} metrics{extra}. Open it in Runs."
+        )
 
     def _show_ab(self, result: dict, extra: str) -> None:
         """B against A in the A/B tab, in `runs compare`'s words (interleaved, significance, quality)."""
@@ -346,8 +398,10 @@ class BenchPanel(QWidget):
         self._ab_shown = True
         self.tabs.setCurrentWidget(self.ab_view)
         a_id, b_id = result["run_ids"]
-        self.status.setText(f"{result['status']}: A/B saved as runs “{result['name']}” (ids {a_id}, {b_id}), "
-                            f"measured interleaved in one process{extra}. B against A is in the A/B tab.")
+        self.status.setText(
+            f"{result['status']}: A/B saved as runs “{result['name']}” (ids {a_id}, {b_id}), "
+            f"measured interleaved in one process{extra}. B against A is in the A/B tab."
+        )
 
     def _on_failed(self, message: str) -> None:
         self._done()
@@ -360,7 +414,6 @@ class BenchPanel(QWidget):
             self.chart.setTitle("No point to chart: see the table below")
         if self.progress.maximum() == 0:
             self.progress.setRange(0, 1000)
-
 
     def show_roofline(self, run_id: int):
         """Once a run is saved: the engine worker reads it and computes its roofline (never the GUI

@@ -1,6 +1,7 @@
 """Byte sizes in the Benchmarks panel as a person reads and types them ("64 MiB"). A parameter's
 label, unit and tooltip come from the suite itself (``param`` in engine/bench/measure/params.py,
 sent in the worker's suite catalog)."""
+
 from __future__ import annotations
 
 _BINARY = (("GiB", 30), ("MiB", 20), ("KiB", 10))
@@ -15,7 +16,7 @@ def format_size(n: int) -> str:
 
 
 def parse_size(text: str) -> int:
-    """"64 MiB", "64MiB", "1.5 KiB", "4096" or "4096 B" → bytes; ValueError naming the text."""
+    """ "64 MiB", "64MiB", "1.5 KiB", "4096" or "4096 B" → bytes; ValueError naming the text."""
     t = text.strip().replace(" ", "")
     for unit, shift in _BINARY + (("B", 0),):
         if t.lower().endswith(unit.lower()):

@@ -4,29 +4,47 @@ Replies render as Markdown while they stream (app.chat.transcript); the stats li
 transcript shows TTFT from the first token on and tokens and tok/s as they arrive, then the final
 stats. A message that has to wait for another engine job says what it waits for.
 """
+
 from __future__ import annotations
 
 import json
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QGuiApplication, QKeySequence, QPalette, QShortcut
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QFrame, QGroupBox,
-                               QHBoxLayout, QLabel, QLineEdit,
-                               QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter,
-                               QVBoxLayout, QWidget)
-
-from opscope.app.ui import settings
 from opscope.app.chat.session import ChatSession, Turn, format_stats
 from opscope.app.chat.transcript import ChatTranscript
+from opscope.app.ui import settings
 from opscope.app.ui.notify import export_guard
 from opscope.app.ui.widgets import shrinkable
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication, QKeySequence, QPalette, QShortcut
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QFrame,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
 
 # Prompt tokens per forward pass: small enough that a long conversation shows prompt progress
 # moving, large enough that the extra passes cost little.
 PREFILL_CHUNK = 128
-EMPTY_HINT = ("<p style='color:#718096'><i>Ask the model something below and press Ctrl+Enter. "
-              "Each reply shows its time to first token, prefill and decode speed, and why it stopped."
-              "</i></p>")
+EMPTY_HINT = (
+    "<p style='color:#718096'><i>Ask the model something below and press Ctrl+Enter. "
+    "Each reply shows its time to first token, prefill and decode speed, and why it stopped."
+    "</i></p>"
+)
 
 
 PRESETS = {  # LM Studio-like starting points; any edit makes the settings "Custom"
@@ -45,8 +63,10 @@ class SamplingForm(QGroupBox):
         super().__init__("Sampling", parent)
         self.preset = QComboBox()
         self.preset.addItems([*PRESETS, CUSTOM])
-        self.preset.setToolTip("Precise: focused and repeatable · Balanced: the default · Creative: more varied · "
-                               "Greedy: always the most likely token · Custom: your own values")
+        self.preset.setToolTip(
+            "Precise: focused and repeatable · Balanced: the default · Creative: more varied · "
+            "Greedy: always the most likely token · Custom: your own values"
+        )
         self.max_tokens = _spin(QSpinBox(suffix=" tokens"), 1, 4096, 128)
         self.temperature = _spin(QDoubleSpinBox(singleStep=0.1, decimals=2), 0.0, 5.0, 0.7)
         self.top_k = _spin(QSpinBox(), 0, 1000, 40)
@@ -55,23 +75,36 @@ class SamplingForm(QGroupBox):
         self.repetition_penalty = _spin(QDoubleSpinBox(singleStep=0.05, decimals=2), 0.5, 2.0, 1.1)
         self.seed = _spin(QSpinBox(specialValueText="random"), -1, 2**31 - 1, -1)
         self.stop_strings = QLineEdit(placeholderText="e.g. User:|\\n\\n", clearButtonEnabled=True)
-        self.stop_strings.setToolTip("Stop the reply at any of these strings: separate several with |, "
-                                     "write a line break as \\n")
-        self.ignore_eos = QCheckBox("ignore", toolTip="Generate max tokens even past the model's "
-                                    "end-of-text token (fixed-length measurements)")
-        self.reuse_prefix = QCheckBox("reuse", checked=True, toolTip="Reuse the KV cache of the conversation so "
-                                      "far: each turn prefills only what is new")
+        self.stop_strings.setToolTip(
+            "Stop the reply at any of these strings: separate several with |, write a line break as \\n"
+        )
+        self.ignore_eos = QCheckBox(
+            "ignore", toolTip="Generate max tokens even past the model's end-of-text token (fixed-length measurements)"
+        )
+        self.reuse_prefix = QCheckBox(
+            "reuse",
+            checked=True,
+            toolTip="Reuse the KV cache of the conversation so far: each turn prefills only what is new",
+        )
         self.prefill_chunk = _spin(QSpinBox(suffix=" tokens", singleStep=64), 1, 8192, PREFILL_CHUNK)
         self.prefill_chunk.setToolTip("Prompt tokens per forward pass while prefilling (smaller: finer progress)")
         self.temperature.setToolTip("0 = greedy (deterministic)")
         self.top_k.setSpecialValueText("off")
         form = QFormLayout(self)
         form.addRow("Preset", self.preset)
-        for label, widget in (("Max tokens", self.max_tokens), ("Temperature", self.temperature),
-                              ("Top-k", self.top_k), ("Top-p", self.top_p), ("Min-p", self.min_p),
-                              ("Repetition penalty", self.repetition_penalty), ("Seed", self.seed),
-                              ("Stop at", self.stop_strings), ("End of text", self.ignore_eos),
-                              ("Prompt cache", self.reuse_prefix), ("Prefill chunk", self.prefill_chunk)):
+        for label, widget in (
+            ("Max tokens", self.max_tokens),
+            ("Temperature", self.temperature),
+            ("Top-k", self.top_k),
+            ("Top-p", self.top_p),
+            ("Min-p", self.min_p),
+            ("Repetition penalty", self.repetition_penalty),
+            ("Seed", self.seed),
+            ("Stop at", self.stop_strings),
+            ("End of text", self.ignore_eos),
+            ("Prompt cache", self.reuse_prefix),
+            ("Prefill chunk", self.prefill_chunk),
+        ):
             form.addRow(label, widget)
         self._restore()
         self.preset.currentTextChanged.connect(self.apply_preset)
@@ -84,8 +117,13 @@ class SamplingForm(QGroupBox):
             box.toggled.connect(lambda _b: self._save())
 
     def _sampling_widgets(self) -> dict:
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
-                "repetition_penalty": self.repetition_penalty}
+        return {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+        }
 
     def apply_preset(self, name: str) -> None:
         if name in PRESETS:
@@ -128,11 +166,19 @@ class SamplingForm(QGroupBox):
 
     def config(self) -> dict:
         seed = self.seed.value()
-        return {"max_tokens": self.max_tokens.value(), "temperature": self.temperature.value(),
-                "top_k": self.top_k.value(), "top_p": self.top_p.value(), "min_p": self.min_p.value(),
-                "repetition_penalty": self.repetition_penalty.value(), "seed": None if seed < 0 else seed,
-                "stop": self.stops(), "ignore_eos": self.ignore_eos.isChecked(),
-                "reuse_prefix": self.reuse_prefix.isChecked(), "prefill_chunk": self.prefill_chunk.value()}
+        return {
+            "max_tokens": self.max_tokens.value(),
+            "temperature": self.temperature.value(),
+            "top_k": self.top_k.value(),
+            "top_p": self.top_p.value(),
+            "min_p": self.min_p.value(),
+            "repetition_penalty": self.repetition_penalty.value(),
+            "seed": None if seed < 0 else seed,
+            "stop": self.stops(),
+            "ignore_eos": self.ignore_eos.isChecked(),
+            "reuse_prefix": self.reuse_prefix.isChecked(),
+            "prefill_chunk": self.prefill_chunk.value(),
+        }
 
     def stops(self) -> list[str]:
         """The stop strings typed, ``|``-separated, with ``\\n`` read as a line break."""
@@ -156,10 +202,15 @@ class ChatPanel(QWidget):
         self.input.setMaximumHeight(90)
         self.send_button = QPushButton("Send", objectName="primary", clicked=self.send)
         self.stop_button = QPushButton("Stop", objectName="danger", clicked=session.stop, enabled=False)
-        self.regenerate_button = QPushButton("Regenerate", clicked=self.regenerate, enabled=False,
-                                             toolTip="Ask again for the last reply (Ctrl+R)")
-        self.edit_button = QPushButton("Edit last", clicked=self.edit_last, enabled=False,
-                                       toolTip="Take the last message back into the input to change it (Ctrl+E)")
+        self.regenerate_button = QPushButton(
+            "Regenerate", clicked=self.regenerate, enabled=False, toolTip="Ask again for the last reply (Ctrl+R)"
+        )
+        self.edit_button = QPushButton(
+            "Edit last",
+            clicked=self.edit_last,
+            enabled=False,
+            toolTip="Take the last message back into the input to change it (Ctrl+E)",
+        )
         self.progress = QProgressBar(visible=False, textVisible=True)
         self.stats_label = QLabel(objectName="statsLine", wordWrap=True)
         self.system_prompt = QPlainTextEdit(placeholderText="e.g. You are a concise assistant.")
@@ -171,8 +222,10 @@ class ChatPanel(QWidget):
 
     def _build(self) -> None:
         buttons = QHBoxLayout()
-        tools = [QPushButton(text, clicked=slot)
-                 for text, slot in (("Copy", self.copy), ("Save…", self.save_dialog), ("Clear", self.session.clear))]
+        tools = [
+            QPushButton(text, clicked=slot)
+            for text, slot in (("Copy", self.copy), ("Save…", self.save_dialog), ("Clear", self.session.clear))
+        ]
         for button in tools:
             buttons.addWidget(button)
         shrinkable(*tools, self.edit_button, self.regenerate_button, self.stop_button, self.send_button)
@@ -224,8 +277,7 @@ class ChatPanel(QWidget):
         s.changed.connect(self.render)
         s.changed.connect(self._update_actions)
         s.changed.connect(self._show_last_stats)
-        self.system_prompt.textChanged.connect(
-            lambda: setattr(s, "system_prompt", self.system_prompt.toPlainText()))
+        self.system_prompt.textChanged.connect(lambda: setattr(s, "system_prompt", self.system_prompt.toPlainText()))
 
     def send(self) -> None:
         text = self.input.toPlainText()
@@ -245,8 +297,9 @@ class ChatPanel(QWidget):
         QGuiApplication.clipboard().setText(self.session.to_markdown())
 
     def save_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save conversation", "conversation.md",
-                                              "Markdown (*.md);;JSON (*.json)")
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Save conversation", "conversation.md", "Markdown (*.md);;JSON (*.json)"
+        )
         if path:
             with export_guard(self, "save the conversation", path):
                 self.session.save(path)
@@ -261,8 +314,9 @@ class ChatPanel(QWidget):
 
     def render(self) -> None:
         self._rendered_base = self.transcript.palette().color(QPalette.Base).rgb()
-        self.transcript.show_turns(self.session.history, lambda turn: _footer(turn, self.session.model_name),
-                                   EMPTY_HINT)
+        self.transcript.show_turns(
+            self.session.history, lambda turn: _footer(turn, self.session.model_name), EMPTY_HINT
+        )
         if self.session.busy:
             self.transcript.begin_stream()
             self.transcript.stream(self.session.pending)

@@ -6,6 +6,7 @@ While a reply streams, ``liveStats`` carries TTFT, tokens and tok/s computed fro
 events with the engine's own ``stats_from_times``: the numbers the final ``Finished`` event reports,
 by construction. A message that has to wait for another engine job says which (``waiting``).
 """
+
 from __future__ import annotations
 
 import json
@@ -13,18 +14,22 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
-
-from opscope.engine import stats_from_times
-
 from opscope.app.ui.engine_client import EngineClient, Job
 from opscope.app.worker.protocol import ChatRequest
+from opscope.engine import stats_from_times
+from PySide6.QtCore import QObject, Signal
 
 # What a queued chat message waits for, by the kind of the job ahead of it.
-WAIT_TEXT = {"load": "waiting for the model to load", "bench": "waiting for the benchmark to finish",
-             "trace": "waiting for the trace to finish", "chat": "waiting for the previous reply",
-             "generate": "waiting for a generation to finish", "info": "waiting for the engine to start",
-             "debug": "waiting for a debug request", "roofline": "waiting for a roofline to be computed"}
+WAIT_TEXT = {
+    "load": "waiting for the model to load",
+    "bench": "waiting for the benchmark to finish",
+    "trace": "waiting for the trace to finish",
+    "chat": "waiting for the previous reply",
+    "generate": "waiting for a generation to finish",
+    "info": "waiting for the engine to start",
+    "debug": "waiting for a debug request",
+    "roofline": "waiting for a roofline to be computed",
+}
 
 
 @dataclass
@@ -50,11 +55,15 @@ def format_stats(stats: dict | None, stop_reason: str, *, live: bool = False) ->
     end = "generating…" if live else f"stop: {stop_reason}"
     generated = stats.get("generated_tokens", 0)
     if not stats.get("cached_tokens"):
-        return (f"TTFT {num('ttft_ms', '.0f')} ms · prefill {num('prefill_tok_s', '.1f')} tok/s · "
-                f"decode {num('decode_tok_s', '.1f')} tok/s · {stats.get('prompt_tokens', 0)} prompt + "
-                f"{generated} generated tokens{_energy(stats, num)} · {end}")
-    return (f"TTFT {num('ttft_ms', '.0f')} ms · {_cached_prefill(stats, num)} · decode {num('decode_tok_s', '.1f')} "
-            f"tok/s · {generated} generated tokens{_energy(stats, num)} · {end}")
+        return (
+            f"TTFT {num('ttft_ms', '.0f')} ms · prefill {num('prefill_tok_s', '.1f')} tok/s · "
+            f"decode {num('decode_tok_s', '.1f')} tok/s · {stats.get('prompt_tokens', 0)} prompt + "
+            f"{generated} generated tokens{_energy(stats, num)} · {end}"
+        )
+    return (
+        f"TTFT {num('ttft_ms', '.0f')} ms · {_cached_prefill(stats, num)} · decode {num('decode_tok_s', '.1f')} "
+        f"tok/s · {generated} generated tokens{_energy(stats, num)} · {end}"
+    )
 
 
 # Below this many prefilled (not cached) tokens a prefill rate measures the step's fixed cost, not
@@ -63,7 +72,7 @@ RATE_MIN_TOKENS = 32
 
 
 def _cached_prefill(stats: dict, num) -> str:
-    """"prefill 200 tok (180 cached)", with the rate over the prefilled ones where there are enough."""
+    """ "prefill 200 tok (180 cached)", with the rate over the prefilled ones where there are enough."""
     prompt, cached = stats.get("prompt_tokens", 0), stats["cached_tokens"]
     rate = f", {num('prefill_tok_s', '.1f')} tok/s" if prompt - cached >= RATE_MIN_TOKENS else ""
     return f"prefill {prompt} tok ({cached} cached){rate}"
@@ -108,8 +117,15 @@ class LiveTimes:
         if not self.token_ns:
             return None
         prefill_end = self.prefill_end_ns or self.token_ns[0]
-        return stats_from_times(self.request_ns, self.prefill_start_ns, prefill_end, self.prompt_tokens,
-                                self.token_ns, self.token_ns[-1], self.cached_tokens).as_dict()
+        return stats_from_times(
+            self.request_ns,
+            self.prefill_start_ns,
+            prefill_end,
+            self.prompt_tokens,
+            self.token_ns,
+            self.token_ns[-1],
+            self.cached_tokens,
+        ).as_dict()
 
 
 class ChatSession(QObject):
@@ -185,8 +201,9 @@ class ChatSession(QObject):
 
     def _submit(self, config: dict | None) -> Job:
         self.pending, self.times = "", LiveTimes()
-        job = self.client.submit(ChatRequest(messages=self.messages(), config=dict(config or {}),
-                                             context_length=self.context_length))
+        job = self.client.submit(
+            ChatRequest(messages=self.messages(), config=dict(config or {}), context_length=self.context_length)
+        )
         job.event.connect(self._on_event)
         job.finished.connect(self._on_finished)
         job.failed.connect(self._on_failed)
@@ -239,8 +256,9 @@ class ChatSession(QObject):
     def _on_finished(self, result: dict) -> None:
         # Finished.text is authoritative (stop strings are already removed from it).
         text = result.get("text") or self.pending
-        turn = Turn("assistant", text, result.get("stats"), result.get("stop_reason", ""),
-                    extra={"model": self.model_name})
+        turn = Turn(
+            "assistant", text, result.get("stats"), result.get("stop_reason", ""), extra={"model": self.model_name}
+        )
         self._end(turn)
         self.replyFinished.emit(turn)
 
@@ -266,13 +284,14 @@ class ChatSession(QObject):
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        turns = [{"role": t.role, "content": t.content, "stats": t.stats, "stop_reason": t.stop_reason,
-                  "error": t.error} for t in self.history]
+        turns = [
+            {"role": t.role, "content": t.content, "stats": t.stats, "stop_reason": t.stop_reason, "error": t.error}
+            for t in self.history
+        ]
         return json.dumps({"system": self.system_prompt, "turns": turns}, indent=2)
 
     def save(self, path: str | Path) -> Path:
         """Save as JSON (``.json``) or Markdown (anything else)."""
         path = Path(path)
-        path.write_text(self.to_json() if path.suffix.lower() == ".json" else self.to_markdown(),
-                        encoding="utf-8")
+        path.write_text(self.to_json() if path.suffix.lower() == ".json" else self.to_markdown(), encoding="utf-8")
         return path

@@ -9,11 +9,23 @@ non-breaking, which would widen the whole transcript and scroll every turn sidew
 long word such as a URL. The reply being streamed is re-rendered in place, only its own turn, at most
 ``1000 / RENDER_INTERVAL_MS`` times a second, so a long reply stays cheap.
 """
+
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import (QColor, QFont, QFontDatabase, QPalette, QTextBlockFormat, QTextCharFormat,
-                           QTextCursor, QTextDocument, QTextDocumentFragment, QTextFormat, QTextOption)
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontDatabase,
+    QPalette,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextDocumentFragment,
+    QTextFormat,
+    QTextOption,
+)
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 RENDER_INTERVAL_MS = 50  # ≤ 20 re-renders a second while a reply streams
@@ -57,8 +69,7 @@ class ChatTranscript(QTextBrowser):
         cursor = QTextCursor(self.document())
         for turn in turns:
             text, error = footer(turn) if turn.role == "assistant" else ("", False)
-            self._insert(cursor, turn.role, turn.content, markdown=turn.role == "assistant", footer=text,
-                         error=error)
+            self._insert(cursor, turn.role, turn.content, markdown=turn.role == "assistant", footer=text, error=error)
         self._scroll_to_end()
 
     # -- the reply being streamed ---------------------------------------------------------------
@@ -98,8 +109,17 @@ class ChatTranscript(QTextBrowser):
             cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
         return cursor.position()
 
-    def _insert(self, cursor: QTextCursor, role: str, content: str, *, markdown: bool, footer: str = "",
-                error: bool = False, start: int | None = None) -> None:
+    def _insert(
+        self,
+        cursor: QTextCursor,
+        role: str,
+        content: str,
+        *,
+        markdown: bool,
+        footer: str = "",
+        error: bool = False,
+        start: int | None = None,
+    ) -> None:
         if start is None:
             start = self._next_turn_start(cursor)
         cursor.insertFragment(QTextDocumentFragment(self._turn_document(role, content, markdown, footer, error)))
@@ -193,8 +213,7 @@ class ChatTranscript(QTextBrowser):
     def _code_background(self) -> QColor:
         base, text = self.palette().color(QPalette.Base), self.palette().color(QPalette.Text)
         mix = 0.08
-        return QColor.fromRgbF(*(b * (1 - mix) + t * mix for b, t in
-                                 zip(base.getRgbF()[:3], text.getRgbF()[:3])))
+        return QColor.fromRgbF(*(b * (1 - mix) + t * mix for b, t in zip(base.getRgbF()[:3], text.getRgbF()[:3])))
 
     # -- scrolling ------------------------------------------------------------------------------
     def _at_end(self) -> bool:
@@ -207,5 +226,6 @@ class ChatTranscript(QTextBrowser):
 
 def _is_code(block) -> bool:
     fmt = block.blockFormat()
-    return block.isValid() and (fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.nonBreakableLines()
-                                or fmt.boolProperty(CODE_BLOCK))
+    return block.isValid() and (
+        fmt.hasProperty(QTextFormat.BlockCodeFence) or fmt.nonBreakableLines() or fmt.boolProperty(CODE_BLOCK)
+    )

@@ -1,5 +1,6 @@
 """The Runs panel's model: the run store, read in the GUI process (SQLite reads are quick), with the
 filters, management actions and comparison the panel offers."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
-
 from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
+from PySide6.QtCore import QObject, Signal
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,7 @@ class RunsModel(QObject):
 
     def push(self, run_ids: list[int], url: str):
         """Copy runs to the store at ``url`` (engine.store.push); returns its PushReport."""
-        from opscope.engine import RunStore
-        from opscope.engine import push_runs
+        from opscope.engine import RunStore, push_runs
 
         with RunStore.open(url.strip()) as target:
             return push_runs(self.store, run_ids, target)

@@ -1,17 +1,33 @@
 """The Runs panel: list, search, filter and sort saved runs; open one; compare several; rename,
 tag, delete (after a confirmation) and export."""
+
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QHeaderView,
-                               QInputDialog, QLabel, QLineEdit, QMessageBox, QPushButton, QSizePolicy, QSplitter,
-                               QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
-
-from opscope.app.ui.notify import export_guard
 from opscope.app.runs.model import RunRow, RunsModel
 from opscope.app.runs.roofline import RooflineView
 from opscope.app.runs.views import CompareView, RunDetailView
+from opscope.app.ui.notify import export_guard
 from opscope.app.ui.tables import fit_columns
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPushButton,
+    QSizePolicy,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 COLUMNS = ("id", "name", "suite", "status", "quality", "tags", "model", "device", "created", "duration", "metrics")
 RUN_COLUMN_MAX_PX = 170  # a capped cell shows its whole text as a tooltip (app/ui/tables.py)
@@ -81,15 +97,30 @@ class RunsPanel(QWidget):
         store_row = QHBoxLayout()
         store_row.addWidget(QLabel("Store:"))
         store_row.addWidget(self.store_label, 1)
-        store_row.addWidget(QPushButton("Open store…", clicked=self.open_store_dialog,
-                                        toolTip="Show the runs of another SQLite file or a PostgreSQL URL"))
-        store_row.addWidget(QPushButton("Copy to store…", clicked=self.push_dialog,
-                                        toolTip="Copy the selected runs to another store, e.g. the team's"))
+        store_row.addWidget(
+            QPushButton(
+                "Open store…",
+                clicked=self.open_store_dialog,
+                toolTip="Show the runs of another SQLite file or a PostgreSQL URL",
+            )
+        )
+        store_row.addWidget(
+            QPushButton(
+                "Copy to store…",
+                clicked=self.push_dialog,
+                toolTip="Copy the selected runs to another store, e.g. the team's",
+            )
+        )
         actions = QHBoxLayout()
-        for text, slot in (("Open", self.open_selected), ("Compare", self.compare_selected),
-                           ("Roofline", self.roofline_selected),
-                           ("Rename…", self.rename_dialog), ("Tags…", self.tag_dialog),
-                           ("Delete…", self.delete_selected), ("Export…", self.export_dialog)):
+        for text, slot in (
+            ("Open", self.open_selected),
+            ("Compare", self.compare_selected),
+            ("Roofline", self.roofline_selected),
+            ("Rename…", self.rename_dialog),
+            ("Tags…", self.tag_dialog),
+            ("Delete…", self.delete_selected),
+            ("Export…", self.export_dialog),
+        ):
             actions.addWidget(QPushButton(text, clicked=slot))
         actions.addStretch(1)
         actions.addWidget(self.count)
@@ -128,13 +159,19 @@ class RunsPanel(QWidget):
         for r, row in enumerate(self.rows):
             info = row.info
             duration = info.duration_s
-            cells = ((str(info.id), info.id), (info.name, info.name), (info.kind, info.kind),
-                     (info.status, info.status), _quality_cell(info.quality),
-                     (", ".join(info.tags), ", ".join(info.tags)),
-                     (row.model, row.model), (row.device, row.device),
-                     (f"{info.created_at:%m-%d %H:%M}", info.created_at.timestamp()),  # the year: tooltip
-                     (f"{duration:.1f} s" if duration is not None else "–", duration or 0.0),
-                     (str(info.metric_count), info.metric_count))
+            cells = (
+                (str(info.id), info.id),
+                (info.name, info.name),
+                (info.kind, info.kind),
+                (info.status, info.status),
+                _quality_cell(info.quality),
+                (", ".join(info.tags), ", ".join(info.tags)),
+                (row.model, row.model),
+                (row.device, row.device),
+                (f"{info.created_at:%m-%d %H:%M}", info.created_at.timestamp()),  # the year: tooltip
+                (f"{duration:.1f} s" if duration is not None else "–", duration or 0.0),
+                (str(info.metric_count), info.metric_count),
+            )
             for c, (text, key) in enumerate(cells):
                 item = _SortItem(text, key)
                 item.setData(Qt.UserRole, info.id)
@@ -150,14 +187,21 @@ class RunsPanel(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(COLUMNS.index("name"), QHeaderView.Stretch)
         self.count.setText(f"{len(self.rows)} run(s)")
         filtered = bool(self.search.text().strip()) or any(c.currentData() for c in self.filters.values())
-        self.empty_hint.setText("No run matches the search and filters: clear them to see every run." if filtered
-                                else "No runs in this store yet: run a benchmark in the Benchmarks panel, or open "
-                                     "another store (Open store…).")
+        self.empty_hint.setText(
+            "No run matches the search and filters: clear them to see every run."
+            if filtered
+            else "No runs in this store yet: run a benchmark in the Benchmarks panel, or open "
+            "another store (Open store…)."
+        )
         self.empty_hint.setVisible(not self.rows)
 
     def _fill_filters(self, rows: list[RunRow]) -> None:
-        values = {"kind": {r.info.kind for r in rows}, "tag": {t for r in rows for t in r.info.tags},
-                  "model": {r.model for r in rows}, "device": {r.device for r in rows}}
+        values = {
+            "kind": {r.info.kind for r in rows},
+            "tag": {t for r in rows for t in r.info.tags},
+            "model": {r.model for r in rows},
+            "device": {r.device for r in rows},
+        }
         for key, combo in self.filters.items():
             current = combo.currentData() or ""
             combo.blockSignals(True)
@@ -193,8 +237,10 @@ class RunsPanel(QWidget):
         try:
             shown = self.model.switch_store(location)
         except Exception as e:  # any failure to open is the user's to see, never fatal
-            self._error(f"Could not open the run store {location} — {type(e).__name__}: {e}. "
-                        f"Still showing {self.model.display_url}.")
+            self._error(
+                f"Could not open the run store {location} — {type(e).__name__}: {e}. "
+                f"Still showing {self.model.display_url}."
+            )
             return False
         remember_store(location)
         self.storeChanged.emit(self.model.db_url)
@@ -287,8 +333,17 @@ class RunsPanel(QWidget):
         if not ids:
             return False
         names = ", ".join(self.model.store.info(i).name for i in ids)
-        if confirm and QMessageBox.question(self, "Delete runs", f"Delete {len(ids)} run(s) for good?\n{names}",
-                                            QMessageBox.Yes | QMessageBox.No, QMessageBox.No) != QMessageBox.Yes:
+        if (
+            confirm
+            and QMessageBox.question(
+                self,
+                "Delete runs",
+                f"Delete {len(ids)} run(s) for good?\n{names}",
+                QMessageBox.Yes | QMessageBox.No,
+                QMessageBox.No,
+            )
+            != QMessageBox.Yes
+        ):
             return False
         self._guard(lambda: self.model.delete(ids))
         return True
@@ -296,7 +351,9 @@ class RunsPanel(QWidget):
     def export_dialog(self) -> None:
         ids = self.selected_ids()
         if len(ids) == 1:
-            path, _ = QFileDialog.getSaveFileName(self, "Export run", f"run-{ids[0]}.json", "JSON (*.json);;CSV (*.csv)")
+            path, _ = QFileDialog.getSaveFileName(
+                self, "Export run", f"run-{ids[0]}.json", "JSON (*.json);;CSV (*.csv)"
+            )
             if path:
                 with export_guard(self, f"export run {ids[0]}", path):
                     self.model.export(ids[0], path)

@@ -1,17 +1,17 @@
 """The Runs panel's Roofline tab: an llm/matmul/attention run's points by arithmetic intensity
 against the compute and bandwidth ceilings (engine.bench.roofline), log-log, with PNG/SVG export."""
+
 from __future__ import annotations
 
 import math
 import re
 
 import pyqtgraph as pg
+from opscope.app.ui.notify import export_guard
+from opscope.app.ui.widgets import engineering_log_axis, wrapped_key
 from PySide6.QtCore import QRectF, QTimer, Signal
 from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
-
-from opscope.app.ui.notify import export_guard
-from opscope.app.ui.widgets import engineering_log_axis, wrapped_key
 
 _ROOF_COLOURS = ("#c0392b", "#2980b9", "#8e44ad", "#16a085")
 _POINT_COLOUR = "#3182ce"
@@ -30,8 +30,9 @@ class RooflineView(QWidget):
         self._rekey_timer = QTimer(self, singleShot=True, interval=0, timeout=self._rekey)
         # Ticks read "300 GFLOP/s" and "10" (FLOP/byte, named once in the axis title), as a
         # profiler prints them, not pyqtgraph's "3·10¹¹".
-        self.plot = pg.PlotWidget(axisItems={"left": engineering_log_axis("left", "FLOP/s"),
-                                             "bottom": engineering_log_axis("bottom")})
+        self.plot = pg.PlotWidget(
+            axisItems={"left": engineering_log_axis("left", "FLOP/s"), "bottom": engineering_log_axis("bottom")}
+        )
         self.plot.setLogMode(x=True, y=True)
         self.plot.setLabel("bottom", "arithmetic intensity (FLOP/byte)")
         self.plot.setLabel("left", "attained performance")
@@ -58,8 +59,7 @@ class RooflineView(QWidget):
     def show_run(self, stored, store=None) -> bool:
         """Draws ``stored`` (engine.store StoredRun); False (and says why) for a run it cannot place.
         Computes here, on the calling thread (it may import torch): the GUI uses compute()."""
-        from opscope.engine import roofline
-        from opscope.engine import EngineError
+        from opscope.engine import EngineError, roofline
 
         try:
             roof = roofline.from_run(stored.result, store, probe=True)  # a memory roof, always
@@ -84,14 +84,17 @@ class RooflineView(QWidget):
         return job
 
     def _computed(self, job, result: dict) -> None:
-        from opscope.engine import ROOFLINE_SUITES as SUITES, Roofline
+        from opscope.engine import ROOFLINE_SUITES as SUITES
+        from opscope.engine import Roofline
 
         if job is not self._job:  # a later request superseded this one
             return
         self._job = None
         if result.get("roofline") is None:
-            self._clear(f"run “{result.get('name')}” is a {result.get('run_kind')} run: a roofline places "
-                        f"{', '.join(SUITES)} points")
+            self._clear(
+                f"run “{result.get('name')}” is a {result.get('run_kind')} run: a roofline places "
+                f"{', '.join(SUITES)} points"
+            )
             self.computed.emit(False)
             return
         self.show_roof(Roofline.from_dict(result["roofline"]))
@@ -153,8 +156,9 @@ class RooflineView(QWidget):
         font = self.plot.font()
         font.setPointSize(9)
         metrics = QFontMetrics(font)
-        self.plot.setTitle(wrapped_key(self._keys, max(self.plot.width() - 100, 120), metrics.horizontalAdvance),
-                           size="9pt")
+        self.plot.setTitle(
+            wrapped_key(self._keys, max(self.plot.width() - 100, 120), metrics.horizontalAdvance), size="9pt"
+        )
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
@@ -192,14 +196,17 @@ class RooflineView(QWidget):
         probe = pg.TextItem("x")  # held: its text item dies with it
         metrics = QFontMetrics(probe.textItem.font())
         pad = 6  # TextItem's document margins around the text
-        return lambda text: ((metrics.horizontalAdvance(text) + 2 * pad) * (x1 - x0) / width_px,
-                             (metrics.lineSpacing() + 2 * pad) * (y1 - y0) / height_px)
+        return lambda text: (
+            (metrics.horizontalAdvance(text) + 2 * pad) * (x1 - x0) / width_px,
+            (metrics.lineSpacing() + 2 * pad) * (y1 - y0) / height_px,
+        )
 
     def export_dialog(self, kind: str) -> None:
         if self.roof is None:
             return
-        path, _ = QFileDialog.getSaveFileName(self, f"Export roofline ({kind.upper()})",
-                                              f"roofline-{self.roof.run}.{kind}", f"{kind.upper()} (*.{kind})")
+        path, _ = QFileDialog.getSaveFileName(
+            self, f"Export roofline ({kind.upper()})", f"roofline-{self.roof.run}.{kind}", f"{kind.upper()} (*.{kind})"
+        )
         if path:
             self.export(path)
 
@@ -224,8 +231,10 @@ def summary_text(roof, short: bool = False) -> str:
     each note up to its advice (the whole text is the caption's tooltip)."""
     from opscope.engine import format_rate
 
-    parts = [f"{c.kind} ceiling: {c.basis} {format_rate(c.value, 'FLOP/s' if c.kind == 'compute' else 'B/s')} "
-             f"({c.origin})" for c in roof.ceilings]
+    parts = [
+        f"{c.kind} ceiling: {c.basis} {format_rate(c.value, 'FLOP/s' if c.kind == 'compute' else 'B/s')} ({c.origin})"
+        for c in roof.ceilings
+    ]
     if roof.ridge:
         parts.append(f"ridge point: {roof.ridge:.2f} FLOP/byte (below: memory-bound, above: compute-bound)")
     notes = [n.split(": ", 1)[0] + " (more on hover)" if short and ": " in n else n for n in roof.notes]
@@ -273,7 +282,8 @@ def placed_labels(points, size):
         for ax, ay in _ANCHORS:
             box = (x - ax * w, x + (1 - ax) * w, y - (1 - ay) * h, y + ay * h)
             if not any(_overlap(box, b) for b in boxes) and not any(
-                    box[0] < dx < box[1] and box[2] < dy < box[3] for dx, dy in dots if (dx, dy) != (x, y)):
+                box[0] < dx < box[1] and box[2] < dy < box[3] for dx, dy in dots if (dx, dy) != (x, y)
+            ):
                 boxes.append(box)
                 out.append((text, x, y, (ax, ay)))
                 break

@@ -1,17 +1,28 @@
 """Choosing a run store from the Runs panel: another SQLite file or a database URL (e.g. a team's
 PostgreSQL), and the URL runs are copied to ("Copy to store…"). Recent stores are remembered."""
+
 from __future__ import annotations
 
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel,
-                               QPushButton, QVBoxLayout, QWidget)
-
 from opscope.app.ui import settings
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 RECENT_KEY = "runs/recent_stores"
 MAX_RECENT = 8
-HINT = ("An SQLite file (a path, created if missing) or a SQLAlchemy URL, e.g. "
-        "postgresql+psycopg://user@host:5432/opscope. The store is checked (and its schema created or "
-        "upgraded) before it replaces the current one.")
+HINT = (
+    "An SQLite file (a path, created if missing) or a SQLAlchemy URL, e.g. "
+    "postgresql+psycopg://user@host:5432/opscope. The store is checked (and its schema created or "
+    "upgraded) before it replaces the current one."
+)
 
 
 def recent_stores() -> list[str]:
@@ -47,8 +58,13 @@ class StoreDialog(QDialog):
         layout.addWidget(buttons)
 
     def _browse(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Run store (SQLite)", "", "SQLite (*.sqlite *.db);;All files (*)",
-                                              options=QFileDialog.DontConfirmOverwrite)
+        path, _ = QFileDialog.getSaveFileName(
+            self,
+            "Run store (SQLite)",
+            "",
+            "SQLite (*.sqlite *.db);;All files (*)",
+            options=QFileDialog.DontConfirmOverwrite,
+        )
         if path:
             self.url.setEditText(path)
 

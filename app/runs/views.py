@@ -1,17 +1,27 @@
 """One run in detail, and several runs compared: tables, raw-sample distributions, telemetry."""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pyqtgraph as pg
+from opscope.app.telemetry.plots import LINE_COLORS
+from opscope.app.ui.tables import keep_in_view, with_unit
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QHeaderView, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
-                               QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
-
-from opscope.app.ui.tables import keep_in_view, with_unit
-from opscope.app.telemetry.plots import LINE_COLORS
+from PySide6.QtWidgets import (
+    QHeaderView,
+    QLabel,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 TELEMETRY_PREFERENCE = ("gpu0.util_pct", "host.cpu_pct", "engine.cpu_pct", "engine.rss_bytes")
 WORSE, BETTER = QColor("#e53e3e"), QColor("#38a169")
@@ -27,8 +37,10 @@ def compare_header(cmp) -> str:
     names = [r.name for r in cmp.runs]
     marks = [f"{FEW_MARK} few samples", f"{NOISY_MARK} noisy", f"{DISTURBED_MARK} disturbed (grey: not a result)"]
     warn = f" · {len(cmp.notes)} warning(s), on hover" if cmp.notes else ""
-    return (f"Baseline <b>{names[0]}</b> vs {', '.join(names[1:])}. Δ: change of the median where significant "
-            f"(Mann-Whitney p ≤ {cmp.alpha:g}), ~ none.<br>Marks: {', '.join(marks)}{warn}")
+    return (
+        f"Baseline <b>{names[0]}</b> vs {', '.join(names[1:])}. Δ: change of the median where significant "
+        f"(Mann-Whitney p ≤ {cmp.alpha:g}), ~ none.<br>Marks: {', '.join(marks)}{warn}"
+    )
 
 
 def short_delta(delta, disturbed: bool) -> str:
@@ -38,8 +50,11 @@ def short_delta(delta, disturbed: bool) -> str:
 
     if delta is None:
         return ""
-    text = ("~" if delta.decidable and not delta.significant
-            else f"{delta.delta_pct:+.1f}%" + ("" if delta.decidable else "?"))
+    text = (
+        "~"
+        if delta.decidable and not delta.significant
+        else f"{delta.delta_pct:+.1f}%" + ("" if delta.decidable else "?")
+    )
     return text + (DISTURBED_MARK if disturbed else "")
 
 
@@ -82,8 +97,15 @@ def _histogram(plot: pg.PlotItem, samples: list[float], color: str, name: str, d
         return 0
     bins = max(5, min(40, int(np.sqrt(len(values))) * 2))
     counts, edges = np.histogram(values / divisor, bins=bins)
-    plot.plot(edges, counts, stepMode="center", fillLevel=0, brush=pg.mkBrush(QColor(color).red(),
-              QColor(color).green(), QColor(color).blue(), 70), pen=pg.mkPen(color, width=1.5), name=name)
+    plot.plot(
+        edges,
+        counts,
+        stepMode="center",
+        fillLevel=0,
+        brush=pg.mkBrush(QColor(color).red(), QColor(color).green(), QColor(color).blue(), 70),
+        pen=pg.mkPen(color, width=1.5),
+        name=name,
+    )
     return int(counts.max())
 
 
@@ -108,8 +130,11 @@ def _series_values(series) -> tuple[np.ndarray, str]:
 
 def _keyed(title: str, keys: list[tuple[str, str]]) -> str:
     """``title`` followed by a coloured key per line (the legend, in the title row)."""
-    return title + "&nbsp;&nbsp;" + "&nbsp;&nbsp;".join(f"<span style='color:{c}'>━</span>&nbsp;{name}"
-                                                        for name, c in keys)
+    return (
+        title
+        + "&nbsp;&nbsp;"
+        + "&nbsp;&nbsp;".join(f"<span style='color:{c}'>━</span>&nbsp;{name}" for name, c in keys)
+    )
 
 
 def _telemetry_series(result) -> object | None:
@@ -152,16 +177,26 @@ class RunDetailView(QWidget):
 
         self.run = stored
         info, result = stored.info, stored.result
-        self.header.setText(f"<b>{info.name}</b> (id {info.id}) · {info.kind} · {info.status}"
-                            f" · quality {info.quality or 'unknown'}"
-                            f"{' · ' + info.error if info.error else ''} · {info.created_at:%Y-%m-%d %H:%M} · "
-                            f"tags: {', '.join(info.tags) or '–'}")
+        self.header.setText(
+            f"<b>{info.name}</b> (id {info.id}) · {info.kind} · {info.status}"
+            f" · quality {info.quality or 'unknown'}"
+            f"{' · ' + info.error if info.error else ''} · {info.created_at:%Y-%m-%d %H:%M} · "
+            f"tags: {', '.join(info.tags) or '–'}"
+        )
         rows = []
         for m in result.metrics:
             s = summarize(m.samples) if m.samples else None
-            rows.append([m.name, _params(m.params), with_unit(s.median, m.unit) if s else "–",
-                         f"{with_unit(s.ci_low, m.unit)} … {with_unit(s.ci_high, m.unit)}" if s else "–",
-                         str(len(m.samples)), m.unit, m.status if m.status == "ok" else f"{m.status}: {m.error}"])
+            rows.append(
+                [
+                    m.name,
+                    _params(m.params),
+                    with_unit(s.median, m.unit) if s else "–",
+                    f"{with_unit(s.ci_low, m.unit)} … {with_unit(s.ci_high, m.unit)}" if s else "–",
+                    str(len(m.samples)),
+                    m.unit,
+                    m.status if m.status == "ok" else f"{m.status}: {m.error}",
+                ]
+            )
         _fill(self.metrics, rows)
         self._show_telemetry(result)
         self._show_fingerprint(result.fingerprint)
@@ -176,8 +211,10 @@ class RunDetailView(QWidget):
         m = self.run.result.metrics[row]
         divisor, unit = _sample_scale(m.unit, m.samples)
         self.histogram.setLabel("bottom", f"{m.name} ({unit or 'no unit'})")
-        _count_axis(self.histogram.getPlotItem(), _histogram(self.histogram.getPlotItem(), m.samples,
-                                                             LINE_COLORS[0], m.name, divisor))
+        _count_axis(
+            self.histogram.getPlotItem(),
+            _histogram(self.histogram.getPlotItem(), m.samples, LINE_COLORS[0], m.name, divisor),
+        )
 
     def _show_telemetry(self, result) -> None:
         self.telemetry.clear()
@@ -200,7 +237,7 @@ class RunDetailView(QWidget):
 
 
 def _tree(parent, value) -> None:
-    for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+    for key, item in value.items() if isinstance(value, dict) else enumerate(value):
         if isinstance(item, (dict, list)) and item:
             node = QTreeWidgetItem(parent, [str(key), ""])
             _tree(node, item)
@@ -266,9 +303,15 @@ class CompareView(QWidget):
         self.table.setColumnCount(len(headers))
         self.table.setHorizontalHeaderLabels(headers)
         self._rows = [row for section in comparison.sections for row in section.rows]
-        _fill(self.table, [[row.label, row.unit] + [cell_text(c, row.unit) for c in row.cells]
-                           + [short_delta(d, bool(row.disturbed_pair(i))) for i, d in enumerate(row.deltas, start=1)]
-                           for row in self._rows])
+        _fill(
+            self.table,
+            [
+                [row.label, row.unit]
+                + [cell_text(c, row.unit) for c in row.cells]
+                + [short_delta(d, bool(row.disturbed_pair(i))) for i, d in enumerate(row.deltas, start=1)]
+                for row in self._rows
+            ],
+        )
         for r, row in enumerate(self._rows):
             for i, d in enumerate(row.deltas, start=1):
                 item = self.table.item(r, 1 + len(names) + i)
@@ -285,8 +328,13 @@ class CompareView(QWidget):
     def _fill_diff(self, comparison, names: list[str]) -> None:
         self.diff.setColumnCount(1 + len(names))
         self.diff.setHorizontalHeaderLabels(["field"] + names)
-        _fill(self.diff, [[field] + [json.dumps(v, default=str) if not isinstance(v, str) else v for v in values]
-                          for field, values in comparison.differences])
+        _fill(
+            self.diff,
+            [
+                [field] + [json.dumps(v, default=str) if not isinstance(v, str) else v for v in values]
+                for field, values in comparison.differences
+            ],
+        )
 
     def show_row(self, row: int) -> None:
         self.distributions.clear()
@@ -294,15 +342,29 @@ class CompareView(QWidget):
             return
         key = self._rows[row]
         tallest, keys = 0, []
-        metrics = [(i, run, next((m for m in run.result.metrics if m.name == key.name and m.unit == key.unit
-                                  and m.params == key.params), None)) for i, run in enumerate(self.runs)]
+        metrics = [
+            (
+                i,
+                run,
+                next(
+                    (
+                        m
+                        for m in run.result.metrics
+                        if m.name == key.name and m.unit == key.unit and m.params == key.params
+                    ),
+                    None,
+                ),
+            )
+            for i, run in enumerate(self.runs)
+        ]
         metrics = [(i, run, m) for i, run, m in metrics if m is not None]
         # One scale for every run (the first's), so the histograms stay comparable.
         divisor, unit = _sample_scale(key.unit, metrics[0][2].samples if metrics else [])
         for i, run, metric in metrics:
             color = LINE_COLORS[i % len(LINE_COLORS)]
-            tallest = max(tallest, _histogram(self.distributions.getPlotItem(), metric.samples, color,
-                                              run.info.name, divisor))
+            tallest = max(
+                tallest, _histogram(self.distributions.getPlotItem(), metric.samples, color, run.info.name, divisor)
+            )
             keys.append((run.info.name, color))
         self.distributions.setTitle(_keyed("raw samples per run", keys))
         self.distributions.setLabel("bottom", f"{key.name} ({unit or 'no unit'})")
@@ -316,14 +378,19 @@ class CompareView(QWidget):
             if series is not None and series.t_ns:
                 t = (np.asarray(series.t_ns) - series.t_ns[0]) / 1e9
                 values, unit = _series_values(series)
-                self.telemetry.plot(t, values, name=f"{run.info.name}: {series.name} ({unit})",
-                                    pen=pg.mkPen(LINE_COLORS[i % len(LINE_COLORS)], width=1.5))
+                self.telemetry.plot(
+                    t,
+                    values,
+                    name=f"{run.info.name}: {series.name} ({unit})",
+                    pen=pg.mkPen(LINE_COLORS[i % len(LINE_COLORS)], width=1.5),
+                )
                 drawn.append((f"{run.info.name}: {series.name} ({unit})", LINE_COLORS[i % len(LINE_COLORS)]))
         names = [d[0].split(": ", 1)[0] for d in drawn]
         missing = [r.info.name for r in runs if r.info.name not in names]
         if not drawn:
             self.telemetry.setTitle("No telemetry to compare: none of these runs recorded any")
         else:
-            self.telemetry.setTitle(_keyed("telemetry", drawn) + (f" · none recorded for {', '.join(missing)}"
-                                                                   if missing else ""))
+            self.telemetry.setTitle(
+                _keyed("telemetry", drawn) + (f" · none recorded for {', '.join(missing)}" if missing else "")
+            )
         self.telemetry.setLabel("bottom", "seconds since each run started")

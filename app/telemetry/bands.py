@@ -6,6 +6,7 @@ repetition, and an hour of generations is hundreds of bands. This item keeps the
 tuples, paints them into a one-pixel-high RGBA strip (one column per device pixel) and stretches
 that strip over the plot's height: one image blit per plot whatever the number of bands.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,5 +60,5 @@ class PhaseBands(pg.GraphicsObject):
             a = int(np.floor((x0 - x_left) * scale))
             b = max(int(np.ceil((x1 - x_left) * scale)), a + 1)  # a sub-pixel phase is still a 1 px line
             if b > 0 and a < width:
-                strip[max(a, 0):min(b, width)] = self._rgba.get(phase, self._default)
+                strip[max(a, 0) : min(b, width)] = self._rgba.get(phase, self._default)
         return strip

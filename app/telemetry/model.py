@@ -5,6 +5,7 @@ busy, hung or restarting; the worker's RSS and CPU come from EngineProcessSource
 the worker's pid. Markers arrive from the worker over the protocol, timestamped on the same
 monotonic clock (CLOCK_MONOTONIC is system-wide), so bands line up with the samples.
 """
+
 from __future__ import annotations
 
 import collections
@@ -13,13 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PySide6.QtCore import QObject, Signal
-
-from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
 from opscope.app.telemetry.source import EngineProcessSource
-from opscope.engine import now_ns
-from opscope.engine import Marker, TelemetrySeries
-from opscope.engine import Sampler, default_sources, write_csv
+from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
+from opscope.engine import Marker, Sampler, TelemetrySeries, default_sources, now_ns, write_csv
+from PySide6.QtCore import QObject, Signal
 
 GPU_ENTITY = re.compile(r"^((?:gpu|amd)\d+)\.")
 MAX_PHASES = 20_000  # bench_iter marks every repetition; older bands fall off the end
@@ -36,8 +34,15 @@ class Phase:
 class TelemetryModel(QObject):
     phasesChanged = Signal()
 
-    def __init__(self, client=None, *, interval_ms: float = 100.0, history_s: float = 3600.0,
-                 sources=None, parent: QObject | None = None) -> None:
+    def __init__(
+        self,
+        client=None,
+        *,
+        interval_ms: float = 100.0,
+        history_s: float = 3600.0,
+        sources=None,
+        parent: QObject | None = None,
+    ) -> None:
         super().__init__(parent)
         self.client = client  # the panel follows its state (busy: redraw often; idle: seldom)
         self.engine_source = EngineProcessSource()

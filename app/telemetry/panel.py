@@ -4,23 +4,41 @@ Kept cheap on purpose (pyqtgraph's scrollingPlots/PlotSpeedTest menu): each refr
 visible window from the sampler's ring buffer, curves clip to the view and downsample by peak, and
 band items come from a fixed pool instead of being created per marker.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QRectF, Qt, QTimer
-from PySide6.QtGui import QColor, QFontMetrics
-from PySide6.QtWidgets import (QComboBox, QFileDialog, QGraphicsItem, QHBoxLayout, QLabel, QMenu, QPushButton,
-                               QSizePolicy, QVBoxLayout, QWidget)
-
-from opscope.app.ui.notify import export_guard
 from opscope.app.telemetry.bands import PhaseBands
 from opscope.app.telemetry.model import TelemetryModel
-from opscope.app.telemetry.plots import (GPU_PLOTS, HOST_PLOTS, LINE_COLORS, REASONS_SUFFIX, PlotSpec, line_scale, lines_for,
-                                 reason_names)
+from opscope.app.telemetry.plots import (
+    GPU_PLOTS,
+    HOST_PLOTS,
+    LINE_COLORS,
+    REASONS_SUFFIX,
+    PlotSpec,
+    line_scale,
+    lines_for,
+    reason_names,
+)
+from opscope.app.ui.notify import export_guard
 from opscope.app.ui.theme import PHASE_COLORS
 from opscope.app.ui.widgets import shrinkable, wrapped_key
 from opscope.engine import now_ns
+from PySide6.QtCore import QEvent, QRectF, Qt, QTimer
+from PySide6.QtGui import QColor, QFontMetrics
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QGraphicsItem,
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QPushButton,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
 WINDOWS_S = (("30 s", 30), ("1 min", 60), ("5 min", 300), ("15 min", 900), ("1 h", 3600))
 MAX_BANDS = 2000  # the newest bands in the window; a long benchmark marks every repetition
@@ -41,8 +59,10 @@ def _lane(phases, rank: int, until_ns: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _phase_legend() -> str:
-    swatches = " ".join(f"<span style='background-color: rgb{rgb}'>&nbsp;&nbsp;&nbsp;</span> {name.replace('_', ' ')}"
-                        for name, rgb in PHASE_COLORS.items())
+    swatches = " ".join(
+        f"<span style='background-color: rgb{rgb}'>&nbsp;&nbsp;&nbsp;</span> {name.replace('_', ' ')}"
+        for name, rgb in PHASE_COLORS.items()
+    )
     return f"Shaded phases: {swatches}"
 
 
@@ -212,8 +232,10 @@ class TelemetryPanel(QWidget):
         one wider than the view would push the plot past the dock's edge, cut off."""
         spec = self._specs[key]
         items = [(f"<b>{spec.title}</b> ({spec.unit})", f"{spec.title} ({spec.unit})")]
-        items += [(f"<span style='color:{c}'>{'┅' if dashed else '━'}</span>&nbsp;{label}", f"━ {label}")
-                  for label, c, dashed in self._keys[key]]
+        items += [
+            (f"<span style='color:{c}'>{'┅' if dashed else '━'}</span>&nbsp;{label}", f"━ {label}")
+            for label, c, dashed in self._keys[key]
+        ]
         # less the margins and the left axis: the title sits over the data
         text = wrapped_key(items, max(self.graphics.width() - 90, 120), self._title_px)
         foreground = self._colors[1] if self._colors else None
@@ -275,9 +297,15 @@ class TelemetryPanel(QWidget):
 
     def _update_bands(self, since_ns: int, until_ns: int) -> None:
         phases = self.model.phases_between(since_ns, until_ns, MAX_BANDS)
-        bands = [(p.phase, (p.start_ns - until_ns) / 1e9,
-                  ((p.end_ns if p.end_ns is not None else until_ns) - until_ns) / 1e9)
-                 for p in phases if "rank" not in p.attrs]  # a rank's phases go on the Ranks track
+        bands = [
+            (
+                p.phase,
+                (p.start_ns - until_ns) / 1e9,
+                ((p.end_ns if p.end_ns is not None else until_ns) - until_ns) / 1e9,
+            )
+            for p in phases
+            if "rank" not in p.attrs
+        ]  # a rank's phases go on the Ranks track
         for item in self.bands.values():
             item.set_bands(bands)
         self._update_ranks(self.model.rank_spans(phases), until_ns)
@@ -338,7 +366,7 @@ class TelemetryPanel(QWidget):
                 self.refresh()  # the first busy frame at once, not up to a second late
 
     # -- crosshair ------------------------------------------------------------------------------
-    def eventFilter(self, watched, event) -> bool:  # noqa: N802 (Qt's name)
+    def eventFilter(self, watched, event) -> bool:
         if watched is self.graphics.viewport() and event.type() == QEvent.Leave:
             self.clear_crosshair()
         return False

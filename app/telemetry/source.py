@@ -4,6 +4,7 @@ engine.telemetry's HostSource watches one pid for its lifetime; the GUI's sample
 than any one worker, so this source follows the current worker instead (series ``engine.*``).
 Qt-free, like every Source.
 """
+
 from __future__ import annotations
 
 import threading

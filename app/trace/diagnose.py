@@ -1,5 +1,6 @@
 """Trace panel → Diagnose: one bounded diagnosis of the model Chat has loaded, run in the engine
 worker (app/worker/diagnose.py); its lines, as `opscope diagnose` prints them, for the panel."""
+
 from __future__ import annotations
 
 from opscope.app.ui.engine_client import EngineClient, Job

@@ -1,13 +1,13 @@
 """The Trace panel's model: runs a trace in the engine worker and holds its report and ops."""
+
 from __future__ import annotations
 
 import shutil
 
-from PySide6.QtCore import QObject, Signal
-
+from opscope.app.trace.ops_model import OpTableModel
 from opscope.app.ui.engine_client import EngineClient, Job
 from opscope.app.worker.protocol import TraceRequest
-from opscope.app.trace.ops_model import OpTableModel
+from PySide6.QtCore import QObject, Signal
 
 
 class TraceModel(QObject):

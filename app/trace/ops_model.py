@@ -3,23 +3,33 @@
 Qt asks only for the rows on screen, so 100k+ ops cost nothing to show; filters are vectorized
 numpy expressions that produce an index array, never a per-row Python loop over Qt calls.
 """
+
 from __future__ import annotations
 
 import fnmatch
 
 import numpy as np
+from opscope.app.ui.status import format_bytes
+from opscope.app.ui.theme import device_color
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSize, Qt
 from PySide6.QtGui import QColor, QFontMetrics
 from PySide6.QtWidgets import QApplication
 
-from opscope.app.ui.status import format_bytes
-from opscope.app.ui.theme import device_color
-
 # (column key, header, format)
-COLUMNS = (("seq", "#", "{}"), ("op", "op", "{}"), ("kind", "class", "{}"), ("direction", "dir", "{}"),
-           ("device", "device", "{}"), ("module", "module", "{}"), ("source", "source line", "{}"),
-           ("step", "step", "{}"), ("t_us", "t (µs)", "{:.0f}"), ("dur_us", "dur (µs)", "{:.1f}"),
-           ("bytes", "bytes", "{:,}"), ("shapes", "input shapes", "{}"))
+COLUMNS = (
+    ("seq", "#", "{}"),
+    ("op", "op", "{}"),
+    ("kind", "class", "{}"),
+    ("direction", "dir", "{}"),
+    ("device", "device", "{}"),
+    ("module", "module", "{}"),
+    ("source", "source line", "{}"),
+    ("step", "step", "{}"),
+    ("t_us", "t (µs)", "{:.0f}"),
+    ("dur_us", "dur (µs)", "{:.1f}"),
+    ("bytes", "bytes", "{:,}"),
+    ("shapes", "input shapes", "{}"),
+)
 KIND_COLORS = {"fallback": "#e53e3e", "transfer": "#dd6b20", "sync": "#d69e2e", "mixed": "#805ad5"}
 # Shown at 1400x900 without sideways scrolling; the others are a right-click on the header away,
 # and every op's hover text holds all of them.
@@ -63,8 +73,15 @@ class OpTableModel(QAbstractTableModel):
         return sorted(set(self.columns[key].tolist())) if self.total else []
 
     # -- filtering ------------------------------------------------------------------------------
-    def set_filter(self, device: str = "", kind: str = "", module: str = "", op: str = "",
-                   sources: tuple[str, ...] = (), modules: tuple[str, ...] = ()) -> int:
+    def set_filter(
+        self,
+        device: str = "",
+        kind: str = "",
+        module: str = "",
+        op: str = "",
+        sources: tuple[str, ...] = (),
+        modules: tuple[str, ...] = (),
+    ) -> int:
         """Keep rows matching every filter given; ``module``/``op`` are substrings or globs;
         ``sources``/``modules`` (from a finding) match a source line or a module pattern off target."""
         mask = np.ones(self.total, dtype=bool)
@@ -137,8 +154,11 @@ class OpTableModel(QAbstractTableModel):
 
     def describe(self, row: int) -> str:
         """Every field of the op at model row ``row``, one per line, with its unit (the hover text)."""
-        return "\n".join(f"{header}: {fmt.format(self.columns[key][row])}" + (" B" if key == "bytes" else "")
-                         for key, header, fmt in COLUMNS if str(self.columns[key][row]) != "")
+        return "\n".join(
+            f"{header}: {fmt.format(self.columns[key][row])}" + (" B" if key == "bytes" else "")
+            for key, header, fmt in COLUMNS
+            if str(self.columns[key][row]) != ""
+        )
 
     def row_dict(self, view_row: int) -> dict:
         row = self.rows[view_row]

@@ -1,22 +1,40 @@
 """The Trace panel: run a trace, read the placement report as cards and findings, filter the ops."""
+
 from __future__ import annotations
 
 import html
 
 import numpy as np
+from opscope.app.trace.model import TraceModel
+from opscope.app.trace.ops_model import COLUMNS as OP_COLUMNS
+from opscope.app.trace.ops_model import ELASTIC, HIDDEN_BY_DEFAULT
+from opscope.app.trace.timeline import TraceTimeline
+from opscope.app.ui.notify import export_guard
+from opscope.app.ui.tables import keep_in_view, refit
+from opscope.app.ui.widgets import shrinkable
+from opscope.app.worker.protocol import DiagnoseRequest, TraceRequest
 from PySide6.QtCore import QItemSelectionModel, Qt
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import (QComboBox, QFileDialog, QFrame, QGridLayout, QHeaderView, QLabel,
-                               QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton, QSizePolicy,
-                               QSpinBox, QSplitter, QTableView, QTextBrowser, QVBoxLayout, QWidget)
-
-from opscope.app.ui.notify import export_guard
-from opscope.app.worker.protocol import DiagnoseRequest, TraceRequest
-from opscope.app.ui.tables import keep_in_view, refit
-from opscope.app.trace.ops_model import COLUMNS as OP_COLUMNS, ELASTIC, HIDDEN_BY_DEFAULT
-from opscope.app.trace.model import TraceModel
-from opscope.app.trace.timeline import TraceTimeline
-from opscope.app.ui.widgets import shrinkable
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFrame,
+    QGridLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QSpinBox,
+    QSplitter,
+    QTableView,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
 
 SIMULATE = (("as loaded (its own device)", ""), ("simulated accelerator (meta)", "meta"))
 SEVERITY_MARK = {"high": "●", "medium": "◐", "low": "○"}
@@ -83,9 +101,12 @@ class TracePanel(QWidget):
         self.export_button = QPushButton("Export Perfetto JSON…", clicked=self.export_dialog, enabled=False)
         self.script_button = QPushButton("Trace a script…", clicked=self.open_script_dialog)
         self.script_dialog = None
-        self.diagnose_button = QPushButton("Diagnose", clicked=self.diagnose,
-                                           toolTip="why is it slow: the bound, the culprit line, the fix and the gain "
-                                                   "(a short measurement of the loaded model, as `opscope diagnose`)")
+        self.diagnose_button = QPushButton(
+            "Diagnose",
+            clicked=self.diagnose,
+            toolTip="why is it slow: the bound, the culprit line, the fix and the gain "
+            "(a short measurement of the loaded model, as `opscope diagnose`)",
+        )
         self.diagnosis = QPlainTextEdit(readOnly=True, objectName="diagnosis", visible=False)
         self.diagnosis.setLineWrapMode(QPlainTextEdit.WidgetWidth)
         # ~10 lines, as the CLI prints them; longer ones scroll rather than squeeze the findings and ops
@@ -94,15 +115,25 @@ class TracePanel(QWidget):
             combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
             combo.setMinimumContentsLength(10)
         shrinkable(self.run_button, self.export_button, self.script_button, self.diagnose_button)
-        self.status = QLabel("Trace records every tensor op of a short generation with its device.",
-                             objectName="statsLine", wordWrap=True)
+        self.status = QLabel(
+            "Trace records every tensor op of a short generation with its device.",
+            objectName="statsLine",
+            wordWrap=True,
+        )
         self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
 
     def _build_cards(self) -> None:
-        self.cards = {key: Card(title) for key, title in (
-            ("on_target", "compute ops on target"), ("time_on_target", "compute time on target"),
-            ("fallbacks", "fallback ops"),
-            ("transfers", "transfers / token"), ("syncs", "syncs / token"), ("storms", "storms"))}
+        self.cards = {
+            key: Card(title)
+            for key, title in (
+                ("on_target", "compute ops on target"),
+                ("time_on_target", "compute time on target"),
+                ("fallbacks", "fallback ops"),
+                ("transfers", "transfers / token"),
+                ("syncs", "syncs / token"),
+                ("storms", "storms"),
+            )
+        }
 
     def _build_layout(self) -> None:
         cards = QGridLayout()
@@ -183,8 +214,14 @@ class TracePanel(QWidget):
         self.count_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.filter_labels: dict[str, QLabel] = {}
         row = QGridLayout()
-        for i, (text, widget) in enumerate((("Device", self.device_filter), ("Module", self.module_filter),
-                                            ("Class", self.kind_filter), ("Op", self.op_filter))):
+        for i, (text, widget) in enumerate(
+            (
+                ("Device", self.device_filter),
+                ("Module", self.module_filter),
+                ("Class", self.kind_filter),
+                ("Op", self.op_filter),
+            )
+        ):
             self.filter_labels[text] = QLabel(text, buddy=widget)
             row.addWidget(self.filter_labels[text], i // 2, 2 * (i % 2))
             row.addWidget(widget, i // 2, 2 * (i % 2) + 1)
@@ -219,9 +256,13 @@ class TracePanel(QWidget):
 
     # -- actions --------------------------------------------------------------------------------
     def request(self) -> TraceRequest:
-        return TraceRequest(prompt=self.prompt.text(), tokens=self.tokens.value(),
-                            variant=self.variant.currentText(), simulate=self.target.currentData(),
-                            db_url=getattr(self.window(), "db_url", None))
+        return TraceRequest(
+            prompt=self.prompt.text(),
+            tokens=self.tokens.value(),
+            variant=self.variant.currentText(),
+            simulate=self.target.currentData(),
+            db_url=getattr(self.window(), "db_url", None),
+        )
 
     def run(self) -> None:
         self.model.run(self.request())
@@ -236,8 +277,13 @@ class TracePanel(QWidget):
 
     def diagnose(self) -> None:
         """Diagnose the model Chat has loaded, with this panel's variant and target."""
-        self.diagnose_model.run(DiagnoseRequest(variant=self.variant.currentText(), simulate=self.target.currentData(),
-                                                db_url=getattr(self.window(), "db_url", None)))
+        self.diagnose_model.run(
+            DiagnoseRequest(
+                variant=self.variant.currentText(),
+                simulate=self.target.currentData(),
+                db_url=getattr(self.window(), "db_url", None),
+            )
+        )
 
     def show_diagnosis(self, lines: list) -> None:
         self.diagnosis.setPlainText("\n".join(lines))
@@ -265,9 +311,11 @@ class TracePanel(QWidget):
         self.show_report(result["report"])
         r = result["report"]
         saved = f"; saved as run {result['run_name']}" if result.get("run_name") else ""
-        self.status.setText(f"{r.get('script', 'script')} on {r['target']}: {r['ops']:,} ops, {r['tokens']} steps "
-                            f"({r.get('step_source', '')}); {len(r['findings'])} finding(s); exit code "
-                            f"{result['exit_code']}{saved}.")
+        self.status.setText(
+            f"{r.get('script', 'script')} on {r['target']}: {r['ops']:,} ops, {r['tokens']} steps "
+            f"({r.get('step_source', '')}); {len(r['findings'])} finding(s); exit code "
+            f"{result['exit_code']}{saved}."
+        )
 
     def export_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export trace", "trace.perfetto.json", "JSON (*.json)")
@@ -277,9 +325,13 @@ class TracePanel(QWidget):
 
     def apply_filters(self, sources: tuple[str, ...] = (), modules: tuple[str, ...] = ()) -> None:
         shown = self.model.ops.set_filter(
-            device=self.device_filter.currentData() or "", kind=self.kind_filter.currentData() or "",
-            module=self.module_filter.text().strip(), op=self.op_filter.text().strip(),
-            sources=sources, modules=modules)
+            device=self.device_filter.currentData() or "",
+            kind=self.kind_filter.currentData() or "",
+            module=self.module_filter.text().strip(),
+            op=self.op_filter.text().strip(),
+            sources=sources,
+            modules=modules,
+        )
         self.count_label.setText(f"{shown:,} of {self.model.ops.total:,} ops")
 
     def select_finding(self, row: int) -> None:
@@ -290,8 +342,9 @@ class TracePanel(QWidget):
             return
         f = findings[row]
         evidence = "<br>".join(html.escape(str(line)) for line in f.get("evidence", {}).get("lines", [])[:6])
-        self.finding_detail.setHtml(f"<b>{html.escape(f['title'])}</b><br>{evidence}<br><b>Fix:</b> "
-                                    f"{html.escape(f.get('fix', ''))}")
+        self.finding_detail.setHtml(
+            f"<b>{html.escape(f['title'])}</b><br>{evidence}<br><b>Fix:</b> {html.escape(f.get('fix', ''))}"
+        )
         self.apply_filters(tuple(f.get("sources", ())), tuple(f.get("modules", ())))
         self.timeline.select(self.model.ops.rows)  # the finding's ops, outlined where they ran
 
@@ -327,8 +380,9 @@ class TracePanel(QWidget):
         item = QListWidgetItem(NO_TRACE_YET)
         item.setFlags(Qt.NoItemFlags)
         self.findings.addItem(item)
-        self.finding_detail.setHtml("<i>A finding's evidence (source lines, copies per token) and its fix show "
-                                    "here.</i>")
+        self.finding_detail.setHtml(
+            "<i>A finding's evidence (source lines, copies per token) and its fix show here.</i>"
+        )
         self._fill_filters()
         self.count_label.setText("no ops yet")
 
@@ -346,8 +400,10 @@ class TracePanel(QWidget):
         result = self.model.result or {}
         sim = " (simulated)" if result.get("simulated") else ""
         saved = f"; saved as run {result['run_name']}" if result.get("run_name") else ""
-        self.status.setText(f"{result.get('variant', '')} model on {report['target']}{sim}: {report['ops']:,} ops, "
-                            f"{report['tokens']} tokens; {len(report['findings'])} finding(s){saved}.")
+        self.status.setText(
+            f"{result.get('variant', '')} model on {report['target']}{sim}: {report['ops']:,} ops, "
+            f"{report['tokens']} tokens; {len(report['findings'])} finding(s){saved}."
+        )
         self.status.setToolTip("\n".join(report.get("notes", [])))
         self._fill_cards(report)
         self._fill_findings(report)
@@ -366,9 +422,11 @@ class TracePanel(QWidget):
         self.cards["time_on_target"].set(f"{time_pct:.1f}%" if time_pct is not None else "–", severity)
         host = kinds.get("host", {}).get("count", 0)
         for key in ("on_target", "time_on_target"):  # what the share leaves out, on hover
-            self.cards[key].setToolTip(f"Share of the compute ops (on target, fallback, mixed-device); the {host:,} "
-                                       f"host bookkeeping ops (views, Python data), transfers and syncs have "
-                                       f"cards of their own.")
+            self.cards[key].setToolTip(
+                f"Share of the compute ops (on target, fallback, mixed-device); the {host:,} "
+                f"host bookkeeping ops (views, Python data), transfers and syncs have "
+                f"cards of their own."
+            )
         self.cards["fallbacks"].set(f"{fallback_ops:,}", "bad" if fallback_ops else "good")
         unit = report.get("unit", "token")  # a script's trace reports per step
         self.cards["transfers"].title.setText(f"transfers / {unit}")
@@ -391,8 +449,10 @@ class TracePanel(QWidget):
         self.finding_detail.setHtml(f"<i>Click a finding to see its evidence, fix and ops.</i><ul>{notes}</ul>")
 
     def _fill_filters(self) -> None:
-        for combo, key, label in ((self.device_filter, "device", "all devices"),
-                                  (self.kind_filter, "kind", "all classes")):
+        for combo, key, label in (
+            (self.device_filter, "device", "all devices"),
+            (self.kind_filter, "kind", "all classes"),
+        ):
             combo.blockSignals(True)
             combo.clear()
             combo.addItem(label, "")

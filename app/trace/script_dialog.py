@@ -1,15 +1,26 @@
 """Trace panel → "Trace a script…": script, arguments, working directory and target; the script's
 output live while it runs; then its report in the panel, its saved run, and a diff with another."""
+
 from __future__ import annotations
 
 import time
 
+from opscope.app.trace.script_job import ScriptTraceJob, ScriptTraceRequest
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QTextCursor
-from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QGridLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QPlainTextEdit, QPushButton, QVBoxLayout, QWidget)
-
-from opscope.app.trace.script_job import ScriptTraceJob, ScriptTraceRequest
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QFileDialog,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 TARGETS = (("default (cuda when available, else cpu)", ""), ("cpu", "cpu"), ("cuda", "cuda"))
 
@@ -42,25 +53,42 @@ class ScriptTraceDialog(QDialog):
             self.target.addItem(label, value)
         self.run_button = QPushButton("Trace", objectName="primary", clicked=self.run)
         self.stop_button = QPushButton("Stop", clicked=self.job.cancel, enabled=False)
-        self.diagnose_button = QPushButton("Diagnose", clicked=lambda: self.run(diagnose=True),
-                                           toolTip="why is it slow: `opscope diagnose -- python SCRIPT`")
+        self.diagnose_button = QPushButton(
+            "Diagnose",
+            clicked=lambda: self.run(diagnose=True),
+            toolTip="why is it slow: `opscope diagnose -- python SCRIPT`",
+        )
         self.output = QPlainTextEdit(readOnly=True)
         self.output.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
-        self.status = QLabel("The script runs in its own process under the tracer; its output shows here.",
-                             objectName="statsLine", wordWrap=True)
+        self.status = QLabel(
+            "The script runs in its own process under the tracer; its output shows here.",
+            objectName="statsLine",
+            wordWrap=True,
+        )
         self.compare_with = QComboBox(placeholderText="saved traces, once this one ran", minimumContentsLength=24)
         self.diff_button = QPushButton("Diff with this run", clicked=self.show_diff, enabled=False)
         grid = QGridLayout()
-        for row, (label, widget, browse) in enumerate((("Script", self.script, self._pick_script),
-                                                       ("Arguments", self.args, None),
-                                                       ("Working directory", self.cwd, self._pick_cwd),
-                                                       ("Target", self.target, None))):
+        for row, (label, widget, browse) in enumerate(
+            (
+                ("Script", self.script, self._pick_script),
+                ("Arguments", self.args, None),
+                ("Working directory", self.cwd, self._pick_cwd),
+                ("Target", self.target, None),
+            )
+        ):
             grid.addWidget(QLabel(label), row, 0)
             grid.addWidget(widget, row, 1)
             if browse is not None:
                 grid.addWidget(QPushButton("Browse…", clicked=browse), row, 2)
         buttons = QHBoxLayout()
-        for w in (self.run_button, self.diagnose_button, self.stop_button, QLabel("Compare with", buddy=self.compare_with), self.compare_with, self.diff_button):
+        for w in (
+            self.run_button,
+            self.diagnose_button,
+            self.stop_button,
+            QLabel("Compare with", buddy=self.compare_with),
+            self.compare_with,
+            self.diff_button,
+        ):
             buttons.addWidget(w)
         layout = QVBoxLayout(self)
         layout.addLayout(grid)
@@ -80,8 +108,13 @@ class ScriptTraceDialog(QDialog):
             self.cwd.setText(path)
 
     def request(self) -> ScriptTraceRequest:
-        return ScriptTraceRequest(self.script.text().strip(), self.args.text(), self.cwd.text().strip(),
-                                  self.target.currentData(), self.db_url)
+        return ScriptTraceRequest(
+            self.script.text().strip(),
+            self.args.text(),
+            self.cwd.text().strip(),
+            self.target.currentData(),
+            self.db_url,
+        )
 
     def run(self, diagnose: bool = False) -> None:
         if not self.script.text().strip():
@@ -118,8 +151,10 @@ class ScriptTraceDialog(QDialog):
         report = result["report"]
         self.last_run = result["run_name"]
         saved = f"; saved as run {result['run_id']} ({self.last_run})" if self.last_run else ""
-        self.status.setText(f"exit code {result['exit_code']}: {report['tokens']} steps, {report['ops']:,} ops, "
-                            f"{len(report['findings'])} finding(s){saved}. The report is in the Trace panel.")
+        self.status.setText(
+            f"exit code {result['exit_code']}: {report['tokens']} steps, {report['ops']:,} ops, "
+            f"{len(report['findings'])} finding(s){saved}. The report is in the Trace panel."
+        )
         self._fill_runs()
         self.report_ready.emit(result)
 
@@ -130,8 +165,7 @@ class ScriptTraceDialog(QDialog):
         self.status.setText(lines[0] if lines else "the diagnosis printed nothing")
 
     def _fill_runs(self) -> None:
-        from opscope.engine import EngineError
-        from opscope.engine import RunStore
+        from opscope.engine import EngineError, RunStore
 
         try:
             with RunStore.open(self.db_url) as store:

@@ -5,6 +5,7 @@ code must never take the window with it); its output streams here line by line, 
 the report (``--report``), the ops (``--jsonl``) and the Perfetto JSON (``--out``) are read from
 a temporary folder. The trace is saved in the run store like any other.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,16 +35,40 @@ class ScriptTraceRequest:
     def argv(self, folder: Path) -> list[str]:
         db = ["--db", self.db_url] if self.db_url else []
         target = ["--target", self.target] if self.target else []
-        return ["-m", "opscope.engine.cli.main", *db, "trace", *target, "--report", str(folder / "report.json"),
-                "--jsonl", str(folder / "ops.jsonl"), "--out", str(folder / "trace.perfetto.json"),
-                "--", "python", self.script, *shlex.split(self.args)]
+        return [
+            "-m",
+            "opscope.engine.cli.main",
+            *db,
+            "trace",
+            *target,
+            "--report",
+            str(folder / "report.json"),
+            "--jsonl",
+            str(folder / "ops.jsonl"),
+            "--out",
+            str(folder / "trace.perfetto.json"),
+            "--",
+            "python",
+            self.script,
+            *shlex.split(self.args),
+        ]
 
     def diagnose_argv(self) -> list[str]:
         """`opscope diagnose -- python SCRIPT ARGS`: the script's diagnosis, saved as a run."""
         db = ["--db", self.db_url] if self.db_url else []
         target = ["--target", self.target] if self.target else []
-        return ["-m", "opscope.engine.cli.main", *db, "diagnose", *target, *(["--cwd", self.cwd] if self.cwd else []),
-                "--", "python", self.script, *shlex.split(self.args)]
+        return [
+            "-m",
+            "opscope.engine.cli.main",
+            *db,
+            "diagnose",
+            *target,
+            *(["--cwd", self.cwd] if self.cwd else []),
+            "--",
+            "python",
+            self.script,
+            *shlex.split(self.args),
+        ]
 
 
 class ScriptTraceJob(QObject):
@@ -108,11 +133,16 @@ class ScriptTraceJob(QObject):
             return
         report = json.loads(report_path.read_text())
         saved = [m for line in "".join(self._stdout).splitlines() if (m := _SAVED.match(line))]
-        self.finished.emit({"report": report, "columns": read_columns(folder / "ops.jsonl"),
-                            "exit_code": exit_code, "run_id": int(saved[-1][1]) if saved else None,
-                            "run_name": saved[-1][2] if saved else None,
-                            "perfetto_path": str(folder / "trace.perfetto.json")})
-
+        self.finished.emit(
+            {
+                "report": report,
+                "columns": read_columns(folder / "ops.jsonl"),
+                "exit_code": exit_code,
+                "run_id": int(saved[-1][1]) if saved else None,
+                "run_name": saved[-1][2] if saved else None,
+                "perfetto_path": str(folder / "trace.perfetto.json"),
+            }
+        )
 
     def _on_diagnosed(self, exit_code: int) -> None:
         lines = "".join(self._stdout).splitlines()
@@ -120,7 +150,7 @@ class ScriptTraceJob(QObject):
         if start is None:
             self.failed.emit(f"the diagnosis ended (exit code {exit_code}) without a report; see the output")
             return
-        self.diagnosed.emit(lines[start + 1:])
+        self.diagnosed.emit(lines[start + 1 :])
 
 
 _DIAGNOSIS = re.compile(r"^=+ opscope diagnose: ")
@@ -128,8 +158,23 @@ _DIAGNOSIS = re.compile(r"^=+ opscope diagnose: ")
 
 def read_columns(path: Path) -> dict[str, list]:
     """The op table's columns (app.trace.ops_model.COLUMNS) from the trace's JSON lines."""
-    cols: dict[str, list] = {k: [] for k in ("seq", "op", "kind", "direction", "device", "module", "source",
-                                             "step", "t_us", "dur_us", "bytes", "shapes")}
+    cols: dict[str, list] = {
+        k: []
+        for k in (
+            "seq",
+            "op",
+            "kind",
+            "direction",
+            "device",
+            "module",
+            "source",
+            "step",
+            "t_us",
+            "dur_us",
+            "bytes",
+            "shapes",
+        )
+    }
     if not path.is_file():
         return cols
     start = 0
@@ -140,11 +185,19 @@ def read_columns(path: Path) -> dict[str, list]:
                 start = row["start_ns"]
             elif row["type"] == "op":
                 devices = row["out_devices"] or row["in_devices"] or ["cpu"]
-                for key, value in (("seq", row["seq"]), ("op", row["op"]), ("kind", row["kind"]),
-                                   ("direction", row["direction"] or ""), ("device", devices[0]),
-                                   ("module", row["module"] or ""), ("source", row["source"] or ""),
-                                   ("step", row["step"]), ("t_us", (row["t_ns"] - start) / 1e3),
-                                   ("dur_us", row["dur_ns"] / 1e3), ("bytes", row["bytes_read"] + row["bytes_written"]),
-                                   ("shapes", " ".join("x".join(map(str, s)) for s in row["in_shapes"]))):
+                for key, value in (
+                    ("seq", row["seq"]),
+                    ("op", row["op"]),
+                    ("kind", row["kind"]),
+                    ("direction", row["direction"] or ""),
+                    ("device", devices[0]),
+                    ("module", row["module"] or ""),
+                    ("source", row["source"] or ""),
+                    ("step", row["step"]),
+                    ("t_us", (row["t_ns"] - start) / 1e3),
+                    ("dur_us", row["dur_ns"] / 1e3),
+                    ("bytes", row["bytes_read"] + row["bytes_written"]),
+                    ("shapes", " ".join("x".join(map(str, s)) for s in row["in_shapes"])),
+                ):
                     cols[key].append(value)
     return cols

@@ -7,23 +7,33 @@ syncs keep their warning colours. Hovering a bar shows the op's fields, clicking
 (``opClicked``, the panel selects its table row), ``select`` highlights ops chosen elsewhere, and a
 drag along the time axis zooms to the dragged span (Nsight's select-to-zoom).
 """
+
 from __future__ import annotations
 
 import zlib
 
 import numpy as np
 import pyqtgraph as pg
+from opscope.app.trace.ops_model import KIND_COLORS
 from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtWidgets import QToolTip
-
-from opscope.app.trace.ops_model import KIND_COLORS
 
 LANE_WIDTH_PX = 10
 EMPTY_TITLE = "No trace yet: each op will show here as a bar on its device's lane"
 HINT = "drag to zoom into a span, right-click → View All"
 # Distinct, mid-lightness hues that read on both themes; an op name always gets the same one.
-OP_PALETTE = ("#4c78a8", "#72b7b2", "#54a24b", "#b279a2", "#9d755d", "#4f6d9a", "#88d27a", "#6f4e7c",
-              "#3d9970", "#8c6bb1")
+OP_PALETTE = (
+    "#4c78a8",
+    "#72b7b2",
+    "#54a24b",
+    "#b279a2",
+    "#9d755d",
+    "#4f6d9a",
+    "#88d27a",
+    "#6f4e7c",
+    "#3d9970",
+    "#8c6bb1",
+)
 SELECTED_COLOR = "#ffd400"
 
 
@@ -59,8 +69,9 @@ class TraceTimeline(pg.PlotWidget):
         self._highlight, self.selected, self.columns = None, np.empty(0, dtype=np.int64), columns
         self.getPlotItem().setTitle(None if len(columns["t_us"]) else "The trace recorded no ops")
         t0, t1 = self._spans(columns)
-        lane_of = np.where(columns["kind"] == "transfer", "transfer",
-                           np.where(columns["kind"] == "sync", "sync", columns["device"]))
+        lane_of = np.where(
+            columns["kind"] == "transfer", "transfer", np.where(columns["kind"] == "sync", "sync", columns["device"])
+        )
         self.lanes = sorted(set(lane_of.tolist()), key=lambda n: (n in ("transfer", "sync"), n))
         self.lane_rows = []
         for y, lane in enumerate(self.lanes):
@@ -135,8 +146,10 @@ class TraceTimeline(pg.PlotWidget):
     def describe(self, row: int) -> str:
         """The hover text of an op: what it is, where it ran, when and for how long."""
         c = self.columns
-        lines = [f"{str(c['op'][row]).removeprefix('aten.')}  ({c['kind'][row]} on {c['device'][row]})",
-                 f"start {float(c['t_us'][row]):,.1f} µs · duration {float(c['dur_us'][row]):,.1f} µs"]
+        lines = [
+            f"{str(c['op'][row]).removeprefix('aten.')}  ({c['kind'][row]} on {c['device'][row]})",
+            f"start {float(c['t_us'][row]):,.1f} µs · duration {float(c['dur_us'][row]):,.1f} µs",
+        ]
         for key, label in (("module", "module"), ("source", "source"), ("shapes", "inputs")):
             if str(c[key][row]):
                 lines.append(f"{label}: {c[key][row]}")

@@ -6,6 +6,7 @@ timeout or when the worker stops answering pings; a crash, a kill or an exit fai
 with a message that says what happened, and the next request starts a fresh worker (reloading the
 last model first).
 """
+
 from __future__ import annotations
 
 import collections
@@ -15,19 +16,24 @@ import sys
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
-
-from opscope.app.worker import protocol  # noqa: F401  (qt_compat: must run before any emit)
-
 from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
+from opscope.app.worker import protocol
 from opscope.app.worker.protocol import LoadRequest, PingRequest, Request, ShutdownRequest, StopRequest
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
 log = logging.getLogger(__name__)
 
 # Seconds a running job may go without any message before the worker counts as hung. A job that
 # streams (tokens, progress, trace batches) resets the clock with every message.
-IDLE_TIMEOUT_S = {"load": 300.0, "generate": 120.0, "chat": 120.0, "trace": 600.0, "diagnose": 600.0, "bench": 900.0,
-                  "debug": 30.0}
+IDLE_TIMEOUT_S = {
+    "load": 300.0,
+    "generate": 120.0,
+    "chat": 120.0,
+    "trace": 600.0,
+    "diagnose": 600.0,
+    "bench": 900.0,
+    "debug": 30.0,
+}
 DEFAULT_IDLE_TIMEOUT_S = 120.0
 
 
@@ -90,8 +96,9 @@ class EngineClient(QObject):
     crashed = Signal(str)  # a user-facing message: what happened, what was lost, what happens next
     workerStarted = Signal(int)  # pid
 
-    def __init__(self, parent: QObject | None = None, *, ping_interval_ms: int = 2000,
-                 liveness_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, parent: QObject | None = None, *, ping_interval_ms: int = 2000, liveness_timeout_s: float = 30.0
+    ) -> None:
         super().__init__(parent)
         self._proc: QProcess | None = None
         self._buffer = bytearray()

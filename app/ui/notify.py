@@ -8,6 +8,7 @@ reason and a "Details…" view of the traceback) and logs it. A notice marked ``
 user must act on, such as a model that did not load) opens a window-modal dialog instead of a card, with
 ``open()``: asynchronous, so the event loop keeps running behind it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,14 +16,12 @@ import logging
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
-
-from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QMessageBox, QPushButton, QVBoxLayout,
-                               QWidget)
 
 from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMessageBox, QPushButton, QVBoxLayout, QWidget
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +49,7 @@ class Notifier(QObject):
         self.history: list[Notice] = []
         self._relay.connect(self._deliver)
 
-    def post(self, level: str, message: str, details: str = "", *, modal: bool = False,
-             title: str = "") -> Notice:
+    def post(self, level: str, message: str, details: str = "", *, modal: bool = False, title: str = "") -> Notice:
         notice = Notice(level, message, details, modal, title)
         self._relay.emit(notice)
         return notice
@@ -82,8 +80,9 @@ class NoticeCard(QFrame):
         self.setObjectName("noticeBar")  # styled by resources/*.qss
         self.setProperty("level", notice.level)
         self.setAutoFillBackground(True)  # an overlay: the panels must not show through
-        self.text = QLabel(notice.message, objectName="noticeText", wordWrap=True,
-                           textInteractionFlags=Qt.TextSelectableByMouse)
+        self.text = QLabel(
+            notice.message, objectName="noticeText", wordWrap=True, textInteractionFlags=Qt.TextSelectableByMouse
+        )
         self.details_button = QPushButton("Details…", clicked=self.show_details)
         self.details_button.setVisible(bool(notice.details))
         self.dismiss_button = QPushButton("Dismiss", clicked=self.dismiss)
@@ -107,8 +106,9 @@ def details_dialog(parent: QWidget, notice: Notice, title: str = "") -> QMessage
     """A dialog with the notice's headline (its title, when it has one), its reason and, behind
     "Show Details…", the traceback."""
     icon = QMessageBox.Critical if notice.level == "error" else QMessageBox.Information
-    box = QMessageBox(icon, f"OpScope — {title or notice.level}", notice.title or notice.message,
-                      QMessageBox.Ok, parent)
+    box = QMessageBox(
+        icon, f"OpScope — {title or notice.level}", notice.title or notice.message, QMessageBox.Ok, parent
+    )
     box.setTextInteractionFlags(Qt.TextSelectableByMouse)
     if notice.title:
         box.setInformativeText(notice.message)
@@ -221,8 +221,11 @@ def _report(notifier: Notifier, exc_type, exc, tb, where: str) -> None:
     details = "".join(traceback.format_exception(exc_type, exc, tb))
     try:
         log.error("uncaught exception%s:\n%s", where, details)
-        notifier.error(f"Internal error{where}: {exc_type.__name__}: {exc}. The window keeps running; "
-                       f"the details hold the traceback (please report it).", details)
+        notifier.error(
+            f"Internal error{where}: {exc_type.__name__}: {exc}. The window keeps running; "
+            f"the details hold the traceback (please report it).",
+            details,
+        )
     except Exception:  # the funnel itself failed (the window is gone): the terminal is all that is left
         sys.__excepthook__(exc_type, exc, tb)
 

@@ -10,6 +10,7 @@ The fix measures the leak and, only where it is present, gives these static sing
 of references so large that no session can use it up. They are never freed anyway, so an inflated
 count changes nothing else.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -1,4 +1,5 @@
 """Persistent GUI settings (QSettings, INI format everywhere so tests can point it at a temp dir)."""
+
 from __future__ import annotations
 
 from PySide6.QtCore import QSettings

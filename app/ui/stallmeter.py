@@ -6,14 +6,14 @@ runnable GUI thread off the CPU, which no code in the app can avoid; on Linux th
 from /proc/thread-self/schedstat (time spent waiting on a run queue) and reported separately, so
 ``max_blocked_ms`` is what the app itself caused.
 """
+
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QTimer
-
 from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
+from PySide6.QtCore import QObject, QTimer
 
 _SCHEDSTAT = Path("/proc/thread-self/schedstat")
 
@@ -34,7 +34,7 @@ class StallMeter(QObject):
         self._timer = QTimer(self, interval=interval_ms, timeout=self._tick)
         self._last = (0.0, 0)
 
-    def start(self) -> "StallMeter":
+    def start(self) -> StallMeter:
         self.gaps_ms.clear()
         self.blocked_ms.clear()
         self._last = (time.perf_counter(), runqueue_wait_ns() or 0)
@@ -62,5 +62,7 @@ class StallMeter(QObject):
     def summary(self) -> str:
         gaps = sorted(self.gaps_ms)
         median = gaps[len(gaps) // 2] if gaps else 0.0
-        return (f"{len(gaps)} ticks, median gap {median:.1f} ms, longest gap {self.max_gap_ms:.0f} ms, "
-                f"longest blocked by the app {self.max_blocked_ms:.0f} ms (the rest: waiting for a CPU)")
+        return (
+            f"{len(gaps)} ticks, median gap {median:.1f} ms, longest gap {self.max_gap_ms:.0f} ms, "
+            f"longest blocked by the app {self.max_blocked_ms:.0f} ms (the rest: waiting for a CPU)"
+        )

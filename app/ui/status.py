@@ -5,17 +5,22 @@ permanent labels leave. So that it is never cut, the device and model labels giv
 a message shows: they elide (the whole text stays in their tooltip) and take their room back when
 it goes.
 """
+
 from __future__ import annotations
 
 import os
 
+from opscope.app.ui.engine_client import EngineClient
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QSizePolicy, QStatusBar, QWidget
 
-from opscope.app.ui.engine_client import EngineClient
-
-STATE_TEXT = {"stopped": "engine stopped", "starting": "engine starting…", "idle": "engine ready",
-              "busy": "engine busy", "crashed": "engine crashed — restarts on the next request"}
+STATE_TEXT = {
+    "stopped": "engine stopped",
+    "starting": "engine starting…",
+    "idle": "engine ready",
+    "busy": "engine busy",
+    "crashed": "engine crashed — restarts on the next request",
+}
 
 
 def format_bytes(n: float | None) -> str:
@@ -42,24 +47,25 @@ class ElidedLabel(QLabel):
         self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Preferred)
         self.setText(text)
 
-    def setText(self, text: str) -> None:  # noqa: N802 (Qt's name)
+    def setText(self, text: str) -> None:
         self.full_text = text
         self._elide()
         self.updateGeometry()
 
-    def sizeHint(self):  # noqa: N802
+    def sizeHint(self):
         hint = super().sizeHint()
         m = self.contentsMargins()
-        hint.setWidth(self.fontMetrics().horizontalAdvance(self.full_text) + m.left() + m.right()
-                      + 2 * self.margin() + 4)
+        hint.setWidth(
+            self.fontMetrics().horizontalAdvance(self.full_text) + m.left() + m.right() + 2 * self.margin() + 4
+        )
         return hint
 
-    def minimumSizeHint(self):  # noqa: N802
+    def minimumSizeHint(self):
         hint = super().minimumSizeHint()
         hint.setWidth(min(MIN_ELIDED_PX, self.sizeHint().width()))
         return hint
 
-    def resizeEvent(self, event) -> None:  # noqa: N802
+    def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         self._elide()
 
@@ -69,8 +75,9 @@ class ElidedLabel(QLabel):
     def _elide(self) -> None:
         width = self.contentsRect().width() - 2 * self.margin() if self.isVisible() else 1 << 20
         fits = self.fontMetrics().horizontalAdvance(self.full_text) <= width - 4  # elidedText rounds down
-        shown = self.full_text if fits else self.fontMetrics().elidedText(self.full_text, Qt.ElideRight,
-                                                                           max(width - 4, 0))
+        shown = (
+            self.full_text if fits else self.fontMetrics().elidedText(self.full_text, Qt.ElideRight, max(width - 4, 0))
+        )
         QLabel.setText(self, shown)
 
 
@@ -112,7 +119,7 @@ class EngineStatusBar(QStatusBar):
                 width = max(MIN_ELIDED_PX, width - excess * width // max(sum(wanted), 1))
             label.setMaximumWidth(width)
 
-    def resizeEvent(self, event) -> None:  # noqa: N802
+    def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         self.make_room()
 
@@ -132,11 +139,15 @@ class EngineStatusBar(QStatusBar):
         fast = f" · fast path{variant}{fast[2:]}" if fast.startswith("on") else ""  # "on (prefill_dtype=bf16)"
         # how the backend took the file's types ("Q4_K → MLX 4-bit g32: exact; Q6_K → ..."), when it converted
         conversion = f" · {info['conversion']}" if info.get("conversion") else ""
-        self.device_label.setText(f"device: {info.get('device', '–')} · {info.get('dtype', '')}{fast}"
-                                  f" · {info.get('backend', '')}{conversion}")
-        explain = ("\nfast path: the GGUF's quantized weights with OpScope's CPU kernels "
-                   f"({info['cpu_kernels'] + ' variant, ' if variant else ''}benchmarks/FASTPATH_NOTES.md)"
-                   if fast else "")
+        self.device_label.setText(
+            f"device: {info.get('device', '–')} · {info.get('dtype', '')}{fast} · {info.get('backend', '')}{conversion}"
+        )
+        explain = (
+            "\nfast path: the GGUF's quantized weights with OpScope's CPU kernels "
+            f"({info['cpu_kernels'] + ' variant, ' if variant else ''}benchmarks/FASTPATH_NOTES.md)"
+            if fast
+            else ""
+        )
         self.device_label.setToolTip(self.device_label.full_text + explain)  # whole, when elided
         name = os.path.basename(info.get("path", "")) or "–"
         self.model_label.setText(f"model: {name}")

@@ -2,9 +2,10 @@
 capped cell shows its full text as a tooltip (a long params column must not push the numbers out).
 ``keep_in_view`` goes further: the columns always fit the view's width (no sideways scrolling), the
 text columns named "elastic" giving up width, elided, with their full text on hover."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtWidgets import QHeaderView, QTableView, QTableWidget
@@ -75,7 +76,7 @@ class _RefitOnResize(QObject):
         super().__init__(table)
         self.table = table
 
-    def eventFilter(self, _obj, event) -> bool:  # noqa: N802 (Qt's name)
+    def eventFilter(self, _obj, event) -> bool:
         if event.type() == QEvent.Resize and event.size().width() != event.oldSize().width():
             refit(self.table)
         return False
@@ -90,8 +91,7 @@ def display_unit(unit: str) -> str:
 
 def with_unit(v: float | None, unit: str) -> str:
     """A value as people read it, with its unit: bytes in binary units (engine.units), never 7.108e+08."""
-    from opscope.engine import fmt_unit_value
-    from opscope.engine import BYTE_UNITS
+    from opscope.engine import BYTE_UNITS, fmt_unit_value
 
     if v is None:
         return "–"

@@ -3,31 +3,51 @@
 Qt widgets get a Fusion palette plus the stylesheet from resources/; pyqtgraph plots get matching
 background and foreground colours through ``plot_colors()`` and the ``changed`` signal.
 """
+
 from __future__ import annotations
 
 import logging
 
+from opscope import resources
+from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette, QPixmap
 from PySide6.QtWidgets import QApplication
 
-from opscope import resources
-from opscope.app.ui import qt_compat  # noqa: F401  (must run before any emit)
-
 log = logging.getLogger(__name__)
 
 # Device colours used everywhere (trace table, timeline, summary cards): one meaning, one colour.
-DEVICE_COLORS = {"cpu": "#3182ce", "cuda": "#38a169", "mps": "#805ad5", "meta": "#d69e2e",
-                 "transfer": "#e53e3e", "sync": "#dd6b20", "other": "#718096"}
-PHASE_COLORS = {"prefill": (246, 173, 85), "decode": (79, 209, 197), "bench_iter": (159, 122, 234),
-                "model_load": (160, 174, 192)}
+DEVICE_COLORS = {
+    "cpu": "#3182ce",
+    "cuda": "#38a169",
+    "mps": "#805ad5",
+    "meta": "#d69e2e",
+    "transfer": "#e53e3e",
+    "sync": "#dd6b20",
+    "other": "#718096",
+}
+PHASE_COLORS = {
+    "prefill": (246, 173, 85),
+    "decode": (79, 209, 197),
+    "bench_iter": (159, 122, 234),
+    "model_load": (160, 174, 192),
+}
 
 _DARK = {
-    QPalette.Window: "#232831", QPalette.WindowText: "#e2e8f0", QPalette.Base: "#1a1f27",
-    QPalette.AlternateBase: "#262c36", QPalette.Text: "#e2e8f0", QPalette.Button: "#2d3440",
-    QPalette.ButtonText: "#e2e8f0", QPalette.Highlight: "#3182ce", QPalette.HighlightedText: "#ffffff",
-    QPalette.ToolTipBase: "#2d3440", QPalette.ToolTipText: "#e2e8f0", QPalette.PlaceholderText: "#718096",
-    QPalette.Link: "#63b3ed", QPalette.Mid: "#4a5568",
+    QPalette.Window: "#232831",
+    QPalette.WindowText: "#e2e8f0",
+    QPalette.Base: "#1a1f27",
+    QPalette.AlternateBase: "#262c36",
+    QPalette.Text: "#e2e8f0",
+    QPalette.Button: "#2d3440",
+    QPalette.ButtonText: "#e2e8f0",
+    QPalette.Highlight: "#3182ce",
+    QPalette.HighlightedText: "#ffffff",
+    QPalette.ToolTipBase: "#2d3440",
+    QPalette.ToolTipText: "#e2e8f0",
+    QPalette.PlaceholderText: "#718096",
+    QPalette.Link: "#63b3ed",
+    QPalette.Mid: "#4a5568",
 }
 
 

@@ -1,21 +1,23 @@
 """Small helpers that keep what a person reads whole at 1400x900."""
+
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 TICK_GAP_PX = 12  # room between two category labels on an axis
 
 
-def category_ticks(names: list[str], axis_px: int, text_px: Callable[[str], int],
-                   numbers: list[int] | None = None) -> tuple[list[str], bool]:
+def category_ticks(
+    names: list[str], axis_px: int, text_px: Callable[[str], int], numbers: list[int] | None = None
+) -> tuple[list[str], bool]:
     """Labels for category ticks that never overlap: the names less their shared prefix when they
     fit side by side in ``axis_px``, else the row numbers ``numbers`` (1-based, as a table's row
     header shows them). Returns the labels and whether they are numbers."""
     if len(names) > 1:
         prefix = os.path.commonprefix(names)
-        prefix = prefix[:prefix.rfind("_") + 1]  # cut at a word boundary: "matmul_", never "matmul_f"
-        short = [n[len(prefix):] or n for n in names]
+        prefix = prefix[: prefix.rfind("_") + 1]  # cut at a word boundary: "matmul_", never "matmul_f"
+        short = [n[len(prefix) :] or n for n in names]
     else:
         short = list(names)
     if sum(text_px(s) + TICK_GAP_PX for s in short) <= axis_px:
@@ -43,7 +45,7 @@ def engineering_log_axis(orientation: str, unit: str = ""):
 
     class EngineeringLogAxis(pg.AxisItem):
         def logTickStrings(self, values, scale, spacing):  # values are log10 of the data
-            return [engineering(10.0 ** v * scale, unit) for v in values]
+            return [engineering(10.0**v * scale, unit) for v in values]
 
     axis = EngineeringLogAxis(orientation)
     axis.enableAutoSIPrefix(False)  # the prefix is in each tick already
@@ -59,8 +61,9 @@ def shrinkable(*buttons) -> None:
         button.setMinimumWidth(button.fontMetrics().horizontalAdvance(button.text()) + padding)
 
 
-def wrapped_key(items: list[tuple[str, str]], room_px: int, text_px: Callable[[str], int],
-                gap: str = "&nbsp;&nbsp;&nbsp;") -> str:
+def wrapped_key(
+    items: list[tuple[str, str]], room_px: int, text_px: Callable[[str], int], gap: str = "&nbsp;&nbsp;&nbsp;"
+) -> str:
     """A plot title's key as HTML lines no wider than ``room_px``: ``items`` are (html, plain
     text) pairs, placed in order, a new line started where the next would not fit. pyqtgraph's
     titles never wrap, and one wider than the view pushes the plot past the view's edge."""

@@ -8,34 +8,41 @@ toolbar's model box and the status bar name the model the worker actually holds.
 settings (Engine → Settings…: threads, attention, fast path, compile, quantize, context length) go
 with every load and are persisted; they always describe the model the worker holds.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
 
+from opscope.app.chat.panel import ChatPanel
+from opscope.app.chat.session import ChatSession
+from opscope.app.ui import settings
+from opscope.app.ui.engine_client import EngineClient, Job
+from opscope.app.ui.notify import Notice, NotificationArea, Notifier, details_dialog, install_excepthooks
+from opscope.app.ui.status import EngineStatusBar
+from opscope.app.ui.theme import ThemeManager, app_icon
+from opscope.app.window.panels import build_optional_panels
+from opscope.app.window.toolbar import ModelToolBar
+from opscope.app.worker.protocol import InfoRequest, LoadRequest
+from opscope.app.worker.settings import EngineSettings
 from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QTabWidget, QWidget
-
-from opscope.app.ui import settings
-from opscope.app.chat.panel import ChatPanel
-from opscope.app.chat.session import ChatSession
-from opscope.app.worker.settings import EngineSettings
-from opscope.app.ui.engine_client import EngineClient, Job
-from opscope.app.ui.notify import Notice, NotificationArea, Notifier, details_dialog, install_excepthooks
-from opscope.app.window.panels import build_optional_panels
-from opscope.app.worker.protocol import InfoRequest, LoadRequest
-from opscope.app.ui.status import EngineStatusBar
-from opscope.app.ui.theme import ThemeManager, app_icon
-from opscope.app.window.toolbar import ModelToolBar
 
 log = logging.getLogger(__name__)
 
 LAYOUT_VERSION = 1  # bump when dock object names change: old saved layouts are then ignored
 
-JOB_TEXT = {"chat": "The chat reply", "generate": "Generation", "trace": "The trace", "bench": "The benchmark",
-            "roofline": "The roofline", "info": "Listing the engine's backends", "debug": "The debug request"}
+JOB_TEXT = {
+    "chat": "The chat reply",
+    "generate": "Generation",
+    "trace": "The trace",
+    "bench": "The benchmark",
+    "roofline": "The roofline",
+    "info": "Listing the engine's backends",
+    "debug": "The debug request",
+}
 
 
 def _model_name(spec: LoadRequest) -> str:
@@ -55,8 +62,14 @@ def _short_name(spec: LoadRequest) -> str:
 class MainWindow(QMainWindow):
     engineInfo = Signal(dict)  # backends, devices, dtypes, suites, trace variants (InfoRequest)
 
-    def __init__(self, client: EngineClient, theme: ThemeManager, *, db_url: str | None = None,
-                 initial_model: LoadRequest | None = None) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        theme: ThemeManager,
+        *,
+        db_url: str | None = None,
+        initial_model: LoadRequest | None = None,
+    ) -> None:
         super().__init__()
         self.setWindowTitle("OpScope")
         self.setWindowIcon(app_icon())
@@ -86,8 +99,9 @@ class MainWindow(QMainWindow):
         self._start_engine(initial_model or LoadRequest())
 
     # -- construction ---------------------------------------------------------------------------
-    def add_panel(self, name: str, title: str, widget: QWidget, area=Qt.LeftDockWidgetArea,
-                  tabify_with: str | None = None) -> QDockWidget:
+    def add_panel(
+        self, name: str, title: str, widget: QWidget, area=Qt.LeftDockWidgetArea, tabify_with: str | None = None
+    ) -> QDockWidget:
         dock = self._add_dock(name, title, widget, area)
         if tabify_with in self.docks:
             self.tabifyDockWidget(self.docks[tabify_with], dock)
@@ -96,8 +110,9 @@ class MainWindow(QMainWindow):
     def _add_dock(self, name: str, title: str, widget: QWidget, area) -> QDockWidget:
         dock = QDockWidget(title, self, objectName=f"dock_{name}")
         dock.setWidget(widget)
-        dock.setFeatures(QDockWidget.DockWidgetMovable | QDockWidget.DockWidgetFloatable
-                         | QDockWidget.DockWidgetClosable)
+        dock.setFeatures(
+            QDockWidget.DockWidgetMovable | QDockWidget.DockWidgetFloatable | QDockWidget.DockWidgetClosable
+        )
         self.addDockWidget(area, dock)
         self.docks[name] = dock
         return dock
@@ -151,8 +166,11 @@ class MainWindow(QMainWindow):
         job = self.client.submit(spec)
         self.toolbar.show_model(spec, loaded=False)
         self.statusBar().showMessage(f"Loading {_short_name(spec)}…")
-        job.progress.connect(lambda msg: self.statusBar().showMessage(  # a first start compiles for minutes
-            f"Loading {_short_name(spec)}: {msg.get('stage', 'working')} ({msg.get('elapsed_s', 0)} s)…"))
+        job.progress.connect(
+            lambda msg: self.statusBar().showMessage(  # a first start compiles for minutes
+                f"Loading {_short_name(spec)}: {msg.get('stage', 'working')} ({msg.get('elapsed_s', 0)} s)…"
+            )
+        )
         return job
 
     def _on_model_loaded(self, info: dict) -> None:
@@ -175,8 +193,9 @@ class MainWindow(QMainWindow):
             self.settings_dialog.done(0)
         context = (self.client.model_info or {}).get("config", {}).get("max_seq_len", 0)
         active = str((self.client.model_info or {}).get("fastpath", "")).startswith("on")
-        self.settings_dialog = EngineSettingsDialog(self.engine_settings, self.load_options, model_context=context,
-                                                    fastpath_active=active, parent=self)
+        self.settings_dialog = EngineSettingsDialog(
+            self.engine_settings, self.load_options, model_context=context, fastpath_active=active, parent=self
+        )
         self.settings_dialog.applied.connect(self.apply_engine_settings)
         self.settings_dialog.open()
         return self.settings_dialog
@@ -211,20 +230,29 @@ class MainWindow(QMainWindow):
     def _load_failed(self, spec: LoadRequest, error_type: str, message: str, details: str, reply: dict) -> None:
         if "model" in reply:
             now = reply["model"]
-            kept = (f"{os.path.basename(now.get('path', ''))} is still loaded" if now else
-                    "no model is loaded: pick one in the toolbar (Model) or with File → Open model")
+            kept = (
+                f"{os.path.basename(now.get('path', ''))} is still loaded"
+                if now
+                else "no model is loaded: pick one in the toolbar (Model) or with File → Open model"
+            )
         else:  # the worker died while loading: the box names what comes back with it, or nothing
-            kept = ("the engine restarts with the last model that loaded on the next request"
-                    if self.client.model_spec is not None else "no model is loaded: pick one in the toolbar")
+            kept = (
+                "the engine restarts with the last model that loaded on the next request"
+                if self.client.model_spec is not None
+                else "no model is loaded: pick one in the toolbar"
+            )
             self.toolbar.show_model(self.client.model_spec, loaded=True)
             if self.client.model_spec is None:
                 self.statusBar().on_model_changed(None)
         # One sentence, in one place (the dialog): no error class, no card or status line repeating it.
         self.statusBar().clearMessage()
-        self.notifier.error(f"Could not load {_model_name(spec)} on {spec.device}/{spec.dtype}: "
-                            f"{_reason(error_type, message).removeprefix(f'{spec.model}: ')} ({kept}).",
-                            details, modal=True,
-                            title=f"Could not load {os.path.basename(spec.model or '') or _model_name(spec)}")
+        self.notifier.error(
+            f"Could not load {_model_name(spec)} on {spec.device}/{spec.dtype}: "
+            f"{_reason(error_type, message).removeprefix(f'{spec.model}: ')} ({kept}).",
+            details,
+            modal=True,
+            title=f"Could not load {os.path.basename(spec.model or '') or _model_name(spec)}",
+        )
 
     def _on_notice(self, notice: Notice) -> None:
         if not notice.modal:

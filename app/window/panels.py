@@ -3,22 +3,26 @@
 Each is built on its own: a panel whose engine part is missing or broken is replaced by a short
 explanation instead of taking the window down with it.
 """
+
 from __future__ import annotations
 
 import logging
 
+from opscope.app.ui import settings
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
-
-from opscope.app.ui import settings
 
 log = logging.getLogger(__name__)
 
 
 def unavailable_panel(what: str, error: BaseException) -> QWidget:
     widget = QWidget()
-    label = QLabel(f"{what} is not available: {type(error).__name__}: {error}", objectName="panelHint",
-                   wordWrap=True, alignment=Qt.AlignCenter)
+    label = QLabel(
+        f"{what} is not available: {type(error).__name__}: {error}",
+        objectName="panelHint",
+        wordWrap=True,
+        alignment=Qt.AlignCenter,
+    )
     QVBoxLayout(widget).addWidget(label)
     return widget
 
@@ -87,8 +91,12 @@ def _runs(window) -> QWidget:
     from opscope.app.runs.panel import RunsPanel
 
     panel = RunsPanel(RunsModel(window.db_url, parent=window), window.notifier, client=window.client)
-    for plot in (panel.detail.histogram, panel.detail.telemetry, panel.compare_view.distributions,
-                 panel.compare_view.telemetry):
+    for plot in (
+        panel.detail.histogram,
+        panel.detail.telemetry,
+        panel.compare_view.distributions,
+        panel.compare_view.telemetry,
+    ):
         _follow_theme(window.theme, plot)
     bench = window.panels.get("bench")
     if hasattr(bench, "model"):
@@ -102,6 +110,7 @@ def _runs(window) -> QWidget:
 
 def _follow_theme(theme, target) -> None:
     """Keep a TelemetryPanel (apply_theme) or a pyqtgraph PlotWidget (setBackground) in the theme."""
+
     def apply(_name: str = "") -> None:
         background, foreground = theme.plot_colors()
         if hasattr(target, "apply_theme"):

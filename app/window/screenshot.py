@@ -5,6 +5,7 @@ Dialogs the window has open (a failed model load opens one) are painted over the
 place, so the picture is what a person sees. Exit code 0, or 2 with one line on stderr when the
 file cannot be written.
 """
+
 from __future__ import annotations
 
 import os

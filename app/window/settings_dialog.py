@@ -5,23 +5,43 @@ quantization and the chat's context length. Apply/OK hands the settings to the w
 the model when a model option changed (a failed reload keeps the previous model: app.notify says why).
 The choices come from the engine worker (``load_options``), so the GUI never imports torch.
 """
+
 from __future__ import annotations
 
 import os
 
+from opscope.app.worker.settings import (
+    FALLBACK_LOAD_OPTIONS,
+    FASTPATH_MODES,
+    EngineSettings,
+    fastpath_spec_from,
+    fastpath_values_from,
+)
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox,
-                               QLabel, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
-from opscope.app.worker.settings import (FALLBACK_LOAD_OPTIONS, FASTPATH_MODES, EngineSettings, fastpath_spec_from,
-                                 fastpath_values_from)
-
-FASTPATH_HELP = {"auto": "auto — on for a float32/bfloat16 GGUF on the CPU",
-                 "on": "on — with the settings below", "off": "off — the plain torch model"}
+FASTPATH_HELP = {
+    "auto": "auto — on for a float32/bfloat16 GGUF on the CPU",
+    "on": "on — with the settings below",
+    "off": "off — the plain torch model",
+}
 FIELD_TEXT = {  # label, tooltip: what each fast-path setting does (engine/fastpath/options.py)
     "weights": ("Weights", "q: keep the GGUF's quantized blocks (fused kernels) · dense: the weights as loaded"),
-    "activations": ("Decode activations", "f32: exact · q8: int8 activations as llama.cpp does (faster, "
-                                          "slightly different logits)"),
+    "activations": (
+        "Decode activations",
+        "f32: exact · q8: int8 activations as llama.cpp does (faster, slightly different logits)",
+    ),
     "prefill_dtype": ("Prefill GEMM dtype", "f32: exact · bf16: faster where the CPU has native bf16"),
     "gemm_min_rows": ("GEMM from rows", "prompt tokens from which a matmul dequantizes and uses a GEMM"),
     "fused_decode": ("Fused decode step", "one C++ call per token for all layers"),
@@ -30,15 +50,24 @@ FIELD_TEXT = {  # label, tooltip: what each fast-path setting does (engine/fastp
     "adapt_threads": ("Adapt threads to load", "decode gives cores back while other processes use them"),
     "on_error": ("If kernels cannot build", "fallback: plain torch · raise: fail the load"),
 }
-RELOAD_NOTE = ("Changing a model option reloads the model; if the reload fails, the model loaded now stays "
-               "loaded and the notification says why.")
+RELOAD_NOTE = (
+    "Changing a model option reloads the model; if the reload fails, the model loaded now stays "
+    "loaded and the notification says why."
+)
 
 
 class EngineSettingsDialog(QDialog):
     applied = Signal(object)  # EngineSettings
 
-    def __init__(self, current: EngineSettings, load_options: dict | None = None, *, model_context: int = 0,
-                 fastpath_active: bool = False, parent: QWidget | None = None) -> None:
+    def __init__(
+        self,
+        current: EngineSettings,
+        load_options: dict | None = None,
+        *,
+        model_context: int = 0,
+        fastpath_active: bool = False,
+        parent: QWidget | None = None,
+    ) -> None:
         super().__init__(parent, windowTitle="Engine settings", objectName="engineSettings")
         options = load_options or FALLBACK_LOAD_OPTIONS
         self.field_specs: list[dict] = list(options["fastpath_fields"])
@@ -52,8 +81,9 @@ class EngineSettingsDialog(QDialog):
         self.compile = _combo(options["compile"])
         self.quantize = _combo(options["quantize"])
         self.context = QSpinBox(minimum=0, maximum=1 << 20, singleStep=256, suffix=" tokens")
-        self.context.setSpecialValueText(f"the model's own ({model_context} tokens)" if model_context
-                                         else "the model's own")
+        self.context.setSpecialValueText(
+            f"the model's own ({model_context} tokens)" if model_context else "the model's own"
+        )
         self._loading = False
         self.fastpath_active = fastpath_active  # the loaded model runs on the fast path ("auto" chose it)
         self.fastpath_box = QGroupBox("Fast path settings")
@@ -67,8 +97,13 @@ class EngineSettingsDialog(QDialog):
     def _build(self) -> None:
         model = QGroupBox("Model (reloads)")
         form = QFormLayout(model)
-        for label, widget in (("Threads", self.threads), ("Attention", self.attention), ("Fast path", self.fastpath),
-                              ("Compile", self.compile), ("Quantize", self.quantize)):
+        for label, widget in (
+            ("Threads", self.threads),
+            ("Attention", self.attention),
+            ("Fast path", self.fastpath),
+            ("Compile", self.compile),
+            ("Quantize", self.quantize),
+        ):
             form.addRow(label, widget)
         fp_form = QFormLayout(self.fastpath_box)
         for name, widget in self.fastpath_widgets.items():
@@ -77,8 +112,9 @@ class EngineSettingsDialog(QDialog):
             fp_form.addRow(label, widget)
         chat = QGroupBox("Chat")
         QFormLayout(chat).addRow("Context length", self.context)
-        buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Apply | QDialogButtonBox.Cancel
-                                   | QDialogButtonBox.RestoreDefaults)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.Ok | QDialogButtonBox.Apply | QDialogButtonBox.Cancel | QDialogButtonBox.RestoreDefaults
+        )
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         buttons.button(QDialogButtonBox.Apply).clicked.connect(self.apply)
@@ -110,11 +146,15 @@ class EngineSettingsDialog(QDialog):
 
     def settings(self) -> EngineSettings:
         values = {name: _value(w) for name, w in self.fastpath_widgets.items()}
-        return EngineSettings(threads=self.threads.value(), attention=self.attention.currentText(),
-                              fastpath=self.fastpath.currentData(),
-                              fastpath_settings=fastpath_spec_from(values, self.field_specs),
-                              compile=self.compile.currentText(), quantize=self.quantize.currentText(),
-                              context_length=self.context.value())
+        return EngineSettings(
+            threads=self.threads.value(),
+            attention=self.attention.currentText(),
+            fastpath=self.fastpath.currentData(),
+            fastpath_settings=fastpath_spec_from(values, self.field_specs),
+            compile=self.compile.currentText(),
+            quantize=self.quantize.currentText(),
+            context_length=self.context.value(),
+        )
 
     def _update_enabled(self) -> None:
         """The engine's rules: fast-path settings need the fast path on; compile and quantize belong to

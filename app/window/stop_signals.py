@@ -8,6 +8,7 @@ all. So while the window is open the signals only record themselves, and signal.
 writes a byte to a socket a QSocketNotifier watches: the loop wakes, and the close is posted as
 an ordinary event (the napari/IPython pattern).
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,9 @@ class CloseOnSignal(QObject):
         self._wakeup_before = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
         self._notifier = QSocketNotifier(self._reader.fileno(), QSocketNotifier.Read, self)
         self._notifier.activated.connect(self._drain)
-        self._handlers_before = {sig: signal.signal(sig, self._on_signal) for sig in STOPS
-                                 if signal.getsignal(sig) is not signal.SIG_IGN}
+        self._handlers_before = {
+            sig: signal.signal(sig, self._on_signal) for sig in STOPS if signal.getsignal(sig) is not signal.SIG_IGN
+        }
         QTimer.singleShot(0, lambda: log.info(READY_MESSAGE))  # the loop runs and listens
 
     def _on_signal(self, signum: int, _frame) -> None:

@@ -6,15 +6,15 @@ a load through ``loadRequested``. The window calls ``show_model`` with what is b
 with what the worker actually holds, so after a failed load the box goes back to the model in use
 (or says that none is loaded); a file joins the recent models only once it has loaded.
 """
+
 from __future__ import annotations
 
 import os
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QFileDialog, QLabel, QToolBar, QToolButton, QWidget
-
 from opscope.app.ui import settings
 from opscope.app.worker.protocol import LoadRequest
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QComboBox, QFileDialog, QLabel, QToolBar, QToolButton, QWidget
 
 DEFAULT_LABEL = "Embedded default · SmolLM2-135M-Instruct Q4_1"
 NO_MODEL_LABEL = "No model loaded"
@@ -40,12 +40,17 @@ class ModelToolBar(QToolBar):
         self._backends: list[dict] = []
         self._shown: LoadRequest | None = None  # the spec show_model last showed
         self._updating = False
-        for label, combo in (("Model ", self.model_combo), (" Backend ", self.backend_combo),
-                             (" Device ", self.device_combo), (" Dtype ", self.dtype_combo)):
+        for label, combo in (
+            ("Model ", self.model_combo),
+            (" Backend ", self.backend_combo),
+            (" Device ", self.device_combo),
+            (" Dtype ", self.dtype_combo),
+        ):
             self.addWidget(QLabel(label))
             self.addWidget(combo)
-        self.settings_button = QToolButton(text="Settings…", toolTip="Threads, fast path, compile, quantize, "
-                                           "context length (Engine → Settings…)")
+        self.settings_button = QToolButton(
+            text="Settings…", toolTip="Threads, fast path, compile, quantize, context length (Engine → Settings…)"
+        )
         self.settings_button.clicked.connect(self.settingsRequested.emit)
         self.addWidget(self.settings_button)
         self._fill_models(None)
@@ -87,9 +92,12 @@ class ModelToolBar(QToolBar):
     # -- the request ----------------------------------------------------------------------------
     def request(self) -> LoadRequest:
         model = self.model_combo.currentData()
-        return LoadRequest(model=None if model == NO_MODEL else model, device=self.device_combo.currentText() or "cpu",
-                           dtype=self.dtype_combo.currentText() or "float32",
-                           backend=self.backend_combo.currentText() or "torch")
+        return LoadRequest(
+            model=None if model == NO_MODEL else model,
+            device=self.device_combo.currentText() or "cpu",
+            dtype=self.dtype_combo.currentText() or "float32",
+            backend=self.backend_combo.currentText() or "torch",
+        )
 
     def set_model(self, path: str | None) -> None:
         """Select ``path`` (None = embedded default) and ask for it to be loaded."""

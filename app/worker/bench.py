@@ -1,5 +1,6 @@
 """The worker's benchmark job: run a suite through engine.bench.session.run_suite, saving every
 point to the run store as it is measured, and stream progress and finished points to the GUI."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,9 +32,14 @@ def suite_catalog() -> list[dict]:
             out.append({"name": name, "description": f"unavailable: {e}", "params": [], "needs_model": False})
             continue
         quick = getattr(module, "QUICK", None)
-        out.append({"name": name, "description": getattr(module, "DESCRIPTION", ""),
-                    "needs_model": bool(getattr(module, "NEEDS_MODEL", False)),
-                    "params": _param_fields(module.Params, quick)})
+        out.append(
+            {
+                "name": name,
+                "description": getattr(module, "DESCRIPTION", ""),
+                "needs_model": bool(getattr(module, "NEEDS_MODEL", False)),
+                "params": _param_fields(module.Params, quick),
+            }
+        )
     return out
 
 
@@ -43,9 +49,17 @@ def _param_fields(params_cls, quick) -> list[dict]:
     for f in dataclasses.fields(params_cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         doc = param_doc(f)  # the suite's own description of the field: the form's label and tooltip
-        fields.append({"name": f.name, "kind": _kind(hints.get(f.name), default),
-                       "default": _plain(default), "quick": _plain(getattr(quick, f.name, default)),
-                       "label": doc.text, "unit": doc.unit, "help": doc.help})
+        fields.append(
+            {
+                "name": f.name,
+                "kind": _kind(hints.get(f.name), default),
+                "default": _plain(default),
+                "quick": _plain(getattr(quick, f.name, default)),
+                "label": doc.text,
+                "unit": doc.unit,
+                "help": doc.help,
+            }
+        )
     return fields
 
 
@@ -69,7 +83,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-
 class _ProgressSink:
     """The run store, plus a message to the GUI for every point as it is saved, plus the run's
     telemetry window and phase markers saved just before the run is closed."""
@@ -84,9 +97,18 @@ class _ProgressSink:
 
     def add_metric(self, run_id, metric) -> None:
         self.store.add_metric(run_id, metric)
-        self.send("progress", point={"name": metric.name, "unit": metric.unit, "samples": list(metric.samples),
-                                     "params": dict(metric.params), "status": metric.status,
-                                     "error": metric.error, "higher_is_better": metric.higher_is_better})
+        self.send(
+            "progress",
+            point={
+                "name": metric.name,
+                "unit": metric.unit,
+                "samples": list(metric.samples),
+                "params": dict(metric.params),
+                "status": metric.status,
+                "error": metric.error,
+                "higher_is_better": metric.higher_is_better,
+            },
+        )
 
     def add_markers(self, run_id, markers) -> None:
         """A suite's own markers (every rank's collectives), saved as `opscope bench` saves them."""
@@ -127,15 +149,19 @@ def _throttled_progress(send):
 
 
 def run_bench(loaded, spec: LoadRequest | None, req: BenchRequest, send, cancel: threading.Event) -> dict:
-    from opscope.engine import BenchOptions
-    from opscope.engine import run_suite
-    from opscope.engine import get_suite
-    from opscope.engine import RunStore
+    from opscope.engine import BenchOptions, RunStore, get_suite, run_suite
 
     module = get_suite(req.suite)
     spec = spec or LoadRequest()
-    opts = BenchOptions(device=spec.device, dtype=spec.dtype, quick=req.quick, model=spec.model,
-                        backend=spec.backend, threads=spec.threads, attention=spec.attention)
+    opts = BenchOptions(
+        device=spec.device,
+        dtype=spec.dtype,
+        quick=req.quick,
+        model=spec.model,
+        backend=spec.backend,
+        threads=spec.threads,
+        attention=spec.attention,
+    )
     params = build_params(module, req.params, req.quick)
     if req.ab is not None:
         return run_bench_ab(opts, params, req, send, cancel)
@@ -145,14 +171,28 @@ def run_bench(loaded, spec: LoadRequest | None, req: BenchRequest, send, cancel:
     try:
         with RunStore.open(req.db_url) as store:
             sink = _ProgressSink(store, send, recorder)
-            run_id, result = run_suite(req.suite, opts, sink, name=req.name, tags=req.tags, params=params,
-                                       cancel=cancel, progress=_throttled_progress(send), model=model)
+            run_id, result = run_suite(
+                req.suite,
+                opts,
+                sink,
+                name=req.name,
+                tags=req.tags,
+                params=params,
+                cancel=cancel,
+                progress=_throttled_progress(send),
+                model=model,
+            )
             name = store.info(run_id).name
     finally:
         if sampler is not None:
             sampler.stop()
-    return {"run_id": run_id, "name": name, "status": result.status, "error": result.error,
-            "metrics": len(result.metrics)}
+    return {
+        "run_id": run_id,
+        "name": name,
+        "status": result.status,
+        "error": result.error,
+        "metrics": len(result.metrics),
+    }
 
 
 class _ABSink:
@@ -188,24 +228,28 @@ class _ABSink:
 def run_bench_ab(opts, params, req: BenchRequest, send, cancel: threading.Event) -> dict:
     """`opscope bench SUITE --ab FLAGS` for the GUI: both sides interleaved (engine.bench.ab), two
     runs saved, and B against A as `opscope runs compare` prints it."""
-    from opscope.engine import Side, pair_names, run_ab
-    from opscope.engine import ab_side
-    from opscope.engine import override_cli_params
-    from opscope.engine import RunStore
-    from opscope.engine import compare
+    from opscope.engine import RunStore, Side, ab_side, compare, override_cli_params, pair_names, run_ab
     from opscope.engine import render_comparison as render
 
     b_opts, b_pairs = ab_side(opts, req.suite, req.ab or "")
     names = pair_names(req.name, req.suite)
     sides = (Side(opts, params, names[0]), Side(b_opts, override_cli_params(params, b_pairs), names[1], req.ab or ""))
     with RunStore.open(req.db_url) as store:
-        runs = run_ab(req.suite, sides, _ABSink(store, send), tags=req.tags, cancel=cancel,
-                      progress=_throttled_progress(send))
+        runs = run_ab(
+            req.suite, sides, _ABSink(store, send), tags=req.tags, cancel=cancel, progress=_throttled_progress(send)
+        )
         comparison = render(compare([store.load(run_id) for run_id, _ in runs]), "text")
     (a_id, a), (b_id, b) = runs
     status = "completed" if a.status == b.status == "completed" else "failed"
-    return {"run_id": b_id, "run_ids": [a_id, b_id], "name": f"{a.name} / {b.name}", "status": status,
-            "error": a.error or b.error, "metrics": len(a.metrics) + len(b.metrics), "comparison": comparison}
+    return {
+        "run_id": b_id,
+        "run_ids": [a_id, b_id],
+        "name": f"{a.name} / {b.name}",
+        "status": status,
+        "error": a.error or b.error,
+        "metrics": len(a.metrics) + len(b.metrics),
+        "comparison": comparison,
+    }
 
 
 def _telemetry():

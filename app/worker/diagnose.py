@@ -1,5 +1,6 @@
 """The worker's diagnose job: one bounded diagnosis of the loaded model (engine.diagnose), its lines
 as the CLI prints them, and its summary; saved as a run of kind ``diagnosis`` when a store is given."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,9 +15,14 @@ def run_diagnose(loaded, req: DiagnoseRequest) -> dict:
         raise ConfigError("diagnose needs a torch model: switch the backend to torch")
     if req.tokens < 2 or req.trace_tokens < 2:
         raise ConfigError("diagnose needs at least 2 decode tokens, timed and traced")
-    plan = DiagnosisPlan(prompt_tokens=req.prompt_tokens, tokens=req.tokens, trace_tokens=req.trace_tokens,
-                         variant=req.variant, simulate=req.simulate == "meta",
-                         dtype=str(loaded.dtype).removeprefix("torch."))
+    plan = DiagnosisPlan(
+        prompt_tokens=req.prompt_tokens,
+        tokens=req.tokens,
+        trace_tokens=req.trace_tokens,
+        variant=req.variant,
+        simulate=req.simulate == "meta",
+        dtype=str(loaded.dtype).removeprefix("torch."),
+    )
     d, run = diagnose_model(loaded, plan, Path(str(loaded.source.path)).name)
     result = {"lines": render_diagnosis(d).splitlines(), "summary": d.summary(), "run_id": None}
     if req.save:

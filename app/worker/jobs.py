@@ -3,6 +3,7 @@
 Runs inside the worker process (no Qt). Every long job streams its progress through ``send`` and
 honours the cancel flag; the return value is the payload of the terminal ``result`` message.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,10 +13,17 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from opscope.app.worker.protocol import (BenchRequest, ChatRequest, GenerateRequest, LoadRequest, TraceRequest,
-                          event_to_dict)
+from opscope.app.worker.protocol import (
+    BenchRequest,
+    ChatRequest,
+    GenerateRequest,
+    LoadRequest,
+    TraceRequest,
+    event_to_dict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,42 +150,63 @@ def stored_roofline(run_id: int, db_url: str | None) -> dict:
     """A stored run's roofline as ``roofline.as_dict`` (None for a kind a roofline cannot place),
     with the run's id, name and kind (as ``run_kind``: a reply's ``kind`` is its message type). Runs
     here, not in the GUI process: it reads the store and imports torch."""
-    from opscope.engine import roofline
-    from opscope.engine import RunStore
+    from opscope.engine import RunStore, roofline
 
     with RunStore.open(db_url) as store:
         stored = store.load(run_id)
         # the memory roof from a stored bandwidth run, else a short probe (engine roofline.from_run)
         roof = roofline.from_run(stored.result, store, probe=True) if stored.info.kind in roofline.SUITES else None
-    return {"run_id": run_id, "name": stored.info.name, "run_kind": stored.info.kind,
-            "roofline": roof.as_dict() if roof is not None else None}
+    return {
+        "run_id": run_id,
+        "name": stored.info.name,
+        "run_kind": stored.info.kind,
+        "roofline": roof.as_dict() if roof is not None else None,
+    }
 
 
 def engine_info() -> dict:
     """Backends and their devices (with reasons), dtypes, suites and trace variants."""
     from opscope.engine import DTYPES
 
-    return {"backends": _backends(), "dtypes": list(DTYPES), "suites": _suites(),
-            "trace_variants": _trace_variants(), "load_options": load_options()}
+    return {
+        "backends": _backends(),
+        "dtypes": list(DTYPES),
+        "suites": _suites(),
+        "trace_variants": _trace_variants(),
+        "load_options": load_options(),
+    }
 
 
 def load_options() -> dict:
     """What each model option of a load may take (the settings dialog is built from this)."""
+    from opscope.engine import COMPILE_MODES, WOQ_MODES
     from opscope.engine import fastpath_settings as fp
-    from opscope.engine import COMPILE_MODES
-    from opscope.engine import WOQ_MODES
 
-    choices = {"weights": fp.WEIGHTS, "activations": fp.ACTIVATIONS, "prefill_dtype": fp.PREFILL_DTYPES,
-               "on_error": fp.ON_ERROR}
+    choices = {
+        "weights": fp.WEIGHTS,
+        "activations": fp.ACTIVATIONS,
+        "prefill_dtype": fp.PREFILL_DTYPES,
+        "on_error": fp.ON_ERROR,
+    }
     default = fp.FastPathOptions()
     fields = []
     for f in dataclasses.fields(fp.FastPathOptions):
         value = getattr(default, f.name)
         kind = "choice" if f.name in choices else "bool" if isinstance(value, bool) else "int"
-        fields.append({"name": f.name, "type": kind, "default": value,
-                       **({"choices": list(choices[f.name])} if kind == "choice" else {})})
-    return {"attention": ["sdpa", "naive"], "compile": list(COMPILE_MODES), "quantize": list(WOQ_MODES),
-            "fastpath_fields": fields}
+        fields.append(
+            {
+                "name": f.name,
+                "type": kind,
+                "default": value,
+                **({"choices": list(choices[f.name])} if kind == "choice" else {}),
+            }
+        )
+    return {
+        "attention": ["sdpa", "naive"],
+        "compile": list(COMPILE_MODES),
+        "quantize": list(WOQ_MODES),
+        "fastpath_fields": fields,
+    }
 
 
 def fit_context(loaded, messages: list[dict], context_length: int, max_tokens: int) -> list[dict]:
@@ -199,9 +228,11 @@ def fit_context(loaded, messages: list[dict], context_length: int, max_tokens: i
     while prompt_tokens(kept) + max_tokens > limit:
         oldest = next((i for i, m in enumerate(kept[:-1]) if m.get("role") != "system"), None)
         if oldest is None:
-            raise ConfigError(f"the last message ({prompt_tokens(kept)} prompt tokens) and max tokens "
-                              f"({max_tokens}) do not fit the context length of {limit} tokens; shorten the "
-                              f"message, lower max tokens or raise the context length in Engine → Settings")
+            raise ConfigError(
+                f"the last message ({prompt_tokens(kept)} prompt tokens) and max tokens "
+                f"({max_tokens}) do not fit the context length of {limit} tokens; shorten the "
+                f"message, lower max tokens or raise the context length in Engine → Settings"
+            )
         del kept[oldest]
     if len(kept) < len(messages):
         log.info("chat: dropped the %d oldest message(s) to fit %d tokens", len(messages) - len(kept), limit)
@@ -217,8 +248,9 @@ def _backends() -> list[dict]:
         # The built-in engine serves "torch" even when its plugin entry is missing or broken.
         from opscope.engine import available_devices
 
-        devices = [{"name": n, "kind": n.split(":")[0], "available": ok, "reason": why}
-                   for n, ok, why in available_devices()]
+        devices = [
+            {"name": n, "kind": n.split(":")[0], "available": ok, "reason": why} for n, ok, why in available_devices()
+        ]
         infos = [i for i in infos if i["name"] != "torch"]
         infos.insert(0, {"name": "torch", "status": "ok", "reason": "", "devices": devices})
     return infos
@@ -238,8 +270,7 @@ def _trace_variants() -> list[str]:
 
 def generation_config(values: dict):
     """A dict from the GUI → engine.generate.GenerationConfig; unknown keys are a ConfigError."""
-    from opscope.engine import ConfigError
-    from opscope.engine import GenerationConfig
+    from opscope.engine import ConfigError, GenerationConfig
 
     known = {f.name for f in dataclasses.fields(GenerationConfig)}
     unknown = sorted(set(values) - known)
@@ -262,11 +293,12 @@ def kernel_build_heartbeat(send: Send, every_s: float = KERNEL_HEARTBEAT_S):
     watchdog (300 s for a load) must not kill a worker that is compiling, not hung, and lose the
     build. Only while the compiled library is missing, and for at most KERNEL_BUILD_LIMIT_S."""
     try:
-        from opscope.engine import kernel_build_key as build_key, kernel_cache_root as cache_root
+        from opscope.engine import kernel_build_key as build_key
+        from opscope.engine import kernel_cache_root as cache_root
 
         name = f"opscope_qlinear_{build_key()}"
         folder = cache_root() / name
-    except Exception:  # noqa: BLE001 (no kernels to wait for: the load itself says what is wrong)
+    except Exception:
         log.debug("no kernel build to watch", exc_info=True)
         yield
         return
@@ -309,13 +341,23 @@ def _load_model(req: LoadRequest):
         # registry round-trip, so the app works even when plugin discovery is broken.
         from opscope.engine import load
 
-        return load(req.model, device=req.device, dtype=req.dtype, fastpath=req.fastpath,
-                        compile=req.compile, quantize=req.quantize, **options)
+        return load(
+            req.model,
+            device=req.device,
+            dtype=req.dtype,
+            fastpath=req.fastpath,
+            compile=req.compile,
+            quantize=req.quantize,
+            **options,
+        )
     from opscope.engine import get_backend
 
     # Other backends get the torch-only options only when set, so a plugin without them still loads.
-    extra = {k: v for k, v in (("fastpath", req.fastpath), ("compile", req.compile), ("quantize", req.quantize))
-             if v not in ("auto", "off")}
+    extra = {
+        k: v
+        for k, v in (("fastpath", req.fastpath), ("compile", req.compile), ("quantize", req.quantize))
+        if v not in ("auto", "off")
+    }
     return get_backend(req.backend).load(req.model, req.device, req.dtype, **options, **extra)
 
 

@@ -4,6 +4,7 @@ Speaks app.protocol on stdin/stdout and never imports Qt. A reader thread takes 
 so that ``stop`` and ``ping`` are answered while a job runs; jobs run one at a time on the main
 thread. When stdin closes (the GUI went away) the worker exits, so no orphan keeps a GPU busy.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,7 +29,7 @@ class Channel:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_stdio(cls) -> "Channel":
+    def from_stdio(cls) -> Channel:
         # Keep the real stdout for the protocol and point fd 1 at stderr: a library that prints
         # (or a C extension writing to fd 1) must not corrupt the message stream.
         proto_fd = os.dup(1)
@@ -67,8 +68,7 @@ class Worker:
         try:
             req_id, req = protocol.parse_request(protocol.decode(line))
         except protocol.ProtocolError as e:
-            self.channel.send(protocol.reply(None, "error", error_type="ProtocolError", message=str(e),
-                                             traceback=None))
+            self.channel.send(protocol.reply(None, "error", error_type="ProtocolError", message=str(e), traceback=None))
             return True
         if isinstance(req, PingRequest):
             self.channel.send(protocol.reply(req_id, "result", pong=True, pid=os.getpid()))
@@ -102,8 +102,7 @@ class Worker:
         cancel = self._cancel
         self._send_current("started", request=req.type)
         if skipped:
-            self._send_current("error", error_type="Cancelled", message="cancelled before it started",
-                               traceback=None)
+            self._send_current("error", error_type="Cancelled", message="cancelled before it started", traceback=None)
         else:
             self._execute(req, cancel)
         with self._lock:
@@ -132,8 +131,7 @@ class Worker:
         """The terminal error reply, with the traceback; a failed load also says what is loaded now
         (``model``: the model info, or None when nothing is), so the GUI never has to guess."""
         extra = {"model": self.state.info} if req.type == "load" else {}
-        self._send_current("error", error_type=error_type, message=message, traceback=traceback.format_exc(),
-                           **extra)
+        self._send_current("error", error_type=error_type, message=message, traceback=traceback.format_exc(), **extra)
 
 
 def _debug(req: DebugRequest) -> dict:
@@ -173,13 +171,20 @@ def _leave_the_terminal_to_the_window() -> None:
 def main(argv: list[str] | None = None) -> int:
     _leave_the_terminal_to_the_window()
     channel = Channel.from_stdio()
-    logging.basicConfig(stream=sys.stderr, level=os.environ.get("OPSCOPE_WORKER_LOG", "WARNING"),
-                        format="worker %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=os.environ.get("OPSCOPE_WORKER_LOG", "WARNING"),
+        format="worker %(levelname)s %(name)s: %(message)s",
+    )
     worker = Worker(channel)
-    threading.Thread(target=_read_requests, args=(worker, sys.stdin.buffer), daemon=True,
-                     name="opscope-requests").start()
-    channel.send(protocol.reply(None, "ready", pid=os.getpid(), python=sys.version.split()[0],
-                                protocol=protocol.PROTOCOL_VERSION))
+    threading.Thread(
+        target=_read_requests, args=(worker, sys.stdin.buffer), daemon=True, name="opscope-requests"
+    ).start()
+    channel.send(
+        protocol.reply(
+            None, "ready", pid=os.getpid(), python=sys.version.split()[0], protocol=protocol.PROTOCOL_VERSION
+        )
+    )
     worker.run_forever()
     return 0
 

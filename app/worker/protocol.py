@@ -18,6 +18,7 @@ Replies (``type``):
     error     terminal: error_type (an engine.errors class name), message, traceback (str or None);
               a failed load adds ``model``: the info of the model still loaded, or None when none is
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -143,13 +144,37 @@ class DebugRequest:
     type: str = "debug"
 
 
-Request = (LoadRequest | GenerateRequest | ChatRequest | StopRequest | TraceRequest | BenchRequest | RooflineRequest
-           | ShutdownRequest | PingRequest | InfoRequest | DebugRequest | DiagnoseRequest)
+Request = (
+    LoadRequest
+    | GenerateRequest
+    | ChatRequest
+    | StopRequest
+    | TraceRequest
+    | BenchRequest
+    | RooflineRequest
+    | ShutdownRequest
+    | PingRequest
+    | InfoRequest
+    | DebugRequest
+    | DiagnoseRequest
+)
 
 REQUEST_TYPES: dict[str, type] = {
     cls.type: cls  # type: ignore[attr-defined]
-    for cls in (LoadRequest, GenerateRequest, ChatRequest, StopRequest, TraceRequest, BenchRequest, RooflineRequest,
-                ShutdownRequest, PingRequest, InfoRequest, DebugRequest, DiagnoseRequest)
+    for cls in (
+        LoadRequest,
+        GenerateRequest,
+        ChatRequest,
+        StopRequest,
+        TraceRequest,
+        BenchRequest,
+        RooflineRequest,
+        ShutdownRequest,
+        PingRequest,
+        InfoRequest,
+        DebugRequest,
+        DiagnoseRequest,
+    )
 }
 
 
@@ -210,5 +235,3 @@ def _stats_dict(stats: Any) -> dict:
     if itl is not None:
         data["itl_ms"] = list(itl)
     return data
-
-

@@ -5,6 +5,7 @@ turns it into LoadRequest fields. What each setting may take comes from the engi
 (``engine_info()["load_options"]``) so the GUI never imports torch; ``FALLBACK_LOAD_OPTIONS`` is the
 same answer for the moment before the worker has replied (a test keeps the two equal).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,21 +49,33 @@ class EngineSettings:
 
     def load_fields(self) -> dict:
         """LoadRequest fields (app.protocol) for these settings."""
-        return {"threads": self.threads or None, "attention": self.attention, "fastpath": self.fastpath_spec(),
-                "compile": self.compile, "quantize": self.quantize}
+        return {
+            "threads": self.threads or None,
+            "attention": self.attention,
+            "fastpath": self.fastpath_spec(),
+            "compile": self.compile,
+            "quantize": self.quantize,
+        }
 
-    def with_load_fields(self, spec) -> "EngineSettings":
+    def with_load_fields(self, spec) -> EngineSettings:
         """These settings with the model options of a LoadRequest (what the worker really loaded)."""
         fastpath = spec.fastpath if spec.fastpath in ("auto", "off") else "on"
         settings = "" if fastpath != "on" or spec.fastpath == FASTPATH_ON_DEFAULT else spec.fastpath
-        return replace(self, threads=spec.threads or 0, attention=spec.attention, fastpath=fastpath,
-                       fastpath_settings=settings, compile=spec.compile, quantize=spec.quantize)
+        return replace(
+            self,
+            threads=spec.threads or 0,
+            attention=spec.attention,
+            fastpath=fastpath,
+            fastpath_settings=settings,
+            compile=spec.compile,
+            quantize=spec.quantize,
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | None) -> "EngineSettings":
+    def from_json(cls, text: str | None) -> EngineSettings:
         """Settings saved by ``to_json``; unknown or malformed entries fall back to the defaults."""
         try:
             data = json.loads(text or "{}")

@@ -4,6 +4,7 @@ Ops travel as column batches (a few thousand rows per message) so that neither s
 GIL or the GUI event loop for long on one message. The Perfetto JSON is written here, where the
 trace lives, to a temp file whose path the GUI copies on "Export".
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -13,22 +14,25 @@ from pathlib import Path
 from opscope.app.worker.protocol import TraceRequest
 
 BATCH_ROWS = 4000
-COLUMNS = ("seq", "op", "kind", "direction", "device", "module", "source", "step", "t_us", "dur_us", "bytes",
-           "shapes")
+COLUMNS = ("seq", "op", "kind", "direction", "device", "module", "source", "step", "t_us", "dur_us", "bytes", "shapes")
 
 
 def run_trace(loaded, req: TraceRequest, send, cancel: threading.Event) -> dict:
-    from opscope.engine import ConfigError
-    from opscope.engine import GenerationConfig
-    from opscope.engine import TraceOptions
-    from opscope.engine import write_chrome_trace
-    from opscope.engine import build_report
-    from opscope.engine import trace_generation
+    from opscope.engine import (
+        ConfigError,
+        GenerationConfig,
+        TraceOptions,
+        build_report,
+        trace_generation,
+        write_chrome_trace,
+    )
 
     backend = getattr(loaded, "backend_name", "torch")
     if backend != "torch":  # an MLX model has .model too, but no torch ops for the placement tracer
-        raise ConfigError(f"the window traces torch ops and this model runs on the {backend} backend: switch the "
-                          f"backend to torch, or run `opscope trace --backend {backend}` for its op table")
+        raise ConfigError(
+            f"the window traces torch ops and this model runs on the {backend} backend: switch the "
+            f"backend to torch, or run `opscope trace --backend {backend}` for its op table"
+        )
     if req.tokens < 1:
         raise ConfigError(f"trace tokens must be at least 1, got {req.tokens}")
     simulate = req.simulate == "meta"
@@ -38,17 +42,27 @@ def run_trace(loaded, req: TraceRequest, send, cancel: threading.Event) -> dict:
     run = trace_generation(loaded, req.prompt, config, options, variant=req.variant, simulate=simulate)
     notes = list(run.notes)
     if target == "cpu":
-        notes.append("the target is the host (cpu), so a fallback to the CPU cannot show: choose "
-                     "'simulated accelerator' to see placement as on a GPU")
+        notes.append(
+            "the target is the host (cpu), so a fallback to the CPU cannot show: choose "
+            "'simulated accelerator' to see placement as on a GPU"
+        )
     placement = build_report(run.result, notes)
     report = placement.as_dict()
     _send_rows(run.result, send, cancel)
     path = Path(tempfile.mkdtemp(prefix="opscope-trace-")) / "trace.perfetto.json"
     write_chrome_trace(run.result, path, report)
     saved = save_model_trace(loaded, req, run.result, placement) if req.save else (None, None)
-    return {"report": report, "perfetto_path": str(path), "variant": req.variant, "simulated": simulate,
-            "tokens": run.result.tokens, "ops": run.result.stats.ops, "stored": len(run.result.events),
-            "run_id": saved[0], "run_name": saved[1]}
+    return {
+        "report": report,
+        "perfetto_path": str(path),
+        "variant": req.variant,
+        "simulated": simulate,
+        "tokens": run.result.tokens,
+        "ops": run.result.stats.ops,
+        "stored": len(run.result.events),
+        "run_id": saved[0],
+        "run_name": saved[1],
+    }
 
 
 def save_model_trace(loaded, req: TraceRequest, result, placement) -> tuple[int, str]:
@@ -59,11 +73,23 @@ def save_model_trace(loaded, req: TraceRequest, result, placement) -> tuple[int,
     from opscope.engine import RunResult, trace_runs
 
     label = f"model {req.variant}: {req.prompt[:40]!r}"
-    shim = SimpleNamespace(spec=SimpleNamespace(label=label, args=[]), step_source="generated tokens",
-                           step_ms=[], outcome=SimpleNamespace(wall_ns=0, exit_code=0, error=None),
-                           result=result, losses=[], roots=[])
-    settings = {"script": label, "variant": req.variant, "prompt": req.prompt, "tokens": req.tokens,
-                "target": placement.target, "model": str(getattr(loaded.source, "path", ""))}
+    shim = SimpleNamespace(
+        spec=SimpleNamespace(label=label, args=[]),
+        step_source="generated tokens",
+        step_ms=[],
+        outcome=SimpleNamespace(wall_ns=0, exit_code=0, error=None),
+        result=result,
+        losses=[],
+        roots=[],
+    )
+    settings = {
+        "script": label,
+        "variant": req.variant,
+        "prompt": req.prompt,
+        "tokens": req.tokens,
+        "target": placement.target,
+        "model": str(getattr(loaded.source, "path", "")),
+    }
     run = RunResult(kind=trace_runs.RUN_KIND, settings=settings, trace_summary=trace_runs.summary(shim, placement))
     return trace_runs.save(run, req.db_url)
 
@@ -74,7 +100,7 @@ def _send_rows(result, send, cancel: threading.Event) -> None:
     for lo in range(0, total, BATCH_ROWS):
         if cancel.is_set():
             return
-        chunk = events[lo:lo + BATCH_ROWS]
+        chunk = events[lo : lo + BATCH_ROWS]
         send("batch", done=lo + len(chunk), total=total, columns=_columns(chunk, start))
 
 

@@ -4,6 +4,7 @@ A plugin subclasses ``BackendBase``, names the ``load_options`` it accepts and i
 ``load_model``; ``load`` rejects unknown options and an unavailable backend with one clear error
 first, so each plugin writes only what is its own (building the model).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,8 +25,9 @@ class BackendBase:
     def is_available(self) -> tuple[bool, str]:
         raise NotImplementedError
 
-    def load(self, source: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
-             **options: Any) -> Any:
+    def load(
+        self, source: str | Path | None = None, device: str = "cpu", dtype: str = "float32", **options: Any
+    ) -> Any:
         """Check ``options`` and availability, then ``load_model`` (None: the default model)."""
         unknown = set(options) - self.load_options
         if unknown:

@@ -5,12 +5,14 @@ the plugin raises reaches the caller as an ``EngineError`` naming the plugin.
 ``DeviceError`` for a bad device) pass through unchanged, so users see the plugin's own message;
 anything else (a RuntimeError deep in a framework) becomes ``BackendError`` chained to it.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from opscope.engine.backends.protocol import DeviceInfo, OPTIONAL_MEMBERS
+from opscope.engine.backends.protocol import OPTIONAL_MEMBERS, DeviceInfo
 from opscope.engine.core.errors import BackendError, EngineError
 
 
@@ -21,8 +23,7 @@ def call_guarded(plugin_name: str, what: str, fn: Callable, *args, **kwargs):
     except EngineError:
         raise
     except Exception as e:
-        raise BackendError(f"backend plugin {plugin_name!r} failed in {what}: "
-                           f"{type(e).__name__}: {e}") from e
+        raise BackendError(f"backend plugin {plugin_name!r} failed in {what}: {type(e).__name__}: {e}") from e
 
 
 class GuardedBackend:
@@ -44,14 +45,22 @@ class GuardedBackend:
         devices = call_guarded(self.name, "devices()", self.plugin.devices)
         bad = [d for d in devices if not isinstance(d, DeviceInfo)]
         if bad:
-            raise BackendError(f"backend plugin {self.name!r}: devices() returned {bad[0]!r}, "
-                               f"not engine.backends.DeviceInfo")
+            raise BackendError(
+                f"backend plugin {self.name!r}: devices() returned {bad[0]!r}, not engine.backends.DeviceInfo"
+            )
         return list(devices)
 
     def load(self, source=None, device: str = "cpu", dtype: str = "float32", **options):
         """Load a model with this backend (see ``Backend.load``)."""
-        return call_guarded(self.name, f"load(device={device!r}, dtype={dtype!r})",
-                            self.plugin.load, source, device=device, dtype=dtype, **options)
+        return call_guarded(
+            self.name,
+            f"load(device={device!r}, dtype={dtype!r})",
+            self.plugin.load,
+            source,
+            device=device,
+            dtype=dtype,
+            **options,
+        )
 
     def __getattr__(self, attr: str):
         # Only the protocol's optional members are forwarded, guarded like the required ones.

@@ -6,18 +6,19 @@ rest: prompt-length checks, chunked prefill with progress events, then the decod
 loops share (engine.decode_book: EOS, ``max_tokens``, stop strings held back until they cannot
 start one, ``cancel``, phase markers and statistics).
 """
+
 from __future__ import annotations
 
 import threading
-from typing import Iterator, Protocol
-
-from opscope.engine.telemetry import energy
+from collections.abc import Iterator
+from typing import Protocol
 
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
-from opscope.engine.generation.decode_book import DecodeBook, decode_events
 from opscope.engine.core.errors import ConfigError
+from opscope.engine.generation.decode_book import DecodeBook, decode_events
 from opscope.engine.generation.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted
+from opscope.engine.telemetry import energy
 
 
 class Stepper(Protocol):
@@ -39,13 +40,22 @@ def check_prompt(prompt_ids: list[int], cfg, max_seq_len: int) -> None:
     if not prompt_ids:
         raise ConfigError("the prompt is empty after tokenization; give at least one token")
     if len(prompt_ids) + cfg.max_tokens > max_seq_len:
-        raise ConfigError(f"prompt + max_tokens = {len(prompt_ids) + cfg.max_tokens} tokens exceeds the "
-                          f"model's context of {max_seq_len}; shorten the prompt or lower --max-tokens")
+        raise ConfigError(
+            f"prompt + max_tokens = {len(prompt_ids) + cfg.max_tokens} tokens exceeds the "
+            f"model's context of {max_seq_len}; shorten the prompt or lower --max-tokens"
+        )
 
 
-def stream_generation(stepper: Stepper, tokenizer, prompt_ids: list[int], cfg,
-                      cancel: threading.Event | None = None, request_ns: int | None = None,
-                      max_seq_len: int | None = None, device: str = "cpu") -> Iterator:
+def stream_generation(
+    stepper: Stepper,
+    tokenizer,
+    prompt_ids: list[int],
+    cfg,
+    cancel: threading.Event | None = None,
+    request_ns: int | None = None,
+    max_seq_len: int | None = None,
+    device: str = "cpu",
+) -> Iterator:
     """Yield PrefillStarted, PrefillProgress*, PrefillFinished, Token*, Finished (engine.events).
     ``device`` picks the energy counter for Finished's J/token (engine.energy: "cpu" RAPL, "cuda:N"
     NVML; any other: N/A with the reason)."""
@@ -58,7 +68,7 @@ def stream_generation(stepper: Stepper, tokenizer, prompt_ids: list[int], cfg,
     yield PrefillStarted(n, t_start, request_ns)
     markers.emit(markers.PREFILL, "start", t_start, tokens=n)
     for s in range(0, n, cfg.prefill_chunk):
-        stepper.forward(prompt_ids[s:s + cfg.prefill_chunk])
+        stepper.forward(prompt_ids[s : s + cfg.prefill_chunk])
         if s + cfg.prefill_chunk < n:
             yield PrefillProgress(s + cfg.prefill_chunk, n, now_ns())
     token_id = stepper.sample()  # the host waits here: prefill is done when this returns

@@ -15,12 +15,14 @@ Plugins import only engine's public API: ``engine.backends``, ``engine.events``,
 ``engine.generation_config.GenerationConfig``, ``engine.formats``, ``engine.tokenizer``, ``engine.api``,
 ``engine.clock`` and ``engine.markers``.
 """
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 API_VERSION = 1
 
@@ -46,9 +48,14 @@ class DeviceInfo:
     memory_bytes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "available": self.available,
-                "reason": self.reason, "description": self.description,
-                "memory_bytes": self.memory_bytes}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "available": self.available,
+            "reason": self.reason,
+            "description": self.description,
+            "memory_bytes": self.memory_bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -102,11 +109,13 @@ class LoadedModelLike(Protocol):
 
     tokenizer: Any
 
-    def generate(self, prompt: str | list[int], config: Any = None,
-                 cancel: threading.Event | None = None) -> Iterator[Any]: ...
+    def generate(
+        self, prompt: str | list[int], config: Any = None, cancel: threading.Event | None = None
+    ) -> Iterator[Any]: ...
 
-    def chat(self, messages: list[dict[str, str]], config: Any = None,
-             cancel: threading.Event | None = None) -> Iterator[Any]: ...
+    def chat(
+        self, messages: list[dict[str, str]], config: Any = None, cancel: threading.Event | None = None
+    ) -> Iterator[Any]: ...
 
     def memory_stats(self) -> dict[str, int]: ...
 
@@ -158,8 +167,9 @@ class Backend(Protocol):
 
     def devices(self) -> list[DeviceInfo]: ...
 
-    def load(self, source: str | Path | None, device: str = "cpu", dtype: str = "float32",
-             **options: Any) -> LoadedModelLike: ...
+    def load(
+        self, source: str | Path | None, device: str = "cpu", dtype: str = "float32", **options: Any
+    ) -> LoadedModelLike: ...
 
 
 REQUIRED_MEMBERS = ("name", "api_version", "is_available", "devices", "load")

@@ -7,6 +7,7 @@ import time, a missing member, an incompatible ``api_version``) is kept as the p
 error, logged once, and raised as ``BackendError`` naming the plugin only to the caller that asked
 for that very plugin. Every other backend keeps working.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -26,7 +27,13 @@ ENTRY_POINT_GROUP = "opscope.backends"
 
 # Status values, in the order a plugin moves through them.
 DISABLED, NOT_LOADED, OK, UNAVAILABLE, FAILED, INCOMPATIBLE = (
-    "disabled", "not loaded", "ok", "unavailable", "failed", "incompatible")
+    "disabled",
+    "not loaded",
+    "ok",
+    "unavailable",
+    "failed",
+    "incompatible",
+)
 
 
 @dataclass(frozen=True)
@@ -46,11 +53,19 @@ class PluginInfo:
     capabilities: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "target": self.target, "distribution": self.dist_name,
-                "version": self.dist_version, "enabled": self.enabled, "status": self.status,
-                "error": self.error, "api_version": self.api_version, "reason": self.reason,
-                "devices": [d.as_dict() for d in self.devices],
-                "capabilities": list(self.capabilities)}
+        return {
+            "name": self.name,
+            "target": self.target,
+            "distribution": self.dist_name,
+            "version": self.dist_version,
+            "enabled": self.enabled,
+            "status": self.status,
+            "error": self.error,
+            "api_version": self.api_version,
+            "reason": self.reason,
+            "devices": [d.as_dict() for d in self.devices],
+            "capabilities": list(self.capabilities),
+        }
 
 
 @dataclass
@@ -99,8 +114,9 @@ class Registry:
         if info.status == DISABLED:
             raise BackendError(f"backend plugin {name!r} is disabled: run `opscope plugins enable {name}`")
         if info.status in (FAILED, INCOMPATIBLE):
-            raise BackendError(f"backend plugin {name!r} ({_dist_label(info)}) {info.status}: "
-                               f"{info.error}") from entry.cause
+            raise BackendError(
+                f"backend plugin {name!r} ({_dist_label(info)}) {info.status}: {info.error}"
+            ) from entry.cause
         if require_available and info.status == UNAVAILABLE:
             raise BackendError(f"backend {name!r} is not available here: {info.reason}")
         assert entry.backend is not None  # status OK/UNAVAILABLE implies a loaded backend
@@ -142,16 +158,23 @@ def _discover(group: str, disabled: frozenset[str]) -> dict[str, _Entry]:
     entries: dict[str, _Entry] = {}
     for ep in sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name):
         dist = getattr(ep, "dist", None)
-        info = PluginInfo(name=ep.name, target=ep.value,
-                          dist_name=dist.metadata["Name"] if dist else None,
-                          dist_version=dist.version if dist else None,
-                          enabled=ep.name not in disabled)
+        info = PluginInfo(
+            name=ep.name,
+            target=ep.value,
+            dist_name=dist.metadata["Name"] if dist else None,
+            dist_version=dist.version if dist else None,
+            enabled=ep.name not in disabled,
+        )
         if not info.enabled:
             info = replace(info, status=DISABLED)
         if ep.name in entries:
             first = entries[ep.name].info
-            log.warning("backend plugin %r from %s ignored: %s already provides it",
-                        ep.name, _dist_label(info), _dist_label(first))
+            log.warning(
+                "backend plugin %r from %s ignored: %s already provides it",
+                ep.name,
+                _dist_label(info),
+                _dist_label(first),
+            )
             continue
         entries[ep.name] = _Entry(info, ep)
     return entries
@@ -173,8 +196,7 @@ def _import_backend(info: PluginInfo, ep: importlib.metadata.EntryPoint | None) 
     if version != API_VERSION:
         newer = isinstance(version, int) and version > API_VERSION
         fix = "upgrade OpScope" if newer else "upgrade the plugin or ask its author to port it"
-        raise IncompatiblePlugin(f"{label} targets backend API v{version}, this OpScope provides "
-                                 f"v{API_VERSION}: {fix}")
+        raise IncompatiblePlugin(f"{label} targets backend API v{version}, this OpScope provides v{API_VERSION}: {fix}")
     if backend.name != info.name:
         log.warning("%s calls itself %r; using the entry-point name", label, backend.name)
     return GuardedBackend(info.name, backend)
@@ -186,9 +208,14 @@ def _describe(info: PluginInfo, backend: GuardedBackend) -> PluginInfo:
         devices = tuple(backend.devices()) if available else ()
     except EngineError as e:  # a plugin's own typed error while probing: still only a status
         return replace(info, status=FAILED, error=str(e), api_version=backend.api_version)
-    return replace(info, status=OK if available else UNAVAILABLE, reason="" if available else reason,
-                   api_version=backend.api_version, devices=devices,
-                   capabilities=tuple(sorted(capabilities(backend.plugin))))
+    return replace(
+        info,
+        status=OK if available else UNAVAILABLE,
+        reason="" if available else reason,
+        api_version=backend.api_version,
+        devices=devices,
+        capabilities=tuple(sorted(capabilities(backend.plugin))),
+    )
 
 
 def _dist_label(info: PluginInfo) -> str:
@@ -222,5 +249,13 @@ def refresh() -> None:
     _default.refresh()
 
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginInfo", "Registry", "IncompatiblePlugin", "default_registry",
-           "get_backend", "list_backends", "refresh"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginInfo",
+    "Registry",
+    "IncompatiblePlugin",
+    "default_registry",
+    "get_backend",
+    "list_backends",
+    "refresh",
+]

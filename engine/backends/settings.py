@@ -4,6 +4,7 @@ The file holds ``{"disabled": ["name", ...]}``. Plugins are enabled unless liste
 installed plugin works at once. A damaged file is logged and treated as empty rather than
 failing the app: losing a preference is better than refusing to start.
 """
+
 from __future__ import annotations
 
 import json

@@ -7,20 +7,21 @@ A's and B's repetitions alternating, ABBA (engine.bench.runner.measure_pair), so
 machine does lands on both sides alike. Two runs are saved, as `opscope bench` would save each,
 with ``settings["interleaved"]`` naming the pair, and the comparison of B against A is returned.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import zip_longest
-from typing import Any, Callable
+from typing import Any
 
 from opscope.engine.bench.measure.memory import SHARED_AB
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
-from opscope.engine.bench.measure.runner import (AB_LABELS, Budget, PointOutcome, ProgressFn, measure_pair,
-                                                measure_point)
+from opscope.engine.bench.measure.runner import AB_LABELS, Budget, PointOutcome, ProgressFn, measure_pair, measure_point
 from opscope.engine.bench.session import RunSink, _finish, _new_result, _status, keep_budget
 from opscope.engine.bench.suites import get_suite
 from opscope.engine.core.clock import now_ns
@@ -30,9 +31,11 @@ from opscope.engine.core.results import Metric, RunResult
 log = logging.getLogger(__name__)
 
 ORDER = "ABBA per repetition, one process"
-PEAK_MEMORY_NOTE = ("shared: A and B run in one process, whose peak (resident set on the CPU, allocator peak on "
-                    "CUDA) holds both sides' models and buffers; the .peak_mem_bytes metrics carry "
-                    f"memory={SHARED_AB!r} and are not per side: for one side's peak, run it alone (without --ab)")
+PEAK_MEMORY_NOTE = (
+    "shared: A and B run in one process, whose peak (resident set on the CPU, allocator peak on "
+    "CUDA) holds both sides' models and buffers; the .peak_mem_bytes metrics carry "
+    f"memory={SHARED_AB!r} and are not per side: for one side's peak, run it alone (without --ab)"
+)
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,15 @@ def pair_names(base: str = "", suite: str = "") -> tuple[str, str]:
 def check_sides(a: Side, b: Side) -> None:
     """Both sides must be measured the same way; only what is measured may differ."""
     if a.opts.runner_config() != b.opts.runner_config():
-        raise ConfigError("--ab flags change how the runs are measured (--quick, --repeat, --min-time, "
-                          "--warmup or --load-threshold): give those once, before --ab, for both sides")
+        raise ConfigError(
+            "--ab flags change how the runs are measured (--quick, --repeat, --min-time, "
+            "--warmup or --load-threshold): give those once, before --ab, for both sides"
+        )
     if a.opts.device != b.opts.device:
-        raise ConfigError(f"--ab needs both sides on one device (got {a.opts.device} and {b.opts.device}): "
-                          f"interleaving compares settings on the same hardware")
+        raise ConfigError(
+            f"--ab needs both sides on one device (got {a.opts.device} and {b.opts.device}): "
+            f"interleaving compares settings on the same hardware"
+        )
 
 
 def _thread_setters(a: Side, b: Side, default: int) -> tuple[Callable[[], None] | None, Callable[[], None] | None]:
@@ -95,9 +102,13 @@ class _Pair:
         self.results: list[RunResult] = []
         for i, (side, plan) in enumerate(zip(sides, plans)):
             result = _new_result(suite, side.opts, plan, side.name, tags, notes)
-            result.settings["interleaved"] = {"pair": [s.name for s in sides], "role": AB_LABELS[i],
-                                              "order": ORDER, "b_flags": sides[1].flags,
-                                              "peak_memory": PEAK_MEMORY_NOTE}
+            result.settings["interleaved"] = {
+                "pair": [s.name for s in sides],
+                "role": AB_LABELS[i],
+                "order": ORDER,
+                "b_flags": sides[1].flags,
+                "peak_memory": PEAK_MEMORY_NOTE,
+            }
             self.results.append(result)
         self.ids = [sink.begin_run(r) if sink is not None else None for r in self.results]
 
@@ -130,7 +141,10 @@ def _measure(pair: _Pair, cfg, cancel, progress: ProgressFn | None, before) -> N
     report(0.0)
     budget = Budget.for_run(cfg, total)  # --quick: one budget for both sides
     for k, (pa, pb) in enumerate(zip_longest(iter(pair.plans[0].points), iter(pair.plans[1].points))):
-        tick = (lambda f, k=k: report(k + f))
+
+        def tick(f: float, k: int = k) -> None:
+            report(k + f)
+
         if pa is not None and pb is not None and pa.name == pb.name:
             for i, outcome in enumerate(measure_pair((pa, pb), cfg, cancel, tick, before, budget)):
                 pair.add_outcome(i, outcome)
@@ -145,9 +159,17 @@ def _measure(pair: _Pair, cfg, cancel, progress: ProgressFn | None, before) -> N
             pair.add(i, metric)
 
 
-def run_ab(suite: str, sides: tuple[Side, Side], sink: RunSink | None = None, *,
-           tags: tuple[str, ...] | list[str] = (), notes: str = "", cancel: threading.Event | None = None,
-           progress: ProgressFn | None = None, model: Any = None) -> list[tuple[Any, RunResult]]:
+def run_ab(
+    suite: str,
+    sides: tuple[Side, Side],
+    sink: RunSink | None = None,
+    *,
+    tags: tuple[str, ...] | list[str] = (),
+    notes: str = "",
+    cancel: threading.Event | None = None,
+    progress: ProgressFn | None = None,
+    model: Any = None,
+) -> list[tuple[Any, RunResult]]:
     """Runs ``suite`` under both sides' settings, interleaved; returns [(run id, result)] for A, B.
     Cancellation closes both runs as "aborted" with what was measured, then propagates. ``model``
     (a loaded model) serves both sides: only for sides that differ in suite parameters, not in how

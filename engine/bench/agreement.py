@@ -13,6 +13,7 @@
 Each row is (what, OpScope's figure, the reference's, the difference in %). The agreement bar is
 ``TOLERANCE_PCT`` on a quiet machine; ``load_average`` is reported beside it so a reader can tell.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,10 +68,13 @@ def _torch_timer_matmul(n: int, dtype: str, min_time_s: float) -> float:
     a = torch.randn(n, n, generator=g).to(dtype=getattr(torch, dtype))
     b = torch.randn(n, n, generator=g).to(dtype=getattr(torch, dtype))
     c = torch.empty_like(a)
-    timer = Timer("torch.matmul(a, b, out=c)", globals={"torch": torch, "a": a, "b": b, "c": c},
-                  num_threads=torch.get_num_threads())
+    timer = Timer(
+        "torch.matmul(a, b, out=c)",
+        globals={"torch": torch, "a": a, "b": b, "c": c},
+        num_threads=torch.get_num_threads(),
+    )
     m = timer.blocked_autorange(min_run_time=min_time_s)
-    return 2.0 * n ** 3 / m.median / 1e9
+    return 2.0 * n**3 / m.median / 1e9
 
 
 def matmul(n: int, dtype: str = "float32", rounds: int = 5, min_time_s: float = 0.3) -> Agreement:
@@ -85,14 +89,21 @@ def matmul(n: int, dtype: str = "float32", rounds: int = 5, min_time_s: float = 
     theirs: list[float] = []
     for r in range(rounds):
         sides = [(ours, _opscope_matmul), (theirs, _torch_timer_matmul)]
-        for out, fn in (sides if r % 2 == 0 else sides[::-1]):
+        for out, fn in sides if r % 2 == 0 else sides[::-1]:
             out.append(fn(n, dtype, min_time_s))
-    return Agreement(f"matmul {dtype} n={n}", "GFLOP/s", statistics.median(ours), statistics.median(theirs),
-                     "torch.utils.benchmark blocked_autorange", load.cores())
+    return Agreement(
+        f"matmul {dtype} n={n}",
+        "GFLOP/s",
+        statistics.median(ours),
+        statistics.median(theirs),
+        "torch.utils.benchmark blocked_autorange",
+        load.cores(),
+    )
 
 
-def llama_bench(model: Path, binary: Path, pp: int = 512, tg: int = 128, reps: int = 5,
-                threads: int | None = None, rounds: int = 5) -> list[Agreement]:
+def llama_bench(
+    model: Path, binary: Path, pp: int = 512, tg: int = 128, reps: int = 5, threads: int | None = None, rounds: int = 5
+) -> list[Agreement]:
     """The peers suite's llama-bench pp/tg tok/s against llama-bench's own, in ``rounds`` interleaved
     rounds (suite then reference, reference then suite, ...); each side's figure is the median over
     rounds of its per-round figure.
@@ -115,7 +126,6 @@ def llama_bench(model: Path, binary: Path, pp: int = 512, tg: int = 128, reps: i
       rounds; one untimed llama-bench run warms the page cache before round 1.
     """
     import torch
-
     from opscope.engine.bench.peers import llama_bench as lb
     from opscope.engine.core.cpuload import OtherLoad
 
@@ -138,13 +148,23 @@ def llama_bench(model: Path, binary: Path, pp: int = 512, tg: int = 128, reps: i
             ours[test].append(figures[test])
 
     for r in range(rounds):
-        for side in ((suite, reference) if r % 2 == 0 else (reference, suite)):
+        for side in (suite, reference) if r % 2 == 0 else (reference, suite):
             side()
     other = load.cores()
-    return [Agreement(f"llama.cpp {test}{n} ({threads} thr)", "tok/s", statistics.median(ours[test]),
-                      statistics.median(theirs[test]), f"llama-bench -r {reps} samples, {model.name}", other,
-                      tuple(ours[test]), tuple(theirs[test]), statistics.median(means[test]))
-            for test, n in (("pp", pp), ("tg", tg))]
+    return [
+        Agreement(
+            f"llama.cpp {test}{n} ({threads} thr)",
+            "tok/s",
+            statistics.median(ours[test]),
+            statistics.median(theirs[test]),
+            f"llama-bench -r {reps} samples, {model.name}",
+            other,
+            tuple(ours[test]),
+            tuple(theirs[test]),
+            statistics.median(means[test]),
+        )
+        for test, n in (("pp", pp), ("tg", tg))
+    ]
 
 
 # A repetition the suite would call disturbed is kept, as llama-bench keeps every sample: more
@@ -159,10 +179,12 @@ def _peers_round(model: Path, binary: Path, pp: int, tg: int, reps: int, threads
     from opscope.engine.bench.session import run_suite
     from opscope.engine.bench.suites import get_suite
 
-    params = get_suite("peers").Params(pp=pp, tg=tg, peers=("opscope", "llama_bench"), load_peers=(),
-                                       llama_bench=str(binary))
-    opts = BenchOptions(quick=True, threads=threads, model=str(model), repeat=reps, min_time_s=0.0,
-                        load_threshold=NO_RERUN)
+    params = get_suite("peers").Params(
+        pp=pp, tg=tg, peers=("opscope", "llama_bench"), load_peers=(), llama_bench=str(binary)
+    )
+    opts = BenchOptions(
+        quick=True, threads=threads, model=str(model), repeat=reps, min_time_s=0.0, load_threshold=NO_RERUN
+    )
     _, result = run_suite("peers", opts, params=params)
     if result.status != "completed":
         raise RuntimeError(f"peers suite failed: {result.error}")
@@ -172,18 +194,21 @@ def _peers_round(model: Path, binary: Path, pp: int, tg: int, reps: int, threads
 
 def table(rows: list[Agreement]) -> str:
     la = load_average()
-    lines = [f"{'what':<28} {'OpScope':>12} {'reference':>12} {'diff':>8}  ok  {'busy':>5}  reference",
-             "-" * 100]
+    lines = [f"{'what':<28} {'OpScope':>12} {'reference':>12} {'diff':>8}  ok  {'busy':>5}  reference", "-" * 100]
     for r in rows:
-        lines.append(f"{r.what:<28} {r.opscope:>12.2f} {r.reference:>12.2f} {r.diff_pct:>+7.1f}%  "
-                     f"{'yes' if r.agrees else 'NO ':<3} {_cores(r.other_cores):>5}  {r.reference_name} ({r.unit})")
+        lines.append(
+            f"{r.what:<28} {r.opscope:>12.2f} {r.reference:>12.2f} {r.diff_pct:>+7.1f}%  "
+            f"{'yes' if r.agrees else 'NO ':<3} {_cores(r.other_cores):>5}  {r.reference_name} ({r.unit})"
+        )
     for r in rows:
         if r.opscope_rounds:
             ratios = " ".join(f"{a / b:.3f}" for a, b in zip(r.opscope_rounds, r.reference_rounds))
             mean = f"; llama-bench avg_ts {r.reference_mean:.2f}" if r.reference_mean is not None else ""
             lines.append(f"  {r.what}: OpScope/reference per round {ratios}{mean}")
-    lines.append(f"tolerance ±{TOLERANCE_PCT:g}%; load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} "
-                 f"on {os.cpu_count()} CPUs; busy: cores other processes kept busy meanwhile")
+    lines.append(
+        f"tolerance ±{TOLERANCE_PCT:g}%; load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} "
+        f"on {os.cpu_count()} CPUs; busy: cores other processes kept busy meanwhile"
+    )
     return "\n".join(lines)
 
 

@@ -1,18 +1,19 @@
 """Console output of `opscope bench`: the progress bar and the summary table (rich)."""
+
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Iterator, Literal
+from typing import IO, Literal
 
-from rich.markup import escape
-
+from opscope.engine.bench.ceilings.utilisation import over_ceiling, unit_label
 from opscope.engine.bench.measure.quality import DISTURBED, LEGEND, run_summary
 from opscope.engine.bench.measure.stats import summarize
-from opscope.engine.bench.ceilings.utilisation import over_ceiling, unit_label
 from opscope.engine.core.results import Metric, RunResult
 from opscope.engine.core.units import BYTE_UNITS, display_scale, format_rate, significant
+from rich.markup import escape
 
 
 def _fmt(v: float) -> str:
@@ -32,8 +33,16 @@ def _row(m: Metric) -> list[str]:
         note = (note + "; " if note else "") + f"{s.n} samples"
     unit = unit if m.unit in BYTE_UNITS else unit_label(m)
     note = "; ".join(n for n in (note, _load_note(m), _shared_note(m)) if n)
-    return [m.name, unit, _fmt(s.median / scale), f"±{s.ci_halfwidth_pct:.1f}%" if s.n > 1 else "", ci, str(s.n),
-            m.quality or "—", note]
+    return [
+        m.name,
+        unit,
+        _fmt(s.median / scale),
+        f"±{s.ci_halfwidth_pct:.1f}%" if s.n > 1 else "",
+        ci,
+        str(s.n),
+        m.quality or "—",
+        note,
+    ]
 
 
 def _shared_note(m: Metric) -> str:
@@ -57,10 +66,20 @@ def summary_table(result: RunResult, run_id, out: IO[str] | None = None) -> None
     from rich.console import Console
     from rich.table import Table
 
-    title = escape(f"{result.kind} — {result.status}") + (f" — saved as run {run_id}" if run_id is not None else " — not saved")
+    title = escape(f"{result.kind} — {result.status}") + (
+        f" — saved as run {run_id}" if run_id is not None else " — not saved"
+    )
     table = Table(title=title, title_justify="left")
-    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (("metric", "left"), ("unit", "left"), ("median", "right"), ("± CI", "right"),
-                         ("95% CI of median", "right"), ("n", "right"), ("quality", "left"), ("notes", "left"))
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
+        ("metric", "left"),
+        ("unit", "left"),
+        ("median", "right"),
+        ("± CI", "right"),
+        ("95% CI of median", "right"),
+        ("n", "right"),
+        ("quality", "left"),
+        ("notes", "left"),
+    )
     for col, justify in columns:
         table.add_column(col, justify=justify, no_wrap=col in ("metric", "unit"))
     for m in result.metrics:
@@ -122,7 +141,7 @@ def peak_lines(suite_params: dict) -> list[str]:
         if pk.get(key):  # suites that divide by one peak (scaling, train-step)
             lines.append(f"{label} peak: {format_rate(pk[key], unit)} ({pk[key.replace('_s', '_source')]})")
     record = suite_params.get("peak_record")
-    for dtype, what in (record.items() if isinstance(record, dict) else [("", record)] if record else []):
+    for dtype, what in record.items() if isinstance(record, dict) else [("", record)] if record else []:
         lines.append(f"measured peak{' ' + dtype if dtype else ''}: {what}")
     return lines
 
@@ -132,9 +151,13 @@ def progress_bar(label: str) -> Iterator:
     """A rich progress bar on stderr; yields the runner's progress callback (done, total, eta_s)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(),
-               TextColumn("{task.completed:.1f}/{task.total:.0f} points"), TimeElapsedColumn(),
-               TextColumn("ETA {task.fields[eta]}"))
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.1f}/{task.total:.0f} points"),
+        TimeElapsedColumn(),
+        TextColumn("ETA {task.fields[eta]}"),
+    )
     console = _stderr_console()
     # not on a terminal (a log, a pipe): no bar, not even the blank line rich leaves behind
     with Progress(*columns, transient=True, console=console, disable=not console.is_terminal) as bar:
@@ -143,6 +166,7 @@ def progress_bar(label: str) -> Iterator:
         def update(done: float, total: int, eta_s: float | None) -> None:
             eta = "?" if eta_s is None else f"{eta_s:.0f}s"
             bar.update(task, completed=done, total=total, eta=eta)
+
         yield update
 
 

@@ -5,19 +5,21 @@ This is the function the CLI and the GUI's worker call. The store is any object 
 ``begin_run(RunResult) -> id``, ``add_metric(id, Metric)`` and ``finish_run(id, status, error)``
 (engine.store.RunStore); without one the RunResult is only returned.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
-from opscope.engine.core import fingerprint
 from opscope.engine.bench.measure.memory import peak_unit_note
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan
 from opscope.engine.bench.measure.quality import worst
 from opscope.engine.bench.measure.runner import Budget, ProgressFn, budget_line, run_points
 from opscope.engine.bench.suites import get_suite
+from opscope.engine.core import fingerprint
 from opscope.engine.core.errors import Cancelled
 from opscope.engine.core.results import Metric, RunResult
 
@@ -49,11 +51,15 @@ def _status(outcomes) -> tuple[str, str | None]:
 
 
 def _new_result(suite: str, opts: BenchOptions, plan: SuitePlan, name: str, tags, notes: str) -> RunResult:
-    settings = opts.as_settings() | {"suite": suite, "suite_params": plan.settings,
-                                     "peak_memory": peak_unit_note(opts.device)}
+    settings = opts.as_settings() | {
+        "suite": suite,
+        "suite_params": plan.settings,
+        "peak_memory": peak_unit_note(opts.device),
+    }
     fp = fingerprint.collect(settings, plan.model_source)
-    return RunResult(kind=suite, name=name, tags=list(tags), notes=notes, settings=settings,
-                     fingerprint=fp, status="running")
+    return RunResult(
+        kind=suite, name=name, tags=list(tags), notes=notes, settings=settings, fingerprint=fp, status="running"
+    )
 
 
 @contextmanager
@@ -75,8 +81,7 @@ def _recording(recorder, result: RunResult, sink, run_id) -> Iterator[None]:
         result.markers = own + result.markers
 
 
-def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_id, cancel, progress,
-             on_metric) -> None:
+def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_id, cancel, progress, on_metric) -> None:
     def add(metric: Metric) -> None:
         result.metrics.append(metric)
         if sink is not None:
@@ -86,15 +91,17 @@ def _measure(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_i
 
     cfg = opts.runner_config()
     budget = Budget.for_run(cfg, plan.n_points)
-    for outcome in run_points(plan.points, cfg, cancel=cancel, progress=progress, total=plan.n_points,
-                              budget=budget):
+    for outcome in run_points(plan.points, cfg, cancel=cancel, progress=progress, total=plan.n_points, budget=budget):
         plan.outcomes.append(outcome)
         for metric in outcome.metrics:
             add(metric)
     keep_budget(budget, cfg, [result], sink, [run_id])
     if plan.finish is not None:
-        finished = plan.finish(plan.outcomes, progress=progress) if plan.finish_reports_progress \
+        finished = (
+            plan.finish(plan.outcomes, progress=progress)
+            if plan.finish_reports_progress
             else plan.finish(plan.outcomes)
+        )
         for metric in finished:
             add(metric)
     if plan.markers:  # the plan's own (every rank's collectives), beside the recorder's phases
@@ -125,8 +132,9 @@ def _finish(sink, run_id, result: RunResult, status: str, error: str | None) -> 
         sink.finish_run(run_id, status, error)
 
 
-def _measure_and_close(plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_id,
-                       cancel, progress, recorder, on_metric) -> None:
+def _measure_and_close(
+    plan: SuitePlan, opts: BenchOptions, result: RunResult, sink, run_id, cancel, progress, recorder, on_metric
+) -> None:
     try:
         with _recording(recorder, result, sink, run_id):
             _measure(plan, opts, result, sink, run_id, cancel, progress, on_metric)
@@ -139,11 +147,21 @@ def _measure_and_close(plan: SuitePlan, opts: BenchOptions, result: RunResult, s
     _finish(sink, run_id, result, *_status(plan.outcomes))
 
 
-def run_suite(suite: str, opts: BenchOptions, sink: RunSink | None = None, *, name: str = "",
-              tags: tuple[str, ...] | list[str] = (), notes: str = "", params: Any = None,
-              cancel: threading.Event | None = None, progress: ProgressFn | None = None,
-              model: Any = None, recorder: Any = None,
-              on_metric: Callable[[Metric], None] | None = None) -> tuple[Any, RunResult]:
+def run_suite(
+    suite: str,
+    opts: BenchOptions,
+    sink: RunSink | None = None,
+    *,
+    name: str = "",
+    tags: tuple[str, ...] | list[str] = (),
+    notes: str = "",
+    params: Any = None,
+    cancel: threading.Event | None = None,
+    progress: ProgressFn | None = None,
+    model: Any = None,
+    recorder: Any = None,
+    on_metric: Callable[[Metric], None] | None = None,
+) -> tuple[Any, RunResult]:
     """Runs ``suite``; returns (run id or None, the RunResult). Cancellation (the event or Ctrl-C)
     closes the run as "aborted" with what was measured so far, then propagates. ``model``: an
     already loaded model for the suites that need one (the GUI's, or a test's). ``recorder``: an

@@ -5,6 +5,7 @@ imported or loaded, and a bad value fails with the valid range in the message (e
 ``opscope: error: argument --threads: 100000 is out of range: use 1…2 (the logical CPUs here)``.
 Other command modules build their flags from these (``int_in(1)``, ``float_in(0, finite=True)``, …).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,9 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 from opscope.engine.core.errors import Terminated  # noqa: F401  (the commands catch it from here)
 from opscope.engine.core.results import RUN_NAME_MAX_CHARS
@@ -51,8 +53,14 @@ def int_in(lo: int, hi: int | Callable[[], int] | None = None, what: str = "") -
     return parse
 
 
-def float_in(lo: float | Callable[[], float], hi: float | Callable[[], float] | None = None, *,
-             lo_open: bool = False, hi_open: bool = False, what: str = "") -> Callable[[str], float]:
+def float_in(
+    lo: float | Callable[[], float],
+    hi: float | Callable[[], float] | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    what: str = "",
+) -> Callable[[str], float]:
     """A finite number in the given interval (open or closed at each end). A bound may be a function,
     read only when the flag is given (its module need not be imported to build the parser)."""
 
@@ -82,6 +90,7 @@ def telemetry_interval_ms() -> Callable[[str], float]:
             from opscope.engine.telemetry import sampler
 
             return getattr(sampler, name)
+
         return read
 
     return float_in(bound("MIN_INTERVAL_MS"), bound("MAX_INTERVAL_MS"))
@@ -128,8 +137,9 @@ def run_name(text: str) -> str:
     if text == "":
         return text  # the default: SUITE-DATE-TIME
     if text != text.strip() or len(text) > RUN_NAME_MAX_CHARS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a run name: use 1…{RUN_NAME_MAX_CHARS} characters, "
-                                         f"no leading or trailing spaces")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a run name: use 1…{RUN_NAME_MAX_CHARS} characters, no leading or trailing spaces"
+        )
     if text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is all digits and would read as a run id: add a letter")
     return text
@@ -142,8 +152,7 @@ def tag(text: str) -> str:
     """A run's tag: some text, without leading or trailing spaces (engine.store.runstore checks the same)."""
     text = utf8_text(text)
     if not text.strip() or text != text.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a tag: give some text without leading or trailing "
-                                         f"spaces")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a tag: give some text without leading or trailing spaces")
     return text
 
 
@@ -177,13 +186,13 @@ def utf8_text(text: str) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raw = text[e.start].encode("utf-8", "surrogateescape")
-        raise argparse.ArgumentTypeError(f"not valid UTF-8 text (byte 0x{raw[0]:02x} at character {e.start}): "
-                                         f"pass the text in UTF-8") from None
+        raise argparse.ArgumentTypeError(
+            f"not valid UTF-8 text (byte 0x{raw[0]:02x} at character {e.start}): pass the text in UTF-8"
+        ) from None
     return text
 
 
 utf8_text.__name__ = "text"
-
 
 
 # --- the parser --------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ reply's last character with the cursor saved and restored (ESC 7 / ESC 8), and e
 before the next piece is written, so the reply's text is never mixed with it; it is drawn only
 where it fits on the current line (a wrapped status could not be erased).
 """
+
 from __future__ import annotations
 
 import shutil

@@ -7,6 +7,7 @@ SIGTERM prints ``opscope: terminated`` and exits 143, after the same clean-up (a
 closed as aborted in the store). The GUI is started by app.cli, which wraps this parser (the engine
 never imports Qt). ``--debug`` and ``--db`` are accepted before or after the sub-command.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,13 +16,13 @@ import logging
 import os
 import signal
 import sys
-from typing import Callable
+from collections.abc import Callable
 
-from opscope.engine.cli import output as cli_output, signals as cli_signals
-
-from opscope.engine.core import progress
+from opscope.engine.cli import output as cli_output
+from opscope.engine.cli import signals as cli_signals
 from opscope.engine.cli.args import CliParser, Terminated, non_empty, stderr_line, suppressed_copy
 from opscope.engine.cli.output import DISK_FULL, StdoutError
+from opscope.engine.core import progress
 from opscope.engine.core.errors import Cancelled, EngineError
 
 # Each module has register(subparsers); a module of an area not yet built is skipped.
@@ -40,11 +41,16 @@ COMMAND_MODULES = (
 # (engine.fastpath's package imports it). A command missing here still works: every module is then
 # imported, as for `opscope --help`.
 COMMAND_HOMES = {
-    "generate": "opscope.engine.cli.commands.generate", "chat": "opscope.engine.cli.commands.generate",
-    "models": "opscope.engine.cli.commands.generate", "trace": "opscope.engine.cli.commands.trace",
+    "generate": "opscope.engine.cli.commands.generate",
+    "chat": "opscope.engine.cli.commands.generate",
+    "models": "opscope.engine.cli.commands.generate",
+    "trace": "opscope.engine.cli.commands.trace",
     "diagnose": "opscope.engine.cli.commands.diagnose",
-    "monitor": "opscope.engine.cli.commands.monitor", "bench": "opscope.engine.cli.commands.bench", "runs": "opscope.engine.cli.commands.runs",
-    "plugins": "opscope.engine.cli.commands.plugins", "fastpath": "opscope.engine.cli.commands.fastpath",
+    "monitor": "opscope.engine.cli.commands.monitor",
+    "bench": "opscope.engine.cli.commands.bench",
+    "runs": "opscope.engine.cli.commands.runs",
+    "plugins": "opscope.engine.cli.commands.plugins",
+    "fastpath": "opscope.engine.cli.commands.fastpath",
 }
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
 
@@ -58,8 +64,13 @@ def install_signal_handlers() -> dict:
 
 def add_global_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    p.add_argument("--db", default=None, metavar="URL", type=non_empty("a SQLAlchemy URL or a SQLite file path"),
-                   help="run store URL (SQLAlchemy) or SQLite file (default: SQLite in the user data dir)")
+    p.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        type=non_empty("a SQLAlchemy URL or a SQLite file path"),
+        help="run store URL (SQLAlchemy) or SQLite file (default: SQLite in the user data dir)",
+    )
 
 
 def command_word(argv: list[str]) -> str | None:
@@ -99,8 +110,11 @@ class _Parser(CliParser):
 
 def build_parser(gui: Callable | None = None, argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The `opscope` parser; given ``argv``, only the module of its command is imported (all without)."""
-    p = _Parser(prog="opscope", description="Performance workbench for local transformer models.",
-                global_flags=suppressed_copy(add_global_flags))
+    p = _Parser(
+        prog="opscope",
+        description="Performance workbench for local transformer models.",
+        global_flags=suppressed_copy(add_global_flags),
+    )
     add_global_flags(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     if gui is not None:
@@ -110,8 +124,12 @@ def build_parser(gui: Callable | None = None, argv: list[str] | None = None) -> 
         g.add_argument("--dtype", default=None, help="float32, bfloat16, float16")
         g.add_argument("--backend", default=None, help="backend plugin")
         g.add_argument("--theme", default=None, choices=("system", "light", "dark"))
-        g.add_argument("--screenshot", metavar="PATH", default=None,
-                       help="write a PNG of the window once the engine is idle, then exit")
+        g.add_argument(
+            "--screenshot",
+            metavar="PATH",
+            default=None,
+            help="write a PNG of the window once the engine is idle, then exit",
+        )
         g.set_defaults(func=gui)
     for name in _modules_for(argv, gui):
         try:
@@ -162,8 +180,9 @@ def _main(argv: list[str] | None, gui: Callable | None, whole_process: bool) -> 
             if e.code in (0, None):  # --help: what it printed must have reached stdout
                 cli_output.flush()
             raise
-        logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                            format="%(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+        )
         progress.show_on_stderr()  # a first kernel build's minutes get a line, at any log level
         func = getattr(args, "func", None)
         if func is None:
@@ -227,8 +246,9 @@ def _run(func: Callable, args) -> int:
     except Exception as e:  # a bug, not a user error: say so, keep the traceback behind --debug
         if args.debug:
             raise
-        print(f"opscope: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"opscope: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", file=sys.stderr
+        )
         return 1
 
 

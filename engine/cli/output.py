@@ -11,6 +11,7 @@ standard output, unlike a failed write to a file the command opened); engine.cli
   error and is ended here the way the docs recommend, without another error at exit.
 After a failure the stream discards what is left, so the flush at exit cannot fail again.
 """
+
 from __future__ import annotations
 
 import errno
@@ -72,8 +73,9 @@ def guard(closed_is_error: bool = True) -> None:
         old.flush()
     except (AttributeError, OSError, ValueError):  # not a file (a test's capture): leave it alone
         return
-    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_Raw(fd)), encoding=old.encoding, errors=old.errors,
-                                  line_buffering=bool(old.line_buffering))
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(_Raw(fd)), encoding=old.encoding, errors=old.errors, line_buffering=bool(old.line_buffering)
+    )
 
 
 def flush() -> None:

@@ -11,6 +11,7 @@ first; held()): a signal sent then is raised right after the import returns.
 
 Why, and what it cost: docs/decisions/0002-signals-held-during-torch-import.md.
 """
+
 from __future__ import annotations
 
 import signal
@@ -64,7 +65,9 @@ def held():
         yield
     finally:
         try:
-            if before is not None:  # a signal blocked meanwhile is handled now, still held: remembered, not raised here,
+            if (
+                before is not None
+            ):  # a signal blocked meanwhile is handled now, still held: remembered, not raised here,
                 signal.pthread_sigmask(signal.SIG_SETMASK, before)  # inside the import system's frames
         finally:
             _holding -= 1
@@ -100,7 +103,7 @@ class _HoldHeavyImports:
     def find_spec(self, name, path=None, target=None):
         if name not in HELD_IMPORTS or self not in sys.meta_path:  # (restore() ran meanwhile)
             return None
-        for finder in sys.meta_path[sys.meta_path.index(self) + 1:]:
+        for finder in sys.meta_path[sys.meta_path.index(self) + 1 :]:
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
             if spec is not None:
@@ -163,8 +166,11 @@ def install() -> dict:
         _hook_before, sys.unraisablehook = sys.unraisablehook, _unraisable
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)
-            if signal.getsignal(sig) is not signal.SIG_IGN}
+    return {
+        sig: signal.signal(sig, handler)
+        for sig in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
 
 
 def _raise_now(signum: int, _frame) -> None:
@@ -190,4 +196,3 @@ def restore(previous: dict) -> None:
         sys.meta_path.remove(_finder)
     for sig, handler in previous.items():
         signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-

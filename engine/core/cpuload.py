@@ -4,14 +4,15 @@ Batch-1 decode on the CPU runs a hundred short parallel regions per token; when 
 holds one of the cores, every region waits for the descheduled worker, so decode gives a core back
 while others use it (measurements: docs/decisions/0003-decode-threads-yield-to-busy-cores.md).
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,14 @@ class LoadAwareThreads:
     """Decode threads = the cores others leave free (at least 1, at most ``max_threads``),
     re-read every ``period_s`` of decoding; ``step()`` is called once per token."""
 
-    def __init__(self, max_threads: int, set_threads: Callable[[int], None], load: OtherLoad | None = None,
-                 period_s: float = 0.25, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        max_threads: int,
+        set_threads: Callable[[int], None],
+        load: OtherLoad | None = None,
+        period_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.max_threads, self.set_threads, self.period_s, self.clock = max_threads, set_threads, period_s, clock
         self.load = load or OtherLoad()
         self.threads = max_threads

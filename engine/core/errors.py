@@ -3,6 +3,7 @@
 Each error carries a message that says what failed, on which object, and what to do. The CLI
 prints ``str(err)`` on one line and exits with ``exit_code``; the GUI shows the same text.
 """
+
 from __future__ import annotations
 
 import re
@@ -70,6 +71,7 @@ def _render_options(template: str, given: dict[str, object], cli: bool) -> str:
         if cli:
             return f"{flag} {text}"
         return f"{name}={text}" if value == "=" else f"{name}={text!r}"
+
     return _OPTION.sub(one, template)
 
 
@@ -181,8 +183,10 @@ class MissingTensor(ModelLoadError):
 
 
 class UnsafeFormat(ModelLoadError):
-    fix = ("pickle files can run arbitrary code when loaded, so they are never opened; convert the weights to "
-           "safetensors (e.g. transformers' save_pretrained(..., safe_serialization=True)) or to GGUF")
+    fix = (
+        "pickle files can run arbitrary code when loaded, so they are never opened; convert the weights to "
+        "safetensors (e.g. transformers' save_pretrained(..., safe_serialization=True)) or to GGUF"
+    )
 
 
 class ChatTemplateError(ModelLoadError):

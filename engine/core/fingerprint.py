@@ -4,6 +4,7 @@ knowing what differed: host, software versions, checkout, GPUs, the model file a
 Every probe is best-effort: a field that cannot be read is recorded as None with no exception,
 because a missing GPU or git is a normal state, not an error.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,9 +15,10 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from opscope.engine.core.paths import cache_dir
 
@@ -127,9 +129,18 @@ def git_info(repo_dir: Path = _REPO_DIR) -> dict[str, Any] | None:
 
 def env_settings() -> dict[str, str]:
     """Environment variables that change how fast the same code runs."""
-    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-             "PYTORCH_CUDA_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "TORCH_CUDNN_V8_API_ENABLED",
-             "ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA", "MLX_METAL_DEBUG")
+    names = (
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "CUBLAS_WORKSPACE_CONFIG",
+        "TORCH_CUDNN_V8_API_ENABLED",
+        "ATEN_CPU_CAPABILITY",
+        "DNNL_MAX_CPU_ISA",
+        "MLX_METAL_DEBUG",
+    )
     return {n: os.environ[n] for n in names if n in os.environ}
 
 
@@ -232,8 +243,9 @@ def model_info(source: Any) -> dict[str, Any]:
     }
 
 
-def collect(settings: dict[str, Any] | None = None, model_source: Any = None,
-            extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def collect(
+    settings: dict[str, Any] | None = None, model_source: Any = None, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The whole fingerprint of this process, for one run."""
     fp: dict[str, Any] = {
         "host": host_info(),

@@ -1,6 +1,7 @@
 """The JSON every ``--json``/``--format json`` output prints: strict JSON (RFC 8259), which has no
 NaN or Infinity. Python's json writes them as bare ``NaN``/``Infinity`` tokens that jq, JavaScript
 and most parsers reject; a value that is not a finite number is unknown, so it is written ``null``."""
+
 from __future__ import annotations
 
 import json

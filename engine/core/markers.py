@@ -3,13 +3,15 @@ and end, on the one clock, and anyone (telemetry recorder, trace, GUI) can liste
 
 Emitting costs one list check when nobody listens, so the generation loop can call it freely.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from opscope.engine.core.clock import now_ns
 

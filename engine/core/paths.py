@@ -1,4 +1,5 @@
 """Where the benchmark area keeps its caches (model hashes, measured peaks)."""
+
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 the ``opscope.progress`` logger at INFO. A library user sees it only if their logging shows INFO;
 the `opscope` command shows it (show_on_stderr) as one ``opscope: …`` line on stderr, whatever its
 log level, so a first run does not look hung."""
+
 from __future__ import annotations
 
 import logging

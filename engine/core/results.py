@@ -3,6 +3,7 @@
 A benchmark suite fills a RunResult; engine.store saves it; comparison reads it back. Every metric
 keeps its raw per-repetition samples: summaries are always recomputed from them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """Values typed as text (CLI flags, ``KEY=VALUE`` settings) read one way everywhere."""
+
 from __future__ import annotations
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

@@ -6,11 +6,12 @@ Sizes of things in memory or on disk are binary and labelled so (KiB, MiB, GiB, 
 exported values stay raw, with the unit in the field name (``peak_mem_bytes``, ``file_size_bytes``):
 only text meant to be read is scaled.
 """
+
 from __future__ import annotations
 
 import math
 
-BINARY_PREFIXES = (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10))
+BINARY_PREFIXES = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 SI_PREFIXES = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
 BYTE_UNITS = ("bytes", "B")  # how a Metric's unit names raw bytes
 

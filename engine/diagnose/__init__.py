@@ -9,17 +9,24 @@ See docs/diagnose.md.
 
 Names are imported on first use: importing this package does not import torch.
 """
+
 from __future__ import annotations
 
 import importlib
 
 _EXPORTS = {
-    "Measurement": "opscope.engine.diagnose.measurement", "Phase": "opscope.engine.diagnose.measurement",
-    "Finding": "opscope.engine.diagnose.measurement", "Issue": "opscope.engine.diagnose.measurement",
-    "RULES": "opscope.engine.diagnose.rules", "diagnose": "opscope.engine.diagnose.rules",
-    "ModelPlan": "opscope.engine.diagnose.measure", "Diagnosis": "opscope.engine.diagnose.report",
-    "render_text": "opscope.engine.diagnose.report", "render_markdown": "opscope.engine.diagnose.report",
-    "diagnose_model": "opscope.engine.diagnose.session", "diagnose_script": "opscope.engine.diagnose.session",
+    "Measurement": "opscope.engine.diagnose.measurement",
+    "Phase": "opscope.engine.diagnose.measurement",
+    "Finding": "opscope.engine.diagnose.measurement",
+    "Issue": "opscope.engine.diagnose.measurement",
+    "RULES": "opscope.engine.diagnose.rules",
+    "diagnose": "opscope.engine.diagnose.rules",
+    "ModelPlan": "opscope.engine.diagnose.measure",
+    "Diagnosis": "opscope.engine.diagnose.report",
+    "render_text": "opscope.engine.diagnose.report",
+    "render_markdown": "opscope.engine.diagnose.report",
+    "diagnose_model": "opscope.engine.diagnose.session",
+    "diagnose_script": "opscope.engine.diagnose.session",
 }
 __all__ = sorted(_EXPORTS)
 

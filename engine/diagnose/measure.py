@@ -5,6 +5,7 @@ A model runs twice: once untimed by any hook (the phases' wall times: the trace'
 inflate them) and once traced, for a few tokens (ops, placement, module times and source lines). A
 script runs once, traced, with the host's stack sampled (what it does while no op runs).
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,8 +68,9 @@ def _traced(lm, ids: list[int], plan: ModelPlan, target: str):
     from opscope.engine.trace.session import trace_generation
 
     config = GenerationConfig(max_tokens=plan.trace_tokens, ignore_eos=True)
-    run = trace_generation(lm, ids, config, TraceOptions(target=target, source="all"), variant=plan.variant,
-                           simulate=plan.simulate)
+    run = trace_generation(
+        lm, ids, config, TraceOptions(target=target, source="all"), variant=plan.variant, simulate=plan.simulate
+    )
     return run, build_report(run.result, run.notes)
 
 
@@ -108,9 +110,18 @@ def issues(report) -> tuple[Issue, ...]:
     out = []
     for f in report.findings:
         ev = f.evidence or {}
-        out.append(Issue(f.kind, f.severity, f.title, ", ".join(m for m in f.modules if m)[:120],
-                         f.sources[0] if f.sources else "", f.fix, float(ev.get("count_per_token", 0.0)),
-                         float(ev.get("host_ms", 0.0))))
+        out.append(
+            Issue(
+                f.kind,
+                f.severity,
+                f.title,
+                ", ".join(m for m in f.modules if m)[:120],
+                f.sources[0] if f.sources else "",
+                f.fix,
+                float(ev.get("count_per_token", 0.0)),
+                float(ev.get("host_ms", 0.0)),
+            )
+        )
     return tuple(out)
 
 
@@ -143,13 +154,25 @@ def model_phases(lm, plan: ModelPlan, ids: list[int], run, target: str) -> tuple
     dec = step_profile(events, range(1, max(t, 2)))
     busy = device_busy_pct(run.result, range(1)), device_busy_pct(run.result, range(1, max(t, 2)))
     if plan.simulate:
-        return (Phase(PREFILL, 1, pre[1], n, None, None, *pre, busy[0]),
-                Phase(DECODE, max(t - 1, 0), dec[1], 1, None, None, *dec, busy[1]))
+        return (
+            Phase(PREFILL, 1, pre[1], n, None, None, *pre, busy[0]),
+            Phase(DECODE, max(t - 1, 0), dec[1], 1, None, None, *dec, busy[1]),
+        )
     prefill_ms, decode_ms = _timed(lm, ids, plan.tokens)
     pw, tw = pp_work(lm, n, 0, plan.dtype), tg_work(lm, plan.tokens, n, plan.dtype)
-    return (Phase(PREFILL, 1, prefill_ms, n, pw["flop"] * n, pw["bytes"] * n, *pre, busy[0]),
-            Phase(DECODE, len(decode_ms), statistics.median(decode_ms) if decode_ms else 0.0, 1,
-                  tw["flop"], tw["bytes"], *dec, busy[1]))
+    return (
+        Phase(PREFILL, 1, prefill_ms, n, pw["flop"] * n, pw["bytes"] * n, *pre, busy[0]),
+        Phase(
+            DECODE,
+            len(decode_ms),
+            statistics.median(decode_ms) if decode_ms else 0.0,
+            1,
+            tw["flop"],
+            tw["bytes"],
+            *dec,
+            busy[1],
+        ),
+    )
 
 
 def measure_model(lm, plan: ModelPlan, subject: str) -> Measurement:
@@ -163,13 +186,33 @@ def measure_model(lm, plan: ModelPlan, subject: str) -> Measurement:
     ceil = probes.ceilings(target, plan.dtype)
     count, nbytes, pageable = _transfers(report, MODEL_NEEDED)
     cores, gpu, neighbours = watch.finish()
-    notes = list(report.notes) + (["timed with the CPU fast path: ops and lines are the plain torch model's"]
-                                  if fast else [])
+    notes = list(report.notes) + (
+        ["timed with the CPU fast path: ops and lines are the plain torch model's"] if fast else []
+    )
     return Measurement(
-        subject, "model", target, "token", plan.simulate, phases, ceil.flop_s, ceil.flop_label, ceil.bytes_s,
-        ceil.bytes_label, None if fast else probes.dispatch_us(target), nbytes, count, pageable, None,
-        issues(report), traced_steps=max(run.result.tokens, 1), cores=os.cpu_count() or 1, other_cores=cores, other_gpu_procs=gpu,
-        neighbours=neighbours, notes=tuple(notes))
+        subject,
+        "model",
+        target,
+        "token",
+        plan.simulate,
+        phases,
+        ceil.flop_s,
+        ceil.flop_label,
+        ceil.bytes_s,
+        ceil.bytes_label,
+        None if fast else probes.dispatch_us(target),
+        nbytes,
+        count,
+        pageable,
+        None,
+        issues(report),
+        traced_steps=max(run.result.tokens, 1),
+        cores=os.cpu_count() or 1,
+        other_cores=cores,
+        other_gpu_procs=gpu,
+        neighbours=neighbours,
+        notes=tuple(notes),
+    )
 
 
 def measure_script(spec: Any, target: str) -> tuple[Measurement, Any, Any]:
@@ -190,13 +233,41 @@ def measure_script(spec: Any, target: str) -> tuple[Measurement, Any, Any]:
     count, nbytes, pageable = _transfers(report, SCRIPT_NEEDED)
     cores, gpu, neighbours = watch.finish()
     m = Measurement(
-        spec.label, "script", target, "step", False,
-        (Phase(STEP, len(trace.step_ms) or 1, wall, 1, None, None, ops, op_ms, top, line,
-               device_busy_pct(result, steps)),),
-        dispatch_us=probes.dispatch_us(target), transfer_bytes_per_step=nbytes, transfers_per_step=count,
-        pageable_transfers=pageable, issues=issues(report), traced_steps=max(result.tokens, 1), idle_pct=idle, idle_source=idle_line,
-        idle_source_pct=idle_pct, cores=os.cpu_count() or 1, other_cores=cores, other_gpu_procs=gpu,
-        neighbours=neighbours, notes=tuple(report.notes))
+        spec.label,
+        "script",
+        target,
+        "step",
+        False,
+        (
+            Phase(
+                STEP,
+                len(trace.step_ms) or 1,
+                wall,
+                1,
+                None,
+                None,
+                ops,
+                op_ms,
+                top,
+                line,
+                device_busy_pct(result, steps),
+            ),
+        ),
+        dispatch_us=probes.dispatch_us(target),
+        transfer_bytes_per_step=nbytes,
+        transfers_per_step=count,
+        pageable_transfers=pageable,
+        issues=issues(report),
+        traced_steps=max(result.tokens, 1),
+        idle_pct=idle,
+        idle_source=idle_line,
+        idle_source_pct=idle_pct,
+        cores=os.cpu_count() or 1,
+        other_cores=cores,
+        other_gpu_procs=gpu,
+        neighbours=neighbours,
+        notes=tuple(report.notes),
+    )
     return m, trace, report
 
 

@@ -6,6 +6,7 @@ token), or a script's step. Its figures are per pass: ``wall_ms`` is the median 
 measured without the trace (the trace's own overhead would inflate it), ``op_ms`` the time spent
 inside tensor ops and ``ops`` their count, from the traced pass.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

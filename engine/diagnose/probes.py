@@ -1,6 +1,7 @@
 """The short probes a diagnosis takes beside its measurement: the ceilings (stored peaks, else a short
 copy for the bandwidth), the host cost of one op, other processes' load, and where the host's
 Python is while no op runs (stack samples)."""
+
 from __future__ import annotations
 
 import logging
@@ -62,7 +63,10 @@ def _probe_matmul(device: str, dtype: str, n: int = 1024) -> tuple[float, str]:
 
     a = torch.randn(n, n, device=device).to(getattr(torch, dtype))
     value = 2 * n**3 / _best_s(device, lambda: a @ a)
-    return value, f"{format_rate(value, 'FLOP/s', 3)} {dtype} of a {n}² matmul probed now (no stored peak: `opscope bench matmul`)"
+    return (
+        value,
+        f"{format_rate(value, 'FLOP/s', 3)} {dtype} of a {n}² matmul probed now (no stored peak: `opscope bench matmul`)",
+    )
 
 
 def _probe_bandwidth(device: str) -> tuple[float, str]:
@@ -74,8 +78,10 @@ def _probe_bandwidth(device: str) -> tuple[float, str]:
     src = torch.ones(size // 4, device=device)
     dst = torch.empty_like(src)
     value = 2 * size / _best_s(device, lambda: dst.copy_(src))
-    return value, (f"{format_rate(value, 'B/s', 3)} of a {size >> 20} MiB copy probed now "
-                   f"(no stored peak: `opscope bench bandwidth`)")
+    return value, (
+        f"{format_rate(value, 'B/s', 3)} of a {size >> 20} MiB copy probed now "
+        f"(no stored peak: `opscope bench bandwidth`)"
+    )
 
 
 def _sync(device: str) -> None:
@@ -141,8 +147,9 @@ def _neighbours(before, after, load, top: int = 16) -> tuple[Neighbour, ...]:
     (t0, a), (t1, b) = before, after
     span = max(t1 - t0, 1e-3)
     mine = os.getpid()
-    used = [Neighbour(pid, name, (cpu - a[pid][1]) / span) for pid, (name, cpu) in b.items()
-            if pid in a and pid != mine]
+    used = [
+        Neighbour(pid, name, (cpu - a[pid][1]) / span) for pid, (name, cpu) in b.items() if pid in a and pid != mine
+    ]
     used = [n for n in used if n.cores >= 0.05]
     return tuple(sorted(used, key=lambda n: -n.cores)[:top])
 

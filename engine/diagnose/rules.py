@@ -8,6 +8,7 @@ needs at the compute ceiling (FLOP ÷ peak FLOP/s), at the bandwidth ceiling (by
 and for the host to dispatch its ops (ops × the measured cost of one tiny op). The largest names the
 bound, as a roofline with a third roof for the host.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -36,6 +37,7 @@ def _place(module: str, source: str) -> str:
 
 
 # --- the three roofs of a phase -------------------------------------------------------------------
+
 
 def roofs(m: Measurement, p: Phase) -> dict[str, float]:
     """ms one pass of ``p`` needs at each known ceiling: compute, memory, and the host's, which is
@@ -79,6 +81,7 @@ def _what(m: Measurement, p: Phase) -> str:
 
 # --- rules -------------------------------------------------------------------------------------
 
+
 def foreign_load(m: Measurement) -> Finding | None:
     if m.simulated:
         return None  # op counts and placement do not depend on the machine's load
@@ -89,12 +92,22 @@ def foreign_load(m: Measurement) -> Finding | None:
     held = [f"other processes kept {m.other_cores:.2f} of {m.cores or '?'} cores busy"] if busy else []
     held += [f"{m.other_gpu_procs} other process(es) used the GPU"] if m.other_gpu_procs else []
     free = max(m.cores - (m.other_cores or 0.0), 1.0) if m.cores else None
-    gain = (f"up to ×{m.cores / free:.2g} for work that uses all {m.cores} cores" if free and busy
-            else "figures taken on a quiet machine")
-    return Finding("foreign-load", "foreign load", "high",
-                   f"{'; '.join(held)} during the measurement: every figure here is disturbed",
-                   who, "stop them or rerun on a quiet machine; on the CPU give them a core (--threads N-1)",
-                   gain, 100.0, {"other_cores": m.other_cores, "other_gpu_procs": m.other_gpu_procs})
+    gain = (
+        f"up to ×{m.cores / free:.2g} for work that uses all {m.cores} cores"
+        if free and busy
+        else "figures taken on a quiet machine"
+    )
+    return Finding(
+        "foreign-load",
+        "foreign load",
+        "high",
+        f"{'; '.join(held)} during the measurement: every figure here is disturbed",
+        who,
+        "stop them or rerun on a quiet machine; on the CPU give them a core (--threads N-1)",
+        gain,
+        100.0,
+        {"other_cores": m.other_cores, "other_gpu_procs": m.other_gpu_procs},
+    )
 
 
 def _issue_finding(m: Measurement, rule: str, bound: str, i: Issue) -> Finding:
@@ -108,8 +121,17 @@ def _issue_finding(m: Measurement, rule: str, bound: str, i: Issue) -> Finding:
         gain += f", with ~{_ms(per_step)} of host time per {m.unit} (traced; the {m.unit} takes {_ms(step.wall_ms)})"
     elif m.simulated:
         gain += " (times simulated: on the device each round trip waits for the link and a sync)"
-    return Finding(rule, bound, i.severity if i.severity != "low" else "medium", i.title,
-                   _place(i.module, i.source), i.fix, gain, share, {"kind": i.kind})
+    return Finding(
+        rule,
+        bound,
+        i.severity if i.severity != "low" else "medium",
+        i.title,
+        _place(i.module, i.source),
+        i.fix,
+        gain,
+        share,
+        {"kind": i.kind},
+    )
 
 
 def placement(m: Measurement) -> Finding | None:
@@ -127,8 +149,17 @@ def training(m: Measurement) -> Finding | None:
     if not found:
         return None
     i = found[0]
-    return Finding("training", "training", "high", i.title, _place(i.module, i.source), i.fix,
-                   "the steps' time buys learning again", 0.0, {"kind": i.kind})
+    return Finding(
+        "training",
+        "training",
+        "high",
+        i.title,
+        _place(i.module, i.source),
+        i.fix,
+        "the steps' time buys learning again",
+        0.0,
+        {"kind": i.kind},
+    )
 
 
 def syncs(m: Measurement) -> Finding | None:
@@ -140,15 +171,26 @@ def data_movement(m: Measurement) -> Finding | None:
     if m.transfers_per_step < EXTRA_TRANSFERS or not m.transfer_bytes_per_step:
         return None
     moved = format_bytes(m.transfer_bytes_per_step)
-    cost = (f" = {_ms(m.transfer_bytes_per_step / m.link_bytes_s * 1000)} at the link's "
-            f"{format_rate(m.link_bytes_s, 'B/s')}" if m.link_bytes_s and not m.simulated else "")
+    cost = (
+        f" = {_ms(m.transfer_bytes_per_step / m.link_bytes_s * 1000)} at the link's "
+        f"{format_rate(m.link_bytes_s, 'B/s')}"
+        if m.link_bytes_s and not m.simulated
+        else ""
+    )
     pageable = f", {m.pageable_transfers} from pageable memory" if m.pageable_transfers else ""
-    return Finding("data-movement", "data movement", "medium",
-                   f"{count_rate(m.transfers_per_step)} host↔device copies per {m.unit} beyond the needed I/O; "
-                   f"all copies move {moved}{cost}{pageable}",
-                   "", "keep tensors on the device between steps; upload a batch once, from pinned memory "
-                   "(pin_memory=True, non_blocking=True)", f"{moved} per {m.unit} not copied" + cost, 0.0,
-                   {"bytes_per_step": m.transfer_bytes_per_step, "per_step": m.transfers_per_step})
+    return Finding(
+        "data-movement",
+        "data movement",
+        "medium",
+        f"{count_rate(m.transfers_per_step)} host↔device copies per {m.unit} beyond the needed I/O; "
+        f"all copies move {moved}{cost}{pageable}",
+        "",
+        "keep tensors on the device between steps; upload a batch once, from pinned memory "
+        "(pin_memory=True, non_blocking=True)",
+        f"{moved} per {m.unit} not copied" + cost,
+        0.0,
+        {"bytes_per_step": m.transfer_bytes_per_step, "per_step": m.transfers_per_step},
+    )
 
 
 def input_pipeline(m: Measurement) -> Finding | None:
@@ -157,12 +199,20 @@ def input_pipeline(m: Measurement) -> Finding | None:
         return None
     idle_ms = step.wall_ms * m.idle_pct / 100.0
     on = f" while the host runs {m.idle_source} ({m.idle_source_pct:.0f} % of the samples)" if m.idle_source else ""
-    return Finding("input-pipeline", "input pipeline", "medium",
-                   f"no op runs for {m.idle_pct:.0f} % of each step ({_ms(idle_ms)} of {_ms(step.wall_ms)}){on}: "
-                   f"the device waits for the input", m.idle_source,
-                   "prepare batches ahead: a DataLoader with num_workers>0 and prefetching, or tensors built "
-                   "once outside the loop", f"steps up to ×{step.wall_ms / max(step.wall_ms - idle_ms, 1e-3):.2g} "
-                   f"faster ({_ms(step.wall_ms - idle_ms)} per step)", m.idle_pct, {"idle_pct": m.idle_pct})
+    return Finding(
+        "input-pipeline",
+        "input pipeline",
+        "medium",
+        f"no op runs for {m.idle_pct:.0f} % of each step ({_ms(idle_ms)} of {_ms(step.wall_ms)}){on}: "
+        f"the device waits for the input",
+        m.idle_source,
+        "prepare batches ahead: a DataLoader with num_workers>0 and prefetching, or tensors built "
+        "once outside the loop",
+        f"steps up to ×{step.wall_ms / max(step.wall_ms - idle_ms, 1e-3):.2g} "
+        f"faster ({_ms(step.wall_ms - idle_ms)} per step)",
+        m.idle_pct,
+        {"idle_pct": m.idle_pct},
+    )
 
 
 def host_bound(m: Measurement) -> Finding | None:
@@ -173,14 +223,21 @@ def host_bound(m: Measurement) -> Finding | None:
     work = max(r.get(COMPUTE, 0.0), r.get(MEMORY, 0.0), 1e-6)
     per_op = p.wall_ms * 1000.0 / p.ops
     idle = f"; the device idles {100 - p.device_busy_pct:.0f} % of it" if p.device_busy_pct is not None else ""
-    return Finding("host-bound", "host", "medium",
-                   f"{_what(m, p)} runs {p.ops:.0f} ops in {_ms(p.wall_ms)} ({per_op:.2g} µs each); issuing them "
-                   f"costs ≥ {_ms(r[HOST])} ({m.dispatch_us:.2g} µs per empty op, measured), their work needs "
-                   f"~{_ms(work)}{idle}: host-bound", _place(p.top_module, p.top_source),
-                   "fewer, larger ops: torch.compile (--compile decode), CUDA graphs on a GPU, fused kernels "
-                   "(the CPU fast path), or a larger batch per op",
-                   f"with the ops fused the work alone allows ~{_rate(p.tokens, max(work, r[HOST] / p.ops))} "
-                   f"{m.unit}/s, you get {_rate(p.tokens, p.wall_ms)}", m.share_pct(p), {"roofs_ms": r, "phase": p.name})
+    return Finding(
+        "host-bound",
+        "host",
+        "medium",
+        f"{_what(m, p)} runs {p.ops:.0f} ops in {_ms(p.wall_ms)} ({per_op:.2g} µs each); issuing them "
+        f"costs ≥ {_ms(r[HOST])} ({m.dispatch_us:.2g} µs per empty op, measured), their work needs "
+        f"~{_ms(work)}{idle}: host-bound",
+        _place(p.top_module, p.top_source),
+        "fewer, larger ops: torch.compile (--compile decode), CUDA graphs on a GPU, fused kernels "
+        "(the CPU fast path), or a larger batch per op",
+        f"with the ops fused the work alone allows ~{_rate(p.tokens, max(work, r[HOST] / p.ops))} "
+        f"{m.unit}/s, you get {_rate(p.tokens, p.wall_ms)}",
+        m.share_pct(p),
+        {"roofs_ms": r, "phase": p.name},
+    )
 
 
 def compute_bound(m: Measurement) -> Finding | None:
@@ -189,14 +246,19 @@ def compute_bound(m: Measurement) -> Finding | None:
         return None
     achieved = p.flop / p.wall_ms * 1000.0
     need = roofs(m, p)[COMPUTE]
-    return Finding("compute-bound", "compute", "info",
-                   f"{_what(m, p)}: {p.flop / 1e9:.3g} GFLOP per pass at {format_rate(achieved, 'FLOP/s', 3)} = "
-                   f"{100 * achieved / m.peak_flop_s:.0f} % of the {m.peak_flop_label}: compute-bound (MFU)",
-                   _place(p.top_module, p.top_source),
-                   "fewer FLOPs or faster ones: bfloat16/float16 matmuls where the device has them, a quantized "
-                   "fast path; a larger batch does not help a compute-bound pass",
-                   f"ceiling ~{_rate(p.tokens, need)} {m.unit}/s, you get {_rate(p.tokens, p.wall_ms)}",
-                   m.share_pct(p), {"mfu_pct": 100 * achieved / m.peak_flop_s, "phase": p.name})
+    return Finding(
+        "compute-bound",
+        "compute",
+        "info",
+        f"{_what(m, p)}: {p.flop / 1e9:.3g} GFLOP per pass at {format_rate(achieved, 'FLOP/s', 3)} = "
+        f"{100 * achieved / m.peak_flop_s:.0f} % of the {m.peak_flop_label}: compute-bound (MFU)",
+        _place(p.top_module, p.top_source),
+        "fewer FLOPs or faster ones: bfloat16/float16 matmuls where the device has them, a quantized "
+        "fast path; a larger batch does not help a compute-bound pass",
+        f"ceiling ~{_rate(p.tokens, need)} {m.unit}/s, you get {_rate(p.tokens, p.wall_ms)}",
+        m.share_pct(p),
+        {"mfu_pct": 100 * achieved / m.peak_flop_s, "phase": p.name},
+    )
 
 
 def memory_bound(m: Measurement) -> Finding | None:
@@ -206,14 +268,19 @@ def memory_bound(m: Measurement) -> Finding | None:
     achieved = p.bytes / p.wall_ms * 1000.0
     need = roofs(m, p)[MEMORY]
     per = "token" if p.name == "decode" else "pass"
-    return Finding("memory-bound", "memory", "info",
-                   f"{_what(m, p)} reads {format_bytes(p.bytes, 3)} per {per} at {format_rate(achieved, 'B/s', 3)} = "
-                   f"{100 * achieved / m.peak_bytes_s:.0f} % of the {m.peak_bytes_label}: memory-bound (MBU)",
-                   _place(p.top_module, p.top_source),
-                   "read fewer bytes per token: int8/int4 or Q8_0/Q4 weights, bfloat16 weights, or batch "
-                   "several sequences so each weight read serves them all",
-                   f"ceiling ~{_rate(p.tokens, need)} {m.unit}/s, you get {_rate(p.tokens, p.wall_ms)}",
-                   m.share_pct(p), {"mbu_pct": 100 * achieved / m.peak_bytes_s, "phase": p.name})
+    return Finding(
+        "memory-bound",
+        "memory",
+        "info",
+        f"{_what(m, p)} reads {format_bytes(p.bytes, 3)} per {per} at {format_rate(achieved, 'B/s', 3)} = "
+        f"{100 * achieved / m.peak_bytes_s:.0f} % of the {m.peak_bytes_label}: memory-bound (MBU)",
+        _place(p.top_module, p.top_source),
+        "read fewer bytes per token: int8/int4 or Q8_0/Q4 weights, bfloat16 weights, or batch "
+        "several sequences so each weight read serves them all",
+        f"ceiling ~{_rate(p.tokens, need)} {m.unit}/s, you get {_rate(p.tokens, p.wall_ms)}",
+        m.share_pct(p),
+        {"mbu_pct": 100 * achieved / m.peak_bytes_s, "phase": p.name},
+    )
 
 
 @dataclass(frozen=True)
@@ -229,9 +296,17 @@ RULES: tuple[Rule, ...] = (
     Rule("placement", "placement", 0, placement, "compute off the target device or mixed-device ops (trace findings)"),
     Rule("storm", "host (syncs)", 1, storm, "a per-element loop: ≥ 16 tiny transfers/syncs from one line in one step"),
     Rule("training", "training", 2, training, "the loss does not fall, no gradient, optimizer not on the model"),
-    Rule("foreign-load", "foreign load", 3, foreign_load, "other processes held ≥ 0.25 cores or the GPU: figures disturbed"),
+    Rule(
+        "foreign-load",
+        "foreign load",
+        3,
+        foreign_load,
+        "other processes held ≥ 0.25 cores or the GPU: figures disturbed",
+    ),
     Rule("syncs", "host (syncs)", 4, syncs, "transfers or host waits beyond the needed I/O"),
-    Rule("data-movement", "data movement", 5, data_movement, "≥ 1 host↔device copy per step/token beyond the needed I/O"),
+    Rule(
+        "data-movement", "data movement", 5, data_movement, "≥ 1 host↔device copy per step/token beyond the needed I/O"
+    ),
     Rule("input-pipeline", "input pipeline", 6, input_pipeline, "no op runs for ≥ 40 % of a script's step"),
     Rule("host-bound", "host", 7, host_bound, "ops × the cost of an empty op is the largest roof"),
     Rule("compute-bound", "compute", 8, compute_bound, "FLOP ÷ peak FLOP/s is the largest roof (MFU)"),

@@ -1,5 +1,6 @@
 """One diagnosis as a run: the measurement with the telemetry sampler on, its findings, and the
 RunResult of kind ``diagnosis`` that keeps them (saved by the caller: engine.trace.runs.save)."""
+
 from __future__ import annotations
 
 import logging
@@ -38,20 +39,29 @@ def _telemetry(interval_ms: float | None) -> Iterator[object]:
 def _run(d: Diagnosis, settings: dict, recorder, times) -> RunResult:
     from opscope.engine.core import fingerprint
 
-    run = RunResult(kind=RUN_KIND, settings=settings, fingerprint=fingerprint.collect(settings),
-                    trace_summary=d.summary())
+    run = RunResult(
+        kind=RUN_KIND, settings=settings, fingerprint=fingerprint.collect(settings), trace_summary=d.summary()
+    )
     run.started_at, run.finished_at = times
     for p in d.measurement.phases:
         if p.wall_ms and not d.measurement.simulated:
-            run.metrics.append(Metric(f"{p.name}_ms", "ms", [p.wall_ms], higher_is_better=False,
-                                      params={"passes": p.passes, "tokens": p.tokens}))
+            run.metrics.append(
+                Metric(
+                    f"{p.name}_ms",
+                    "ms",
+                    [p.wall_ms],
+                    higher_is_better=False,
+                    params={"passes": p.passes, "tokens": p.tokens},
+                )
+            )
     if recorder is not None:
         recorder.attach(run)
     return run
 
 
-def diagnose_model(lm, plan: ModelPlan, subject: str, telemetry_ms: float | None = TELEMETRY_MS,
-                   settings: dict | None = None) -> tuple[Diagnosis, RunResult]:
+def diagnose_model(
+    lm, plan: ModelPlan, subject: str, telemetry_ms: float | None = TELEMETRY_MS, settings: dict | None = None
+) -> tuple[Diagnosis, RunResult]:
     """Measure a loaded model and read the rules over it; returns the diagnosis and its run."""
     if plan.tokens < 2 or plan.trace_tokens < 2:
         raise ConfigError("a diagnosis needs at least 2 decode tokens (prefill, then decode)")
@@ -59,8 +69,14 @@ def diagnose_model(lm, plan: ModelPlan, subject: str, telemetry_ms: float | None
     with _telemetry(telemetry_ms) as recorder:
         m = measure_model(lm, plan, subject)
     d = Diagnosis.of(m)
-    settings = dict(settings or {}, subject=subject, target=m.target, variant=plan.variant,
-                    prompt_tokens=m.phases[0].tokens if m.phases else 0, tokens=plan.tokens)
+    settings = dict(
+        settings or {},
+        subject=subject,
+        target=m.target,
+        variant=plan.variant,
+        prompt_tokens=m.phases[0].tokens if m.phases else 0,
+        tokens=plan.tokens,
+    )
     return d, _run(d, settings, recorder, (started, datetime.now(UTC)))
 
 
@@ -84,7 +100,9 @@ def load_summaries(refs: list[str], db: str | None = None) -> list[tuple[str, di
             stored = store.load(ref)
             s = stored.result.trace_summary
             if stored.info.kind != RUN_KIND or not s or "findings" not in s:
-                raise ConfigError(f"run {ref} ({stored.info.name}) is a {stored.info.kind} run, not a saved "
-                                  f"diagnosis (`opscope runs list --kind {RUN_KIND}` lists those)")
+                raise ConfigError(
+                    f"run {ref} ({stored.info.name}) is a {stored.info.kind} run, not a saved "
+                    f"diagnosis (`opscope runs list --kind {RUN_KIND}` lists those)"
+                )
             out.append((stored.info.name, s))
     return out

@@ -4,6 +4,7 @@
 entrypoint inside an initialised process group and returns a value. ``collectives`` measures the
 collectives nccl-tests measures; ``ranks`` aligns rank clocks and builds the per-rank view.
 """
+
 from __future__ import annotations
 
 from opscope.engine.distributed.launch import LaunchSpec, init_rank, launch

@@ -12,14 +12,16 @@ into their input in torch's API (in-place only); send/recv uses two buffers (out
 Every point is validated after it is timed: the buffers refilled with known per-rank values, the
 collective run once more, every element of the result compared with what it must be.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
 IN_PLACE_FORMS = {"all_gather", "reduce_scatter", "all_to_all"}
@@ -144,7 +146,10 @@ def _all_reduce(torch, dist, mode, count, rank, n, device):
 
     def reset():
         buf.copy_(_ramp(torch, count, device, rank + 1))
-    return _Buffers(buf, buf, lambda: dist.all_reduce(buf), lambda: _ramp(torch, count, device).mul_(n).add_(n * (n + 1) / 2), reset)
+
+    return _Buffers(
+        buf, buf, lambda: dist.all_reduce(buf), lambda: _ramp(torch, count, device).mul_(n).add_(n * (n + 1) / 2), reset
+    )
 
 
 def _broadcast(torch, dist, mode, count, rank, n, device):
@@ -152,19 +157,22 @@ def _broadcast(torch, dist, mode, count, rank, n, device):
 
     def reset():
         buf.copy_(_ramp(torch, count, device, 1.0) if rank == 0 else torch.full_like(buf, -1.0))
+
     return _Buffers(buf, buf, lambda: dist.broadcast(buf, src=0), lambda: _ramp(torch, count, device, 1.0), reset)
 
 
 def _all_gather(torch, dist, mode, count, rank, n, device):
     c = count // n
     out = torch.empty(count, device=device)
-    inp = out[rank * c:(rank + 1) * c] if mode == "in_place" else torch.empty(c, device=device)
+    inp = out[rank * c : (rank + 1) * c] if mode == "in_place" else torch.empty(c, device=device)
 
     def reset():
         out.fill_(-1.0)
         inp.copy_(_ramp(torch, c, device, rank + 1))
-    return _Buffers(inp, out, lambda: _gather_fn(dist)(out, inp),
-                    lambda: _chunked(torch, count, n, device, lambda k: k + 1), reset)
+
+    return _Buffers(
+        inp, out, lambda: _gather_fn(dist)(out, inp), lambda: _chunked(torch, count, n, device, lambda k: k + 1), reset
+    )
 
 
 def _gather_fn(dist):  # torch 2.13 renamed all_gather_into_tensor (deprecated since)
@@ -178,7 +186,7 @@ def _scatter_fn(dist):
 def _reduce_scatter(torch, dist, mode, count, rank, n, device):
     c = count // n
     inp = torch.empty(count, device=device)
-    out = inp[rank * c:(rank + 1) * c] if mode == "in_place" else torch.empty(c, device=device)
+    out = inp[rank * c : (rank + 1) * c] if mode == "in_place" else torch.empty(c, device=device)
 
     def reset():
         inp.copy_(_ramp(torch, count, device, rank + 1))
@@ -186,6 +194,7 @@ def _reduce_scatter(torch, dist, mode, count, rank, n, device):
     def expect():  # element j of the full array summed over ranks: n * (j % P) + n(n+1)/2
         j = torch.arange(rank * c, (rank + 1) * c, device=device, dtype=torch.float32)
         return j.remainder_(PATTERN).mul_(n).add_(n * (n + 1) / 2)
+
     return _Buffers(inp, out, lambda: _scatter_fn(dist)(out, inp), expect, reset)
 
 
@@ -203,6 +212,7 @@ def _all_to_all(torch, dist, mode, count, rank, n, device):
             inp.copy_(tmp)
         else:
             dist.all_to_all_single(out, inp)
+
     return _Buffers(inp, out, run, lambda: _chunked(torch, count, n, device, lambda k: k * n + rank + 1), reset)
 
 
@@ -218,11 +228,18 @@ def _send_recv(torch, dist, mode, count, rank, n, device):
         ops = [dist.P2POp(dist.isend, send, to), dist.P2POp(dist.irecv, recv, frm)]
         for req in dist.batch_isend_irecv(ops):
             req.wait()
+
     return _Buffers(send, recv, run, lambda: _ramp(torch, count, device, frm + 1), reset)
 
 
-_BUILDERS = {"all_reduce": _all_reduce, "broadcast": _broadcast, "all_gather": _all_gather,
-             "reduce_scatter": _reduce_scatter, "all_to_all": _all_to_all, "send_recv": _send_recv}
+_BUILDERS = {
+    "all_reduce": _all_reduce,
+    "broadcast": _broadcast,
+    "all_gather": _all_gather,
+    "reduce_scatter": _reduce_scatter,
+    "all_to_all": _all_to_all,
+    "send_recv": _send_recv,
+}
 
 
 # -- one rank's sweep --------------------------------------------------------------------------
@@ -281,7 +298,6 @@ def rank_sweep(cfg: SweepConfig) -> dict[str, Any]:
     """Runs on every rank (inside launch()'s process group): the whole sweep, this rank's view."""
     import torch
     import torch.distributed as dist
-
     from opscope.engine.core import fingerprint
     from opscope.engine.distributed.ranks import clock_alignment
 
@@ -295,9 +311,17 @@ def rank_sweep(cfg: SweepConfig) -> dict[str, Any]:
             write_progress(cfg.progress_path, i + 1, len(todo))
     dist.barrier()
     fp = fingerprint.collect({"rank": dist.get_rank(), "backend": dist.get_backend()})
-    mine = {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend(),
-            "device": str(device), "host": socket.gethostname(), "pid": os.getpid(), "clock": clock,
-            "points": points, "fingerprint": fp}
+    mine = {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "backend": dist.get_backend(),
+        "device": str(device),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "clock": clock,
+        "points": points,
+        "fingerprint": fp,
+    }
     # The launcher returns only this node's ranks: rank 0 collects every node's, to save one run.
     everyone = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(mine, everyone, dst=0)

@@ -21,6 +21,7 @@ OMP_NUM_THREADS is set (torchrun's agent sets 1 when the caller has none), that 
 arguments and return value picklable. ``launch`` returns this node's ranks only; gather across
 nodes inside ``fn`` (engine.distributed.collectives.rank_sweep does).
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,12 +33,12 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
-from opscope.engine.core.errors import Terminated
-from opscope.engine.core.errors import Cancelled, ConfigError, DistributedError
+from opscope.engine.core.errors import Cancelled, ConfigError, DistributedError, Terminated
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,9 @@ class LaunchSpec:
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ConfigError(f"nnodes {self.nnodes}: several nodes need --rdzv-endpoint HOST:PORT (node 0's address)")
         if self.backend not in (None, "gloo", "nccl"):
-            raise ConfigError(f"backend {self.backend!r}: use 'gloo' or 'nccl' (or none for nccl on CUDA, gloo otherwise)")
+            raise ConfigError(
+                f"backend {self.backend!r}: use 'gloo' or 'nccl' (or none for nccl on CUDA, gloo otherwise)"
+            )
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s {self.timeout_s}: give a positive number of seconds")
 
@@ -118,7 +121,9 @@ def launch(spec: LaunchSpec, entrypoint: Callable, *args) -> dict[int, Any]:
     except Exception as e:
         if type(e).__name__ == "SignalException":
             raise Cancelled(f"distributed run stopped by signal {getattr(e, 'sigval', '?')}; all ranks stopped") from e
-        raise DistributedError(f"distributed run of {spec.world_size} ranks failed before the ranks ran: {type(e).__name__}: {_first_line(str(e))}") from e
+        raise DistributedError(
+            f"distributed run of {spec.world_size} ranks failed before the ranks ran: {type(e).__name__}: {_first_line(str(e))}"
+        ) from e
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
 
@@ -147,6 +152,7 @@ def _run_beside(run: Callable, args: tuple, ready_path: str):
             box["error"] = e
         finally:
             done.set()
+
     thread = threading.Thread(target=agent, name="opscope-agent", daemon=True)
     thread.start()
     stop: BaseException | None = None
@@ -164,8 +170,11 @@ def _run_beside(run: Callable, args: tuple, ready_path: str):
             _stop_ranks()
             done.wait(_SHUTDOWN_S + 5)
     if stop is not None:
-        raise Cancelled("distributed run stopped by " + ("SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C")
-                        + "; all ranks stopped") from stop
+        raise Cancelled(
+            "distributed run stopped by "
+            + ("SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C")
+            + "; all ranks stopped"
+        ) from stop
     if "error" in box:
         raise box["error"]
     return box["result"]
@@ -220,10 +229,18 @@ def _launch_config(spec: LaunchSpec, logs_specs):
     else:  # torchrun --standalone
         backend, endpoint, configs = "c10d", "localhost:0", {"timeout": timeout}
     return LaunchConfig(
-        min_nodes=spec.nnodes, max_nodes=spec.nnodes, nproc_per_node=spec.nproc,
-        run_id=_run_id(spec), rdzv_backend=backend, rdzv_endpoint=endpoint,
-        rdzv_configs=configs, max_restarts=0, monitor_interval=0.05, start_method="forkserver",
-        logs_specs=logs_specs, shutdown_timeout=_SHUTDOWN_S,
+        min_nodes=spec.nnodes,
+        max_nodes=spec.nnodes,
+        nproc_per_node=spec.nproc,
+        run_id=_run_id(spec),
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=configs,
+        max_restarts=0,
+        monitor_interval=0.05,
+        start_method="forkserver",
+        logs_specs=logs_specs,
+        shutdown_timeout=_SHUTDOWN_S,
     )
 
 
@@ -285,8 +302,10 @@ def _run_rank(spec: LaunchSpec, entrypoint: Callable, args: tuple, parent_env: d
 
 # What the agent sets for each rank; everything else comes from the caller's environment as it is
 # now (the forkserver the ranks fork from may have started under an older one).
-_AGENT_KEYS = frozenset("GROUP_RANK GROUP_WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT RANK ROLE_NAME "
-                        "ROLE_RANK ROLE_WORLD_SIZE WORLD_SIZE TORCH_NCCL_ASYNC_ERROR_HANDLING".split())
+_AGENT_KEYS = frozenset(
+    "GROUP_RANK GROUP_WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT RANK ROLE_NAME "
+    "ROLE_RANK ROLE_WORLD_SIZE WORLD_SIZE TORCH_NCCL_ASYNC_ERROR_HANDLING".split()
+)
 
 
 def _adopt_env(parent_env: dict[str, str]) -> None:
@@ -394,7 +413,7 @@ def _message(failure) -> str:
 def _cause(failure) -> str:
     msg = _message(failure)
     if msg.startswith("DistributedError: "):
-        return _first_line(msg[len("DistributedError: "):])
+        return _first_line(msg[len("DistributedError: ") :])
     if msg and "To enable traceback" not in msg:  # the agent's placeholder when a rank left no error
         return _first_line(msg)
     code = failure.exitcode
@@ -429,6 +448,7 @@ def _quiet_unstarted_ranks() -> None:
     def hook(kind, value, tb):
         if not issubclass(kind, (OSError, EOFError)):
             default(kind, value, tb)
+
     sys.excepthook = hook
 
 

@@ -5,12 +5,14 @@ Ranks on rank 0's machine share its ``CLOCK_MONOTONIC`` (same boot id): their ti
 as they are. A rank on another machine is moved onto rank 0's clock by the offset read right
 after a barrier (each rank's ``monotonic_ns`` gathered at once), good to the barrier's exit skew.
 """
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 
 def _boot_id() -> str:
@@ -40,13 +42,20 @@ def rank_spans(rank_result: dict[str, Any]) -> list[dict[str, Any]]:
     spans = []
     for p in rank_result["points"]:
         for i, (s, e) in enumerate(p.spans_ns):
-            spans.append({"name": f"{p.collective} {p.mode}", "start_ns": s + off, "end_ns": e + off,
-                          "args": {"size_bytes": p.size_bytes, "rep": i, "calls": p.inner}})
+            spans.append(
+                {
+                    "name": f"{p.collective} {p.mode}",
+                    "start_ns": s + off,
+                    "end_ns": e + off,
+                    "args": {"size_bytes": p.size_bytes, "rep": i, "calls": p.inner},
+                }
+            )
     return spans
 
 
-def chrome_trace(spans_by_rank: dict[int, list[dict[str, Any]]], title: str = "opscope ranks",
-                 thread: str = "collectives") -> dict:
+def chrome_trace(
+    spans_by_rank: dict[int, list[dict[str, Any]]], title: str = "opscope ranks", thread: str = "collectives"
+) -> dict:
     """Chrome trace JSON (Perfetto opens it): one process per rank, named "rank N", sorted by rank,
     its spans on one thread (spans inside another nest under it). A span's "cat" defaults to
     "collective"."""
@@ -59,9 +68,18 @@ def chrome_trace(spans_by_rank: dict[int, list[dict[str, Any]]], title: str = "o
         events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": rank}})
         events.append({"ph": "M", "pid": pid, "tid": 0, "name": "thread_name", "args": {"name": thread}})
         for s in spans_by_rank[rank]:
-            events.append({"ph": "X", "pid": pid, "tid": 0, "name": s["name"], "cat": s.get("cat", "collective"),
-                           "ts": (s["start_ns"] - t0) / 1e3, "dur": (s["end_ns"] - s["start_ns"]) / 1e3,
-                           "args": s.get("args", {})})
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": 0,
+                    "name": s["name"],
+                    "cat": s.get("cat", "collective"),
+                    "ts": (s["start_ns"] - t0) / 1e3,
+                    "dur": (s["end_ns"] - s["start_ns"]) / 1e3,
+                    "args": s.get("args", {}),
+                }
+            )
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
 
 
@@ -104,8 +122,14 @@ def decode_steps(spans: dict[str, Any]) -> list[dict[str, Any]]:
             inside += ars[j][1] - ars[j][0]
             j += 1
         if tokens == 1 and end > start:
-            out.append({"start_ns": start, "step_ns": end - start, "allreduce_ns": inside,
-                        "allreduce_pct": 100.0 * inside / (end - start)})
+            out.append(
+                {
+                    "start_ns": start,
+                    "step_ns": end - start,
+                    "allreduce_ns": inside,
+                    "allreduce_pct": 100.0 * inside / (end - start),
+                }
+            )
     return out
 
 
@@ -116,10 +140,20 @@ def forward_name(tokens: int) -> str:
 def tp_spans(spans: dict[str, Any]) -> list[dict[str, Any]]:
     """One rank's forwards and all_reduces as chrome_trace's spans, on rank 0's clock."""
     off = spans.get("offset_ns", 0)
-    out = [{"name": forward_name(tokens), "cat": "forward", "start_ns": s + off, "end_ns": e + off,
-            "args": {"tokens": tokens}} for s, e, tokens in spans["forwards"]]
-    out += [{"name": "all_reduce", "start_ns": s + off, "end_ns": e + off, "args": {"bytes": nbytes}}
-            for s, e, nbytes in spans["all_reduces"]]
+    out = [
+        {
+            "name": forward_name(tokens),
+            "cat": "forward",
+            "start_ns": s + off,
+            "end_ns": e + off,
+            "args": {"tokens": tokens},
+        }
+        for s, e, tokens in spans["forwards"]
+    ]
+    out += [
+        {"name": "all_reduce", "start_ns": s + off, "end_ns": e + off, "args": {"bytes": nbytes}}
+        for s, e, nbytes in spans["all_reduces"]
+    ]
     return out
 
 
@@ -127,8 +161,9 @@ def write_tp_trace(spans_by_rank: dict[int, dict[str, Any]], path) -> Path:
     """Every rank's forwards, each with its all_reduces nested inside, on rank 0's clock: one
     Perfetto process per rank (the collectives' exporter, chrome_trace)."""
     path = Path(path)
-    doc = chrome_trace({r: tp_spans(spans_by_rank[r]) for r in spans_by_rank}, "opscope tensor-parallel ranks",
-                       thread="forward")
+    doc = chrome_trace(
+        {r: tp_spans(spans_by_rank[r]) for r in spans_by_rank}, "opscope tensor-parallel ranks", thread="forward"
+    )
     path.write_text(json.dumps(doc, separators=(",", ":")))
     return path
 
@@ -162,10 +197,16 @@ def tp_report(spans_by_rank: dict[int, dict[str, Any]], backend: str = "") -> li
     parts = []
     for r, st in steps.items():
         shares = [s["allreduce_pct"] for s in st]
-        parts.append(f"rank {r} median {statistics.median(shares):.1f}% (min {min(shares):.1f}%, "
-                     f"max {max(shares):.1f}%, {len(shares)} steps)" if shares else f"rank {r}: no decode steps")
-    lines = [f"tensor-parallel over {len(steps)} ranks{' (' + backend + ')' if backend else ''}: all_reduce "
-             f"share of each decode step, from the ranks' spans (the trace's): " + "; ".join(parts)]
+        parts.append(
+            f"rank {r} median {statistics.median(shares):.1f}% (min {min(shares):.1f}%, "
+            f"max {max(shares):.1f}%, {len(shares)} steps)"
+            if shares
+            else f"rank {r}: no decode steps"
+        )
+    lines = [
+        f"tensor-parallel over {len(steps)} ranks{' (' + backend + ')' if backend else ''}: all_reduce "
+        f"share of each decode step, from the ranks' spans (the trace's): " + "; ".join(parts)
+    ]
     n = min(len(st) for st in steps.values())
     if n and len(steps) > 1:
         compute = {r: [s["step_ns"] - s["allreduce_ns"] for s in st[-n:]] for r, st in steps.items()}
@@ -174,9 +215,11 @@ def tp_report(spans_by_rank: dict[int, dict[str, Any]], backend: str = "") -> li
         medians = {r: statistics.median(c) for r, c in compute.items()}
         slow, fast = max(medians, key=medians.__getitem__), min(medians, key=medians.__getitem__)
         spread = (medians[slow] - medians[fast]) / medians[fast] * 100 if medians[fast] > 0 else 0.0
-        lines.append(f"imbalance: rank {rank} computed longest (step minus all_reduce) at {longest.count(rank)} of "
-                     f"{n} decode steps, the other ranks waiting for it inside all_reduce; spread of the ranks' "
-                     f"median compute per step {spread:.0f}% (slowest rank {slow})")
+        lines.append(
+            f"imbalance: rank {rank} computed longest (step minus all_reduce) at {longest.count(rank)} of "
+            f"{n} decode steps, the other ranks waiting for it inside all_reduce; spread of the ranks' "
+            f"median compute per step {spread:.0f}% (slowest rank {slow})"
+        )
     dropped = sum(sp.get("dropped", 0) for sp in spans_by_rank.values())
     if dropped:
         lines.append(f"note: the oldest {dropped} forwards were dropped from the ranks' spans (memory bound)")

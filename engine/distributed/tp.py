@@ -12,6 +12,7 @@ loaded: weights are sliced per rank, the rest freed. ``CommMeter`` records every
 all_reduce as a span, so a decode step's communication share is read from the same spans the
 per-rank trace shows.
 """
+
 from __future__ import annotations
 
 import time
@@ -20,7 +21,6 @@ from bisect import bisect_left
 
 import torch
 import torch.nn as nn
-
 from opscope.engine.core.errors import ConfigError
 
 __all__ = ["CommMeter", "check_tp", "shard_model", "shard_linear"]
@@ -31,12 +31,16 @@ def check_tp(cfg, world: int) -> None:
     if world < 1:
         raise ConfigError(f"--nproc {world}: give at least 1 process")
     if cfg.n_kv_heads % world:
-        raise ConfigError(f"--nproc {world} does not divide the model's {cfg.n_kv_heads} KV heads "
-                          f"({cfg.n_heads} query heads): tensor parallelism splits whole KV heads, use --nproc "
-                          f"{' or '.join(str(n) for n in range(1, cfg.n_kv_heads + 1) if cfg.n_kv_heads % n == 0)}")
+        raise ConfigError(
+            f"--nproc {world} does not divide the model's {cfg.n_kv_heads} KV heads "
+            f"({cfg.n_heads} query heads): tensor parallelism splits whole KV heads, use --nproc "
+            f"{' or '.join(str(n) for n in range(1, cfg.n_kv_heads + 1) if cfg.n_kv_heads % n == 0)}"
+        )
     if cfg.hidden_dim % world:
-        raise ConfigError(f"--nproc {world} does not divide the model's MLP hidden size {cfg.hidden_dim}; "
-                          f"use a process count that divides both it and the {cfg.n_kv_heads} KV heads")
+        raise ConfigError(
+            f"--nproc {world} does not divide the model's MLP hidden size {cfg.hidden_dim}; "
+            f"use a process count that divides both it and the {cfg.n_kv_heads} KV heads"
+        )
 
 
 def shard_linear(linear: nn.Linear, dim: int, rank: int, world: int) -> None:
@@ -121,8 +125,11 @@ class CommMeter:
         """Plain lists (picklable): forwards from index ``since`` and the all_reduces inside them."""
         fs, fe, ft = (a[since:].tolist() for a in self.fwd)
         i = bisect_left(self.ar[0], fs[0]) if fs else len(self.ar[0])
-        return {"forwards": list(zip(fs, fe, ft)), "all_reduces": list(zip(*(a[i:].tolist() for a in self.ar))),
-                "dropped": self.dropped}
+        return {
+            "forwards": list(zip(fs, fe, ft)),
+            "all_reduces": list(zip(*(a[i:].tolist() for a in self.ar))),
+            "dropped": self.dropped,
+        }
 
     def summary(self) -> dict:
         """This window's single-token forwards (decode steps): the share (percent) of each spent
@@ -134,15 +141,17 @@ class CommMeter:
         sp = self.spans(self.window)
         steps = decode_steps(sp)
         shares = [s["allreduce_pct"] for s in steps]
-        return {"decode_steps": len(steps),
-                "allreduce_pct": shares,
-                "allreduce_pct_median": statistics.median(shares) if shares else float("nan"),
-                "allreduce_pct_min": min(shares, default=float("nan")),
-                "allreduce_pct_max": max(shares, default=float("nan")),
-                "step_ms_median": statistics.median(s["step_ns"] / 1e6 for s in steps) if steps else float("nan"),
-                "allreduce_ms_total": sum(e - s for s, e, _ in sp["all_reduces"]) / 1e6,
-                "allreduce_calls": len(sp["all_reduces"]),
-                "allreduce_bytes": sum(b for _, _, b in sp["all_reduces"])}
+        return {
+            "decode_steps": len(steps),
+            "allreduce_pct": shares,
+            "allreduce_pct_median": statistics.median(shares) if shares else float("nan"),
+            "allreduce_pct_min": min(shares, default=float("nan")),
+            "allreduce_pct_max": max(shares, default=float("nan")),
+            "step_ms_median": statistics.median(s["step_ns"] / 1e6 for s in steps) if steps else float("nan"),
+            "allreduce_ms_total": sum(e - s for s, e, _ in sp["all_reduces"]) / 1e6,
+            "allreduce_calls": len(sp["all_reduces"]),
+            "allreduce_bytes": sum(b for _, _, b in sp["all_reduces"]),
+        }
 
 
 def _append(arrays, *values) -> None:
@@ -159,14 +168,20 @@ def shard_model(model, rank: int, world: int, meter: CommMeter | None = None, re
     cfg = model.config
     check_tp(cfg, world)
     if model.decode_step is not None:
-        raise ConfigError("tensor parallelism runs the plain model's forward; load it without "
-                          "--compile/--fastpath (a decode step is set)")
+        raise ConfigError(
+            "tensor parallelism runs the plain model's forward; load it without "
+            "--compile/--fastpath (a decode step is set)"
+        )
     meter = meter or CommMeter()
     reduce = reduce or meter.all_reduce
     for block in model.layers:
         _shard_block(block, rank, world, reduce)
-    model.config = cfg.with_(n_heads=cfg.n_heads // world, n_kv_heads=cfg.n_kv_heads // world,
-                             hidden_dim=cfg.hidden_dim // world, head_dim=cfg.head_dim)
+    model.config = cfg.with_(
+        n_heads=cfg.n_heads // world,
+        n_kv_heads=cfg.n_kv_heads // world,
+        hidden_dim=cfg.hidden_dim // world,
+        head_dim=cfg.head_dim,
+    )
     model.tp_rank, model.tp_world = rank, world
     model.drop_cache()  # a cache sized for every head would be wrong now
     return meter
@@ -188,6 +203,8 @@ def _shard_block(block, rank: int, world: int, reduce) -> None:
 
 def _check_plain(lin) -> None:
     if type(lin) is not nn.Linear or lin.weight.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ConfigError(f"tensor parallelism splits dense nn.Linear weights; found {type(lin).__name__} "
-                          f"({getattr(getattr(lin, 'weight', None), 'dtype', '?')}): load with --fastpath off "
-                          f"and without --quantize")
+        raise ConfigError(
+            f"tensor parallelism splits dense nn.Linear weights; found {type(lin).__name__} "
+            f"({getattr(getattr(lin, 'weight', None), 'dtype', '?')}): load with --fastpath off "
+            f"and without --quantize"
+        )

@@ -9,20 +9,20 @@ The followers skip the output head (logits are needed only where tokens are samp
 
 The messages are torch.distributed broadcasts in the job's own process group, nothing else.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
-
-from opscope.engine.core.errors import Terminated
-from opscope.engine.core.errors import Cancelled, ConfigError, DeviceError, EngineError
+from opscope.engine.core.errors import Cancelled, ConfigError, DeviceError, EngineError, Terminated
 from opscope.engine.core.results import Marker
 
 log = logging.getLogger(__name__)
@@ -57,24 +57,31 @@ def job_from_args(args, timeout_s: float = 600.0, stdin: bool = False) -> TPJob:
     if getattr(args, "backend", "torch") not in (None, "torch"):
         raise ConfigError(f"--nproc runs the torch backend's plain model; --backend {args.backend} cannot be split")
     if getattr(args, "compile", "off") != "off" or getattr(args, "quantize", "off") != "off":
-        raise ConfigError("--nproc splits the dense float32/bfloat16 weights of the plain model; "
-                          "drop --compile/--quantize (they stay single-process)")
+        raise ConfigError(
+            "--nproc splits the dense float32/bfloat16 weights of the plain model; "
+            "drop --compile/--quantize (they stay single-process)"
+        )
     fast = getattr(args, "fastpath", "auto") or "auto"
     if fast not in ("auto", "off", "dense", "none"):
-        raise ConfigError(f"--nproc with --fastpath {fast}: the quantized fast path stays single-process; "
-                          f"tensor parallelism loads dense weights (use --fastpath off or leave it out)")
+        raise ConfigError(
+            f"--nproc with --fastpath {fast}: the quantized fast path stays single-process; "
+            f"tensor parallelism loads dense weights (use --fastpath off or leave it out)"
+        )
     if fast == "auto":
         log.info("--nproc: the quantized fast path stays single-process; each rank loads dense weights")
     if getattr(args, "nnodes", 1) > 1:
-        raise ConfigError(f"--nnodes {args.nnodes}: tensor-parallel decode runs on one node (--nproc ranks); "
-                          f"several nodes are for `opscope bench collectives`")
+        raise ConfigError(
+            f"--nnodes {args.nnodes}: tensor-parallel decode runs on one node (--nproc ranks); "
+            f"several nodes are for `opscope bench collectives`"
+        )
     timeout_s = getattr(args, "dist_timeout_s", None) or timeout_s
     device = str(args.device)
     if args.nproc > 1 and device.startswith("cuda:"):
         raise ConfigError(f"--device {device} with --nproc {args.nproc}: give --device cuda; rank r uses cuda:r")
     stdin_path = f"/proc/{os.getpid()}/fd/0" if stdin else None
-    return TPJob(args.model, device, args.dtype, args.attention, args.threads, args.nproc, timeout_s, stdin_path,
-                 os.getpid())
+    return TPJob(
+        args.model, device, args.dtype, args.attention, args.threads, args.nproc, timeout_s, stdin_path, os.getpid()
+    )
 
 
 def run_tp(job: TPJob, task: Callable, *task_args) -> Any:
@@ -87,10 +94,13 @@ def run_tp(job: TPJob, task: Callable, *task_args) -> Any:
     check_tp(open_model(job.model).config, job.nproc)  # a bad split fails here, before any rank starts
     backend = "nccl" if job.device.startswith("cuda") else "gloo"
     if backend == "nccl" and torch.cuda.device_count() < job.nproc:
-        raise DeviceError(f"--nproc {job.nproc} on --device cuda needs {job.nproc} GPUs, one per rank; "
-                          f"{torch.cuda.device_count()} visible: lower --nproc")
-    spec = LaunchSpec(nproc=job.nproc, backend=backend, timeout_s=job.timeout_s,
-                      rank0_takes_sigint=job.stdin_path is not None)  # the chat: Ctrl-C stops a reply
+        raise DeviceError(
+            f"--nproc {job.nproc} on --device cuda needs {job.nproc} GPUs, one per rank; "
+            f"{torch.cuda.device_count()} visible: lower --nproc"
+        )
+    spec = LaunchSpec(
+        nproc=job.nproc, backend=backend, timeout_s=job.timeout_s, rank0_takes_sigint=job.stdin_path is not None
+    )  # the chat: Ctrl-C stops a reply
     results = launch(spec, tp_main, job, task, task_args)
     out = results.get(0)
     if isinstance(out, BaseException):
@@ -101,7 +111,6 @@ def run_tp(job: TPJob, task: Callable, *task_args) -> Any:
 def tp_main(job: TPJob, task: Callable, task_args: tuple) -> Any:
     """Every rank: load, shard, then rank 0 runs ``task`` and the others follow until it stops."""
     import torch.distributed as dist
-
     from opscope.engine.distributed.ranks import clock_alignment
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -156,7 +165,7 @@ class _NoHead(nn.Module):
         return x[..., :0]
 
 
-def _as_tensor_parallel(lm, driver: "Driver"):
+def _as_tensor_parallel(lm, driver: Driver):
     """Rank 0's LoadedModel, unchanged but for ``tp`` (the driver: meters) and describe() naming
     the split (saved with bench runs, printed by generate --json)."""
     lm.tp = driver
@@ -168,7 +177,7 @@ def _as_tensor_parallel(lm, driver: "Driver"):
 
 def _header(device, *fields: int) -> torch.Tensor:
     h = torch.zeros(_HEADER, dtype=torch.long)
-    h[:len(fields)] = torch.tensor(fields, dtype=torch.long)
+    h[: len(fields)] = torch.tensor(fields, dtype=torch.long)
     return h.to(device)
 
 
@@ -187,8 +196,10 @@ class Driver:
         self.device = model.embed.weight.device if dist.get_backend() == "nccl" else torch.device("cpu")
         self.stopped = False
         self.sigint_taken = self.in_forward = self.sigint_pending = False
-        self._hooks = [model.register_forward_pre_hook(self._before, with_kwargs=True),
-                       model.register_forward_hook(self._after)]
+        self._hooks = [
+            model.register_forward_pre_hook(self._before, with_kwargs=True),
+            model.register_forward_hook(self._after),
+        ]
 
     def _before(self, model, args, kwargs):
         import torch.distributed as dist
@@ -200,8 +211,9 @@ class Driver:
         B, T = idx.shape
         self.in_forward = True  # from here a Ctrl-C waits for the forward's end (take_sigint)
         self.meter.begin_forward()  # rank 0's step includes sending the inputs
-        dist.broadcast(_header(self.device, OP_FORWARD, B, T, start, int(last_only), int(pad is not None),
-                               *_cache_shape(model)), 0)
+        dist.broadcast(
+            _header(self.device, OP_FORWARD, B, T, start, int(last_only), int(pad is not None), *_cache_shape(model)), 0
+        )
         dist.broadcast(idx.to(self.device, torch.long).contiguous(), 0)
         if pad is not None:
             dist.broadcast(pad.to(self.device, torch.long).contiguous(), 0)
@@ -265,7 +277,6 @@ class Driver:
         """The ranks' all_reduce share and imbalance (engine.distributed.ranks.tp_report) and,
         given a path, the per-rank Perfetto trace of the same spans."""
         import torch.distributed as dist
-
         from opscope.engine.distributed.ranks import tp_report, write_tp_trace
 
         spans = self.read_spans()
@@ -275,7 +286,7 @@ class Driver:
             path = write_tp_trace(spans, trace_out)
             out.write(f"per-rank trace: {path} (open in ui.perfetto.dev: one process per rank)\n")
 
-    def recorder(self, inner=None) -> "SpanRecorder":
+    def recorder(self, inner=None) -> SpanRecorder:
         return SpanRecorder(self, inner)
 
     def stop(self) -> None:
@@ -445,5 +456,7 @@ def _reopen_stdin(path: str) -> None:
     try:
         sys.stdin = open(path, encoding="utf-8", errors="strict")
     except OSError as e:
-        raise ConfigError(f"--nproc chat: cannot read the terminal through {path} ({e.strerror}); "
-                          f"chat with --nproc needs Linux's /proc") from e
+        raise ConfigError(
+            f"--nproc chat: cannot read the terminal through {path} ({e.strerror}); "
+            f"chat with --nproc needs Linux's /proc"
+        ) from e

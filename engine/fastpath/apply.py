@@ -1,17 +1,24 @@
 """engine.fastpath.apply: swap a loaded Transformer's linear layers for quantized-kernel ones."""
+
 from __future__ import annotations
 
 import logging
 
 import torch.nn as nn
-
-from opscope.engine.fastpath.options import FastPathOptions
 from opscope.engine.fastpath.kernels import KernelBuildError, pack, supported
+from opscope.engine.fastpath.options import FastPathOptions
 
 log = logging.getLogger(__name__)
 
-LINEAR_PATHS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
-                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LINEAR_PATHS = (
+    "attn.q_proj",
+    "attn.k_proj",
+    "attn.v_proj",
+    "attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 def linear_names(model) -> list[str]:
@@ -43,8 +50,13 @@ def _pack(source, name: str, layout: str = "auto"):
 def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
     """Replace every linear, and the token embedding, by a module over its GGUF blocks (each its
     own type); returns {ggml type: count swapped} ("dense:TYPE" for tensors left as they are)."""
-    from opscope.engine.fastpath.qlinear import (QuantEmbedding, QuantLinear, QuantMLP, ensure_op,
-                                                 install_prefill_kernels)
+    from opscope.engine.fastpath.qlinear import (
+        QuantEmbedding,
+        QuantLinear,
+        QuantMLP,
+        ensure_op,
+        install_prefill_kernels,
+    )
 
     ensure_op()
     counts: dict[str, int] = {}
@@ -59,8 +71,13 @@ def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
             continue
         old = model.get_submodule(name)
         bias = getattr(old, "bias", None)
-        new = QuantLinear(packed, bias, act_mode=1 if options.activations == "q8" else 0,
-                          gemm_min_rows=options.gemm_min_rows, gemm_dtype=options.prefill_dtype)
+        new = QuantLinear(
+            packed,
+            bias,
+            act_mode=1 if options.activations == "q8" else 0,
+            gemm_min_rows=options.gemm_min_rows,
+            gemm_dtype=options.prefill_dtype,
+        )
         _swap(model, name, new)
         counts[ggml_type] = counts.get(ggml_type, 0) + 1
         if name.endswith("down_proj") and hasattr(source, "release_pages"):
@@ -102,8 +119,13 @@ def apply(model, source, options: FastPathOptions = FastPathOptions()):
             if options.pin_threads:
                 threads.pin_threads()
             counts = quantize_linears(model, source, options)
-            log.info("fast path: quantized weights %s (activations %s, prefill %s); weights %.1f MB",
-                     counts, options.activations, options.prefill_dtype, weight_bytes(model) / 1e6)
+            log.info(
+                "fast path: quantized weights %s (activations %s, prefill %s); weights %.1f MB",
+                counts,
+                options.activations,
+                options.prefill_dtype,
+                weight_bytes(model) / 1e6,
+            )
         except KernelBuildError as e:
             if options.on_error == "raise":
                 raise
@@ -125,4 +147,3 @@ def _can_quantize(model, source) -> bool:
         log.info("fast path: %s has no quantized blocks; weights stay dense", getattr(source, "path", source))
         return False
     return True
-

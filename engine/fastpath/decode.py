@@ -5,18 +5,25 @@ sends batch-1 single-token calls with a KV cache to the C++ step and everything 
 batches, cache-less reference passes) to its own layers. It reads the model's KV cache tensors, so
 prefill by the torch model and decode by the fused step share one cache.
 """
+
 from __future__ import annotations
 
 import logging
 
 import torch
-
 from opscope.engine.fastpath.qlinear import QuantEmbedding, QuantLinear
 
 log = logging.getLogger(__name__)
 
-_LAYER_LINEARS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
-                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_LAYER_LINEARS = (
+    "attn.q_proj",
+    "attn.k_proj",
+    "attn.v_proj",
+    "attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 def _spec(mod) -> tuple:
@@ -37,8 +44,11 @@ def fusable(model) -> bool:
         return False
     mods = [model.lm_head] + [layer.get_submodule(p) for layer in model.layers for p in _LAYER_LINEARS]
     embed = model.embed
-    return (all(isinstance(m, QuantLinear) for m in mods) and embed.weight.device.type == "cpu"
-            and (isinstance(embed, QuantEmbedding) or embed.weight.dtype == torch.float32))
+    return (
+        all(isinstance(m, QuantLinear) for m in mods)
+        and embed.weight.device.type == "cpu"
+        and (isinstance(embed, QuantEmbedding) or embed.weight.dtype == torch.float32)
+    )
 
 
 def build_step(model, act_mode: int):
@@ -46,12 +56,23 @@ def build_step(model, act_mode: int):
     from opscope.engine.fastpath.kernels import load_kernels
 
     cfg = model.config
-    step = load_kernels().DecodeModel(cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_dim,
-                                      float(cfg.norm_eps), act_mode, _spec(model.embed), model.inv_freq,
-                                      model.norm.weight, _spec(model.lm_head))
+    step = load_kernels().DecodeModel(
+        cfg.dim,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        cfg.hidden_dim,
+        float(cfg.norm_eps),
+        act_mode,
+        _spec(model.embed),
+        model.inv_freq,
+        model.norm.weight,
+        _spec(model.lm_head),
+    )
     for layer in model.layers:
-        step.add_layer(layer.attn_norm.weight, layer.mlp_norm.weight,
-                       [_spec(layer.get_submodule(p)) for p in _LAYER_LINEARS])
+        step.add_layer(
+            layer.attn_norm.weight, layer.mlp_norm.weight, [_spec(layer.get_submodule(p)) for p in _LAYER_LINEARS]
+        )
     return step
 
 
@@ -70,8 +91,9 @@ class FusedStep:
     def _sync_cache(self) -> None:
         cache = self.layers[0].attn.cache
         if cache is not self.cache:  # setup_cache() made new buffers
-            self.kernel.set_cache([layer.attn.cache.k for layer in self.layers],
-                                  [layer.attn.cache.v for layer in self.layers])
+            self.kernel.set_cache(
+                [layer.attn.cache.k for layer in self.layers], [layer.attn.cache.v for layer in self.layers]
+            )
             self.cache = cache
 
 

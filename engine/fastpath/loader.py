@@ -5,6 +5,7 @@ path then throws the dense copies away. Here only the norms (and biases) are deq
 linears and the token embedding are read from the mapped file (Q4_1/Q8_0 repacked, every other
 type a view of the file's blocks).
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,13 +13,12 @@ from dataclasses import replace
 
 import numpy as np
 import torch
-
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.errors import ModelFormatError
 from opscope.engine.fastpath.apply import quantize_linears, weight_bytes
-from opscope.engine.fastpath.options import FastPathOptions
 from opscope.engine.fastpath.kernels import KernelBuildError, load_kernels, pack, supported
+from opscope.engine.fastpath.options import FastPathOptions
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,13 @@ def build_quantized(source, options: FastPathOptions, attention: str = "sdpa"):
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
         raise ModelFormatError(f"{source.path}: tensors left unloaded by the fast-path loader: {left[:4]}")
-    log.info("fast path: %s: weights %s; %.1f MB in memory for a %.1f MB file", source.path, counts,
-             weight_bytes(model) / 1e6, getattr(source, "file_size_bytes", 0) / 1e6)
+    log.info(
+        "fast path: %s: weights %s; %.1f MB in memory for a %.1f MB file",
+        source.path,
+        counts,
+        weight_bytes(model) / 1e6,
+        getattr(source, "file_size_bytes", 0) / 1e6,
+    )
     if options.fused_decode:
         decode.enable_fused_decode(model, 1 if options.activations == "q8" else 0)
     model.decode_threads = "auto" if options.adapt_threads else None  # engine.generate.decode_threads
@@ -82,8 +87,9 @@ def _build_pinned(source, options: FastPathOptions, attention: str):
     return build_quantized(source, options, attention)
 
 
-def load(model=None, options: FastPathOptions = FastPathOptions(), *, attention: str = "sdpa",
-         threads: int | None = None):
+def load(
+    model=None, options: FastPathOptions = FastPathOptions(), *, attention: str = "sdpa", threads: int | None = None
+):
     """engine.api.load for the CPU fast path: a LoadedModel (CPU, float32) with quantized linears.
     Falls back to the plain model (engine.loaded.load_plain) + apply when the file has no raw
     blocks, the options ask for dense weights, or the kernels cannot be built
@@ -100,8 +106,9 @@ def load(model=None, options: FastPathOptions = FastPathOptions(), *, attention:
         if options.weights == "q" and hasattr(source, "raw_tensor"):
             try:
                 net = _build_pinned(source, options, attention)
-                return LoadedModel(source, net, LoadOptions("cpu", "float32", attention, threads),
-                                   (now_ns() - t0) / 1e6)
+                return LoadedModel(
+                    source, net, LoadOptions("cpu", "float32", attention, threads), (now_ns() - t0) / 1e6
+                )
             except KernelBuildError as e:
                 if options.on_error == "raise":
                     raise

@@ -1,4 +1,5 @@
 """Fast-path settings: each one a switch, so the benchmarks can measure its effect alone."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -25,8 +26,12 @@ class FastPathOptions:
     on_error: str = "fallback"  # when kernels cannot be built: keep plain torch, or raise
 
     def __post_init__(self):
-        for field, allowed in (("weights", WEIGHTS), ("activations", ACTIVATIONS),
-                               ("prefill_dtype", PREFILL_DTYPES), ("on_error", ON_ERROR)):
+        for field, allowed in (
+            ("weights", WEIGHTS),
+            ("activations", ACTIVATIONS),
+            ("prefill_dtype", PREFILL_DTYPES),
+            ("on_error", ON_ERROR),
+        ):
             if getattr(self, field) not in allowed:
                 raise ConfigError(f"fast path: {field}={getattr(self, field)!r} is not one of {', '.join(allowed)}")
         if self.gemm_min_rows < 1:
@@ -37,7 +42,7 @@ class FastPathOptions:
         return {f"fastpath.{k}": v for k, v in asdict(self).items()}
 
     @classmethod
-    def from_string(cls, spec: str, base: "FastPathOptions | None" = None) -> "FastPathOptions":
+    def from_string(cls, spec: str, base: FastPathOptions | None = None) -> FastPathOptions:
         """``"weights=q,activations=q8,compile_decode=1"`` → options (CLI / suite parameter form);
         settings not named keep ``base``'s values (the defaults when None)."""
         kw: dict = {}

@@ -6,6 +6,7 @@ dequantizes the weight tile by tile to bf16/fp32 and runs torch's GEMM. Both are
 dequantizes only the rows it reads (``torch.ops.opscope.qembedding``); a tied output head and the
 embedding share one set of blocks.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,9 +15,8 @@ import threading
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils import _pytree as pytree
-
 from opscope.engine.fastpath.kernels import KernelBuildError, PackedWeight, dequantize_reference, load_kernels
+from torch.utils import _pytree as pytree
 
 log = logging.getLogger(__name__)
 
@@ -136,15 +136,23 @@ class _Blocks(nn.Module):
 class QuantLinear(_Blocks):
     """y = x @ W^T (+ bias) with W kept quantized (engine.kernels.PackedWeight: SoA or raw blocks)."""
 
-    def __init__(self, packed: PackedWeight, bias: torch.Tensor | None = None, *, act_mode: int = 0,
-                 gemm_min_rows: int = 8, gemm_dtype: str = "bf16"):
+    def __init__(
+        self,
+        packed: PackedWeight,
+        bias: torch.Tensor | None = None,
+        *,
+        act_mode: int = 0,
+        gemm_min_rows: int = 8,
+        gemm_dtype: str = "bf16",
+    ):
         super().__init__(packed)
         self.out_features, self.in_features = packed.shape
         int8_kernel = _soa_has_q8() if not packed.raw else _raw_has_q8(packed.ggml_type)
         if act_mode == 1 and not int8_kernel and packed.ggml_type not in _q8_logged:
             _q8_logged.add(packed.ggml_type)
-            log.info("fast path: no int8-activation kernel for %s; its matmuls use float32 activations",
-                     packed.ggml_type)
+            log.info(
+                "fast path: no int8-activation kernel for %s; its matmuls use float32 activations", packed.ggml_type
+            )
         self.act_mode = act_mode if int8_kernel else 0
         self.gemm_min_rows = gemm_min_rows
         self.gemm_dtype = _GEMM_DTYPES[gemm_dtype]
@@ -152,8 +160,9 @@ class QuantLinear(_Blocks):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype  # the kernels take float32; a bf16/fp16 model gets its own dtype back
-        y = torch.ops.opscope.qlinear(x.float(), self.qs, self.d, self.m, self.qtype, self.act_mode,
-                                      self.gemm_min_rows, self.gemm_dtype)
+        y = torch.ops.opscope.qlinear(
+            x.float(), self.qs, self.d, self.m, self.qtype, self.act_mode, self.gemm_min_rows, self.gemm_dtype
+        )
         if self.bias is not None:
             y = y + self.bias
         return y.to(dtype)
@@ -168,8 +177,10 @@ class QuantLinear(_Blocks):
         return dequantize_reference(self.packed)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.ggml_type}, "
-                f"act_mode={self.act_mode}, gemm_min_rows={self.gemm_min_rows}, gemm_dtype={self.gemm_dtype}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, {self.ggml_type}, "
+            f"act_mode={self.act_mode}, gemm_min_rows={self.gemm_min_rows}, gemm_dtype={self.gemm_dtype}"
+        )
 
 
 class QuantMLP(nn.Module):
@@ -186,14 +197,22 @@ class QuantMLP(nn.Module):
     @staticmethod
     def fusable(mlp: nn.Module) -> bool:
         g, u = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
-        return (isinstance(g, QuantLinear) and isinstance(u, QuantLinear) and g.bias is None and u.bias is None
-                and g.shape == u.shape and g.gemm_dtype == torch.float32 and u.gemm_dtype == torch.float32)
+        return (
+            isinstance(g, QuantLinear)
+            and isinstance(u, QuantLinear)
+            and g.bias is None
+            and u.bias is None
+            and g.shape == u.shape
+            and g.gemm_dtype == torch.float32
+            and u.gemm_dtype == torch.float32
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, u = self.gate_proj, self.up_proj
         if x.numel() >= g.gemm_min_rows * x.shape[-1]:
-            h = torch.ops.opscope.qglu(x.float(), g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype,
-                                       int(self.gelu)).to(x.dtype)
+            h = torch.ops.opscope.qglu(x.float(), g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, int(self.gelu)).to(
+                x.dtype
+            )
         else:
             gx = g(x)
             h = (F.gelu(gx, approximate="tanh") if self.gelu else F.silu(gx)) * u(x)

@@ -3,6 +3,7 @@
 Batch-1 decode runs hundreds of short parallel regions per token; a thread that the scheduler
 moves between cores loses its L1/L2-resident activations and arrives late at every barrier.
 """
+
 from __future__ import annotations
 
 import logging

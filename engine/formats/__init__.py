@@ -1,8 +1,9 @@
 """Model sources: a GGUF file or a Hugging Face directory → config, tensors, tokenizer, template.
 
-    source = open_model(path)   # validates before allocating
-    source.config, source.tokenizer, source.iter_tensors(), source.quant_summary
+source = open_model(path)   # validates before allocating
+source.config, source.tokenizer, source.iter_tensors(), source.quant_summary
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -73,11 +74,10 @@ def _check_holds_model(p: Path) -> None:
 
 
 def _gguf(p: Path) -> GGUFSource:
-    from opscope.engine.formats.gguf_source import GGUFSource
-    from opscope.engine.tokenizer.loader import from_gguf
-
     from opscope.engine.core.errors import WrongMetadataType
+    from opscope.engine.formats.gguf_source import GGUFSource
     from opscope.engine.formats.tokenizer_checks import check_gguf_merges
+    from opscope.engine.tokenizer.loader import from_gguf
 
     src = GGUFSource(p)
     try:

@@ -1,19 +1,32 @@
 """What kind of thing a model path is, decided from ``stat`` and the first bytes, before any reader
 opens it: a named pipe would block ``open``, /dev/zero would map endless zeros, and a pickle would
 run code when loaded."""
+
 from __future__ import annotations
 
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
-from opscope.engine.core.errors import (DuplicateEntry, LimitExceeded, NotARegularFile, Truncated, UnsafeFormat,
-                                  WrongMetadataType)
+from opscope.engine.core.errors import (
+    DuplicateEntry,
+    LimitExceeded,
+    NotARegularFile,
+    Truncated,
+    UnsafeFormat,
+    WrongMetadataType,
+)
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 
@@ -53,6 +66,7 @@ def _no_constant(name: str) -> NoReturn:
 
 def unique_keys(path: Path, where: str = "the JSON") -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
     """json object_pairs_hook: DuplicateEntry for a key given twice (the second would silently win)."""
+
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         seen: set[str] = set()
         for k, _ in pairs:
@@ -60,6 +74,7 @@ def unique_keys(path: Path, where: str = "the JSON") -> Callable[[list[tuple[str
                 raise DuplicateEntry(path, f"{where} names {k!r} twice")
             seen.add(k)
         return dict(pairs)
+
     return hook
 
 
@@ -77,8 +92,9 @@ def read_json_object(path: Path, max_bytes: int = MAX_JSON_BYTES) -> dict:
     nested too deeply, a key twice, or not an object."""
     check_json_size(path, max_bytes)
     try:
-        obj = json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=unique_keys(path),
-                         parse_constant=_no_constant)
+        obj = json.loads(
+            path.read_bytes().decode("utf-8"), object_pairs_hook=unique_keys(path), parse_constant=_no_constant
+        )
     except DuplicateEntry:
         raise
     except RecursionError:
@@ -94,5 +110,12 @@ def read_json_object(path: Path, max_bytes: int = MAX_JSON_BYTES) -> dict:
 
 
 def json_type(v: object) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
-            type(None): "null"}.get(type(v), type(v).__name__)
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+        type(None): "null",
+    }.get(type(v), type(v).__name__)

@@ -10,6 +10,7 @@ key or tensor and the byte offset. It is also 20× faster than ``gguf.GGUFReader
 vocabulary (0.1 s vs 2.7 s here), which matters for the load-time target. Tensor data is then
 dequantized with the ``gguf`` package.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,10 +20,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from opscope.engine.core.errors import (BadMagic, DuplicateEntry, LimitExceeded, ModelFormatError, TensorMisaligned,
-                           TensorOutOfBounds, TensorOverlap, Truncated, UnsupportedModelError,
-                           UnsupportedVersion, WrongMetadataType, _printable)
+from opscope.engine.core.errors import (
+    BadMagic,
+    DuplicateEntry,
+    LimitExceeded,
+    ModelFormatError,
+    TensorMisaligned,
+    TensorOutOfBounds,
+    TensorOverlap,
+    Truncated,
+    UnsupportedModelError,
+    UnsupportedVersion,
+    WrongMetadataType,
+    _printable,
+)
 from opscope.engine.formats import gguf_spec
 from opscope.engine.formats.files import check_regular_file
 from opscope.engine.formats.tokenizer_checks import check_gguf_vocabulary
@@ -79,23 +90,32 @@ class _Cursor:
         at = self.pos
         n: int = self.take("Q", what)
         if n > limit or n * unit_bytes > len(self.buf):
-            raise LimitExceeded(self.path, f"{what} {n} at byte {at} exceeds "
-                                           f"{'the limit ' + str(limit) if n > limit else 'what the file can hold'}")
+            raise LimitExceeded(
+                self.path,
+                f"{what} {n} at byte {at} exceeds "
+                f"{'the limit ' + str(limit) if n > limit else 'what the file can hold'}",
+            )
         if n * unit_bytes > self.left:
-            raise Truncated(self.path, f"file ends at byte {len(self.buf)}, before the {n} items that the "
-                                       f"{what} at byte {at} announces (at least {n * unit_bytes} bytes)")
+            raise Truncated(
+                self.path,
+                f"file ends at byte {len(self.buf)}, before the {n} items that the "
+                f"{what} at byte {at} announces (at least {n * unit_bytes} bytes)",
+            )
         return n
 
     def raw_string(self, what: str, limit: int | None = None) -> memoryview:
         at = self.pos
         n = self.take("Q", f"the length of {what}")
         if (limit is not None and n > limit) or n > len(self.buf):
-            raise LimitExceeded(self.path, f"{what} has length {n} (at byte {at}), more than "
-                                           f"{limit if limit is not None and n > limit else 'the file holds'}")
+            raise LimitExceeded(
+                self.path,
+                f"{what} has length {n} (at byte {at}), more than "
+                f"{limit if limit is not None and n > limit else 'the file holds'}",
+            )
         if n > self.left:
             raise self.truncated(what)
         self.pos += n
-        return self.buf[self.pos - n:self.pos]
+        return self.buf[self.pos - n : self.pos]
 
     def string(self, what: str, limit: int | None = None) -> str:
         return str(self.raw_string(what, limit), "utf-8", errors="replace")
@@ -113,7 +133,7 @@ class _Cursor:
                 self.pos = pos
                 return [self.string(f"element {i} of {key}")]  # raises the precise error
             pos += 8 + n
-            out.append(str(buf[pos - n:pos], "utf-8", errors="replace"))
+            out.append(str(buf[pos - n : pos], "utf-8", errors="replace"))
         self.pos = pos
         return out
 
@@ -123,8 +143,9 @@ class _Cursor:
         try:
             return str(raw, "utf-8")
         except UnicodeDecodeError:
-            raise WrongMetadataType(self.path, f"{what} at byte {at} is not valid UTF-8 ({bytes(raw[:40])!r})") \
-                from None
+            raise WrongMetadataType(
+                self.path, f"{what} at byte {at} is not valid UTF-8 ({bytes(raw[:40])!r})"
+            ) from None
 
 
 def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
@@ -140,7 +161,7 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
         count = cur.count(f"element count of {key}", MAX_ARRAY, size)
         start = cur.pos
         cur.pos += count * size
-        return np.frombuffer(cur.buf[start:cur.pos], dtype=np.dtype("<" + _SCALARS[etype])).copy()
+        return np.frombuffer(cur.buf[start : cur.pos], dtype=np.dtype("<" + _SCALARS[etype])).copy()
     if etype == _STRING:
         return cur.strings(cur.count(f"element count of {key}", MAX_ARRAY, 8), key)
     raise WrongMetadataType(cur.path, f"array {key} has unsupported element type {etype} (at byte {cur.pos - 4})")
@@ -167,21 +188,29 @@ def _read_tensor_entry(cur: _Cursor, known_types: dict[int, tuple[int, int]]) ->
     name = cur.name("tensor name")
     n_dims = cur.take("I", f"the dimension count of tensor {name}")
     if not 1 <= n_dims <= MAX_DIMS:
-        raise LimitExceeded(cur.path, f"tensor {name} has {n_dims} dimensions (at byte {cur.pos - 4}); "
-                                      f"GGUF allows 1 to {MAX_DIMS}")
+        raise LimitExceeded(
+            cur.path, f"tensor {name} has {n_dims} dimensions (at byte {cur.pos - 4}); GGUF allows 1 to {MAX_DIMS}"
+        )
     shape = tuple(cur.take("Q", f"the shape of tensor {name}") for _ in range(n_dims))
     ggml_type = cur.take("I", f"the type of tensor {name}")
     offset = cur.take("Q", f"the offset of tensor {name}")
     if ggml_type not in known_types:
-        raise UnsupportedModelError(f"{cur.path}: tensor {_printable(name, 200)} (entry at byte {at}) uses unknown "
-                                    f"GGML type id {ggml_type}; the file is damaged or needs a newer engine")
+        raise UnsupportedModelError(
+            f"{cur.path}: tensor {_printable(name, 200)} (entry at byte {at}) uses unknown "
+            f"GGML type id {ggml_type}; the file is damaged or needs a newer engine"
+        )
     if any(d == 0 or d > MAX_DIM for d in shape):
-        raise LimitExceeded(cur.path, f"tensor {name} (entry at byte {at}) has shape {shape}: every dimension "
-                                      f"must be between 1 and {MAX_DIM}")
+        raise LimitExceeded(
+            cur.path,
+            f"tensor {name} (entry at byte {at}) has shape {shape}: every dimension must be between 1 and {MAX_DIM}",
+        )
     if math.prod(shape) > MAX_ELEMENTS:  # else blamed on a truncated download, or sizes of 2**160 bytes
-        raise LimitExceeded(cur.path, f"tensor {name} (entry at byte {at}) has shape {shape}: "
-                                      f"{math.prod(shape)} elements, more than the {MAX_ELEMENTS} any model tensor "
-                                      f"holds")
+        raise LimitExceeded(
+            cur.path,
+            f"tensor {name} (entry at byte {at}) has shape {shape}: "
+            f"{math.prod(shape)} elements, more than the {MAX_ELEMENTS} any model tensor "
+            f"holds",
+        )
     return TensorEntry(name, shape, ggml_type, offset)
 
 
@@ -191,8 +220,9 @@ def tensor_nbytes(entry: TensorEntry, known_types: dict[int, tuple[int, int]]) -
     for d in entry.shape:
         n *= d
     if entry.shape[0] % block:
-        raise ModelFormatError(f"tensor {entry.name}: row of {entry.shape[0]} is not a multiple of "
-                               f"the block size {block}")
+        raise ModelFormatError(
+            f"tensor {entry.name}: row of {entry.shape[0]} is not a multiple of the block size {block}"
+        )
     return n // block * type_size
 
 
@@ -241,16 +271,18 @@ def _walk(cur: _Cursor, size: int, known_types: dict[int, tuple[int, int]]) -> G
     gguf_spec.check_token_ids(cur.path, meta)
     alignment = meta.get("general.alignment", 32)
     if not 1 <= alignment <= MAX_ALIGNMENT or alignment & (alignment - 1):
-        raise LimitExceeded(cur.path, f"general.alignment is {alignment}: it must be a power of two "
-                                      f"no larger than {MAX_ALIGNMENT}")
+        raise LimitExceeded(
+            cur.path, f"general.alignment is {alignment}: it must be a power of two no larger than {MAX_ALIGNMENT}"
+        )
     entries = [_read_tensor_entry(cur, known_types) for _ in range(n_tensors)]
     data_start = cur.pos + (-cur.pos % alignment)
     _check_tensor_table(cur.path, entries, known_types, alignment, size - data_start)
     return GGUFHeader(version, meta, entries, data_start, size)
 
 
-def _check_tensor_table(path: Path, entries: list[TensorEntry], known_types: dict[int, tuple[int, int]],
-                        alignment: int, data_bytes: int) -> None:
+def _check_tensor_table(
+    path: Path, entries: list[TensorEntry], known_types: dict[int, tuple[int, int]], alignment: int, data_bytes: int
+) -> None:
     """Names unique; each tensor aligned, of the size its type and shape imply, inside the data
     section, and sharing no byte with another. A table that is well formed but runs past the end of
     the file is a truncated download; an offset that points elsewhere is a corrupt table."""
@@ -261,27 +293,38 @@ def _check_tensor_table(path: Path, entries: list[TensorEntry], known_types: dic
             raise DuplicateEntry(path, f"tensor {e.name} is listed twice in the tensor table")
         seen.add(e.name)
         if e.offset % alignment:
-            raise TensorMisaligned(path, f"tensor {e.name} starts at data offset {e.offset}, not a multiple of "
-                                         f"the file's alignment {alignment}")
+            raise TensorMisaligned(
+                path,
+                f"tensor {e.name} starts at data offset {e.offset}, not a multiple of the file's alignment {alignment}",
+            )
         block, _ = known_types[e.ggml_type]
         if e.shape[0] % block:
-            raise WrongMetadataType(path, f"tensor {e.name} has rows of {e.shape[0]} elements, not a multiple of "
-                                          f"its type's block size {block}")
+            raise WrongMetadataType(
+                path,
+                f"tensor {e.name} has rows of {e.shape[0]} elements, not a multiple of its type's block size {block}",
+            )
         spans.append((e.offset, e.offset + tensor_nbytes(e, known_types), e.name))
     spans.sort()
     packed, prev_start, prev_end, prev_name = True, 0, 0, None
     for start, end, name in spans:
         if start < prev_end:
             how = "aliases (starts at the same offset as)" if start == prev_start else "overlaps"
-            raise TensorOverlap(path, f"tensor {name} (data offset {start}) {how} tensor {prev_name} "
-                                      f"(data offsets {prev_start}..{prev_end}): two tensors would share bytes")
+            raise TensorOverlap(
+                path,
+                f"tensor {name} (data offset {start}) {how} tensor {prev_name} "
+                f"(data offsets {prev_start}..{prev_end}): two tensors would share bytes",
+            )
         packed &= start == prev_end + (-prev_end % alignment)
         prev_start, prev_end, prev_name = start, end, name
     if spans and prev_end > data_bytes:
         start, end, name = max(spans, key=lambda s: s[1])
         if packed:
-            raise Truncated(path, f"tensor {name} ends at data offset {end} but the data section holds only "
-                                  f"{max(data_bytes, 0)} bytes")
-        raise TensorOutOfBounds(path, f"tensor {name} spans data offsets {start}..{end}, past the end of the "
-                                      f"data section ({max(data_bytes, 0)} bytes)")
-
+            raise Truncated(
+                path,
+                f"tensor {name} ends at data offset {end} but the data section holds only {max(data_bytes, 0)} bytes",
+            )
+        raise TensorOutOfBounds(
+            path,
+            f"tensor {name} spans data offsets {start}..{end}, past the end of the "
+            f"data section ({max(data_bytes, 0)} bytes)",
+        )

@@ -1,14 +1,15 @@
 """GGUF files through the ggml project's own ``gguf`` package: metadata, tensor table, dequantization."""
+
 from __future__ import annotations
 
 import logging
 import re
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
-
 from opscope.engine.core.errors import MissingMetadata, MissingTensor, UnsupportedModelError
 from opscope.engine.formats.gguf_header import TensorEntry, read_gguf_header
 from opscope.engine.formats.gguf_tensors import check_tensor_shapes, check_vocabulary
@@ -22,8 +23,23 @@ log = logging.getLogger(__name__)
 
 # Types we read: the dense path dequantizes them with the gguf package (numpy), the CPU fast path
 # has a kernel for each (engine/fastpath/kernels). F32 holds norms (and the odd dense weight).
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+SUPPORTED_TYPES = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+)
 
 # GGUF tensor name → engine parameter name. One table per format (STYLE.md habit 2).
 _NAME_MAP = {
@@ -33,9 +49,15 @@ _NAME_MAP = {
     "rope_freqs.weight": "rope_freqs",
 }
 _BLOCK_MAP = {
-    "attn_norm": "attn_norm", "ffn_norm": "mlp_norm",
-    "attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj", "attn_output": "attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "attn_norm",
+    "ffn_norm": "mlp_norm",
+    "attn_q": "attn.q_proj",
+    "attn_k": "attn.k_proj",
+    "attn_v": "attn.v_proj",
+    "attn_output": "attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
@@ -50,7 +72,9 @@ def engine_name(gguf_name: str, family: Family | None = None) -> str | None:
     return f"layers.{m.group(1)}.{sub}.{m.group(3)}" if m and sub else None
 
 
-def tensor_index(tensors: Iterable[str], family: Family | None, cfg: ModelConfig) -> dict[str, tuple[str, int, int | None]]:
+def tensor_index(
+    tensors: Iterable[str], family: Family | None, cfg: ModelConfig
+) -> dict[str, tuple[str, int, int | None]]:
     """engine name → (GGUF name, first row, rows or None for all): fused tensors (Phi-3's attn_qkv,
     gate|up in ffn_up) become row ranges of their GGUF tensor."""
     index: dict[str, tuple[str, int, int | None]] = {}
@@ -124,7 +148,8 @@ class GGUFSource:
             raise UnsupportedModelError(
                 f"{self.path}: tensor {bad[0].name}{others} has quantization type {self.type_name(bad[0])}, "
                 f"which is not supported; re-quantize the model to one of {', '.join(SUPPORTED_TYPES)} "
-                f"(e.g. llama-quantize --allow-requantize IN.gguf OUT.gguf Q4_K_M)")
+                f"(e.g. llama-quantize --allow-requantize IN.gguf OUT.gguf Q4_K_M)"
+            )
 
     @property
     def quant_summary(self) -> dict[str, int]:
@@ -143,7 +168,7 @@ class GGUFSource:
         shape = tuple(int(d) for d in reversed(t.shape))
         data = self._raw(t)
         if rows is not None:  # one part of a fused tensor: whole rows, so quantized blocks split cleanly
-            data, shape = data[row:row + rows], (rows, *shape[1:])
+            data, shape = data[row : row + rows], (rows, *shape[1:])
         if gname.endswith(("attn_q.weight", "attn_k.weight")) and self.arch == "llama":
             heads = self.config.n_heads if "attn_q" in gname else self.config.n_kv_heads
             data = data[permute_qk_rows(shape[0], heads)]
@@ -154,13 +179,15 @@ class GGUFSource:
         from opscope.engine.formats.gguf_header import tensor_nbytes
 
         start = self.header.data_start + t.offset
-        flat = self._data[start:start + tensor_nbytes(t, self._known)]
+        flat = self._data[start : start + tensor_nbytes(t, self._known)]
         return flat.reshape(-1, tensor_nbytes(TensorEntry(t.name, t.shape[:1], t.ggml_type, 0), self._known))
 
     def _where(self, name: str) -> tuple[str, int, int | None]:
         if name not in self._index:
-            raise MissingTensor(self.path, f"holds no tensor for the {self.arch} model's {name} (a vocabulary-only "
-                                           f"file, or tensors left out)")
+            raise MissingTensor(
+                self.path,
+                f"holds no tensor for the {self.arch} model's {name} (a vocabulary-only file, or tensors left out)",
+            )
         return self._index[name]
 
     def release_pages(self) -> None:
@@ -198,5 +225,4 @@ class GGUFSource:
                 heads = self.config.n_heads if "attn_q" in t.name else self.config.n_kv_heads
                 w = unpermute_qk(w, heads)
             for name, row, rows in parts[t.name]:
-                yield name, (w if rows is None else w[row:row + rows])  # row slices stay contiguous
-
+                yield name, (w if rows is None else w[row : row + rows])  # row slices stay contiguous

@@ -4,6 +4,7 @@ Run once the config is known and before anything is loaded: a tensor renamed or 
 otherwise surface as a KeyError in the fast-path loader at generate time, and a shape that disagrees
 with the head counts would reach the quantized kernels.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,12 +24,25 @@ def _shapes(cfg: ModelConfig, family: Family | None) -> dict[str, tuple[int, ...
     """GGUF block tensor kind (``attn_q.weight``) → shape in ggml order (ne0 first)."""
     D, F, hd = cfg.dim, cfg.hidden_dim, cfg.head_dim
     q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
-    shapes = {"attn_norm.weight": (D,), "ffn_norm.weight": (D,), "post_attention_norm.weight": (D,),
-              "post_ffw_norm.weight": (D,), "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,),
-              "attn_q.weight": (D, q), "attn_k.weight": (D, kv), "attn_v.weight": (D, kv),
-              "attn_output.weight": (q, D), "ffn_gate.weight": (D, F), "ffn_up.weight": (D, F),
-              "ffn_down.weight": (F, D), "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
-    for kind, split in (family.gguf_fused.items() if family is not None else ()):
+    shapes = {
+        "attn_norm.weight": (D,),
+        "ffn_norm.weight": (D,),
+        "post_attention_norm.weight": (D,),
+        "post_ffw_norm.weight": (D,),
+        "attn_q_norm.weight": (hd,),
+        "attn_k_norm.weight": (hd,),
+        "attn_q.weight": (D, q),
+        "attn_k.weight": (D, kv),
+        "attn_v.weight": (D, kv),
+        "attn_output.weight": (q, D),
+        "ffn_gate.weight": (D, F),
+        "ffn_up.weight": (D, F),
+        "ffn_down.weight": (F, D),
+        "attn_q.bias": (q,),
+        "attn_k.bias": (kv,),
+        "attn_v.bias": (kv,),
+    }
+    for kind, split in family.gguf_fused.items() if family is not None else ():
         rows = sum(r for _, r in split(cfg))
         shapes[f"{kind}.weight"], shapes[f"{kind}.bias"] = (D, rows), (rows,)
     return shapes
@@ -56,8 +70,10 @@ def check_tensor_shapes(path: Path, tensors: dict, family: Family | None, cfg: M
     blocks = {int(m.group(1)) for m in map(_BLOCK.match, tensors) if m}
     beyond = max(blocks, default=-1)
     if beyond >= cfg.n_layers:
-        raise InvalidHyperparameters(path, f"tensor blk.{beyond}.* lies beyond the {cfg.n_layers} blocks that "
-                                           f"the block_count metadata key declares")
+        raise InvalidHyperparameters(
+            path,
+            f"tensor blk.{beyond}.* lies beyond the {cfg.n_layers} blocks that the block_count metadata key declares",
+        )
     for i in range(cfg.n_layers):
         for kind in _required(cfg, family):
             if f"blk.{i}.{kind}" not in tensors:
@@ -67,13 +83,17 @@ def check_tensor_shapes(path: Path, tensors: dict, family: Family | None, cfg: M
         m = _BLOCK.match(name)
         want = top.get(name) if m is None else shapes.get(f"{m.group(2)}.{m.group(3)}")
         if want is not None and tuple(entry.shape) != want:
-            raise InvalidHyperparameters(path, f"tensor {name} has shape {tuple(entry.shape)} (ggml order) but the "
-                                               f"metadata's sizes imply {want}")
+            raise InvalidHyperparameters(
+                path, f"tensor {name} has shape {tuple(entry.shape)} (ggml order) but the metadata's sizes imply {want}"
+            )
 
 
 def check_vocabulary(path: Path, meta: dict, cfg: ModelConfig) -> None:
     """The tokenizer cannot produce an id the embedding has no row for."""
     tokens = meta.get("tokenizer.ggml.tokens")
     if isinstance(tokens, list) and len(tokens) > cfg.vocab_size:
-        raise InvalidHyperparameters(path, f"tokenizer.ggml.tokens holds {len(tokens)} tokens but the model has "
-                                           f"{cfg.vocab_size} embedding rows (vocab_size)")
+        raise InvalidHyperparameters(
+            path,
+            f"tokenizer.ggml.tokens holds {len(tokens)} tokens but the model has "
+            f"{cfg.vocab_size} embedding rows (vocab_size)",
+        )

@@ -5,11 +5,13 @@ described (metadata, tensor types; a safetensors file's tensors with their shape
 the engine cannot run (an unknown architecture, a lone .safetensors without its config.json); then
 it says in one line why it cannot, or adds what the engine makes of it (``describe``).
 """
+
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from opscope.engine.core.errors import EngineError
 from opscope.engine.core.units import format_bytes
@@ -46,9 +48,10 @@ def describe(source: GGUFSource | HFDirSource) -> dict:
         "file_size_bytes": source.file_size_bytes,
         "file_size": format_bytes(source.file_size_bytes),
         "tokenizer": f"{tok.backend.get_vocab_size()} tokens, bos={tok.bos_id}, eos={list(tok.eos_ids)}, "
-                     f"add_bos={tok.add_bos}",
-        "chat_template": "present" if tok.chat_template else
-                         f"absent: {tok.fallback.name} fallback ({tok.fallback.reason})",
+        f"add_bos={tok.add_bos}",
+        "chat_template": "present"
+        if tok.chat_template
+        else f"absent: {tok.fallback.name} fallback ({tok.fallback.reason})",
     }
 
 
@@ -80,9 +83,8 @@ def block_summary(cfg: ModelConfig) -> str:
 def inspect_path(path: str | Path | None) -> dict:
     """Everything `opscope models inspect` shows for ``path`` (None: the embedded default model).
     ``runnable`` is "yes" or "no: <why>"; a GGUF's own metadata is listed either way."""
-    from opscope.engine.formats import open_model
-
     from opscope.engine.core.defaults import default_model_path
+    from opscope.engine.formats import open_model
 
     info: dict = {}
     p = Path(path).expanduser() if path is not None else default_model_path()
@@ -97,15 +99,13 @@ def inspect_path(path: str | Path | None) -> dict:
             raise
         info["runnable"] = f"no: {e}"
         return info
-    return {**engine_view, **{k: v for k, v in info.items() if k in ("metadata", "tensor_types")},
-            "runnable": "yes"}
+    return {**engine_view, **{k: v for k, v in info.items() if k in ("metadata", "tensor_types")}, "runnable": "yes"}
 
 
 def gguf_header_summary(path: Path) -> dict:
     """Metadata and tensor table of any GGUF, read without interpreting the architecture: long
     arrays (vocabularies, merges) and long strings (chat templates) shortened."""
     import gguf
-
     from opscope.engine.formats.gguf_header import read_gguf_header
 
     known = {int(t): size for t, size in gguf.GGML_QUANT_SIZES.items()}

@@ -13,6 +13,7 @@ quantifier (``(a+)+``, ``(\\s*)*``, ``((a|b)+)+``: the classic catastrophic-back
 which no real tokenizer uses) is refused when the file is opened. Every token id the tokenizer can
 produce must have an embedding row.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,15 +21,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from opscope.engine.core.errors import InvalidHyperparameters, LimitExceeded, MissingMetadata, WrongMetadataType
 
 if TYPE_CHECKING:
     from opscope.engine.tokenizer.loader import Tokenizer
 
-TOKEN_TYPES = range(0, 7)  # llama_token_type: undefined, normal, unknown, control, user-defined, unused, byte
-REGEX_FIX = ("its regular expression can backtrack exponentially (a quantified group holding an unbounded "
-             "quantifier); use the tokenizer.json from the model's repository")
+TOKEN_TYPES = range(7)  # llama_token_type: undefined, normal, unknown, control, user-defined, unused, byte
+REGEX_FIX = (
+    "its regular expression can backtrack exponentially (a quantified group holding an unbounded "
+    "quantifier); use the tokenizer.json from the model's repository"
+)
 _GGUF_VOCAB_FIX = "the file's vocabulary is damaged or was tampered with; convert the model again"
 _VOCAB_FIX = "the tokenizer does not fit the model's embedding; use the tokenizer files that came with these weights"
 
@@ -39,22 +41,31 @@ def check_gguf_vocabulary(path: Path, meta: dict) -> None:
     if not isinstance(tokens, list):
         return  # absent: the tokenizer builder names the missing key; a wrong type: gguf_spec did
     if not tokens:
-        raise MissingMetadata(path, "metadata key tokenizer.ggml.tokens is an empty array: the vocabulary has no "
-                                    "tokens", _GGUF_VOCAB_FIX)
+        raise MissingMetadata(
+            path, "metadata key tokenizer.ggml.tokens is an empty array: the vocabulary has no tokens", _GGUF_VOCAB_FIX
+        )
     n = len(tokens)
     for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
         v = meta.get(key)
         if v is not None and len(v) != n:
-            raise InvalidHyperparameters(path, f"metadata key {key} holds {len(v)} entries but tokenizer.ggml.tokens "
-                                               f"holds {n} tokens; there must be one per token", _GGUF_VOCAB_FIX)
+            raise InvalidHyperparameters(
+                path,
+                f"metadata key {key} holds {len(v)} entries but tokenizer.ggml.tokens "
+                f"holds {n} tokens; there must be one per token",
+                _GGUF_VOCAB_FIX,
+            )
     types = meta.get("tokenizer.ggml.token_type")
     if types is not None and len(types):
         arr = np.asarray(types)
         bad = np.flatnonzero((arr < TOKEN_TYPES.start) | (arr >= TOKEN_TYPES.stop))
         if bad.size:
-            raise WrongMetadataType(path, f"metadata key tokenizer.ggml.token_type gives token {int(bad[0])} the type "
-                                          f"{int(arr[bad[0]])}; token types are {TOKEN_TYPES.start} to "
-                                          f"{TOKEN_TYPES.stop - 1}", _GGUF_VOCAB_FIX)
+            raise WrongMetadataType(
+                path,
+                f"metadata key tokenizer.ggml.token_type gives token {int(bad[0])} the type "
+                f"{int(arr[bad[0]])}; token types are {TOKEN_TYPES.start} to "
+                f"{TOKEN_TYPES.stop - 1}",
+                _GGUF_VOCAB_FIX,
+            )
 
 
 def check_gguf_merges(path: Path, meta: dict) -> None:
@@ -70,13 +81,19 @@ def _check_merges(path: Path, merges: list[str], vocab: set[str]) -> None:
     for i, m in enumerate(merges):
         left, sep, right = m.partition(" ")
         if not sep or not left or not right:
-            raise WrongMetadataType(path, f"metadata key tokenizer.ggml.merges: element {i} ({m[:60]!r}) is not two "
-                                          f"tokens separated by a space", _GGUF_VOCAB_FIX)
+            raise WrongMetadataType(
+                path,
+                f"metadata key tokenizer.ggml.merges: element {i} ({m[:60]!r}) is not two tokens separated by a space",
+                _GGUF_VOCAB_FIX,
+            )
         for part in (left, right):
             if part not in vocab:
-                raise InvalidHyperparameters(path, f"metadata key tokenizer.ggml.merges: element {i} ({m[:60]!r}) "
-                                                   f"names {part[:40]!r}, which is not in tokenizer.ggml.tokens",
-                                             _GGUF_VOCAB_FIX)
+                raise InvalidHyperparameters(
+                    path,
+                    f"metadata key tokenizer.ggml.merges: element {i} ({m[:60]!r}) "
+                    f"names {part[:40]!r}, which is not in tokenizer.ggml.tokens",
+                    _GGUF_VOCAB_FIX,
+                )
 
 
 # -- Hugging Face tokenizer.json -----------------------------------------------------------------------
@@ -89,8 +106,12 @@ def check_hf_tokenizer(path: Path, backend: Any) -> None:  # a tokenizers.Tokeni
         for pattern in _regexes(json.loads(component.__getstate__())):
             group = nested_quantifier(pattern)
             if group is not None:
-                raise LimitExceeded(path, f"the {part.replace('_', '-')} regex {pattern[:80]!r} repeats the group "
-                                          f"{group[:40]!r}, which itself repeats without bound", REGEX_FIX)
+                raise LimitExceeded(
+                    path,
+                    f"the {part.replace('_', '-')} regex {pattern[:80]!r} repeats the group "
+                    f"{group[:40]!r}, which itself repeats without bound",
+                    REGEX_FIX,
+                )
 
 
 def check_token_ids_fit(directory: Path, tokenizer: Tokenizer, vocab_size: int) -> None:
@@ -100,14 +121,21 @@ def check_token_ids_fit(directory: Path, tokenizer: Tokenizer, vocab_size: int) 
     for name, ids in (("bos_token_id", (tokenizer.bos_id,)), ("eos_token_id", tokenizer.eos_ids)):
         bad = [i for i in ids if i is not None and not 0 <= i < vocab_size]
         if bad:
-            raise InvalidHyperparameters(directory / "config.json", f"field {name} is {bad[0]}, outside the model's "
-                                                                    f"{vocab_size} embedding rows", _VOCAB_FIX)
+            raise InvalidHyperparameters(
+                directory / "config.json",
+                f"field {name} is {bad[0]}, outside the model's {vocab_size} embedding rows",
+                _VOCAB_FIX,
+            )
     vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
     if vocab:
         token, top = max(vocab.items(), key=lambda kv: kv[1])
         if top >= vocab_size:
-            raise InvalidHyperparameters(path, f"token {token[:40]!r} has id {top} but the model has {vocab_size} "
-                                               f"embedding rows (config.json's vocab_size)", _VOCAB_FIX)
+            raise InvalidHyperparameters(
+                path,
+                f"token {token[:40]!r} has id {top} but the model has {vocab_size} "
+                f"embedding rows (config.json's vocab_size)",
+                _VOCAB_FIX,
+            )
 
 
 def _regexes(node: object) -> list[str]:
@@ -150,7 +178,7 @@ def nested_quantifier(pattern: str) -> str | None:
                 continue
             if unbounded:
                 if closed is not None and closed[2]:
-                    return pattern[closed[0]:closed[1] + 1]
+                    return pattern[closed[0] : closed[1] + 1]
                 if stack:
                     stack[-1][1] = True
             closed, i = None, end
@@ -176,9 +204,9 @@ def _skip_class(p: str, i: int) -> int:
             continue
         if c == "[":
             depth += 1
-            if p[j + 1:j + 2] == "^":
+            if p[j + 1 : j + 2] == "^":
                 j += 1
-            if p[j + 1:j + 2] == "]":  # a "]" first in a class is literal
+            if p[j + 1 : j + 2] == "]":  # a "]" first in a class is literal
                 j += 1
         elif c == "]":
             depth -= 1
@@ -193,10 +221,13 @@ def _quantifier(p: str, i: int) -> tuple[int, bool]:
     c = p[i]
     if c == "{":
         close = p.find("}", i)
-        body = p[i + 1:close] if close > i else ""
+        body = p[i + 1 : close] if close > i else ""
         lo, comma, hi = body.partition(",")
-        if not body or not (lo.strip().isdigit() or (comma and not lo.strip())) or (hi.strip() and not
-                                                                                     hi.strip().isdigit()):
+        if (
+            not body
+            or not (lo.strip().isdigit() or (comma and not lo.strip()))
+            or (hi.strip() and not hi.strip().isdigit())
+        ):
             return i, False
         end, unbounded = close + 1, bool(comma) and not hi.strip()
     else:

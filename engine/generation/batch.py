@@ -9,30 +9,35 @@ readable (engine.energy): prefill joules over the rows' prompt tokens (padding i
 anyone asked for), decode joules over the tokens the rows decoded after their first (each row's
 first comes from the prefill's logits).
 """
+
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
-
-from opscope.engine.telemetry import energy
-
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
+from opscope.engine.generation.config import GenerationConfig
 from opscope.engine.generation.decode_book import DecodeBook, decode_events
 from opscope.engine.generation.events import Event, Finished, PrefillFinished, PrefillStarted, Token
 from opscope.engine.generation.generate import ensure_cache
-from opscope.engine.generation.config import GenerationConfig
 from opscope.engine.generation.sampling import sample
+from opscope.engine.telemetry import energy
 
 if TYPE_CHECKING:
     from opscope.engine.models.transformer import Transformer
     from opscope.engine.tokenizer.loader import Tokenizer
 
 
-def generate_batch(model: Transformer, tokenizer: Tokenizer, prompts: list[list[int]],
-                   cfg: GenerationConfig = GenerationConfig(), cancel: threading.Event | None = None) -> Iterator[Event]:
+def generate_batch(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompts: list[list[int]],
+    cfg: GenerationConfig = GenerationConfig(),
+    cancel: threading.Event | None = None,
+) -> Iterator[Event]:
     request_ns = now_ns()
     B, L = len(prompts), max(len(p) for p in prompts)
     ensure_cache(model, B, L + cfg.max_tokens)
@@ -68,6 +73,7 @@ def generate_batch(model: Transformer, tokenizer: Tokenizer, prompts: list[list[
                 per_row[event.seq] += 1
             elif isinstance(event, Finished):
                 decoded = sum(max(0, n - 1) for n in per_row)
-                event = energy.with_energy_over(event, meter, prefill_j, sum(len(p) for p in prompts),
-                                                decode_energy.joules(), decoded)
+                event = energy.with_energy_over(
+                    event, meter, prefill_j, sum(len(p) for p in prompts), decode_energy.joules(), decoded
+                )
             yield event

@@ -1,4 +1,5 @@
 """Generation settings, torch-free so that any backend plugin can use them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,14 +32,18 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         checks = {
-            "max_tokens": self.max_tokens >= 1, "temperature": self.temperature >= 0,
-            "top_k": self.top_k >= 0, "top_p": 0 < self.top_p <= 1, "min_p": 0 <= self.min_p < 1,
-            "repetition_penalty": self.repetition_penalty > 0, "prefill_chunk": self.prefill_chunk >= 1,
+            "max_tokens": self.max_tokens >= 1,
+            "temperature": self.temperature >= 0,
+            "top_k": self.top_k >= 0,
+            "top_p": 0 < self.top_p <= 1,
+            "min_p": 0 <= self.min_p < 1,
+            "repetition_penalty": self.repetition_penalty > 0,
+            "prefill_chunk": self.prefill_chunk >= 1,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise ConfigError(f"invalid generation setting {bad[0]}={getattr(self, bad[0])!r}")
 
     @property
-    def sampling(self) -> "SamplingParams":
+    def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty)

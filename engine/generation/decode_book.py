@@ -14,11 +14,13 @@ Token with the printable text its stream releases, and is done when that complet
 The loop stops when every row is done, or — checked after the step's Tokens were consumed, so a
 consumer can set ``cancel`` while handling one — when ``cancel`` is set or ``max_tokens`` is reached.
 """
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
@@ -37,8 +39,16 @@ class DecodeBook:
     statistics report as the prompt (B·L for a padded batch). ``marker_fields`` go on the decode
     phase markers (e.g. ``batch=B``). The decode-start marker is emitted here."""
 
-    def __init__(self, tokenizer: Tokenizer, cfg: GenerationConfig, prompt_tokens: int, times: tuple[int, int, int],
-                 cancel: threading.Event | None = None, rows: int = 1, **marker_fields: object) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        cfg: GenerationConfig,
+        prompt_tokens: int,
+        times: tuple[int, int, int],
+        cancel: threading.Event | None = None,
+        rows: int = 1,
+        **marker_fields: object,
+    ) -> None:
         self.cfg, self.prompt_tokens, self.times, self.cancel = cfg, prompt_tokens, times, cancel
         self.eos = frozenset() if cfg.ignore_eos else frozenset(tokenizer.eos_ids)
         self.streams = [TextStream(tokenizer, cfg.stop) for _ in range(rows)]
@@ -84,15 +94,13 @@ class DecodeBook:
         end = now_ns()
         markers.emit(markers.DECODE, "end", end, tokens=len(self.token_ns), **self.marker_fields)
         request_ns, t_start, t_prefill = self.times
-        stats = stats_from_times(request_ns, t_start, t_prefill, self.prompt_tokens,
-                                 self.token_ns or [t_prefill], end)
+        stats = stats_from_times(request_ns, t_start, t_prefill, self.prompt_tokens, self.token_ns or [t_prefill], end)
         if not self.token_ns:  # EOS first: TTFT is still the time to that token; nothing was generated
             stats = replace(stats, generated_tokens=0)
         return Finished(reason, stats, end, text=stream.text, tail=tail)
 
 
-def decode_events(book: DecodeBook, ids: list[int],
-                  advance: Callable[[int, list[int]], list[int]]) -> Iterator:
+def decode_events(book: DecodeBook, ids: list[int], advance: Callable[[int, list[int]], list[int]]) -> Iterator:
     """Yield Token* then Finished: ``ids`` are step 0's ids (sampled from the prefill), and
     ``advance(i, ids)`` runs the model on step ``i``'s ids and returns step ``i + 1``'s."""
     for i in range(book.cfg.max_tokens):

@@ -6,6 +6,7 @@ Every event carries ``t_ns`` on the engine clock (engine.clock.now_ns). TTFT, pe
 tokens/s are computed from these same events (GenerationStats.from_events), so the CLI, the GUI and
 the benchmarks agree by construction. Backends (plugins) yield the same types.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -92,8 +93,15 @@ class Finished:
 Event = PrefillStarted | PrefillProgress | PrefillFinished | Token | Finished
 
 
-def stats_from_times(request_ns: int, prefill_start_ns: int, prefill_end_ns: int, prompt_tokens: int,
-                     token_ns: list[int], end_ns: int, cached_tokens: int = 0) -> GenerationStats:
+def stats_from_times(
+    request_ns: int,
+    prefill_start_ns: int,
+    prefill_end_ns: int,
+    prompt_tokens: int,
+    token_ns: list[int],
+    end_ns: int,
+    cached_tokens: int = 0,
+) -> GenerationStats:
     """Standard metrics: TTFT from request to first token (tokenization and prefill included); ITL between
     consecutive tokens after the first; decode tok/s = (n-1) / (t_last - t_first); prefill tok/s
     over the prompt tokens actually prefilled (not the ``cached_tokens`` reused from the KV cache)."""

@@ -3,31 +3,29 @@
 Per decode step the host talks to the device exactly twice: the sampled id stays on the device as
 the next input, and one ``.item()`` brings it back for text and stop checks (the only sync).
 """
+
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
-
+from opscope.engine.core import markers
+from opscope.engine.core.clock import now_ns
+from opscope.engine.core.errors import ConfigError
+from opscope.engine.generation import prefix_cache
+from opscope.engine.generation.config import GenerationConfig
+from opscope.engine.generation.decode_book import DecodeBook, decode_events
+from opscope.engine.generation.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted
+from opscope.engine.generation.sampling import sample
 from opscope.engine.telemetry import energy
 
-from opscope.engine.core import markers
-
-from opscope.engine.generation import prefix_cache
-from opscope.engine.core.clock import now_ns
-from opscope.engine.generation.decode_book import DecodeBook, decode_events
-from opscope.engine.core.errors import ConfigError
-from opscope.engine.generation.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted
-from opscope.engine.generation.config import GenerationConfig
-from opscope.engine.generation.sampling import sample
-
 if TYPE_CHECKING:
-    from opscope.engine.core.cpuload import OtherLoad
-    from opscope.engine.core.cpuload import LoadAwareThreads
+    from opscope.engine.core.cpuload import LoadAwareThreads, OtherLoad
     from opscope.engine.generation.events import Event
     from opscope.engine.models.transformer import Transformer
     from opscope.engine.tokenizer.loader import Tokenizer
@@ -44,8 +42,10 @@ def ensure_cache(model: Transformer, batch: int, length: int, keep: int = 0) -> 
     held is forgotten (engine.prefix_cache), except positions 0..keep-1 of row 0 (single-sequence
     generate reusing a prefix): copied over when the cache has to grow."""
     if length > model.config.max_seq_len:
-        raise ConfigError(f"prompt + max_tokens = {length} tokens exceeds the model's context of "
-                          f"{model.config.max_seq_len}; shorten the prompt or lower --max-tokens")
+        raise ConfigError(
+            f"prompt + max_tokens = {length} tokens exceeds the model's context of "
+            f"{model.config.max_seq_len}; shorten the prompt or lower --max-tokens"
+        )
     if not keep:
         prefix_cache.forget(model)
     cache = model.layers[0].attn.cache
@@ -67,9 +67,14 @@ def _generator(cfg: GenerationConfig, device: torch.device) -> torch.Generator |
     return gen
 
 
-def generate(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int],
-             cfg: GenerationConfig = GenerationConfig(), cancel: threading.Event | None = None,
-             request_ns: int | None = None) -> Iterator[Event]:
+def generate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    cfg: GenerationConfig = GenerationConfig(),
+    cancel: threading.Event | None = None,
+    request_ns: int | None = None,
+) -> Iterator[Event]:
     """Yield PrefillStarted, PrefillProgress*, PrefillFinished, Token*, Finished.
 
     With ``cfg.reuse_prefix`` the leading prompt tokens whose K/V the cache already holds (the
@@ -88,9 +93,16 @@ def generate(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int],
         prefix_cache.seal(model, record)
 
 
-def _generate(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], reused: int,
-              record: prefix_cache.PrefixRecord, cfg: GenerationConfig, cancel: threading.Event | None,
-              request_ns: int) -> Iterator[Event]:
+def _generate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    reused: int,
+    record: prefix_cache.PrefixRecord,
+    cfg: GenerationConfig,
+    cancel: threading.Event | None,
+    request_ns: int,
+) -> Iterator[Event]:
     n = len(prompt_ids)
     device = model.embed.weight.device
     gen = _generator(cfg, device)
@@ -107,8 +119,8 @@ def _generate(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], r
         markers.emit(markers.PREFILL, "start", t_start, tokens=n - reused, **reuse_fields)
         with prefill_threads(model):
             for s in range(reused, n, cfg.prefill_chunk):
-                logits = model(ids[:, s:s + cfg.prefill_chunk], s, last_only=True)
-                record.ids.extend(prompt_ids[s:s + cfg.prefill_chunk])
+                logits = model(ids[:, s : s + cfg.prefill_chunk], s, last_only=True)
+                record.ids.extend(prompt_ids[s : s + cfg.prefill_chunk])
                 if s + cfg.prefill_chunk < n:
                     yield PrefillProgress(s + cfg.prefill_chunk, n, now_ns())
         nxt = sample(logits[:, -1], cfg.sampling, history[:n], gen)  # [1]
@@ -196,16 +208,33 @@ def decode_threads(model: torch.nn.Module) -> Iterator[LoadAwareThreads | None]:
         torch.set_num_threads(have)
 
 
-def _decode(model: Transformer, nxt: torch.Tensor, token_id: int, n: int, cfg: GenerationConfig,
-            history: torch.Tensor, gen: torch.Generator | None, book: DecodeBook,
-            held: list[int] | None = None) -> Iterator[Event]:
+def _decode(
+    model: Transformer,
+    nxt: torch.Tensor,
+    token_id: int,
+    n: int,
+    cfg: GenerationConfig,
+    history: torch.Tensor,
+    gen: torch.Generator | None,
+    book: DecodeBook,
+    held: list[int] | None = None,
+) -> Iterator[Event]:
     with decode_threads(model) as threads:
         yield from _decode_loop(model, nxt, token_id, n, cfg, history, gen, book, threads, held)
 
 
-def _decode_loop(model: Transformer, nxt: torch.Tensor, token_id: int, n: int, cfg: GenerationConfig,
-                 history: torch.Tensor, gen: torch.Generator | None, book: DecodeBook,
-                 threads: LoadAwareThreads | None = None, held: list[int] | None = None) -> Iterator[Event]:
+def _decode_loop(
+    model: Transformer,
+    nxt: torch.Tensor,
+    token_id: int,
+    n: int,
+    cfg: GenerationConfig,
+    history: torch.Tensor,
+    gen: torch.Generator | None,
+    book: DecodeBook,
+    threads: LoadAwareThreads | None = None,
+    held: list[int] | None = None,
+) -> Iterator[Event]:
     """Token* then Finished (engine.decode_book); ``nxt`` [1] is the token sampled from the prefill
     (``token_id`` on the host), kept on the device as the next input. Each token fed to the model
     is appended to ``held`` (the ids the KV cache holds) once its step has written the cache."""
@@ -218,7 +247,7 @@ def _decode_loop(model: Transformer, nxt: torch.Tensor, token_id: int, n: int, c
         logits = model(nxt.view(1, 1), n + i)
         if held is not None:
             held.append(ids[0])
-        nxt = sample(logits[:, -1], cfg.sampling, history[:n + i + 1], gen)
+        nxt = sample(logits[:, -1], cfg.sampling, history[: n + i + 1], gen)
         return [int(nxt.item())]  # the step's one sync
 
     yield from decode_events(book, [token_id], advance)

@@ -3,13 +3,15 @@
 Below engine.api and engine.fastpath, so that both can build a LoadedModel: api.load picks the
 fast path (engine.fastpath.load) or load_plain, and the fast path falls back to load_plain.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
@@ -21,7 +23,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     import torch
-
     from opscope.engine.formats.gguf_source import GGUFSource
     from opscope.engine.formats.hf_source import HFDirSource
     from opscope.engine.models.transformer import Transformer
@@ -46,22 +47,29 @@ class LoadedModel:
 
     backend_name = "torch"
 
-    def __init__(self, source: GGUFSource | HFDirSource, model: Transformer, options: LoadOptions, load_ms: float) -> None:
+    def __init__(
+        self, source: GGUFSource | HFDirSource, model: Transformer, options: LoadOptions, load_ms: float
+    ) -> None:
         self.source, self.model, self.options, self.load_ms = source, model, options, load_ms
         self.tokenizer = source.tokenizer
         self.config = source.config
         self.device = model.embed.weight.device
         self.dtype = model.embed.weight.dtype
 
-    def generate(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig(),
-                 cancel: threading.Event | None = None) -> Iterator:
+    def generate(
+        self,
+        prompt: str | list[int],
+        config: GenerationConfig = GenerationConfig(),
+        cancel: threading.Event | None = None,
+    ) -> Iterator:
         request_ns = now_ns()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_ids(ids)
         return generate(self.model, self.tokenizer, ids, config, cancel, request_ns)
 
-    def chat(self, messages: list[dict], config: GenerationConfig = GenerationConfig(),
-             cancel: threading.Event | None = None) -> Iterator:
+    def chat(
+        self, messages: list[dict], config: GenerationConfig = GenerationConfig(), cancel: threading.Event | None = None
+    ) -> Iterator:
         request_ns = now_ns()
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -71,8 +79,12 @@ class LoadedModel:
             ids = prefix_cache.aligned_ids(self.model, self.tokenizer, text, ids)
         return generate(self.model, self.tokenizer, ids, config, cancel, request_ns)
 
-    def generate_batch(self, prompts: list[str | list[int]], config: GenerationConfig = GenerationConfig(),
-                       cancel: threading.Event | None = None) -> Iterator:
+    def generate_batch(
+        self,
+        prompts: list[str | list[int]],
+        config: GenerationConfig = GenerationConfig(),
+        cancel: threading.Event | None = None,
+    ) -> Iterator:
         from opscope.engine.generation.batch import generate_batch
 
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
@@ -114,19 +126,28 @@ class LoadedModel:
         weights = sum(t.numel() * t.element_size() for t in _unique_tensors(self.model))
         cache = self.model.layers[0].attn.cache
         kv = 2 * len(self.model.layers) * cache.k.numel() * cache.k.element_size() if cache is not None else 0
-        stats = {"weights_bytes": weights, "kv_cache_bytes": kv,
-                 "rss_bytes": psutil.Process().memory_info().rss}
+        stats = {"weights_bytes": weights, "kv_cache_bytes": kv, "rss_bytes": psutil.Process().memory_info().rss}
         if self.device.type == "cuda":
-            stats |= {"cuda_allocated_bytes": torch.cuda.memory_allocated(self.device),
-                      "cuda_reserved_bytes": torch.cuda.memory_reserved(self.device),
-                      "cuda_peak_bytes": torch.cuda.max_memory_allocated(self.device)}
+            stats |= {
+                "cuda_allocated_bytes": torch.cuda.memory_allocated(self.device),
+                "cuda_reserved_bytes": torch.cuda.memory_reserved(self.device),
+                "cuda_peak_bytes": torch.cuda.max_memory_allocated(self.device),
+            }
         return stats
 
     def describe(self) -> dict:
-        return {"model": str(self.source.path), "format": self.source.format, "arch": self.config.arch,
-                "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
-                "attention": self.options.attention, "threads": _threads(), "backend": self.backend_name,
-                "fastpath": self.options.fastpath, "cpu_kernels": self.options.cpu_kernels}
+        return {
+            "model": str(self.source.path),
+            "format": self.source.format,
+            "arch": self.config.arch,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "attention": self.options.attention,
+            "threads": _threads(),
+            "backend": self.backend_name,
+            "fastpath": self.options.fastpath,
+            "cpu_kernels": self.options.cpu_kernels,
+        }
 
 
 def _threads() -> int:
@@ -145,16 +166,23 @@ def _unique_tensors(model: torch.nn.Module) -> Iterator[torch.Tensor]:
             yield t
 
 
-def load_plain(model: str | Path | None = None, *, device: str = "cpu", dtype: str = "float32", attention: str = "sdpa",
-               threads: int | None = None, compile: str = "off", quantize: str = "off") -> LoadedModel:
+def load_plain(
+    model: str | Path | None = None,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    attention: str = "sdpa",
+    threads: int | None = None,
+    compile: str = "off",
+    quantize: str = "off",
+) -> LoadedModel:
     """The plain torch model of ``model`` (engine.models) on ``device``; ``compile`` and
     ``quantize`` as in engine.api.load, whose checks of them have run."""
     import torch
-
     from opscope.engine.formats import open_model
     from opscope.engine.models.compiled import enable_compiled_decode
-    from opscope.engine.models.transformer import ATTENTION_IMPLS
     from opscope.engine.models.loader import build_model
+    from opscope.engine.models.transformer import ATTENTION_IMPLS
     from opscope.engine.models.woq import quantize_weights
 
     if attention not in ATTENTION_IMPLS:
@@ -169,8 +197,11 @@ def load_plain(model: str | Path | None = None, *, device: str = "cpu", dtype: s
         source = open_model(model)
         net = quantize_weights(build_model(source, dev, dt, attention), quantize)
     if quantize != "off" and dev.type == "cpu":
-        log.warning("--quantize %s is the GPU path; on the CPU the default fast path is faster "
-                    "(it keeps the GGUF's own blocks)", quantize)
+        log.warning(
+            "--quantize %s is the GPU path; on the CPU the default fast path is faster "
+            "(it keeps the GGUF's own blocks)",
+            quantize,
+        )
     if dev.type == "cpu":
         net.decode_threads = 1  # see engine.generate.decode_threads
     if compile == "decode":

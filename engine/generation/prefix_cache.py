@@ -12,6 +12,7 @@ is sealed and that snapshot (one KV head's keys) still matches the cache bit for
 the above (a direct ``model(...)`` call on the same buffers) disables the reuse instead of
 corrupting the next reply.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -116,7 +117,7 @@ def aligned_ids(model: Transformer, tokenizer: Any, text: str, ids: list[int]) -
     if k <= common:
         return ids
     head = tokenizer.decode(have[:k])
-    merged = have[:k] + tokenizer.encode(text[len(head):], add_special_tokens=False)
+    merged = have[:k] + tokenizer.encode(text[len(head) :], add_special_tokens=False)
     return merged if tokenizer.decode(merged) == tokenizer.decode(ids) else ids
 
 
@@ -144,6 +145,7 @@ def _longest_text_prefix(tokenizer: Any, have: list[int], text: str, lo: int) ->
 @dataclass(frozen=True)
 class Snapshot:
     """Row 0's K/V over the held positions, on the host: what a model reload puts back."""
+
     ids: tuple[int, ...]
     kv: tuple  # one (k, v) pair per layer, [m, H, D] each
 
@@ -156,8 +158,10 @@ def snapshot(model: Transformer) -> Snapshot | None:
     if not ids:
         return None
     m = len(ids)
-    kv = tuple((layer.attn.cache.k[0, :m].to("cpu", copy=True), layer.attn.cache.v[0, :m].to("cpu", copy=True))
-               for layer in model.layers)
+    kv = tuple(
+        (layer.attn.cache.k[0, :m].to("cpu", copy=True), layer.attn.cache.v[0, :m].to("cpu", copy=True))
+        for layer in model.layers
+    )
     return Snapshot(tuple(ids), kv)
 
 

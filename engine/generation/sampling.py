@@ -3,13 +3,14 @@
 Order follows llama.cpp / Hugging Face: penalty on raw logits, then temperature, then the
 truncations (top-k, top-p, min-p), then one multinomial draw with the request's generator.
 """
+
 from __future__ import annotations
 
 import torch
-
 from opscope.engine.generation.config import SamplingParams
 
 __all__ = ["SamplingParams", "sample", "filter_logits", "apply_repetition_penalty"]
+
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     # logits [B,V]; seen [S] or [B,S] token ids. CTRL's rule: divide positive logits, multiply negative.
@@ -38,8 +39,9 @@ def filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, p: SamplingParams, seen: torch.Tensor | None = None,
-           generator: torch.Generator | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, p: SamplingParams, seen: torch.Tensor | None = None, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """logits [B,V] → token ids [B] (on the logits' device; no host sync)."""
     logits = logits.float()
     if p.repetition_penalty != 1.0 and seen is not None and seen.numel():

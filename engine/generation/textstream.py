@@ -1,4 +1,5 @@
 """Streaming text out of token ids (torch-free; shared by every backend)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -29,5 +30,5 @@ class TextStream:
         return self._take(len(self.text))
 
     def _take(self, upto: int) -> str:
-        piece, self.emitted = self.text[self.emitted:max(upto, self.emitted)], max(upto, self.emitted)
+        piece, self.emitted = self.text[self.emitted : max(upto, self.emitted)], max(upto, self.emitted)
         return piece

@@ -21,6 +21,7 @@ launch per token instead of ~1,200, and no host sync but the sampled id. On the 
 step is faster (attention reads only the used prefix); ``static=True`` selects the static one there
 too (tests check it against eager on the CPU).
 """
+
 from __future__ import annotations
 
 import functools
@@ -51,8 +52,10 @@ class CompiledStep:
             return None
         if not self.compiled_once:
             self.compiled_once = True
-            log.warning("compiling the decode step (torch.compile, once per process and cache size: "
-                        "~10-40 s on a small CPU); decode tok/s of this reply includes it")
+            log.warning(
+                "compiling the decode step (torch.compile, once per process and cache size: "
+                "~10-40 s on a small CPU); decode tok/s of this reply includes it"
+            )
         return self.fn(idx, pos)
 
 
@@ -78,7 +81,8 @@ def enable_compiled_decode(model, static: bool | None = None) -> None:
     if static:
         step = CompiledStep(StaticStep(model, "reduce-overhead" if device.type == "cuda" else None), 0)
     else:
-        step = CompiledStep(torch.compile(functools.partial(type(model).plain_forward, model), dynamic=True),
-                            _FIRST_COMPILED_POS)
+        step = CompiledStep(
+            torch.compile(functools.partial(type(model).plain_forward, model), dynamic=True), _FIRST_COMPILED_POS
+        )
     model.set_decode_step(step)
     log.info("decode step (%s) compiled with torch.compile at its first call", "static" if static else "dynamic")

@@ -1,6 +1,7 @@
 """Decoder-only transformers as data: one frozen config covers the Llama core and the switches the
 families in engine.models.families set on it (Mistral, Qwen2/3, Gemma 2/3, Phi-3). Every switch
 defaults to Llama behaviour."""
+
 from __future__ import annotations
 
 import math
@@ -24,9 +25,10 @@ class RopeScaling:
 MAX_SIZE = 1 << 24
 
 
-def check_hyperparameters(cfg: "ModelConfig") -> None:
+def check_hyperparameters(cfg: ModelConfig) -> None:
     """Sizes positive and consistent before anything divides by them or allocates from them;
     InvalidHyperparameters names the field (the loaders add the file)."""
+
     def bad(detail: str):
         raise InvalidHyperparameters(None, detail)
 
@@ -42,8 +44,15 @@ def check_hyperparameters(cfg: "ModelConfig") -> None:
         bad(f"head dim {cfg.head_dim or cfg.dim // cfg.n_heads} is odd; rotary embeddings need an even one")
     if cfg.n_heads % cfg.n_kv_heads:
         bad(f"{cfg.n_kv_heads} kv heads do not divide the {cfg.n_heads} query heads")
-    for name in ("norm_eps", "rope_theta", "embed_scale", "attn_scale", "attn_softcap", "final_softcap",
-                 "rope_local_theta"):
+    for name in (
+        "norm_eps",
+        "rope_theta",
+        "embed_scale",
+        "attn_scale",
+        "attn_softcap",
+        "final_softcap",
+        "rope_local_theta",
+    ):
         v = getattr(cfg, name)
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             bad(f"{name} is {v!r}: it must be a finite number ≥ 0")
@@ -89,20 +98,29 @@ class ModelConfig:
             object.__setattr__(self, "head_dim", self.dim // self.n_heads)
         if self.arch not in SUPPORTED_ARCHS:
             raise UnsupportedModelError(
-                f"architecture {self.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+                f"architecture {self.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
+            )
         if self.mlp_act not in MLP_ACTIVATIONS:
-            raise UnsupportedModelError(f"MLP activation {self.mlp_act!r} is not supported "
-                                        f"(supported: {', '.join(MLP_ACTIVATIONS)})")
+            raise UnsupportedModelError(
+                f"MLP activation {self.mlp_act!r} is not supported (supported: {', '.join(MLP_ACTIVATIONS)})"
+            )
         if self.layer_windows and len(self.layer_windows) != self.n_layers:
-            raise UnsupportedModelError(f"layer_windows has {len(self.layer_windows)} entries for "
-                                        f"{self.n_layers} layers")
+            raise UnsupportedModelError(
+                f"layer_windows has {len(self.layer_windows)} entries for {self.n_layers} layers"
+            )
 
     def shape_fields(self) -> dict[str, int]:
-        return {"dim": self.dim, "n_layers": self.n_layers, "n_heads": self.n_heads,
-                "n_kv_heads": self.n_kv_heads, "hidden_dim": self.hidden_dim,
-                "vocab_size": self.vocab_size, "head_dim": self.head_dim}
+        return {
+            "dim": self.dim,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+            "hidden_dim": self.hidden_dim,
+            "vocab_size": self.vocab_size,
+            "head_dim": self.head_dim,
+        }
 
-    def with_(self, **changes) -> "ModelConfig":
+    def with_(self, **changes) -> ModelConfig:
         return replace(self, **changes)
 
     def window(self, layer: int) -> int:
@@ -116,9 +134,17 @@ class ModelConfig:
     @property
     def is_llama_core(self) -> bool:
         """True when no switch departs from the plain Llama block (what the fused C++ decode step runs)."""
-        return (not self.qk_norm and not self.post_norms and self.mlp_act == "silu" and self.embed_scale == 1.0
-                and self.attn_scale == 0.0 and not self.attn_softcap and not self.final_softcap
-                and not any(self.window(i) for i in range(self.n_layers)) and not self.rope_local_theta)
+        return (
+            not self.qk_norm
+            and not self.post_norms
+            and self.mlp_act == "silu"
+            and self.embed_scale == 1.0
+            and self.attn_scale == 0.0
+            and not self.attn_softcap
+            and not self.final_softcap
+            and not any(self.window(i) for i in range(self.n_layers))
+            and not self.rope_local_theta
+        )
 
     @property
     def n_params(self) -> int:

@@ -1,11 +1,11 @@
 """Build a Transformer on the meta device and attach the source's tensors without a second copy."""
+
 from __future__ import annotations
 
 import logging
 
 import numpy as np
 import torch
-
 from opscope.engine.core.errors import ModelFormatError
 from opscope.engine.models.transformer import Transformer
 
@@ -39,9 +39,11 @@ def _check_state(source, model: Transformer, state: dict) -> None:
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
     if missing or extra:
-        raise ModelFormatError(f"{source.path}: tensors do not match a {source.config.arch} model: "
-                               f"missing {missing[:4]}{'…' if len(missing) > 4 else ''}, "
-                               f"unexpected {extra[:4]}{'…' if len(extra) > 4 else ''}")
+        raise ModelFormatError(
+            f"{source.path}: tensors do not match a {source.config.arch} model: "
+            f"missing {missing[:4]}{'…' if len(missing) > 4 else ''}, "
+            f"unexpected {extra[:4]}{'…' if len(extra) > 4 else ''}"
+        )
     for k, shape in expected.items():
         if state[k] is None or tuple(state[k].shape) != tuple(shape):
             got = None if state[k] is None else tuple(state[k].shape)

@@ -4,15 +4,16 @@ Shapes: B batch, T new tokens, S cache length, H query heads, K kv heads, D head
 V vocabulary. RoPE is the rotate-half form; GGUF Q/K weights are un-permuted at load.
 Everything a forward pass creates is created on the model's device (placement trace checks it).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from opscope.engine.models.config import ModelConfig, RopeScaling
 
 ATTENTION_IMPLS = ("sdpa", "naive")
@@ -30,8 +31,13 @@ class RMSNorm(nn.Module):
         self.out_dtype: torch.dtype | None = None  # the matmuls' dtype, where activations differ from it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.fused is not None and x.dtype == torch.float32 and self.weight.dtype == torch.float32
-                and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+        if (
+            self.fused is not None
+            and x.dtype == torch.float32
+            and self.weight.dtype == torch.float32
+            and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+        ):
             y = self.fused(x, self.weight, self.eps)
         else:
             y = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
@@ -103,10 +109,18 @@ class Attention(nn.Module):
     def _fused_prefill(self, q, v, start: int, mask) -> bool:
         """Whether ``self.prefill`` takes this call: several float32 queries, plain causal (no mask,
         no softcap), a float32 cache, inference outside torch.compile."""
-        return (self.prefill is not None and self.cache is not None and mask is None and q.shape[1] > 1
-                and isinstance(start, int) and not self.softcap and self.impl == "sdpa"
-                and q.dtype == v.dtype == self.cache.k.dtype == torch.float32
-                and not torch.is_grad_enabled() and not torch.compiler.is_compiling())
+        return (
+            self.prefill is not None
+            and self.cache is not None
+            and mask is None
+            and q.shape[1] > 1
+            and isinstance(start, int)
+            and not self.softcap
+            and self.impl == "sdpa"
+            and q.dtype == v.dtype == self.cache.k.dtype == torch.float32
+            and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+        )
 
 
 def attend(q, k, v, mask, impl: str, scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
@@ -207,8 +221,12 @@ class Transformer(nn.Module):
         residual stream, norms, RoPE and KV cache use it; matmul inputs use the weights' dtype."""
         w = self.embed.weight
         self.act_dtype = activation_dtype(w.dtype, w.device)
-        feeds_matmul = {id(n) for n in [layer.attn_norm for layer in self.layers]
-                        + [layer.mlp_norm for layer in self.layers] + [self.norm]}
+        feeds_matmul = {
+            id(n)
+            for n in [layer.attn_norm for layer in self.layers]
+            + [layer.mlp_norm for layer in self.layers]
+            + [self.norm]
+        }
         for norm in (m for m in self.modules() if isinstance(m, RMSNorm)):
             if norm.weight.dtype != self.act_dtype and norm.weight.device.type != "meta":
                 norm.weight.data = norm.weight.data.to(self.act_dtype)
@@ -221,7 +239,7 @@ class Transformer(nn.Module):
         torch.manual_seed(seed)
         with torch.device(device):
             model = cls(cfg, attention)
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() > 1:
                 nn.init.normal_(p, std=0.02)
         if cfg.tie_embeddings:
@@ -236,8 +254,9 @@ class Transformer(nn.Module):
         """Preallocate the KV cache on the model's device, in the activation dtype."""
         p = self.embed.weight
         for layer in self.layers:
-            layer.attn.cache = KVCache(max_batch, self.config.n_kv_heads, max_seq_len, self.config.head_dim,
-                                       self.act_dtype, p.device)
+            layer.attn.cache = KVCache(
+                max_batch, self.config.n_kv_heads, max_seq_len, self.config.head_dim, self.act_dtype, p.device
+            )
         self.max_cache_len = max_seq_len
 
     def drop_cache(self) -> None:
@@ -250,8 +269,14 @@ class Transformer(nn.Module):
         plain_forward for every call."""
         self.decode_step = step
 
-    def forward(self, idx: torch.Tensor, input_pos: int | torch.Tensor = 0, *, pad: torch.Tensor | None = None,
-                last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        input_pos: int | torch.Tensor = 0,
+        *,
+        pad: torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
         """idx [B,T] → logits [B,T,V] (or [B,1,V] with ``last_only``). ``input_pos`` is the position of
         idx[:, 0] (an int, so no host sync is needed); ``pad`` [B] counts left-padding tokens per row
         (batched generation): their keys are masked and positions start after them."""
@@ -262,8 +287,14 @@ class Transformer(nn.Module):
                 return logits
         return self.plain_forward(idx, input_pos, pad=pad, last_only=last_only)
 
-    def plain_forward(self, idx: torch.Tensor, input_pos: int | torch.Tensor = 0, *,
-                      pad: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+    def plain_forward(
+        self,
+        idx: torch.Tensor,
+        input_pos: int | torch.Tensor = 0,
+        *,
+        pad: torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
         """forward without the decode step: the model's own layers (what a compiled step compiles)."""
         B, T = idx.shape
         start = int(input_pos[0]) if isinstance(input_pos, torch.Tensor) else int(input_pos)
@@ -272,8 +303,10 @@ class Transformer(nn.Module):
         mask = self._mask(B, T, start, pad, idx.device)
         slots = None
         if self.windowed:  # cache slots of the queries [T] and keys [S], for sliding-window masks
-            slots = (torch.arange(start, start + T, device=idx.device),
-                     torch.arange(start + T if self.max_cache_len else T, device=idx.device))
+            slots = (
+                torch.arange(start, start + T, device=idx.device),
+                torch.arange(start + T if self.max_cache_len else T, device=idx.device),
+            )
         x = self._layers(self.embed_tokens(idx), pos.clamp(min=0), start, mask, slots)  # [B,T,C]
         if last_only:
             x = x[:, -1:]
@@ -306,8 +339,9 @@ class Transformer(nn.Module):
         """x through every layer. pos [B|1,T]: RoPE positions; mask: the global mask (None: plain
         causal); slots: (query slots [T], key slots [S]) for sliding-window masks, or None."""
         rope = {False: rope_cos_sin(self.inv_freq, pos, self.act_dtype)}
-        rope[True] = (rope_cos_sin(self.inv_freq_local, pos, self.act_dtype) if self.config.rope_local_theta
-                      else rope[False])
+        rope[True] = (
+            rope_cos_sin(self.inv_freq_local, pos, self.act_dtype) if self.config.rope_local_theta else rope[False]
+        )
         masks = {0: mask}
         for layer in self.layers:
             if layer.window not in masks:

@@ -13,6 +13,7 @@ The model's own dense weights (a GGUF is dequantized at load) are re-quantized, 
 rounding to a 4-bit GGUF's. The CPU's default path for a GGUF is the fast path (engine.fastpath),
 which keeps the file's own blocks instead.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,7 +21,6 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from opscope.engine.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -75,19 +75,20 @@ class Int4Linear(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if x.is_cuda:  # tinygemm takes bf16 activations only
-            y = torch.ops.aten._weight_int4pack_mm(x2.to(torch.bfloat16), self.packed, self.group,
-                                                   self.scales_and_zeros).to(x.dtype)
+            y = torch.ops.aten._weight_int4pack_mm(
+                x2.to(torch.bfloat16), self.packed, self.group, self.scales_and_zeros
+            ).to(x.dtype)
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group,
-                                                           self.scales_and_zeros.to(x.dtype))
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2, self.packed, self.group, self.scales_and_zeros.to(x.dtype)
+            )
         y = y.reshape(*shape[:-1], self.out_features)
         return y + self.bias if self.bias is not None else y
 
 
 def _pack_int4(q: torch.Tensor) -> torch.Tensor:
     if q.is_cuda:  # torch >= 2.5 packs two 4-bit values per byte, even index in the high nibble
-        return torch.ops.aten._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8),
-                                                          _INNER_K_TILES)
+        return torch.ops.aten._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), _INNER_K_TILES)
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, _INNER_K_TILES)
 
 

@@ -9,6 +9,7 @@
 Names are imported on first use: `opscope` builds its parser from engine.store.commands, and every
 command would otherwise pay for importing SQLAlchemy.
 """
+
 from __future__ import annotations
 
 import importlib

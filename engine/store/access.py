@@ -1,4 +1,5 @@
 """Opening the run store for a command or a job."""
+
 from __future__ import annotations
 
 from opscope.engine.core import progress

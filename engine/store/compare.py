@@ -12,17 +12,27 @@ better-is-lower and mean nothing.
 
 Rendering lives in engine.store.render.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from opscope.engine.bench.measure.stats import (DEFAULT_CONFIDENCE, Summary, can_reach, geomean, mann_whitney_p,
-                                min_p_value, min_samples_per_side, summarize)
+from opscope.engine.bench.ceilings.utilisation import PEAK_PARAMS, over_ceiling
 from opscope.engine.bench.measure.memory import SHARED_AB
 from opscope.engine.bench.measure.quality import DISTURBED
-from opscope.engine.bench.ceilings.utilisation import PEAK_PARAMS, over_ceiling
+from opscope.engine.bench.measure.stats import (
+    DEFAULT_CONFIDENCE,
+    Summary,
+    can_reach,
+    geomean,
+    mann_whitney_p,
+    min_p_value,
+    min_samples_per_side,
+    summarize,
+)
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.core.results import Metric
 from opscope.engine.store.convert import RunInfo, StoredRun
@@ -191,23 +201,29 @@ def _cell(metric: Metric | None, confidence: float) -> Cell:
     return Cell("ok" if summary.n else "failed", summary, None if summary.n else "no samples", metric.quality)
 
 
-def _delta(base: Cell, other: Cell, base_m: Metric, other_m: Metric, higher_is_better: bool,
-           alpha: float) -> Delta | None:
-    if not (base.usable and other.usable) or base.summary is None or other.summary is None \
-            or base.summary.median == 0:
+def _delta(
+    base: Cell, other: Cell, base_m: Metric, other_m: Metric, higher_is_better: bool, alpha: float
+) -> Delta | None:
+    if not (base.usable and other.usable) or base.summary is None or other.summary is None or base.summary.median == 0:
         return None
     pct = (other.summary.median / base.summary.median - 1.0) * 100.0
     p = mann_whitney_p(base_m.samples, other_m.samples)
     worse = pct < 0 if higher_is_better else pct > 0
     n, m = base.summary.n, other.summary.n
     decidable = can_reach(n, m, alpha)
-    return Delta(pct, p, bool(decidable and p <= alpha), n, m, worse, decidable, min_p_value(n, m),
-                 min_samples_per_side(alpha))
+    return Delta(
+        pct, p, bool(decidable and p <= alpha), n, m, worse, decidable, min_p_value(n, m), min_samples_per_side(alpha)
+    )
 
 
-def compare_samples(base: Sequence[float], other: Sequence[float], *, higher_is_better: bool = False,
-                    alpha: float = DEFAULT_ALPHA, confidence: float = DEFAULT_CONFIDENCE
-                    ) -> tuple[Cell, Cell, Delta | None]:
+def compare_samples(
+    base: Sequence[float],
+    other: Sequence[float],
+    *,
+    higher_is_better: bool = False,
+    alpha: float = DEFAULT_ALPHA,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> tuple[Cell, Cell, Delta | None]:
     """Two raw sample lists under the rules of a compare row (significance, decidability, noise):
     for comparisons that are not of stored metrics (`trace diff`'s step times)."""
     metrics = [Metric("samples", "", list(x), higher_is_better=higher_is_better) for x in (base, other)]
@@ -223,8 +239,10 @@ def _row(key: tuple[str, str, str], metrics: list[Metric | None], alpha: float, 
     base = metrics[0]
     deltas = tuple(
         _delta(cells[0], cells[i], base, other, first.higher_is_better, alpha)
-        if base is not None and other is not None else None
-        for i, other in enumerate(metrics[1:], start=1))
+        if base is not None and other is not None
+        else None
+        for i, other in enumerate(metrics[1:], start=1)
+    )
     return Row(key[0], first.unit, dict(first.params), first.higher_is_better, cells, deltas)
 
 
@@ -260,9 +278,12 @@ def differences(runs: Sequence[StoredRun]) -> tuple[tuple[str, tuple[Any, ...]],
     diffs = {k: tuple(f.get(k) for f in flat) for k in keys if len({repr(f.get(k)) for f in flat}) > 1}
     # a fingerprint may embed the settings it was taken with: say each difference once; derived
     # bookkeeping (the roofline's work per token follows from the model and its settings) is no setting
-    return tuple((k, v) for k, v in diffs.items()
-                 if not (k.startswith("fingerprint.settings.") and diffs.get(k[len("fingerprint."):]) == v)
-                 and not any(part in k for part in DERIVED_SETTINGS))
+    return tuple(
+        (k, v)
+        for k, v in diffs.items()
+        if not (k.startswith("fingerprint.settings.") and diffs.get(k[len("fingerprint.") :]) == v)
+        and not any(part in k for part in DERIVED_SETTINGS)
+    )
 
 
 def _peak_value(m: Metric):
@@ -279,19 +300,28 @@ def _peak_notes(by_key: dict[tuple[str, str, str], list[Metric | None]]) -> list
         present = [m for m in metrics if m is not None]
         labels = [m.params.get("peak") for m in present]
         if len({_peak_value(m) for m in present}) > 1:  # the numbers, not their labels (dtype named or not)
-            notes.append(f"{key[0]}: the runs divide by different peaks ({' / '.join(map(str, labels))}): "
-                         f"its change mixes speed with the denominator")
+            notes.append(
+                f"{key[0]}: the runs divide by different peaks ({' / '.join(map(str, labels))}): "
+                f"its change mixes speed with the denominator"
+            )
     return notes
 
 
 def _run_notes(runs: Sequence[StoredRun]) -> tuple[str, ...]:
-    notes = [f"run {r.info.name!r} is {r.info.status}" + (f" ({r.info.error})" if r.info.error else "")
-             + ": its data may be partial" for r in runs if r.info.status != "completed"]
+    notes = [
+        f"run {r.info.name!r} is {r.info.status}"
+        + (f" ({r.info.error})" if r.info.error else "")
+        + ": its data may be partial"
+        for r in runs
+        if r.info.status != "completed"
+    ]
     disturbed = [r.info.name for r in runs if r.info.quality == DISTURBED]
     if disturbed:
-        notes.append(f"disturbed: {', '.join(repr(n) for n in disturbed)} ran while other processes held the "
-                     f"CPU or GPU: a change against {'it' if len(disturbed) == 1 else 'them'} may be the load, "
-                     f"not the settings; rerun on a quiet machine")
+        notes.append(
+            f"disturbed: {', '.join(repr(n) for n in disturbed)} ran while other processes held the "
+            f"CPU or GPU: a change against {'it' if len(disturbed) == 1 else 'them'} may be the load, "
+            f"not the settings; rerun on a quiet machine"
+        )
     kinds = sorted({r.info.kind for r in runs})
     if len(kinds) > 1:
         notes.append(f"the runs are of different kinds ({', '.join(kinds)}): only shared metrics compare")
@@ -319,15 +349,18 @@ def _drift_note(runs: Sequence[StoredRun]) -> list[str]:
     gap = (starts[-1] - starts[0]).total_seconds()
     loads = [max_other_cores(r.result.metrics) for r in runs]
     load = ", ".join(f"{r.info.name!r} {'?' if c is None else f'{c:.2f}'}" for r, c in zip(runs, loads))
-    return [f"sequential: the runs were measured one after the other (started {gap / 60:.1f} min apart), not "
-            f"interleaved: the machine's speed drifts between runs ({DRIFT_SEEN_PCT} seen on a shared host) by "
-            f"more than a small change, so a change of that size may be drift, and drift may hide one "
-            f"(foreign CPU load, most cores busy during kept samples: {load}); measure small changes "
-            f"interleaved in one process: opscope bench SUITE ... --ab 'FLAGS'"]
+    return [
+        f"sequential: the runs were measured one after the other (started {gap / 60:.1f} min apart), not "
+        f"interleaved: the machine's speed drifts between runs ({DRIFT_SEEN_PCT} seen on a shared host) by "
+        f"more than a small change, so a change of that size may be drift, and drift may hide one "
+        f"(foreign CPU load, most cores busy during kept samples: {load}); measure small changes "
+        f"interleaved in one process: opscope bench SUITE ... --ab 'FLAGS'"
+    ]
 
 
-def compare(runs: Sequence[StoredRun], *, alpha: float = DEFAULT_ALPHA,
-            confidence: float = DEFAULT_CONFIDENCE) -> Comparison:
+def compare(
+    runs: Sequence[StoredRun], *, alpha: float = DEFAULT_ALPHA, confidence: float = DEFAULT_CONFIDENCE
+) -> Comparison:
     """Compare ``runs``; the first one is the baseline every change is measured against."""
     if len(runs) < 2:
         raise ConfigError(f"compare needs at least two runs, got {len(runs)}")
@@ -341,7 +374,9 @@ def compare(runs: Sequence[StoredRun], *, alpha: float = DEFAULT_ALPHA,
     return Comparison(
         runs=tuple(r.info for r in runs),
         sections=tuple(_section(unit, rows) for unit, rows in sections.items()),
-        differences=differences(runs), alpha=alpha, confidence=confidence,
+        differences=differences(runs),
+        alpha=alpha,
+        confidence=confidence,
         notes=_run_notes(runs) + tuple(_peak_notes(by_key)) + tuple(_drift_note(runs)),
         measurement="interleaved" if interleaved_pair(runs) else "sequential",
     )

@@ -1,4 +1,5 @@
 """Between the ORM rows and engine.results' dataclasses, and to the export formats."""
+
 from __future__ import annotations
 
 import csv
@@ -46,31 +47,44 @@ class StoredRun:
 
 def run_info(row: RunRow, metric_count: int | None = None) -> RunInfo:
     return RunInfo(
-        id=row.id, name=row.name, kind=row.kind, status=row.status,
-        tags=tuple(t.tag for t in row.tags), notes=row.notes or "",
-        created_at=row.created_at, finished_at=row.finished_at, error=row.error,
-        metric_count=len(row.metrics) if metric_count is None else metric_count, quality=row.quality,
+        id=row.id,
+        name=row.name,
+        kind=row.kind,
+        status=row.status,
+        tags=tuple(t.tag for t in row.tags),
+        notes=row.notes or "",
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+        error=row.error,
+        metric_count=len(row.metrics) if metric_count is None else metric_count,
+        quality=row.quality,
     )
 
 
 def metric_row(metric: Metric, position: int) -> MetricRow:
     return MetricRow(
-        position=position, name=metric.name, unit=metric.unit,
-        higher_is_better=bool(metric.higher_is_better), params=dict(metric.params),
-        status=metric.status, error=metric.error, samples=[float(v) for v in metric.samples],
-        quality=metric.quality, load=metric.load,
+        position=position,
+        name=metric.name,
+        unit=metric.unit,
+        higher_is_better=bool(metric.higher_is_better),
+        params=dict(metric.params),
+        status=metric.status,
+        error=metric.error,
+        samples=[float(v) for v in metric.samples],
+        quality=metric.quality,
+        load=metric.load,
     )
 
 
 def telemetry_row(series: TelemetrySeries) -> TelemetryRow:
-    return TelemetryRow(name=series.name, unit=series.unit, t_ns=[int(t) for t in series.t_ns],
-                        values=[float(v) for v in series.values])
+    return TelemetryRow(
+        name=series.name, unit=series.unit, t_ns=[int(t) for t in series.t_ns], values=[float(v) for v in series.values]
+    )
 
 
 def marker_row(marker: Any) -> MarkerRow:
     # engine.results.Marker or engine.markers.Marker: both have phase, edge, t_ns, attrs.
-    return MarkerRow(phase=marker.phase, edge=marker.edge, t_ns=int(marker.t_ns),
-                     attrs=dict(marker.attrs or {}))
+    return MarkerRow(phase=marker.phase, edge=marker.edge, t_ns=int(marker.t_ns), attrs=dict(marker.attrs or {}))
 
 
 def merged_telemetry(rows: list[TelemetryRow]) -> list[TelemetrySeries]:
@@ -85,14 +99,32 @@ def merged_telemetry(rows: list[TelemetryRow]) -> list[TelemetrySeries]:
 
 def run_result(row: RunRow) -> RunResult:
     return RunResult(
-        kind=row.kind, name=row.name, tags=[t.tag for t in row.tags], notes=row.notes or "",
-        settings=row.settings or {}, fingerprint=row.fingerprint or {},
-        metrics=[Metric(name=m.name, unit=m.unit, samples=list(m.samples), higher_is_better=m.higher_is_better,
-                        params=m.params or {}, status=m.status, error=m.error, quality=m.quality,
-                        load=m.load) for m in row.metrics],
+        kind=row.kind,
+        name=row.name,
+        tags=[t.tag for t in row.tags],
+        notes=row.notes or "",
+        settings=row.settings or {},
+        fingerprint=row.fingerprint or {},
+        metrics=[
+            Metric(
+                name=m.name,
+                unit=m.unit,
+                samples=list(m.samples),
+                higher_is_better=m.higher_is_better,
+                params=m.params or {},
+                status=m.status,
+                error=m.error,
+                quality=m.quality,
+                load=m.load,
+            )
+            for m in row.metrics
+        ],
         telemetry=merged_telemetry(row.telemetry),
         markers=[Marker(phase=m.phase, edge=m.edge, t_ns=m.t_ns, attrs=m.attrs or {}) for m in row.markers],
-        trace_summary=row.trace_summary, status=row.status, error=row.error, quality=row.quality,
+        trace_summary=row.trace_summary,
+        status=row.status,
+        error=row.error,
+        quality=row.quality,
     )
 
 
@@ -106,17 +138,35 @@ def export_dict(stored: StoredRun) -> dict:
 
     info, result = stored.info, stored.result
     return {
-        "format": EXPORT_FORMAT, "id": info.id, "name": info.name, "kind": info.kind,
-        "status": info.status, "quality": info.quality, "error": info.error, "tags": list(info.tags),
+        "format": EXPORT_FORMAT,
+        "id": info.id,
+        "name": info.name,
+        "kind": info.kind,
+        "status": info.status,
+        "quality": info.quality,
+        "error": info.error,
+        "tags": list(info.tags),
         "notes": info.notes,
-        "created_at": _iso(info.created_at), "finished_at": _iso(info.finished_at),
-        "settings": result.settings, "fingerprint": result.fingerprint,
-        "metrics": [{"name": m.name, "unit": m.unit, "higher_is_better": m.higher_is_better,
-                     "params": m.params, "status": m.status, "error": m.error, "samples": m.samples,
-                     "quality": m.quality, "load": m.load,
-                     "summary": summarize(m.samples).as_dict()} for m in result.metrics],
-        "telemetry": [{"name": t.name, "unit": t.unit, "t_ns": t.t_ns, "values": t.values}
-                      for t in result.telemetry],
+        "created_at": _iso(info.created_at),
+        "finished_at": _iso(info.finished_at),
+        "settings": result.settings,
+        "fingerprint": result.fingerprint,
+        "metrics": [
+            {
+                "name": m.name,
+                "unit": m.unit,
+                "higher_is_better": m.higher_is_better,
+                "params": m.params,
+                "status": m.status,
+                "error": m.error,
+                "samples": m.samples,
+                "quality": m.quality,
+                "load": m.load,
+                "summary": summarize(m.samples).as_dict(),
+            }
+            for m in result.metrics
+        ],
+        "telemetry": [{"name": t.name, "unit": t.unit, "t_ns": t.t_ns, "values": t.values} for t in result.telemetry],
         "markers": [{"phase": m.phase, "edge": m.edge, "t_ns": m.t_ns, "attrs": m.attrs} for m in result.markers],
         "trace_summary": result.trace_summary,
     }

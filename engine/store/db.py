@@ -3,6 +3,7 @@
 Any SQLAlchemy URL works. Without one: ``$OPSCOPE_DB`` if set, else ``runs.sqlite`` in
 ``platformdirs.user_data_dir("opscope")``. A bare file path is taken as a SQLite file.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,11 +13,10 @@ import warnings
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from opscope.engine.core.errors import StoreError
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SAWarning, SQLAlchemyError
-
-from opscope.engine.core.errors import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,9 @@ _PG_MIGRATION_LOCK_KEY = 0x0505C0BE  # advisory lock so two processes never migr
 PG_CONNECT_TIMEOUT_S = 10  # a host that drops packets would otherwise hang the command for minutes
 # What SQLAlchemy's pysqlite dialect takes from the URL's query, and what SQLite's own URI form takes
 # (https://sqlite.org/uri.html): the latter only reach SQLite with uri=true, which we add.
-_PYSQLITE_KEYS = frozenset(("uri", "timeout", "isolation_level", "detect_types", "check_same_thread",
-                            "cached_statements"))
+_PYSQLITE_KEYS = frozenset(
+    ("uri", "timeout", "isolation_level", "detect_types", "check_same_thread", "cached_statements")
+)
 _SQLITE_URI_KEYS = frozenset(("mode", "cache", "immutable", "nolock", "psow", "vfs", "modeof"))
 URL_FORMS = "a file path, sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE"
 
@@ -67,8 +68,9 @@ class StoreMissingError(StoreError):
 
     def __init__(self, path: Path):
         self.path = path
-        super().__init__(f"no run store at {path} yet (nothing saved there): `opscope bench SUITE` creates it, "
-                         f"or pass --db")
+        super().__init__(
+            f"no run store at {path} yet (nothing saved there): `opscope bench SUITE` creates it, or pass --db"
+        )
 
 
 def location(url: str) -> str:
@@ -92,26 +94,34 @@ def missing_sqlite_file(url: str) -> Path | None:
 # The database's own words for the failures people meet → what to do about them.
 _HINTS = (
     ("readonly database", "the file is read-only: make it writable or pass another --db"),
-    ("unable to open database file", "cannot open or create the file: its folder must exist and be writable; "
-                                     "or pass another --db"),
-    ("file is not a database", "the file is not a SQLite database, or is corrupt: move it away (a new store "
-                               "is then created) or pass another --db"),
+    (
+        "unable to open database file",
+        "cannot open or create the file: its folder must exist and be writable; or pass another --db",
+    ),
+    (
+        "file is not a database",
+        "the file is not a SQLite database, or is corrupt: move it away (a new store "
+        "is then created) or pass another --db",
+    ),
     ("malformed", "the database is corrupt: move it away (a new store is then created) or pass another --db"),
     ("disk is full", "the disk is full (or a file-size limit was reached): free some space and retry"),
-    ("disk i/o error", "the disk failed to read or write it (full, or a file-size limit?): free some space "
-                       "and retry"),
+    ("disk i/o error", "the disk failed to read or write it (full, or a file-size limit?): free some space and retry"),
     ("database is locked", "another process holds it locked: retry when it is done"),
     ("password authentication failed", "wrong user name or password: check USER:PASSWORD in --db"),
     ("no password supplied", "the server asks for a password: give it in --db (USER:PASSWORD@HOST) or ~/.pgpass"),
-    (r'(database|role) "[^"]*" does not exist', "no such database or user on the server: create it "
-                                                "(createdb NAME) or check --db"),
-    ("connection refused", "no PostgreSQL server answers at that host and port: start it or check HOST:PORT "
-                           "in --db"),
+    (
+        r'(database|role) "[^"]*" does not exist',
+        "no such database or user on the server: create it (createdb NAME) or check --db",
+    ),
+    ("connection refused", "no PostgreSQL server answers at that host and port: start it or check HOST:PORT in --db"),
     ("resolve host", "unknown host name: check HOST in --db"),
     ("translate host name", "unknown host name: check HOST in --db"),
     ("invalid port", "the port must be a number in 1…65535: check PORT in --db"),
-    ("timeout expired", f"no answer from the server within {PG_CONNECT_TIMEOUT_S} s: check HOST:PORT in --db "
-                        f"and that a firewall lets it through"),
+    (
+        "timeout expired",
+        f"no answer from the server within {PG_CONNECT_TIMEOUT_S} s: check HOST:PORT in --db "
+        f"and that a firewall lets it through",
+    ),
 )
 
 
@@ -157,8 +167,9 @@ def _sqlite_file(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite":
         return None
     if parsed.host or parsed.username or parsed.port:
-        raise ArgumentError("a SQLite URL names no host: sqlite:////ABSOLUTE/PATH (4 slashes) or "
-                            "sqlite:///RELATIVE/PATH")
+        raise ArgumentError(
+            "a SQLite URL names no host: sqlite:////ABSOLUTE/PATH (4 slashes) or sqlite:///RELATIVE/PATH"
+        )
     if parsed.database in (None, "", ":memory:"):
         return None
     name = parsed.database
@@ -180,17 +191,18 @@ def sqlite_driver_url(url: str) -> str:
     parsed = make_url(url)
     unknown = sorted(set(parsed.query) - _PYSQLITE_KEYS - _SQLITE_URI_KEYS)
     if unknown:
-        raise StoreError(f"cannot open run database {display_url(url)}: unknown SQLite URL option "
-                         f"{unknown[0]!r}: use "
-                         f"{', '.join(sorted(_SQLITE_URI_KEYS | _PYSQLITE_KEYS - {'uri'}))}")
+        raise StoreError(
+            f"cannot open run database {display_url(url)}: unknown SQLite URL option "
+            f"{unknown[0]!r}: use "
+            f"{', '.join(sorted(_SQLITE_URI_KEYS | _PYSQLITE_KEYS - {'uri'}))}"
+        )
     if not set(parsed.query) & _SQLITE_URI_KEYS or _is_true(parsed.query.get("uri")):
         return url
     path = _sqlite_file(url)
     if path is None:  # in memory: SQLite's URI options mean nothing there
         kept = {k: v for k, v in parsed.query.items() if k in _PYSQLITE_KEYS}
         return parsed.set(query=kept).render_as_string(hide_password=False)
-    uri = parsed.set(database=f"file:{quote(str(path.absolute()))}",
-                     query={**parsed.query, "uri": "true"})
+    uri = parsed.set(database=f"file:{quote(str(path.absolute()))}", query={**parsed.query, "uri": "true"})
     return uri.render_as_string(hide_password=False)
 
 
@@ -223,8 +235,9 @@ def create_db_engine(url: str, create: bool = True) -> Engine:
         parsed = make_url(url)
         sqlite_path = _sqlite_file(url)
     except (ArgumentError, ValueError) as e:
-        raise StoreError(f"cannot open run database {display_url(url)}: not a database URL ({e}): "
-                         f"use {URL_FORMS}") from e
+        raise StoreError(
+            f"cannot open run database {display_url(url)}: not a database URL ({e}): use {URL_FORMS}"
+        ) from e
     is_sqlite = parsed.get_backend_name() == "sqlite"
     if sqlite_path is not None:
         _prepare_sqlite_file(url, sqlite_path, create)
@@ -233,8 +246,9 @@ def create_db_engine(url: str, create: bool = True) -> Engine:
 
 def _prepare_sqlite_file(url: str, path: Path, create: bool) -> None:
     if path.is_dir():
-        raise StoreError(f"run store {path}: is a folder, not a SQLite file: pass a file in it, e.g. "
-                         f"--db {path / DB_FILE_NAME}")
+        raise StoreError(
+            f"run store {path}: is a folder, not a SQLite file: pass a file in it, e.g. --db {path / DB_FILE_NAME}"
+        )
     if path.exists():
         return
     if not create:
@@ -260,15 +274,19 @@ def _engine(url: str, parsed, is_sqlite: bool, is_file: bool) -> Engine:
             warnings.simplefilter("always", SAWarning)
             engine = create_engine(url, connect_args=connect_args)
     except NoSuchModuleError as e:
-        raise StoreError(f"cannot open run database {where}: unknown database kind {parsed.drivername!r}: "
-                         f"use {URL_FORMS}") from e
+        raise StoreError(
+            f"cannot open run database {where}: unknown database kind {parsed.drivername!r}: use {URL_FORMS}"
+        ) from e
     except ImportError as e:
-        raise StoreError(f"cannot open run database {where}: the driver for {parsed.drivername} is not "
-                         f"installed ({e}): install it, "
-                         f"or use {URL_FORMS}") from e
+        raise StoreError(
+            f"cannot open run database {where}: the driver for {parsed.drivername} is not "
+            f"installed ({e}): install it, "
+            f"or use {URL_FORMS}"
+        ) from e
     except (ArgumentError, SQLAlchemyError, TypeError, ValueError) as e:
-        raise StoreError(f"cannot open run database {where}: not a usable URL ({' '.join(str(e).split())}): "
-                         f"use {URL_FORMS}") from e
+        raise StoreError(
+            f"cannot open run database {where}: not a usable URL ({' '.join(str(e).split())}): use {URL_FORMS}"
+        ) from e
     for w in said:
         log.debug("run store %s: %s", where, w.message)
     if is_sqlite:
@@ -327,5 +345,7 @@ def _unknown_schema(engine: Engine, e: Exception) -> StoreError:
     found = re.search(r"revision identified by '([^']+)'", str(e))
     newer = f"its schema (revision {found.group(1)}) is newer than" if found else "its schema is not one"
     log.debug("run store %s: migration failed", display_url(str(engine.url)), exc_info=e)
-    return StoreError(f"run store {location(str(engine.url))}: {newer} this OpScope knows "
-                      f"(up to {head_revision()}): upgrade OpScope or use another --db")
+    return StoreError(
+        f"run store {location(str(engine.url))}: {newer} this OpScope knows "
+        f"(up to {head_revision()}): upgrade OpScope or use another --db"
+    )

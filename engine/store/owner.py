@@ -3,6 +3,7 @@
 A run left ``running`` is aborted on the next open only when its writer is known dead: the GUI's
 engine worker and a CLI benchmark may share one database, and neither may abort the other's live run.
 """
+
 from __future__ import annotations
 
 import logging

@@ -5,6 +5,7 @@ their local store and pushes the runs worth keeping. A run keeps its name, statu
 metrics, telemetry and markers. Names are unique per store, so a run whose name the target already
 holds is skipped (pushing twice is harmless); a run still being written is skipped too.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,8 +36,9 @@ def push_runs(source, refs, target) -> PushReport:
     """Copy the runs ``refs`` (ids or names; empty = every finished run) of the open store ``source``
     into the open store ``target``."""
     if source.url == target.url:
-        raise ConfigError(f"the target store {target.display_url} is the store the runs come from; "
-                          f"name another one with --to")
+        raise ConfigError(
+            f"the target store {target.display_url} is the store the runs come from; name another one with --to"
+        )
     ids = [source.resolve(r) for r in refs] if refs else [i.id for i in reversed(source.list())]
     report = PushReport(target.display_url)
     for run_id in dict.fromkeys(ids):

@@ -6,24 +6,24 @@ the next open, runs whose writing process has died are marked ``aborted`` (see e
 
 Runs are addressed by id (int, or a string of digits) or by their unique name.
 """
+
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import Engine, func, select
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
-
-from opscope.engine.core.results import RUN_NAME_MAX_CHARS
 from opscope.engine.core.errors import ConfigError, RunNotFoundError, StoreError
-from opscope.engine.core.results import Metric, RunResult, TelemetrySeries
+from opscope.engine.core.results import RUN_NAME_MAX_CHARS, Metric, RunResult, TelemetrySeries
 from opscope.engine.store import convert, db, owner
 from opscope.engine.store.convert import RunInfo, StoredRun
 from opscope.engine.store.schema import RUN_STATUSES, MetricRow, RunRow, TagRow
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ _FINAL_STATUSES = tuple(s for s in RUN_STATUSES if s != "running")
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _quality(metrics) -> str | None:
@@ -44,8 +44,9 @@ def _quality(metrics) -> str | None:
 
 def validate_name(name: str) -> str:
     if not name or name != name.strip() or len(name) > RUN_NAME_MAX_CHARS:
-        raise ConfigError(f"run name {name!r} is not valid: use 1-{RUN_NAME_MAX_CHARS} characters, "
-                          f"no leading or trailing spaces")
+        raise ConfigError(
+            f"run name {name!r} is not valid: use 1-{RUN_NAME_MAX_CHARS} characters, no leading or trailing spaces"
+        )
     if name.isdigit():
         raise ConfigError(f"run name {name!r} is all digits and would read as a run id; add a letter")
     return name
@@ -142,19 +143,29 @@ class RunStore:
                 if not isinstance(e.__cause__, IntegrityError) or self._find_id(name) is None:
                     raise
                 if explicit:
-                    raise ConfigError(f"a run named {name!r} already exists in {self.display_url}; "
-                                      f"choose another --name or rename the old run") from e
+                    raise ConfigError(
+                        f"a run named {name!r} already exists in {self.display_url}; "
+                        f"choose another --name or rename the old run"
+                    ) from e
         raise StoreError(f"could not find a free run name after {base!r}-99; name the run explicitly")
 
     def _insert_named(self, result: RunResult, status: str, name: str) -> int:
         me = owner.current_owner() if status == "running" else None
         row = RunRow(
-            name=name, kind=result.kind, status=status, notes=result.notes or "", error=result.error,
+            name=name,
+            kind=result.kind,
+            status=status,
+            notes=result.notes or "",
+            error=result.error,
             created_at=result.started_at or _now(),
             finished_at=None if status == "running" else result.finished_at or _now(),
-            settings=dict(result.settings), fingerprint=dict(result.fingerprint),
-            owner_host=me and me.host, owner_pid=me and me.pid, owner_started_s=me and me.started_s,
-            trace_summary=result.trace_summary, quality=None if status == "running" else _quality(result.metrics),
+            settings=dict(result.settings),
+            fingerprint=dict(result.fingerprint),
+            owner_host=me and me.host,
+            owner_pid=me and me.pid,
+            owner_started_s=me and me.started_s,
+            trace_summary=result.trace_summary,
+            quality=None if status == "running" else _quality(result.metrics),
             tags=[TagRow(tag=t) for t in dict.fromkeys(result.tags)],
             metrics=[convert.metric_row(m, i) for i, m in enumerate(result.metrics)],
             telemetry=[convert.telemetry_row(t) for t in result.telemetry],
@@ -229,8 +240,10 @@ class RunStore:
                 who = owner.Owner(row.owner_host, row.owner_pid, row.owner_started_s) if row.owner_pid else None
                 if owner.is_alive(who) is False:
                     row.status, row.finished_at = "aborted", _now()
-                    row.error = (f"the process writing this run (pid {row.owner_pid} on {row.owner_host}) "
-                                 f"ended without finishing it")
+                    row.error = (
+                        f"the process writing this run (pid {row.owner_pid} on {row.owner_host}) "
+                        f"ended without finishing it"
+                    )
                     aborted.append(row.id)
         for run_id in aborted:
             log.warning("run %d was left running by a process that died; marked aborted", run_id)
@@ -248,12 +261,14 @@ class RunStore:
             with self._transaction(f"look up run {ref}") as s:
                 if s.get(RunRow, int(ref)) is not None:
                     return int(ref)
-            raise RunNotFoundError(f"no saved run with id {ref} in {self.display_url} "
-                                   f"(`opscope runs list` shows the saved runs)")
+            raise RunNotFoundError(
+                f"no saved run with id {ref} in {self.display_url} (`opscope runs list` shows the saved runs)"
+            )
         run_id = self._find_id(ref)
         if run_id is None:
-            raise RunNotFoundError(f"no saved run named {ref!r} in {self.display_url} "
-                                   f"(`opscope runs list` shows the saved runs)")
+            raise RunNotFoundError(
+                f"no saved run named {ref!r} in {self.display_url} (`opscope runs list` shows the saved runs)"
+            )
         return run_id
 
     def load(self, ref: RunRef) -> StoredRun:
@@ -270,13 +285,22 @@ class RunStore:
         with self._transaction(f"read run {ref}") as s:
             return convert.run_info(s.get(RunRow, run_id))
 
-    def list(self, *, kind: str | None = None, status: str | None = None, tag: str | None = None,
-             name_contains: str | None = None, limit: int | None = None) -> list[RunInfo]:
+    def list(
+        self,
+        *,
+        kind: str | None = None,
+        status: str | None = None,
+        tag: str | None = None,
+        name_contains: str | None = None,
+        limit: int | None = None,
+    ) -> list[RunInfo]:
         """Runs matching every filter given, newest first."""
-        counts = (select(MetricRow.run_id, func.count(MetricRow.id).label("n"))
-                  .group_by(MetricRow.run_id).subquery())
-        query = (select(RunRow, func.coalesce(counts.c.n, 0)).outerjoin(counts, counts.c.run_id == RunRow.id)
-                 .order_by(RunRow.created_at.desc(), RunRow.id.desc()))
+        counts = select(MetricRow.run_id, func.count(MetricRow.id).label("n")).group_by(MetricRow.run_id).subquery()
+        query = (
+            select(RunRow, func.coalesce(counts.c.n, 0))
+            .outerjoin(counts, counts.c.run_id == RunRow.id)
+            .order_by(RunRow.created_at.desc(), RunRow.id.desc())
+        )
         if kind:
             query = query.where(RunRow.kind == kind)
         if status:

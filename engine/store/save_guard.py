@@ -7,12 +7,14 @@ sink, prints its results table, and only then reports the save error (one line, 
     summary_table(result, run_id if saved(store) else None)
     raise_unsaved(store)
 """
+
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from opscope.engine.core.errors import StoreError
 

@@ -7,10 +7,11 @@ on every backend. Anything a user filters on (name, kind, status, tags, time) is
 
 Every change here needs a migration in engine/store/migrations/versions (tests compare the two).
 """
+
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
@@ -52,10 +53,10 @@ class UTCDateTime(TypeDecorator):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to the run store; use an aware one")
-        return value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value.astimezone(UTC).replace(tzinfo=None)
 
     def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
-        return None if value is None else value.replace(tzinfo=timezone.utc)
+        return None if value is None else value.replace(tzinfo=UTC)
 
 
 class Base(DeclarativeBase):
@@ -85,14 +86,16 @@ class RunRow(Base):
     # worst of its metrics' quality (engine.bench.quality); NULL for runs saved before it existed
     quality: Mapped[str | None] = mapped_column(String(20), nullable=True)
 
-    tags: Mapped[list[TagRow]] = relationship(cascade="all, delete-orphan", passive_deletes=True,
-                                              order_by="TagRow.tag")
-    metrics: Mapped[list[MetricRow]] = relationship(cascade="all, delete-orphan", passive_deletes=True,
-                                                    order_by="MetricRow.position")
-    telemetry: Mapped[list[TelemetryRow]] = relationship(cascade="all, delete-orphan", passive_deletes=True,
-                                                         order_by="TelemetryRow.id")
-    markers: Mapped[list[MarkerRow]] = relationship(cascade="all, delete-orphan", passive_deletes=True,
-                                                    order_by="MarkerRow.id")
+    tags: Mapped[list[TagRow]] = relationship(cascade="all, delete-orphan", passive_deletes=True, order_by="TagRow.tag")
+    metrics: Mapped[list[MetricRow]] = relationship(
+        cascade="all, delete-orphan", passive_deletes=True, order_by="MetricRow.position"
+    )
+    telemetry: Mapped[list[TelemetryRow]] = relationship(
+        cascade="all, delete-orphan", passive_deletes=True, order_by="TelemetryRow.id"
+    )
+    markers: Mapped[list[MarkerRow]] = relationship(
+        cascade="all, delete-orphan", passive_deletes=True, order_by="MarkerRow.id"
+    )
 
 
 class TagRow(Base):

@@ -1,14 +1,16 @@
 """Plain-text views of saved runs for the CLI: the run list and one run in detail."""
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from opscope.engine.bench.ceilings.utilisation import PEAK_PARAMS, over_ceiling, unit_label
 from opscope.engine.bench.measure.quality import DISTURBED, LEGEND, run_summary
 from opscope.engine.bench.measure.stats import PERCENTILE_METHOD, summarize
-from opscope.engine.store.convert import RunInfo, StoredRun
-from opscope.engine.bench.ceilings.utilisation import PEAK_PARAMS, over_ceiling, unit_label
-from opscope.engine.store.render import align_columns, fmt_value
 from opscope.engine.core.units import display_scale
+from opscope.engine.store.convert import RunInfo, StoredRun
+from opscope.engine.store.render import align_columns, fmt_value
 
 
 def _duration(info: RunInfo) -> str:
@@ -23,8 +25,19 @@ def list_text(runs: Sequence[RunInfo]) -> str:
         return "no saved runs\n"
     lines = [["id", "name", "kind", "status", "quality", "created (UTC)", "duration", "metrics", "tags"]]
     for r in runs:
-        lines.append([str(r.id), r.name, r.kind, r.status, r.quality or "—", f"{r.created_at:%Y-%m-%d %H:%M:%S}",
-                      _duration(r), str(r.metric_count), ", ".join(r.tags)])
+        lines.append(
+            [
+                str(r.id),
+                r.name,
+                r.kind,
+                r.status,
+                r.quality or "—",
+                f"{r.created_at:%Y-%m-%d %H:%M:%S}",
+                _duration(r),
+                str(r.metric_count),
+                ", ".join(r.tags),
+            ]
+        )
     out = align_columns(lines)
     if any(r.quality for r in runs):
         out.append(LEGEND)
@@ -32,11 +45,22 @@ def list_text(runs: Sequence[RunInfo]) -> str:
 
 
 def list_dicts(runs: Sequence[RunInfo]) -> list[dict[str, Any]]:
-    return [{"id": r.id, "name": r.name, "kind": r.kind, "status": r.status, "quality": r.quality,
-             "tags": list(r.tags),
-             "created_at": r.created_at.isoformat(),
-             "finished_at": r.finished_at.isoformat() if r.finished_at else None,
-             "metric_count": r.metric_count, "error": r.error, "notes": r.notes} for r in runs]
+    return [
+        {
+            "id": r.id,
+            "name": r.name,
+            "kind": r.kind,
+            "status": r.status,
+            "quality": r.quality,
+            "tags": list(r.tags),
+            "created_at": r.created_at.isoformat(),
+            "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+            "metric_count": r.metric_count,
+            "error": r.error,
+            "notes": r.notes,
+        }
+        for r in runs
+    ]
 
 
 def _metric_lines(run: StoredRun) -> list[list[str]]:
@@ -47,14 +71,40 @@ def _metric_lines(run: StoredRun) -> list[list[str]]:
         label = m.name + (f" [{', '.join(f'{k}={v}' for k, v in sorted(shown.items()))}]" if shown else "")
         problem = over_ceiling(m) if m.status == "ok" else None
         if m.status != "ok" or s.n == 0 or problem:
-            lines.append([label, unit_label(m), str(s.n), "", "", "", "", "", "",
-                          problem or f"failed: {m.error or 'no samples'}", ""])
+            lines.append(
+                [
+                    label,
+                    unit_label(m),
+                    str(s.n),
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    problem or f"failed: {m.error or 'no samples'}",
+                    "",
+                ]
+            )
             continue
         scale, unit = display_scale(m.unit, s.median)  # bytes in KiB/MiB/GiB; raw in exports
         unit = unit if scale != 1.0 else unit_label(m)
         v = [fmt_value(x / scale) for x in (s.median, s.ci_low, s.ci_high, s.p5, s.p95, s.p99)]
-        lines.append([label, unit, str(s.n), v[0], f"{v[1]} … {v[2]}", v[3], v[4], v[5],
-                      f"{s.noise_pct:.1f}%" + (" noisy" if s.noisy else ""), "ok", _quality_cell(m)])
+        lines.append(
+            [
+                label,
+                unit,
+                str(s.n),
+                v[0],
+                f"{v[1]} … {v[2]}",
+                v[3],
+                v[4],
+                v[5],
+                f"{s.noise_pct:.1f}%" + (" noisy" if s.noisy else ""),
+                "ok",
+                _quality_cell(m),
+            ]
+        )
     return lines
 
 
@@ -79,10 +129,14 @@ def _flat_lines(title: str, data: dict[str, Any], prefix: str = "") -> list[str]
 
 def show_text(run: StoredRun) -> str:
     info, result = run.info, run.result
-    out = [f"run #{info.id} {info.name}", f"  kind: {info.kind}", f"  status: {info.status}"
-           + (f" ({info.error})" if info.error else ""),
-           "  " + (run_summary(result.metrics, info.quality) if info.quality else "run quality: unknown"),
-           f"  created: {info.created_at:%Y-%m-%d %H:%M:%S} UTC" + (f", took {_duration(info)}" if info.finished_at else "")]
+    out = [
+        f"run #{info.id} {info.name}",
+        f"  kind: {info.kind}",
+        f"  status: {info.status}" + (f" ({info.error})" if info.error else ""),
+        "  " + (run_summary(result.metrics, info.quality) if info.quality else "run quality: unknown"),
+        f"  created: {info.created_at:%Y-%m-%d %H:%M:%S} UTC"
+        + (f", took {_duration(info)}" if info.finished_at else ""),
+    ]
     if info.tags:
         out.append(f"  tags: {', '.join(info.tags)}")
     if info.notes:

@@ -9,6 +9,7 @@ on the engine clock, with the engine's phase markers on the same axis.
 
 See docs/telemetry.md.
 """
+
 from opscope.engine.telemetry.base import NA, Snapshot, Source, to_float
 from opscope.engine.telemetry.export import CsvSink, read_json, to_json_dict, write_csv, write_json
 from opscope.engine.telemetry.recorder import Recorder
@@ -17,7 +18,22 @@ from opscope.engine.telemetry.sources import default_sources
 from opscope.engine.telemetry.summary import PhaseSummary, SeriesSummary, pair_phases, summarize
 
 __all__ = [
-    "NA", "Snapshot", "Source", "to_float", "CsvSink", "read_json", "to_json_dict", "write_csv",
-    "write_json", "Recorder", "Sampler", "MIN_INTERVAL_MS", "MAX_INTERVAL_MS", "default_sources",
-    "PhaseSummary", "SeriesSummary", "pair_phases", "summarize",
+    "NA",
+    "Snapshot",
+    "Source",
+    "to_float",
+    "CsvSink",
+    "read_json",
+    "to_json_dict",
+    "write_csv",
+    "write_json",
+    "Recorder",
+    "Sampler",
+    "MIN_INTERVAL_MS",
+    "MAX_INTERVAL_MS",
+    "default_sources",
+    "PhaseSummary",
+    "SeriesSummary",
+    "pair_phases",
+    "summarize",
 ]

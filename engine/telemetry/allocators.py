@@ -4,11 +4,13 @@ Both are per-process, so they only mean something in the process that runs the m
 worker). They never import their framework: importing torch costs seconds and would only report
 an empty allocator; the source is available once the framework is already imported here.
 """
+
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opscope.engine.telemetry.base import LogOnce, Source, to_float
 
@@ -29,15 +31,21 @@ class TorchCudaSource(Source):
     def _open(self) -> None:
         torch = sys.modules.get("torch")
         if torch is None:
-            self._unavailable("torch is not imported in this process (its allocator is per-process)",
-                              missing_package=True)
+            self._unavailable(
+                "torch is not imported in this process (its allocator is per-process)", missing_package=True
+            )
             return
         if not torch.cuda.is_available():
             self._unavailable("torch sees no CUDA device")
             return
         self._cuda, self._n = torch.cuda, torch.cuda.device_count()
-        self._ready({f"torch.cuda{i}.{k}": "bytes" for i in range(self._n)
-                     for k in ("allocated_bytes", "reserved_bytes", "peak_bytes")})
+        self._ready(
+            {
+                f"torch.cuda{i}.{k}": "bytes"
+                for i in range(self._n)
+                for k in ("allocated_bytes", "reserved_bytes", "peak_bytes")
+            }
+        )
 
     def _sample(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -62,8 +70,9 @@ class MlxSource(Source):
     def _open(self) -> None:
         mx = sys.modules.get("mlx.core")
         if mx is None:
-            self._unavailable("mlx is not imported in this process (its allocator is per-process)",
-                              missing_package=True)
+            self._unavailable(
+                "mlx is not imported in this process (its allocator is per-process)", missing_package=True
+            )
             return
         for key in ("active", "peak", "cache"):
             # mlx >= 0.24 has mx.get_*_memory; older releases only mx.metal.get_*_memory.
@@ -85,6 +94,11 @@ def _read(fn: Callable[..., Any], *args: Any) -> float:
     try:
         return to_float(fn(*args))
     except Exception as e:  # a counter that fails reads NaN; telemetry never raises
-        _once((getattr(fn, "__name__", repr(fn)), type(e).__name__), logging.WARNING,
-              "allocator telemetry: %s failed: %s", getattr(fn, "__name__", fn), e)
+        _once(
+            (getattr(fn, "__name__", repr(fn)), type(e).__name__),
+            logging.WARNING,
+            "allocator telemetry: %s failed: %s",
+            getattr(fn, "__name__", fn),
+            e,
+        )
         return float("nan")

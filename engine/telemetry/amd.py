@@ -5,6 +5,7 @@ report (amdsmi itself returns the string "N/A" for some of them), failures logge
 against the amdsmi 7.0 Python API (units: VRAM in MB, power in W, clocks in MHz, temperature in
 degrees C); not yet checked on AMD hardware.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,9 +19,16 @@ _once = LogOnce(log)
 _MB = 1024 * 1024
 
 AMD_FIELDS = {
-    "util_pct": "%", "mem_util_pct": "%", "mem_used_bytes": "bytes", "mem_total_bytes": "bytes",
-    "power_w": "W", "power_limit_w": "W", "temp_c": "C", "sm_clock_mhz": "MHz",
-    "mem_clock_mhz": "MHz", "proc_mem_bytes": "bytes",
+    "util_pct": "%",
+    "mem_util_pct": "%",
+    "mem_used_bytes": "bytes",
+    "mem_total_bytes": "bytes",
+    "power_w": "W",
+    "power_limit_w": "W",
+    "temp_c": "C",
+    "sm_clock_mhz": "MHz",
+    "mem_clock_mhz": "MHz",
+    "proc_mem_bytes": "bytes",
 }
 
 
@@ -83,13 +91,17 @@ class AmdSmiSource(Source):
         gfx = self._query("amdsmi_get_clock_info", h, smi.AmdSmiClkType.GFX) or {}
         mem = self._query("amdsmi_get_clock_info", h, smi.AmdSmiClkType.MEM) or {}
         return {
-            "util_pct": activity.get("gfx_activity", NA), "mem_util_pct": activity.get("umc_activity", NA),
+            "util_pct": activity.get("gfx_activity", NA),
+            "mem_util_pct": activity.get("umc_activity", NA),
             "mem_used_bytes": _times(vram.get("vram_used", NA), _MB),
             "mem_total_bytes": _times(vram.get("vram_total", NA), _MB),
-            "power_w": _power(power), "power_limit_w": power.get("power_limit", NA),
-            "temp_c": self._query("amdsmi_get_temp_metric", h, smi.AmdSmiTemperatureType.EDGE,
-                                  smi.AmdSmiTemperatureMetric.CURRENT),
-            "sm_clock_mhz": gfx.get("clk", NA), "mem_clock_mhz": mem.get("clk", NA),
+            "power_w": _power(power),
+            "power_limit_w": power.get("power_limit", NA),
+            "temp_c": self._query(
+                "amdsmi_get_temp_metric", h, smi.AmdSmiTemperatureType.EDGE, smi.AmdSmiTemperatureMetric.CURRENT
+            ),
+            "sm_clock_mhz": gfx.get("clk", NA),
+            "mem_clock_mhz": mem.get("clk", NA),
             "proc_mem_bytes": self._proc_mem(h),
         }
 

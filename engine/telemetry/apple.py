@@ -9,13 +9,13 @@ included, which RSS misses on unified memory) and the system's memory-pressure l
 macOS only; elsewhere the source is unavailable and says so (N/A). MLX's own allocator counters
 (``mx.get_active_memory``...) are the ``mlx`` source (engine.telemetry.allocators).
 """
-from __future__ import annotations
 
-from typing import Any
+from __future__ import annotations
 
 import ctypes
 import os
 import sys
+from typing import Any
 
 from opscope.engine.telemetry.base import Source
 
@@ -25,14 +25,29 @@ PRESSURE_SYSCTL = b"kern.memorystatus_vm_pressure_level"
 
 class _RusageInfoV2(ctypes.Structure):
     # <sys/resource.h> struct rusage_info_v2, up to ri_phys_footprint and the fields after it
-    _fields_ = ([("ri_uuid", ctypes.c_uint8 * 16)]
-                + [(n, ctypes.c_uint64) for n in (
-                    "ri_user_time", "ri_system_time", "ri_pkg_idle_wkups", "ri_interrupt_wkups",
-                    "ri_pageins", "ri_wired_size", "ri_resident_size", "ri_phys_footprint",
-                    "ri_proc_start_abstime", "ri_proc_exit_abstime", "ri_child_user_time",
-                    "ri_child_system_time", "ri_child_pkg_idle_wkups", "ri_child_interrupt_wkups",
-                    "ri_child_pageins", "ri_child_elapsed_abstime", "ri_diskio_bytesread",
-                    "ri_diskio_byteswritten")])
+    _fields_ = [("ri_uuid", ctypes.c_uint8 * 16)] + [
+        (n, ctypes.c_uint64)
+        for n in (
+            "ri_user_time",
+            "ri_system_time",
+            "ri_pkg_idle_wkups",
+            "ri_interrupt_wkups",
+            "ri_pageins",
+            "ri_wired_size",
+            "ri_resident_size",
+            "ri_phys_footprint",
+            "ri_proc_start_abstime",
+            "ri_proc_exit_abstime",
+            "ri_child_user_time",
+            "ri_child_system_time",
+            "ri_child_pkg_idle_wkups",
+            "ri_child_interrupt_wkups",
+            "ri_child_pageins",
+            "ri_child_elapsed_abstime",
+            "ri_diskio_bytesread",
+            "ri_diskio_byteswritten",
+        )
+    ]
 
 
 class AppleMemorySource(Source):
@@ -46,8 +61,10 @@ class AppleMemorySource(Source):
 
     def _open(self) -> None:
         if sys.platform != "darwin":
-            self._unavailable(f"process footprint and memory pressure: N/A on {sys.platform} "
-                              f"(macOS kernel counters; RSS is in the host series)")
+            self._unavailable(
+                f"process footprint and memory pressure: N/A on {sys.platform} "
+                f"(macOS kernel counters; RSS is in the host series)"
+            )
             return
         self._libproc = ctypes.CDLL("/usr/lib/libproc.dylib", use_errno=True)
         self._libc = ctypes.CDLL(None, use_errno=True)

@@ -3,13 +3,15 @@
 A source never raises into its caller (nvitop's habit): a field the hardware or driver does not
 report is ``NA`` at the query layer and NaN in series, and the reason is logged once.
 """
+
 from __future__ import annotations
 
 import logging
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +121,7 @@ class Source:
         self.available = False
 
     def status(self) -> str:
-        """"ok" or why the source (or part of it) is not sampled."""
+        """ "ok" or why the source (or part of it) is not sampled."""
         return "ok" if self.available else self.reason
 
     def _ready(self, units: dict[str, str]) -> None:

@@ -13,15 +13,17 @@ A meter's ``read()`` gives joules on a monotonic counter, or None; ``span()`` st
 whose ``joules()`` is the energy since. The whole package or board is counted, other processes
 included: J/token is what the machine spent while this ran.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ class Meter:
     def read(self) -> float | None:
         return None
 
-    def span(self) -> "Span":
+    def span(self) -> Span:
         return Span(self)
 
     def close(self) -> None:
@@ -89,15 +91,19 @@ class RaplMeter(Meter):
     def _open(self) -> tuple[bool, str]:
         packages = sorted(p for p in self.root.glob("intel-rapl:*") if p.name.count(":") == 1)
         if not packages:
-            return False, (f"no RAPL energy counters ({self.root}/intel-rapl:* absent: a VM or a CPU "
-                           f"without RAPL); CPU energy is N/A")
+            return False, (
+                f"no RAPL energy counters ({self.root}/intel-rapl:* absent: a VM or a CPU "
+                f"without RAPL); CPU energy is N/A"
+            )
         for p in packages:
             try:
                 uj = int((p / "energy_uj").read_text())
-                wrap = int((p / "max_energy_range_uj").read_text()) if (p / "max_energy_range_uj").exists() else 2 ** 32
+                wrap = int((p / "max_energy_range_uj").read_text()) if (p / "max_energy_range_uj").exists() else 2**32
             except PermissionError:
-                return False, (f"{p}/energy_uj is readable by root only (Linux ≥ 5.10); run as root or "
-                               f"`sudo chmod o+r {self.root}/intel-rapl:*/energy_uj`")
+                return False, (
+                    f"{p}/energy_uj is readable by root only (Linux ≥ 5.10); run as root or "
+                    f"`sudo chmod o+r {self.root}/intel-rapl:*/energy_uj`"
+                )
             except (OSError, ValueError) as e:
                 return False, f"cannot read {p}/energy_uj: {e}"
             name = (p / "name").read_text().strip() if (p / "name").exists() else p.name
@@ -123,8 +129,14 @@ class NvmlEnergyMeter(Meter):
     """One NVIDIA GPU through engine.telemetry.nvml's wrapper: the total-energy counter, else
     integrated power."""
 
-    def __init__(self, nvml_index: int, nvml: Any = None, period_s: float = POWER_PERIOD_S,
-                 clock: Callable[[], float] = time.monotonic, uuid: str | None = None) -> None:
+    def __init__(
+        self,
+        nvml_index: int,
+        nvml: Any = None,
+        period_s: float = POWER_PERIOD_S,
+        clock: Callable[[], float] = time.monotonic,
+        uuid: str | None = None,
+    ) -> None:
         from opscope.engine.telemetry.base import NA
         from opscope.engine.telemetry.nvml import Nvml
 
@@ -277,19 +289,27 @@ def with_energy(done: Any, meter: Meter, prefill_j: float | None, decode_j: floa
     """A Finished event (engine.events) with J/token of prefill (over the tokens prefilled) and of
     decode (over the tokens after the first: the first comes from the prefill's logits)."""
     st = done.stats
-    return with_energy_over(done, meter, prefill_j, st.prompt_tokens - st.cached_tokens,
-                            decode_j, st.generated_tokens - 1)
+    return with_energy_over(
+        done, meter, prefill_j, st.prompt_tokens - st.cached_tokens, decode_j, st.generated_tokens - 1
+    )
 
 
-def with_energy_over(done: Any, meter: Meter, prefill_j: float | None, prefill_tokens: int,
-                     decode_j: float | None, decode_tokens: int) -> Any:
+def with_energy_over(
+    done: Any, meter: Meter, prefill_j: float | None, prefill_tokens: int, decode_j: float | None, decode_tokens: int
+) -> Any:
     """A Finished event with J/token over explicit token counts (batched generation: the prompt
     tokens without padding, the tokens every row decoded after its first)."""
     from dataclasses import replace
 
-    return replace(done, stats=replace(
-        done.stats, prefill_j_per_token=per_token(prefill_j, prefill_tokens),
-        decode_j_per_token=per_token(decode_j, decode_tokens), energy_source=source_of(meter)))
+    return replace(
+        done,
+        stats=replace(
+            done.stats,
+            prefill_j_per_token=per_token(prefill_j, prefill_tokens),
+            decode_j_per_token=per_token(decode_j, decode_tokens),
+            energy_source=source_of(meter),
+        ),
+    )
 
 
 def short_reason(source: str) -> str:
@@ -301,7 +321,7 @@ def short_reason(source: str) -> str:
 
 
 def stats_text(stats: Any) -> str:
-    """"0.0123 J/tok prefill, 0.5 J/tok decode (RAPL)", or "energy N/A: <why>" (GenerationStats or its dict)."""
+    """ "0.0123 J/tok prefill, 0.5 J/tok decode (RAPL)", or "energy N/A: <why>" (GenerationStats or its dict)."""
     get = stats.get if isinstance(stats, dict) else (lambda k: getattr(stats, k, None))
     source = get("energy_source") or ""
     if not source or source.startswith("N/A"):

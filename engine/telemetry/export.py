@@ -4,21 +4,22 @@ CSV is wide, one row per timestamp, for spreadsheets: ``t_ns, t_s, <series> [uni
 series sampled together share rows, a marker gets a row of its own at its time with its
 ``phase:edge`` in the last column. JSON keeps everything (NaN written as null) and reads back.
 """
+
 from __future__ import annotations
 
 import csv
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TextIO
+from typing import Any, TextIO
 
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.core.results import Marker, TelemetrySeries
 from opscope.engine.telemetry.summary import PhaseSummary
 
 
-def write_csv(path: Path | str, series: Sequence[TelemetrySeries],
-              markers: Iterable[Marker] = ()) -> int:
+def write_csv(path: Path | str, series: Sequence[TelemetrySeries], markers: Iterable[Marker] = ()) -> int:
     """Write the window; returns the number of data rows."""
     rows = _wide_rows(series, markers)
     with _open_for_writing(path) as f:
@@ -30,8 +31,9 @@ def write_csv(path: Path | str, series: Sequence[TelemetrySeries],
     return len(rows)
 
 
-def _wide_rows(series: Sequence[TelemetrySeries],
-               markers: Iterable[Marker]) -> list[tuple[int, list[float | None], list[str]]]:
+def _wide_rows(
+    series: Sequence[TelemetrySeries], markers: Iterable[Marker]
+) -> list[tuple[int, list[float | None], list[str]]]:
     table: dict[int, tuple[list[float | None], list[str]]] = {}
     for col, s in enumerate(series):
         for t, v in zip(s.t_ns, s.values):
@@ -47,20 +49,31 @@ def _cell(v: float | None) -> str:
     return repr(float(v)) if not float(v).is_integer() else str(int(v))
 
 
-def to_json_dict(series: Sequence[TelemetrySeries], markers: Iterable[Marker] = (),
-                 phases: Iterable[PhaseSummary] = ()) -> dict[str, Any]:
+def to_json_dict(
+    series: Sequence[TelemetrySeries], markers: Iterable[Marker] = (), phases: Iterable[PhaseSummary] = ()
+) -> dict[str, Any]:
     return {
         "format": "opscope.telemetry/1",
-        "series": [{"name": s.name, "unit": s.unit, "t_ns": [int(t) for t in s.t_ns],
-                    "values": [None if _nan(v) else v for v in s.values]} for s in series],
-        "markers": [{"phase": m.phase, "edge": m.edge, "t_ns": m.t_ns, "attrs": m.attrs}
-                    for m in markers],
+        "series": [
+            {
+                "name": s.name,
+                "unit": s.unit,
+                "t_ns": [int(t) for t in s.t_ns],
+                "values": [None if _nan(v) else v for v in s.values],
+            }
+            for s in series
+        ],
+        "markers": [{"phase": m.phase, "edge": m.edge, "t_ns": m.t_ns, "attrs": m.attrs} for m in markers],
         "phases": [p.as_dict() for p in phases],
     }
 
 
-def write_json(path: Path | str, series: Sequence[TelemetrySeries], markers: Iterable[Marker] = (),
-               phases: Iterable[PhaseSummary] = ()) -> None:
+def write_json(
+    path: Path | str,
+    series: Sequence[TelemetrySeries],
+    markers: Iterable[Marker] = (),
+    phases: Iterable[PhaseSummary] = (),
+) -> None:
     data = to_json_dict(series, markers, phases)
     with _open_for_writing(path) as f:
         # allow_nan=False: NaN became null above; anything left would be invalid JSON
@@ -71,11 +84,13 @@ def read_json(path: Path | str) -> tuple[list[TelemetrySeries], list[Marker]]:
     """Series and markers of a file written by write_json (phase summaries are recomputed)."""
     try:
         data = json.loads(Path(path).read_text())
-        series = [TelemetrySeries(s["name"], s["unit"], list(s["t_ns"]),
-                                  [math.nan if v is None else float(v) for v in s["values"]])
-                  for s in data["series"]]
-        marks = [Marker(m["phase"], m["edge"], int(m["t_ns"]), dict(m.get("attrs", {})))
-                 for m in data["markers"]]
+        series = [
+            TelemetrySeries(
+                s["name"], s["unit"], list(s["t_ns"]), [math.nan if v is None else float(v) for v in s["values"]]
+            )
+            for s in data["series"]
+        ]
+        marks = [Marker(m["phase"], m["edge"], int(m["t_ns"]), dict(m.get("attrs", {}))) for m in data["markers"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{path}: not an OpScope telemetry JSON file ({e})") from e
     return series, marks

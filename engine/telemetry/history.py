@@ -6,11 +6,12 @@ Memory is fixed at construction: ``capacity * (8 + 8 * n_series)`` bytes, e.g. o
 series) because readers (GUI plots, recorders) read a series at a time and the writer touches one
 column per tick. All methods are thread-safe: the sampler thread writes while a GUI thread reads.
 """
+
 from __future__ import annotations
 
 import math
 import threading
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -53,8 +54,9 @@ class History:
                 self._values[col, i] = value
             self._written += 1
 
-    def series(self, name: str, since_ns: int | None = None,
-               until_ns: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def series(
+        self, name: str, since_ns: int | None = None, until_ns: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(t_ns, values) of one series in time order, copies; optionally only samples with
         ``since_ns <= t_ns <= until_ns``. Unknown name: KeyError."""
         with self._lock:
@@ -88,8 +90,9 @@ class History:
         return self._cols[name]
 
 
-def _cut(t_ns: np.ndarray, values: np.ndarray, since_ns: int | None,
-         until_ns: int | None) -> tuple[np.ndarray, np.ndarray]:
+def _cut(
+    t_ns: np.ndarray, values: np.ndarray, since_ns: int | None, until_ns: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     lo = 0 if since_ns is None else int(np.searchsorted(t_ns, since_ns, side="left"))
     hi = len(t_ns) if until_ns is None else int(np.searchsorted(t_ns, until_ns, side="right"))
     return t_ns[lo:hi], values[lo:hi]

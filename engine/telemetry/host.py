@@ -4,6 +4,7 @@ CPU % is computed here from ``psutil.cpu_times(percpu=True)`` deltas rather than
 ``psutil.cpu_percent``, whose "since the last call" state is global to the process: a second
 caller (the GUI, another sampler) would silently shorten our interval.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,9 +51,14 @@ class HostSource(Source):
         except psutil.Error as e:
             log.warning("host telemetry: process %d not readable: %s", self.pid, e)
             self._proc = None
-        units = {"host.cpu_pct": "%", **{f"host.cpu{i}_pct": "%" for i in range(n_cores)},
-                 "host.ram_used_bytes": "bytes", "host.ram_total_bytes": "bytes",
-                 "proc.rss_bytes": "bytes", "proc.cpu_pct": "%"}
+        units = {
+            "host.cpu_pct": "%",
+            **{f"host.cpu{i}_pct": "%" for i in range(n_cores)},
+            "host.ram_used_bytes": "bytes",
+            "host.ram_total_bytes": "bytes",
+            "proc.rss_bytes": "bytes",
+            "proc.cpu_pct": "%",
+        }
         self._ready(units)
 
     def _sample(self) -> dict[str, float]:

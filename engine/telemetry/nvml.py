@@ -5,6 +5,7 @@ returns the value or ``NA`` (``GPU_LOST`` when the device fell off the bus), log
 failure once per function. Nothing from NVML ever raises past it. Functions are looked up on the
 ``pynvml`` module at call time, so tests can monkeypatch the real module.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,12 @@ class _GpuLost(_NotAvailable):
 GPU_LOST = _GpuLost()
 
 # Failures that mean "this field is not reported here": expected, logged at debug level.
-_EXPECTED = ("NVMLError_NotSupported", "NVMLError_NoPermission", "NVMLError_FunctionNotFound",
-             "NVMLLibraryMismatchError")
+_EXPECTED = (
+    "NVMLError_NotSupported",
+    "NVMLError_NoPermission",
+    "NVMLError_FunctionNotFound",
+    "NVMLLibraryMismatchError",
+)
 
 
 class Nvml:
@@ -86,8 +91,7 @@ class Nvml:
             return NA
         fn = getattr(self._lib, func, None)
         if fn is None:  # a call newer than this nvidia-ml-py (e.g. clock events before 12.535)
-            self._once((func, "missing"), logging.DEBUG,
-                       "NVML %s: not in this nvidia-ml-py; reported as N/A", func)
+            self._once((func, "missing"), logging.DEBUG, "NVML %s: not in this nvidia-ml-py; reported as N/A", func)
             return NA
         try:
             return fn(*args)
@@ -112,10 +116,19 @@ class Nvml:
 
 # series suffix -> unit, in the order the monitor shows them
 GPU_FIELDS = {
-    "util_pct": "%", "mem_util_pct": "%", "mem_used_bytes": "bytes", "mem_total_bytes": "bytes",
-    "power_w": "W", "power_limit_w": "W", "temp_c": "C", "sm_clock_mhz": "MHz",
-    "mem_clock_mhz": "MHz", "pcie_tx_bytes_s": "bytes/s", "pcie_rx_bytes_s": "bytes/s",
-    "clock_event_reasons": "bitmask", "proc_mem_bytes": "bytes",
+    "util_pct": "%",
+    "mem_util_pct": "%",
+    "mem_used_bytes": "bytes",
+    "mem_total_bytes": "bytes",
+    "power_w": "W",
+    "power_limit_w": "W",
+    "temp_c": "C",
+    "sm_clock_mhz": "MHz",
+    "mem_clock_mhz": "MHz",
+    "pcie_tx_bytes_s": "bytes/s",
+    "pcie_rx_bytes_s": "bytes/s",
+    "clock_event_reasons": "bitmask",
+    "proc_mem_bytes": "bytes",
 }
 
 
@@ -159,8 +172,7 @@ class NvmlSource(Source):
         usable = handle is not NA and handle is not GPU_LOST
         name = self.nvml.query("nvmlDeviceGetName", handle) if usable else NA
         uuid = self.nvml.query("nvmlDeviceGetUUID", handle) if usable else NA
-        self.devices.append({"index": index, "name": str(name), "uuid": str(uuid),
-                             "lost": not usable})
+        self.devices.append({"index": index, "name": str(name), "uuid": str(uuid), "lost": not usable})
         self._handles.append(handle if usable else None)
 
     def set_pids(self, pids: set[int]) -> None:
@@ -192,8 +204,9 @@ class NvmlSource(Source):
 
     def _mark_lost(self, dev: dict) -> None:
         dev["lost"] = True
-        log.error("gpu%d (%s) is lost (NVML_ERROR_GPU_IS_LOST); sampling the other GPUs goes on",
-                  dev["index"], dev["name"])
+        log.error(
+            "gpu%d (%s) is lost (NVML_ERROR_GPU_IS_LOST); sampling the other GPUs goes on", dev["index"], dev["name"]
+        )
 
     def _sample_gpu(self, h: Any) -> dict[str, float] | _GpuLost:
         q = self.nvml.query
@@ -201,14 +214,16 @@ class NvmlSource(Source):
         if util is GPU_LOST:  # the first call tells; don't spend a dozen more on a dead device
             return GPU_LOST
         raw = {
-            "util_pct": _attr(util, "gpu"), "mem_util_pct": _attr(util, "memory"),
+            "util_pct": _attr(util, "gpu"),
+            "mem_util_pct": _attr(util, "memory"),
             **_memory(q("nvmlDeviceGetMemoryInfo", h)),
             "power_w": _scaled(q("nvmlDeviceGetPowerUsage", h), 1e-3),
             "power_limit_w": _scaled(q("nvmlDeviceGetEnforcedPowerLimit", h), 1e-3),
             "temp_c": q("nvmlDeviceGetTemperature", h, _const("NVML_TEMPERATURE_GPU", 0)),
             "sm_clock_mhz": q("nvmlDeviceGetClockInfo", h, _const("NVML_CLOCK_SM", 1)),
             "mem_clock_mhz": q("nvmlDeviceGetClockInfo", h, _const("NVML_CLOCK_MEM", 2)),
-            **self._pcie(h), "clock_event_reasons": self._reasons(h),
+            **self._pcie(h),
+            "clock_event_reasons": self._reasons(h),
             "proc_mem_bytes": self._proc_mem(q("nvmlDeviceGetComputeRunningProcesses", h)),
         }
         if any(v is GPU_LOST for v in raw.values()):
@@ -271,7 +286,14 @@ def describe_reasons(mask: float) -> str:
 
 
 _REASON_BITS: tuple[tuple[int, str], ...] = (
-    (0x1, "idle"), (0x2, "app_clk"), (0x4, "sw_pwr"), (0x8, "hw_slow"), (0x10, "sync_boost"),
-    (0x20, "sw_therm"), (0x40, "hw_therm"), (0x80, "pwr_brake"), (0x100, "display"),
+    (0x1, "idle"),
+    (0x2, "app_clk"),
+    (0x4, "sw_pwr"),
+    (0x8, "hw_slow"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_therm"),
+    (0x40, "hw_therm"),
+    (0x80, "pwr_brake"),
+    (0x100, "display"),
 )
 REASON_BITS = _REASON_BITS  # (bit, short name) of every clock-event (throttle) reason, for plots

@@ -10,11 +10,13 @@ ready to attach to a RunResult and to cut into per-phase summaries.
 The window's samples are read from the sampler's history when asked for, so the window must be
 shorter than the history (default one hour); an exact sample is taken at start and at stop.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from opscope.engine.core import markers as engine_markers
 from opscope.engine.core.clock import now_ns
@@ -72,8 +74,10 @@ class Recorder:
         lo, hi = self.start_ns, self.end_ns if self.end_ns is not None else now_ns()
         oldest = self.sampler.history.oldest_ns()
         if oldest is not None and oldest > lo:
-            log.warning("telemetry window starts %.1f s before the oldest kept sample; "
-                        "raise the sampler's history_s", (oldest - lo) / 1e9)
+            log.warning(
+                "telemetry window starts %.1f s before the oldest kept sample; raise the sampler's history_s",
+                (oldest - lo) / 1e9,
+            )
         units = self.sampler.units
         out = []
         # One sampling period of margin each side: edge values of a phase interpolate from them.

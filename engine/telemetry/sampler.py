@@ -6,15 +6,15 @@ Threading contract for the GUI: subscribers are called *on the sampler thread*, 
 tick is stored; they must be quick and hand off (a Qt signal, a queue). ``series()``,
 ``series_names()``, ``units`` and ``latest`` are safe to call from any thread.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
-from typing import Callable, Sequence
 
 import numpy as np
-
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.telemetry.base import LogOnce, Snapshot, Source
@@ -29,15 +29,19 @@ Subscriber = Callable[[Snapshot], None]
 
 
 class Sampler:
-    def __init__(self, sources: Sequence[Source] | None = None, interval_ms: float = 100.0, *,
-                 history_s: float = 3600.0) -> None:
+    def __init__(
+        self, sources: Sequence[Source] | None = None, interval_ms: float = 100.0, *, history_s: float = 3600.0
+    ) -> None:
         if not MIN_INTERVAL_MS <= interval_ms <= MAX_INTERVAL_MS:
-            raise ConfigError(f"telemetry interval {interval_ms} ms is outside "
-                              f"{MIN_INTERVAL_MS:g}..{MAX_INTERVAL_MS:g} ms (50 Hz .. 1/min)")
+            raise ConfigError(
+                f"telemetry interval {interval_ms} ms is outside "
+                f"{MIN_INTERVAL_MS:g}..{MAX_INTERVAL_MS:g} ms (50 Hz .. 1/min)"
+            )
         if history_s <= 0:
             raise ConfigError(f"telemetry history must be > 0 s, got {history_s}")
         if sources is None:
             from opscope.engine.telemetry.sources import default_sources
+
             sources = default_sources()
         self.sources = list(sources)
         self.period_ns = int(interval_ms * 1e6)
@@ -114,8 +118,9 @@ class Sampler:
 
         return unsubscribe
 
-    def series(self, name: str, since_ns: int | None = None,
-               until_ns: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def series(
+        self, name: str, since_ns: int | None = None, until_ns: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(t_ns int64 array, values float64 array, NaN = not available), oldest first."""
         return self.history.series(name, since_ns, until_ns)
 
@@ -187,8 +192,13 @@ class Sampler:
         try:
             return source.sample()
         except Exception as e:  # sources should not raise; if one does, it must not kill the thread
-            _once(("sample", source.name, type(e).__name__), logging.ERROR,
-                  "telemetry source %s failed: %r", source.name, e)
+            _once(
+                ("sample", source.name, type(e).__name__),
+                logging.ERROR,
+                "telemetry source %s failed: %r",
+                source.name,
+                e,
+            )
             return {}
 
     def _publish(self, snap: Snapshot) -> None:

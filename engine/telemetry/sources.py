@@ -1,5 +1,6 @@
 """The default set of sources. Constructing them is free: nothing is imported or initialized until
 the sampler opens them."""
+
 from __future__ import annotations
 
 from opscope.engine.telemetry.allocators import MlxSource, TorchCudaSource
@@ -17,8 +18,7 @@ def default_sources(pid: int | None = None, in_process: bool = True, pcie: bool 
     ``pid``: the process whose RSS, CPU % and GPU memory are reported (default: this one).
     """
     pids = {pid} if pid else None
-    sources: list[Source] = [HostSource(pid), NvmlSource(pids, pcie=pcie), AmdSmiSource(pids),
-                             AppleMemorySource(pid)]
+    sources: list[Source] = [HostSource(pid), NvmlSource(pids, pcie=pcie), AmdSmiSource(pids), AppleMemorySource(pid)]
     if in_process:
         sources += [TorchCudaSource(), MlxSource()]
     return sources

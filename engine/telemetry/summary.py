@@ -6,15 +6,16 @@ through its samples, evaluated at the phase edges as well. The mean is the time-
 that curve, the energy (series in W) its integral; outside the first/last sample the curve holds
 the nearest value.
 """
+
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
-
 from opscope.engine.core.results import Marker, TelemetrySeries
 
 log = logging.getLogger(__name__)
@@ -43,18 +44,27 @@ class PhaseSummary:
     @property
     def energy_j(self) -> float:
         """Energy of all GPUs over the phase, from their power series; NaN without power data."""
-        values = [s.energy_j for s in self.series.values()
-                  if s.energy_j is not None and not math.isnan(s.energy_j)]
+        values = [s.energy_j for s in self.series.values() if s.energy_j is not None and not math.isnan(s.energy_j)]
         return math.fsum(values) if values else math.nan
 
     def as_dict(self) -> dict[str, Any]:
-        return {"phase": self.phase, "start_ns": self.start_ns, "end_ns": self.end_ns,
-                "duration_ms": self.duration_ms, "attrs": dict(self.attrs),
-                "energy_j": _none_if_nan(self.energy_j),
-                "series": {name: {"mean": _none_if_nan(s.mean), "max": _none_if_nan(s.max),
-                                  "n_samples": s.n_samples,
-                                  "energy_j": _none_if_nan(s.energy_j)}
-                           for name, s in self.series.items()}}
+        return {
+            "phase": self.phase,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "duration_ms": self.duration_ms,
+            "attrs": dict(self.attrs),
+            "energy_j": _none_if_nan(self.energy_j),
+            "series": {
+                name: {
+                    "mean": _none_if_nan(s.mean),
+                    "max": _none_if_nan(s.max),
+                    "n_samples": s.n_samples,
+                    "energy_j": _none_if_nan(s.energy_j),
+                }
+                for name, s in self.series.items()
+            },
+        }
 
 
 def pair_phases(markers: Iterable[Marker], end_ns: int) -> list[tuple[str, int, int, dict]]:
@@ -76,17 +86,25 @@ def pair_phases(markers: Iterable[Marker], end_ns: int) -> list[tuple[str, int, 
     return sorted(pairs, key=lambda p: p[1])
 
 
-def summarize(series: Iterable[TelemetrySeries], phase: str, start_ns: int, end_ns: int,
-              attrs: dict | None = None) -> PhaseSummary:
-    out = {s.name: summarize_series(np.asarray(s.t_ns, dtype=np.int64),
-                                    np.asarray(s.values, dtype=np.float64),
-                                    start_ns, end_ns, power=s.unit == "W")
-           for s in series}
+def summarize(
+    series: Iterable[TelemetrySeries], phase: str, start_ns: int, end_ns: int, attrs: dict | None = None
+) -> PhaseSummary:
+    out = {
+        s.name: summarize_series(
+            np.asarray(s.t_ns, dtype=np.int64),
+            np.asarray(s.values, dtype=np.float64),
+            start_ns,
+            end_ns,
+            power=s.unit == "W",
+        )
+        for s in series
+    }
     return PhaseSummary(phase, start_ns, end_ns, dict(attrs or {}), out)
 
 
-def summarize_series(t_ns: np.ndarray, values: np.ndarray, start_ns: int, end_ns: int,
-                     power: bool = False) -> SeriesSummary:
+def summarize_series(
+    t_ns: np.ndarray, values: np.ndarray, start_ns: int, end_ns: int, power: bool = False
+) -> SeriesSummary:
     finite = np.isfinite(values)
     t, v = t_ns[finite], values[finite]
     if not len(t):

@@ -1,15 +1,16 @@
 """How ``opscope monitor`` shows a snapshot: one table per kind of entity (GPUs, host, allocators),
 one row per entity. On a terminal the tables refresh in place (rich Live); piped, each tick prints
 plain fixed-width lines like ``nvidia-smi dmon``, with the headers once at the top."""
+
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
-from opscope.engine.telemetry.nvml import describe_reasons
 from opscope.engine.core.units import format_bytes
+from opscope.engine.telemetry.nvml import describe_reasons
 
 Fmt = Callable[[float], str]
 
@@ -43,10 +44,14 @@ class Kind:
 
 _PCT, _W, _MHZ, _C = _num(".0f"), _num(".0f"), _num(".0f"), _num(".0f")
 _GPU_COLUMNS = (
-    Column("util%", "{e}.util_pct", _PCT, 5), Column("mem%", "{e}.mem_util_pct", _PCT, 5),
-    Column("used", "{e}.mem_used_bytes", _bytes), Column("total", "{e}.mem_total_bytes", _bytes),
-    Column("pwr W", "{e}.power_w", _W, 6), Column("limit W", "{e}.power_limit_w", _W, 7),
-    Column("temp C", "{e}.temp_c", _C, 6), Column("sm MHz", "{e}.sm_clock_mhz", _MHZ, 6),
+    Column("util%", "{e}.util_pct", _PCT, 5),
+    Column("mem%", "{e}.mem_util_pct", _PCT, 5),
+    Column("used", "{e}.mem_used_bytes", _bytes),
+    Column("total", "{e}.mem_total_bytes", _bytes),
+    Column("pwr W", "{e}.power_w", _W, 6),
+    Column("limit W", "{e}.power_limit_w", _W, 7),
+    Column("temp C", "{e}.temp_c", _C, 6),
+    Column("sm MHz", "{e}.sm_clock_mhz", _MHZ, 6),
     Column("mem MHz", "{e}.mem_clock_mhz", _MHZ, 7),
     Column("pcie tx", "{e}.pcie_tx_bytes_s", _rate, 10),
     Column("pcie rx", "{e}.pcie_rx_bytes_s", _rate, 10),
@@ -56,20 +61,36 @@ _GPU_COLUMNS = (
 KINDS = (
     Kind("NVIDIA GPUs", r"^(gpu\d+)\.", _GPU_COLUMNS),
     Kind("AMD GPUs", r"^(amd\d+)\.", _GPU_COLUMNS),
-    Kind("host", r"^(host)\.", (
-        Column("cpu%", "host.cpu_pct", _PCT, 5), Column("cores %", "host.cpu*_pct", _PCT, 12),
-        Column("ram used", "host.ram_used_bytes", _bytes),
-        Column("ram total", "host.ram_total_bytes", _bytes, 9),
-        Column("proc rss", "proc.rss_bytes", _bytes), Column("proc cpu%", "proc.cpu_pct", _PCT, 9),
-    )),
-    Kind("torch allocator", r"^(torch\.cuda\d+)\.", (
-        Column("allocated", "{e}.allocated_bytes", _bytes, 9),
-        Column("reserved", "{e}.reserved_bytes", _bytes), Column("peak", "{e}.peak_bytes", _bytes),
-    )),
-    Kind("MLX allocator", r"^(mlx)\.", (
-        Column("active", "{e}.active_bytes", _bytes), Column("cache", "{e}.cache_bytes", _bytes),
-        Column("peak", "{e}.peak_bytes", _bytes),
-    )),
+    Kind(
+        "host",
+        r"^(host)\.",
+        (
+            Column("cpu%", "host.cpu_pct", _PCT, 5),
+            Column("cores %", "host.cpu*_pct", _PCT, 12),
+            Column("ram used", "host.ram_used_bytes", _bytes),
+            Column("ram total", "host.ram_total_bytes", _bytes, 9),
+            Column("proc rss", "proc.rss_bytes", _bytes),
+            Column("proc cpu%", "proc.cpu_pct", _PCT, 9),
+        ),
+    ),
+    Kind(
+        "torch allocator",
+        r"^(torch\.cuda\d+)\.",
+        (
+            Column("allocated", "{e}.allocated_bytes", _bytes, 9),
+            Column("reserved", "{e}.reserved_bytes", _bytes),
+            Column("peak", "{e}.peak_bytes", _bytes),
+        ),
+    ),
+    Kind(
+        "MLX allocator",
+        r"^(mlx)\.",
+        (
+            Column("active", "{e}.active_bytes", _bytes),
+            Column("cache", "{e}.cache_bytes", _bytes),
+            Column("peak", "{e}.peak_bytes", _bytes),
+        ),
+    ),
 )
 
 
@@ -99,9 +120,10 @@ class MonitorView:
         return col.fmt(values.get(key, math.nan))
 
     def header_lines(self) -> list[str]:
-        return [_line("# " + kind.title.split()[0], ["t s", *(c.label for c in cols)],
-                      [8, *(c.width for c in cols)])
-                for kind, _, cols in self.groups]
+        return [
+            _line("# " + kind.title.split()[0], ["t s", *(c.label for c in cols)], [8, *(c.width for c in cols)])
+            for kind, _, cols in self.groups
+        ]
 
     def lines(self, t_s: float, values: Mapping[str, float]) -> list[str]:
         out = []

@@ -15,6 +15,7 @@ Fixtures a plugin may override: ``backend_name`` (default: $OPSCOPE_CONFORMANCE_
 Backend object directly to test it before it is installed), ``conformance_device`` ("cpu").
 The kit loads the embedded default model once per session and backend.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,20 +24,19 @@ import threading
 from dataclasses import dataclass
 
 import pytest
-
 from opscope.engine.backends import API_VERSION, DeviceInfo
 from opscope.engine.core.errors import ConfigError, DeviceError, EngineError, ModelFormatError
 from opscope.engine.generation.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted, Token
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and"
 
+
 # -- fixtures --------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def backend_name() -> str:
     name = os.environ.get("OPSCOPE_CONFORMANCE_BACKEND")
     if not name:
-        pytest.skip("no backend to test: override the backend_name fixture or set "
-                    "OPSCOPE_CONFORMANCE_BACKEND")
+        pytest.skip("no backend to test: override the backend_name fixture or set OPSCOPE_CONFORMANCE_BACKEND")
     return name
 
 
@@ -87,7 +87,7 @@ def assert_well_formed(events: list) -> None:
     assert kinds[0] is PrefillStarted and kinds[-1] is Finished, kinds
     first_token = kinds.index(PrefillFinished)
     assert all(k is PrefillProgress for k in kinds[1:first_token]), kinds
-    assert all(k is Token for k in kinds[first_token + 1:-1]), kinds
+    assert all(k is Token for k in kinds[first_token + 1 : -1]), kinds
     stamps = [events[0].request_t_ns] + [e.t_ns for e in events]
     assert stamps == sorted(stamps), "event timestamps go back in time"
     tokens = [e for e in events if isinstance(e, Token)]
@@ -122,8 +122,9 @@ def test_streams_events_in_order_with_max_tokens(conformance_model):
 
 
 def test_reports_prefill_progress_per_chunk(conformance_model):
-    run = run_generation(conformance_model, max_tokens=1, ignore_eos=True, prefill_chunk=4,
-                         reuse_prefix=False)  # every chunk prefilled, none taken from the KV cache
+    run = run_generation(
+        conformance_model, max_tokens=1, ignore_eos=True, prefill_chunk=4, reuse_prefix=False
+    )  # every chunk prefilled, none taken from the KV cache
     n = run.events[0].prompt_tokens
     progress = [e.done_tokens for e in run.events if isinstance(e, PrefillProgress)]
     assert progress == list(range(4, n, 4))
@@ -146,13 +147,16 @@ def test_token_id_prompt_equals_text_prompt(conformance_model):
 def test_honours_stop_strings(conformance_model):
     ref = run_generation(conformance_model, max_tokens=8, ignore_eos=True)
     text, first = ref.finished.text, len(ref.tokens[0].text)
-    stops = [text[i:i + 3] for i in range(first, len(text) - 2)
-             if text[i:i + 3].strip() and text.find(text[i:i + 3]) >= first]
+    stops = [
+        text[i : i + 3]
+        for i in range(first, len(text) - 2)
+        if text[i : i + 3].strip() and text.find(text[i : i + 3]) >= first
+    ]
     if not stops:
         pytest.skip(f"the reference text {text!r} offers no stop string after its first token")
     run = run_generation(conformance_model, max_tokens=8, ignore_eos=True, stop=(stops[0],))
     assert run.finished.stop_reason == "stop_string"
-    assert run.finished.text == text[:text.find(stops[0])]
+    assert run.finished.text == text[: text.find(stops[0])]
 
 
 def test_honours_cancel(conformance_model):
@@ -164,8 +168,11 @@ def test_honours_cancel(conformance_model):
 def test_chat_uses_the_template(conformance_model):
     from opscope.engine.generation.config import GenerationConfig
 
-    events = list(conformance_model.chat([{"role": "user", "content": "Say hi."}],
-                                         GenerationConfig(max_tokens=2, ignore_eos=True)))
+    events = list(
+        conformance_model.chat(
+            [{"role": "user", "content": "Say hi."}], GenerationConfig(max_tokens=2, ignore_eos=True)
+        )
+    )
     assert_well_formed(events)
     assert events[0].prompt_tokens > len(conformance_model.tokenizer.encode("Say hi."))
 
@@ -184,7 +191,7 @@ def test_rejects_empty_prompt(conformance_model):
 
 def test_rejects_token_ids_outside_the_vocabulary(conformance_model):
     with pytest.raises(ConfigError):
-        list(conformance_model.generate([10 ** 9]))
+        list(conformance_model.generate([10**9]))
 
 
 def test_rejects_missing_model_file(conformance_backend, conformance_device, tmp_path):
@@ -215,5 +222,12 @@ def test_rejects_unknown_option(conformance_backend, conformance_device):
 
 
 # `from engine.testing.conformance import *` brings in every fixture and test above.
-__all__ = ["backend_name", "conformance_backend", "conformance_device", "conformance_model", "Run",
-           "run_generation", "assert_well_formed"] + sorted(n for n in dir() if n.startswith("test_"))
+__all__ = [
+    "backend_name",
+    "conformance_backend",
+    "conformance_device",
+    "conformance_model",
+    "Run",
+    "run_generation",
+    "assert_well_formed",
+] + sorted(n for n in dir() if n.startswith("test_"))

@@ -12,12 +12,14 @@ loaders: names come from ``gguf.get_tensor_name_map``, Q/K rows are permuted for
 (interleaved RoPE), Gemma norm weights are stored with the +1 already added, and types are
 quantized with ``gguf.quants.quantize``.
 """
+
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, TypeAlias
+from pathlib import Path
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -26,23 +28,53 @@ log = logging.getLogger(__name__)
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
 # HF model_type → GGUF general.architecture (llama.cpp writes Mistral as llama)
-_GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-              "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "phi3": "phi3"}
+_GGUF_ARCH = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3",
+    "gemma3_text": "gemma3",
+    "phi3": "phi3",
+}
 
-_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=128, vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-6,
-             rope_theta=10000.0, tie_word_embeddings=False)
+_TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=320,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+)
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {},
     "mistral": {"sliding_window": 16},
     "qwen2": {"tie_word_embeddings": True},
     "qwen3": {"head_dim": 32},
-    "gemma2": {"head_dim": 32, "sliding_window": 16, "attn_logit_softcapping": 50.0,
-               "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 32, "tie_word_embeddings": True,
-               "hidden_activation": "gelu_pytorch_tanh"},
-    "gemma3": {"head_dim": 32, "sliding_window": 16, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10000.0,
-               "query_pre_attn_scalar": 32, "tie_word_embeddings": True, "sliding_window_pattern": 6,
-               "hidden_activation": "gelu_pytorch_tanh"},
+    "gemma2": {
+        "head_dim": 32,
+        "sliding_window": 16,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "query_pre_attn_scalar": 32,
+        "tie_word_embeddings": True,
+        "hidden_activation": "gelu_pytorch_tanh",
+    },
+    "gemma3": {
+        "head_dim": 32,
+        "sliding_window": 16,
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10000.0,
+        "query_pre_attn_scalar": 32,
+        "tie_word_embeddings": True,
+        "sliding_window_pattern": 6,
+        "hidden_activation": "gelu_pytorch_tanh",
+    },
     "phi3": {},
 }
 
@@ -50,8 +82,15 @@ TensorLike: TypeAlias = "np.ndarray | RawBlocks | Callable[[], np.ndarray | RawB
 
 # Byte offsets of the float16 scale fields in one block of the types gguf-py cannot quantize (ggml's
 # block structs): random blocks get these set so that their values have a chosen spread.
-_SCALE_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
-                 "IQ4_NL": (0,), "IQ4_XS": (0,)}
+_SCALE_FIELDS = {
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+}
 
 
 @dataclass(frozen=True)
@@ -74,7 +113,7 @@ def random_blocks(qtype: str, shape: tuple[int, ...], seed: int = 0, std: float 
 
     def set_scales(value: float) -> None:
         for at in _SCALE_FIELDS[qtype]:
-            raw[..., at:at + 2] = np.full(raw.shape[:2], value, np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+            raw[..., at : at + 2] = np.full(raw.shape[:2], value, np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
 
     set_scales(1.0)
     spread = float(gguf.quants.dequantize(raw.reshape(shape[0], -1), t).std())
@@ -139,14 +178,22 @@ def random_tensors(cfg: dict, seed: int = 0, std: float = 0.02) -> dict[str, Cal
                 return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
             base = 0.0 if gemma or name.endswith(".bias") else 1.0
             return (base + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+
         return fn
 
     return {name: make(name, shape, k) for k, (name, shape) in enumerate(tensor_shapes(cfg).items())}
 
 
-def write_gguf(path: str | Path, cfg: dict, tensors: Mapping[str, TensorLike] | None = None, *,
-               types: str | Mapping[str, str] | Callable[[str], str] = "F16", seed: int = 0,
-               name: str | None = None, tokenizer: bool = True) -> Path:
+def write_gguf(
+    path: str | Path,
+    cfg: dict,
+    tensors: Mapping[str, TensorLike] | None = None,
+    *,
+    types: str | Mapping[str, str] | Callable[[str], str] = "F16",
+    seed: int = 0,
+    name: str | None = None,
+    tokenizer: bool = True,
+) -> Path:
     """Write ``cfg`` + ``tensors`` as a GGUF file at ``path`` and return the path.
 
     ``cfg``: a Hugging Face config.json-style dict with ``model_type`` (see ``hf_config``).
@@ -176,19 +223,20 @@ def write_gguf(path: str | Path, cfg: dict, tensors: Mapping[str, TensorLike] | 
     _write_meta(w, cfg, family, arch, name or f"{family}-test")
     if tokenizer:
         _write_tokenizer(w, cfg["vocab_size"])
-    for hf, gname, shape, qtype in plan:
-        w.add_tensor_info(gname, _byte_shape(shape, qtype), _np_dtype(qtype), _nbytes(shape, qtype),
-                          raw_dtype=qtype)
+    for _hf, gname, shape, qtype in plan:
+        w.add_tensor_info(gname, _byte_shape(shape, qtype), _np_dtype(qtype), _nbytes(shape, qtype), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for hf, gname, shape, qtype in plan:
+    for hf, _gname, shape, qtype in plan:
         t = tensors[hf]
         value = t() if callable(t) else t
         if isinstance(value, RawBlocks):  # pre-encoded: its type must be the one planned
             if value.qtype != qtype.name or value.data.nbytes != _nbytes(shape, qtype):
-                raise ValueError(f"tensor {hf}: {value.qtype} blocks of {value.data.nbytes} bytes for a "
-                                 f"{qtype.name} tensor of shape {shape}")
+                raise ValueError(
+                    f"tensor {hf}: {value.qtype} blocks of {value.data.nbytes} bytes for a "
+                    f"{qtype.name} tensor of shape {shape}"
+                )
             w.write_tensor_data(value.data)
             continue
         arr = np.asarray(value, dtype=np.float32)
@@ -246,8 +294,10 @@ def _type_of(types: Any, hf: str, shape: tuple[int, ...]) -> Any:  # a gguf.GGML
 def _np_dtype(qtype):
     import gguf
 
-    return {gguf.GGMLQuantizationType.F32: np.dtype(np.float32),
-            gguf.GGMLQuantizationType.F16: np.dtype(np.float16)}.get(qtype, np.dtype(np.uint8))
+    return {
+        gguf.GGMLQuantizationType.F32: np.dtype(np.float32),
+        gguf.GGMLQuantizationType.F16: np.dtype(np.float16),
+    }.get(qtype, np.dtype(np.uint8))
 
 
 def _byte_shape(shape, qtype):
@@ -372,6 +422,7 @@ def write_typed_gguf(path: str | Path, cfg: dict, qtype: str, seed: int = 0, std
     tensors = random_tensors(cfg, seed, std)
     if qtype in _SCALE_FIELDS:
         shapes = tensor_shapes(cfg)
+
         def blocks(hf: str, k: int) -> Callable[[], RawBlocks]:
             return lambda: random_blocks(qtype, shapes[hf], seed=k, std=std)
 

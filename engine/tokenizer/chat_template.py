@@ -10,16 +10,18 @@ failure is a ChatTemplateError (UnsafeTemplate for a limit) naming the file and 
 
     ChatTemplate(text, path, "tokenizer.chat_template").render(messages=[...], add_generation_prompt=True)
 """
+
 from __future__ import annotations
 
 import contextvars
 import json
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime
 from functools import cached_property
 from os import PathLike
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 from opscope.engine.core.errors import ChatTemplateError, ModelLoadError, UnsafeTemplate
 
@@ -110,7 +112,7 @@ def _env() -> Any:  # a jinja2 sandboxed Environment (jinja2 is read as untyped)
             _budget().made(_length(result), f"'{operator}'")
             return result
 
-        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's own signature)
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
             _budget().charge()
             args = _check_method(__obj, args)
             result = super().call(__context, __obj, *args, **kwargs)
@@ -222,10 +224,14 @@ def _capped_filter(original: Callable[..., Any], name: str) -> Callable[..., Any
     def run(*args: Any, **kwargs: Any) -> Any:
         b = _budget()
         b.charge()
-        value = args[1 if getattr(original, "jinja_pass_arg", None) else 0] if len(args) > 1 else (
-            args[0] if args else None)
-        rest = [a for a in args if isinstance(a, int) and not isinstance(a, bool)] + \
-               [v for v in kwargs.values() if isinstance(v, int) and not isinstance(v, bool)]
+        value = (
+            args[1 if getattr(original, "jinja_pass_arg", None) else 0]
+            if len(args) > 1
+            else (args[0] if args else None)
+        )
+        rest = [a for a in args if isinstance(a, int) and not isinstance(a, bool)] + [
+            v for v in kwargs.values() if isinstance(v, int) and not isinstance(v, bool)
+        ]
         if name in ("center", "indent", "slice", "batch", "wordwrap", "truncate"):
             for n in rest:
                 b.size(n * max(1, str(value).count("\n") + 1 if name == "indent" else 1), f"the {name} filter")
@@ -252,7 +258,9 @@ def _capped_filter(original: Callable[..., Any], name: str) -> Callable[..., Any
 class ChatTemplate:
     """A model's chat template: ``path`` and ``key`` say where it came from (for every error)."""
 
-    def __init__(self, text: Any, path: str | PathLike[str] | None, key: str) -> None:  # text: str, or named templates (a list)
+    def __init__(
+        self, text: Any, path: str | PathLike[str] | None, key: str
+    ) -> None:  # text: str, or named templates (a list)
         if isinstance(text, list):  # tokenizer_config.json may hold named templates: use "default"
             named = {t.get("name"): t.get("template") for t in text if isinstance(t, dict)}
             text = named.get("default", next(iter(named.values()), None))

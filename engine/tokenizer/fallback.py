@@ -7,10 +7,10 @@ family (``general.architecture`` or config.json's ``model_type``), and ChatML wh
 Templates come from the families' own (Gemma, Meta Llama 3, Qwen, Phi-3, Llama 2 / Mistral),
 reduced to plain turns; rendered in the same sandbox as a file's template.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
-
 from dataclasses import dataclass
 
 
@@ -22,29 +22,60 @@ class FallbackTemplate:
 
 
 # a leading system message: Gemma and Llama 2 have no system turn, their templates put it before the first user's text
-_SYSTEM_FIRST = ("{% if messages and messages[0]['role'] == 'system' %}{% set sys = messages[0]['content'] ~ '\n\n' %}"
-                 "{% set turns = messages[1:] %}{% else %}{% set sys = '' %}{% set turns = messages %}{% endif %}")
-GEMMA = FallbackTemplate("Gemma <start_of_turn>", "{{ bos_token }}" + _SYSTEM_FIRST + (
-    "{% for m in turns %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
-    "{{ sys if loop.first else '' }}{{ m['content'] }}<end_of_turn>\n{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"))
-LLAMA3 = FallbackTemplate("Llama 3 <|start_header_id|>", (
-    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-    "{{ m['content'] }}<|eot_id|>{% endfor %}"
-    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"))
-CHATML = FallbackTemplate("ChatML <|im_start|>", (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"))
-PHI3 = FallbackTemplate("Phi-3 <|user|>", (
-    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"))
-INST = FallbackTemplate("Llama 2 / Mistral [INST]", "{{ bos_token }}" + _SYSTEM_FIRST + (
-    "{% for m in turns %}{% if m['role'] == 'user' %}[INST] {{ sys if loop.first else '' }}{{ m['content'] }} [/INST]"
-    "{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"))
+_SYSTEM_FIRST = (
+    "{% if messages and messages[0]['role'] == 'system' %}{% set sys = messages[0]['content'] ~ '\n\n' %}"
+    "{% set turns = messages[1:] %}{% else %}{% set sys = '' %}{% set turns = messages %}{% endif %}"
+)
+GEMMA = FallbackTemplate(
+    "Gemma <start_of_turn>",
+    "{{ bos_token }}"
+    + _SYSTEM_FIRST
+    + (
+        "{% for m in turns %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
+        "{{ sys if loop.first else '' }}{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    ),
+)
+LLAMA3 = FallbackTemplate(
+    "Llama 3 <|start_header_id|>",
+    (
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+        "{{ m['content'] }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    ),
+)
+CHATML = FallbackTemplate(
+    "ChatML <|im_start|>",
+    (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+)
+PHI3 = FallbackTemplate(
+    "Phi-3 <|user|>",
+    (
+        "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    ),
+)
+INST = FallbackTemplate(
+    "Llama 2 / Mistral [INST]",
+    "{{ bos_token }}"
+    + _SYSTEM_FIRST
+    + (
+        "{% for m in turns %}{% if m['role'] == 'user' %}[INST] {{ sys if loop.first else '' }}{{ m['content'] }} [/INST]"
+        "{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+    ),
+)
 
 # a special token of the format, in the vocabulary → that format
-_MARKERS = (("<start_of_turn>", GEMMA), ("<|start_header_id|>", LLAMA3), ("<|im_start|>", CHATML),
-            ("<|assistant|>", PHI3), ("[INST]", INST))
+_MARKERS = (
+    ("<start_of_turn>", GEMMA),
+    ("<|start_header_id|>", LLAMA3),
+    ("<|im_start|>", CHATML),
+    ("<|assistant|>", PHI3),
+    ("[INST]", INST),
+)
 # family name prefix (GGUF architecture or HF model_type) → format
 _FAMILIES = (("gemma", GEMMA), ("qwen", CHATML), ("phi3", PHI3), ("mistral", INST), ("llama", LLAMA3))
 

@@ -13,6 +13,7 @@ and the original Llama tokenizer.json, not from ``Metaspace(prepend_scheme="firs
 space from text that starts with one (" x" would encode like "x" and not round-trip) and adds no
 prefix after a special token (llama.cpp does: "<s>[INST]" → "<s>", "▁[", ...).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,14 +52,22 @@ def flavor_for(model: str, arch: str) -> SpmFlavor:
 
 def spm_backend(meta: dict, path: Path) -> Any:  # a tokenizers.Tokenizer (untyped library)
     """A ``tokenizers.Tokenizer`` for the SentencePiece vocabulary in ``meta``."""
-    from tokenizers import models
     from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
 
     flavor = flavor_for(str(meta.get("tokenizer.ggml.model")), str(meta.get("general.architecture", "")))
     tokens = _tokens(meta, path, flavor)
     unk = _token_at(tokens, meta.get("tokenizer.ggml.unknown_token_id"))
-    tk = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=_merges(meta, path, tokens, flavor),
-                                fuse_unk=True, byte_fallback=True, dropout=None, unk_token=unk))
+    tk = HFTokenizer(
+        models.BPE(
+            vocab={t: i for i, t in enumerate(tokens)},
+            merges=_merges(meta, path, tokens, flavor),
+            fuse_unk=True,
+            byte_fallback=True,
+            dropout=None,
+            unk_token=unk,
+        )
+    )
     _set_prefix_space(tk, bool(meta.get("tokenizer.ggml.add_space_prefix", flavor.prefix_space)))
     _add_special_tokens(tk, meta, tokens)
     return tk
@@ -83,14 +92,20 @@ def _add_special_tokens(tk: Any, meta: dict, tokens: list[str]) -> None:
     types = [int(t) for t in meta.get("tokenizer.ggml.token_type", ())]
     special = {i for i, ty in enumerate(types) if ty in (CONTROL, UNKNOWN)}
     special |= {int(meta[k]) for k in _SPECIAL_ID_KEYS if meta.get(k) is not None}
-    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                           for t in (_token_at(tokens, i) for i in sorted(special)) if t])
-    tk.add_tokens([AddedToken(t, special=False, normalized=False)
-                   for t, ty in zip(tokens, types) if ty == USER_DEFINED and t])
+    tk.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in (_token_at(tokens, i) for i in sorted(special)) if t]
+    )
+    tk.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED and t]
+    )
 
 
-_SPECIAL_ID_KEYS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-                    "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id")
+_SPECIAL_ID_KEYS = (
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.padding_token_id",
+)
 
 
 def _token_at(tokens: list[str], token_id: int | str | None) -> str | None:
@@ -100,8 +115,9 @@ def _token_at(tokens: list[str], token_id: int | str | None) -> str | None:
 def _tokens(meta: dict, path: Path, flavor: SpmFlavor) -> list[str]:
     tokens = meta.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not tokens:
-        raise MissingMetadata(path, "metadata key tokenizer.ggml.tokens is missing or empty (a SentencePiece "
-                                    "vocabulary needs it)")
+        raise MissingMetadata(
+            path, "metadata key tokenizer.ggml.tokens is missing or empty (a SentencePiece vocabulary needs it)"
+        )
     if flavor is GEMMA:
         # Gemma stores its runs-of-spaces tokens with real spaces; the normalized text has "▁".
         tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
@@ -113,8 +129,11 @@ def _scores(meta: dict, path: Path, n: int, flavor: SpmFlavor) -> list[float]:
         return [-float(i) for i in range(n)]
     scores = meta.get("tokenizer.ggml.scores")  # a numpy array from the header reader
     if scores is None or isinstance(scores, (str, bytes)) or len(scores) != n:
-        raise MissingMetadata(path, f"metadata key tokenizer.ggml.scores is missing or does not have one score "
-                                    f"per token ({n}); a SentencePiece vocabulary needs it")
+        raise MissingMetadata(
+            path,
+            f"metadata key tokenizer.ggml.scores is missing or does not have one score "
+            f"per token ({n}); a SentencePiece vocabulary needs it",
+        )
     return [float(s) for s in scores]
 
 

@@ -10,13 +10,14 @@ by a hash of the pieces and scores, as a plain int32 array of token ids (``np.lo
 refused) sealed with a digest of the key and the ids, and checked on read (seal, shape, ids in
 range): a damaged or foreign file is rebuilt, never trusted.
 """
+
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -81,7 +82,9 @@ def _vectorised(uniq: list[str]) -> Triples | None:
         np.cumsum(codes * _powers(_B, codes.size)[:-1], out=prefix[1:])
         inverse = _powers(_B_INV, codes.size)
 
-        def key(i: np.ndarray, j: np.ndarray) -> np.ndarray:  # hash of the text between global positions i and j, mixed with its length
+        def key(
+            i: np.ndarray, j: np.ndarray
+        ) -> np.ndarray:  # hash of the text between global positions i and j, mixed with its length
             return (prefix[j] - prefix[i]) * inverse[i] + (j - i).astype(np.uint64) * _LEN_MIX
 
         find = _finder(key(starts[:-1], starts[1:]))
@@ -101,8 +104,15 @@ def _vectorised(uniq: list[str]) -> Triples | None:
     return tok[same], a[same], b[same]
 
 
-def _spells(codes: np.ndarray, starts: np.ndarray, tok: np.ndarray, k: np.ndarray, a: np.ndarray,
-            b: np.ndarray, lens: np.ndarray) -> np.ndarray:
+def _spells(
+    codes: np.ndarray,
+    starts: np.ndarray,
+    tok: np.ndarray,
+    k: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    lens: np.ndarray,
+) -> np.ndarray:
     """For each candidate: do piece a then piece b spell piece tok, character for character?"""
     if tok.size == 0:
         return np.zeros(0, dtype=bool)
@@ -151,13 +161,18 @@ def _finder(table: np.ndarray) -> Callable[[np.ndarray], tuple[np.ndarray, np.nd
             ok = shared_keys[p] == keys[busy]
             pos[busy[ok]], hit[busy[ok]] = shared[p[ok]], True
         return pos, hit
+
     return find
 
 
 def _looped(uniq: list[str]) -> Triples:
     where = {t: i for i, t in enumerate(uniq)}
-    found = [(i, where[t[:k]], where[t[k:]]) for i, t in enumerate(uniq) for k in range(1, len(t))
-             if t[:k] in where and t[k:] in where]
+    found = [
+        (i, where[t[:k]], where[t[k:]])
+        for i, t in enumerate(uniq)
+        for k in range(1, len(t))
+        if t[:k] in where and t[k:] in where
+    ]
     arr = np.array(found, dtype=np.int64).reshape(-1, 3)
     return arr[:, 0], arr[:, 1], arr[:, 2]
 
@@ -200,10 +215,11 @@ def _read(file: Path, key: bytes, n: int) -> np.ndarray | None:
     except Exception as e:  # whatever a damaged file makes np.load raise, the cache is only a shortcut
         log.debug("ignoring unreadable merge cache %s: %s", file, e)
         return None
-    ok = (stored.dtype == np.int32 and stored.ndim == 2 and stored.shape[0] > 4 and stored.shape[1] == 2)
+    ok = stored.dtype == np.int32 and stored.ndim == 2 and stored.shape[0] > 4 and stored.shape[1] == 2
     ids = np.ascontiguousarray(stored[4:]) if ok else None
-    if ids is None or not (np.array_equal(_sealed(ids, key)[:4], stored[:4])
-                           and int(ids.min()) >= 0 and int(ids.max()) < n):
+    if ids is None or not (
+        np.array_equal(_sealed(ids, key)[:4], stored[:4]) and int(ids.min()) >= 0 and int(ids.max()) < n
+    ):
         log.debug("ignoring merge cache %s: not sealed for this vocabulary", file)
         return None
     return ids

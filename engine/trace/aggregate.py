@@ -3,6 +3,7 @@
 On-target ops only bump a few counters; everything else is also grouped by (kind, direction,
 module pattern, source line), and tiny transfers/syncs are counted per step for storm detection.
 """
+
 from __future__ import annotations
 
 import re
@@ -109,8 +110,7 @@ class TraceStats:
         key = (ev.kind, ev.direction, pattern, ev.source)
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = Group(ev.kind, ev.direction, pattern, ev.source,
-                                             first_seq=ev.seq, example=ev)
+            group = self.groups[key] = Group(ev.kind, ev.direction, pattern, ev.source, first_seq=ev.seq, example=ev)
         return group
 
     def add_device_time(self, ev: OpEvent) -> None:
@@ -123,4 +123,3 @@ class TraceStats:
 
     def syncs_total(self) -> int:
         return sum(s.syncs for s in self.steps.values())
-

@@ -7,6 +7,7 @@ framework (MLX) an op returns once it is in the graph; compute lands on the sync
 ``item``). A backend stamps an op when its call returns, so the table attributes to each op the
 host time since the previous op returned.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -66,8 +67,18 @@ def op_table(trace: BackendTrace) -> list[dict]:
         if not row["shapes"]:
             row["shapes"] = " ".join("x".join(map(str, s)) for s in ev.input_shapes) or "-"
     total = sum(r["ns"] for r in rows.values()) or 1
-    out = [{"op": op, "device": dev, "count": r["count"], "ms": r["ns"] / 1e6, "pct": 100.0 * r["ns"] / total,
-            "sync": op in SYNC_OPS, "shapes": r["shapes"]} for (op, dev), r in rows.items()]
+    out = [
+        {
+            "op": op,
+            "device": dev,
+            "count": r["count"],
+            "ms": r["ns"] / 1e6,
+            "pct": 100.0 * r["ns"] / total,
+            "sync": op in SYNC_OPS,
+            "shapes": r["shapes"],
+        }
+        for (op, dev), r in rows.items()
+    ]
     return sorted(out, key=lambda r: -r["ms"])
 
 
@@ -80,18 +91,28 @@ def as_dict(trace: BackendTrace, top: int = 0) -> dict:
     table = op_table(trace)
     devices = sorted({r["device"] for r in table})
     syncs = sum(r["count"] for r in table if r["sync"])
-    return {"backend": trace.backend, "tokens": trace.tokens, "ops": trace.ops, "stored_events": len(trace.events),
-            "devices": devices, "syncs": syncs, "syncs_per_token": syncs / max(trace.tokens, 1),
-            "wall_ms": (trace.end_ns - trace.start_ns) / 1e6, "ops_by_time": table[:top] if top else table}
+    return {
+        "backend": trace.backend,
+        "tokens": trace.tokens,
+        "ops": trace.ops,
+        "stored_events": len(trace.events),
+        "devices": devices,
+        "syncs": syncs,
+        "syncs_per_token": syncs / max(trace.tokens, 1),
+        "wall_ms": (trace.end_ns - trace.start_ns) / 1e6,
+        "ops_by_time": table[:top] if top else table,
+    }
 
 
 def render_text(trace: BackendTrace, top: int = 15) -> str:
     d = as_dict(trace)
-    lines = [f"Op trace on the {d['backend']} backend: {d['ops']} ops over {d['tokens']} tokens "
-             f"({d['wall_ms']:.0f} ms), device/stream: {', '.join(d['devices']) or '-'}",
-             f"host syncs: {d['syncs']} ({d['syncs_per_token']:.1f} per token)",
-             "host time per op, since the previous one returned (lazy ops: compute shows up on the syncs):",
-             f"  {'op':<36} {'count':>7} {'ms':>9} {'%':>6}  shapes (first call)"]
+    lines = [
+        f"Op trace on the {d['backend']} backend: {d['ops']} ops over {d['tokens']} tokens "
+        f"({d['wall_ms']:.0f} ms), device/stream: {', '.join(d['devices']) or '-'}",
+        f"host syncs: {d['syncs']} ({d['syncs_per_token']:.1f} per token)",
+        "host time per op, since the previous one returned (lazy ops: compute shows up on the syncs):",
+        f"  {'op':<36} {'count':>7} {'ms':>9} {'%':>6}  shapes (first call)",
+    ]
     for r in d["ops_by_time"][:top]:
         lines.append(f"  {r['op']:<36} {r['count']:>7} {r['ms']:>9.2f} {r['pct']:>5.1f}%  {r['shapes'][:48]}")
     if len(d["ops_by_time"]) > top:
@@ -105,10 +126,20 @@ def write_chrome_trace(trace: BackendTrace, path) -> None:
 
     out = []
     for ev, start in zip(trace.events, _starts(trace)):
-        out.append({"name": ev.op, "ph": "X", "pid": trace.backend, "tid": ev.device,
-                    "ts": (start - trace.start_ns) / 1e3, "dur": max(ev.t_ns - start, 0) / 1e3,
-                    "args": {"inputs": [list(s) for s in ev.input_shapes], "dtypes": list(ev.input_dtypes)}})
-    out += [{"name": "token", "ph": "i", "s": "g", "pid": trace.backend, "tid": "tokens",
-             "ts": (t - trace.start_ns) / 1e3} for t in trace.token_ns]
+        out.append(
+            {
+                "name": ev.op,
+                "ph": "X",
+                "pid": trace.backend,
+                "tid": ev.device,
+                "ts": (start - trace.start_ns) / 1e3,
+                "dur": max(ev.t_ns - start, 0) / 1e3,
+                "args": {"inputs": [list(s) for s in ev.input_shapes], "dtypes": list(ev.input_dtypes)},
+            }
+        )
+    out += [
+        {"name": "token", "ph": "i", "s": "g", "pid": trace.backend, "tid": "tokens", "ts": (t - trace.start_ns) / 1e3}
+        for t in trace.token_ns
+    ]
     with open(path, "w") as f:
         json.dump({"traceEvents": out, "displayTimeUnit": "ms"}, f)

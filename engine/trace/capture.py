@@ -10,27 +10,37 @@
 Each op is classified as it runs (engine.trace.classify) so that counters stay exact past the
 event cap. The dispatch mode is thread-local: only ops of the entering thread are seen.
 """
+
 from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
+from opscope.engine.core.errors import ConfigError
 from opscope.engine.trace import classify as cls
 from opscope.engine.trace.aggregate import TraceStats
 from opscope.engine.trace.devtime import DeviceTimer, cuda_timer
-from opscope.engine.trace.events import (D2H, H2D, HOST, ON_TARGET, SOURCE_ALL, SOURCE_FINDINGS, SOURCE_OFF,
-                                 TRANSFER, OpEvent, TraceOptions)
+from opscope.engine.trace.events import (
+    D2H,
+    H2D,
+    HOST,
+    ON_TARGET,
+    SOURCE_ALL,
+    SOURCE_FINDINGS,
+    SOURCE_OFF,
+    TRANSFER,
+    OpEvent,
+    TraceOptions,
+)
 from opscope.engine.trace.modstack import ModuleStack
 from opscope.engine.trace.source import caller_site, format_site
-from opscope.engine.core.errors import ConfigError
+from torch.utils._python_dispatch import TorchDispatchMode
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +106,7 @@ def _is_pinned(t) -> bool | None:
 class Tracer(TorchDispatchMode):
     """Records, classifies and counts every aten op run while it is entered."""
 
-    def __init__(self, options: TraceOptions | None = None, model=None,
-                 device_timer: DeviceTimer | None = None):
+    def __init__(self, options: TraceOptions | None = None, model=None, device_timer: DeviceTimer | None = None):
         super().__init__()
         self.options = options or TraceOptions()
         if self.options.source not in (SOURCE_OFF, SOURCE_FINDINGS, SOURCE_ALL):
@@ -169,8 +178,17 @@ class Tracer(TorchDispatchMode):
             self._suspended = was
 
     def result(self) -> TraceResult:
-        return TraceResult(self.options, self.events, self.stats, self.dropped, self.markers,
-                           self.token_ns, self.start_ns, self.end_ns, self.device_timed)
+        return TraceResult(
+            self.options,
+            self.events,
+            self.stats,
+            self.dropped,
+            self.markers,
+            self.token_ns,
+            self.start_ns,
+            self.end_ns,
+            self.device_timed,
+        )
 
     # -- hot path ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -215,9 +233,24 @@ class Tracer(TorchDispatchMode):
             kind, direction = self._classify(role, name, in_d, in_sh, out_d, ins)
         source = self._source() if self._all_sources or (self._off_target_sources and kind not in _QUIET) else None
         stack = self.modules.stack
-        ev = OpEvent(self.seq, name, role, stack[-1] if stack else "", source, in_d, out_d,
-                     tuple([t.dtype for t in ins]), tuple([t.dtype for t in outs]), in_sh,
-                     tuple([t.shape for t in outs]), t0, t1 - t0, self.step, kind, direction)
+        ev = OpEvent(
+            self.seq,
+            name,
+            role,
+            stack[-1] if stack else "",
+            source,
+            in_d,
+            out_d,
+            tuple([t.dtype for t in ins]),
+            tuple([t.dtype for t in outs]),
+            in_sh,
+            tuple([t.shape for t in outs]),
+            t0,
+            t1 - t0,
+            self.step,
+            kind,
+            direction,
+        )
         self.seq += 1
         blocking = self._transfer_details(ev, name, nb_index, args, kwargs, out) if kind == TRANSFER else False
         self.stats.add(ev, blocking)
@@ -271,12 +304,10 @@ def _copy_tensors(name: str, args, out) -> tuple:
 
 def _copy_ends(name: str, in_d: tuple, out_d: tuple) -> tuple[str, str] | None:
     """(source device, destination device) of a copy op."""
-    if (name.startswith("aten._to_copy") or name.startswith("aten.to.")) and in_d and out_d:
+    if name.startswith(("aten._to_copy", "aten.to.")) and in_d and out_d:
         return in_d[0], out_d[0]
     if name.startswith("aten.copy_") and len(in_d) >= 2:
         return in_d[1], in_d[0]
     if len(in_d) >= 2:  # _copy_from(self, dst)
         return in_d[0], in_d[1]
     return None
-
-

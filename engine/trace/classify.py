@@ -11,6 +11,7 @@ Roles (what an op does, from its name alone; cached per op overload in engine.tr
   view      metadata only (views, ``detach``, ``lift_fresh``): no data moves, no compute
   compute   everything else
 """
+
 from __future__ import annotations
 
 from opscope.engine.core.errors import ConfigError
@@ -20,25 +21,51 @@ HOST_DEVICE = "cpu"
 
 # Under torch.inference_mode the dispatcher hands composite ops (aten.to, aten.item, aten.linear)
 # to the trace undecomposed; without it, their pieces (_to_copy, _local_scalar_dense, addmm).
-COPY_OPS = frozenset({"aten._to_copy", "aten.to", "aten.copy_", "aten._copy_from",
-                      "aten._copy_from_and_resize"})
+COPY_OPS = frozenset({"aten._to_copy", "aten.to", "aten.copy_", "aten._copy_from", "aten._copy_from_and_resize"})
 SCALAR_OPS = frozenset({"aten._local_scalar_dense", "aten.item"})
 # Ops whose output shape or value the host needs before it can go on (a device sync on CUDA).
-SYNC_OPS = frozenset({
-    "aten.nonzero", "aten.masked_select", "aten._unique", "aten._unique2", "aten.unique_dim",
-    "aten.unique_consecutive", "aten.unique_dim_consecutive", "aten.is_nonzero", "aten.equal",
-    "aten.repeat_interleave",
-})
+SYNC_OPS = frozenset(
+    {
+        "aten.nonzero",
+        "aten.masked_select",
+        "aten._unique",
+        "aten._unique2",
+        "aten.unique_dim",
+        "aten.unique_consecutive",
+        "aten.unique_dim_consecutive",
+        "aten.is_nonzero",
+        "aten.equal",
+        "aten.repeat_interleave",
+    }
+)
 INDEX_OPS = frozenset({"aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl_"})
 # Not views by schema, but metadata-only all the same.
 EXTRA_VIEW_OPS = frozenset({"aten._unsafe_view", "aten.lift", "aten.lift_fresh_copy", "aten.detach_"})
 # Queries about a tensor, not ops on its data: not recorded at all.
-IGNORED_OPS = frozenset({"prim.device", "aten.sym_size", "aten.sym_stride", "aten.sym_numel",
-                         "aten.sym_storage_offset", "aten.is_contiguous", "aten.is_strides_like_format",
-                         "aten.is_non_overlapping_and_dense", "aten.dim", "aten.size", "aten.stride"})
+IGNORED_OPS = frozenset(
+    {
+        "prim.device",
+        "aten.sym_size",
+        "aten.sym_stride",
+        "aten.sym_numel",
+        "aten.sym_storage_offset",
+        "aten.is_contiguous",
+        "aten.is_strides_like_format",
+        "aten.is_non_overlapping_and_dense",
+        "aten.dim",
+        "aten.size",
+        "aten.stride",
+    }
+)
 
 ROLE_COPY, ROLE_SCALAR, ROLE_SYNC, ROLE_INDEX, ROLE_VIEW, ROLE_COMPUTE = (
-    "copy", "scalar", "sync", "index", "view", "compute")
+    "copy",
+    "scalar",
+    "sync",
+    "index",
+    "view",
+    "compute",
+)
 
 
 def op_role(packet: str, is_view: bool) -> str | None:
@@ -89,9 +116,15 @@ def direction(src: str, dst: str) -> str:
     return D2H if dst == HOST_DEVICE else D2D
 
 
-def classify(role: str, in_devices: tuple[str, ...], in_scalar: tuple[bool, ...],
-             out_devices: tuple[str, ...], is_target: DeviceMatcher,
-             copy_src_dst: tuple[str, str] | None = None, bool_index: bool = False) -> tuple[str, str]:
+def classify(
+    role: str,
+    in_devices: tuple[str, ...],
+    in_scalar: tuple[bool, ...],
+    out_devices: tuple[str, ...],
+    is_target: DeviceMatcher,
+    copy_src_dst: tuple[str, str] | None = None,
+    bool_index: bool = False,
+) -> tuple[str, str]:
     """(kind, direction) of one op. ``in_scalar[i]``: input i is a 0-dim host tensor, which
     accelerators take as a plain scalar argument (not mixed). ``copy_src_dst``: (source,
     destination) of a copy op. ``bool_index``: an index op got a boolean mask."""

@@ -5,10 +5,12 @@ serialize the GPU and change what is measured).
 The event factory is a parameter so the logic can be tested with a stand-in that has the same API
 as ``torch.cuda.Event`` (record(), synchronize(), elapsed_time(other) → ms).
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -54,5 +56,4 @@ def cuda_timer(target: str, max_pairs: int) -> DeviceTimer | None:
         log.info("trace target %s: CUDA is not available, recording host time only", target)
         return None
     device = torch.device(target)
-    return DeviceTimer(lambda: torch.cuda.Event(enable_timing=True),
-                       lambda: torch.cuda.synchronize(device), max_pairs)
+    return DeviceTimer(lambda: torch.cuda.Event(enable_timing=True), lambda: torch.cuda.synchronize(device), max_pairs)

@@ -3,6 +3,7 @@
 OpEvent is a slotted class, not a dataclass: the capture builds one per op on the hot path, and
 positional construction of a slotted class is the cheapest object Python offers after a tuple.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,13 +55,48 @@ class OpEvent:
     """One aten op as it ran. Devices (strings), dtypes (torch.dtype) and shapes (torch.Size) are
     tuples over the op's tensor inputs and outputs; byte counts are derived from them on demand."""
 
-    __slots__ = ("seq", "op", "role", "module", "source", "in_devices", "out_devices", "in_dtypes",
-                 "out_dtypes", "in_shapes", "out_shapes", "t_ns", "dur_ns", "step", "kind",
-                 "direction", "pinned", "device_dur_ns")
+    __slots__ = (
+        "seq",
+        "op",
+        "role",
+        "module",
+        "source",
+        "in_devices",
+        "out_devices",
+        "in_dtypes",
+        "out_dtypes",
+        "in_shapes",
+        "out_shapes",
+        "t_ns",
+        "dur_ns",
+        "step",
+        "kind",
+        "direction",
+        "pinned",
+        "device_dur_ns",
+    )
 
-    def __init__(self, seq, op, role, module, source, in_devices, out_devices, in_dtypes, out_dtypes,
-                 in_shapes, out_shapes, t_ns, dur_ns, step, kind, direction, pinned=None,
-                 device_dur_ns=None):
+    def __init__(
+        self,
+        seq,
+        op,
+        role,
+        module,
+        source,
+        in_devices,
+        out_devices,
+        in_dtypes,
+        out_dtypes,
+        in_shapes,
+        out_shapes,
+        t_ns,
+        dur_ns,
+        step,
+        kind,
+        direction,
+        pinned=None,
+        device_dur_ns=None,
+    ):
         self.seq, self.op, self.role, self.module, self.source = seq, op, role, module, source
         self.in_devices, self.out_devices = in_devices, out_devices
         self.in_dtypes, self.out_dtypes = in_dtypes, out_dtypes
@@ -98,8 +134,10 @@ class OpEvent:
         return d
 
     def __repr__(self) -> str:
-        return (f"OpEvent(#{self.seq} {self.op} {self.kind}{' ' + self.direction if self.direction else ''}"
-                f" {self.in_devices}->{self.out_devices} module={self.module!r} source={self.source!r})")
+        return (
+            f"OpEvent(#{self.seq} {self.op} {self.kind}{' ' + self.direction if self.direction else ''}"
+            f" {self.in_devices}->{self.out_devices} module={self.module!r} source={self.source!r})"
+        )
 
 
 def dtype_name(dtype) -> str:

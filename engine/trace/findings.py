@@ -8,15 +8,16 @@ often per generated token, and a one-line fix.
 3. The remaining off-target groups are merged per module pattern, and patterns with the same
    source lines are merged again, so a bug in one class shows once with every module it touches.
 """
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from opscope.engine.core.units import count_rate
 from opscope.engine.trace.aggregate import Group, TraceStats
 from opscope.engine.trace.events import D2H, FALLBACK, H2D, MIXED, SYNC, TRANSFER, TraceOptions
 from opscope.engine.trace.modstack import ROOT
-from opscope.engine.core.units import count_rate
 
 STORM = "storm"
 _ENGINE_LOOP = "(engine loop, outside the model)"
@@ -59,11 +60,16 @@ class IoPolicy:
     any_size_h2d: bool = False
 
 
-GENERATION_IO = IoPolicy({H2D: "input id H2D", D2H: "sampled id D2H", "sync": "sampled id read"},
-                         {H2D: 1, D2H: 1, "sync": 1})
+GENERATION_IO = IoPolicy(
+    {H2D: "input id H2D", D2H: "sampled id D2H", "sync": "sampled id read"}, {H2D: 1, D2H: 1, "sync": 1}
+)
 # A script's loop: a few batch tensors uploaded and one value (the loss) read back per step.
-SCRIPT_IO = IoPolicy({H2D: "input batch H2D", D2H: "value read D2H", "sync": "value read (loss or metric)"},
-                     {H2D: 4, D2H: 1, "sync": 1}, scopes=("",), any_size_h2d=True)
+SCRIPT_IO = IoPolicy(
+    {H2D: "input batch H2D", D2H: "value read D2H", "sync": "value read (loss or metric)"},
+    {H2D: 4, D2H: 1, "sync": 1},
+    scopes=("",),
+    any_size_h2d=True,
+)
 
 
 def engine_io_groups(stats: TraceStats, tokens: int, policy: IoPolicy = GENERATION_IO) -> tuple[set, list[str]]:
@@ -96,11 +102,11 @@ def _io_slot(group: Group, tiny_bytes: int, policy: IoPolicy) -> str | None:
     return "sync" if group.kind == SYNC else None
 
 
-def build_findings(stats: TraceStats, opts: TraceOptions, tokens: int, accepted: set,
-                   unit: str = "token") -> list[Finding]:
+def build_findings(
+    stats: TraceStats, opts: TraceOptions, tokens: int, accepted: set, unit: str = "token"
+) -> list[Finding]:
     storms, absorbed = _storms(stats, opts, tokens, unit)
-    rest = [g for k, g in stats.groups.items()
-            if k not in accepted and (g.module, g.source) not in absorbed]
+    rest = [g for k, g in stats.groups.items() if k not in accepted and (g.module, g.source) not in absorbed]
     findings = storms + [_merged_finding(gs, opts.target, tokens, unit) for gs in _merge(rest)]
     return sorted(findings, key=lambda f: (_SEVERITY[f.severity], -f.evidence.get("host_ms", 0.0)))
 
@@ -127,11 +133,15 @@ def _storm_finding(pattern, source, steps: Counter, groups: list[Group], target,
     ev = _evidence(groups, tokens, unit)
     ev.update(max_per_step=max(steps.values()), steps_with_storm=len(steps))
     return Finding(
-        STORM, "high", f"{mod}: {max(steps.values())} tiny transfers/syncs in one step "
-        f"at {where} ({what}): a per-element loop",
-        (pattern,), (source,) if source else (), ev,
+        STORM,
+        "high",
+        f"{mod}: {max(steps.values())} tiny transfers/syncs in one step at {where} ({what}): a per-element loop",
+        (pattern,),
+        (source,) if source else (),
+        ev,
         f"replace the per-element Python loop at {where} with one tensor op on {target} "
-        f"(e.g. dst.copy_(src), torch.cat, indexing with a tensor), and read values back at most once")
+        f"(e.g. dst.copy_(src), torch.cat, indexing with a tensor), and read values back at most once",
+    )
 
 
 def _merge(groups: list[Group]) -> list[list[Group]]:
@@ -177,7 +187,8 @@ def _evidence(groups: list[Group], tokens: int, unit: str = "token") -> dict:
         "syncs": sum(g.count for g in groups if g.kind == SYNC) + sum(g.blocking for g in groups),
         "ops": dict(ops.most_common(8)),
         "devices": sorted({d for g in groups for d in g.devices}),
-        "modules": len(modules), "module_examples": modules[:4],
+        "modules": len(modules),
+        "module_examples": modules[:4],
         "bytes_per_token": round(sum(decode_bytes(g, tokens) for g in groups)),
         "lines": _lines(groups, tokens, unit),
     }
@@ -195,7 +206,10 @@ def _lines(groups: list[Group], tokens: int, unit: str = "token") -> list[str]:
             ops.update(g.ops)
         names = ", ".join(op.split(".")[1] for op, _ in ops.most_common(5))
         rate = sum(decode_rate(g, tokens) for g in gs)
-        out.append(f"{source or '?'}: {kind} {direction}".rstrip() + f" ({names}) {count_rate(rate)}/{unit}, {sum(g.count for g in gs)} in all")
+        out.append(
+            f"{source or '?'}: {kind} {direction}".rstrip()
+            + f" ({names}) {count_rate(rate)}/{unit}, {sum(g.count for g in gs)} in all"
+        )
     return out
 
 
@@ -206,18 +220,27 @@ def _fallback_text(groups, patterns, target, ev) -> tuple[str, str]:
     title = f"{_mod_text(patterns)}: compute runs on {devices} instead of {target} at {where} ({_ops_short(compute)})"
     moves = ev["transfers_per_token"]
     if moves:
-        title += (", with " + " + ".join(f"{count_rate(n)} {d}" for d, n in moves.items())
-                  + f" copies per token ({_kib(ev['bytes_per_token'])})")
+        title += (
+            ", with "
+            + " + ".join(f"{count_rate(n)} {d}" for d, n in moves.items())
+            + f" copies per token ({_kib(ev['bytes_per_token'])})"
+        )
     d2h = next((g for g in groups if g.kind == TRANSFER and g.direction == D2H), None)
     if d2h is not None and patterns == ("",):
-        fix = (f"keep this work on {target}: drop the copy to the host at {d2h.source or '?'} and bring back "
-               f"only what the host needs (the sampled id, with one .item() per step)")
+        fix = (
+            f"keep this work on {target}: drop the copy to the host at {d2h.source or '?'} and bring back "
+            f"only what the host needs (the sampled id, with one .item() per step)"
+        )
     elif d2h is not None:
-        fix = (f"keep {_mod_text(patterns)} on {target}: drop the copy to the host at {d2h.source or '?'} "
-               f"and the copy back, and keep its weights/constants on the input's device")
+        fix = (
+            f"keep {_mod_text(patterns)} on {target}: drop the copy to the host at {d2h.source or '?'} "
+            f"and the copy back, and keep its weights/constants on the input's device"
+        )
     else:
-        fix = (f"create the tensors used at {where} on {target}: pass device=x.device to factory calls "
-               f"(torch.empty/zeros/arange/tensor) or register constants as buffers so model.to() moves them")
+        fix = (
+            f"create the tensors used at {where} on {target}: pass device=x.device to factory calls "
+            f"(torch.empty/zeros/arange/tensor) or register constants as buffers so model.to() moves them"
+        )
     return title, fix
 
 
@@ -234,17 +257,23 @@ def _transfer_text(groups, patterns, target, ev) -> tuple[str, str]:
 
 def _sync_text(groups, patterns, target, ev) -> tuple[str, str]:
     first = groups[0]
-    title = (f"{_mod_text(patterns)} makes the host wait for {target} at {first.source or '?'}: "
-             f"{count_rate(ev['count_per_token'])} syncs per token ({_ops_short(groups)})")
-    fix = ("keep the value on the device (torch.where / masks instead of Python branching on .item(), "
-           "fixed-size outputs instead of nonzero/boolean indexing) or read it once per step")
+    title = (
+        f"{_mod_text(patterns)} makes the host wait for {target} at {first.source or '?'}: "
+        f"{count_rate(ev['count_per_token'])} syncs per token ({_ops_short(groups)})"
+    )
+    fix = (
+        "keep the value on the device (torch.where / masks instead of Python branching on .item(), "
+        "fixed-size outputs instead of nonzero/boolean indexing) or read it once per step"
+    )
     return title, fix
 
 
 def _mixed_text(groups, patterns, target, ev) -> tuple[str, str]:
     first = groups[0]
-    title = (f"{_mod_text(patterns)} mixes {' and '.join(ev['devices'])} tensors in one op at "
-             f"{first.source or '?'} ({_ops_short(groups)}): an implicit copy each call")
+    title = (
+        f"{_mod_text(patterns)} mixes {' and '.join(ev['devices'])} tensors in one op at "
+        f"{first.source or '?'} ({_ops_short(groups)}): an implicit copy each call"
+    )
     fix = f"move the host inputs of that op (indices, masks, constants) to {target} once, ahead of the loop"
     return title, fix
 

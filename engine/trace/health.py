@@ -11,6 +11,7 @@ Where the values come from (all without a host sync inside the loop; read once, 
              the optimizer's param_groups
 Bookkeeping ops run with the tracer suspended, so the trace shows only the script's own ops.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,7 +22,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-
 from opscope.engine.trace.findings import Finding
 from opscope.engine.trace.source import caller_site, format_site
 
@@ -135,10 +135,18 @@ class HealthMonitor:
         where = self.loss_site or "?"
         bad = [i for i, v in enumerate(losses) if v != v or v in (float("inf"), float("-inf"))]
         if bad:
-            return [Finding(LOSS, "high", f"the loss passed to backward() at {where} is not finite from "
-                            f"step {bad[0]} on ({len(bad)} of {len(losses)} steps)", ("",), _sites(where),
-                            {"lines": [f"{where}: loss {_series(losses)}"]},
-                            "lower the learning rate, check the inputs for NaN/inf, or clip gradients")]
+            return [
+                Finding(
+                    LOSS,
+                    "high",
+                    f"the loss passed to backward() at {where} is not finite from "
+                    f"step {bad[0]} on ({len(bad)} of {len(losses)} steps)",
+                    ("",),
+                    _sites(where),
+                    {"lines": [f"{where}: loss {_series(losses)}"]},
+                    "lower the learning rate, check the inputs for NaN/inf, or clip gradients",
+                )
+            ]
         n = len(losses)
         if n < self.options.min_steps:
             return []
@@ -146,12 +154,19 @@ class HealthMonitor:
         first, last = statistics.median(losses[:third]), statistics.median(losses[-third:])
         if last < first - self.options.min_drop * max(abs(first), 1e-12):
             return []
-        return [Finding(LOSS, "high", f"the loss passed to backward() at {where} does not fall: median "
-                        f"{first:.4g} over the first {third} steps, {last:.4g} over the last {third}", ("",),
-                        _sites(where), {"lines": [f"{where}: loss {_series(losses)}"],
-                                        "loss_first": first, "loss_last": last, "steps": n},
-                        "check that the optimizer steps the model's parameters, that no gradient is cut "
-                        "(detach, no_grad, .item() inside the graph), and the learning rate")]
+        return [
+            Finding(
+                LOSS,
+                "high",
+                f"the loss passed to backward() at {where} does not fall: median "
+                f"{first:.4g} over the first {third} steps, {last:.4g} over the last {third}",
+                ("",),
+                _sites(where),
+                {"lines": [f"{where}: loss {_series(losses)}"], "loss_first": first, "loss_last": last, "steps": n},
+                "check that the optimizer steps the model's parameters, that no gradient is cut "
+                "(detach, no_grad, .item() inside the graph), and the learning rate",
+            )
+        ]
 
     def _named(self) -> dict[int, tuple[str, str | None]]:
         """id(param) → (module path, the line that first called the module)."""
@@ -166,23 +181,44 @@ class HealthMonitor:
 
     def _grad_findings(self) -> list[Finding]:
         named, found = self._named(), []
-        for root_name, root in self.modules.roots.items():
+        for root in self.modules.roots.values():
             params = [p for p in root.parameters() if p.requires_grad]
             missing = [p for p in params if id(p) not in self._got_grad]
             if missing and len(missing) < len(params):  # a root with no gradient at all is frozen on purpose
-                found.append(_param_finding(NO_GRAD, missing, named, "never received a gradient",
-                                            "the module's output is cut from the loss (detach(), .item(), "
-                                            "torch.no_grad, or an unused branch); reconnect it or freeze it "
-                                            "with requires_grad_(False)"))
+                found.append(
+                    _param_finding(
+                        NO_GRAD,
+                        missing,
+                        named,
+                        "never received a gradient",
+                        "the module's output is cut from the loss (detach(), .item(), "
+                        "torch.no_grad, or an unused branch); reconnect it or freeze it "
+                        "with requires_grad_(False)",
+                    )
+                )
         zero, nonfinite = self._grad_norm_flags()
         if nonfinite:
-            found.append(_param_finding(GRADIENT, nonfinite, named, "got non-finite gradients first",
-                                        "find the op that overflows (log of 0, division, fp16 range); "
-                                        "lower the learning rate or clip gradients"))
+            found.append(
+                _param_finding(
+                    GRADIENT,
+                    nonfinite,
+                    named,
+                    "got non-finite gradients first",
+                    "find the op that overflows (log of 0, division, fp16 range); "
+                    "lower the learning rate or clip gradients",
+                )
+            )
         if zero:
-            found.append(_param_finding(GRADIENT, zero, named, "got gradients that are all zero at every step",
-                                        "the path from these parameters to the loss is flat (a dead ReLU, "
-                                        "a zero mask, a constant output); check the module's inputs"))
+            found.append(
+                _param_finding(
+                    GRADIENT,
+                    zero,
+                    named,
+                    "got gradients that are all zero at every step",
+                    "the path from these parameters to the loss is flat (a dead ReLU, "
+                    "a zero mask, a constant output); check the module's inputs",
+                )
+            )
         return found
 
     def _grad_norm_flags(self) -> tuple[list, list]:
@@ -212,23 +248,36 @@ class HealthMonitor:
             opt = self._opt_refs[key]
             stepped = [p for g in opt.param_groups for p in g["params"]]
             if rec.empty_steps and self.losses:
-                found.append(Finding(
-                    GRADIENT, "high", f"{type(opt).__name__}.step() at {rec.site or '?'} found no gradient on any of "
-                    f"its {len(stepped)} parameter tensor(s) in {rec.empty_steps} of {rec.steps} steps, although "
-                    f"backward() ran at {self.loss_site or '?'}: those steps change nothing",
-                    tuple(self.modules.roots), _sites(rec.site),
-                    {"lines": [f"{rec.site or '?'}: optimizer.step() with no gradients ({rec.empty_steps}×)"]},
-                    "call optimizer.zero_grad() before backward() (or right after step()), never between "
-                    "backward() and step()"))
+                found.append(
+                    Finding(
+                        GRADIENT,
+                        "high",
+                        f"{type(opt).__name__}.step() at {rec.site or '?'} found no gradient on any of "
+                        f"its {len(stepped)} parameter tensor(s) in {rec.empty_steps} of {rec.steps} steps, although "
+                        f"backward() ran at {self.loss_site or '?'}: those steps change nothing",
+                        tuple(self.modules.roots),
+                        _sites(rec.site),
+                        {"lines": [f"{rec.site or '?'}: optimizer.step() with no gradients ({rec.empty_steps}×)"]},
+                        "call optimizer.zero_grad() before backward() (or right after step()), never between "
+                        "backward() and step()",
+                    )
+                )
             if not stepped or any(id(p) in model for p in stepped):
                 continue
             roots = ", ".join(self.modules.roots) or "no module"
-            found.append(Finding(
-                OPTIMIZER, "high", f"{type(opt).__name__} stepped at {rec.site or '?'} updates {len(stepped)} "
-                f"parameter tensor(s), none of them the model's ({roots}): the model never changes",
-                tuple(self.modules.roots), _sites(rec.site), {"lines": [f"{rec.site or '?'}: optimizer.step()"]},
-                "build the optimizer from the parameters of the model you train, after the model is created "
-                "and moved (optimizer = Opt(model.parameters()) after model.to(device))"))
+            found.append(
+                Finding(
+                    OPTIMIZER,
+                    "high",
+                    f"{type(opt).__name__} stepped at {rec.site or '?'} updates {len(stepped)} "
+                    f"parameter tensor(s), none of them the model's ({roots}): the model never changes",
+                    tuple(self.modules.roots),
+                    _sites(rec.site),
+                    {"lines": [f"{rec.site or '?'}: optimizer.step()"]},
+                    "build the optimizer from the parameters of the model you train, after the model is created "
+                    "and moved (optimizer = Opt(model.parameters()) after model.to(device))",
+                )
+            )
         return found
 
 
@@ -258,9 +307,10 @@ def _sites(site: str | None) -> tuple[str, ...]:
 
 def _series(values: list[float], n: int = 6) -> str:
     """[a, b, c, …, x, y, z] over N steps: the first and last few values."""
+
     def text(vs: list[float]) -> str:
         return ", ".join(f"{v:.4g}" for v in vs)
 
     if len(values) <= n:
         return f"[{text(values)}]"
-    return f"[{text(values[:n // 2])}, …, {text(values[-(n // 2):])}] over {len(values)} steps"
+    return f"[{text(values[: n // 2])}, …, {text(values[-(n // 2) :])}] over {len(values)} steps"

@@ -10,6 +10,7 @@ Two ways to hook (TraceOptions.hooks, compared in benchmarks/trace_overhead.py):
             module is kept (``call_sites``) for findings about it.
 Post hooks are registered with ``always_call=True`` so an exception inside a forward still pops.
 """
+
 from __future__ import annotations
 
 import logging
@@ -54,13 +55,14 @@ class ModuleStack:
         def pre(module, args):
             push(names.get(module) or type(module).__name__)
 
-        self._handles = [register_module_forward_pre_hook(pre),
-                         register_module_forward_hook(lambda m, a, o: pop(), always_call=True)]
+        self._handles = [
+            register_module_forward_pre_hook(pre),
+            register_module_forward_hook(lambda m, a, o: pop(), always_call=True),
+        ]
 
     def _install_script(self) -> None:
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
         from opscope.engine.trace.source import caller_site, format_site
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
         names, sites, push = self._names, self.call_sites, self.stack.append
 
@@ -72,8 +74,10 @@ class ModuleStack:
                 sites[name] = format_site(caller_site(2))
             push(name)
 
-        self._handles = [register_module_forward_pre_hook(pre),
-                         register_module_forward_hook(lambda m, a, o: self._pop(), always_call=True)]
+        self._handles = [
+            register_module_forward_pre_hook(pre),
+            register_module_forward_hook(lambda m, a, o: self._pop(), always_call=True),
+        ]
 
     def _discover(self, module) -> str:
         """Name a module seen for the first time, and its submodules with it."""

@@ -3,6 +3,7 @@
 They live in this small file on purpose: the placement report must name this file and the line of
 each bug (the lines marked "BUG"). engine.trace.variants swaps them into a loaded model.
 """
+
 from __future__ import annotations
 
 import torch

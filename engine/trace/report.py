@@ -6,6 +6,7 @@ Per-token figures are over decode steps: the ops between consecutive generated t
 an accelerator is one host→device copy (the input id) and one device→host read that waits (the
 sampled id); every other transfer, sync or off-target op is a finding.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -13,7 +14,14 @@ from dataclasses import asdict, dataclass, field
 from opscope.engine.trace.aggregate import Group, TraceStats
 from opscope.engine.trace.capture import TraceResult
 from opscope.engine.trace.events import DIRECTIONS, FALLBACK, KINDS, MIXED, ON_TARGET, SYNC, TRANSFER
-from opscope.engine.trace.findings import GENERATION_IO, Finding, IoPolicy, build_findings, decode_rate, engine_io_groups
+from opscope.engine.trace.findings import (
+    GENERATION_IO,
+    Finding,
+    IoPolicy,
+    build_findings,
+    decode_rate,
+    engine_io_groups,
+)
 
 
 @dataclass(frozen=True)
@@ -73,8 +81,9 @@ class PlacementReport:
         return d
 
 
-def build_report(result: TraceResult, notes: list[str] | None = None, *, unit: str = "token",
-                 io: IoPolicy = GENERATION_IO) -> PlacementReport:
+def build_report(
+    result: TraceResult, notes: list[str] | None = None, *, unit: str = "token", io: IoPolicy = GENERATION_IO
+) -> PlacementReport:
     """``unit``/``io``: "token" and the engine's I/O for a generation; a script's trace passes
     "step" and engine.trace.findings.SCRIPT_IO."""
     stats, opts = result.stats, result.options
@@ -86,24 +95,40 @@ def build_report(result: TraceResult, notes: list[str] | None = None, *, unit: s
     times = stats.kind_device_ns if use_device else stats.kind_host_ns
     total_time = sum(times.values()) or 1
     return PlacementReport(
-        target=opts.target, tokens=tokens, decode_steps=decode_steps, ops=stats.ops,
-        stored_events=len(result.events), dropped_events=result.dropped,
+        target=opts.target,
+        tokens=tokens,
+        decode_steps=decode_steps,
+        ops=stats.ops,
+        stored_events=len(result.events),
+        dropped_events=result.dropped,
         ops_on_target_pct=100.0 * stats.kind_count[ON_TARGET] / (stats.ops or 1),
         time_on_target_pct=100.0 * times[ON_TARGET] / total_time,
         time_basis="device" if use_device else "host",
         by_kind=_by_kind(stats, times, total_time),
         transfers=_transfers(stats, tokens),
-        syncs=stats.syncs_total(), syncs_per_token=_syncs_per_token(stats, tokens),
+        syncs=stats.syncs_total(),
+        syncs_per_token=_syncs_per_token(stats, tokens),
         fallbacks=[_row(g, tokens) for g in _sorted(stats, (FALLBACK,))],
         off_target_groups=[_row(g, tokens) for g in _sorted(stats, (TRANSFER, SYNC, MIXED))],
-        findings=findings, expected=expected, notes=list(notes or []), source_lines=opts.source, unit=unit,
+        findings=findings,
+        expected=expected,
+        notes=list(notes or []),
+        source_lines=opts.source,
+        unit=unit,
     )
 
 
 def _by_kind(stats: TraceStats, times, total_time: int) -> dict[str, dict]:
-    return {k: {"count": stats.kind_count[k], "pct": 100.0 * stats.kind_count[k] / (stats.ops or 1),
-                "ms": times[k] / 1e6, "time_pct": 100.0 * times[k] / total_time}
-            for k in KINDS if stats.kind_count[k]}
+    return {
+        k: {
+            "count": stats.kind_count[k],
+            "pct": 100.0 * stats.kind_count[k] / (stats.ops or 1),
+            "ms": times[k] / 1e6,
+            "time_pct": 100.0 * times[k] / total_time,
+        }
+        for k in KINDS
+        if stats.kind_count[k]
+    }
 
 
 def _decode_steps(stats: TraceStats, tokens: int) -> list:
@@ -119,11 +144,17 @@ def _transfers(stats: TraceStats, tokens: int) -> list[TransferSummary]:
         count = sum(g.count for g in groups)
         if not count:
             continue
-        out.append(TransferSummary(
-            direction, count, sum(g.bytes_moved for g in groups),
-            sum(s.transfers[direction] for s in decode) / n,
-            sum(s.transfer_bytes[direction] for s in decode) / n,
-            pinned=sum(g.pinned for g in groups), pageable=sum(g.pageable for g in groups)))
+        out.append(
+            TransferSummary(
+                direction,
+                count,
+                sum(g.bytes_moved for g in groups),
+                sum(s.transfers[direction] for s in decode) / n,
+                sum(s.transfer_bytes[direction] for s in decode) / n,
+                pinned=sum(g.pinned for g in groups),
+                pageable=sum(g.pageable for g in groups),
+            )
+        )
     return out
 
 
@@ -138,6 +169,14 @@ def _sorted(stats: TraceStats, kinds: tuple[str, ...]) -> list[Group]:
 
 
 def _row(group: Group, tokens: int) -> GroupRow:
-    return GroupRow(group.kind, group.direction, group.module, group.source, group.count,
-                    decode_rate(group, tokens), group.host_ns / 1e6, group.bytes_moved,
-                    dict(group.ops.most_common()))
+    return GroupRow(
+        group.kind,
+        group.direction,
+        group.module,
+        group.source,
+        group.count,
+        decode_rate(group, tokens),
+        group.host_ns / 1e6,
+        group.bytes_moved,
+        dict(group.ops.most_common()),
+    )

@@ -3,6 +3,7 @@ per-step times, telemetry and fingerprint, and two saved traces compared (`opsco
 
 The summary (RunResult.trace_summary) is plain JSON, so a diff needs nothing but two stored rows.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -11,9 +12,9 @@ from typing import Any
 
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.core.results import Metric, RunResult
+from opscope.engine.core.units import count_rate
 from opscope.engine.trace.aggregate import module_pattern
 from opscope.engine.trace.events import DIRECTIONS, ON_TARGET
-from opscope.engine.core.units import count_rate
 
 RUN_KIND = "trace"
 SUMMARY_VERSION = 1
@@ -25,33 +26,51 @@ def summary(trace, report) -> dict[str, Any]:
     steady = max(report.decode_steps, 1)
     per_step = {t.direction: round(t.per_token_count, 3) for t in report.transfers}
     return {
-        "version": SUMMARY_VERSION, "unit": report.unit, "script": trace.spec.label,
-        "argv": list(trace.spec.args), "target": report.target, "step_source": trace.step_source,
-        "steps": report.tokens, "step_ms": [round(v, 4) for v in trace.step_ms],
+        "version": SUMMARY_VERSION,
+        "unit": report.unit,
+        "script": trace.spec.label,
+        "argv": list(trace.spec.args),
+        "target": report.target,
+        "step_source": trace.step_source,
+        "steps": report.tokens,
+        "step_ms": [round(v, 4) for v in trace.step_ms],
         "median_step_ms": round(statistics.median(trace.step_ms), 4) if trace.step_ms else None,
-        "wall_ms": round(trace.outcome.wall_ns / 1e6, 3), "exit_code": trace.outcome.exit_code,
-        "error": trace.outcome.error, "ops": report.ops,
+        "wall_ms": round(trace.outcome.wall_ns / 1e6, 3),
+        "exit_code": trace.outcome.exit_code,
+        "error": trace.outcome.error,
+        "ops": report.ops,
         "ops_on_target": report.by_kind.get(ON_TARGET, {}).get("count", 0),
         "ops_off_target": report.ops - report.by_kind.get(ON_TARGET, {}).get("count", 0),
         "ops_per_step": round(_ops_per_step(trace.result, report.tokens), 2),
         "ops_on_target_pct": round(report.ops_on_target_pct, 3),
         "transfers_per_step": {d: per_step.get(d, 0.0) for d in DIRECTIONS},
-        "syncs_per_step": round(report.syncs_per_token, 3), "syncs": report.syncs,
+        "syncs_per_step": round(report.syncs_per_token, 3),
+        "syncs": report.syncs,
         "findings": [_finding(f) for f in report.findings],
         "modules": _module_times(trace.result.events, steady),
-        "losses": [round(v, 6) for v in trace.losses[:2000]], "roots": trace.roots,
+        "losses": [round(v, 6) for v in trace.losses[:2000]],
+        "roots": trace.roots,
     }
 
 
 def _ops_per_step(result, steps: int) -> float:
-    counts = [c.ops for s, c in result.stats.steps.items() if 1 <= s < steps] if steps > 1 else \
-        [c.ops for c in result.stats.steps.values()]
+    counts = (
+        [c.ops for s, c in result.stats.steps.items() if 1 <= s < steps]
+        if steps > 1
+        else [c.ops for c in result.stats.steps.values()]
+    )
     return sum(counts) / max(len(counts), 1)
 
 
 def _finding(f) -> dict:
-    return {"kind": f.kind, "severity": f.severity, "title": f.title, "modules": list(f.modules),
-            "sources": list(f.sources), "fix": f.fix}
+    return {
+        "kind": f.kind,
+        "severity": f.severity,
+        "title": f.title,
+        "modules": list(f.modules),
+        "sources": list(f.sources),
+        "fix": f.fix,
+    }
 
 
 def _module_times(events, steady_steps: int) -> dict[str, dict]:
@@ -69,14 +88,25 @@ def run_result(trace, report, *, name: str = "", settings: dict | None = None, r
     from opscope.engine.core import fingerprint
 
     settings = dict(settings or {}, script=trace.spec.label, args=list(trace.spec.args), target=report.target)
-    run = RunResult(kind=RUN_KIND, name=name, settings=settings, fingerprint=fingerprint.collect(settings),
-                    trace_summary=summary(trace, report),
-                    status="completed" if trace.outcome.exit_code == 0 else "failed",
-                    error=(trace.outcome.error or f"exit code {trace.outcome.exit_code}")
-                    if trace.outcome.exit_code else None)
+    run = RunResult(
+        kind=RUN_KIND,
+        name=name,
+        settings=settings,
+        fingerprint=fingerprint.collect(settings),
+        trace_summary=summary(trace, report),
+        status="completed" if trace.outcome.exit_code == 0 else "failed",
+        error=(trace.outcome.error or f"exit code {trace.outcome.exit_code}") if trace.outcome.exit_code else None,
+    )
     if trace.step_ms:
-        run.metrics.append(Metric("step_ms", "ms", list(trace.step_ms), higher_is_better=False,
-                                  params={"steps": report.tokens, "step_source": trace.step_source}))
+        run.metrics.append(
+            Metric(
+                "step_ms",
+                "ms",
+                list(trace.step_ms),
+                higher_is_better=False,
+                params={"steps": report.tokens, "step_source": trace.step_source},
+            )
+        )
     if recorder is not None:
         recorder.attach(run)
     return run
@@ -100,8 +130,10 @@ def load_summaries(refs: list[str], db: str | None = None) -> list[tuple[str, di
             stored = store.load(ref)
             s = stored.result.trace_summary
             if stored.info.kind != RUN_KIND or not s or "unit" not in s:
-                raise ConfigError(f"run {ref} ({stored.info.name}) is a {stored.info.kind} run, not a saved "
-                                  f"script trace (`opscope runs list --kind trace` lists those)")
+                raise ConfigError(
+                    f"run {ref} ({stored.info.name}) is a {stored.info.kind} run, not a saved "
+                    f"script trace (`opscope runs list --kind trace` lists those)"
+                )
             out.append((stored.info.name, s))
     return out
 
@@ -113,12 +145,14 @@ def diff(a: dict, b: dict) -> dict[str, Any]:
     return {
         "median_step_ms": (a.get("median_step_ms"), b.get("median_step_ms")),
         "step_change": step_change(a.get("step_ms") or [], b.get("step_ms") or []),
-        "steps": (a["steps"], b["steps"]), "wall_ms": (a["wall_ms"], b["wall_ms"]),
+        "steps": (a["steps"], b["steps"]),
+        "wall_ms": (a["wall_ms"], b["wall_ms"]),
         "ops_per_step": (a["ops_per_step"], b["ops_per_step"]),
         "ops_on_target": (a["ops_on_target"], b["ops_on_target"]),
         "ops_off_target": (a["ops_off_target"], b["ops_off_target"]),
-        "transfers_per_step": {d: (a["transfers_per_step"].get(d, 0.0), b["transfers_per_step"].get(d, 0.0))
-                               for d in DIRECTIONS},
+        "transfers_per_step": {
+            d: (a["transfers_per_step"].get(d, 0.0), b["transfers_per_step"].get(d, 0.0)) for d in DIRECTIONS
+        },
         "syncs_per_step": (a["syncs_per_step"], b["syncs_per_step"]),
         "last_loss": (_last(a.get("losses")), _last(b.get("losses"))),
         "only_in_a": [f for k, f in keys_a.items() if k not in keys_b],
@@ -138,11 +172,18 @@ def step_change(a_ms: list[float], b_ms: list[float]) -> dict[str, Any] | None:
     cell_a, cell_b, delta = compare_samples(a_ms, b_ms, higher_is_better=False)
     if delta is None or cell_a.summary is None or cell_b.summary is None:
         return None
-    return {"delta_pct": delta.delta_pct, "p_value": delta.p_value, "significant": delta.significant,
-            "decidable": delta.decidable, "slower": delta.worse, "n": (delta.n_base, delta.n_other),
-            "need_per_side": delta.need_per_side, "alpha": DEFAULT_ALPHA,
-            "noise_pct": (cell_a.summary.noise_pct, cell_b.summary.noise_pct),
-            "noisy": (cell_a.noisy, cell_b.noisy)}
+    return {
+        "delta_pct": delta.delta_pct,
+        "p_value": delta.p_value,
+        "significant": delta.significant,
+        "decidable": delta.decidable,
+        "slower": delta.worse,
+        "n": (delta.n_base, delta.n_other),
+        "need_per_side": delta.need_per_side,
+        "alpha": DEFAULT_ALPHA,
+        "noise_pct": (cell_a.summary.noise_pct, cell_b.summary.noise_pct),
+        "noisy": (cell_a.noisy, cell_b.noisy),
+    }
 
 
 def step_change_lines(c: dict[str, Any] | None) -> list[str]:
@@ -151,19 +192,25 @@ def step_change_lines(c: dict[str, Any] | None) -> list[str]:
         return ["    verdict: — (no step times on one side)"]
     n = f"n={c['n'][0]}+{c['n'][1]}"
     if not c["decidable"]:  # "~" would claim "no change"; these counts could not have shown one
-        lines = [f"    verdict: {c['delta_pct']:+.2f}%? n too small to decide (need ≥ {c['need_per_side']} "
-                 f"steps per side, {n})"]
+        lines = [
+            f"    verdict: {c['delta_pct']:+.2f}%? n too small to decide (need ≥ {c['need_per_side']} "
+            f"steps per side, {n})"
+        ]
     elif c["significant"]:
-        lines = [f"    verdict: {c['delta_pct']:+.2f}% (p={c['p_value']:.3f} {n}): B is "
-                 f"{'slower' if c['slower'] else 'faster'}"]
+        lines = [
+            f"    verdict: {c['delta_pct']:+.2f}% (p={c['p_value']:.3f} {n}): B is "
+            f"{'slower' if c['slower'] else 'faster'}"
+        ]
     else:
         lines = [f"    verdict: ~ (p={c['p_value']:.3f} {n}): no significant difference (p > {c['alpha']:g})"]
     if any(c["noisy"]):
         from opscope.engine.bench.measure.stats import NOISE_THRESHOLD_PCT
 
         noise = ", ".join(f"{side} {pct:.0f}%" for side, pct in zip("AB", c["noise_pct"], strict=True))
-        lines.append(f"    noisy: step-time IQR/median {noise} (over {NOISE_THRESHOLD_PCT:g}%): rerun on a "
-                     f"quieter machine or with more steps")
+        lines.append(
+            f"    noisy: step-time IQR/median {noise} (over {NOISE_THRESHOLD_PCT:g}%): rerun on a "
+            f"quieter machine or with more steps"
+        )
     return lines
 
 
@@ -186,7 +233,10 @@ def render_diff(d: dict, name_a: str, name_b: str) -> str:
     def row(label, pair, fmt="{:.3g}"):
         x, y = pair
         ratio = f"{y / x:.2f}×" if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x else ""
-        show = (lambda v: "—" if v is None else fmt(v) if callable(fmt) else fmt.format(v))
+
+        def show(v: object) -> str:
+            return "—" if v is None else fmt(v) if callable(fmt) else fmt.format(v)
+
         lines.append(f"  {label:<28} {show(x):>12} {show(y):>12} {ratio:>8}")
 
     row("median step (ms)", d["median_step_ms"])
@@ -202,12 +252,15 @@ def render_diff(d: dict, name_a: str, name_b: str) -> str:
     row("syncs per step", d["syncs_per_step"], count_rate)
     if any(v is not None for v in d.get("last_loss", ())):
         row("loss at the last step", d["last_loss"], "{:.4g}")
-    for label, found in (("Findings only in A (fixed in B)", d["only_in_a"]),
-                         ("Findings only in B (new)", d["only_in_b"])):
+    for label, found in (
+        ("Findings only in A (fixed in B)", d["only_in_a"]),
+        ("Findings only in B (new)", d["only_in_b"]),
+    ):
         lines += ["", f"{label}: {len(found) or 'none'}"]
         lines += [f"  [{f['kind']}] {f['title']}" for f in found]
     lines += ["", "Modules whose host time changed most (ms in A → B, ops in A → B):"]
     for r in d["modules"]:
-        lines.append(f"  {r['module'][:44]:<44} {r['ms'][0]:>9.2f} → {r['ms'][1]:<9.2f} "
-                     f"{r['ops'][0]:>7,} → {r['ops'][1]:,}")
+        lines.append(
+            f"  {r['module'][:44]:<44} {r['ms'][0]:>9.2f} → {r['ms'][1]:<9.2f} {r['ops'][0]:>7,} → {r['ops'][1]:,}"
+        )
     return "\n".join(lines) + "\n"

@@ -10,6 +10,7 @@ Steps: each ``opscope.step()`` the script calls; if it never calls one, each ``o
 after the first (a global post-hook, ``torch.optim.optimizer.register_optimizer_step_post_hook``;
 see _Steps); if neither, the whole run is one step.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -61,16 +62,20 @@ def _is_python(word: str) -> bool:
 def parse_command(words: list[str], cwd: str | None = None) -> ScriptSpec:
     """``["python", "train.py", "--lr", "1e-3"]`` or ``["python", "-m", "pkg.train", ...]``."""
     if not words or not _is_python(words[0]):
-        raise ConfigError(f"expected `python SCRIPT [ARGS]` or `python -m MODULE [ARGS]` after --, got "
-                          f"{' '.join(words) or 'nothing'!r}")
+        raise ConfigError(
+            f"expected `python SCRIPT [ARGS]` or `python -m MODULE [ARGS]` after --, got "
+            f"{' '.join(words) or 'nothing'!r}"
+        )
     rest = list(words[1:])
     if rest[:1] == ["-m"]:
         if len(rest) < 2:
             raise ConfigError("`python -m` needs a module name")
         return ScriptSpec(module=rest[1], args=tuple(rest[2:]), cwd=cwd)
     if not rest or rest[0].startswith("-"):
-        raise ConfigError(f"expected a script file after python, got {' '.join(rest) or 'nothing'!r} "
-                          f"(interpreter options are not supported; run `python -X ... -m opscope.engine.cli.main` instead)")
+        raise ConfigError(
+            f"expected a script file after python, got {' '.join(rest) or 'nothing'!r} "
+            f"(interpreter options are not supported; run `python -X ... -m opscope.engine.cli.main` instead)"
+        )
     base = Path(cwd or os.getcwd())
     if not (base / rest[0]).is_file():
         raise ConfigError(f"script {rest[0]} not found (looked in {base})")
@@ -127,7 +132,7 @@ def run_script(spec: ScriptSpec) -> ScriptOutcome:
             outcome.exit_code = _exit_code(e.code)
         except KeyboardInterrupt:
             raise
-        except BaseException as e:  # noqa: BLE001 - the script's failure is its result, reported as python would
+        except BaseException as e:
             outcome.exit_code = 1
             outcome.error = _traceback_text(e)
             sys.stderr.write(outcome.error)
@@ -142,8 +147,7 @@ def _run_file(path: str) -> None:
     with io.open_code(path) as f:
         code = compile(f.read(), path, "exec")  # bytes: the file's coding cookie is honoured
     main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=path, __builtins__=builtins, __spec__=None, __loader__=None,
-                         __cached__=None)
+    main.__dict__.update(__file__=path, __builtins__=builtins, __spec__=None, __loader__=None, __cached__=None)
     previous = sys.modules.get("__main__")
     sys.modules["__main__"] = main  # pickle and `import __main__` find the script's own globals
     try:
@@ -166,8 +170,9 @@ def _traceback_text(e: BaseException) -> str:
     """The traceback as python prints it, without the frames of runpy and this runner."""
     tb = e.__traceback__
     skip = {os.path.abspath(runpy.__file__), os.path.abspath(__file__)}
-    while tb is not None and (os.path.abspath(tb.tb_frame.f_code.co_filename) in skip
-                              or tb.tb_frame.f_code.co_filename == "<frozen runpy>"):
+    while tb is not None and (
+        os.path.abspath(tb.tb_frame.f_code.co_filename) in skip or tb.tb_frame.f_code.co_filename == "<frozen runpy>"
+    ):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(e), e, tb))
 
@@ -230,12 +235,11 @@ def trace_script(spec: ScriptSpec, options=None, health_options=None) -> ScriptT
     """Run the script under a tracer with training-health checks; returns the trace and outcome."""
     from dataclasses import replace
 
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
     from opscope.engine.trace import userapi
     from opscope.engine.trace.capture import Tracer
     from opscope.engine.trace.events import TraceOptions
     from opscope.engine.trace.health import HealthMonitor
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     options = replace(options or TraceOptions(), hooks="script")
     tracer = Tracer(options)
@@ -258,5 +262,4 @@ def trace_script(spec: ScriptSpec, options=None, health_options=None) -> ScriptT
     health = monitor.findings()
     result = tracer.result()
     result.step_unit = "step"
-    return ScriptTrace(spec, result, outcome, steps.source, health, monitor.loss_values(),
-                       list(tracer.modules.roots))
+    return ScriptTrace(spec, result, outcome, steps.source, health, monitor.loss_values(), list(tracer.modules.roots))

@@ -6,11 +6,13 @@ Tracing stays outside the engine: the Tracer (a dispatch mode) is entered around
 On a machine without the target accelerator, ``trace_generation(..., simulate=True)`` runs a
 stand-in copy of the model on the meta device under FakeTensorMode (engine.trace.simulate).
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from opscope.engine.core.clock import now_ns
 from opscope.engine.generation.events import Finished, Token
@@ -20,9 +22,11 @@ from opscope.engine.trace.variants import CLEAN, plant
 
 log = logging.getLogger(__name__)
 
-SIMULATION_NOTE = ("simulated accelerator: the model ran on the meta device under FakeTensorMode, so "
-                   "placement and transfers are real but times are host dispatch times and token ids are "
-                   "placeholders")
+SIMULATION_NOTE = (
+    "simulated accelerator: the model ran on the meta device under FakeTensorMode, so "
+    "placement and transfers are real but times are host dispatch times and token ids are "
+    "placeholders"
+)
 
 
 @dataclass
@@ -34,8 +38,9 @@ class TraceRun:
     notes: list[str] = field(default_factory=list)
 
 
-def trace_callable(fn: Callable[..., Any], *args, options: TraceOptions | None = None, model=None,
-                   **kwargs) -> tuple[Any, TraceResult]:
+def trace_callable(
+    fn: Callable[..., Any], *args, options: TraceOptions | None = None, model=None, **kwargs
+) -> tuple[Any, TraceResult]:
     """Run ``fn(*args, **kwargs)`` under a tracer; returns (its value, the trace)."""
     tracer = Tracer(options, model=model)
     with tracer:
@@ -64,14 +69,22 @@ def torch_twin(lm):
         from opscope.engine.api import load
 
         o = lm.options
-        twin = load(lm.source.path, device=o.device, dtype=o.dtype, attention=o.attention, threads=o.threads,
-                    fastpath="off")
+        twin = load(
+            lm.source.path, device=o.device, dtype=o.dtype, attention=o.attention, threads=o.threads, fastpath="off"
+        )
         lm._trace_twin = twin
     return twin
 
 
-def trace_generation(lm, prompt: str | list[int], config, options: TraceOptions | None = None, *,
-                     variant: str = CLEAN, simulate: bool = False) -> TraceRun:
+def trace_generation(
+    lm,
+    prompt: str | list[int],
+    config,
+    options: TraceOptions | None = None,
+    *,
+    variant: str = CLEAN,
+    simulate: bool = False,
+) -> TraceRun:
     """Trace one generation of ``lm`` (an engine.api.LoadedModel) with a planted-bug variant."""
     lm = torch_twin(lm)
     options = options or TraceOptions(target=str(lm.device))
@@ -102,11 +115,13 @@ def _trace_simulated(lm, prompt, config, options: TraceOptions, variant: str) ->
     config = replace(config, ignore_eos=True, stop=())  # placeholder ids must not end the run early
     try:
         return _trace_stand_in(lm.model, options, variant, lambda m: generate(m, lm.tokenizer, ids, config))
-    except Exception as e:  # noqa: BLE001 - whatever fake tensors refuse, the greedy loop below avoids
+    except Exception as e:
         log.info("engine loop cannot run on the %s stand-in: %s", options.target, e)
         run = trace_model(lm.model, ids, config.max_tokens, options, variant=variant, simulate=True)
-        run.notes.append(f"engine.generate cannot run on the {options.target} stand-in ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:120]}); the trace drove the model with an equivalent greedy loop")
+        run.notes.append(
+            f"engine.generate cannot run on the {options.target} stand-in ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:120]}); the trace drove the model with an equivalent greedy loop"
+        )
         return run
 
 
@@ -120,8 +135,9 @@ def _trace_stand_in(model, options: TraceOptions, variant: str, events: Callable
     return TraceRun(tracer.result(), variant, True, finished, [SIMULATION_NOTE])
 
 
-def trace_model(model, ids: list[int], max_tokens: int, options: TraceOptions, *, variant: str = CLEAN,
-                simulate: bool = False) -> TraceRun:
+def trace_model(
+    model, ids: list[int], max_tokens: int, options: TraceOptions, *, variant: str = CLEAN, simulate: bool = False
+) -> TraceRun:
     """Trace greedy generation straight on an engine model (no tokenizer needed: tiny test models,
     benchmarks, stand-ins)."""
     if simulate:
@@ -135,7 +151,6 @@ def trace_model(model, ids: list[int], max_tokens: int, options: TraceOptions, *
 def greedy_events(model, ids: list[int], max_tokens: int) -> Iterator[Token]:
     """Greedy decoding with the engine's per-step protocol, yielding one Token per step."""
     import torch
-
     from opscope.engine.generation.generate import ensure_cache
 
     n = len(ids)

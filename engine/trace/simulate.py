@@ -9,12 +9,13 @@ sampled token ids are placeholders and generation must ignore EOS. Placement is 
         stand_in = to_device_stand_in(model)   # shares no data with ``model``
         ...trace stand_in under a Tracer entered inside this block...
 """
+
 from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -40,14 +41,13 @@ class PlaceholderValues(TorchDispatchMode):
             if func is _aten.masked_select.default:
                 return torch.empty((0,), dtype=x.dtype, device=x.device)
             if func is _aten.index.Tensor and _single_mask(args[1]):
-                rest = x.shape[args[1][0].dim():]  # x[mask] selects rows: [N, *rest], N unknown → 0
+                rest = x.shape[args[1][0].dim() :]  # x[mask] selects rows: [N, *rest], N unknown → 0
                 return torch.empty((0, *rest), dtype=x.dtype, device=x.device)
         return func(*args, **kwargs)
 
 
 def _single_mask(indices) -> bool:
-    return (len(indices) == 1 and isinstance(indices[0], torch.Tensor)
-            and indices[0].dtype in (torch.bool, torch.uint8))
+    return len(indices) == 1 and isinstance(indices[0], torch.Tensor) and indices[0].dtype in (torch.bool, torch.uint8)
 
 
 @contextmanager

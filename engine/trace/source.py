@@ -3,19 +3,24 @@
 Walking frames costs a few microseconds per op, so the capture calls this only when asked
 (TraceOptions.source). The skip decision is cached per code file.
 """
+
 from __future__ import annotations
 
 import os
 import sys
-from types import FrameType
 from pathlib import Path
+from types import FrameType
 
 _TORCH_DIR = ""
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__))
 # The capture's own files; the rest of engine/trace (the planted bugs, notably) is user code.
-_MACHINERY = frozenset([os.path.join(_THIS_DIR, name) for name in (
-    "capture.py", "source.py", "modstack.py", "simulate.py", "devtime.py", "health.py", "script.py")]
-                       + [os.path.join(os.path.dirname(_THIS_DIR), "userapi.py")])
+_MACHINERY = frozenset(
+    [
+        os.path.join(_THIS_DIR, name)
+        for name in ("capture.py", "source.py", "modstack.py", "simulate.py", "devtime.py", "health.py", "script.py")
+    ]
+    + [os.path.join(os.path.dirname(_THIS_DIR), "userapi.py")]
+)
 _skip_cache: dict[str, bool] = {}
 
 
@@ -32,8 +37,13 @@ def _skipped(filename: str) -> bool:
     skip = _skip_cache.get(filename)
     if skip is None:
         path = os.path.abspath(filename)
-        skip = (path.startswith(_torch_dir()) or path in _MACHINERY or filename.startswith("<frozen")
-                or os.sep + "contextlib.py" in path or os.sep + "functools.py" in path)
+        skip = (
+            path.startswith(_torch_dir())
+            or path in _MACHINERY
+            or filename.startswith("<frozen")
+            or os.sep + "contextlib.py" in path
+            or os.sep + "functools.py" in path
+        )
         _skip_cache[filename] = skip
     return skip
 

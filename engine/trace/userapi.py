@@ -12,10 +12,11 @@ script keeps them when it runs alone. Under a trace, ``step()`` ends a step of t
 ``region(name)`` is a phase on the trace's and the telemetry's time axis (engine.markers).
 This module imports neither torch nor the trace: the tracer installs itself with ``_install``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from opscope.engine.core import markers
 

@@ -7,11 +7,13 @@ engine/trace/planted.py, so reports name that file and line):
 
 ``plant(model, name)`` swaps them in for the duration of a with-block and restores the model.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from opscope.engine.core.errors import ConfigError
 
@@ -30,8 +32,13 @@ def _norm_paths(model: nn.Module) -> list[str]:
     for path, module in model.named_modules():
         leaf = path.rsplit(".", 1)[-1]
         weight = getattr(module, "weight", None)
-        looks_like = leaf.endswith("norm") and weight is not None and weight.dim() == 1 \
-            and getattr(module, "bias", None) is None and not list(module.children())
+        looks_like = (
+            leaf.endswith("norm")
+            and weight is not None
+            and weight.dim() == 1
+            and getattr(module, "bias", None) is None
+            and not list(module.children())
+        )
         if type(module).__name__.endswith("RMSNorm") or looks_like:
             paths.append(path)
     return paths

@@ -2,6 +2,7 @@
 back with `runs export`), `runs compare`, and `opscope monitor` (NVML) against `nvidia-smi` while
 `bench llm` runs. Figures are judged against the detected GPU's datasheet (probe.py info).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ from harness import CheckFailed, Ctx, fail, median, which
 
 # -- bench and the run store -------------------------------------------------------------------------
 
+
 def _bench(ctx: Ctx, suite: str, name: str, *flags: str, timeout_s: float = 180) -> dict[str, Any]:
     ctx.cli("bench", suite, "--name", name, *flags, timeout_s=timeout_s)
     export = ctx.scratch / f"{name}.json"
@@ -32,8 +34,12 @@ def metric_medians(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     out = {}
     for m in run.get("metrics", []):
         samples = [s for s in (m.get("samples") or []) if isinstance(s, (int, float))]
-        out[m["name"]] = {"unit": m.get("unit"), "median": median(samples) if samples else None,
-                          "n": len(samples), "status": m.get("status")}
+        out[m["name"]] = {
+            "unit": m.get("unit"),
+            "median": median(samples) if samples else None,
+            "n": len(samples),
+            "status": m.get("status"),
+        }
     return out
 
 
@@ -73,17 +79,22 @@ def _judge_ratio(figures: dict[str, Any], what: str) -> None:
 
 
 def bench_matmul(ctx: Ctx) -> dict[str, Any]:
-    run = _bench(ctx, "matmul", "gpu-matmul", "--device", "cuda", "--param", "sizes=2048,4096,8192",
-                 "--repeat", "5")
+    run = _bench(ctx, "matmul", "gpu-matmul", "--device", "cuda", "--param", "sizes=2048,4096,8192", "--repeat", "5")
     med = metric_medians(run)
     sheet = (ctx.shared.get("info") or {}).get("datasheet", {})
     figures, bad = {"metrics": med}, []
     for dtype in ("float32", "bfloat16", "float16"):
-        rates = [per_second(v["median"], v["unit"]) for k, v in med.items()
-                 if k.startswith(f"matmul_{dtype}_") and "." not in k and v["median"]]
+        rates = [
+            per_second(v["median"], v["unit"])
+            for k, v in med.items()
+            if k.startswith(f"matmul_{dtype}_") and "." not in k and v["median"]
+        ]
         best = max(rates, default=0.0)
-        figures[dtype] = {"best_flop_s": best, "datasheet": sheet.get(f"matmul_{dtype}"),
-                          "ratio": _ratio(best, sheet.get(f"matmul_{dtype}"))}
+        figures[dtype] = {
+            "best_flop_s": best,
+            "datasheet": sheet.get(f"matmul_{dtype}"),
+            "ratio": _ratio(best, sheet.get(f"matmul_{dtype}")),
+        }
         ratio = figures[dtype]["ratio"]
         # float32 may run as TF32 on tensor cores, past the non-tensor datasheet: no ceiling for it
         if ratio is None or ratio < RATIO_FLOOR or (dtype != "float32" and ratio > RATIO_CEIL):
@@ -94,8 +105,19 @@ def bench_matmul(ctx: Ctx) -> dict[str, Any]:
 
 
 def bench_attention(ctx: Ctx) -> dict[str, Any]:
-    run = _bench(ctx, "attention", "gpu-attention", "--device", "cuda", "--dtype", "bfloat16",
-                 "--param", "seq_lens=512,2048", "--repeat", "5")
+    run = _bench(
+        ctx,
+        "attention",
+        "gpu-attention",
+        "--device",
+        "cuda",
+        "--dtype",
+        "bfloat16",
+        "--param",
+        "seq_lens=512,2048",
+        "--repeat",
+        "5",
+    )
     med = metric_medians(run)
     naive, sdpa = med.get("attn_naive_2048", {}).get("median"), med.get("attn_sdpa_2048", {}).get("median")
     figures = {"metrics": med, "naive_ms_2048": naive, "sdpa_ms_2048": sdpa}
@@ -114,8 +136,22 @@ def bench_crossover(ctx: Ctx) -> dict[str, Any]:
 def bench_collectives(ctx: Ctx) -> dict[str, Any]:
     """`bench collectives --nproc 1`: world size 1 on nccl (gloo in the dry run, on small sizes)."""
     backend, sizes = ("gloo", "65536") if ctx.dry else ("nccl", "8,65536,16777216,268435456")
-    proc = ctx.cli("bench", "collectives", "--name", "collectives-1", "--device", ctx.device, "--nproc", "1",
-                   "--quick", "--param", f"sizes_bytes={sizes}", "--param", "reps=3", timeout_s=240)
+    proc = ctx.cli(
+        "bench",
+        "collectives",
+        "--name",
+        "collectives-1",
+        "--device",
+        ctx.device,
+        "--nproc",
+        "1",
+        "--quick",
+        "--param",
+        f"sizes_bytes={sizes}",
+        "--param",
+        "reps=3",
+        timeout_s=240,
+    )
     header = proc.stdout.splitlines()[0] if proc.stdout else ""
     if f", {backend}," not in header:
         raise CheckFailed(f"the collectives run does not say it used {backend}: {header!r}")
@@ -127,8 +163,22 @@ def bench_collectives(ctx: Ctx) -> dict[str, Any]:
 def store_compare(ctx: Ctx) -> dict[str, Any]:
     """Two runs saved in the SQLite store and related by `runs compare` (which reads them back)."""
     if ctx.dry:
-        flags = ("matmul", "--device", "cpu", "--quick", "--param", "sizes=64", "--param", "dtypes=float32",
-                 "--repeat", "3", "--min-time", "0", "--load-threshold", "64")
+        flags = (
+            "matmul",
+            "--device",
+            "cpu",
+            "--quick",
+            "--param",
+            "sizes=64",
+            "--param",
+            "dtypes=float32",
+            "--repeat",
+            "3",
+            "--min-time",
+            "0",
+            "--load-threshold",
+            "64",
+        )
         names = ("dry-matmul-1", "dry-matmul-2")
         ctx.cli("bench", *flags, "--name", names[0], timeout_s=120)
     else:
@@ -144,21 +194,47 @@ def store_compare(ctx: Ctx) -> dict[str, Any]:
 
 # -- telemetry during a benchmark ------------------------------------------------------------------------
 
+
 def llm_with_telemetry(ctx: Ctx) -> dict[str, Any]:
     """`bench llm` (pp512/tg128) on the ~1B model while `opscope monitor` (NVML) and `nvidia-smi`
     sample the GPU: the bench's figures, and NVML's read against nvidia-smi's over the same ~20 s."""
     smi = which("nvidia-smi")
     if not smi:
         raise CheckFailed("nvidia-smi is not on PATH: nothing to read NVML against")
-    bench = [ctx.python, "-m", "opscope", "--db", ctx.db, "bench", "llm", "--name", "gpu-llm", "-m",
-             model_path(ctx, "large-f16"), "--device", "cuda", "--dtype", "bfloat16", "--param", "depths=0",
-             "--repeat", "3", "--min-time", "8", "--telemetry", "500",  # pp, tg >= 8 s each: the window
-             "--load-threshold", "2"]  # the samplers beside it are this check's own, not a disturbance
+    bench = [
+        ctx.python,
+        "-m",
+        "opscope",
+        "--db",
+        ctx.db,
+        "bench",
+        "llm",
+        "--name",
+        "gpu-llm",
+        "-m",
+        model_path(ctx, "large-f16"),
+        "--device",
+        "cuda",
+        "--dtype",
+        "bfloat16",
+        "--param",
+        "depths=0",
+        "--repeat",
+        "3",
+        "--min-time",
+        "8",
+        "--telemetry",
+        "500",  # pp, tg >= 8 s each: the window
+        "--load-threshold",
+        "2",
+    ]  # the samplers beside it are this check's own, not a disturbance
     ctx.spawn("bench-llm", bench)
     pid = ctx.background["bench-llm"][0].pid
     ctx.spawn("smi", [smi, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits", "-lms", "1000"])
-    ctx.spawn("monitor", [ctx.python, "-m", "opscope", "monitor", "--json", "--interval", "500", "--duration", "20",
-                          "--pid", str(pid)])
+    ctx.spawn(
+        "monitor",
+        [ctx.python, "-m", "opscope", "monitor", "--json", "--interval", "500", "--duration", "20", "--pid", str(pid)],
+    )
     time.sleep(12)  # mid-window, the model loaded: the bench process's own VRAM as nvidia-smi lists it
     apps = ctx.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], 30).stdout
     mon = ctx.join("monitor", 60)
@@ -202,14 +278,16 @@ def _num(v: str) -> float | str:
 
 
 # (NVML series, nvidia-smi field, scale to nvidia-smi's unit, allowed difference: relative, absolute)
-PAIRS = (("gpu0.mem_used_bytes", "memory.used", 1 / 2**20, 0.10, 1024),
-         ("gpu0.mem_total_bytes", "memory.total", 1 / 2**20, 0.01, 64),
-         ("gpu0.power_w", "power.draw", 1.0, 0.25, 60),
-         ("gpu0.power_limit_w", "power.limit", 1.0, 0.02, 5),
-         ("gpu0.sm_clock_mhz", "clocks.sm", 1.0, 0.15, 100),
-         ("gpu0.mem_clock_mhz", "clocks.mem", 1.0, 0.05, 50),
-         ("gpu0.temp_c", "temperature.gpu", 1.0, 0.0, 6),
-         ("gpu0.util_pct", "utilization.gpu", 1.0, 0.0, 35))
+PAIRS = (
+    ("gpu0.mem_used_bytes", "memory.used", 1 / 2**20, 0.10, 1024),
+    ("gpu0.mem_total_bytes", "memory.total", 1 / 2**20, 0.01, 64),
+    ("gpu0.power_w", "power.draw", 1.0, 0.25, 60),
+    ("gpu0.power_limit_w", "power.limit", 1.0, 0.02, 5),
+    ("gpu0.sm_clock_mhz", "clocks.sm", 1.0, 0.15, 100),
+    ("gpu0.mem_clock_mhz", "clocks.mem", 1.0, 0.05, 50),
+    ("gpu0.temp_c", "temperature.gpu", 1.0, 0.0, 6),
+    ("gpu0.util_pct", "utilization.gpu", 1.0, 0.0, 35),
+)
 
 
 def compare_telemetry(nvml: list[dict], smi: list[dict], apps: str, pid: int) -> dict[str, Any]:
@@ -227,8 +305,11 @@ def compare_telemetry(nvml: list[dict], smi: list[dict], apps: str, pid: int) ->
             out["disagree"].append(f"{series} {a:.4g} vs {field} {b:.4g}")
     for series in ("gpu0.pcie_tx_bytes_s", "gpu0.pcie_rx_bytes_s", "gpu0.clock_event_reasons", "gpu0.proc_mem_bytes"):
         out[series] = median([_value(r, series) for r in nvml])
-    used = {int(p): float(m) for p, m in (ln.split(",")[:2] for ln in apps.splitlines() if ln.count(",") >= 1)
-            if p.strip().isdigit() and _is_float(m)}
+    used = {
+        int(p): float(m)
+        for p, m in (ln.split(",")[:2] for ln in apps.splitlines() if ln.count(",") >= 1)
+        if p.strip().isdigit() and _is_float(m)
+    }
     out["nvidia_smi_app_mib"] = used.get(pid)
     proc_mib = out["gpu0.proc_mem_bytes"] / 2**20
     if used.get(pid) is not None and not abs(proc_mib - used[pid]) <= max(256, 0.2 * used[pid]):

@@ -4,6 +4,7 @@ Each is a function of the context returning its figures or raising CheckFailed; 
 the CPU, the GPU's datasheet peaks). bench_checks.py holds the benchmarks, the run store and
 telemetry; run.py's PLAN orders them all.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,14 +20,14 @@ TOKENS = 16
 # ‖logits − CPU float32 logits‖ / ‖CPU float32 logits‖ on the tiny model, per variant. float32 allows
 # TF32-class rounding; bf16 has 8 mantissa bits; int8/int4 re-quantize the weights (per channel;
 # groups of 32), so their bound is the quantization's own error, not the kernels'.
-LOGIT_TOLERANCE = {"float32": 2e-3, "float16": 1e-2, "bfloat16": 3e-2,
-                   "int8:bfloat16": 6e-2, "int4:bfloat16": 0.3}
+LOGIT_TOLERANCE = {"float32": 2e-3, "float16": 1e-2, "bfloat16": 3e-2, "int8:bfloat16": 6e-2, "int4:bfloat16": 0.3}
 # Measured over datasheet: below the floor the path is broken (or something else ran on the GPU);
 # above the ceiling the measurement counts wrong.
 RATIO_FLOOR, RATIO_CEIL = 0.3, 1.15
 
 
 # -- environment and models ----------------------------------------------------------------------
+
 
 def environment(ctx: Ctx) -> dict[str, Any]:
     info = ctx.python_file(PROBE, "info", timeout_s=90).json()
@@ -45,14 +46,41 @@ def environment(ctx: Ctx) -> dict[str, Any]:
     return figures
 
 
-SMI_FIELDS = ("name,driver_version,pstate,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.draw,"
-              "power.limit,temperature.gpu,memory.used,memory.total,utilization.gpu,pcie.link.gen.current,"
-              "pcie.link.width.current")
-SMI_Q_KEYS = ("Product Name", "Driver Version", "CUDA Version", "VBIOS Version", "Persistence Mode",
-              "Compute Mode", "Performance State", "Graphics", "SM", "Memory", "Total", "Used", "Power Draw",
-              "Current Power Limit", "Max Power Limit", "GPU Current Temp", "Current", "Device Current",
-              "Link Width", "Bus Id", "MIG Mode", "Addressing Mode", "SW Power Capping", "HW Slowdown",
-              "SW Thermal Slowdown", "HW Thermal Slowdown", "Idle", "Fan Speed")
+SMI_FIELDS = (
+    "name,driver_version,pstate,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.draw,"
+    "power.limit,temperature.gpu,memory.used,memory.total,utilization.gpu,pcie.link.gen.current,"
+    "pcie.link.width.current"
+)
+SMI_Q_KEYS = (
+    "Product Name",
+    "Driver Version",
+    "CUDA Version",
+    "VBIOS Version",
+    "Persistence Mode",
+    "Compute Mode",
+    "Performance State",
+    "Graphics",
+    "SM",
+    "Memory",
+    "Total",
+    "Used",
+    "Power Draw",
+    "Current Power Limit",
+    "Max Power Limit",
+    "GPU Current Temp",
+    "Current",
+    "Device Current",
+    "Link Width",
+    "Bus Id",
+    "MIG Mode",
+    "Addressing Mode",
+    "SW Power Capping",
+    "HW Slowdown",
+    "SW Thermal Slowdown",
+    "HW Thermal Slowdown",
+    "Idle",
+    "Fan Speed",
+)
 
 
 def _smi_query(ctx: Ctx, smi: str) -> dict[str, str]:
@@ -75,10 +103,12 @@ def models_tiny(ctx: Ctx) -> dict[str, Any]:
     ctx.scratch.joinpath("models").mkdir(parents=True, exist_ok=True)
     large = "small" if ctx.dry else "1b"  # the dry run's stand-in: the same writer, a CPU-sized shape
     for t in LARGE_TYPES:  # one process each: ~1 min apiece for the 1B, beside the checks that follow
-        ctx.spawn(f"models-large-{t}", [ctx.python, str(PROBE), "models", str(ctx.scratch / "models"), large,
-                                        "--types", t])
-    made = ctx.python_file(PROBE, "models", str(ctx.scratch / "models"), "tiny", "--types", "F16,Q8_0",
-                           timeout_s=120).json()
+        ctx.spawn(
+            f"models-large-{t}", [ctx.python, str(PROBE), "models", str(ctx.scratch / "models"), large, "--types", t]
+        )
+    made = ctx.python_file(
+        PROBE, "models", str(ctx.scratch / "models"), "tiny", "--types", "F16,Q8_0", timeout_s=120
+    ).json()
     ctx.models.update({f"tiny-{t.lower()}": Path(f["path"]) for t, f in made["files"].items()})
     return made
 
@@ -103,6 +133,7 @@ def models_large(ctx: Ctx) -> dict[str, Any]:
 
 # -- generate ---------------------------------------------------------------------------------------
 
+
 def model_path(ctx: Ctx, model: str) -> str:
     if model not in ctx.models:
         raise CheckFailed(f"no {model} model (the check that writes it failed or did not run)")
@@ -110,8 +141,19 @@ def model_path(ctx: Ctx, model: str) -> str:
 
 
 def _generate(ctx: Ctx, model: str, *flags: str, n: int = TOKENS, timeout_s: float = 180) -> dict[str, Any]:
-    args = ["generate", "-m", model_path(ctx, model), "--temperature", "0", "--ignore-eos", "-n", str(n),
-            "--json", *flags, PROMPT]
+    args = [
+        "generate",
+        "-m",
+        model_path(ctx, model),
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "-n",
+        str(n),
+        "--json",
+        *flags,
+        PROMPT,
+    ]
     return ctx.cli(*args, timeout_s=timeout_s).json()
 
 
@@ -122,8 +164,19 @@ def cpu_reference(ctx: Ctx) -> dict[str, Any]:
 
 
 def _gen_figures(out: dict[str, Any]) -> dict[str, Any]:
-    keys = ("text", "generated_tokens", "ttft_ms", "prefill_tok_s", "decode_tok_s", "tpot_ms", "device", "dtype",
-            "decode_j_per_token", "prefill_j_per_token", "energy_source")
+    keys = (
+        "text",
+        "generated_tokens",
+        "ttft_ms",
+        "prefill_tok_s",
+        "decode_tok_s",
+        "tpot_ms",
+        "device",
+        "dtype",
+        "decode_j_per_token",
+        "prefill_j_per_token",
+        "energy_source",
+    )
     return {k: out.get(k) for k in keys}
 
 
@@ -143,8 +196,7 @@ def generate_cuda_float32(ctx: Ctx) -> dict[str, Any]:
 
 
 def generate_compile_decode(ctx: Ctx) -> dict[str, Any]:
-    out = _generate(ctx, "tiny-f16", "--device", "cuda", "--dtype", "float32", "--compile", "decode",
-                    timeout_s=240)
+    out = _generate(ctx, "tiny-f16", "--device", "cuda", "--dtype", "float32", "--compile", "decode", timeout_s=240)
     return _same_tokens(ctx, out, "cuda float32 --compile decode")
 
 
@@ -162,13 +214,23 @@ def logits(ctx: Ctx) -> dict[str, Any]:
     run compares the CPU's own bfloat16 with its float32, so the probe itself cannot rot."""
     device = "cpu" if ctx.dry else "cuda"
     variants = ["bfloat16"] if ctx.dry else list(LOGIT_TOLERANCE)
-    res = ctx.python_file(PROBE, "logits", model_path(ctx, "tiny-f16"), "--device", device,
-                          "--variants", ",".join(variants), timeout_s=240).json()
+    res = ctx.python_file(
+        PROBE,
+        "logits",
+        model_path(ctx, "tiny-f16"),
+        "--device",
+        device,
+        "--variants",
+        ",".join(variants),
+        timeout_s=240,
+    ).json()
     bad = []
     for r in res["results"]:
         r["tolerance"] = LOGIT_TOLERANCE[r["variant"]]
         if r.get("error") or not r["rel_error"] <= r["tolerance"]:
-            bad.append(f"{r['variant']}: {r.get('error') or format(r['rel_error'], '.2e')} (tolerance {r['tolerance']:.0e})")
+            bad.append(
+                f"{r['variant']}: {r.get('error') or format(r['rel_error'], '.2e')} (tolerance {r['tolerance']:.0e})"
+            )
     if bad:
         raise fail("logits off the CPU float32 reference: " + "; ".join(bad), **res)
     return res
@@ -182,11 +244,13 @@ def generate_large(ctx: Ctx) -> dict[str, Any]:
     if not params:
         raise CheckFailed("no Llama-shaped model (the models-large check failed)")
     bw = ctx.shared.get("bandwidth_bytes_s")
-    modes = {"float16": ("large-f16", ["--dtype", "float16"], 2.0),
-             "bfloat16": ("large-f16", ["--dtype", "bfloat16"], 2.0),
-             "q8_0-file bfloat16": ("large-q8_0", ["--dtype", "bfloat16"], 2.0),
-             "int8 bfloat16": ("large-f16", ["--dtype", "bfloat16", "--quantize", "int8"], 1.0),
-             "int4 bfloat16": ("large-f16", ["--dtype", "bfloat16", "--quantize", "int4"], 0.5)}
+    modes = {
+        "float16": ("large-f16", ["--dtype", "float16"], 2.0),
+        "bfloat16": ("large-f16", ["--dtype", "bfloat16"], 2.0),
+        "q8_0-file bfloat16": ("large-q8_0", ["--dtype", "bfloat16"], 2.0),
+        "int8 bfloat16": ("large-f16", ["--dtype", "bfloat16", "--quantize", "int8"], 1.0),
+        "int4 bfloat16": ("large-f16", ["--dtype", "bfloat16", "--quantize", "int4"], 0.5),
+    }
     figures, bad = {"params": params, "bandwidth_bytes_s": bw}, []
     for name, (model, flags, bytes_per_param) in modes.items():
         try:
@@ -211,7 +275,7 @@ REPO = HERE.parent.parent
 
 
 def _bug_line(relpath: str, marker: str) -> str:
-    """"path:line" of the line holding ``marker``: what the report must point at."""
+    """ "path:line" of the line holding ``marker``: what the report must point at."""
     for i, line in enumerate((REPO / relpath).read_text().splitlines(), 1):
         if marker in line:
             return f"{relpath}:{i}"
@@ -220,13 +284,38 @@ def _bug_line(relpath: str, marker: str) -> str:
 
 def _trace_model(ctx: Ctx, *flags: str) -> dict[str, Any]:
     device = "meta" if ctx.dry else "cuda"  # meta: an accelerator's op stream, simulated on the CPU
-    return ctx.cli("trace", "-m", model_path(ctx, "tiny-f16"), "--device", device, "--tokens", "4",
-                   "--fastpath", "off", "--json", "--no-save", *flags, "Hi", timeout_s=150).json()
+    return ctx.cli(
+        "trace",
+        "-m",
+        model_path(ctx, "tiny-f16"),
+        "--device",
+        device,
+        "--tokens",
+        "4",
+        "--fastpath",
+        "off",
+        "--json",
+        "--no-save",
+        *flags,
+        "Hi",
+        timeout_s=150,
+    ).json()
 
 
 def _trace_figures(r: dict[str, Any]) -> dict[str, Any]:
-    keys = ("target", "tokens", "ops", "ops_on_target_pct", "time_on_target_pct", "time_basis", "transfers",
-            "syncs", "syncs_per_token", "simulated", "notes")
+    keys = (
+        "target",
+        "tokens",
+        "ops",
+        "ops_on_target_pct",
+        "time_on_target_pct",
+        "time_basis",
+        "transfers",
+        "syncs",
+        "syncs_per_token",
+        "simulated",
+        "notes",
+    )
     return {k: r.get(k) for k in keys} | {"findings": [f["title"] for f in r.get("findings", [])]}
 
 
@@ -254,16 +343,33 @@ def trace_leaky_norm(ctx: Ctx) -> dict[str, Any]:
     if not hits:
         raise fail(f"no fallback finding at {line}: {figures['findings']}", **figures)
     if not (per_token.get("D2H", 0) >= 1 and per_token.get("H2D", 0) >= 1 and r.get("syncs_per_token", 0) >= 1):
-        raise fail(f"expected D2H and H2D copies and syncs every token, got {per_token}, "
-                   f"{r.get('syncs_per_token')} syncs/token", **figures)
+        raise fail(
+            f"expected D2H and H2D copies and syncs every token, got {per_token}, "
+            f"{r.get('syncs_per_token')} syncs/token",
+            **figures,
+        )
     _device_times(ctx, r, figures)
     return figures
 
 
 def _trace_script(ctx: Ctx, script: str) -> dict[str, Any]:
     report = ctx.scratch / f"trace-{Path(script).stem}.json"
-    ctx.cli("trace", "--target", ctx.device, "--report", str(report), "--no-save", "--", "python", script,
-            "--steps", "6", "--device", ctx.device, timeout_s=150)
+    ctx.cli(
+        "trace",
+        "--target",
+        ctx.device,
+        "--report",
+        str(report),
+        "--no-save",
+        "--",
+        "python",
+        script,
+        "--steps",
+        "6",
+        "--device",
+        ctx.device,
+        timeout_s=150,
+    )
     return json.loads(report.read_text())
 
 

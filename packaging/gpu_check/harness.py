@@ -3,6 +3,7 @@ with a time limit each, and one outcome per check (pass, fail or skip, with its 
 
 Nothing here knows a check; checks.py holds them, run.py runs them in order.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -14,9 +15,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger("gpu_check")
 
@@ -89,14 +91,22 @@ class Ctx:
     def left_s(self) -> float:
         return self.deadline - time.monotonic()
 
-    def run(self, argv: list[str], timeout_s: float, env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> Proc:
+    def run(
+        self, argv: list[str], timeout_s: float, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> Proc:
         """``argv`` in its own process group, killed whole at ``timeout_s`` (or when the budget ends)."""
         limit = max(1.0, min(timeout_s, self.left_s()))
         self.commands.append(_short(argv))
         t0 = time.monotonic()
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=env or self.env, cwd=str(cwd or self.repo), start_new_session=True)
+        p = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env or self.env,
+            cwd=str(cwd or self.repo),
+            start_new_session=True,
+        )
         try:
             stdout, stderr = p.communicate(timeout=limit)
         except subprocess.TimeoutExpired as e:
@@ -126,8 +136,9 @@ class Ctx:
         """Start ``argv`` in the background (its output into logs/NAME.out/.err); ``join`` waits."""
         self.logs.mkdir(parents=True, exist_ok=True)
         out, err = open(self.logs / f"{name}.out", "w"), open(self.logs / f"{name}.err", "w")
-        p = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=self.env, cwd=str(self.repo),
-                             start_new_session=True)
+        p = subprocess.Popen(
+            argv, stdout=out, stderr=err, text=True, env=self.env, cwd=str(self.repo), start_new_session=True
+        )
         self.background[name] = (p, argv, time.monotonic(), out, err)
 
     def join(self, name: str, timeout_s: float) -> Proc:
@@ -143,7 +154,9 @@ class Ctx:
             raise CheckFailed(f"`{_short(argv)}` (background) ran past its limit and was killed") from e
         finally:
             out.close(), err.close()
-        stdout, stderr = ((self.logs / f"{name}.{s}").read_text(encoding="utf-8", errors="replace") for s in ("out", "err"))
+        stdout, stderr = (
+            (self.logs / f"{name}.{s}").read_text(encoding="utf-8", errors="replace") for s in ("out", "err")
+        )
         return Proc(argv, p.returncode, stdout, stderr, time.monotonic() - t0)
 
     def stop_background(self) -> None:
@@ -191,6 +204,7 @@ def fail(message: str, **figures: Any) -> CheckFailed:
 
 # -- the environment ---------------------------------------------------------------------------------
 
+
 def prepare_env(ctx: Ctx, wheel_dir: Path) -> dict[str, Any]:
     """A scratch site with `opscope` (this checkout, linked) and the wheels the image lacks, and a
     private home for settings, measured peaks and the run store (the user's stay untouched)."""
@@ -205,11 +219,21 @@ def prepare_env(ctx: Ctx, wheel_dir: Path) -> dict[str, Any]:
         _write_dist_info(ctx.repo, site)
     home = ctx.scratch / "home"
     paths = [str(site), str(wheels)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    ctx.env.update(PYTHONPATH=os.pathsep.join(paths), PYTHONUNBUFFERED="1", NO_COLOR="1",
-                   XDG_DATA_HOME=str(home / "data"), XDG_CONFIG_HOME=str(home / "config"),
-                   TORCHINDUCTOR_CACHE_DIR=str(home / "inductor"), COLUMNS="160")
-    return {"python": sys.version.split()[0], "executable": ctx.python, "wheels_installed": installed,
-            "missing_before": missing}
+    ctx.env.update(
+        PYTHONPATH=os.pathsep.join(paths),
+        PYTHONUNBUFFERED="1",
+        NO_COLOR="1",
+        XDG_DATA_HOME=str(home / "data"),
+        XDG_CONFIG_HOME=str(home / "config"),
+        TORCHINDUCTOR_CACHE_DIR=str(home / "inductor"),
+        COLUMNS="160",
+    )
+    return {
+        "python": sys.version.split()[0],
+        "executable": ctx.python,
+        "wheels_installed": installed,
+        "missing_before": missing,
+    }
 
 
 def _install_wheels(ctx: Ctx, missing: list[str], wheel_dir: Path, target: Path) -> list[str]:
@@ -217,10 +241,25 @@ def _install_wheels(ctx: Ctx, missing: list[str], wheel_dir: Path, target: Path)
     names = {Path(f).name.split("-")[0].lower() for f in files}
     lacking = [m for m in missing if m not in names]
     if lacking:
-        raise CheckFailed(f"{', '.join(lacking)} not importable and no wheel for it in {wheel_dir}: "
-                          f"run `make gpu-wheels` where pip can reach PyPI, then carry .whl")
-    argv = [ctx.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-            "--no-cache-dir", "--upgrade", "--target", str(target), *files]
+        raise CheckFailed(
+            f"{', '.join(lacking)} not importable and no wheel for it in {wheel_dir}: "
+            f"run `make gpu-wheels` where pip can reach PyPI, then carry .whl"
+        )
+    argv = [
+        ctx.python,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--no-cache-dir",
+        "--upgrade",
+        "--target",
+        str(target),
+        *files,
+    ]
     proc = ctx.run(argv, 120)
     if proc.code != 0:
         raise CheckFailed(f"pip could not install the carried wheels: {last_line(proc.stderr)}")
@@ -251,6 +290,7 @@ def _write_dist_info(repo: Path, site: Path) -> None:
 
 
 # -- small helpers ---------------------------------------------------------------------------------
+
 
 def last_line(text: str) -> str:
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]

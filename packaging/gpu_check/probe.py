@@ -8,6 +8,7 @@
 file (unquantized: a quantized variant's bound includes its own rounding):
 ‖out − ref‖ / ‖ref‖ over all logits, and how often the argmax agrees. Prints one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,14 +21,24 @@ PROMPT_IDS = [1, 17, 42, 99, 7, 3, 250, 64, 128, 5, 11, 200, 31, 77, 150, 9]
 def info() -> dict:
     import torch
 
-    out = {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
-           "cuda_available": torch.cuda.is_available(), "nccl": _nccl_version()}
+    out = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "nccl": _nccl_version(),
+    }
     if not torch.cuda.is_available():
         return out
     p = torch.cuda.get_device_properties(0)
-    out.update(device=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
-               memory_bytes=p.total_memory, l2_bytes=getattr(p, "L2_cache_size", None),
-               uuid=str(getattr(p, "uuid", "")), datasheet=_datasheet())
+    out.update(
+        device=p.name,
+        capability=f"{p.major}.{p.minor}",
+        sms=p.multi_processor_count,
+        memory_bytes=p.total_memory,
+        l2_bytes=getattr(p, "L2_cache_size", None),
+        uuid=str(getattr(p, "uuid", "")),
+        datasheet=_datasheet(),
+    )
     return out
 
 
@@ -71,21 +82,47 @@ def logits(model: str, device: str, variants: list[str]) -> dict:
             results.append({"variant": variant, "error": f"{type(e).__name__}: {e}"[:400]})
             continue
         finite = bool(torch.isfinite(got).all())
-        results.append({"variant": variant, "finite": finite,
-                        "rel_error": float((got - ref).norm() / ref.norm()) if finite else float("inf"),
-                        "argmax_agreement": float((got.argmax(-1) == ref.argmax(-1)).double().mean())})
+        results.append(
+            {
+                "variant": variant,
+                "finite": finite,
+                "rel_error": float((got - ref).norm() / ref.norm()) if finite else float("inf"),
+                "argmax_agreement": float((got.argmax(-1) == ref.argmax(-1)).double().mean()),
+            }
+        )
     return {"reference": "cpu float32, fastpath off", "device": device, "positions": len(ids), "results": results}
 
 
 # Llama-shaped configs (Hugging Face names) for engine.testing.gguf_writer: "1b" is Llama-3.2-1B's
 # shape with a 32k vocabulary (1.1e9 parameters); "small" the dry run's stand-in for it.
 SHAPES = {
-    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024),
-    "small": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
-                  num_key_value_heads=2, vocab_size=1024, max_position_embeddings=1024),
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=32000, max_position_embeddings=2048),
+    "tiny": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=1024,
+    ),
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=1024,
+        max_position_embeddings=1024,
+    ),
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=32000,
+        max_position_embeddings=2048,
+    ),
 }
 
 

@@ -1,4 +1,5 @@
 """report.json (everything) and report.md (what a person reads first) of one GPU check run."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,13 @@ def verdict(outcomes: list[Outcome]) -> tuple[int, str]:
 
 def write(out: Path, meta: dict[str, Any], outcomes: list[Outcome]) -> None:
     code, line = verdict(outcomes)
-    doc = {"format": "opscope-gpu-check/1", **meta, "verdict": line, "exit_code": code,
-           "checks": [o.as_dict() for o in outcomes]}
+    doc = {
+        "format": "opscope-gpu-check/1",
+        **meta,
+        "verdict": line,
+        "exit_code": code,
+        "checks": [o.as_dict() for o in outcomes],
+    }
     (out / "report.json").write_text(json.dumps(_finite(doc), indent=1, default=str) + "\n")
     (out / "report.md").write_text(markdown(meta, outcomes, line))
 
@@ -39,9 +45,15 @@ def _finite(x: Any) -> Any:
 
 
 def markdown(meta: dict[str, Any], outcomes: list[Outcome], line: str) -> str:
-    lines = [f"# OpScope GPU check — {meta['mode']} run", "", f"**{line}**", "",
-             f"- started {meta['started']}, {meta['seconds']:.0f} s in all (budget {meta['budget_s']:.0f} s)",
-             f"- checkout {meta.get('git', '?')}", ""]
+    lines = [
+        f"# OpScope GPU check — {meta['mode']} run",
+        "",
+        f"**{line}**",
+        "",
+        f"- started {meta['started']}, {meta['seconds']:.0f} s in all (budget {meta['budget_s']:.0f} s)",
+        f"- checkout {meta.get('git', '?')}",
+        "",
+    ]
     lines += _environment(outcomes)
     lines += ["## Checks", "", "| check | result | seconds | why |", "| --- | --- | --- | --- |"]
     lines += [f"| {o.name} | {o.status} | {o.seconds:.1f} | {_cell(o.reason)} |" for o in outcomes]

@@ -7,6 +7,7 @@ Writes DIR/report.md, DIR/report.json and DIR/logs/ (every command's output), an
 each failed check, 0 when none failed. Setup (wheels from .whl/, the models) is part of the run.
 docs/gpu.md says how to run it on a lent GPU machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,9 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import bench_checks
 import checks
@@ -59,7 +61,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="directory for report.md, report.json, logs/")
     ap.add_argument("--dry", action="store_true", help="run on the CPU: GPU-only checks are listed as skipped")
-    ap.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for the whole run (default {BUDGET_S:.0f})")
+    ap.add_argument(
+        "--budget", type=float, default=BUDGET_S, help=f"seconds for the whole run (default {BUDGET_S:.0f})"
+    )
     ap.add_argument("--wheels", type=Path, default=REPO / ".whl", help="wheels for what the image lacks (default .whl)")
     ap.add_argument("--only", default="", help="comma-separated check names to run (the others are skipped)")
     return ap.parse_args(argv)
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     ctx = Ctx(a.out.resolve(), REPO, sys.executable, a.dry, a.budget)
-    started, t0 = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), time.monotonic()
+    started, t0 = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), time.monotonic()
     outcomes = [_setup(ctx, a.wheels)]
     only = {n for n in a.only.split(",") if n}
     try:
@@ -84,8 +88,14 @@ def main(argv: list[str] | None = None) -> int:
             outcomes.append(run_check(ctx, name, fn, needs_gpu))
     finally:
         ctx.stop_background()
-    meta = {"mode": "dry (CPU)" if a.dry else "GPU", "started": started, "seconds": time.monotonic() - t0,
-            "budget_s": a.budget, "git": _git(REPO), "out": str(ctx.out)}
+    meta = {
+        "mode": "dry (CPU)" if a.dry else "GPU",
+        "started": started,
+        "seconds": time.monotonic() - t0,
+        "budget_s": a.budget,
+        "git": _git(REPO),
+        "out": str(ctx.out),
+    }
     report.write(ctx.out, meta, outcomes)
     code, line = report.verdict(outcomes)
     print(line, file=sys.stderr)
@@ -104,8 +114,9 @@ def _setup(ctx: Ctx, wheels: Path) -> Outcome:
 
 def _git(repo: Path) -> str:
     try:
-        out = subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown (no git)"
     return out.stdout.strip() or "unknown (not a git checkout)"

@@ -4,6 +4,7 @@
 This module stays importable without mlx: mlx is imported on first use, and ``is_available()``
 says how to install it when it is missing.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -35,9 +36,16 @@ class MLXBackend(BackendBase):
         out = [DeviceInfo("cpu", "cpu", mx.is_available(mx.cpu), description=f"mlx {mx.__version__}")]
         has_gpu = mx.is_available(mx.gpu)
         kind = "metal" if mx.metal.is_available() else "gpu"
-        out.append(DeviceInfo("gpu", kind, has_gpu,
-                              reason="" if has_gpu else f"this mlx build ({mx.__version__}) has no GPU "
-                                                        f"backend here (Metal needs Apple Silicon)"))
+        out.append(
+            DeviceInfo(
+                "gpu",
+                kind,
+                has_gpu,
+                reason=""
+                if has_gpu
+                else f"this mlx build ({mx.__version__}) has no GPU backend here (Metal needs Apple Silicon)",
+            )
+        )
         return out
 
     def load_model(self, source: str | Path | None, device: str, dtype: str, **options):
@@ -59,8 +67,9 @@ class MLXBackend(BackendBase):
 
         return trace_ops(sink)
 
-    def bench_matmul(self, m: int, n: int, k: int, *, device: str = "cpu", dtype: str = "float32",
-                     iterations: int = 10) -> list[int]:
+    def bench_matmul(
+        self, m: int, n: int, k: int, *, device: str = "cpu", dtype: str = "float32", iterations: int = 10
+    ) -> list[int]:
         from opscope.plugins.mlx_backend.primitives import bench_matmul
 
         return bench_matmul(m, n, k, device=device, dtype=dtype, iterations=iterations)

@@ -15,6 +15,7 @@ MLX's quantized layers hold affine groups: ``w = scale · q + bias`` with q pack
 Whatever the type, ``mx.load`` never sees the file: it reads only F16/F32/Q4_0/Q4_1/Q8_0 and stops at
 the first other tensor, where almost every downloaded file is a K-quant mix.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ def _blocks(raw: np.ndarray, shape, nbytes: int, values: int = 32) -> np.ndarray
 
 
 def _f16(b: np.ndarray, at: int) -> np.ndarray:
-    return b[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, blocks]
+    return b[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, blocks]
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -105,15 +106,14 @@ def _pack(q: np.ndarray, bits: int, shape) -> np.ndarray:
     ``bits·(i mod 32/bits)`` of word ``i // (32/bits)`` (little-endian)."""
     per = 32 // bits
     q = q.reshape(shape[0], -1, per).astype(np.uint32)
-    shifts = (np.arange(per, dtype=np.uint32) * bits)
+    shifts = np.arange(per, dtype=np.uint32) * bits
     return np.bitwise_or.reduce(q << shifts, axis=-1)
 
 
 def _quantized(q: np.ndarray, bits: int, scales: np.ndarray, biases: np.ndarray, shape) -> dict:
     import mlx.core as mx
 
-    return {"weight": mx.array(_pack(q, bits, shape)), "scales": mx.array(scales),
-            "biases": mx.array(biases)}
+    return {"weight": mx.array(_pack(q, bits, shape)), "scales": mx.array(scales), "biases": mx.array(biases)}
 
 
 def _q4_0(raw, shape) -> dict:  # block: d (f16), 16 bytes of nibbles; w = d·(q − 8)
@@ -190,5 +190,12 @@ def _q5_k(raw, shape) -> dict:
     return _quantized(q, 8, scales.astype(np.float32), biases.astype(np.float32), shape)
 
 
-_EXACT_CONVERTERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q4_K": _q4_k,
-                     "Q5_0": _q5_0, "Q5_1": _q5_1, "Q5_K": _q5_k}
+_EXACT_CONVERTERS = {
+    "Q4_0": _q4_0,
+    "Q4_1": _q4_1,
+    "Q8_0": _q8_0,
+    "Q4_K": _q4_k,
+    "Q5_0": _q5_0,
+    "Q5_1": _q5_1,
+    "Q5_K": _q5_k,
+}

@@ -6,13 +6,13 @@ evaluated together with the sampler in ``sample`` (one graph, one host wait per 
 The device's stream is entered around each computation, never across a yield, so the caller's
 own MLX work between events keeps its default device.
 """
+
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import mlx.core as mx
-
 from opscope.engine import check_prompt, stream_generation
 from opscope.plugins.mlx_backend.sampling import Sampler
 
@@ -38,11 +38,9 @@ class MLXStepper:
         return token_id
 
 
-def generate(lm, prompt_ids: list[int], cfg, cancel: threading.Event | None,
-             request_ns: int) -> Iterator:
+def generate(lm, prompt_ids: list[int], cfg, cancel: threading.Event | None, request_ns: int) -> Iterator:
     """Checks the request at once (not on first iteration), then streams engine.events."""
     check_prompt(prompt_ids, cfg, lm.config.max_seq_len)
     stepper = MLXStepper(lm, cfg, prompt_ids)
     lm.last_caches = stepper.caches  # memory_stats reports the KV cache of the latest request
-    return stream_generation(stepper, lm.tokenizer, prompt_ids, cfg, cancel, request_ns,
-                             lm.config.max_seq_len)
+    return stream_generation(stepper, lm.tokenizer, prompt_ids, cfg, cancel, request_ns, lm.config.max_seq_len)

@@ -1,16 +1,13 @@
 """Load a model source into MLX, and the loaded model's generate/chat/memory API."""
+
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import mlx.core as mx
-
-from opscope.engine import markers
-from opscope.engine import now_ns
-from opscope.engine import ConfigError, DeviceError, UnsupportedModelError
-from opscope.engine import GenerationConfig
+from opscope.engine import ConfigError, DeviceError, GenerationConfig, markers, now_ns
 from opscope.plugins.mlx_backend.generate import generate
 from opscope.plugins.mlx_backend.model import MLXModelArgs, Transformer
 from opscope.plugins.mlx_backend.weights import apply_weights, mlx_dtype, read_gguf, read_hf, weights_nbytes
@@ -27,8 +24,9 @@ def resolve_device(name: str):
         raise DeviceError(f"--device {name!r} is not an mlx device; use cpu or gpu")
     dev = mx.cpu if key == "cpu" else mx.gpu
     if not mx.is_available(dev):
-        raise DeviceError(f"--device {name}: this mlx build ({mx.__version__}) has no GPU backend "
-                          f"here; use --device cpu")
+        raise DeviceError(
+            f"--device {name}: this mlx build ({mx.__version__}) has no GPU backend here; use --device cpu"
+        )
     return mx.Device(dev)
 
 
@@ -45,15 +43,20 @@ class MLXLoadedModel:
         self.mx_device = resolve_device(device)
         self.last_caches: list = []
 
-    def generate(self, prompt: str | list[int], config: GenerationConfig = GenerationConfig(),
-                 cancel: threading.Event | None = None) -> Iterator:
+    def generate(
+        self,
+        prompt: str | list[int],
+        config: GenerationConfig = GenerationConfig(),
+        cancel: threading.Event | None = None,
+    ) -> Iterator:
         request_ns = now_ns()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_ids(ids)
         return generate(self, ids, config, cancel, request_ns)
 
-    def chat(self, messages: list[dict], config: GenerationConfig = GenerationConfig(),
-             cancel: threading.Event | None = None) -> Iterator:
+    def chat(
+        self, messages: list[dict], config: GenerationConfig = GenerationConfig(), cancel: threading.Event | None = None
+    ) -> Iterator:
         request_ns = now_ns()
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -76,15 +79,26 @@ class MLXLoadedModel:
     def memory_stats(self) -> dict:
         import psutil
 
-        return {"weights_bytes": weights_nbytes(self.model),
-                "kv_cache_bytes": sum(c.nbytes for c in self.last_caches),
-                "active_bytes": mx.get_active_memory(), "peak_bytes": mx.get_peak_memory(),
-                "cache_bytes": mx.get_cache_memory(), "rss_bytes": psutil.Process().memory_info().rss}
+        return {
+            "weights_bytes": weights_nbytes(self.model),
+            "kv_cache_bytes": sum(c.nbytes for c in self.last_caches),
+            "active_bytes": mx.get_active_memory(),
+            "peak_bytes": mx.get_peak_memory(),
+            "cache_bytes": mx.get_cache_memory(),
+            "rss_bytes": psutil.Process().memory_info().rss,
+        }
 
     def describe(self) -> dict:
-        out = {"model": str(self.source.path), "format": self.source.format, "arch": self.config.arch,
-               "device": self.device, "dtype": self.dtype, "attention": "sdpa", "backend": "mlx",
-               "mlx_version": mx.__version__}
+        out = {
+            "model": str(self.source.path),
+            "format": self.source.format,
+            "arch": self.config.arch,
+            "device": self.device,
+            "dtype": self.dtype,
+            "attention": "sdpa",
+            "backend": "mlx",
+            "mlx_version": mx.__version__,
+        }
         lines = conversions(self.source)
         if lines:
             out["conversion"] = "; ".join(lines)
@@ -99,14 +113,16 @@ def conversions(source) -> list[str]:
     return summary(source.quant_summary) if source.format == "gguf" else []
 
 
-def load(path, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
-         attention: str = "sdpa") -> MLXLoadedModel:
+def load(
+    path, device: str = "cpu", dtype: str = "float32", threads: int | None = None, attention: str = "sdpa"
+) -> MLXLoadedModel:
     """Read ``path`` (None: the embedded default model) into MLX on ``device``."""
     from opscope.engine import open_model
 
     if attention != "sdpa":
-        raise ConfigError(f"--attention {attention!r}: the mlx backend has only 'sdpa' "
-                          f"(mx.fast.scaled_dot_product_attention)")
+        raise ConfigError(
+            f"--attention {attention!r}: the mlx backend has only 'sdpa' (mx.fast.scaled_dot_product_attention)"
+        )
     if threads is not None:
         log.warning("mlx sets its own CPU threads; --threads %s is ignored", threads)
     dev, dt = resolve_device(device), mlx_dtype(dtype)
@@ -115,8 +131,14 @@ def load(path, device: str = "cpu", dtype: str = "float32", threads: int | None 
         source = open_model(path)  # validates the header before mlx's reader sees the file
         model = _build(source, dev, dt)
     load_ms = (now_ns() - t0) / 1e6
-    log.info("mlx loaded %s on %s/%s in %.0f ms%s", source.path, device, dtype, load_ms,
-             "".join(f"; {line}" for line in conversions(source)))
+    log.info(
+        "mlx loaded %s on %s/%s in %.0f ms%s",
+        source.path,
+        device,
+        dtype,
+        load_ms,
+        "".join(f"; {line}" for line in conversions(source)),
+    )
     return MLXLoadedModel(source, model, str(device).lower(), dtype, load_ms)
 
 
@@ -124,9 +146,11 @@ def _build(source, dev, dt) -> Transformer:
     tensors = read_gguf(source) if source.format == "gguf" else read_hf(source)
     factors = tensors.pop("rope_freqs", None)
     args = MLXModelArgs.from_config(
-        source.config, rope_traditional=False,  # both readers give Q/K rows in rotate-half order
+        source.config,
+        rope_traditional=False,  # both readers give Q/K rows in rotate-half order
         tie_embeddings="lm_head.weight" not in tensors,
-        rope_freq_factors=None if factors is None else tuple(factors.astype(mx.float32).tolist()))
+        rope_freq_factors=None if factors is None else tuple(factors.astype(mx.float32).tolist()),
+    )
     with mx.stream(dev):
         model = Transformer(args)
         apply_weights(model, tensors, dt)

@@ -7,6 +7,7 @@ comes from the same descriptors.
 Shapes: B batch, T new positions, S cached positions, H query heads, K key/value heads, D head dim,
 C model dim, V vocabulary.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,18 +50,35 @@ class MLXModelArgs:
     rope_local_theta: float = 0.0
 
     @classmethod
-    def from_config(cls, cfg, rope_traditional: bool, tie_embeddings: bool,
-                    rope_freq_factors: tuple[float, ...] | None = None) -> "MLXModelArgs":
-        return cls(dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
-                   head_dim=cfg.head_dim, hidden_dim=cfg.hidden_dim, vocab_size=cfg.vocab_size,
-                   norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, max_seq_len=cfg.max_seq_len,
-                   tie_embeddings=tie_embeddings, qkv_bias=cfg.qkv_bias,
-                   rope_traditional=rope_traditional, rope_scaling=cfg.rope_scaling,
-                   rope_freq_factors=rope_freq_factors, qk_norm=cfg.qk_norm, post_norms=cfg.post_norms,
-                   mlp_act=cfg.mlp_act, embed_scale=cfg.embed_scale, attn_scale=cfg.attn_scale,
-                   attn_softcap=cfg.attn_softcap, final_softcap=cfg.final_softcap,
-                   windows=tuple(cfg.window(i) for i in range(cfg.n_layers)),
-                   rope_local_theta=cfg.rope_local_theta)
+    def from_config(
+        cls, cfg, rope_traditional: bool, tie_embeddings: bool, rope_freq_factors: tuple[float, ...] | None = None
+    ) -> MLXModelArgs:
+        return cls(
+            dim=cfg.dim,
+            n_layers=cfg.n_layers,
+            n_heads=cfg.n_heads,
+            n_kv_heads=cfg.n_kv_heads,
+            head_dim=cfg.head_dim,
+            hidden_dim=cfg.hidden_dim,
+            vocab_size=cfg.vocab_size,
+            norm_eps=cfg.norm_eps,
+            rope_theta=cfg.rope_theta,
+            max_seq_len=cfg.max_seq_len,
+            tie_embeddings=tie_embeddings,
+            qkv_bias=cfg.qkv_bias,
+            rope_traditional=rope_traditional,
+            rope_scaling=cfg.rope_scaling,
+            rope_freq_factors=rope_freq_factors,
+            qk_norm=cfg.qk_norm,
+            post_norms=cfg.post_norms,
+            mlp_act=cfg.mlp_act,
+            embed_scale=cfg.embed_scale,
+            attn_scale=cfg.attn_scale,
+            attn_softcap=cfg.attn_softcap,
+            final_softcap=cfg.final_softcap,
+            windows=tuple(cfg.window(i) for i in range(cfg.n_layers)),
+            rope_local_theta=cfg.rope_local_theta,
+        )
 
     def window(self, layer: int) -> int:
         return self.windows[layer] if self.windows else 0
@@ -110,8 +128,15 @@ class RoPE(nn.Module):
         self.base = None if self._freqs is not None else args.rope_theta
 
     def __call__(self, x: mx.array, offset: int) -> mx.array:
-        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base,
-                            scale=self.scale, offset=offset, freqs=self._freqs)
+        return mx.fast.rope(
+            x,
+            self.dims,
+            traditional=self.traditional,
+            base=self.base,
+            scale=self.scale,
+            offset=offset,
+            freqs=self._freqs,
+        )
 
 
 class KVCache:
@@ -137,9 +162,9 @@ class KVCache:
                 self.keys = mx.concatenate([self.keys, new_k], axis=2)
                 self.values = mx.concatenate([self.values, new_v], axis=2)
         self.offset += T
-        self.keys[..., start:self.offset, :] = k
-        self.values[..., start:self.offset, :] = v
-        return self.keys[..., :self.offset, :], self.values[..., :self.offset, :]  # [B, K, S, D]
+        self.keys[..., start : self.offset, :] = k
+        self.values[..., start : self.offset, :] = v
+        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]  # [B, K, S, D]
 
     @property
     def nbytes(self) -> int:
@@ -150,7 +175,7 @@ class Attention(nn.Module):
     def __init__(self, args: MLXModelArgs, index: int = 0):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        self.scale = args.attn_scale or args.head_dim ** -0.5
+        self.scale = args.attn_scale or args.head_dim**-0.5
         self.softcap, self.window = args.attn_softcap, args.window(index)
         self.q_proj = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=args.qkv_bias)
         self.k_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
@@ -176,8 +201,7 @@ class Attention(nn.Module):
             o = self._capped(q, k, v, start)
         else:
             # "causal" aligns the last query with the last key, which is right with a cache prefix.
-            mask = window_mask(start, T, k.shape[2], self.window) if self.window else (
-                "causal" if T > 1 else None)
+            mask = window_mask(start, T, k.shape[2], self.window) if self.window else ("causal" if T > 1 else None)
             o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)  # [B, H, T, D]
         return self.o_proj(o.transpose(0, 2, 1, 3).reshape(B, T, -1))
 
@@ -205,7 +229,7 @@ def window_mask(start: int, T: int, S: int, window: int) -> mx.array:
 
 def gelu_tanh(x: mx.array) -> mx.array:
     # the tanh approximation Gemma was trained with (mlx's gelu_approx is a sigmoid fit)
-    return 0.5 * x * (1 + mx.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + mx.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 class MLP(nn.Module):

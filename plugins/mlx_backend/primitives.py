@@ -1,11 +1,10 @@
 """Benchmark primitives on MLX: every sample ends with ``mx.eval``, which waits for the work,
 so the clock reads bracket computation, not lazy graph building."""
+
 from __future__ import annotations
 
 import mlx.core as mx
-
-from opscope.engine import now_ns
-from opscope.engine import ConfigError
+from opscope.engine import ConfigError, now_ns
 from opscope.plugins.mlx_backend.loaded import resolve_device
 from opscope.plugins.mlx_backend.weights import mlx_dtype
 

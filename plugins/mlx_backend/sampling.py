@@ -4,6 +4,7 @@ raw logits, then temperature, top-k, min-p, top-p, then one categorical draw.
 Seeded draws are reproducible within this backend; they differ from the torch backend's draws
 (different generators), while greedy decoding (temperature 0) is identical by construction.
 """
+
 from __future__ import annotations
 
 import os

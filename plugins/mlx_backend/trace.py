@@ -10,31 +10,84 @@ seen whole. MLX is lazy: ``t_ns`` is when the op was put in the graph; ``eval``,
 The patch is process-wide (module attributes), so ops issued by other threads during the trace are
 reported too; nesting two traces is refused.
 """
+
 from __future__ import annotations
 
 import functools
 import itertools
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import mlx.core as mx
+from opscope.engine import BackendError, OpEvent, now_ns
 
-from opscope.engine import OpEvent
-from opscope.engine import now_ns
-from opscope.engine import BackendError
-
-ARRAY_METHODS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
-                 "__rtruediv__", "__matmul__", "__neg__", "__pow__", "__getitem__",
-                 "__setitem__", "__lt__", "__gt__", "reshape", "transpose", "astype", "item", "tolist")
+ARRAY_METHODS = (
+    "__add__",
+    "__radd__",
+    "__sub__",
+    "__rsub__",
+    "__mul__",
+    "__rmul__",
+    "__truediv__",
+    "__rtruediv__",
+    "__matmul__",
+    "__neg__",
+    "__pow__",
+    "__getitem__",
+    "__setitem__",
+    "__lt__",
+    "__gt__",
+    "reshape",
+    "transpose",
+    "astype",
+    "item",
+    "tolist",
+)
 # Functions that are not ops on arrays (devices, streams, memory, transforms, I/O).
-SKIP = {"array", "stream", "default_device", "set_default_device", "default_stream",
-        "set_default_stream", "new_stream", "new_thread_local_stream", "synchronize", "compile",
-        "disable_compile", "enable_compile", "grad", "value_and_grad", "vjp", "jvp", "vmap",
-        "checkpoint", "custom_function", "export_function", "import_function", "exporter",
-        "export_to_dot", "load", "save", "savez", "savez_compressed", "save_gguf",
-        "save_safetensors", "is_available", "device_count", "device_info", "set_wired_limit",
-        "clear_cache", "async_eval", "issubdtype", "finfo", "iinfo", "Device", "Stream", "Dtype"}
+SKIP = {
+    "array",
+    "stream",
+    "default_device",
+    "set_default_device",
+    "default_stream",
+    "set_default_stream",
+    "new_stream",
+    "new_thread_local_stream",
+    "synchronize",
+    "compile",
+    "disable_compile",
+    "enable_compile",
+    "grad",
+    "value_and_grad",
+    "vjp",
+    "jvp",
+    "vmap",
+    "checkpoint",
+    "custom_function",
+    "export_function",
+    "import_function",
+    "exporter",
+    "export_to_dot",
+    "load",
+    "save",
+    "savez",
+    "savez_compressed",
+    "save_gguf",
+    "save_safetensors",
+    "is_available",
+    "device_count",
+    "device_info",
+    "set_wired_limit",
+    "clear_cache",
+    "async_eval",
+    "issubdtype",
+    "finfo",
+    "iinfo",
+    "Device",
+    "Stream",
+    "Dtype",
+}
 _active = threading.Lock()
 
 
@@ -66,10 +119,12 @@ def _wrap(name: str, fn: Callable, sink: Callable[[OpEvent], None], seq: Iterato
 
 def _targets() -> list[tuple[object, str, str]]:
     """(owner, attribute, op name) for everything patched."""
-    out = [(mx, n, n) for n in dir(mx) if not n.startswith("_") and n not in SKIP
-           and n[0].islower() and callable(getattr(mx, n))]
-    out += [(mx.fast, n, f"fast.{n}") for n in dir(mx.fast) if not n.startswith("_")
-            and callable(getattr(mx.fast, n))]
+    out = [
+        (mx, n, n)
+        for n in dir(mx)
+        if not n.startswith("_") and n not in SKIP and n[0].islower() and callable(getattr(mx, n))
+    ]
+    out += [(mx.fast, n, f"fast.{n}") for n in dir(mx.fast) if not n.startswith("_") and callable(getattr(mx.fast, n))]
     out += [(mx.array, n, f"array.{n.strip('_')}") for n in ARRAY_METHODS]
     return [(o, a, name) for o, a, name in out if not isinstance(getattr(o, a, None), (type, type(None)))]
 

@@ -8,6 +8,7 @@ MLX-quantized safetensors (``.scales``/``.biases``, as mlx-lm writes them) are r
 with the name table below. Quantized tensors stay quantized: their modules become
 nn.QuantizedLinear / QuantizedEmbedding with the bits and group size read off the tensor shapes.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,21 +18,34 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
-
 from opscope.engine import ConfigError, ModelFormatError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
 GGUF_TOP = {"token_embd": "embed", "output_norm": "norm", "output": "lm_head"}
-GGUF_BLOCK = {"attn_norm": "attn_norm", "attn_q": "attn.q_proj", "attn_k": "attn.k_proj",
-              "attn_v": "attn.v_proj", "attn_output": "attn.o_proj", "ffn_norm": "mlp_norm",
-              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+GGUF_BLOCK = {
+    "attn_norm": "attn_norm",
+    "attn_q": "attn.q_proj",
+    "attn_k": "attn.k_proj",
+    "attn_v": "attn.v_proj",
+    "attn_output": "attn.o_proj",
+    "ffn_norm": "mlp_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 HF_TOP = {"model.embed_tokens": "embed", "model.norm": "norm", "lm_head": "lm_head"}
-HF_BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn.q_proj",
-            "self_attn.k_proj": "attn.k_proj", "self_attn.v_proj": "attn.v_proj",
-            "self_attn.o_proj": "attn.o_proj", "post_attention_layernorm": "mlp_norm",
-            "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj",
-            "mlp.down_proj": "mlp.down_proj"}
+HF_BLOCK = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn.q_proj",
+    "self_attn.k_proj": "attn.k_proj",
+    "self_attn.v_proj": "attn.v_proj",
+    "self_attn.o_proj": "attn.o_proj",
+    "post_attention_layernorm": "mlp_norm",
+    "mlp.gate_proj": "mlp.gate_proj",
+    "mlp.up_proj": "mlp.up_proj",
+    "mlp.down_proj": "mlp.down_proj",
+}
 _GGUF_BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
 _HF_BLOCK_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _SUFFIXES = ("weight", "scales", "biases", "bias")
@@ -40,8 +54,7 @@ _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16
 
 def mlx_dtype(name: str):
     if name not in _DTYPES:
-        raise ConfigError(f"dtype {name!r} is not supported by the mlx backend "
-                          f"(supported: {', '.join(_DTYPES)})")
+        raise ConfigError(f"dtype {name!r} is not supported by the mlx backend (supported: {', '.join(_DTYPES)})")
     return _DTYPES[name]
 
 
@@ -51,8 +64,7 @@ def rename(name: str, fmt: str) -> str | None:
     module, _, suffix = name.rpartition(".")
     if suffix not in _SUFFIXES:
         return None
-    top, block_re, block = (GGUF_TOP, _GGUF_BLOCK_RE, GGUF_BLOCK) if fmt == "gguf" else (
-        HF_TOP, _HF_BLOCK_RE, HF_BLOCK)
+    top, block_re, block = (GGUF_TOP, _GGUF_BLOCK_RE, GGUF_BLOCK) if fmt == "gguf" else (HF_TOP, _HF_BLOCK_RE, HF_BLOCK)
     if module in top:
         return f"{top[module]}.{suffix}"
     m = block_re.fullmatch(module)
@@ -61,11 +73,10 @@ def rename(name: str, fmt: str) -> str | None:
     return None
 
 
-def read_gguf(source) -> dict[str, "mx.array"]:
+def read_gguf(source) -> dict[str, mx.array]:
     """Every tensor of a (validated) GGUF source as MLX arrays under engine names; Q/K rows come in
     rotate-half order (``raw_tensor``), the RoPE the model applies for every family."""
     import numpy as np
-
     from opscope.plugins.mlx_backend.convert import convert
 
     out: dict[str, mx.array] = {}
@@ -84,7 +95,7 @@ def read_gguf(source) -> dict[str, "mx.array"]:
     return out
 
 
-def read_hf(source) -> dict[str, "mx.array"]:
+def read_hf(source) -> dict[str, mx.array]:
     """A safetensors directory: MLX-quantized ones through ``mx.load`` (mlx-lm's layout), float ones
     through the engine's source (family names, fused splits, Gemma's norm offset)."""
     files = list(source.shards)
@@ -111,7 +122,8 @@ def _refuse_switches(source) -> None:
     if not source.config.is_llama_core or source.config.arch == "phi3":
         raise UnsupportedModelError(
             f"{source.path}: the mlx backend reads MLX-quantized safetensors of Llama-core models only; "
-            f"for {source.config.arch!r} use its float checkpoint or a GGUF file")
+            f"for {source.config.arch!r} use its float checkpoint or a GGUF file"
+        )
 
 
 def read_tensors(files: list[Path], fmt: str) -> dict[str, mx.array]:
@@ -124,8 +136,7 @@ def read_tensors(files: list[Path], fmt: str) -> dict[str, mx.array]:
         try:
             raw = mx.load(str(f))
         except (RuntimeError, ValueError) as e:
-            raise UnsupportedModelError(f"{f}: mlx cannot read this file ({e}); "
-                                        f"use the torch backend for it") from e
+            raise UnsupportedModelError(f"{f}: mlx cannot read this file ({e}); use the torch backend for it") from e
         for name, arr in raw.items():
             new = "rope_freqs" if name == "rope_freqs.weight" else rename(name, fmt)
             if new is None:
@@ -152,8 +163,9 @@ def quantized_modules(tensors: dict[str, mx.array]) -> dict[str, dict]:
 def quant_params(words: int, groups: int, in_dims: int) -> dict:
     bits, rem = divmod(32 * words, in_dims)
     if rem or bits not in (2, 3, 4, 5, 6, 8) or in_dims % groups:
-        raise UnsupportedModelError(f"quantized layout not understood: {words} words and {groups} "
-                                    f"groups for {in_dims} inputs")
+        raise UnsupportedModelError(
+            f"quantized layout not understood: {words} words and {groups} groups for {in_dims} inputs"
+        )
     return {"group_size": in_dims // groups, "bits": bits}
 
 
@@ -161,14 +173,14 @@ def apply_weights(model: nn.Module, tensors: dict[str, mx.array], dtype) -> None
     """Swap in quantized layers where the checkpoint is quantized, then assign every tensor."""
     layout = quantized_modules(tensors)
     in_dims = _input_dims(model)
-    params = {m: quant_params(v["words"], v["groups"], in_dims[m]) for m, v in layout.items()
-              if m in in_dims}
+    params = {m: quant_params(v["words"], v["groups"], in_dims[m]) for m, v in layout.items() if m in in_dims}
     nn.quantize(model, class_predicate=lambda path, _m: params.get(path, False))
     expected = {k for k, _ in tree_flatten(model.parameters())}
     missing = sorted(expected - tensors.keys())
     if missing:
-        raise ModelFormatError(f"checkpoint lacks {len(missing)} tensors the model needs, "
-                               f"e.g. {', '.join(missing[:3])}")
+        raise ModelFormatError(
+            f"checkpoint lacks {len(missing)} tensors the model needs, e.g. {', '.join(missing[:3])}"
+        )
     extra = sorted(tensors.keys() - expected)
     if extra:
         log.warning("ignoring %d unexpected tensors, e.g. %s", len(extra), extra[:3])

@@ -3,6 +3,7 @@ ROCm. ROCm builds of torch present AMD GPUs as ``cuda:N``; devices() labels them
 
 This module imports torch only inside methods, so listing plugins stays cheap.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -40,8 +41,9 @@ class TorchBackend(BackendBase):
 
         return trace_ops(sink)
 
-    def bench_matmul(self, m: int, n: int, k: int, *, device: str = "cpu", dtype: str = "float32",
-                     iterations: int = 10) -> list[int]:
+    def bench_matmul(
+        self, m: int, n: int, k: int, *, device: str = "cpu", dtype: str = "float32", iterations: int = 10
+    ) -> list[int]:
         from opscope.plugins.torch_backend.primitives import bench_matmul
 
         return bench_matmul(m, n, k, device=device, dtype=dtype, iterations=iterations)

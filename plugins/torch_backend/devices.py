@@ -1,4 +1,5 @@
 """The devices torch can run on here, the unavailable ones with the reason."""
+
 from __future__ import annotations
 
 import os
@@ -20,18 +21,33 @@ def _gpus(torch) -> list[DeviceInfo]:
     hip = getattr(torch.version, "hip", None)
     kind, vendor = ("rocm", f"ROCm {hip}") if hip else ("cuda", f"CUDA {torch.version.cuda}")
     if not hip and torch.version.cuda is None:
-        return [DeviceInfo("cuda", "cuda", False,
-                           reason=f"torch {torch.__version__} is a CPU-only build; install a CUDA or ROCm build")]
+        return [
+            DeviceInfo(
+                "cuda",
+                "cuda",
+                False,
+                reason=f"torch {torch.__version__} is a CPU-only build; install a CUDA or ROCm build",
+            )
+        ]
     if not torch.cuda.is_available():
         gpu = "AMD" if hip else "NVIDIA"
-        return [DeviceInfo("cuda", kind, False,
-                           reason=f"no {gpu} GPU visible to torch {torch.__version__} ({vendor}): "
-                                  f"check the driver and CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES")]
+        return [
+            DeviceInfo(
+                "cuda",
+                kind,
+                False,
+                reason=f"no {gpu} GPU visible to torch {torch.__version__} ({vendor}): "
+                f"check the driver and CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES",
+            )
+        ]
     out = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
-        out.append(DeviceInfo(f"cuda:{i}", kind, True, description=f"{props.name} ({vendor})",
-                              memory_bytes=int(props.total_memory)))
+        out.append(
+            DeviceInfo(
+                f"cuda:{i}", kind, True, description=f"{props.name} ({vendor})", memory_bytes=int(props.total_memory)
+            )
+        )
     return out
 
 

@@ -1,11 +1,11 @@
 """Benchmark primitives: timed matmul and device copy, the device synchronized before every clock
 read so each sample is the work itself, not its launch."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from opscope.engine import now_ns
-from opscope.engine import ConfigError
+from opscope.engine import ConfigError, now_ns
 
 
 def _sync(device) -> Callable[[], None]:
@@ -35,7 +35,6 @@ def _timed(step: Callable[[], None], sync: Callable[[], None], iterations: int) 
 def bench_matmul(m: int, n: int, k: int, *, device: str, dtype: str, iterations: int) -> list[int]:
     """ns per (m×k)@(k×n) product; FLOPs per product = 2·m·n·k."""
     import torch
-
     from opscope.engine import resolve_device, resolve_dtype
 
     dev, dt = resolve_device(device), resolve_dtype(dtype)
@@ -47,7 +46,6 @@ def bench_matmul(m: int, n: int, k: int, *, device: str, dtype: str, iterations:
 def bench_copy(n_bytes: int, *, device: str, iterations: int) -> list[int]:
     """ns per device-to-device copy of ``n_bytes`` (2·n_bytes moved: read + write)."""
     import torch
-
     from opscope.engine import resolve_device
 
     dev = resolve_device(device)

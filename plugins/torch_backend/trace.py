@@ -3,14 +3,14 @@
 This is the plain protocol-level hook (op, device, shapes, dtypes). The full placement analysis
 (module paths, source lines, transfer and sync classification) is engine.trace's Tracer.
 """
+
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
-from opscope.engine import OpEvent
-from opscope.engine import now_ns
+from opscope.engine import OpEvent, now_ns
 
 
 def _tensors(values) -> list:
@@ -26,8 +26,7 @@ def _tensors(values) -> list:
 
 
 def _describe(tensors) -> tuple[tuple, tuple]:
-    return (tuple(tuple(t.shape) for t in tensors),
-            tuple(str(t.dtype).removeprefix("torch.") for t in tensors))
+    return (tuple(tuple(t.shape) for t in tensors), tuple(str(t.dtype).removeprefix("torch.") for t in tensors))
 
 
 def _mode(sink: Callable[[OpEvent], None]):
@@ -44,8 +43,19 @@ def _mode(sink: Callable[[OpEvent], None]):
             device = str((outs or ins)[0].device) if (outs or ins) else "cpu"
             in_shapes, in_dtypes = _describe(ins)
             out_shapes, out_dtypes = _describe(outs)
-            sink(OpEvent(next(self.seq), str(func.overloadpacket.__name__), device, in_shapes,
-                         in_dtypes, out_shapes, out_dtypes, now_ns(), {"overload": str(func)}))
+            sink(
+                OpEvent(
+                    next(self.seq),
+                    str(func.overloadpacket.__name__),
+                    device,
+                    in_shapes,
+                    in_dtypes,
+                    out_shapes,
+                    out_dtypes,
+                    now_ns(),
+                    {"overload": str(func)},
+                )
+            )
             return out
 
     return _OpSink()

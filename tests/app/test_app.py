@@ -2,6 +2,7 @@
 
 One window (one worker, one model load) serves the whole module; each test leaves the chat empty.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,6 @@ from pathlib import Path
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
-
 from opscope.app.worker.protocol import DebugRequest, LoadRequest
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
@@ -115,8 +115,9 @@ def test_three_sampled_turns_reuse_the_whole_conversation_across_a_failed_load(q
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a gguf file at all")
     turns = []
-    for i, text in enumerate(("Write a python function with numbers 12345 and a list.", "And more?",
-                              "Once more, with 678.")):
+    for i, text in enumerate(
+        ("Write a python function with numbers 12345 and a list.", "And more?", "Once more, with 678.")
+    ):
         chat.sampling.seed.setValue(i)
         turns.append(_send(qtbot, chat, text, 48))
         if i == 1:  # a file the engine refuses: the old model comes back, with its cache
@@ -127,8 +128,10 @@ def test_three_sampled_turns_reuse_the_whole_conversation_across_a_failed_load(q
     for before, after in zip(turns, turns[1:]):
         assert after.stats["cached_tokens"] == _fed(before.stats, before.stop_reason) > 0
     last = turns[-1].stats
-    assert chat.stats_label.text().startswith(f"TTFT {last['ttft_ms']:.0f} ms · prefill {last['prompt_tokens']} tok "
-                                              f"({last['cached_tokens']} cached) · decode ")
+    assert chat.stats_label.text().startswith(
+        f"TTFT {last['ttft_ms']:.0f} ms · prefill {last['prompt_tokens']} tok "
+        f"({last['cached_tokens']} cached) · decode "
+    )
     chat.edit_button.click()  # the reply the line described is gone: the line describes the one before
     assert chat.stats_label.text().startswith(f"TTFT {turns[1].stats['ttft_ms']:.0f} ms · prefill ")
     chat.session.clear()
@@ -219,8 +222,9 @@ def test_a_failed_load_keeps_the_old_model(qtbot, window, chat, tmp_path):
     # one sentence, shown once: no error class, no card over the panels, no status line repeating it
     reason = blocker.args[0].error[1].rstrip(". ").removeprefix(f"{bad}: ")
     assert reason.startswith("not a GGUF file")
-    assert dialog.informativeText() == (f"Could not load {bad} on cpu/float32: {reason} "
-                                        f"({Path(loaded_before).name} is still loaded).")
+    assert dialog.informativeText() == (
+        f"Could not load {bad} on cpu/float32: {reason} ({Path(loaded_before).name} is still loaded)."
+    )
     assert "BadMagic" not in dialog.informativeText() and dialog.informativeText().count("Could not load") == 1
     assert not any(str(bad) in c.text.text() for c in window.notifications.cards)
     assert "Could not load" not in window.statusBar().currentMessage()
@@ -250,11 +254,17 @@ def test_run_opens_the_window_and_returns_when_it_closes(tmp_path):
         "    if wins and wins[0].client.pid: print('worker', wins[0].client.pid, flush=True); wins[0].close()\n"
         "    else: QTimer.singleShot(50, close)\n"
         "app = QApplication(['opscope']); QTimer.singleShot(50, close)\n"
-        "sys.exit(run(['--db', sys.argv[2], '--theme', 'dark']))\n")
+        "sys.exit(run(['--db', sys.argv[2], '--theme', 'dark']))\n"
+    )
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "settings"), f"sqlite:///{tmp_path / 'r.db'}"],
-                         cwd=root, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "settings"), f"sqlite:///{tmp_path / 'r.db'}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     pid = int(out.stdout.split()[1])
     with pytest.raises(ProcessLookupError):
@@ -286,11 +296,10 @@ def _runaway_regex_dir(tmp: Path, tiny: Path) -> Path:
     import json
 
     import numpy as np
-    from safetensors.numpy import save_file
-
     from opscope.engine.formats import open_model
     from opscope.engine.formats.hf_source import hf_name
     from opscope.engine.testing.gguf_writer import hf_config
+    from safetensors.numpy import save_file
 
     src = open_model(tiny)
     d = tmp / "regex-model"
@@ -298,9 +307,13 @@ def _runaway_regex_dir(tmp: Path, tiny: Path) -> Path:
     save_file({hf_name(n): np.ascontiguousarray(w) for n, w in src.iter_tensors()}, str(d / "model.safetensors"))
     (d / "config.json").write_text(json.dumps(hf_config("llama")))
     tj = json.loads(src.tokenizer.backend.to_str())
-    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": r"(\w+\s?)+$"}, "behavior": "Isolated", "invert": False},
-        tj["pre_tokenizer"]]}
+    tj["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r"(\w+\s?)+$"}, "behavior": "Isolated", "invert": False},
+            tj["pre_tokenizer"],
+        ],
+    }
     (d / "tokenizer.json").write_text(json.dumps(tj))
     return d
 

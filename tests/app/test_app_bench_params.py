@@ -2,6 +2,7 @@
 unit and a tooltip (the suite's own ``param`` description), byte sizes as "64 MiB", roofline ticks in
 engineering units, and a collectives run started from the window with a moving progress bar and
 every rank's markers saved as `opscope bench collectives --nproc` saves them."""
+
 from __future__ import annotations
 
 import os
@@ -58,8 +59,10 @@ def test_every_suite_parameter_has_a_human_label_unit_and_tooltip(panel):
     rows = _rows(panel)
     assert rows["call_budget_s"][0] == "Call budget (s)"
     assert rows["sizes"][0] == "Matrix sizes (n×n)" and rows["dtypes"][0] == "Data types"
-    assert rows["call_budget_s"][1] == ("Skip a size whose single call is predicted (from the smaller sizes) to "
-                                        "take longer than this.\n(--param call_budget_s=…)")
+    assert rows["call_budget_s"][1] == (
+        "Skip a size whose single call is predicted (from the smaller sizes) to "
+        "take longer than this.\n(--param call_budget_s=…)"
+    )
     assert panel.params.editors["call_budget_s"].text() == "0.500"  # no unit repeated after the number
 
 
@@ -95,13 +98,18 @@ def test_a_collectives_run_from_the_window_shows_progress_and_saves_every_ranks_
     drive a real panel's progress bar, and the run holds the same per-rank markers as the CLI's."""
     from opscope.app.bench.model import BenchModel
     from opscope.app.bench.panel import BenchPanel
-    from opscope.app.worker.protocol import BenchRequest
     from opscope.app.worker.bench import run_bench
+    from opscope.app.worker.protocol import BenchRequest
     from opscope.engine.store import RunStore
 
     db = f"sqlite:///{tmp_path / 'runs.db'}"
-    req = BenchRequest(suite="collectives", quick=True, name="win", db_url=db,
-                       params={"nproc": 2, "sizes_bytes": [8], "collectives": ["all_gather"], "reps": 2})
+    req = BenchRequest(
+        suite="collectives",
+        quick=True,
+        name="win",
+        db_url=db,
+        params={"nproc": 2, "sizes_bytes": [8], "collectives": ["all_gather"], "reps": 2},
+    )
     sent = []
     out = run_bench(None, None, req, lambda kind, **msg: sent.append(msg), threading.Event())
     assert out["status"] == "completed"

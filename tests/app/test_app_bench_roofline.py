@@ -2,6 +2,7 @@
 worker's end of a run emits), the engine worker computes its roofline (never the GUI thread) and its
 points are drawn against the compute and bandwidth ceilings with axis labels in units, and export as
 PNG and SVG. The run is a real tiny matmul run in a real store, the worker a real process."""
+
 from __future__ import annotations
 
 import os
@@ -49,7 +50,6 @@ def drawn_ticks(axis) -> list[str]:
 def test_a_finished_matmul_run_shows_its_roofline_in_the_benchmarks_panel(qtbot, saved_runs, tmp_path):
     from opscope.app.bench.model import BenchModel
     from opscope.app.bench.panel import BenchPanel
-
     from opscope.app.ui.engine_client import EngineClient
 
     url, mm, kv = saved_runs

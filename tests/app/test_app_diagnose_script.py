@@ -1,5 +1,6 @@
 """Trace → "Trace a script…" → Diagnose: the script's diagnosis, run in its own process, shows in the
 dialog with its top finding and the line the step waits on."""
+
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ import pytest
 
 pytestmark = [pytest.mark.gui, pytest.mark.slow]
 
-LOADER = '''import time
+LOADER = """import time
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ for step in range(6):
     loss.backward()
     opt.step()
     opscope.step()
-'''
+"""
 
 
 def test_diagnose_a_script_from_the_dialog_shows_the_input_pipeline_line(qtbot, tmp_path):

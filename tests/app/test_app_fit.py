@@ -1,11 +1,14 @@
 """Nothing scrolls sideways at 1400x900 and nothing is cut: the status bar's message beside a long
 engine state, long code lines in a chat reply, and the Benchmarks, Run and Trace op tables (their
 columns fit the view; long names elide with the whole text on hover). Units on bench parameters."""
+
 from __future__ import annotations
 
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from datetime import UTC
 
 import pytest
 
@@ -19,10 +22,9 @@ def _all_columns_in_view(table) -> bool:
 
 
 def test_the_status_message_shows_whole_beside_a_crashed_engine(qtbot):
-    from PySide6.QtWidgets import QMainWindow
-
     from opscope.app.ui.engine_client import EngineClient
     from opscope.app.ui.status import STATE_TEXT, EngineStatusBar
+    from PySide6.QtWidgets import QMainWindow
 
     window, client = QMainWindow(), EngineClient()
     bar = EngineStatusBar(client, window)
@@ -32,8 +34,15 @@ def test_the_status_message_shows_whole_beside_a_crashed_engine(qtbot):
     window.show()
     qtbot.waitExposed(window)
     client.stateChanged.emit("crashed")
-    bar.on_model_loaded({"device": "cpu", "dtype": "bfloat16", "fastpath": "on (prefill_dtype=bf16)",
-                         "backend": "torch", "path": "/models/SmolLM2-135M-Instruct.Q4_1.gguf"})
+    bar.on_model_loaded(
+        {
+            "device": "cpu",
+            "dtype": "bfloat16",
+            "fastpath": "on (prefill_dtype=bf16)",
+            "backend": "torch",
+            "path": "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        }
+    )
     bar.on_memory({"rss_bytes": 1.1 * 2**30, "weights_bytes": 92 * 2**20})
     message = "Could not load Qwen2.5-Coder-7B-Instruct-Q4_K_M.gguf"
     bar.showMessage(message)
@@ -57,8 +66,10 @@ def test_a_long_code_line_wraps_inside_its_block_not_the_whole_chat(qtbot):
     panel.resize(845, 780)  # the Chat dock at 1400x900
     long_line = "result = " + " + ".join(f"compute_value_{i}(x)" for i in range(30))
     url = "https://example.com/" + "a" * 200
-    panel.session.history = [Turn("user", "write it"),
-                             Turn("assistant", f"Here:\n\n```python\n{long_line}\n```\n\nSee {url}", {}, "eos")]
+    panel.session.history = [
+        Turn("user", "write it"),
+        Turn("assistant", f"Here:\n\n```python\n{long_line}\n```\n\nSee {url}", {}, "eos"),
+    ]
     panel.render()
     panel.show()
     qtbot.waitExposed(panel)
@@ -76,10 +87,16 @@ def _bench_points(panel) -> None:
     panel._on_started("matmul")
     for i, dtype in enumerate(("float32", "bfloat16", "float16")):
         for n in (128, 256):
-            panel._on_point({"name": f"matmul_{dtype}_{n}", "unit": "GFLOP/s",
-                             "samples": [100.0 + i, 120.5 + i, 140.25 + i],
-                             "params": {"dtype": dtype, "n": n, "call_budget_s": 0.5, "planted_slowdown": 1.0},
-                             "status": "ok" if i else "failed", "error": "RuntimeError: out of memory"})
+            panel._on_point(
+                {
+                    "name": f"matmul_{dtype}_{n}",
+                    "unit": "GFLOP/s",
+                    "samples": [100.0 + i, 120.5 + i, 140.25 + i],
+                    "params": {"dtype": dtype, "n": n, "call_budget_s": 0.5, "planted_slowdown": 1.0},
+                    "status": "ok" if i else "failed",
+                    "error": "RuntimeError: out of memory",
+                }
+            )
 
 
 def test_benchmark_table_fits_its_columns_with_names_whole_on_hover(qtbot):
@@ -104,7 +121,7 @@ def test_benchmark_table_fits_its_columns_with_names_whole_on_hover(qtbot):
 
 
 def test_run_detail_fits_the_runs_dock(qtbot):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from opscope.app.runs.views import RunDetailView
     from opscope.engine.core.results import Metric, RunResult
@@ -114,11 +131,23 @@ def test_run_detail_fits_the_runs_dock(qtbot):
     qtbot.addWidget(view)
     view.resize(820, 600)  # the Runs dock's detail at 1400x900
     view.show()
-    metrics = [Metric(name=f"matmul_{d}_{n}", unit="GFLOP/s", samples=[150.0, 165.4, 189.7],
-                      params={"dtype": d, "n": n}) for d in ("float32", "bfloat16") for n in (128, 256)]
-    info = RunInfo(id=1, name="matmul-20261124", kind="matmul", status="completed", tags=(), notes="",
-                   created_at=datetime(2026, 11, 24, tzinfo=timezone.utc), finished_at=None, error=None,
-                   metric_count=len(metrics))
+    metrics = [
+        Metric(name=f"matmul_{d}_{n}", unit="GFLOP/s", samples=[150.0, 165.4, 189.7], params={"dtype": d, "n": n})
+        for d in ("float32", "bfloat16")
+        for n in (128, 256)
+    ]
+    info = RunInfo(
+        id=1,
+        name="matmul-20261124",
+        kind="matmul",
+        status="completed",
+        tags=(),
+        notes="",
+        created_at=datetime(2026, 11, 24, tzinfo=UTC),
+        finished_at=None,
+        error=None,
+        metric_count=len(metrics),
+    )
     view.show_run(StoredRun(info, RunResult(kind="matmul", name=info.name, metrics=metrics)))
     qtbot.waitExposed(view.metrics)
     qtbot.waitUntil(lambda: _all_columns_in_view(view.metrics))
@@ -127,12 +156,11 @@ def test_run_detail_fits_the_runs_dock(qtbot):
 
 
 def test_trace_op_table_fits_the_panel_and_a_row_tells_every_field(qtbot):
-    from PySide6.QtCore import Qt
-
     from opscope.app.trace.model import TraceModel
-    from opscope.app.ui.tables import MIN_ELASTIC_PX
     from opscope.app.trace.ops_model import COLUMNS
     from opscope.app.trace.panel import TracePanel
+    from opscope.app.ui.tables import MIN_ELASTIC_PX
+    from PySide6.QtCore import Qt
 
     panel = TracePanel(TraceModel(client=None))
     qtbot.addWidget(panel)
@@ -140,17 +168,37 @@ def test_trace_op_table_fits_the_panel_and_a_row_tells_every_field(qtbot):
     panel.show()
     qtbot.waitExposed(panel)
     n = 40
-    ops = {"seq": list(range(n)), "op": ["aten._scaled_dot_product_flash_attention_for_cpu.default"] * n,
-           "kind": ["fallback"] * n, "direction": ["D2H"] * n, "device": ["cpu"] * n,
-           "module": ["model.layers.12.self_attn.q_proj.weight_quantizer"] * n,
-           "source": ["engine/models/transformer.py:212"] * n, "step": [0] * n, "t_us": [float(i) for i in range(n)],
-           "dur_us": [1234.5] * n, "bytes": [2_359_296] * n, "shapes": ["[1, 9, 512, 64], [1, 3, 512, 64]"] * n}
+    ops = {
+        "seq": list(range(n)),
+        "op": ["aten._scaled_dot_product_flash_attention_for_cpu.default"] * n,
+        "kind": ["fallback"] * n,
+        "direction": ["D2H"] * n,
+        "device": ["cpu"] * n,
+        "module": ["model.layers.12.self_attn.q_proj.weight_quantizer"] * n,
+        "source": ["engine/models/transformer.py:212"] * n,
+        "step": [0] * n,
+        "t_us": [float(i) for i in range(n)],
+        "dur_us": [1234.5] * n,
+        "bytes": [2_359_296] * n,
+        "shapes": ["[1, 9, 512, 64], [1, 3, 512, 64]"] * n,
+    }
     panel.model.ops.add_batch(ops)
     panel.model.ops.commit()
     panel.model.result = {"variant": "leaky-norm"}
-    panel.show_report({"target": "meta", "ops": n, "tokens": 2, "findings": [], "notes": [], "by_kind": {},
-                       "transfers": [], "ops_on_target_pct": 0.0, "time_on_target_pct": 0.0,
-                       "syncs_per_token": 0.0})
+    panel.show_report(
+        {
+            "target": "meta",
+            "ops": n,
+            "tokens": 2,
+            "findings": [],
+            "notes": [],
+            "by_kind": {},
+            "transfers": [],
+            "ops_on_target_pct": 0.0,
+            "time_on_target_pct": 0.0,
+            "syncs_per_token": 0.0,
+        }
+    )
     table = panel.table
     qtbot.waitUntil(lambda: _all_columns_in_view(table))
     shown = [key for i, (key, _h, _f) in enumerate(COLUMNS) if not table.isColumnHidden(i)]
@@ -183,17 +231,30 @@ def test_bench_parameters_show_their_units(qtbot):
 
 def test_roofline_names_never_overlap_and_the_caption_is_one_readable_line(qtbot):
     import pyqtgraph as pg
-
     from opscope.app.runs.roofline import RooflineView
     from opscope.engine.bench.ceilings.roofline import Ceiling, Roofline, RoofPoint
 
     # What the walk's quick matmul run drew: two long names 0.3 decades apart, nearly level.
-    pts = [RoofPoint(name=n, suite="matmul", intensity=i, flop_s=f) for n, i, f in
-           [("matmul_float32_128", 21.3, 1.9e11), ("matmul_float32_256", 42.7, 1.65e11),
-            ("matmul_float16_128", 42.7, 1.9e9)]]
-    roof = Roofline(run="r", kind="matmul", device="cpu", dtype="float32", points=pts,
-                    ceilings=[Ceiling(kind="compute", basis="theoretical", value=588.8e9, label="588.8 GFLOP/s",
-                                      origin="stored with the run")])
+    pts = [
+        RoofPoint(name=n, suite="matmul", intensity=i, flop_s=f)
+        for n, i, f in [
+            ("matmul_float32_128", 21.3, 1.9e11),
+            ("matmul_float32_256", 42.7, 1.65e11),
+            ("matmul_float16_128", 42.7, 1.9e9),
+        ]
+    ]
+    roof = Roofline(
+        run="r",
+        kind="matmul",
+        device="cpu",
+        dtype="float32",
+        points=pts,
+        ceilings=[
+            Ceiling(
+                kind="compute", basis="theoretical", value=588.8e9, label="588.8 GFLOP/s", origin="stored with the run"
+            )
+        ],
+    )
     view = RooflineView()
     qtbot.addWidget(view)
     view.resize(530, 500)  # the Roofline tab at 1400x900
@@ -229,7 +290,15 @@ def test_the_status_bar_states_the_mlx_conversion(qtbot):
 
     bar = EngineStatusBar(EngineClient())
     qtbot.addWidget(bar)
-    bar.on_model_loaded({"device": "cpu", "dtype": "float32", "backend": "mlx", "path": "/m/q.gguf",
-                         "conversion": "Q4_K → MLX 4-bit g32: exact; Q6_K → MLX 8-bit g32: requantized"})
-    assert bar.device_label.full_text == ("device: cpu · float32 · mlx · Q4_K → MLX 4-bit g32: exact; "
-                                          "Q6_K → MLX 8-bit g32: requantized")
+    bar.on_model_loaded(
+        {
+            "device": "cpu",
+            "dtype": "float32",
+            "backend": "mlx",
+            "path": "/m/q.gguf",
+            "conversion": "Q4_K → MLX 4-bit g32: exact; Q6_K → MLX 8-bit g32: requantized",
+        }
+    )
+    assert bar.device_label.full_text == (
+        "device: cpu · float32 · mlx · Q4_K → MLX 4-bit g32: exact; Q6_K → MLX 8-bit g32: requantized"
+    )

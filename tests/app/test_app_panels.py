@@ -4,6 +4,7 @@ of every panel that a person looks at.
 The screenshots go to the test's tmp dir; `make screenshots` sets OPSCOPE_SCREENSHOT_DIR to
 docs/screenshots to regenerate the documentation's pictures (tests never write into the tree).
 One window (one worker, one model load) serves the module."""
+
 from __future__ import annotations
 
 import json
@@ -288,7 +289,9 @@ def _assert_trace_readable_in(window) -> None:
         return widget.isVisible() and window.rect().contains(QRect(widget.mapTo(window, QPoint(0, 0)), widget.size()))
 
     assert window.width() == 1400 and window.height() == 900
-    assert inside(trace.findings) and trace.findings.viewport().height() >= 4 * trace.findings.fontMetrics().lineSpacing()
+    assert (
+        inside(trace.findings) and trace.findings.viewport().height() >= 4 * trace.findings.fontMetrics().lineSpacing()
+    )
     item = trace.findings.item(0)
     assert trace.findings.viewport().rect().contains(trace.findings.visualItemRect(item))  # the whole title shows
     for name, label in trace.filter_labels.items():
@@ -338,8 +341,11 @@ def test_the_window_fits_a_1024x640_screen_with_nothing_cut(qtbot, window):
         qtbot.waitUntil(lambda: view.ci.geometry().width() <= view.viewport().width())  # no plot cut at the edge
         for key, plot in telemetry.plots.items():
             assert plot.titleLabel.item.boundingRect().width() <= view.viewport().width(), key
-        for dock, buttons in (("chat", ("send_button", "stop_button")), ("bench", ("run_button", "cancel_button")),
-                              ("trace", ("run_button", "script_button"))):
+        for dock, buttons in (
+            ("chat", ("send_button", "stop_button")),
+            ("bench", ("run_button", "cancel_button")),
+            ("trace", ("run_button", "script_button")),
+        ):
             window.docks[dock].raise_()
             panel = window.chat if dock == "chat" else window.panels[dock]
             qtbot.waitUntil(lambda p=panel: p.isVisible())

@@ -1,5 +1,6 @@
 """The GUI↔worker protocol and the worker, without Qt: encoding, typed requests, the worker's
 request handling in-process, and the worker's process hygiene (no Qt, stdout kept for messages)."""
+
 from __future__ import annotations
 
 import io
@@ -9,10 +10,15 @@ import subprocess
 import sys
 
 import pytest
-
 from opscope.app.worker import protocol
-from opscope.app.worker.protocol import (ChatRequest, DebugRequest, GenerateRequest, PingRequest, ShutdownRequest,
-                          StopRequest)
+from opscope.app.worker.protocol import (
+    ChatRequest,
+    DebugRequest,
+    GenerateRequest,
+    PingRequest,
+    ShutdownRequest,
+    StopRequest,
+)
 from opscope.engine.generation.events import Finished, Token, stats_from_times
 
 ROOT = str(__import__("pathlib").Path(__file__).resolve().parents[2])
@@ -27,15 +33,30 @@ def test_request_round_trip_keeps_type_and_fields():
 
 
 def test_every_request_type_is_registered():
-    assert set(protocol.REQUEST_TYPES) == {"load", "generate", "chat", "stop", "trace", "diagnose", "bench", "roofline",
-                                           "shutdown", "ping", "info", "debug"}
+    assert set(protocol.REQUEST_TYPES) == {
+        "load",
+        "generate",
+        "chat",
+        "stop",
+        "trace",
+        "diagnose",
+        "bench",
+        "roofline",
+        "shutdown",
+        "ping",
+        "info",
+        "debug",
+    }
 
 
-@pytest.mark.parametrize("message, needle", [
-    ({"id": 1, "type": "explode"}, "unknown request type"),
-    ({"id": 1, "type": "load", "colour": "red"}, "bad load request"),
-    ({"id": 1, "type": "generate"}, "bad generate request"),  # prompt is required
-])
+@pytest.mark.parametrize(
+    "message, needle",
+    [
+        ({"id": 1, "type": "explode"}, "unknown request type"),
+        ({"id": 1, "type": "load", "colour": "red"}, "bad load request"),
+        ({"id": 1, "type": "generate"}, "bad generate request"),  # prompt is required
+    ],
+)
 def test_bad_requests_raise_protocol_error(message, needle):
     with pytest.raises(protocol.ProtocolError, match=needle):
         protocol.parse_request(message)
@@ -142,22 +163,27 @@ def test_shutdown_stops_reading_and_cancels(worker):
 
 
 def test_worker_modules_never_import_qt():
-    code = ("import sys, opscope.app.worker.main, opscope.app.worker.jobs, opscope.app.worker.protocol, opscope.app.telemetry.source; from opscope import app;"
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('PySide6', 'pyqtgraph', 'shiboken6')];"
-            "assert not bad, bad")
+    code = (
+        "import sys, opscope.app.worker.main, opscope.app.worker.jobs, opscope.app.worker.protocol, opscope.app.telemetry.source; from opscope import app;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('PySide6', 'pyqtgraph', 'shiboken6')];"
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
 
 
 def test_worker_process_keeps_stdout_for_messages_and_exits_when_stdin_closes():
     """A library printing to stdout inside the worker must not corrupt the message stream."""
-    code = ("from opscope.app.worker.main import Channel; c = Channel.from_stdio(); print('library noise');"
-            "import os; os.write(1, b'C noise\\n'); c.send({'id': None, 'type': 'ready'})")
+    code = (
+        "from opscope.app.worker.main import Channel; c = Channel.from_stdio(); print('library noise');"
+        "import os; os.write(1, b'C noise\\n'); c.send({'id': None, 'type': 'ready'})"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd=ROOT, timeout=60)
     assert [json.loads(line) for line in out.stdout.splitlines()] == [{"id": None, "type": "ready"}]
     assert b"library noise" in out.stderr and b"C noise" in out.stderr
 
-    proc = subprocess.Popen([sys.executable, "-m", "opscope.app.worker.main"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opscope.app.worker.main"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT
+    )
     ready = json.loads(proc.stdout.readline())
     assert ready["type"] == "ready" and ready["pid"] == proc.pid
     proc.stdin.write(_line(1, PingRequest()))

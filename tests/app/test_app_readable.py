@@ -1,15 +1,14 @@
 """What a person reads at 1400x900 in either theme: units on axes, cells and readouts, comparable
 CPU scales, whole-number histogram ticks, empty states that say why, titles readable in dark."""
+
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import numpy as np
 import pytest
-
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.results import Metric, RunResult
 from opscope.engine.store.convert import RunInfo, StoredRun
@@ -18,9 +17,18 @@ pytestmark = pytest.mark.gui
 
 
 def _stored(run_id: int, name: str, metrics: list[Metric], telemetry=()) -> StoredRun:
-    info = RunInfo(id=run_id, name=name, kind="llm", status="completed", tags=(), notes="",
-                   created_at=datetime(2026, 11, 23, tzinfo=timezone.utc), finished_at=None, error=None,
-                   metric_count=len(metrics))
+    info = RunInfo(
+        id=run_id,
+        name=name,
+        kind="llm",
+        status="completed",
+        tags=(),
+        notes="",
+        created_at=datetime(2026, 11, 23, tzinfo=UTC),
+        finished_at=None,
+        error=None,
+        metric_count=len(metrics),
+    )
     return StoredRun(info, RunResult(kind="llm", name=name, metrics=metrics, telemetry=list(telemetry)))
 
 
@@ -56,9 +64,17 @@ def test_compare_without_telemetry_says_why(qtbot):
 
     view = CompareView()
     qtbot.addWidget(view)
-    runs = [_stored(i, f"run-{i}", [Metric(name="decode", unit="tok/s", samples=[10.0 + i, 11.0, 12.0]),
-                                    Metric(name="peak_mem", unit="bytes", samples=[7.108e8] * 3)])
-            for i in (1, 2)]
+    runs = [
+        _stored(
+            i,
+            f"run-{i}",
+            [
+                Metric(name="decode", unit="tok/s", samples=[10.0 + i, 11.0, 12.0]),
+                Metric(name="peak_mem", unit="bytes", samples=[7.108e8] * 3),
+            ],
+        )
+        for i in (1, 2)
+    ]
     view.show_comparison(compare(runs), runs)
     assert view.telemetry.getPlotItem().titleLabel.text == "No telemetry to compare: none of these runs recorded any"
     rows = {view.table.item(r, 0).text(): r for r in range(view.table.rowCount())}
@@ -100,9 +116,8 @@ def test_host_and_engine_cpu_share_one_scale_and_the_readout_has_units(qtbot):
 
 def test_dark_theme_titles_use_the_theme_foreground(qtbot, qapp):
     import pyqtgraph as pg
-
-    from opscope.app.window.panels import _follow_theme
     from opscope.app.ui.theme import ThemeManager
+    from opscope.app.window.panels import _follow_theme
 
     theme = ThemeManager(qapp, "dark")
     plot = pg.PlotWidget(title="raw samples")
@@ -140,8 +155,9 @@ def test_compare_keys_sit_in_the_title_not_over_the_bars(qtbot):
 
     view = CompareView()
     qtbot.addWidget(view)
-    runs = [_stored(i, f"run-{i}", [Metric(name="decode", unit="tok/s", samples=[10.0 + i, 11.0, 12.0])])
-            for i in (1, 2)]
+    runs = [
+        _stored(i, f"run-{i}", [Metric(name="decode", unit="tok/s", samples=[10.0 + i, 11.0, 12.0])]) for i in (1, 2)
+    ]
     view.show_comparison(compare(runs), runs)
     item = view.distributions.getPlotItem()
     assert item.legend is None and "run-1" in item.titleLabel.text and "run-2" in item.titleLabel.text

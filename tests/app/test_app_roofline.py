@@ -1,4 +1,5 @@
 """The Runs panel's Roofline tab on a stored run: points and roofs drawn, PNG and SVG export."""
+
 from __future__ import annotations
 
 import os
@@ -6,20 +7,33 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
-
 from opscope.engine.core.results import Metric, RunResult
 
 pytestmark = [pytest.mark.gui]
 
 
 def _matmul_run():
-    th = {"value": 500e9, "source": "test", "basis": "theoretical", "kind": "matmul", "dtype": "float32",
-          "label": "theoretical 500 GFLOP/s"}
-    return RunResult(kind="matmul", name="mm", metrics=[
-        Metric("matmul_float32_256", "GFLOP/s", [100.0], params={"n": 256, "dtype": "float32"}),
-        Metric("matmul_float32_64", "GFLOP/s", [10.0], params={"n": 64, "dtype": "float32"})],
-        settings={"device": "cpu", "dtype": "float32",
-                  "suite_params": {"peaks": {"float32": {"theoretical": th, "measured": None}}}})
+    th = {
+        "value": 500e9,
+        "source": "test",
+        "basis": "theoretical",
+        "kind": "matmul",
+        "dtype": "float32",
+        "label": "theoretical 500 GFLOP/s",
+    }
+    return RunResult(
+        kind="matmul",
+        name="mm",
+        metrics=[
+            Metric("matmul_float32_256", "GFLOP/s", [100.0], params={"n": 256, "dtype": "float32"}),
+            Metric("matmul_float32_64", "GFLOP/s", [10.0], params={"n": 64, "dtype": "float32"}),
+        ],
+        settings={
+            "device": "cpu",
+            "dtype": "float32",
+            "suite_params": {"peaks": {"float32": {"theoretical": th, "measured": None}}},
+        },
+    )
 
 
 @pytest.fixture
@@ -67,15 +81,21 @@ def test_roofline_tab_draws_points_and_roofs_and_exports(qtbot, db, tmp_path):
 
 def test_point_names_do_not_print_over_each_other_and_axes_are_not_rescaled(qtbot):
     import pyqtgraph as pg
-
     from opscope.app.runs.roofline import RooflineView
     from opscope.engine.bench.ceilings.roofline import Ceiling, Roofline, RoofPoint
 
-    pts = [RoofPoint(name=n, suite="llm", intensity=i, flop_s=f) for n, i, f in
-           [("pp512", 40.0, 90e9), ("pp512@d64", 42.0, 85e9), ("tg128", 1.0, 5e9)]]
-    roof = Roofline(run="r", kind="llm", device="cpu", dtype="float32", points=pts,
-                    ceilings=[Ceiling(kind="compute", basis="theoretical", value=200e9, label="200 GFLOP/s",
-                                      origin="test")])
+    pts = [
+        RoofPoint(name=n, suite="llm", intensity=i, flop_s=f)
+        for n, i, f in [("pp512", 40.0, 90e9), ("pp512@d64", 42.0, 85e9), ("tg128", 1.0, 5e9)]
+    ]
+    roof = Roofline(
+        run="r",
+        kind="llm",
+        device="cpu",
+        dtype="float32",
+        points=pts,
+        ceilings=[Ceiling(kind="compute", basis="theoretical", value=200e9, label="200 GFLOP/s", origin="test")],
+    )
     view = RooflineView()
     qtbot.addWidget(view)
     view._draw(roof)
@@ -89,15 +109,36 @@ def test_point_names_do_not_print_over_each_other_and_axes_are_not_rescaled(qtbo
 
 def _llm_run():
     """Six llm points as the suite stores them; pp64 and pp64@d64 land on the same spot."""
-    work = {"pp16": (1e9, 4e8), "pp64": (1e9, 1e8), "pp64@d64": (1e9, 1e8), "pp256": (1e9, 3e7),
-            "tg16": (1e9, 1e9), "tg16@d64": (1e9, 1.1e9)}
+    work = {
+        "pp16": (1e9, 4e8),
+        "pp64": (1e9, 1e8),
+        "pp64@d64": (1e9, 1e8),
+        "pp256": (1e9, 3e7),
+        "tg16": (1e9, 1e9),
+        "tg16@d64": (1e9, 1.1e9),
+    }
     rates = {"pp16": 40.0, "pp64": 100.0, "pp64@d64": 100.0, "pp256": 150.0, "tg16": 12.0, "tg16@d64": 11.0}
-    th = {"value": 500e9, "source": "test", "basis": "theoretical", "kind": "matmul", "dtype": "float32",
-          "label": "theoretical 500 GFLOP/s"}
-    return RunResult(kind="llm", name="llm-run", metrics=[Metric(n, "tok/s", [r, r, r]) for n, r in rates.items()],
-                     settings={"device": "cpu", "dtype": "float32", "suite_params": {
-                         "peaks": {"flop": {"theoretical": th, "measured": None}, "bytes": {}},
-                         "roofline": {n: {"flop": f, "bytes": b} for n, (f, b) in work.items()}}})
+    th = {
+        "value": 500e9,
+        "source": "test",
+        "basis": "theoretical",
+        "kind": "matmul",
+        "dtype": "float32",
+        "label": "theoretical 500 GFLOP/s",
+    }
+    return RunResult(
+        kind="llm",
+        name="llm-run",
+        metrics=[Metric(n, "tok/s", [r, r, r]) for n, r in rates.items()],
+        settings={
+            "device": "cpu",
+            "dtype": "float32",
+            "suite_params": {
+                "peaks": {"flop": {"theoretical": th, "measured": None}, "bytes": {}},
+                "roofline": {n: {"flop": f, "bytes": b} for n, (f, b) in work.items()},
+            },
+        },
+    )
 
 
 @pytest.fixture
@@ -134,15 +175,23 @@ def test_the_memory_roof_comes_from_the_stored_bandwidth_run(qtbot, llm_db):
 
     url, run_id = llm_db
     with RunStore.open(url) as store:
-        store.save(RunResult(kind="bandwidth", name="bw-run", settings={"device": "cpu"},
-                             metrics=[Metric("copy_256MiB", "GB/s", [18.0, 20.0, 19.0])]))
+        store.save(
+            RunResult(
+                kind="bandwidth",
+                name="bw-run",
+                settings={"device": "cpu"},
+                metrics=[Metric("copy_256MiB", "GB/s", [18.0, 20.0, 19.0])],
+            )
+        )
     view = _drawn(qtbot, url, run_id)
     bandwidth = view.roof.best("bandwidth")
     assert bandwidth.value == pytest.approx(19e9) and bandwidth.origin == "bandwidth run bw-run"
     assert "bandwidth ceiling: measured 19.00 GB/s (bandwidth run bw-run)" in view.summary.text()
     assert "no bandwidth ceiling" not in view.summary.toolTip()
-    assert {p.name: p.bound for p in view.roof.points if p.name.startswith("tg")} == {"tg16": "memory",
-                                                                                      "tg16@d64": "memory"}
+    assert {p.name: p.bound for p in view.roof.points if p.name.startswith("tg")} == {
+        "tg16": "memory",
+        "tg16@d64": "memory",
+    }
     assert view.roof.ridge == pytest.approx(500e9 / 19e9)
 
 
@@ -164,5 +213,5 @@ def test_every_point_is_named_once_and_no_names_overlap(qtbot, llm_db):
     assert "pp64, pp64@d64" in texts
     rects = [label.sceneBoundingRect() for label in view.labels]
     for i, a in enumerate(rects):
-        for b in rects[i + 1:]:
+        for b in rects[i + 1 :]:
             assert not a.intersects(b), texts

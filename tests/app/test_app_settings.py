@@ -1,5 +1,6 @@
 """Every engine setting in the window (Engine → Settings…, sampling presets) with the real worker,
 and the context length the worker fits a chat into, on the real default model."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
-
 from opscope.app.worker.settings import FALLBACK_LOAD_OPTIONS, EngineSettings
 
 pytestmark = [pytest.mark.gui]
@@ -49,12 +49,22 @@ def test_settings_dialog_shows_every_model_option(qtbot, window):
     assert [dialog.attention.itemText(i) for i in range(dialog.attention.count())] == ["sdpa", "naive"]
     assert [dialog.compile.itemText(i) for i in range(dialog.compile.count())] == ["off", "decode"]
     assert [dialog.quantize.itemText(i) for i in range(dialog.quantize.count())] == ["off", "int8", "int4"]
-    assert set(dialog.fastpath_widgets) == {"weights", "activations", "prefill_dtype", "gemm_min_rows",
-                                            "fused_decode", "compile_decode", "pin_threads", "adapt_threads",
-                                            "on_error"}
+    assert set(dialog.fastpath_widgets) == {
+        "weights",
+        "activations",
+        "prefill_dtype",
+        "gemm_min_rows",
+        "fused_decode",
+        "compile_decode",
+        "pin_threads",
+        "adapt_threads",
+        "on_error",
+    }
     assert "the model's own (" in dialog.context.specialValueText()
     # Issue 28: "auto" chose the fast path (the status bar says so): its settings are not greyed out
-    assert window.client.model_info["fastpath"].startswith("on") and "fast path" in window.statusBar().device_label.text()
+    assert (
+        window.client.model_info["fastpath"].startswith("on") and "fast path" in window.statusBar().device_label.text()
+    )
     assert dialog.fastpath.currentData() == "auto" and dialog.fastpath_box.isEnabled()
     assert dialog.fastpath_box.title() == "Fast path settings"
     dialog.fastpath.setCurrentIndex(dialog.fastpath.findData("off"))
@@ -120,8 +130,8 @@ def test_context_length_goes_with_every_chat_request(qtbot, window):
 
 
 def test_sampling_presets_fill_the_form_and_edits_make_it_custom(qtbot, tmp_path):
-    from opscope.app.ui import settings
     from opscope.app.chat.panel import SamplingForm
+    from opscope.app.ui import settings
 
     settings.use_directory(str(tmp_path))
     form = SamplingForm()
@@ -148,13 +158,19 @@ def test_sampling_presets_fill_the_form_and_edits_make_it_custom(qtbot, tmp_path
 
 
 def test_engine_settings_round_trip_and_ignore_garbage():
-    s = EngineSettings(threads=3, attention="naive", fastpath="on", fastpath_settings="activations=q8",
-                       context_length=1024)
+    s = EngineSettings(
+        threads=3, attention="naive", fastpath="on", fastpath_settings="activations=q8", context_length=1024
+    )
     assert EngineSettings.from_json(s.to_json()) == s
     assert EngineSettings.from_json("not json") == EngineSettings()
     assert EngineSettings.from_json('{"threads": "many", "attention": "naive"}') == EngineSettings(attention="naive")
-    assert s.load_fields() == {"threads": 3, "attention": "naive", "fastpath": "activations=q8",
-                               "compile": "off", "quantize": "off"}
+    assert s.load_fields() == {
+        "threads": 3,
+        "attention": "naive",
+        "fastpath": "activations=q8",
+        "compile": "off",
+        "quantize": "off",
+    }
     assert EngineSettings(fastpath="on").load_fields()["fastpath"] == "weights=q"
 
 
@@ -163,13 +179,12 @@ def test_fit_context_drops_the_oldest_turns_to_fit(lm):
     from opscope.engine.core.errors import ConfigError
 
     system = {"role": "system", "content": "You are brief."}
-    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message number {i} " * 20}
-             for i in range(9)]
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message number {i} " * 20} for i in range(9)]
     messages = [system, *turns]
     assert fit_context(lm, messages, 0, 16) == messages  # the model's 8k context holds it all
     kept = fit_context(lm, messages, 200, 16)
     assert kept[0] == system and kept[-1] == turns[-1] and len(kept) < len(messages)
-    assert kept[1:] == turns[len(turns) - len(kept) + 1:]  # the newest turns, in order
+    assert kept[1:] == turns[len(turns) - len(kept) + 1 :]  # the newest turns, in order
     text = lm.tokenizer.apply_chat_template(kept, add_generation_prompt=True)
     assert len(lm.tokenizer.encode(text, add_special_tokens=False)) + 16 <= 200
     with pytest.raises(ConfigError, match="do not fit the context length of 20 tokens"):

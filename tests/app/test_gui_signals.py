@@ -1,4 +1,5 @@
 """Ctrl-C in the terminal closes the window the way its close button does: one line, exit 130."""
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,14 @@ def _lines(stream, into: queue.Queue) -> None:
 
 def test_ctrl_c_closes_the_window_saves_settings_and_prints_one_line(tmp_path):
     # --debug only to see the ready line; what a user sees without it is the non-log lines.
-    proc = subprocess.Popen([sys.executable, "-m", "opscope", "gui", "--debug"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opscope", "gui", "--debug"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, QT_QPA_PLATFORM="offscreen"),
+    )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_lines, args=(proc.stderr, lines), daemon=True).start()
     try:

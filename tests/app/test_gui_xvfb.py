@@ -3,6 +3,7 @@
 Deselected by default (marker `xvfb`, like `bundle`): it needs Xvfb, xdotool and ImageMagick and
 takes minutes. `make xvfb-walk` runs it; the screenshots land in build/xvfb-walk/ to look at.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,21 @@ pytestmark = [pytest.mark.xvfb, pytest.mark.gui]
 
 ROOT = Path(__file__).resolve().parents[2]
 WALK = ROOT / "packaging" / "xvfb_walk.sh"
-SHOTS = ("01-start", "02-chat-streaming", "03-chat-reply", "04-trace-empty", "05-trace-finding", "06-bench-empty",
-         "07-bench-done", "08-runs", "09-settings", "10-store-dialog", "11-dark-runs", "12-dark-trace",
-         "13-dark-chat")
+SHOTS = (
+    "01-start",
+    "02-chat-streaming",
+    "03-chat-reply",
+    "04-trace-empty",
+    "05-trace-finding",
+    "06-bench-empty",
+    "07-bench-done",
+    "08-runs",
+    "09-settings",
+    "10-store-dialog",
+    "11-dark-runs",
+    "12-dark-trace",
+    "13-dark-chat",
+)
 
 
 def _image(path: Path):
@@ -40,8 +53,14 @@ def _walk(out: Path, timeout_s: float) -> tuple[int, str]:
     """Run the walk in its own process group: on a timeout the window, its worker and Xvfb go too."""
     env = dict(os.environ, OPSCOPE=str(Path(sys.executable).parent / "opscope"))
     env.pop("QT_QPA_PLATFORM", None)
-    walk = subprocess.Popen(["bash", str(WALK), str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    walk = subprocess.Popen(
+        ["bash", str(WALK), str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = walk.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

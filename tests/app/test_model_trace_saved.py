@@ -1,4 +1,5 @@
 """Issue 28: a model trace from the Trace panel is a run in the store, as a script's trace is."""
+
 from __future__ import annotations
 
 import threading

@@ -1,10 +1,10 @@
 """Issue 28: a compare read at 1280x800 showed two rows under a nine-line header, unexplained
 footnote marks, Δ cells cut to "dist…" and a disturbed run's +30 % in green like a result."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from opscope.engine.core.results import Metric, RunResult
 
 pytestmark = [pytest.mark.gui]
@@ -12,8 +12,16 @@ pytestmark = [pytest.mark.gui]
 
 def _run(name: str, scale: float, quality: str | None = None) -> RunResult:
     rng = np.random.default_rng(int(scale * 10))
-    metrics = [Metric(f"matmul_float32_{n}", "GFLOP/s", list(rng.normal(10 * scale * np.log2(n), 0.3, 10)),
-                      params={"n": n, "dtype": "float32"}, quality=quality) for n in (64, 128, 256, 512, 1024, 2048)]
+    metrics = [
+        Metric(
+            f"matmul_float32_{n}",
+            "GFLOP/s",
+            list(rng.normal(10 * scale * np.log2(n), 0.3, 10)),
+            params={"n": n, "dtype": "float32"},
+            quality=quality,
+        )
+        for n in (64, 128, 256, 512, 1024, 2048)
+    ]
     return RunResult(kind="matmul", name=name, metrics=metrics, settings={"device": "cpu", "dtype": "float32"})
 
 
@@ -46,8 +54,11 @@ def test_the_compare_table_shows_its_rows_under_a_short_header(compared):
     table = view.table
     lines = view.header.height() / view.header.fontMetrics().lineSpacing()
     assert lines < 3.5  # two lines, not a wall of text
-    shown = [r for r in range(table.rowCount())
-             if table.rowViewportPosition(r) + table.rowHeight(r) <= table.viewport().height()]
+    shown = [
+        r
+        for r in range(table.rowCount())
+        if table.rowViewportPosition(r) + table.rowHeight(r) <= table.viewport().height()
+    ]
     assert len(shown) >= 5
     assert view.distributions.height() >= 140  # a readable plot under them
 

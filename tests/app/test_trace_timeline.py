@@ -3,6 +3,7 @@ click on a bar selects its table row and a table row or a finding outlines its o
 a drag zooms to the dragged span, lanes show their ops apart, and the headline cards agree.
 
 The trace is a real one: `opscope trace` on a small CPU script (its report and JSON lines)."""
+
 from __future__ import annotations
 
 import json
@@ -39,12 +40,38 @@ def traced(tmp_path_factory):
     folder = tmp_path_factory.mktemp("trace")
     (folder / "s.py").write_text(textwrap.dedent(SCRIPT))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    subprocess.run([sys.executable, "-m", "opscope.engine.cli.main", "--db", str(folder / "runs.sqlite"), "trace",
-                    "--target", "cpu", "--report", str(folder / "r.json"), "--jsonl", str(folder / "ops.jsonl"),
-                    "--out", str(folder / "t.json"), "--", sys.executable, "s.py"],
-                   cwd=folder, env=env, check=True, capture_output=True, timeout=300)
-    return {"report": json.loads((folder / "r.json").read_text()), "columns": read_columns(folder / "ops.jsonl"),
-            "exit_code": 0, "perfetto_path": str(folder / "t.json")}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opscope.engine.cli.main",
+            "--db",
+            str(folder / "runs.sqlite"),
+            "trace",
+            "--target",
+            "cpu",
+            "--report",
+            str(folder / "r.json"),
+            "--jsonl",
+            str(folder / "ops.jsonl"),
+            "--out",
+            str(folder / "t.json"),
+            "--",
+            sys.executable,
+            "s.py",
+        ],
+        cwd=folder,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return {
+        "report": json.loads((folder / "r.json").read_text()),
+        "columns": read_columns(folder / "ops.jsonl"),
+        "exit_code": 0,
+        "perfetto_path": str(folder / "t.json"),
+    }
 
 
 @pytest.fixture
@@ -130,11 +157,16 @@ def test_a_drag_zooms_to_the_dragged_span_and_keeps_the_lanes(qtbot, panel):
     a, b = x0 + 0.3 * (x1 - x0), x0 + 0.4 * (x1 - x0)
     start, end = _pixel(timeline, a, 0), _pixel(timeline, b, 0)
     viewport = timeline.viewport()
-    for kind, pos, buttons in ((QEvent.MouseButtonPress, start, Qt.LeftButton),
-                               (QEvent.MouseMove, start + QPoint(10, 0), Qt.LeftButton),
-                               (QEvent.MouseMove, end, Qt.LeftButton), (QEvent.MouseButtonRelease, end, Qt.NoButton)):
-        QApplication.sendEvent(viewport, QMouseEvent(kind, QPointF(pos), QPointF(viewport.mapToGlobal(pos)),
-                                                     Qt.LeftButton, buttons, Qt.NoModifier))
+    for kind, pos, buttons in (
+        (QEvent.MouseButtonPress, start, Qt.LeftButton),
+        (QEvent.MouseMove, start + QPoint(10, 0), Qt.LeftButton),
+        (QEvent.MouseMove, end, Qt.LeftButton),
+        (QEvent.MouseButtonRelease, end, Qt.NoButton),
+    ):
+        QApplication.sendEvent(
+            viewport,
+            QMouseEvent(kind, QPointF(pos), QPointF(viewport.mapToGlobal(pos)), Qt.LeftButton, buttons, Qt.NoModifier),
+        )
         qtbot.wait(1)
     (z0, z1), (w0, w1) = timeline.getPlotItem().getViewBox().viewRange()
     assert z0 == pytest.approx(a, abs=(x1 - x0) * 0.01) and z1 == pytest.approx(b, abs=(x1 - x0) * 0.01)
@@ -169,7 +201,10 @@ def test_at_1280x800_the_op_table_shows_whole_names(qtbot, panel):
     for key in ("seq", "op", "kind", "device"):
         widest = max(metrics.horizontalAdvance(str(ops.data(ops.index(r, col[key])))) for r in (0, last))
         assert widest + 8 <= table.columnWidth(col[key]), key
-    shown = [r for r in range(ops.rowCount())
-             if 0 <= table.rowViewportPosition(r) and table.rowViewportPosition(r) + table.rowHeight(r)
-             <= table.viewport().height()]
+    shown = [
+        r
+        for r in range(ops.rowCount())
+        if 0 <= table.rowViewportPosition(r)
+        and table.rowViewportPosition(r) + table.rowHeight(r) <= table.viewport().height()
+    ]
     assert len(shown) >= 6

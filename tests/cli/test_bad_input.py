@@ -1,5 +1,6 @@
 """Bad model input: one clear line naming the file and the reason, exit code 2, no traceback,
 and nothing allocated from a hostile header before validation."""
+
 from __future__ import annotations
 
 import struct
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from opscope.engine.core.errors import ModelFormatError, UnsupportedModelError
 from opscope.engine.formats import open_model
 
@@ -81,12 +81,15 @@ def test_truncated_inside_header(tmp_path, default_model_path):
         open_model(p)
 
 
-@pytest.mark.parametrize("body", [
-    _header(10**12, 0),                                              # absurd tensor count
-    _header(0, 1, struct.pack("<Q", 2**60) + b"x" * 64),            # key length 2**60
-    _header(0, 1, struct.pack("<Q", 1) + b"a" + struct.pack("<IQ", 8, 1000) + b"xyz"),  # string past the end
-    _header(0, 1, struct.pack("<Q", 1) + b"a" + struct.pack("<IIQ", 9, 8, 2**50) + b"\0" * 64),  # 2**50 strings
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        _header(10**12, 0),  # absurd tensor count
+        _header(0, 1, struct.pack("<Q", 2**60) + b"x" * 64),  # key length 2**60
+        _header(0, 1, struct.pack("<Q", 1) + b"a" + struct.pack("<IQ", 8, 1000) + b"xyz"),  # string past the end
+        _header(0, 1, struct.pack("<Q", 1) + b"a" + struct.pack("<IIQ", 9, 8, 2**50) + b"\0" * 64),  # 2**50 strings
+    ],
+)
 def test_absurd_header_is_rejected_before_allocation(tmp_path, body):
     import resource
 

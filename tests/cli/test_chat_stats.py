@@ -1,5 +1,6 @@
 """`opscope chat`'s lines after each reply (issue 31 item 3): the prompt's cached tokens named, the
 reason energy is N/A said once, and on a terminal the prompt progress and decode rate live on stderr."""
+
 from __future__ import annotations
 
 import io
@@ -7,7 +8,6 @@ import re
 import sys
 
 import pytest
-
 from opscope.engine.cli.commands.generate import chat_with
 from opscope.engine.cli.main import build_parser
 from opscope.engine.telemetry import energy

@@ -4,6 +4,7 @@ Each case names a model path that does not exist: had the flag got past the pars
 would have tried to open the model and printed that error instead, so the exact line also proves
 that nothing was loaded. Real processes through the installed `opscope` script.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from opscope.engine.bench.suites import SUITES
 
 OPSCOPE = str(Path(sys.executable).parent / "opscope")
@@ -33,60 +33,93 @@ def one_line(r: subprocess.CompletedProcess) -> str:
 
 MODEL = ("--model", NEVER)
 CASES = [
-    (("generate", "hi", *MODEL, "--threads", "0"),
-     f"argument --threads: 0 is out of range: use 1…{CPUS} (the logical CPUs here)"),
-    (("generate", "hi", *MODEL, "--threads", "100000"),
-     f"argument --threads: 100000 is out of range: use 1…{CPUS} (the logical CPUs here)"),
-    (("generate", "hi", *MODEL, "--threads", "-3"),
-     f"argument --threads: -3 is out of range: use 1…{CPUS} (the logical CPUs here)"),
-    (("generate", "hi", *MODEL, "--threads", "two"),
-     f"argument --threads: 'two' is not a whole number: use 1…{CPUS} (the logical CPUs here)"),
-    (("generate", "hi", *MODEL, "--temperature", "inf"),
-     "argument --temperature/-t: inf is out of range: use a finite number ≥ 0 (0 = greedy)"),
-    (("generate", "hi", *MODEL, "-t", "nan"),
-     "argument --temperature/-t: nan is out of range: use a finite number ≥ 0 (0 = greedy)"),
-    (("generate", "hi", *MODEL, "--temperature", "-0.5"),
-     "argument --temperature/-t: -0.5 is out of range: use a finite number ≥ 0 (0 = greedy)"),
+    (
+        ("generate", "hi", *MODEL, "--threads", "0"),
+        f"argument --threads: 0 is out of range: use 1…{CPUS} (the logical CPUs here)",
+    ),
+    (
+        ("generate", "hi", *MODEL, "--threads", "100000"),
+        f"argument --threads: 100000 is out of range: use 1…{CPUS} (the logical CPUs here)",
+    ),
+    (
+        ("generate", "hi", *MODEL, "--threads", "-3"),
+        f"argument --threads: -3 is out of range: use 1…{CPUS} (the logical CPUs here)",
+    ),
+    (
+        ("generate", "hi", *MODEL, "--threads", "two"),
+        f"argument --threads: 'two' is not a whole number: use 1…{CPUS} (the logical CPUs here)",
+    ),
+    (
+        ("generate", "hi", *MODEL, "--temperature", "inf"),
+        "argument --temperature/-t: inf is out of range: use a finite number ≥ 0 (0 = greedy)",
+    ),
+    (
+        ("generate", "hi", *MODEL, "-t", "nan"),
+        "argument --temperature/-t: nan is out of range: use a finite number ≥ 0 (0 = greedy)",
+    ),
+    (
+        ("generate", "hi", *MODEL, "--temperature", "-0.5"),
+        "argument --temperature/-t: -0.5 is out of range: use a finite number ≥ 0 (0 = greedy)",
+    ),
     (("generate", "hi", *MODEL, "--seed", "-1"), "argument --seed: -1 is out of range: use 0…4294967295"),
     (("generate", "hi", *MODEL, "--top-p", "0"), "argument --top-p: 0 is out of range: use a finite number (0, 1]"),
-    (("generate", "hi", *MODEL, "--top-p", "1.5"),
-     "argument --top-p: 1.5 is out of range: use a finite number (0, 1]"),
+    (("generate", "hi", *MODEL, "--top-p", "1.5"), "argument --top-p: 1.5 is out of range: use a finite number (0, 1]"),
     (("generate", "hi", *MODEL, "--top-k", "-1"), "argument --top-k: -1 is out of range: use 0…1000000 (0 = off)"),
     (("generate", "hi", *MODEL, "--min-p", "1"), "argument --min-p: 1 is out of range: use a finite number [0, 1)"),
-    (("generate", "hi", *MODEL, "--max-tokens", "0"),
-     "argument --max-tokens/-n: 0 is out of range: use 1…1000000"),
-    (("generate", "hi", *MODEL, "--repetition-penalty", "0"),
-     "argument --repetition-penalty: 0 is out of range: use a finite number > 0 (1 = off)"),
-    (("chat", *MODEL, "--temperature", "inf"),
-     "argument --temperature/-t: inf is out of range: use a finite number ≥ 0 (0 = greedy)"),
+    (("generate", "hi", *MODEL, "--max-tokens", "0"), "argument --max-tokens/-n: 0 is out of range: use 1…1000000"),
+    (
+        ("generate", "hi", *MODEL, "--repetition-penalty", "0"),
+        "argument --repetition-penalty: 0 is out of range: use a finite number > 0 (1 = off)",
+    ),
+    (
+        ("chat", *MODEL, "--temperature", "inf"),
+        "argument --temperature/-t: inf is out of range: use a finite number ≥ 0 (0 = greedy)",
+    ),
     (("chat", *MODEL, "--seed", "-1"), "argument --seed: -1 is out of range: use 0…4294967295"),
     (("trace", "hi", *MODEL, "--tokens", "0"), "argument --tokens: 0 is out of range: use 1…1000000"),
-    (("trace", "hi", *MODEL, "--threads", "0"),
-     f"argument --threads: 0 is out of range: use 1…{CPUS} (the logical CPUs here)"),
+    (
+        ("trace", "hi", *MODEL, "--threads", "0"),
+        f"argument --threads: 0 is out of range: use 1…{CPUS} (the logical CPUs here)",
+    ),
     (("bench", "llm", *MODEL, "--repeat", "0"), "argument --repeat: 0 is out of range: use 1…1000000"),
     (("bench", "llm", *MODEL, "--warmup", "-1"), "argument --warmup: -1 is out of range: use 0…1000000"),
-    (("bench", "llm", *MODEL, "--min-time", "inf"),
-     "argument --min-time: inf is out of range: use a finite number 0…86400 (seconds)"),
-    (("bench", "llm", *MODEL, "--telemetry", "5"),
-     "argument --telemetry: 5 is out of range: use a finite number 20…60000"),
-    (("bench", "llm", *MODEL, "--threads", "100000"),
-     f"argument --threads: 100000 is out of range: use 1…{CPUS} (the logical CPUs here)"),
+    (
+        ("bench", "llm", *MODEL, "--min-time", "inf"),
+        "argument --min-time: inf is out of range: use a finite number 0…86400 (seconds)",
+    ),
+    (
+        ("bench", "llm", *MODEL, "--telemetry", "5"),
+        "argument --telemetry: 5 is out of range: use a finite number 20…60000",
+    ),
+    (
+        ("bench", "llm", *MODEL, "--threads", "100000"),
+        f"argument --threads: 100000 is out of range: use 1…{CPUS} (the logical CPUs here)",
+    ),
     (("bench", "llm", *MODEL, "--param", "tg=-1"), "--param tg: -1 is out of range: use a whole number ≥ 1"),
-    (("bench", "batch", *MODEL, "--param", "batches=1,0"),
-     "--param batches: 0 is out of range: use a whole number ≥ 1"),
-    (("bench", "llm", *MODEL, "--param", "depths=0,-5"),
-     "--param depths: -5 is out of range: use a whole number ≥ 0"),
+    (
+        ("bench", "batch", *MODEL, "--param", "batches=1,0"),
+        "--param batches: 0 is out of range: use a whole number ≥ 1",
+    ),
+    (("bench", "llm", *MODEL, "--param", "depths=0,-5"), "--param depths: -5 is out of range: use a whole number ≥ 0"),
     (("bench", "nope"), f"argument SUITE: invalid choice: 'nope' (choose from {', '.join(SUITES)})"),
     (("runs", "list", "--limit", "0"), "argument --limit: 0 is out of range: use a whole number ≥ 1"),
-    (("runs", "list", "--status", "done"),
-     "argument --status: invalid choice: 'done' (choose from running, completed, failed, aborted)"),
-    (("runs", "compare", "--alpha", "2"), "argument --alpha: the significance level must be between 0 and 1, e.g. 0.05"),
+    (
+        ("runs", "list", "--status", "done"),
+        "argument --status: invalid choice: 'done' (choose from running, completed, failed, aborted)",
+    ),
+    (
+        ("runs", "compare", "--alpha", "2"),
+        "argument --alpha: the significance level must be between 0 and 1, e.g. 0.05",
+    ),
     (("monitor", "--interval", "1"), "argument --interval: 1 is out of range: use a finite number 20…60000"),
     (("monitor", "--duration", "-1"), "argument --duration: -1 is out of range: use a finite number > 0"),
     (("gui", "--theme", "x"), "argument --theme: invalid choice: 'x' (choose from system, light, dark)"),
     (("generate", "hi", *MODEL, "--nope"), "unrecognized arguments: --nope"),
     (("generate",), "the following arguments are required: prompt"),
-    (("nosuchcommand",), "argument COMMAND: invalid choice: 'nosuchcommand' (choose from gui, generate, chat, models, "),
+    (
+        ("nosuchcommand",),
+        "argument COMMAND: invalid choice: 'nosuchcommand' (choose from gui, generate, chat, models, ",
+    ),
 ]
 
 
@@ -105,15 +138,17 @@ def test_bad_flag_is_one_line_before_anything_loads(argv, line):
 def test_non_utf8_prompt_in_argv_is_one_line():
     r = opscope("generate", b"ab\xff\xfe", *MODEL)
     assert r.returncode == 2
-    assert one_line(r) == ("opscope: error: argument prompt: not valid UTF-8 text (byte 0xff at character 2): "
-                           "pass the text in UTF-8")
+    assert one_line(r) == (
+        "opscope: error: argument prompt: not valid UTF-8 text (byte 0xff at character 2): pass the text in UTF-8"
+    )
 
 
 def test_non_utf8_prompt_on_stdin_is_one_line():
     r = opscope("generate", "-", *MODEL, stdin=b"caf\xe9 au lait")  # Latin-1, not UTF-8
     assert r.returncode == 2
-    assert one_line(r) == ("opscope: error: the prompt on stdin is not valid UTF-8 (byte 0xe9 at offset 3): "
-                           "pass the text in UTF-8")
+    assert one_line(r) == (
+        "opscope: error: the prompt on stdin is not valid UTF-8 (byte 0xe9 at offset 3): pass the text in UTF-8"
+    )
 
 
 def test_a_good_stdin_prompt_reaches_the_model_loader():
@@ -123,6 +158,7 @@ def test_a_good_stdin_prompt_reaches_the_model_loader():
 
 
 # --- global flags before or after the sub-command ---------------------------------------------
+
 
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_db_flag_before_or_after_the_command(tmp_path, where):
@@ -140,8 +176,14 @@ def test_db_flag_after_a_nested_command_wins_over_the_one_before(tmp_path):
     assert str(second) in r.stdout.decode() and str(first) not in r.stdout.decode()
 
 
-@pytest.mark.parametrize("argv", [["--debug", "generate", "hi", *MODEL], ["generate", "hi", *MODEL, "--debug"],
-                                  ["models", "inspect", NEVER, "--debug"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--debug", "generate", "hi", *MODEL],
+        ["generate", "hi", *MODEL, "--debug"],
+        ["models", "inspect", NEVER, "--debug"],
+    ],
+)
 def test_debug_flag_before_or_after_the_command_shows_the_traceback(argv):
     r = opscope(*argv)
     assert r.returncode != 0 and b"Traceback (most recent call last)" in r.stderr
@@ -159,6 +201,7 @@ def test_help_still_lists_the_global_flags_on_a_command():
 
 # --- in-process: every value checked while parsing, or before a store or model is opened ----------
 
+
 def _main_line(capsys, argv) -> tuple[int, str]:
     """engine.cli.main in this process: its exit code and its one line on stderr."""
     from opscope.engine.cli.main import main
@@ -174,30 +217,48 @@ def _main_line(capsys, argv) -> tuple[int, str]:
 
 
 IN_PROCESS = [
-    (("generate", "hi", *MODEL, "--top-k", "99999999999"),
-     "argument --top-k: 99999999999 is out of range: use 0…1000000 (0 = off)"),
+    (
+        ("generate", "hi", *MODEL, "--top-k", "99999999999"),
+        "argument --top-k: 99999999999 is out of range: use 0…1000000 (0 = off)",
+    ),
     (("generate", "hi", *MODEL, "--stop", ""), "argument --stop: empty: give the text that ends the reply"),
     (("chat", *MODEL, "--stop", "  "), "argument --stop: empty: give the text that ends the reply"),
     (("--db", "", "runs", "list"), "argument --db: empty: give a SQLAlchemy URL or a SQLite file path"),
-    (("bench", "llm", *MODEL, "--name", "123"),
-     "argument --name: '123' is all digits and would read as a run id: add a letter"),
-    (("bench", "llm", *MODEL, "--name", " x"),
-     "argument --name: ' x' is not a run name: use 1…200 characters, no leading or trailing spaces"),
+    (
+        ("bench", "llm", *MODEL, "--name", "123"),
+        "argument --name: '123' is all digits and would read as a run id: add a letter",
+    ),
+    (
+        ("bench", "llm", *MODEL, "--name", " x"),
+        "argument --name: ' x' is not a run name: use 1…200 characters, no leading or trailing spaces",
+    ),
     (("bench", "llm", *MODEL, "--repeat", "10000000"), "argument --repeat: 10000000 is out of range: use 1…1000000"),
     (("bench", "llm", *MODEL, "--warmup", "10000000"), "argument --warmup: 10000000 is out of range: use 0…1000000"),
-    (("bench", "llm", *MODEL, "--min-time", "1e9"),
-     "argument --min-time: 1e9 is out of range: use a finite number 0…86400 (seconds)"),
-    (("runs", "compare", "--fail-on-regression", "inf"),
-     "argument --fail-on-regression: inf is out of range: use a finite number ≥ 0 (percent)"),
-    (("runs", "compare", "--fail-on-regression", "-1"),
-     "argument --fail-on-regression: -1 is out of range: use a finite number ≥ 0 (percent)"),
+    (
+        ("bench", "llm", *MODEL, "--min-time", "1e9"),
+        "argument --min-time: 1e9 is out of range: use a finite number 0…86400 (seconds)",
+    ),
+    (
+        ("runs", "compare", "--fail-on-regression", "inf"),
+        "argument --fail-on-regression: inf is out of range: use a finite number ≥ 0 (percent)",
+    ),
+    (
+        ("runs", "compare", "--fail-on-regression", "-1"),
+        "argument --fail-on-regression: -1 is out of range: use a finite number ≥ 0 (percent)",
+    ),
     (("trace", "hi", *MODEL, "--tokens", "100000000"), "argument --tokens: 100000000 is out of range: use 1…1000000"),
-    (("trace", *MODEL, "--telemetry", "nan", "--", "python", "x.py"),
-     "argument --telemetry: nan is out of range: use a finite number 20…60000"),
-    (("trace", "--report", "/nonexistent/dir/r.json", "--", "python", "x.py"),
-     "argument --report: /nonexistent/dir/r.json: its folder /nonexistent/dir does not exist: create it first"),
-    (("runs", "export", "1", "-o", "/nonexistent/dir/run.json"),
-     "argument -o/--output: /nonexistent/dir/run.json: its folder /nonexistent/dir does not exist: create it first"),
+    (
+        ("trace", *MODEL, "--telemetry", "nan", "--", "python", "x.py"),
+        "argument --telemetry: nan is out of range: use a finite number 20…60000",
+    ),
+    (
+        ("trace", "--report", "/nonexistent/dir/r.json", "--", "python", "x.py"),
+        "argument --report: /nonexistent/dir/r.json: its folder /nonexistent/dir does not exist: create it first",
+    ),
+    (
+        ("runs", "export", "1", "-o", "/nonexistent/dir/run.json"),
+        "argument -o/--output: /nonexistent/dir/run.json: its folder /nonexistent/dir does not exist: create it first",
+    ),
 ]
 
 
@@ -206,26 +267,40 @@ def test_bad_value_is_one_line_in_process(capsys, argv, line):
     assert _main_line(capsys, argv) == (2, f"opscope: error: {line}")
 
 
-@pytest.mark.parametrize("argv", [("runs", "compare", "-o", "{dir}"), ("runs", "roofline", "1", "--out", "{dir}"),
-                                  ("bench", "llm", *MODEL, "--trace-out", "{dir}"),
-                                  ("trace", "hi", *MODEL, "--jsonl", "{dir}")])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("runs", "compare", "-o", "{dir}"),
+        ("runs", "roofline", "1", "--out", "{dir}"),
+        ("bench", "llm", *MODEL, "--trace-out", "{dir}"),
+        ("trace", "hi", *MODEL, "--jsonl", "{dir}"),
+    ],
+)
 def test_an_output_path_that_is_a_folder_is_refused_while_parsing(capsys, tmp_path, argv):
     argv = [a.format(dir=tmp_path) for a in argv]
     flag = {"-o": "-o/--output"}.get(argv[-2], argv[-2])
     assert _main_line(capsys, [*argv, "--db", tmp_path / "runs.sqlite"]) == (
-        2, f"opscope: error: argument {flag}: {tmp_path} is a folder: give a file name, e.g. {tmp_path / 'out'}")
+        2,
+        f"opscope: error: argument {flag}: {tmp_path} is a folder: give a file name, e.g. {tmp_path / 'out'}",
+    )
     assert list(tmp_path.iterdir()) == []  # no store was created either
 
 
-@pytest.mark.parametrize("suite,param,line", [
-    ("matmul", "dtypes=float32,float99", "--param dtypes: 'float99' is not one of float32, bfloat16, float16"),
-    ("scaling", "models=gpt9", "--param models: 'gpt9' is not one of gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"),
-])
-def test_a_suite_parameter_outside_its_choices_is_one_line_before_a_store_is_created(capsys, tmp_path, suite,
-                                                                                      param, line):
+@pytest.mark.parametrize(
+    "suite,param,line",
+    [
+        ("matmul", "dtypes=float32,float99", "--param dtypes: 'float99' is not one of float32, bfloat16, float16"),
+        ("scaling", "models=gpt9", "--param models: 'gpt9' is not one of gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"),
+    ],
+)
+def test_a_suite_parameter_outside_its_choices_is_one_line_before_a_store_is_created(
+    capsys, tmp_path, suite, param, line
+):
     db = tmp_path / "runs.sqlite"
     assert _main_line(capsys, ["bench", suite, "--quick", "--param", param, "--db", db]) == (
-        2, f"opscope: error: {line}")
+        2,
+        f"opscope: error: {line}",
+    )
     assert not db.exists()
 
 
@@ -237,7 +312,9 @@ def test_pushing_a_missing_run_creates_no_target_store(capsys, tmp_path):
     with RunStore.open(src) as s:
         s.save(RunResult(kind="matmul", name="first"))
     assert _main_line(capsys, ["runs", "push", "first", "999", "--to", target, "--db", src]) == (
-        2, f"opscope: error: no saved run with id 999 in sqlite:///{src} (`opscope runs list` shows the saved runs)")
+        2,
+        f"opscope: error: no saved run with id 999 in sqlite:///{src} (`opscope runs list` shows the saved runs)",
+    )
     assert not target.parent.exists()
 
 
@@ -250,8 +327,12 @@ def test_a_blank_or_padded_tag_is_refused_by_the_store_and_while_parsing(capsys,
     with RunStore.open(db) as s:
         s.save(RunResult(kind="matmul", name="first"))
     assert _main_line(capsys, ["runs", "tag", "first", tag, "--db", db]) == (
-        2, f"opscope: error: tag {tag!r} is not valid: give some text without leading or trailing spaces")
+        2,
+        f"opscope: error: tag {tag!r} is not valid: give some text without leading or trailing spaces",
+    )
     assert _main_line(capsys, ["bench", "matmul", "--tag", tag, "--db", db]) == (
-        2, f"opscope: error: argument --tag: {tag!r} is not a tag: give some text without leading or trailing spaces")
+        2,
+        f"opscope: error: argument --tag: {tag!r} is not a tag: give some text without leading or trailing spaces",
+    )
     with RunStore.open(db) as s:
         assert s.info("first").tags == ()

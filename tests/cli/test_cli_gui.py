@@ -1,4 +1,5 @@
 """`opscope` without a screen says so in one line instead of Qt's abort ('reinstalling may fix')."""
+
 from __future__ import annotations
 
 import os
@@ -12,17 +13,23 @@ import pytest
 @pytest.mark.parametrize("argv", [[], ["gui"]])
 def test_no_display_is_one_clear_line(argv):
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
-    r = subprocess.run([sys.executable, "-m", "opscope.app.cli", *argv], capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "opscope.app.cli", *argv], capture_output=True, text=True, env=env, timeout=120
+    )
     assert r.returncode == 2
     assert r.stderr.strip().startswith("opscope: error: no display") and r.stderr.count("\n") == 1
 
 
 def _opscope(argv, tmp_path, timeout=300):
-    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path / "config"),
-           "XDG_DATA_HOME": str(tmp_path / "data")}
-    return subprocess.run([sys.executable, "-m", "opscope.app.cli", *argv], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    env = {
+        **os.environ,
+        "QT_QPA_PLATFORM": "offscreen",
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "opscope.app.cli", *argv], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 @pytest.mark.gui

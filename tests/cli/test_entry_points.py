@@ -1,4 +1,5 @@
 """What the entry points' docstrings promise exists, and `python -m opscope.app` exits with the window's code."""
+
 from __future__ import annotations
 
 import re
@@ -17,8 +18,12 @@ def test_app_main_returns_the_exit_code(tmp_path):
 
 
 def test_python_m_opscope_app_exits_with_mains_code(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "opscope.app", "--screenshot", str(tmp_path / "missing" / "x.png")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "opscope.app", "--screenshot", str(tmp_path / "missing" / "x.png")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "cannot write the screenshot" in r.stderr, r.stderr
 
 
@@ -33,6 +38,12 @@ def test_gguf_craft_docstring_names_only_what_exists():
 
     named = re.findall(r"``(?:Craft\.)?(\w+)(?:\(\))?``", gguf_craft.__doc__)
     assert named, gguf_craft.__doc__
-    missing = [n for n in named if not hasattr(gguf_craft, n) and not hasattr(gguf_craft.Craft, n)
-               and n not in gguf_craft.Craft.__dataclass_fields__ and n != "gguf"]
+    missing = [
+        n
+        for n in named
+        if not hasattr(gguf_craft, n)
+        and not hasattr(gguf_craft.Craft, n)
+        and n not in gguf_craft.Craft.__dataclass_fields__
+        and n != "gguf"
+    ]
     assert not missing, missing  # before: ``layout()``, which does not exist

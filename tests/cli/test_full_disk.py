@@ -6,6 +6,7 @@ EFBIG (Python ignores SIGXFSZ) on a real SQLite store that already holds runs: a
 save its run there. Afterwards the store is opened (by sqlite3, not by OpScope) and its runs
 counted.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,9 @@ pytestmark = pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /d
 
 
 def opscope(*args, stdout=subprocess.PIPE, preexec=None) -> subprocess.CompletedProcess:
-    return subprocess.run([OPSCOPE, *map(str, args)], stdout=stdout, stderr=subprocess.PIPE, text=True,
-                          timeout=300, preexec_fn=preexec)
+    return subprocess.run(
+        [OPSCOPE, *map(str, args)], stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300, preexec_fn=preexec
+    )
 
 
 def one_line(r: subprocess.CompletedProcess) -> str:
@@ -94,15 +96,19 @@ def test_help_whose_stdout_cannot_be_written(argv):
     finally:
         os.close(w)
     assert (r.returncode, r.stderr) == (141, "")
-    r = subprocess.run(f"exec {OPSCOPE} {' '.join(argv)} >&-", shell=True, stderr=subprocess.PIPE, text=True,
-                       timeout=120)  # started without a stdout
-    assert (r.returncode, one_line(r)) == (2, "opscope: error: cannot write to standard output: Bad file "
-                                              "descriptor (it is closed)")
+    r = subprocess.run(
+        f"exec {OPSCOPE} {' '.join(argv)} >&-", shell=True, stderr=subprocess.PIPE, text=True, timeout=120
+    )  # started without a stdout
+    assert (r.returncode, one_line(r)) == (
+        2,
+        "opscope: error: cannot write to standard output: Bad file descriptor (it is closed)",
+    )
 
 
 def _file_size_limit(limit_bytes: int):
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
     return apply
 
 
@@ -112,12 +118,24 @@ def test_a_benchmark_that_cannot_save_its_run_is_one_line(store):
     measurement goes on, its table is printed, then one line naming the store and what to do (no
     blank line left by the progress bar), exit 2; the runs saved before are intact, the file a
     valid database, and the new run never shows as completed."""
-    r = opscope("bench", "matmul", "--quick", "--param", "sizes=64", "--param", "dtypes=float32", "--db", store,
-                preexec=_file_size_limit(34_000))
+    r = opscope(
+        "bench",
+        "matmul",
+        "--quick",
+        "--param",
+        "sizes=64",
+        "--param",
+        "dtypes=float32",
+        "--db",
+        store,
+        preexec=_file_size_limit(34_000),
+    )
     assert r.returncode == 2, r.stderr
-    assert re.fullmatch(rf"opscope: error: run store {re.escape(str(store))}: cannot [^:]+: the disk failed to read "
-                        rf"or write it \(full, or a file-size limit\?\): free some space and retry \(disk I/O error\)",
-                        one_line(r)), r.stderr
+    assert re.fullmatch(
+        rf"opscope: error: run store {re.escape(str(store))}: cannot [^:]+: the disk failed to read "
+        rf"or write it \(full, or a file-size limit\?\): free some space and retry \(disk I/O error\)",
+        one_line(r),
+    ), r.stderr
     runs = _runs(store)
     assert runs[:3] == SAVED and all(status != "completed" for _, status in runs[3:]), runs
     # nothing measured is lost: the results table is printed before the error

@@ -1,16 +1,16 @@
 """Every JSON a command prints is strict JSON: an unknown number is null, never NaN/Infinity."""
+
 from __future__ import annotations
 
 import json
 import math
-
-import pytest
 
 from opscope.engine.core import json_output
 
 
 def _strict(text: str):
     """Parse as jq or JavaScript would: the bare NaN/Infinity tokens Python writes are errors."""
+
     def reject(token):
         raise ValueError(f"not JSON: {token}")
 
@@ -30,8 +30,8 @@ def test_a_default_converter_cannot_smuggle_nan_in():
 
 
 def test_generate_json_energy_unknown_is_null(lm, capsys):
-    from opscope.engine.cli.main import build_parser
     from opscope.engine.cli.commands.generate import generate_with
+    from opscope.engine.cli.main import build_parser
 
     args = build_parser(argv=["generate"]).parse_args(["generate", "Hi", "-n", "2", "--json", "--seed", "0"])
     assert generate_with(lm, args) == 0

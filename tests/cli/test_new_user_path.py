@@ -6,6 +6,7 @@ several times slower than the fast path's), and shows each run's quality.
 Whether the slowdown reaches significance is a timing claim (two sequential runs on a shared
 machine can drift by 10-30 %, the fast path's decode is ~5x faster), hence the perf marker:
 `make perf-check`. The conftest gives every test an empty cache and data dir (no measured peak)."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,12 @@ def test_bench_quick_twice_then_compare_flags_the_slowdown_and_no_utilisation_ov
         for cell in row["cells"]:
             if cell["summary"]:
                 assert cell["summary"]["max"] <= 100, (row["name"], cell["summary"]["max"])
-    shown = [float(v) for line in text.splitlines() if ".mfu" in line or ".mbu" in line
-             for v in re.findall(r"(\d+(?:\.\d+)?) ±", line)]
+    shown = [
+        float(v)
+        for line in text.splitlines()
+        if ".mfu" in line or ".mbu" in line
+        for v in re.findall(r"(\d+(?:\.\d+)?) ±", line)
+    ]
     assert shown and max(shown) <= 100
 
     tg = [r for s in doc["sections"] for r in s["rows"] if re.fullmatch(r"tg\d+(@d\d+)?", r["name"])]

@@ -1,4 +1,5 @@
 """A saved script trace records when it really ran, so `opscope runs list` shows its duration."""
+
 from __future__ import annotations
 
 import json
@@ -10,14 +11,16 @@ def test_script_trace_run_keeps_its_real_start_and_end(tmp_path, capsys, monkeyp
     from opscope.engine.cli.main import main
 
     script = tmp_path / "slow.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import time
         from opscope import step
 
         for _ in range(2):
             time.sleep(0.3)
             step()
-        """))
+        """)
+    )
     monkeypatch.chdir(tmp_path)
     db = str(tmp_path / "runs.sqlite")
     assert main(["--db", db, "trace", "--target", "cpu", "--", "python", script.name]) == 0

@@ -4,6 +4,7 @@ and exit 143, after the same clean-up (a benchmark's run is closed as aborted, w
 Real processes through the installed `opscope` script, signalled at fixed delays, while the model
 file is being mapped (seen in /proc/PID/maps) and while tokens stream.
 """
+
 from __future__ import annotations
 
 import select
@@ -23,8 +24,9 @@ LONG_GENERATION = ("generate", "Once upon a time", "--max-tokens", "8000", "--ig
 
 
 def start(*args) -> subprocess.Popen:
-    return subprocess.Popen([OPSCOPE, *map(str, args)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [OPSCOPE, *map(str, args)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 def finish(p: subprocess.Popen) -> tuple[int, str]:
@@ -86,8 +88,12 @@ def test_sigterm_while_generating():
 
 def test_sigint_ignored_by_the_parent_stays_ignored():
     """A background job of a shell script inherits SIGINT ignored; opscope must not undo that."""
-    p = subprocess.Popen([OPSCOPE, "runs", "list", "--db", "/nonexistent/x.sqlite"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    p = subprocess.Popen(
+        [OPSCOPE, "runs", "list", "--db", "/nonexistent/x.sqlite"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     time.sleep(0.3)
     p.send_signal(signal.SIGINT)
     rc, err = finish(p)
@@ -106,15 +112,28 @@ def _metric_count(db: Path) -> int:
 
 def test_sigterm_during_a_benchmark_keeps_the_run_and_its_points(tmp_path):
     db = tmp_path / "store" / "runs.sqlite"
-    p = start("bench", "matmul", "--quick", "--param", "sizes=64,96,128,160,192", "--param", "dtypes=float32",
-              "--min-time", "1", "--db", db)
+    p = start(
+        "bench",
+        "matmul",
+        "--quick",
+        "--param",
+        "sizes=64,96,128,160,192",
+        "--param",
+        "dtypes=float32",
+        "--min-time",
+        "1",
+        "--db",
+        db,
+    )
     wait_until(lambda: _metric_count(db) >= 1 or p.poll() is not None, "the first point to be saved")
     p.send_signal(signal.SIGTERM)
     rc, err = finish(p)
     assert rc == 143
     lines = [line for line in err.splitlines() if line.strip()]  # the progress bar ends its line
-    assert lines == [f"opscope: created run store {db}",
-                     "opscope: terminated (benchmark cancelled; the points measured so far are saved)"]
+    assert lines == [
+        f"opscope: created run store {db}",
+        "opscope: terminated (benchmark cancelled; the points measured so far are saved)",
+    ]
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert conn.execute("SELECT status FROM runs").fetchall() == [("aborted",)]

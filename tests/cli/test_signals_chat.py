@@ -2,6 +2,7 @@
 to its prompt; at the prompt it ends the chat with one line and exit 130 (Ctrl-D is the normal way
 out, exit 0). The process is signalled at points read from its own output (a token on stdout, the
 prompt written again), not after sleeps."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,9 @@ def _read_until(p: subprocess.Popen, done) -> bytes:
 def test_ctrl_c_stops_a_reply_then_ends_the_chat_at_its_prompt(tmp_path):
     err = tmp_path / "err.txt"
     with open(err, "w") as f:
-        p = subprocess.Popen([sys.executable, "-c", MAIN, *CHAT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=f)
+        p = subprocess.Popen(
+            [sys.executable, "-c", MAIN, *CHAT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=f
+        )
     try:
         _read_until(p, lambda out: out.endswith(b"\n> "))  # the first prompt
         p.stdin.write(b"hello\n")
@@ -49,7 +51,8 @@ def test_ctrl_c_stops_a_reply_then_ends_the_chat_at_its_prompt(tmp_path):
 
 
 def test_end_of_input_at_the_prompt_is_a_normal_exit():
-    r = subprocess.run([sys.executable, "-c", MAIN, *CHAT], stdin=subprocess.DEVNULL, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", MAIN, *CHAT], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     assert r.stderr.startswith("opscope chat · ") and "opscope:" not in r.stderr, r.stderr

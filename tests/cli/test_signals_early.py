@@ -21,6 +21,7 @@ traceback and death by SIGINT (130). SIGTERM there ends the process silently (14
 The processes run side by side (threads), so the whole module takes about as long as its longest
 delay plus one start-up.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,7 @@ def _catches(pid: int, sig: int) -> int | None:
 
 
 def _signalled(args: tuple[str, ...], sig: int, delay_s: float) -> dict:
-    p = subprocess.Popen([OPSCOPE, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE)
+    p = subprocess.Popen([OPSCOPE, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while (rss_kb := _catches(p.pid, signal.SIGTERM)) is None and p.poll() is None:
         assert time.monotonic() < deadline, "opscope never reached its own code"
@@ -67,8 +67,15 @@ def _signalled(args: tuple[str, ...], sig: int, delay_s: float) -> dict:
     if not finished_before:
         p.send_signal(sig)
     _, err = p.communicate(timeout=120)
-    return {"args": args, "signal": sig.name, "delay_s": delay_s, "rc": p.returncode, "rss_kb": rss_kb,
-            "stderr": err.decode("utf-8", "replace"), "finished_before": finished_before}
+    return {
+        "args": args,
+        "signal": sig.name,
+        "delay_s": delay_s,
+        "rc": p.returncode,
+        "rss_kb": rss_kb,
+        "stderr": err.decode("utf-8", "replace"),
+        "finished_before": finished_before,
+    }
 
 
 def _run_all(cases: list[tuple[tuple[str, ...], int, float]]) -> list[dict]:
@@ -153,9 +160,15 @@ sys.exit(main())
 def test_a_signal_inside_torch_s_extension_init_is_not_lost(tmp_path, sig):
     script, seen = tmp_path / "signal_in_torch_init.py", tmp_path / "seen"
     script.write_text(SIGNAL_IN_TORCH_INIT)
-    r = subprocess.run([sys.executable, str(script), *GENERATE[:2], "--max-tokens", "1", "--fastpath", "off"],
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                       env={**os.environ, "SEEN": str(seen), "SIGNAL": str(int(sig))}, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(script), *GENERATE[:2], "--max-tokens", "1", "--fastpath", "off"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SEEN": str(seen), "SIGNAL": str(int(sig))},
+        timeout=300,
+    )
     assert seen.read_text() == "True", "numpy was not first imported by an extension's init"
     assert (r.returncode, r.stderr) == (128 + sig, LINE[sig]), r.stderr
 

@@ -6,6 +6,7 @@ the forkserver has forked the first rank, while that rank still unpickles what i
 (multiprocessing.popen_forkserver.Popen._launch): the launcher stops and exits, unlinking the named
 semaphore the rank was reading, which printed the forkserver's FileNotFoundError traceback.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,9 @@ if __name__ == "__main__":  # the forkserver imports this main module again
 def two_kv_heads_gguf(tmp_path_factory):
     from opscope.engine.testing.gguf_writer import hf_config, random_tensors, write_gguf
 
-    cfg = hf_config("llama", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                    intermediate_size=64, vocab_size=320)
+    cfg = hf_config(
+        "llama", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, vocab_size=320
+    )
     return str(write_gguf(tmp_path_factory.mktemp("fork") / "tiny.gguf", cfg, random_tensors(cfg, seed=3), types="F32"))
 
 
@@ -59,10 +61,14 @@ def _group(pgid: int) -> list[int]:
 def test_ctrl_c_at_the_fork_of_the_ranks_is_one_line_and_leaves_no_process(tmp_path, two_kv_heads_gguf):
     script = tmp_path / "ctrl_c_at_the_fork.py"
     script.write_text(CTRL_C_AT_THE_FORK)
-    p = subprocess.Popen([sys.executable, str(script), "generate", "hi", "-m", two_kv_heads_gguf, "-n", "4",
-                          "--nproc", "2"], start_new_session=True, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [sys.executable, str(script), "generate", "hi", "-m", two_kv_heads_gguf, "-n", "4", "--nproc", "2"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         _, err = p.communicate(timeout=300)
         deadline = time.monotonic() + 30  # the forkserver and a rank leave once they see the launcher gone

@@ -6,6 +6,7 @@ imported, and in a loop that SIGTERMed `opscope generate` in its first seconds n
 the process (exit -6). Since then the import of torch (and numpy) runs with SIGINT/SIGTERM blocked,
 and the signal is raised a few milliseconds after the import has returned.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,6 @@ import sys
 import time
 
 import pytest
-
 from opscope.engine.cli import signals as cli_signals
 from opscope.engine.cli.args import Terminated
 
@@ -51,8 +51,9 @@ except Terminated:
 
 
 def test_a_signal_inside_torch_s_import_is_raised_once_the_import_has_returned():
-    r = subprocess.run([sys.executable, "-c", SIGNAL_INSIDE_TORCH_S_IMPORT], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", SIGNAL_INSIDE_TORCH_S_IMPORT], capture_output=True, text=True, timeout=300
+    )
     assert r.stderr == "" and r.stdout.endswith("raised after the import: True\n"), (r.stdout, r.stderr)
     assert r.stdout.startswith("sent from /torch/__init__.py"), r.stdout  # inside torch's own import
     assert "loader: SourceFileLoader\n" in r.stdout  # the hook's wrapper is gone once torch runs

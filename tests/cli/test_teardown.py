@@ -2,6 +2,7 @@
 abort the interpreter's teardown. Left suspended, its generator kept its tensors in a reference cycle
 until the collector freed them at exit, where torch's C++ asserted (THPVariable_clear:
 `use_count() == 1`) and the process died with SIGABRT after its own one line."""
+
 from __future__ import annotations
 
 import subprocess

@@ -4,6 +4,7 @@ Fake plugins here are real installed distributions: a ``*.dist-info`` directory 
 ``entry_points.txt`` and a module, on a temporary sys.path entry, found by importlib.metadata
 exactly as pip-installed plugins are.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from opscope.engine.backends import API_VERSION, DeviceInfo, Registry, capabilities
 from opscope.engine.backends import registry as registry_mod
 from opscope.engine.backends.settings import disabled_plugins, set_enabled, settings_path
@@ -54,11 +54,18 @@ def site(tmp_path, monkeypatch):
     """A site directory on sys.path holding a broken, an incompatible and a working plugin."""
     site = tmp_path / "site"
     site.mkdir()
-    make_dist(site, "broken-backend", {"broken": "broken_mod:Backend"},
-              {"broken_mod": "raise RuntimeError('boom at import')\n"})
-    make_dist(site, "future-backend", {"future": "future_mod:Backend"},
-              {"future_mod": GOOD.format(name="future").replace(f"api_version = {API_VERSION}",
-                                                                "api_version = 99")})
+    make_dist(
+        site,
+        "broken-backend",
+        {"broken": "broken_mod:Backend"},
+        {"broken_mod": "raise RuntimeError('boom at import')\n"},
+    )
+    make_dist(
+        site,
+        "future-backend",
+        {"future": "future_mod:Backend"},
+        {"future_mod": GOOD.format(name="future").replace(f"api_version = {API_VERSION}", "api_version = 99")},
+    )
     make_dist(site, "fine-backend", {"fine": "fine_mod:Backend"}, {"fine_mod": GOOD.format(name="fine")})
     monkeypatch.syspath_prepend(str(site))  # also invalidates importlib's caches
     for mod in ("broken_mod", "future_mod", "fine_mod"):
@@ -80,8 +87,10 @@ def test_discovery_reads_metadata_without_importing(registry):
 
 
 def test_engine_lists_plugins_without_importing_them_or_their_frameworks():
-    code = ("import json, sys, opscope.engine.backends as b; names = [i.name for i in b.list_backends(load=False)];"
-            "print(json.dumps([names, [m for m in sys.modules if m.removeprefix('opscope.').split('.')[0] in ('plugins', 'mlx', 'torch')]]))")
+    code = (
+        "import json, sys, opscope.engine.backends as b; names = [i.name for i in b.list_backends(load=False)];"
+        "print(json.dumps([names, [m for m in sys.modules if m.removeprefix('opscope.').split('.')[0] in ('plugins', 'mlx', 'torch')]]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     names, imported = json.loads(out.stdout)
     assert {"mlx", "torch"} <= set(names) and imported == []
@@ -102,14 +111,18 @@ def test_broken_plugin_is_listed_as_failed_while_the_others_work(registry):
 def test_incompatible_api_version_is_refused_with_both_versions(registry):
     info = registry.info("future")
     assert info.status == "incompatible"
-    assert f"v99" in info.error and f"v{API_VERSION}" in info.error and "upgrade OpScope" in info.error
+    assert "v99" in info.error and f"v{API_VERSION}" in info.error and "upgrade OpScope" in info.error
     with pytest.raises(BackendError, match="incompatible"):
         registry.get("future")
 
 
 def test_plugin_missing_required_members_is_incompatible(site, tmp_path):
-    make_dist(site, "half-backend", {"half": "half_mod:Backend"},
-              {"half_mod": "class Backend:\n    name = 'half'\n    api_version = 1\n"})
+    make_dist(
+        site,
+        "half-backend",
+        {"half": "half_mod:Backend"},
+        {"half_mod": "class Backend:\n    name = 'half'\n    api_version = 1\n"},
+    )
     info = Registry(settings_file=tmp_path / "p.json").info("half")
     assert info.status == "incompatible" and "is_available, devices, load" in info.error
 
@@ -184,8 +197,14 @@ def run_cli(*args: str, extra_path: Path | None = None) -> subprocess.CompletedP
     env = dict(os.environ)
     if extra_path is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "opscope.engine.cli.main", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "opscope.engine.cli.main", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
 
 
 @pytest.mark.slow

@@ -1,9 +1,9 @@
 """The conformance kit run for the built-in backends, exactly as a plugin author runs it."""
+
 from __future__ import annotations
 
 import pytest
-
-from opscope.engine.testing.conformance import *  # noqa: F401,F403  the kit's fixtures and tests
+from opscope.engine.testing.conformance import *  # noqa: F403  the kit's fixtures and tests
 
 pytestmark = pytest.mark.slow  # loads the default model per backend
 

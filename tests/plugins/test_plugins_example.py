@@ -1,5 +1,6 @@
 """The example plugin for authors: pip-installed into this environment, then discovered and used
 through the `opscope` command exactly as a third-party plugin would be."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -17,8 +18,14 @@ DIST = "opscope-example-backend"
 
 
 def opscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "opscope.engine.cli.main", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=dict(os.environ), timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "opscope.engine.cli.main", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ),
+        timeout=120,
+    )
 
 
 def installed() -> bool:
@@ -36,10 +43,16 @@ def example_installed(tmp_path_factory):
     was_installed = installed()
     if not was_installed:
         src = tmp_path_factory.mktemp("example") / "example_backend"
-        shutil.copytree(ROOT / "plugins" / "example_backend", src,
-                        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                        "--no-index", str(src)], check=True, timeout=300)
+        shutil.copytree(
+            ROOT / "plugins" / "example_backend",
+            src,
+            ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+        )
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", str(src)],
+            check=True,
+            timeout=300,
+        )
     yield
     if not was_installed:
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", DIST], check=True, timeout=120)

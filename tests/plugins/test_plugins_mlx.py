@@ -1,4 +1,5 @@
 """The MLX backend: parity with the torch engine, KV cache, HF directories, sampling, tracing."""
+
 from __future__ import annotations
 
 import json
@@ -84,23 +85,36 @@ def test_trace_ops_sees_the_quantized_matmuls_and_the_sync(mlx_lm):
 
 # -- a tiny Hugging Face directory: the rotate-half RoPE path, GQA, llama3 scaling, untied head ---
 def write_tiny_hf_dir(path, seed: int = 0) -> None:
+    from opscope.engine.formats.hf_source import config_from_hf, hf_name
+    from opscope.engine.models.transformer import Transformer as TorchTransformer
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from opscope.engine.formats.hf_source import config_from_hf, hf_name
-    from opscope.engine.models.transformer import Transformer as TorchTransformer
-
-    hf_cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-              "vocab_size": 64, "max_position_embeddings": 512, "rope_theta": 10000.0,
-              "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "eos_token_id": 0,
-              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
+    hf_cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 64,
+        "max_position_embeddings": 512,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "eos_token_id": 0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    }
     path.mkdir()
     (path / "config.json").write_text(json.dumps(hf_cfg))
     model = TorchTransformer.random(config_from_hf(hf_cfg, path), seed=seed)
-    save_file({hf_name(k): v.contiguous() for k, v in model.state_dict().items()},
-              str(path / "model.safetensors"))
+    save_file({hf_name(k): v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
     vocab = {f"w{i}": i for i in range(64)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w1"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -131,13 +145,22 @@ def test_hf_directory_generates_in_bfloat16(tiny_hf_dir):
 
 
 def write_tiny_metadata(w, tokens: list[str], **dims) -> None:
-    for add, value in ((w.add_block_count, 2), (w.add_context_length, 256),
-                       (w.add_embedding_length, dims["dim"]), (w.add_feed_forward_length, dims["hidden"]),
-                       (w.add_head_count, dims["heads"]), (w.add_head_count_kv, dims["kv"]),
-                       (w.add_rope_freq_base, 10000.0), (w.add_layer_norm_rms_eps, 1e-6),
-                       (w.add_tokenizer_model, "gpt2"), (w.add_tokenizer_pre, "default"),
-                       (w.add_token_list, tokens), (w.add_token_types, [3] + [1] * (len(tokens) - 1)),
-                       (w.add_token_merges, ["a b"]), (w.add_eos_token_id, 0)):
+    for add, value in (
+        (w.add_block_count, 2),
+        (w.add_context_length, 256),
+        (w.add_embedding_length, dims["dim"]),
+        (w.add_feed_forward_length, dims["hidden"]),
+        (w.add_head_count, dims["heads"]),
+        (w.add_head_count_kv, dims["kv"]),
+        (w.add_rope_freq_base, 10000.0),
+        (w.add_layer_norm_rms_eps, 1e-6),
+        (w.add_tokenizer_model, "gpt2"),
+        (w.add_tokenizer_pre, "default"),
+        (w.add_token_list, tokens),
+        (w.add_token_types, [3] + [1] * (len(tokens) - 1)),
+        (w.add_token_merges, ["a b"]),
+        (w.add_eos_token_id, 0),
+    ):
         add(value)
 
 
@@ -162,13 +185,20 @@ def write_tiny_gguf(path, seed: int = 0) -> None:
 
     tensor("token_embd.weight", (len(tokens), dim), Q.Q8_0, 1.0)
     for i in range(2):
-        for name, shape, qtype in (("attn_norm.weight", (dim,), Q.F32), ("ffn_norm.weight", (dim,), Q.F32),
-                                   ("attn_q.weight", (heads * hd, dim), Q.Q4_0), ("attn_q.bias", (heads * hd,), Q.F32),
-                                   ("attn_k.weight", (kv * hd, dim), Q.Q4_1), ("attn_k.bias", (kv * hd,), Q.F32),
-                                   ("attn_v.weight", (kv * hd, dim), Q.Q8_0), ("attn_v.bias", (kv * hd,), Q.F32),
-                                   ("attn_output.weight", (dim, heads * hd), Q.F16),
-                                   ("ffn_gate.weight", (hidden, dim), Q.BF16), ("ffn_up.weight", (hidden, dim), Q.Q4_0),
-                                   ("ffn_down.weight", (dim, hidden), Q.F32)):
+        for name, shape, qtype in (
+            ("attn_norm.weight", (dim,), Q.F32),
+            ("ffn_norm.weight", (dim,), Q.F32),
+            ("attn_q.weight", (heads * hd, dim), Q.Q4_0),
+            ("attn_q.bias", (heads * hd,), Q.F32),
+            ("attn_k.weight", (kv * hd, dim), Q.Q4_1),
+            ("attn_k.bias", (kv * hd,), Q.F32),
+            ("attn_v.weight", (kv * hd, dim), Q.Q8_0),
+            ("attn_v.bias", (kv * hd,), Q.F32),
+            ("attn_output.weight", (dim, heads * hd), Q.F16),
+            ("ffn_gate.weight", (hidden, dim), Q.BF16),
+            ("ffn_up.weight", (hidden, dim), Q.Q4_0),
+            ("ffn_down.weight", (dim, hidden), Q.F32),
+        ):
             tensor(f"blk.{i}.{name}", shape, qtype)
     tensor("output_norm.weight", (dim,), Q.F32)
     tensor("output.weight", (len(tokens), dim), Q.F16)
@@ -180,7 +210,6 @@ def write_tiny_gguf(path, seed: int = 0) -> None:
 
 def test_gguf_of_mixed_types_matches_the_torch_engine(tmp_path):
     import mlx.nn as nn
-
     from opscope.engine.api import load
 
     path = tmp_path / "tiny.gguf"
@@ -196,9 +225,21 @@ def test_gguf_of_mixed_types_matches_the_torch_engine(tmp_path):
 
 # -- pieces --------------------------------------------------------------------------------------
 def tiny_args(**changes) -> MLXModelArgs:
-    base = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, hidden_dim=64, vocab_size=50,
-                norm_eps=1e-5, rope_theta=10000.0, max_seq_len=1024, tie_embeddings=True, qkv_bias=True,
-                rope_traditional=True)
+    base = dict(
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        hidden_dim=64,
+        vocab_size=50,
+        norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_seq_len=1024,
+        tie_embeddings=True,
+        qkv_bias=True,
+        rope_traditional=True,
+    )
     return MLXModelArgs(**(base | changes))
 
 
@@ -281,4 +322,5 @@ def test_cli_trace_names_what_mlx_cannot_trace(capsys):
     assert main(["trace", "Hi", "--backend", "mlx", "--variant", "leaky-norm"]) == 2
     assert capsys.readouterr().err.strip() == (
         "opscope: error: --backend mlx: planted variants, --jsonl and simulated devices trace torch ops; "
-        "use --backend torch for them")
+        "use --backend torch for them"
+    )

@@ -4,6 +4,7 @@ floats dense; the conversion stated; the numbers checked against the file's own 
 and against the torch backend on the same file. Tiny files of every type come from
 engine.testing.gguf_writer (random valid blocks for the types gguf-py cannot write); a real
 llama-quantize'd file is used when the tool is there."""
+
 from __future__ import annotations
 
 import os
@@ -20,16 +21,31 @@ from opscope.engine.backends import get_backend  # noqa: E402
 from opscope.engine.formats.gguf_source import SUPPORTED_TYPES  # noqa: E402
 from opscope.engine.testing.gguf_writer import hf_config, write_typed_gguf  # noqa: E402
 
-WIDE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=320, num_hidden_layers=2)
-EXPECTED = {"F32": None, "F16": None, "BF16": None,
-            "Q4_0": "Q4_0 → MLX 4-bit g32: exact", "Q4_1": "Q4_1 → MLX 4-bit g32: exact",
-            "Q8_0": "Q8_0 → MLX 8-bit g32: exact", "Q4_K": "Q4_K → MLX 4-bit g32: exact",
-            "Q5_0": "Q5_0 → MLX 8-bit g32: exact", "Q5_1": "Q5_1 → MLX 8-bit g32: exact",
-            "Q5_K": "Q5_K → MLX 8-bit g32: exact",
-            "Q2_K": "Q2_K → MLX 8-bit g32: requantized", "Q3_K": "Q3_K → MLX 8-bit g32: requantized",
-            "Q6_K": "Q6_K → MLX 8-bit g32: requantized",
-            "IQ4_NL": "IQ4_NL → MLX 8-bit g32: requantized", "IQ4_XS": "IQ4_XS → MLX 8-bit g32: requantized"}
+WIDE = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=320,
+    num_hidden_layers=2,
+)
+EXPECTED = {
+    "F32": None,
+    "F16": None,
+    "BF16": None,
+    "Q4_0": "Q4_0 → MLX 4-bit g32: exact",
+    "Q4_1": "Q4_1 → MLX 4-bit g32: exact",
+    "Q8_0": "Q8_0 → MLX 8-bit g32: exact",
+    "Q4_K": "Q4_K → MLX 4-bit g32: exact",
+    "Q5_0": "Q5_0 → MLX 8-bit g32: exact",
+    "Q5_1": "Q5_1 → MLX 8-bit g32: exact",
+    "Q5_K": "Q5_K → MLX 8-bit g32: exact",
+    "Q2_K": "Q2_K → MLX 8-bit g32: requantized",
+    "Q3_K": "Q3_K → MLX 8-bit g32: requantized",
+    "Q6_K": "Q6_K → MLX 8-bit g32: requantized",
+    "IQ4_NL": "IQ4_NL → MLX 8-bit g32: requantized",
+    "IQ4_XS": "IQ4_XS → MLX 8-bit g32: requantized",
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +56,7 @@ def typed(tmp_path_factory):
         if qtype not in made:
             made[qtype] = write_typed_gguf(root / f"llama-{qtype}.gguf", hf_config("llama", **WIDE), qtype, seed=3)
         return made[qtype]
+
     return get
 
 
@@ -49,7 +66,6 @@ def test_every_type_the_torch_backend_reads_is_covered():
 
 def file_weight(path: Path, name: str) -> np.ndarray:
     import gguf
-
     from opscope.engine import open_model
 
     kind, raw, shape = open_model(path).raw_tensor(name)
@@ -78,7 +94,7 @@ def test_type_loads_with_its_conversion_stated_and_bounded(qtype, typed):
     else:
         assert q.bits == int(EXPECTED[qtype].split("MLX ")[1][0])
         groups = ref.reshape(ref.shape[0], -1, q.group_size)
-        step = (groups.max(-1) - groups.min(-1)) / (2 ** q.bits - 1)  # [rows, groups]
+        step = (groups.max(-1) - groups.min(-1)) / (2**q.bits - 1)  # [rows, groups]
         assert (err.reshape(groups.shape) <= step[..., None]).all()
 
 
@@ -113,14 +129,19 @@ def test_real_q4_k_m_download_loads_and_greedy_matches_torch(tmp_path, lm):
     from opscope.engine.generation.generate import GenerationConfig
 
     out = tmp_path / "q4km.gguf"
-    subprocess.run([str(tool), "--allow-requantize", str(default_model_path()), str(out), "Q4_K_M", "2"],
-                   check=True, capture_output=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    subprocess.run(
+        [str(tool), "--allow-requantize", str(default_model_path()), str(out), "Q4_K_M", "2"],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
+    )
     mlx_lm = get_backend("mlx").load(out)
     assert "Q4_K → MLX 4-bit g32: exact" in mlx_lm.describe()["conversion"]
     cfg = GenerationConfig(max_tokens=16, ignore_eos=True)
     ids = lm.tokenizer.encode("The capital of France is")
-    greedy = [[e.token_id for e in m.generate(ids, cfg) if isinstance(e, Token)]
-              for m in (load(out, fastpath="off"), mlx_lm)]
+    greedy = [
+        [e.token_id for e in m.generate(ids, cfg) if isinstance(e, Token)] for m in (load(out, fastpath="off"), mlx_lm)
+    ]
     assert greedy[0] == greedy[1]
 
 
@@ -140,13 +161,16 @@ def test_bench_llm_points_run_through_the_mlx_backend(typed):
     from opscope.engine.bench.suites import llm
 
     lm = get_backend("mlx").load(typed("Q4_0"))
-    plan = llm.plan(BenchOptions(backend="mlx"), llm.Params(pp=8, tg=4, depths=(0, 8), gen_prompt=8, gen_tokens=4),
-                    model=lm)
+    plan = llm.plan(
+        BenchOptions(backend="mlx"), llm.Params(pp=8, tg=4, depths=(0, 8), gen_prompt=8, gen_tokens=4), model=lm
+    )
     assert plan.settings["weights_bytes_per_decode_step"] == lm.memory_stats()["weights_bytes"]
     points = list(plan.points)
     assert [p.name for p in points] == ["pp8", "tg4", "pp8@d8", "tg4@d8", "e2e_p8_g4"]
     for p in points[:2] + points[-1:]:
         stats = p.prepare()()
         assert stats.generated_tokens == (1 if p.name == "pp8" else 4)
-    with pytest.raises(PointSkipped, match="^the mlx backend measures whole requests; depth points need --backend torch$"):
+    with pytest.raises(
+        PointSkipped, match="^the mlx backend measures whole requests; depth points need --backend torch$"
+    ):
         points[2].prepare()

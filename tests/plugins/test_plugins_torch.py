@@ -4,13 +4,13 @@ No GPU is here: the CUDA/ROCm cases replace torch's own query functions with fak
 what torch returns on such machines (ROCm builds report AMD GPUs through torch.cuda, with
 torch.version.hip set and torch.version.cuda None).
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 import torch
-
 from opscope.engine.backends import OpEvent, get_backend
 from opscope.engine.core.errors import ConfigError, DeviceError
 from opscope.plugins.torch_backend import TorchBackend
@@ -22,8 +22,9 @@ def fake_gpus(monkeypatch, *, hip: str | None, cuda: str | None, names: list[str
     monkeypatch.setattr(torch.version, "cuda", cuda)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: bool(names))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: len(names))
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i: SimpleNamespace(name=names[i], total_memory=(64 << 30) * (i + 1)))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(name=names[i], total_memory=(64 << 30) * (i + 1))
+    )
 
 
 def test_rocm_gpus_present_as_cuda_and_are_labelled_rocm(monkeypatch):

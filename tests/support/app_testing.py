@@ -1,10 +1,11 @@
 """Helpers for tests and scripts that drive the real window (pytest-qt tests use qtbot instead of
 ``wait_until`` wherever a qtbot exists; module-scoped fixtures cannot have one)."""
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from opscope.app.worker.protocol import LoadRequest
 
@@ -30,16 +31,24 @@ def open_window(app, base: Path, *, theme: str = "light", threads: int | None = 
     loaded (``threads=1`` leaves a core for the GUI on a 2-core machine)."""
     from opscope.app.ui import settings
     from opscope.app.ui.engine_client import EngineClient
-    from opscope.app.window.main_window import MainWindow
     from opscope.app.ui.theme import ThemeManager
+    from opscope.app.window.main_window import MainWindow
 
     settings.use_directory(str(base / "settings"))
-    window = MainWindow(EngineClient(), ThemeManager(app, theme), db_url=f"sqlite:///{base / 'runs.db'}",
-                        initial_model=LoadRequest(threads=threads))
+    window = MainWindow(
+        EngineClient(),
+        ThemeManager(app, theme),
+        db_url=f"sqlite:///{base / 'runs.db'}",
+        initial_model=LoadRequest(threads=threads),
+    )
     window.resize(1400, 900)
     window.show()
-    wait_until(app, lambda: window.client.model_info is not None or not window.client.busy, timeout_s,
-               "the default model to load")
+    wait_until(
+        app,
+        lambda: window.client.model_info is not None or not window.client.busy,
+        timeout_s,
+        "the default model to load",
+    )
     if window.client.model_info is None:  # say why at once instead of waiting out the timeout
         errors = [n.message for n in window.notifier.history if n.level == "error"]
         raise AssertionError(f"the default model did not load: {errors or window.client.worker_output()}")

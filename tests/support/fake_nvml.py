@@ -1,5 +1,6 @@
 """A fake NVML for tests: the pynvml calls NvmlSource makes, installed into the real ``pynvml``
 module (monkeypatched functions, real ctypes structs, real NVMLError subclasses)."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,13 @@ class FakeGpu:
     """One device. Values are lists indexed by tick (the tick advances on each utilization read,
     the first call the source makes per tick); the last value repeats."""
 
-    def __init__(self, name: str, unsupported: tuple[str, ...] = (), lost_at_tick: int | None = None,
-                 procs: tuple[tuple[int, int | None], ...] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        unsupported: tuple[str, ...] = (),
+        lost_at_tick: int | None = None,
+        procs: tuple[tuple[int, int | None], ...] = (),
+    ) -> None:
         self.name, self.unsupported, self.lost_at_tick = name, set(unsupported), lost_at_tick
         self.procs = procs
         self.tick = -1
@@ -35,8 +41,7 @@ class FakeGpu:
 class FakeNvml:
     """The pynvml calls NvmlSource makes, with the real library's types and errors."""
 
-    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None,
-                 old_driver: bool = False) -> None:
+    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None, old_driver: bool = False) -> None:
         self.gpus, self.init_error, self.old_driver = gpus, init_error, old_driver
         self.initialized = 0
         self.calls: dict[str, int] = {}
@@ -128,8 +133,12 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: FakeHandle):
         gpu = self._gpu(h, "nvmlDeviceGetComputeRunningProcesses")
-        return [pynvml.nvmlFriendlyObject({"pid": pid, "usedGpuMemory": used, "gpuInstanceId": 0xFFFFFFFF,
-                                           "computeInstanceId": 0xFFFFFFFF}) for pid, used in gpu.procs]
+        return [
+            pynvml.nvmlFriendlyObject(
+                {"pid": pid, "usedGpuMemory": used, "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}
+            )
+            for pid, used in gpu.procs
+        ]
 
     def _check_init(self) -> None:
         if self.initialized <= 0:

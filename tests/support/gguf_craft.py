@@ -8,6 +8,7 @@ fuzz test's targeted mutations.
 
     craft = Craft.read("tiny.gguf"); craft.kvs.append(craft.kv("tokenizer.chat_template")); craft.write(p)
 """
+
 from __future__ import annotations
 
 import struct
@@ -46,7 +47,7 @@ class Craft:
     fields: list[tuple[str, int, int]] = field(default_factory=list)  # (what, byte offset, size) of the last to_bytes
 
     @classmethod
-    def read(cls, path: str | Path) -> "Craft":
+    def read(cls, path: str | Path) -> Craft:
         import gguf
 
         r = gguf.GGUFReader(str(path))
@@ -57,16 +58,20 @@ class Craft:
             vtype = int(f.types[0])
             etype = int(f.types[1]) if vtype == ARRAY else None
             kvs.append(KV(f.name, vtype, _field_value(f, vtype, etype), etype))
-        tensors = [TensorInfo(t.name, tuple(int(d) for d in t.shape), int(t.tensor_type),
-                              int(t.data_offset) - int(r.data_offset)) for t in r.tensors]
-        data = Path(path).read_bytes()[int(r.data_offset):]
+        tensors = [
+            TensorInfo(
+                t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.data_offset) - int(r.data_offset)
+            )
+            for t in r.tensors
+        ]
+        data = Path(path).read_bytes()[int(r.data_offset) :]
         align = next((int(kv.value) for kv in kvs if kv.key == "general.alignment"), 32)
         return cls(kvs, tensors, data, alignment=align)
 
     def kv(self, key: str) -> KV:
         return next(kv for kv in self.kvs if kv.key == key)
 
-    def set(self, key: str, value, vtype: int | None = None, etype: int | None = None) -> "Craft":
+    def set(self, key: str, value, vtype: int | None = None, etype: int | None = None) -> Craft:
         for kv in self.kvs:
             if kv.key == key:
                 kv.value, kv.vtype, kv.etype = value, vtype if vtype is not None else kv.vtype, etype
@@ -74,7 +79,7 @@ class Craft:
         self.kvs.append(KV(key, vtype, value, etype))
         return self
 
-    def drop(self, key: str) -> "Craft":
+    def drop(self, key: str) -> Craft:
         self.kvs = [kv for kv in self.kvs if kv.key != key]
         return self
 

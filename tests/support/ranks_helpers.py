@@ -2,6 +2,7 @@
 tensor-parallel decode (test_tp.py) and of the collectives bench (test_collectives.py): the
 per-rank Perfetto trace read from the file alone, the medians the CLI printed, the stored run, and
 its per-rank markers replayed into the telemetry panel's rank lanes."""
+
 from __future__ import annotations
 
 import re
@@ -38,9 +39,17 @@ def allreduce_shares(doc: dict) -> dict[int, list[float]]:
     out = {}
     for rank, mine in rank_slices(doc).items():
         reduces = [e for e in mine if e["name"] == "all_reduce"]
-        out[rank] = [100 * sum(a["dur"] for a in reduces if s["ts"] - 1e-3 <= a["ts"] and
-                               a["ts"] + a["dur"] <= s["ts"] + s["dur"] + 1e-3) / s["dur"]
-                     for s in mine if s["name"] == "decode step"]
+        out[rank] = [
+            100
+            * sum(
+                a["dur"]
+                for a in reduces
+                if s["ts"] - 1e-3 <= a["ts"] and a["ts"] + a["dur"] <= s["ts"] + s["dur"] + 1e-3
+            )
+            / s["dur"]
+            for s in mine
+            if s["name"] == "decode step"
+        ]
     return out
 
 

@@ -1,5 +1,6 @@
 """The JSON Object Format of the Trace Event Format (Chrome/Perfetto traces), as a validator for
 tests: every exported trace must load in the importers."""
+
 from __future__ import annotations
 
 import math
@@ -8,9 +9,11 @@ import math
 # required fields per phase, and the value types the importers accept.
 _REQUIRED = {
     "X": ("name", "ts", "dur", "pid", "tid"),
-    "B": ("name", "ts", "pid", "tid"), "E": ("ts", "pid", "tid"),
+    "B": ("name", "ts", "pid", "tid"),
+    "E": ("ts", "pid", "tid"),
     "i": ("name", "ts", "pid", "tid", "s"),
-    "s": ("name", "cat", "id", "ts", "pid", "tid"), "f": ("name", "cat", "id", "ts", "pid", "tid"),
+    "s": ("name", "cat", "id", "ts", "pid", "tid"),
+    "f": ("name", "cat", "id", "ts", "pid", "tid"),
     "M": ("name", "pid", "args"),
 }
 _METADATA = {"process_name", "thread_name", "process_sort_index", "thread_sort_index", "process_labels"}
@@ -47,5 +50,10 @@ def validate_trace_event_format(doc: dict) -> None:
 def _assert_flow_bound(events: list, pair: list) -> None:
     """Each flow end must fall inside a slice on its own track, or importers drop the arrow."""
     for end in pair:
-        assert any(e["ph"] == "X" and e["pid"] == end["pid"] and e["tid"] == end["tid"]
-                   and e["ts"] <= end["ts"] <= e["ts"] + e["dur"] for e in events), f"unbound flow end {end}"
+        assert any(
+            e["ph"] == "X"
+            and e["pid"] == end["pid"]
+            and e["tid"] == end["tid"]
+            and e["ts"] <= end["ts"] <= e["ts"] + e["dur"]
+            for e in events
+        ), f"unbound flow end {end}"

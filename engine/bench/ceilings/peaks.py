@@ -13,6 +13,7 @@
 There is no quick measurement on the spot any more: a few repetitions taken while the machine was
 busy gave a "peak" 20× too low, and every MFU after it read above 100%.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,9 @@ class Peak:
     def from_dict(cls, d: dict[str, Any] | None) -> Peak | None:
         if not d:
             return None
-        return cls(d["value"], d["source"], d.get("basis", "measured"), d.get("kind", "matmul"),
-                   d.get("dtype"), d.get("taken"))
+        return cls(
+            d["value"], d["source"], d.get("basis", "measured"), d.get("kind", "matmul"), d.get("dtype"), d.get("taken")
+        )
 
 
 def _key(kind: str, dtype: str | None) -> str:
@@ -94,11 +96,17 @@ def device_key(device: str) -> str:
 def _fingerprint(device: str) -> dict[str, Any]:
     import torch
 
-    return {"device": device_key(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "host": platform.node(), "kernel": platform.release()}
+    return {
+        "device": device_key(device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "host": platform.node(),
+        "kernel": platform.release(),
+    }
 
 
 # --- theoretical ---------------------------------------------------------------------------------
+
 
 def theoretical(device: str, kind: str, dtype: str | None = None) -> Peak | None:
     """The hardware's theoretical peak for ``kind`` on ``device``; None where it is not known
@@ -135,6 +143,7 @@ def _gpu_theoretical(index: int, kind: str, dtype: str | None, nvml: Any = None)
 
 # --- measured -----------------------------------------------------------------------------------
 
+
 def _load() -> dict[str, Any]:
     try:
         data = json.loads((cache_dir() / _FILE).read_text())
@@ -162,13 +171,17 @@ def measured(device: str, kind: str, dtype: str | None = None) -> Peak | None:
     return Peak(e["value"], e["source"], "measured", kind, None if kind == "bandwidth" else dtype, e.get("taken"))
 
 
-def _store(device: str, kind: str, dtype: str | None, value: float, source: str,
-           other_cores: float | None) -> None:
+def _store(device: str, kind: str, dtype: str | None, value: float, source: str, other_cores: float | None) -> None:
     data = _load()
     entries = data.setdefault("devices", {}).setdefault(device_key(device), {})
     entries[_key(kind, dtype)] = {
-        "value": value, "source": source, "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "fingerprint": _fingerprint(device), "other_cores": other_cores, "invalidated": None}
+        "value": value,
+        "source": source,
+        "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "fingerprint": _fingerprint(device),
+        "other_cores": other_cores,
+        "invalidated": None,
+    }
     _save(data)
 
 
@@ -177,24 +190,30 @@ def record(device: str, kind: str, dtype: str | None, value: float, source: str)
     _store(device, kind, dtype, value, source, None)
 
 
-def record_measured(device: str, kind: str, dtype: str | None, value: float, source: str, *,
-                    quick: bool, other_cores: float | None) -> str:
+def record_measured(
+    device: str, kind: str, dtype: str | None, value: float, source: str, *, quick: bool, other_cores: float | None
+) -> str:
     """Records a peak run's best figure if it may be one; returns what happened, in words.
 
     ``other_cores``: mean CPU cores other processes kept busy during the run (None: unknown)."""
     if quick:
         return "not recorded: a --quick run's sizes are too small to reach the peak"
     if other_cores is not None and other_cores > QUIET_MAX_OTHER_CORES:
-        return (f"not recorded: other processes kept {other_cores:.2f} cores busy during the run "
-                f"(a peak is taken only on a quiet machine, at most {QUIET_MAX_OTHER_CORES:g})")
+        return (
+            f"not recorded: other processes kept {other_cores:.2f} cores busy during the run "
+            f"(a peak is taken only on a quiet machine, at most {QUIET_MAX_OTHER_CORES:g})"
+        )
     old = measured(device, kind, dtype)
     unit = UNITS[kind]
     if old is not None and old.value >= value:
-        return (f"kept the stored peak {format_rate(old.value, unit)} ({old.taken}): "
-                f"this run reached {format_rate(value, unit)}")
+        return (
+            f"kept the stored peak {format_rate(old.value, unit)} ({old.taken}): "
+            f"this run reached {format_rate(value, unit)}"
+        )
     _store(device, kind, dtype, value, source, other_cores)
     return f"recorded {format_rate(value, unit)} as the measured peak" + (
-        " (other processes' load unknown here)" if other_cores is None else "")
+        " (other processes' load unknown here)" if other_cores is None else ""
+    )
 
 
 def load_probe():
@@ -212,8 +231,14 @@ def invalidate(device: str, kind: str, dtype: str | None, by: str, pct: float) -
     if not e or e.get("invalidated"):
         return
     e["invalidated"] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "by": by, "pct": pct}
-    log.warning("%s went past the measured %s peak (%s): that peak is invalidated; "
-                "run `opscope bench %s` on a quiet machine to measure a new one", by, kind, e["source"], kind)
+    log.warning(
+        "%s went past the measured %s peak (%s): that peak is invalidated; "
+        "run `opscope bench %s` on a quiet machine to measure a new one",
+        by,
+        kind,
+        e["source"],
+        kind,
+    )
     _save(data)
 
 
@@ -222,14 +247,17 @@ def measured_note(device: str, kind: str, dtype: str | None) -> str:
     e = entry(device, kind, dtype)
     if e and e.get("invalidated"):
         inv = e["invalidated"]
-        return (f"measured peak {format_rate(e['value'], UNITS[kind])} ({e['taken'][:10]}) invalidated: "
-                f"{inv['by']} went past it on {inv['at'][:10]}")
+        return (
+            f"measured peak {format_rate(e['value'], UNITS[kind])} ({e['taken'][:10]}) invalidated: "
+            f"{inv['by']} went past it on {inv['at'][:10]}"
+        )
     if e:
         return ""
     return f"no measured peak: run `opscope bench {kind}` (full, not --quick) on a quiet machine"
 
 
 # --- what suites use ----------------------------------------------------------------------------
+
 
 def get(device: str, kind: str, dtype: str | None = None) -> Peak | None:
     """One peak for ``kind`` on ``device``: the measured one if valid, else the theoretical one."""
@@ -240,8 +268,12 @@ def peak_set(device: str, kind: str, dtype: str | None = None) -> dict[str, Any]
     """Both peaks of ``kind`` as run settings: {"theoretical": {...}|None, "measured": {...}|None,
     "note": why a measured one is missing or invalid}."""
     th, me = theoretical(device, kind, dtype), measured(device, kind, dtype)
-    return {"theoretical": th.as_dict() if th else None, "measured": me.as_dict() if me else None,
-            "note": measured_note(device, kind, dtype), "device": device}
+    return {
+        "theoretical": th.as_dict() if th else None,
+        "measured": me.as_dict() if me else None,
+        "note": measured_note(device, kind, dtype),
+        "device": device,
+    }
 
 
 def model_peaks(device: str, dtype: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ this machine's current ones (peaks.peak_set), each labelled with where it came f
 rate at intensity I is min(P, I·B); a point's ``pct_of_roof`` is its FLOP/s over that, against the
 highest valid ceilings of each kind (theoretical if no measured one).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,7 +57,6 @@ class RoofPoint:
         return self.flop_s / self.attainable * 100.0 if self.attainable else None
 
 
-
 @dataclass
 class Roofline:
     run: str
@@ -80,29 +80,64 @@ class Roofline:
         return p.value / b.value if p and b else None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"run": self.run, "kind": self.kind, "device": self.device, "dtype": self.dtype,
-                "ridge_flop_per_byte": self.ridge, "ceilings": [asdict(c) for c in self.ceilings],
-                "points": [{"name": p.name, "suite": p.suite, "intensity_flop_per_byte": p.intensity,
-                            "flop_s": p.flop_s, "bytes_s": p.bytes_s, "attainable_flop_s": p.attainable,
-                            "pct_of_roof": p.pct_of_roof, "bound": p.bound, "quality": p.quality}
-                           for p in self.points],
-                "left_out": self.left_out, "notes": self.notes}
+        return {
+            "run": self.run,
+            "kind": self.kind,
+            "device": self.device,
+            "dtype": self.dtype,
+            "ridge_flop_per_byte": self.ridge,
+            "ceilings": [asdict(c) for c in self.ceilings],
+            "points": [
+                {
+                    "name": p.name,
+                    "suite": p.suite,
+                    "intensity_flop_per_byte": p.intensity,
+                    "flop_s": p.flop_s,
+                    "bytes_s": p.bytes_s,
+                    "attainable_flop_s": p.attainable,
+                    "pct_of_roof": p.pct_of_roof,
+                    "bound": p.bound,
+                    "quality": p.quality,
+                }
+                for p in self.points
+            ],
+            "left_out": self.left_out,
+            "notes": self.notes,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Roofline:
         """The inverse of ``as_dict`` (a roofline computed in another process, sent as JSON)."""
-        points = [RoofPoint(p["name"], p["suite"], p["intensity_flop_per_byte"], p["flop_s"],
-                            p.get("attainable_flop_s"), p.get("quality"), p.get("bound")) for p in d["points"]]
-        return cls(d["run"], d["kind"], d["device"], d["dtype"], points=points,
-                   ceilings=[Ceiling(**c) for c in d["ceilings"]], left_out=list(d.get("left_out", [])),
-                   notes=list(d.get("notes", [])))
+        points = [
+            RoofPoint(
+                p["name"],
+                p["suite"],
+                p["intensity_flop_per_byte"],
+                p["flop_s"],
+                p.get("attainable_flop_s"),
+                p.get("quality"),
+                p.get("bound"),
+            )
+            for p in d["points"]
+        ]
+        return cls(
+            d["run"],
+            d["kind"],
+            d["device"],
+            d["dtype"],
+            points=points,
+            ceilings=[Ceiling(**c) for c in d["ceilings"]],
+            left_out=list(d.get("left_out", [])),
+            notes=list(d.get("notes", [])),
+        )
 
 
 # --- work per unit ------------------------------------------------------------------------------
 
+
 def _matmul_work(params: dict, dtype: str) -> tuple[float, float]:
     n, s = params["n"], DTYPE_BYTES[params.get("dtype", dtype)]
-    return 2.0 * n ** 3, 3.0 * n * n * s
+    return 2.0 * n**3, 3.0 * n * n * s
 
 
 def _attention_work(params: dict, sp: dict, dtype: str) -> tuple[float, float]:
@@ -149,6 +184,7 @@ def _is_primary(result: RunResult, m) -> bool:
 
 # --- ceilings -----------------------------------------------------------------------------------
 
+
 def _ceilings_from(pset: dict | None, kind: str, origin: str) -> list[Ceiling]:
     out = []
     for basis in ("theoretical", "measured"):
@@ -158,14 +194,20 @@ def _ceilings_from(pset: dict | None, kind: str, origin: str) -> list[Ceiling]:
     return out
 
 
-_HOW = {"compute": "run `opscope bench matmul` (full, not --quick) on a quiet machine to measure one",
-        "bandwidth": "run `opscope bench bandwidth` (full, not --quick) on a quiet machine to measure one"}
+_HOW = {
+    "compute": "run `opscope bench matmul` (full, not --quick) on a quiet machine to measure one",
+    "bandwidth": "run `opscope bench bandwidth` (full, not --quick) on a quiet machine to measure one",
+}
 
 
 def _missing(ceilings: list[Ceiling]) -> list[str]:
     have = {c.kind for c in ceilings}
-    return [f"no {kind} ceiling (no theoretical figure for this device and no measured one): {_HOW[kind]}; "
-            f"points are placed without a roof" for kind in ("compute", "bandwidth") if kind not in have]
+    return [
+        f"no {kind} ceiling (no theoretical figure for this device and no measured one): {_HOW[kind]}; "
+        f"points are placed without a roof"
+        for kind in ("compute", "bandwidth")
+        if kind not in have
+    ]
 
 
 def _ceilings(result: RunResult, device: str, dtype: str) -> list[Ceiling]:
@@ -190,6 +232,7 @@ def _ceilings(result: RunResult, device: str, dtype: str) -> list[Ceiling]:
 
 # --- the roofline -------------------------------------------------------------------------------
 
+
 def from_run(result: RunResult, store=None, probe: bool = False) -> Roofline:
     """The roofline of a stored llm, matmul or attention run; ConfigError for another kind.
 
@@ -200,8 +243,10 @@ def from_run(result: RunResult, store=None, probe: bool = False) -> Roofline:
     from opscope.engine.core.errors import ConfigError
 
     if result.kind not in SUITES:
-        raise ConfigError(f"run {result.name!r} is a {result.kind!r} run; a roofline places "
-                          f"{', '.join(SUITES)} points: pick a run of one of those suites")
+        raise ConfigError(
+            f"run {result.name!r} is a {result.kind!r} run; a roofline places "
+            f"{', '.join(SUITES)} points: pick a run of one of those suites"
+        )
     device = result.settings.get("device", "cpu")
     dtype = result.settings.get("dtype", "float32")
     roof = Roofline(result.name, result.kind, device, dtype, ceilings=_ceilings(result, device, dtype))
@@ -240,12 +285,20 @@ def stored_bandwidth(store, device: str) -> Ceiling | None:
         result = store.load(info.id).result
         if result.settings.get("device", "cpu") != device:
             continue
-        rates = [statistics.median(m.samples) * 1e9 for m in result.metrics
-                 if m.unit == "GB/s" and m.status == "ok" and m.samples]
+        rates = [
+            statistics.median(m.samples) * 1e9
+            for m in result.metrics
+            if m.unit == "GB/s" and m.status == "ok" and m.samples
+        ]
         if rates:
             value = max(rates)
-            return Ceiling("bandwidth", "measured", value, f"measured {format_rate(value, 'B/s')} "
-                           f"(bandwidth run {result.name})", f"bandwidth run {result.name}")
+            return Ceiling(
+                "bandwidth",
+                "measured",
+                value,
+                f"measured {format_rate(value, 'B/s')} (bandwidth run {result.name})",
+                f"bandwidth run {result.name}",
+            )
     return None
 
 
@@ -259,7 +312,6 @@ def memory_probe(device: str) -> Ceiling | None:
     import time
 
     import torch
-
     from opscope.engine.core.units import format_rate
 
     try:
@@ -276,8 +328,13 @@ def memory_probe(device: str) -> Ceiling | None:
         sync()
         best = min(best, time.perf_counter() - t0)
     value = 2.0 * src.numel() * 4 / best
-    return Ceiling("bandwidth", "measured", value, f"measured {format_rate(value, 'B/s')} (short probe)",
-                   f"a {PROBE_MIB} MiB copy just now (`opscope bench bandwidth` measures a steadier one)")
+    return Ceiling(
+        "bandwidth",
+        "measured",
+        value,
+        f"measured {format_rate(value, 'B/s')} (short probe)",
+        f"a {PROBE_MIB} MiB copy just now (`opscope bench bandwidth` measures a steadier one)",
+    )
 
 
 def text(roof: Roofline) -> str:
@@ -294,8 +351,10 @@ def text(roof: Roofline) -> str:
     for pt in sorted(roof.points, key=lambda q: q.intensity):
         att = format_rate(pt.attainable, "FLOP/s") if pt.attainable else "n/a"
         pct = f"{pt.pct_of_roof:.1f}" if pt.pct_of_roof is not None else "n/a"
-        lines.append(f"{pt.name:<24} {pt.intensity:>10.3g} {format_rate(pt.flop_s, 'FLOP/s'):>16} {att:>16} "
-                     f"{pct:>9}  {pt.bound or 'n/a':<8} {pt.quality or '-'}")
+        lines.append(
+            f"{pt.name:<24} {pt.intensity:>10.3g} {format_rate(pt.flop_s, 'FLOP/s'):>16} {att:>16} "
+            f"{pct:>9}  {pt.bound or 'n/a':<8} {pt.quality or '-'}"
+        )
     if not roof.points:
         lines.append("(no points)")
     for why in roof.left_out:
@@ -305,6 +364,7 @@ def text(roof: Roofline) -> str:
 
 
 # --- export -------------------------------------------------------------------------------------
+
 
 def _log_range(values: list[float]) -> tuple[float, float]:
     lo, hi = min(values), max(values)
@@ -333,7 +393,11 @@ def roof_lines(roof: Roofline) -> list[tuple[str, list[tuple[float, float]]]]:
     for p in computes:
         for b in bws:
             ridge = p.value / b.value
-            pts = [(x0, x0 * b.value)] + ([(ridge, p.value)] if x0 < ridge < x1 else []) + [(x1, min(p.value, x1 * b.value))]
+            pts = (
+                [(x0, x0 * b.value)]
+                + ([(ridge, p.value)] if x0 < ridge < x1 else [])
+                + [(x1, min(p.value, x1 * b.value))]
+            )
             out.append((f"{p.basis} compute / {b.basis} bandwidth", pts))
     return out
 
@@ -355,27 +419,39 @@ def svg(roof: Roofline, width: int = 800, height: int = 520) -> str:
     def esc(s: str) -> str:
         return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-           f'font-size="11"><rect width="100%" height="100%" fill="white"/>',
-           f'<text x="{left}" y="22" font-size="14">{esc(f"Roofline: {roof.kind} run {roof.run} ({roof.device}, {roof.dtype})")}</text>',
-           f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#888"/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        f'font-size="11"><rect width="100%" height="100%" fill="white"/>',
+        f'<text x="{left}" y="22" font-size="14">{esc(f"Roofline: {roof.kind} run {roof.run} ({roof.device}, {roof.dtype})")}</text>',
+        f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#888"/>',
+    ]
     for e in range(round(math.log10(x0)), round(math.log10(x1)) + 1):
-        out.append(f'<line x1="{X(10**e):.1f}" y1="{top}" x2="{X(10**e):.1f}" y2="{top + h}" stroke="#eee"/>'
-                   f'<text x="{X(10**e):.1f}" y="{top + h + 15}" text-anchor="middle">{10**e:g}</text>')
+        out.append(
+            f'<line x1="{X(10**e):.1f}" y1="{top}" x2="{X(10**e):.1f}" y2="{top + h}" stroke="#eee"/>'
+            f'<text x="{X(10**e):.1f}" y="{top + h + 15}" text-anchor="middle">{10**e:g}</text>'
+        )
     for e in range(round(math.log10(y0)), round(math.log10(y1)) + 1):
-        if y0 <= 10 ** e <= y1:
-            out.append(f'<line x1="{left}" y1="{Y(10**e):.1f}" x2="{left + w}" y2="{Y(10**e):.1f}" stroke="#eee"/>'
-                       f'<text x="{left - 5}" y="{Y(10**e) + 4:.1f}" text-anchor="end">{esc(format_rate(10**e, "FLOP/s", digits=2))}</text>')
-    out.append(f'<text x="{left + w / 2}" y="{height - 15}" text-anchor="middle">arithmetic intensity (FLOP/byte)</text>')
+        if y0 <= 10**e <= y1:
+            out.append(
+                f'<line x1="{left}" y1="{Y(10**e):.1f}" x2="{left + w}" y2="{Y(10**e):.1f}" stroke="#eee"/>'
+                f'<text x="{left - 5}" y="{Y(10**e) + 4:.1f}" text-anchor="end">{esc(format_rate(10**e, "FLOP/s", digits=2))}</text>'
+            )
+    out.append(
+        f'<text x="{left + w / 2}" y="{height - 15}" text-anchor="middle">arithmetic intensity (FLOP/byte)</text>'
+    )
     colours = ["#c0392b", "#2980b9", "#8e44ad", "#16a085"]
     for i, (label, pts) in enumerate(roof_lines(roof)):
         path = " ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{colours[i % 4]}" stroke-width="2"/>'
-                   f'<text x="{left + w - 5}" y="{top + 14 + 14 * i}" text-anchor="end" fill="{colours[i % 4]}">{esc(label)}</text>')
+        out.append(
+            f'<polyline points="{path}" fill="none" stroke="{colours[i % 4]}" stroke-width="2"/>'
+            f'<text x="{left + w - 5}" y="{top + 14 + 14 * i}" text-anchor="end" fill="{colours[i % 4]}">{esc(label)}</text>'
+        )
     for p in roof.points:
-        out.append(f'<circle cx="{X(p.intensity):.1f}" cy="{Y(p.flop_s):.1f}" r="4" fill="#333"><title>{esc(p.name)}: '
-                   f'{p.intensity:.3g} FLOP/byte, {esc(format_rate(p.flop_s, "FLOP/s"))}</title></circle>'
-                   f'<text x="{X(p.intensity) + 6:.1f}" y="{Y(p.flop_s) - 4:.1f}">{esc(p.name)}</text>')
+        out.append(
+            f'<circle cx="{X(p.intensity):.1f}" cy="{Y(p.flop_s):.1f}" r="4" fill="#333"><title>{esc(p.name)}: '
+            f"{p.intensity:.3g} FLOP/byte, {esc(format_rate(p.flop_s, 'FLOP/s'))}</title></circle>"
+            f'<text x="{X(p.intensity) + 6:.1f}" y="{Y(p.flop_s) - 4:.1f}">{esc(p.name)}</text>'
+        )
     out.append("</svg>\n")
     return "\n".join(out)
 
@@ -390,16 +466,23 @@ def png(roof: Roofline, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise ConfigError("PNG export needs matplotlib (pip install matplotlib); write an .svg instead "
-                          "(no extra package), or export PNG from the GUI's Roofline view") from e
+        raise ConfigError(
+            "PNG export needs matplotlib (pip install matplotlib); write an .svg instead "
+            "(no extra package), or export PNG from the GUI's Roofline view"
+        ) from e
     fig, ax = plt.subplots(figsize=(8, 5.2))
     for label, pts in roof_lines(roof):
         ax.plot(*zip(*pts), label=label)
     ax.scatter([p.intensity for p in roof.points], [p.flop_s for p in roof.points], color="#333", zorder=3)
     for p in roof.points:
         ax.annotate(p.name, (p.intensity, p.flop_s), fontsize=7, xytext=(4, 3), textcoords="offset points")
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="FLOP/s",
-           title=f"Roofline: {roof.kind} run {roof.run} ({roof.device}, {roof.dtype})")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity (FLOP/byte)",
+        ylabel="FLOP/s",
+        title=f"Roofline: {roof.kind} run {roof.run} ({roof.device}, {roof.dtype})",
+    )
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -26,6 +26,7 @@ NVIDIA GPUs: dense (no sparsity) datasheet figures at the datasheet boost clock,
 maximum SM clock NVML reports for this board; memory bandwidth from NVML's maximum memory clock and
 bus width (2 transfers per clock), the datasheet figure where NVML cannot say.
 """
+
 from __future__ import annotations
 
 import os
@@ -112,8 +113,10 @@ def _max_clock(blocks: list[dict[str, str]], sys_cpu: Path) -> tuple[float, str]
     mhz = [float(b["cpu MHz"]) for b in blocks if _is_float(b.get("cpu MHz"))]
     if not mhz:
         return None
-    return (max(mhz) * 1e6 * TURBO_ALLOWANCE,
-            f"{TURBO_ALLOWANCE:g} × {max(mhz) / 1e3:.2f} GHz cpu MHz: turbo allowance, no cpufreq maximum")
+    return (
+        max(mhz) * 1e6 * TURBO_ALLOWANCE,
+        f"{TURBO_ALLOWANCE:g} × {max(mhz) / 1e3:.2f} GHz cpu MHz: turbo allowance, no cpufreq maximum",
+    )
 
 
 def _is_float(text: str | None) -> bool:
@@ -136,8 +139,9 @@ def _usable_cpus() -> set[int] | None:
     return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
-def cpu_spec(cpuinfo: Path = PROC_CPUINFO, sys_cpu: Path = SYS_CPU,
-             usable: set[int] | None | str = "self") -> CpuSpec | None:
+def cpu_spec(
+    cpuinfo: Path = PROC_CPUINFO, sys_cpu: Path = SYS_CPU, usable: set[int] | None | str = "self"
+) -> CpuSpec | None:
     """What the theoretical CPU peak is built from; None where /proc/cpuinfo cannot say."""
     blocks = [b for b in _cpuinfo_blocks(cpuinfo) if "processor" in b]
     clock = _max_clock(blocks, sys_cpu)
@@ -157,8 +161,10 @@ def cpu_flop_s(spec: CpuSpec, dtype: str, threads: int | None = None) -> tuple[f
         return None
     cores = min(spec.cores, threads) if threads else spec.cores
     value = cores * spec.hz * per[0]
-    how = (f"{cores} core{'s' if cores != 1 else ''} × {spec.hz / 1e9:.2f} GHz ({spec.clock_source}) × "
-           f"{per[0]:g} FLOP/cycle ({per[1]}), {spec.model}")
+    how = (
+        f"{cores} core{'s' if cores != 1 else ''} × {spec.hz / 1e9:.2f} GHz ({spec.clock_source}) × "
+        f"{per[0]:g} FLOP/cycle ({per[1]}), {spec.model}"
+    )
     return value, how
 
 
@@ -215,15 +221,19 @@ def gpu_peak(clocks: GpuClocks, kind: str, dtype: str | None) -> tuple[float, st
     if kind == "bandwidth":
         if clocks.max_mem_mhz and clocks.bus_width_bits:
             value = 2.0 * clocks.max_mem_mhz * 1e6 * clocks.bus_width_bits / 8
-            return value, (f"{clocks.name}: 2 × {clocks.max_mem_mhz:.0f} MHz memory clock × "
-                           f"{clocks.bus_width_bits:.0f}-bit bus (NVML)")
+            return value, (
+                f"{clocks.name}: 2 × {clocks.max_mem_mhz:.0f} MHz memory clock × "
+                f"{clocks.bus_width_bits:.0f}-bit bus (NVML)"
+            )
         return row["bandwidth"], f"datasheet {key}"
     if dtype not in row:
         return None
     if clocks.max_sm_mhz:
         scale = clocks.max_sm_mhz / row["boost_mhz"]
-        return row[dtype] * scale, (f"datasheet {key} {dtype} dense at {row['boost_mhz']:.0f} MHz × "
-                                    f"{clocks.max_sm_mhz:.0f} MHz max SM clock (NVML)")
+        return row[dtype] * scale, (
+            f"datasheet {key} {dtype} dense at {row['boost_mhz']:.0f} MHz × "
+            f"{clocks.max_sm_mhz:.0f} MHz max SM clock (NVML)"
+        )
     return row[dtype], f"datasheet {key} {dtype} dense at its {row['boost_mhz']:.0f} MHz boost clock"
 
 
@@ -249,8 +259,8 @@ def nvml_clocks(torch_index: int, nvml: Any = None) -> GpuClocks | None:
 
 
 def _read_clocks(nv: Any, torch_index: int) -> GpuClocks | None:
-    from opscope.engine.telemetry.base import NA
     import pynvml
+    from opscope.engine.telemetry.base import NA
 
     h = nv.query("nvmlDeviceGetHandleByIndex", _nvml_index(torch_index))
     if h is NA:
@@ -264,6 +274,9 @@ def _read_clocks(nv: Any, torch_index: int) -> GpuClocks | None:
     if name is NA:
         return None
     name = name.decode() if isinstance(name, bytes) else str(name)
-    return GpuClocks(name, num("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM),
-                     num("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_MEM),
-                     num("nvmlDeviceGetMemoryBusWidth"))
+    return GpuClocks(
+        name,
+        num("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM),
+        num("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_MEM),
+        num("nvmlDeviceGetMemoryBusWidth"),
+    )

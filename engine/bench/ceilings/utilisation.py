@@ -6,11 +6,13 @@ the percentage is of. A value above 100% of the measured peak invalidates that p
 ceiling); above 100% of the theoretical peak shows the theoretical assumption does not hold here.
 Either way the metric is failed with the reason, its raw samples kept, and no such number printed.
 """
+
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opscope.engine.bench.ceilings import peaks
 from opscope.engine.bench.measure.runner import Derived
@@ -65,23 +67,31 @@ def over_measured(name: str, peak: peaks.Peak, device: str, theoretical_name: st
         peaks.invalidate(device, peak.kind, peak.dtype, name, top_pct)
         see = f"; see {theoretical_name} (of the theoretical peak)" if theoretical_name else ""
         reached = format_rate(top_pct / 100 * peak.value, peaks.UNITS[peak.kind])
-        return (f"invalid: reached {reached}, above the {peak.label} peak, so that peak was no ceiling "
-                f"and is now invalidated{see}")
+        return (
+            f"invalid: reached {reached}, above the {peak.label} peak, so that peak was no ceiling "
+            f"and is now invalidated{see}"
+        )
+
     return react
 
 
 def over_theoretical(peak: peaks.Peak) -> Callable[[float], str]:
     def react(top_pct: float) -> str:
         reached = format_rate(top_pct / 100 * peak.value, peaks.UNITS[peak.kind])
-        log.warning("reached %s, above the theoretical peak (%s): its assumption does not hold here",
-                    reached, peak.source)
-        return (f"invalid: reached {reached}, above the {peak.label} peak; its assumption "
-                f"({peak.source}) does not hold for this machine")
+        log.warning(
+            "reached %s, above the theoretical peak (%s): its assumption does not hold here", reached, peak.source
+        )
+        return (
+            f"invalid: reached {reached}, above the {peak.label} peak; its assumption "
+            f"({peak.source}) does not hold for this machine"
+        )
+
     return react
 
 
-def derived(point: str, metric: str, achieved: Callable[[float], float], pk: dict[str, Any],
-            which: str) -> tuple[Derived, ...]:
+def derived(
+    point: str, metric: str, achieved: Callable[[float], float], pk: dict[str, Any], which: str
+) -> tuple[Derived, ...]:
     """The utilisation metrics of ``point``'s primary value: ``achieved(value)`` FLOP/s or bytes/s
     over the peaks in ``pk`` (engine.bench.peaks.model_peaks), ``which`` "flop" or "bytes"."""
     ps = pk.get(which) or {}
@@ -89,11 +99,26 @@ def derived(point: str, metric: str, achieved: Callable[[float], float], pk: dic
     out = []
     th_name = f"{point}.{metric}"
     if th is not None:
-        out.append(Derived(th_name, "%", _pct_of(achieved, th.value), th.as_params(),
-                           limit=CEILING_PCT, over_limit=over_theoretical(th)))
+        out.append(
+            Derived(
+                th_name,
+                "%",
+                _pct_of(achieved, th.value),
+                th.as_params(),
+                limit=CEILING_PCT,
+                over_limit=over_theoretical(th),
+            )
+        )
     if me is not None:
         name = f"{th_name}_measured"
-        out.append(Derived(name, "%", _pct_of(achieved, me.value), me.as_params(),
-                           limit=CEILING_PCT,
-                           over_limit=over_measured(name, me, ps.get("device", "cpu"), th_name if th else None)))
+        out.append(
+            Derived(
+                name,
+                "%",
+                _pct_of(achieved, me.value),
+                me.as_params(),
+                limit=CEILING_PCT,
+                over_limit=over_measured(name, me, ps.get("device", "cpu"), th_name if th else None),
+            )
+        )
     return tuple(out)

@@ -4,9 +4,11 @@ Accelerators run asynchronously: reading the clock right after launching work me
 not the work. Every timed region is bracketed by the device's own synchronize. Frameworks are
 imported only when their device is used.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opscope.engine.core.errors import DeviceError
 
@@ -23,8 +25,10 @@ def _torch_sync(kind: str, index: int | None) -> Sync:
 
     if kind == "cuda":  # ROCm builds of torch also name their GPUs cuda:N
         if not torch.cuda.is_available():
-            raise DeviceError(f"device cuda{'' if index is None else f':{index}'} is not available "
-                              f"(torch {torch.__version__}); use --device cpu")
+            raise DeviceError(
+                f"device cuda{'' if index is None else f':{index}'} is not available "
+                f"(torch {torch.__version__}); use --device cpu"
+            )
         dev = torch.device("cuda", index) if index is not None else torch.device("cuda")
         return lambda out: torch.cuda.synchronize(dev)
     if kind == "mps":
@@ -50,7 +54,7 @@ def _mlx_sync() -> Sync:
 
 
 def parse_device(device: str) -> tuple[str, int | None]:
-    """"cuda:1" → ("cuda", 1); "cpu" → ("cpu", None)."""
+    """ "cuda:1" → ("cuda", 1); "cpu" → ("cpu", None)."""
     kind, _, idx = device.partition(":")
     if idx and not idx.isdigit():
         raise DeviceError(f"bad device {device!r}: the index after ':' must be a number")

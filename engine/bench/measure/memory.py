@@ -5,6 +5,7 @@ CPU: the process's peak resident set (Linux ``VmHWM``), reset through ``/proc/se
 it counts everything resident (weights, interpreter), so read it as "peak RSS during the rep".
 Elsewhere the tracker reports nothing rather than a wrong number.
 """
+
 from __future__ import annotations
 
 import logging
@@ -82,5 +83,7 @@ def peak_tracker(device: str):
 def peak_unit_note(device: str) -> str:
     """What the peak memory figures mean on ``device`` (saved in a run's settings)."""
     kind, _ = parse_device(device)
-    return {"cuda": "torch allocator peak (max_memory_allocated) per rep",
-            "cpu": "process peak RSS (VmHWM) per rep"}.get(kind, "not measured on this device")
+    return {
+        "cuda": "torch allocator peak (max_memory_allocated) per rep",
+        "cpu": "process peak RSS (VmHWM) per rep",
+    }.get(kind, "not measured on this device")

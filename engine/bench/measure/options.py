@@ -1,9 +1,11 @@
 """What a user chooses for a benchmark run, and the plan a suite makes from it."""
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from opscope.engine.bench.measure.runner import QUICK, QUICK_MIN_REPS, Point, PointOutcome, RunnerConfig
 from opscope.engine.bench.measure.stats import min_samples_per_side
@@ -12,9 +14,17 @@ from opscope.engine.core.results import Metric
 
 log = logging.getLogger(__name__)
 
-DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
-                 "bfloat16": "bfloat16", "bf16": "bfloat16",
-                 "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16"}
+DTYPE_ALIASES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "f32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "f16": "float16",
+    "half": "float16",
+}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -57,9 +67,13 @@ class BenchOptions:
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be at least 1, got {self.threads}")
         if self.repeat is not None and self.repeat < min_samples_per_side(0.05):
-            log.warning("--repeat %d: with fewer than %d samples per point no comparison of this run can "
-                        "reach p < 0.05 (Mann-Whitney); %d or more recommended",
-                        self.repeat, min_samples_per_side(0.05), QUICK_MIN_REPS)
+            log.warning(
+                "--repeat %d: with fewer than %d samples per point no comparison of this run can "
+                "reach p < 0.05 (Mann-Whitney); %d or more recommended",
+                self.repeat,
+                min_samples_per_side(0.05),
+                QUICK_MIN_REPS,
+            )
 
     def runner_config(self) -> RunnerConfig:
         base = QUICK if self.quick else RunnerConfig()

@@ -2,6 +2,7 @@
 read by ``opscope bench SUITE --help`` and the window's form), and built from user values: the GUI's
 form (typed values) or ``opscope bench --param KEY=VALUE`` (strings, converted by the type of the
 field's default)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -117,8 +118,11 @@ def _check_range(default, value, key: str):
     and real numbers (a learning rate, a time budget) finite and > 0 — each at least 0 where the
     default itself uses 0 (e.g. a context depth of 0) — checked before anything loads."""
     items = default if isinstance(default, tuple) else (default,)
-    numbers = [v for v in (value if isinstance(value, tuple) else (value,))
-               if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    numbers = [
+        v
+        for v in (value if isinstance(value, tuple) else (value,))
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
     zero_ok = any(d == 0 for d in items if isinstance(d, (int, float)))
     for v in numbers:
         if isinstance(v, float):  # a rate or a time: any positive size, 0.003 as well as 1e-9
@@ -138,11 +142,15 @@ def _convert(default, text: str, key: str):
         if isinstance(default, tuple):
             items = [s.strip() for s in text.split(",") if s.strip()]
             kinds = {type(v) for v in default}
-            return tuple(int(s) for s in items) if kinds == {int} else tuple(
-                float(s) for s in items) if kinds == {float} else tuple(items)
+            return (
+                tuple(int(s) for s in items)
+                if kinds == {int}
+                else tuple(float(s) for s in items)
+                if kinds == {float}
+                else tuple(items)
+            )
         if isinstance(default, (int, float, str)):
             return type(default)(text)
         return json.loads(text)
     except (ValueError, json.JSONDecodeError) as e:
-        raise ConfigError(f"--param {key}: cannot read {text!r} as the type of its default "
-                          f"({default!r})") from e
+        raise ConfigError(f"--param {key}: cannot read {text!r} as the type of its default ({default!r})") from e

@@ -12,15 +12,17 @@ budget and keeps the clean ones where there are enough. A point's (metric's) qua
 ``disturbed`` (foreign load in a kept sample), ``noisy`` (no foreign load, but IQR/median above
 engine.bench.stats' threshold) or ``ok``; a run's is the worst of its metrics'.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from opscope.engine.bench.measure.stats import NOISE_THRESHOLD_PCT, summarize
 
@@ -32,9 +34,11 @@ MIN_WINDOW_S = 0.1  # shortest span the CPU load is read over (see the module do
 
 OK, NOISY, DISTURBED = "ok", "noisy", "disturbed"
 QUALITIES = (OK, NOISY, DISTURBED)  # best to worst
-LEGEND = (f"quality: {OK} = no foreign load, steady; {NOISY} = IQR/median > {NOISE_THRESHOLD_PCT:g}% with no "
-          f"foreign load; {DISTURBED} = other processes held the CPU (>= the threshold in cores) or the GPU "
-          f"during kept samples")
+LEGEND = (
+    f"quality: {OK} = no foreign load, steady; {NOISY} = IQR/median > {NOISE_THRESHOLD_PCT:g}% with no "
+    f"foreign load; {DISTURBED} = other processes held the CPU (>= the threshold in cores) or the GPU "
+    f"during kept samples"
+)
 
 
 def proc_root() -> Path:
@@ -56,8 +60,7 @@ class SampleLoad:
     other_gpu_procs: int | None = None
 
     def disturbed(self, threshold_cores: float) -> bool:
-        return ((self.other_cores is not None and self.other_cores >= threshold_cores)
-                or bool(self.other_gpu_procs))
+        return (self.other_cores is not None and self.other_cores >= threshold_cores) or bool(self.other_gpu_procs)
 
 
 class GpuOthers:
@@ -113,8 +116,13 @@ class LoadProbe:
     load that a single jiffy cannot dominate. ``loads[i]`` is repetition i's load, None while its
     window is open."""
 
-    def __init__(self, proc: Path | None = None, gpu: GpuOthers | None = None,
-                 min_window_s: float = MIN_WINDOW_S, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        proc: Path | None = None,
+        gpu: GpuOthers | None = None,
+        min_window_s: float = MIN_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         from opscope.engine.core.cpuload import OtherLoad
 
         self.cpu = OtherLoad(proc_root() if proc is None else proc, clock)
@@ -161,14 +169,21 @@ def metric_quality(samples: Sequence[float], loads: Sequence[SampleLoad | None],
     return NOISY if summarize(samples).noisy else OK
 
 
-def load_record(loads: Sequence[SampleLoad | None], threshold_cores: float, dropped: Sequence[float],
-                dropped_loads: Sequence[SampleLoad | None]) -> dict[str, Any]:
+def load_record(
+    loads: Sequence[SampleLoad | None],
+    threshold_cores: float,
+    dropped: Sequence[float],
+    dropped_loads: Sequence[SampleLoad | None],
+) -> dict[str, Any]:
     """What a metric stores about foreign load: per kept sample, and the disturbed samples it re-ran."""
     every = list(loads) + list(dropped_loads)
-    record: dict[str, Any] = {"threshold_cores": threshold_cores,
-                              "other_cores": [load.other_cores if load else None for load in loads],
-                              "reps": len(every), "disturbed_reps": sum(split_disturbed(every, threshold_cores)),
-                              "rerun": len(dropped)}
+    record: dict[str, Any] = {
+        "threshold_cores": threshold_cores,
+        "other_cores": [load.other_cores if load else None for load in loads],
+        "reps": len(every),
+        "disturbed_reps": sum(split_disturbed(every, threshold_cores)),
+        "rerun": len(dropped),
+    }
     if any(load and load.other_gpu_procs is not None for load in list(loads) + list(dropped_loads)):
         record["other_gpu_procs"] = [load.other_gpu_procs if load else None for load in loads]
     if dropped:
@@ -179,8 +194,7 @@ def load_record(loads: Sequence[SampleLoad | None], threshold_cores: float, drop
 
 def max_other_cores(metrics: Iterable[Any]) -> float | None:
     """The most cores other processes held during any kept sample of ``metrics``; None if unknown."""
-    values = [c for m in metrics for c in ((getattr(m, "load", None) or {}).get("other_cores") or [])
-              if c is not None]
+    values = [c for m in metrics for c in ((getattr(m, "load", None) or {}).get("other_cores") or []) if c is not None]
     return max(values) if values else None
 
 
@@ -195,15 +209,21 @@ def run_summary(metrics: Sequence[Any], quality: str | None) -> str:
     disturbed = sum(load.get("disturbed_reps", 0) for load in points)
     top = max_other_cores(metrics)
     threshold = loads[0]["threshold_cores"] if loads else DISTURBED_CORES
-    parts = [f"other processes kept up to {top:.2f} cores busy during kept samples (threshold {threshold:g})"
-             if top is not None else "foreign CPU load not readable here"]
+    parts = [
+        f"other processes kept up to {top:.2f} cores busy during kept samples (threshold {threshold:g})"
+        if top is not None
+        else "foreign CPU load not readable here"
+    ]
     if any(any(load.get("other_gpu_procs") or []) for load in loads):
         parts.append("other processes used the GPU")
     if disturbed:
         # a point drops its disturbed samples only when enough quiet ones replace them, else keeps all
         fate = ([f"{rerun} replaced by quiet re-runs and dropped"] if rerun else []) + (
             [f"{disturbed - rerun} kept: too few quiet repetitions within the re-run budget"]
-            if disturbed > rerun else [])
-        parts.append(f"{disturbed} of {sum(load.get('reps', 0) for load in points)} samples disturbed, "
-                     f"{' and '.join(fate)}")
+            if disturbed > rerun
+            else []
+        )
+        parts.append(
+            f"{disturbed} of {sum(load.get('reps', 0) for load in points)} samples disturbed, {' and '.join(fate)}"
+        )
     return f"run quality: {quality} ({'; '.join(parts)})"

@@ -7,20 +7,22 @@ caps a very fast point); every sample is kept. A point that fails (out of memory
 kernel, an invalid result) is recorded as a failed Metric with its reason and the run goes on;
 only cancellation (``Cancelled``, ``KeyboardInterrupt``) stops it.
 """
+
 from __future__ import annotations
 
 import gc
 import logging
 import math
 import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
-from opscope.engine.core import markers
+from opscope.engine.bench.measure import quality as Q
 from opscope.engine.bench.measure.devsync import synchronizer
 from opscope.engine.bench.measure.memory import peak_tracker
-from opscope.engine.bench.measure import quality as Q
 from opscope.engine.bench.measure.quality import DISTURBED_CORES, LoadProbe
+from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.errors import Cancelled, ConfigError
 from opscope.engine.core.results import Metric
@@ -50,11 +52,13 @@ class RunnerConfig:
 
     def __post_init__(self):
         if self.warmup < 0 or self.min_reps < 1 or self.max_reps < self.min_reps or self.min_time_s < 0:
-            raise ConfigError(f"impossible runner settings: {self}; need warmup >= 0, "
-                              f"1 <= min_reps <= max_reps, min_time_s >= 0")
+            raise ConfigError(
+                f"impossible runner settings: {self}; need warmup >= 0, 1 <= min_reps <= max_reps, min_time_s >= 0"
+            )
         if self.disturbed_cores <= 0 or self.rerun_factor < 0 or self.rerun_s < 0:
-            raise ConfigError(f"impossible re-run settings: {self}; need disturbed_cores > 0, "
-                              f"rerun_factor >= 0, rerun_s >= 0")
+            raise ConfigError(
+                f"impossible re-run settings: {self}; need disturbed_cores > 0, rerun_factor >= 0, rerun_s >= 0"
+            )
 
 
 # Repetitions decide what a comparison can show: with n samples per side the exact Mann-Whitney
@@ -90,19 +94,25 @@ class Budget:
 
     def record(self) -> dict[str, Any]:
         """What settings keep of the budget: its size, the time taken, the points cut short."""
-        return {"budget_s": self.seconds, "spent_s": round((now_ns() - self.start_ns) / 1e9, 3),
-                "points_cut": len(self.cut), "points": self.total_points,
-                "fewest_reps": min((n for _, n in self.cut), default=None)}
+        return {
+            "budget_s": self.seconds,
+            "spent_s": round((now_ns() - self.start_ns) / 1e9, 3),
+            "points_cut": len(self.cut),
+            "points": self.total_points,
+            "fewest_reps": min((n for _, n in self.cut), default=None),
+        }
 
 
 def budget_line(record: dict[str, Any] | None, min_reps: int) -> str | None:
     """The run's one line about its budget, when it cut points short (None otherwise)."""
     if not record or not record.get("points_cut"):
         return None
-    return (f"quick: time budget {record['budget_s']:g} s kept (run took {record['spent_s']:.0f} s): "
-            f"{record['points_cut']} of {record['points']} points stopped adding repetitions at "
-            f"{record['fewest_reps']}+ (full rule: {min_reps}); fewer samples, wider CIs; drop --quick "
-            f"for full runs")
+    return (
+        f"quick: time budget {record['budget_s']:g} s kept (run took {record['spent_s']:.0f} s): "
+        f"{record['points_cut']} of {record['points']} points stopped adding repetitions at "
+        f"{record['fewest_reps']}+ (full rule: {min_reps}); fewer samples, wider CIs; drop --quick "
+        f"for full runs"
+    )
 
 
 @dataclass(frozen=True)
@@ -179,13 +189,13 @@ class PointSkipped(Exception):
     budget); recorded as a failed point whose error starts with "skipped:"."""
 
 
-def skipped_point(name: str, unit: str, reason: str, params: Mapping[str, Any] | None = None,
-                  higher_is_better: bool = True) -> Point:
+def skipped_point(
+    name: str, unit: str, reason: str, params: Mapping[str, Any] | None = None, higher_is_better: bool = True
+) -> Point:
     def prepare() -> Step:
         raise PointSkipped(reason)
 
-    return Point(name, unit, prepare, value=float, params=dict(params or {}),
-                 higher_is_better=higher_is_better)
+    return Point(name, unit, prepare, value=float, params=dict(params or {}), higher_is_better=higher_is_better)
 
 
 def check_cancel(cancel: threading.Event | None) -> None:
@@ -264,8 +274,12 @@ class _Samples:
             return None
         keep = set(self._keep())
         dropped = [i for i in range(len(self.primary)) if i not in keep]
-        return Q.load_record([self.loads[i] for i in sorted(keep)], self.threshold,
-                             [self.primary[i] for i in dropped], [self.loads[i] for i in dropped])
+        return Q.load_record(
+            [self.loads[i] for i in sorted(keep)],
+            self.threshold,
+            [self.primary[i] for i in dropped],
+            [self.loads[i] for i in dropped],
+        )
 
     def _metric(self, name, unit, vals, hib, params, status, error, record) -> Metric:
         quality = None
@@ -285,13 +299,22 @@ class _Samples:
             out.append(self._metric(name, e.unit, vals, e.higher_is_better, params, status, error, record))
         peaks = [self.peak_mem[i] for i in keep if self.peak_mem[i] is not None]
         if peaks:
-            out.append(self._metric(f"{p.name}.peak_mem_bytes", "bytes", peaks, False, params, status, error,
-                                    record))
+            out.append(self._metric(f"{p.name}.peak_mem_bytes", "bytes", peaks, False, params, status, error, record))
         for d in p.derived:
             vals = [float(d.fn(v)) for v in primary]
             problem = d.problem(vals) if status == "ok" else None
-            out.append(self._metric(d.name, d.unit, vals, d.higher_is_better, {**params, **d.params},
-                                    "failed" if problem else status, problem or error, record))
+            out.append(
+                self._metric(
+                    d.name,
+                    d.unit,
+                    vals,
+                    d.higher_is_better,
+                    {**params, **d.params},
+                    "failed" if problem else status,
+                    problem or error,
+                    record,
+                )
+            )
         return out
 
 
@@ -361,8 +384,16 @@ class _Timer:
     cut_short = False  # stopped by the budget before the stopping rule held
 
 
-def _repeat(step: Step, point: Point, cfg: RunnerConfig, inner: int, cancel,
-            tick: Callable[[float], None], probe: LoadProbe, budget: Budget | None = None) -> _Samples:
+def _repeat(
+    step: Step,
+    point: Point,
+    cfg: RunnerConfig,
+    inner: int,
+    cancel,
+    tick: Callable[[float], None],
+    probe: LoadProbe,
+    budget: Budget | None = None,
+) -> _Samples:
     timer = _Timer(step, point, inner, probe)
     probe.start()
     start_ns = now_ns()
@@ -405,8 +436,13 @@ def _free_device_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def measure_point(point: Point, cfg: RunnerConfig, cancel: threading.Event | None = None,
-                  tick: Callable[[float], None] = lambda f: None, budget: Budget | None = None) -> PointOutcome:
+def measure_point(
+    point: Point,
+    cfg: RunnerConfig,
+    cancel: threading.Event | None = None,
+    tick: Callable[[float], None] = lambda f: None,
+    budget: Budget | None = None,
+) -> PointOutcome:
     """Measures one point; failures become a failed outcome, cancellation propagates."""
     step = None
     try:
@@ -447,8 +483,9 @@ def _prepared(point: Point, cfg: RunnerConfig, cancel, before) -> tuple[Step, in
     return step, _warm_up(step, synchronizer(point.device), point, cfg, cancel)
 
 
-def _alternate(timers: list[_Timer], cfg: RunnerConfig, cancel, tick, before, running: list[int],
-               deadline: int | None = None) -> None:
+def _alternate(
+    timers: list[_Timer], cfg: RunnerConfig, cancel, tick, before, running: list[int], deadline: int | None = None
+) -> None:
     """Rounds of one repetition per side (ABBA order) until both sides' stopping rules hold (or a
     budget's ``deadline`` passed with a clean repetition on each side); both sides get the same
     number of repetitions. ``running[0]`` is the side being timed."""
@@ -474,10 +511,14 @@ def _alternate(timers: list[_Timer], cfg: RunnerConfig, cancel, tick, before, ru
         tick(min(0.99, *(_fraction(len(t.samples.primary), ns, cfg) for t, ns in zip(timers, spent))))
 
 
-def measure_pair(pair: tuple[Point, Point], cfg: RunnerConfig, cancel: threading.Event | None = None,
-                 tick: Callable[[float], None] = lambda f: None,
-                 before: tuple[Callable[[], None] | None, Callable[[], None] | None] = (None, None),
-                 budget: Budget | None = None) -> tuple[PointOutcome, PointOutcome]:
+def measure_pair(
+    pair: tuple[Point, Point],
+    cfg: RunnerConfig,
+    cancel: threading.Event | None = None,
+    tick: Callable[[float], None] = lambda f: None,
+    before: tuple[Callable[[], None] | None, Callable[[], None] | None] = (None, None),
+    budget: Budget | None = None,
+) -> tuple[PointOutcome, PointOutcome]:
     """Measures point A and point B (the same point under two settings) with their repetitions
     interleaved, ABBA. ``before[i]`` runs before each of side i's calls outside the clock (e.g. it
     sets the side's thread count). A side that cannot be prepared fails alone and the other is
@@ -493,8 +534,9 @@ def measure_pair(pair: tuple[Point, Point], cfg: RunnerConfig, cancel: threading
         # the same calls per timed repetition on both sides: the loop shape must not differ
         for t in timers:
             t.inner = min(x.inner for x in timers)
-        _alternate(timers, cfg, cancel, tick, before, running,
-                   budget.point_deadline_ns() if budget is not None else None)
+        _alternate(
+            timers, cfg, cancel, tick, before, running, budget.point_deadline_ns() if budget is not None else None
+        )
     except (Cancelled, KeyboardInterrupt):
         raise
     except Exception as e:  # the failing side is data; the other is measured alone
@@ -521,8 +563,9 @@ def _finish_jointly(timers: list[_Timer], cfg: RunnerConfig) -> None:
         t.samples.kept = kept
 
 
-def _one_side_failed(pair, failed: int, e: Exception, cfg, cancel, tick,
-                     budget: Budget | None = None) -> tuple[PointOutcome, PointOutcome]:
+def _one_side_failed(
+    pair, failed: int, e: Exception, cfg, cancel, tick, budget: Budget | None = None
+) -> tuple[PointOutcome, PointOutcome]:
     log.warning("benchmark point %s (%s) failed: %s", pair[failed].name, AB_LABELS[failed], e)
     error = describe_error(e)
     out = [PointOutcome(pair[failed], _Samples(pair[failed]).metrics("failed", error)[:1], error)] * 2
@@ -538,9 +581,15 @@ def _outcome(point: Point, samples: _Samples) -> PointOutcome:
     return PointOutcome(point, samples.metrics())
 
 
-def run_points(points: Iterable[Point], cfg: RunnerConfig, *, cancel: threading.Event | None = None,
-               progress: ProgressFn | None = None, total: int | None = None,
-               budget: Budget | None = None) -> Iterator[PointOutcome]:
+def run_points(
+    points: Iterable[Point],
+    cfg: RunnerConfig,
+    *,
+    cancel: threading.Event | None = None,
+    progress: ProgressFn | None = None,
+    total: int | None = None,
+    budget: Budget | None = None,
+) -> Iterator[PointOutcome]:
     """Measures each point in turn, yielding its outcome as soon as it is known (so a store can
     commit it at once). ``total`` is the number of points when ``points`` is a generator.
     ``budget``: the run's time budget (Budget.for_run), shared by its points."""

@@ -21,11 +21,12 @@ Methods, stated once so every report can cite them:
   say "n too small to decide", not "no significant difference" (``can_reach``).
 - Geometric mean of ratios: ``scipy.stats.gmean`` over positive finite ratios.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -69,8 +70,7 @@ class Summary:
         return max(self.median - self.ci_low, self.ci_high - self.median) / abs(self.median) * 100.0
 
     def as_dict(self) -> dict:
-        return asdict(self) | {"ci_halfwidth_pct": self.ci_halfwidth_pct,
-                               "percentile_method": PERCENTILE_METHOD}
+        return asdict(self) | {"ci_halfwidth_pct": self.ci_halfwidth_pct, "percentile_method": PERCENTILE_METHOD}
 
 
 def _as_array(samples: Iterable[float]) -> np.ndarray:
@@ -106,8 +106,12 @@ def order_statistic_indices(n: int, confidence: float = DEFAULT_CONFIDENCE) -> t
     return lo, n - 1 - lo  # Binomial(n, 1/2) is symmetric, so the bounds are too
 
 
-def bootstrap_median_ci(samples: Iterable[float], confidence: float = DEFAULT_CONFIDENCE,
-                        resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+def bootstrap_median_ci(
+    samples: Iterable[float],
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float]:
     """Percentile-bootstrap interval of the median; deterministic for a given seed."""
     x = _as_array(samples)
     if x.size == 0:
@@ -135,8 +139,9 @@ def median_ci(samples: Iterable[float], confidence: float = DEFAULT_CONFIDENCE) 
 
 def _empty_summary(confidence: float) -> Summary:
     nan = float("nan")
-    return Summary(0, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan,
-                   nan, nan, confidence, "none", nan, False)
+    return Summary(
+        0, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, confidence, "none", nan, False
+    )
 
 
 def summarize(samples: Iterable[float], confidence: float = DEFAULT_CONFIDENCE) -> Summary:
@@ -150,12 +155,26 @@ def summarize(samples: Iterable[float], confidence: float = DEFAULT_CONFIDENCE) 
     noise_pct = iqr / abs(median) * 100.0 if median != 0 else (0.0 if iqr == 0 else math.inf)
     lo, hi, method = median_ci(x, confidence)
     return Summary(
-        n=int(x.size), median=median, mean=float(np.mean(x)),
+        n=int(x.size),
+        median=median,
+        mean=float(np.mean(x)),
         stdev=float(np.std(x, ddof=1)) if x.size > 1 else float("nan"),
-        mad=mad(x), min=float(x.min()), max=float(x.max()),
-        p5=p5, p25=p25, p50=p50, p75=p75, p95=p95, p99=p99, iqr=iqr,
-        ci_low=lo, ci_high=hi, ci_level=confidence, ci_method=method,
-        noise_pct=noise_pct, noisy=noise_pct > NOISE_THRESHOLD_PCT,
+        mad=mad(x),
+        min=float(x.min()),
+        max=float(x.max()),
+        p5=p5,
+        p25=p25,
+        p50=p50,
+        p75=p75,
+        p95=p95,
+        p99=p99,
+        iqr=iqr,
+        ci_low=lo,
+        ci_high=hi,
+        ci_level=confidence,
+        ci_method=method,
+        noise_pct=noise_pct,
+        noisy=noise_pct > NOISE_THRESHOLD_PCT,
     )
 
 

@@ -6,6 +6,7 @@ runs ``llama-bench -m FILE -p P -n N -t T -r R -o json`` in a child process; its
 llama-bench's own per-repetition samples (warm-up and model load excluded, as llama-bench does),
 and the child's peak RSS comes from ``os.wait4`` (that child only, not every child so far).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,9 @@ def find_binary(explicit: str | None = None) -> Path | None:
         if given:
             path = Path(given).expanduser()
             if not path.is_file():
-                raise ConfigError(f"llama-bench not found at {path} (set by {where}); "
-                                  f"give the path of a llama-bench binary")
+                raise ConfigError(
+                    f"llama-bench not found at {path} (set by {where}); give the path of a llama-bench binary"
+                )
             if not os.access(path, os.X_OK):
                 raise ConfigError(f"llama-bench at {path} (set by {where}) is not executable; chmod +x it")
             return path
@@ -67,18 +69,41 @@ def check_binary(path: Path) -> str:
     text = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 0 or "version" not in text:
         last = text.splitlines()[-1] if text else f"exit status {proc.returncode}"
-        raise ConfigError(f"llama-bench at {path} does not run (--version: {last}); rebuild it "
-                          f"(see its BUILD.md) or point {ENV_VAR} at a working one")
+        raise ConfigError(
+            f"llama-bench at {path} does not run (--version: {last}); rebuild it "
+            f"(see its BUILD.md) or point {ENV_VAR} at a working one"
+        )
     return next((ln for ln in text.splitlines() if "version" in ln), text.splitlines()[0])
 
 
 def command(binary: Path, model: Path, n_prompt: int, n_gen: int, threads: int, reps: int = 1) -> list[str]:
-    return [str(binary), "-m", str(model), "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads),
-            "-r", str(reps), "-o", "json"]
+    return [
+        str(binary),
+        "-m",
+        str(model),
+        "-p",
+        str(n_prompt),
+        "-n",
+        str(n_gen),
+        "-t",
+        str(threads),
+        "-r",
+        str(reps),
+        "-o",
+        "json",
+    ]
 
 
-def run(binary: Path, model: Path, n_prompt: int, n_gen: int, threads: int, reps: int = 1,
-        timeout_s: float = RUN_TIMEOUT_S, env: dict | None = None) -> LlamaBenchRun:
+def run(
+    binary: Path,
+    model: Path,
+    n_prompt: int,
+    n_gen: int,
+    threads: int,
+    reps: int = 1,
+    timeout_s: float = RUN_TIMEOUT_S,
+    env: dict | None = None,
+) -> LlamaBenchRun:
     """Run llama-bench once (``n_prompt``/``n_gen`` 0 skips that test); RuntimeError on failure.
     ``env``: the child's environment (default: this process's)."""
     child = run_child(command(binary, model, n_prompt, n_gen, threads, reps), timeout_s, env=env)
@@ -145,6 +170,18 @@ def parse(stdout: str, peak_rss_bytes: int | None = None, wall_s: float = 0.0) -
             pp, n_prompt, avg["pp"] = seconds, t["n_prompt"], t.get("avg_ts")
         elif t["n_prompt"] == 0 and t["n_gen"] > 0:
             tg, n_gen, avg["tg"] = seconds, t["n_gen"], t.get("avg_ts")
-        info = {k: t.get(k) for k in ("build_commit", "build_number", "cpu_info", "model_type",
-                                      "model_size", "model_n_params", "n_threads", "type_k", "type_v")}
+        info = {
+            k: t.get(k)
+            for k in (
+                "build_commit",
+                "build_number",
+                "cpu_info",
+                "model_type",
+                "model_size",
+                "model_n_params",
+                "n_threads",
+                "type_k",
+                "type_v",
+            )
+        }
     return LlamaBenchRun(pp, tg, n_prompt, n_gen, peak_rss_bytes, wall_s, info, avg.get("pp"), avg.get("tg"))

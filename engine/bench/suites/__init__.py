@@ -4,6 +4,7 @@ Each suite module defines ``NAME``, ``DESCRIPTION``, a frozen ``Params`` datacla
 size) with a ``QUICK`` instance (a tiny size: the whole quick suite runs in under a minute on a
 2-core CPU), and ``plan(opts: BenchOptions, params: Params | None) -> SuitePlan``.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -5,6 +5,7 @@ causal attention over the keys each query sees (nanoGPT's estimate_mfu, made exa
 offset). Bytes per decode step are what a batch-1 step must read: every weight once (the embedding
 table only for the one row it looks up, unless tied to the output head) plus the KV cache so far.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,12 +19,22 @@ def load_model(opts: BenchOptions):
     if opts.backend != "torch":
         from opscope.engine.core.errors import ConfigError
 
-        raise ConfigError(f"this suite drives the model's forward pass directly and needs --backend torch "
-                          f"(got {opts.backend!r}); `opscope bench llm` is the suite for other backends")
+        raise ConfigError(
+            f"this suite drives the model's forward pass directly and needs --backend torch "
+            f"(got {opts.backend!r}); `opscope bench llm` is the suite for other backends"
+        )
     from opscope.engine.api import load
 
-    return load(opts.model, device=opts.device, dtype=opts.dtype, attention=opts.attention, threads=opts.threads,
-                fastpath=opts.fastpath, compile=opts.compile, quantize=opts.quantize)
+    return load(
+        opts.model,
+        device=opts.device,
+        dtype=opts.dtype,
+        attention=opts.attention,
+        threads=opts.threads,
+        fastpath=opts.fastpath,
+        compile=opts.compile,
+        quantize=opts.quantize,
+    )
 
 
 def random_tokens(n: int, vocab_size: int, seed: int, device, batch: int = 1):
@@ -40,7 +51,7 @@ def fill_cache(model, tokens, chunk: int = 512) -> None:
 
     with torch.inference_mode():
         for start in range(0, tokens.shape[1], chunk):
-            model(tokens[:, start:start + chunk], start, last_only=True)
+            model(tokens[:, start : start + chunk], start, last_only=True)
 
 
 def body_matmul_params(cfg) -> int:

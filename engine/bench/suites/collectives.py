@@ -10,6 +10,7 @@ the ranks' times, times nccl-tests' factor), ``<name>.time`` (µs, that mean) an
 runs it inside engine.bench.session.run_suite (the window's Benchmarks panel): ``Params.nproc``
 ranks on this machine, the whole sweep in the plan's ``finish``, the same metrics.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,10 +20,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from opscope.engine.bench.measure.params import param
-from opscope.engine.distributed.collectives import (COLLECTIVES, SweepConfig, busbw_gb_s, bus_factor, mean, read_progress,
-                                                   sizes_between, sweep_points)
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.core.results import Marker, Metric
+from opscope.engine.distributed.collectives import (
+    COLLECTIVES,
+    SweepConfig,
+    bus_factor,
+    busbw_gb_s,
+    mean,
+    read_progress,
+    sizes_between,
+    sweep_points,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +47,22 @@ CPU_MAX_BYTES = 64 * 2**20
 @dataclass(frozen=True)
 class Params:
     # 8 B … 1 GiB in x4 steps (CPU: capped, see plan)
-    sizes_bytes: tuple[int, ...] = param(sizes_between(8, GIB), "Message sizes", "bytes",
-                                         "Bytes each collective moves per call (nccl-tests -b … -e).")
-    collectives: tuple[str, ...] = param(COLLECTIVES, "Collectives", "",
-                                         "Operations measured: all_reduce, all_gather, reduce_scatter, "
-                                         "broadcast, all_to_all, send_recv.")
+    sizes_bytes: tuple[int, ...] = param(
+        sizes_between(8, GIB), "Message sizes", "bytes", "Bytes each collective moves per call (nccl-tests -b … -e)."
+    )
+    collectives: tuple[str, ...] = param(
+        COLLECTIVES,
+        "Collectives",
+        "",
+        "Operations measured: all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, send_recv.",
+    )
     reps: int = param(10, "Repetitions", "", "Timed repetitions per size (nccl-tests -n).")
-    nproc: int = param(2, "Ranks", "processes", "Processes started on this machine, one rank each (the "
-                                                "command line's --nproc); at least 2.")
+    nproc: int = param(
+        2,
+        "Ranks",
+        "processes",
+        "Processes started on this machine, one rank each (the command line's --nproc); at least 2.",
+    )
 
 
 QUICK = Params(sizes_bytes=(8, 1024, 65536), reps=5)
@@ -61,13 +78,19 @@ def plan(opts, params=None):
     p = params or (QUICK if opts.quick else Params())
     if p.nproc < 1:
         raise ConfigError(f"collectives needs at least 1 rank, got nproc {p.nproc}")
-    spec = LaunchSpec(nproc=p.nproc, backend="nccl" if str(opts.device).startswith("cuda") else "gloo",
-                      timeout_s=WINDOW_TIMEOUT_S)
+    spec = LaunchSpec(
+        nproc=p.nproc, backend="nccl" if str(opts.device).startswith("cuda") else "gloo", timeout_s=WINDOW_TIMEOUT_S
+    )
     cfg, note = sweep_config(p, spec.backend == "nccl", opts.quick, world=p.nproc)
-    settings = {"backend": spec.backend, "nproc": p.nproc, "world_size": p.nproc, "timeout_s": spec.timeout_s,
-                "sweep": {"sizes_bytes": list(cfg.sizes_bytes), "collectives": list(cfg.collectives),
-                          "reps": cfg.reps}, "note": note,
-                "time": "mean of the ranks' times (nccl-tests -a 1)"}
+    settings = {
+        "backend": spec.backend,
+        "nproc": p.nproc,
+        "world_size": p.nproc,
+        "timeout_s": spec.timeout_s,
+        "sweep": {"sizes_bytes": list(cfg.sizes_bytes), "collectives": list(cfg.collectives), "reps": cfg.reps},
+        "note": note,
+        "time": "mean of the ranks' times (nccl-tests -a 1)",
+    }
 
     total = len(sweep_points(cfg))
     rank_markers: list[Marker] = []
@@ -79,8 +102,10 @@ def plan(opts, params=None):
             log.warning("collectives: wrong elements at %s", ", ".join(wrong))
         rank_markers.extend(markers(ranks))  # the same per-rank markers `bench collectives --nproc` saves
         return metrics(ranks)
-    return SuitePlan(points=[], n_points=total, settings=settings, finish=finish, finish_reports_progress=True,
-                     markers=rank_markers)
+
+    return SuitePlan(
+        points=[], n_points=total, settings=settings, finish=finish, finish_reports_progress=True, markers=rank_markers
+    )
 
 
 PROGRESS_POLL_S = 0.2
@@ -133,17 +158,27 @@ def sweep_config(params: Params, on_cuda: bool, quick: bool, world: int = 2) -> 
     sizes, notes, collectives = params.sizes_bytes, [], params.collectives
     if not on_cuda and dataclasses.replace(params, nproc=Params.nproc) == Params():  # the default sweep
         sizes = tuple(s for s in sizes if s <= CPU_MAX_BYTES)
-        notes.append(f"sizes capped at {CPU_MAX_BYTES // 2**20} MiB on the CPU (host memory); "
-                     f"give --param sizes_bytes=... for larger")
+        notes.append(
+            f"sizes capped at {CPU_MAX_BYTES // 2**20} MiB on the CPU (host memory); "
+            f"give --param sizes_bytes=... for larger"
+        )
     if world == 1:
         collectives = tuple(c for c in collectives if c != "send_recv")
-        notes.append("world size 1: the backend's own set-up and launch cost, no link crossed (busbw 0); "
-                     "send_recv needs 2 ranks and is left out")
+        notes.append(
+            "world size 1: the backend's own set-up and launch cost, no link crossed (busbw 0); "
+            "send_recv needs 2 ranks and is left out"
+        )
     if not collectives:
         raise ConfigError("collectives: nothing left to run with one rank (send_recv needs 2)")
     note = "; ".join(notes) or None
-    cfg = SweepConfig(sizes_bytes=sizes, collectives=collectives, reps=params.reps,
-                      warmup=1 if quick else 2, target_rep_s=5e-4 if quick else 2e-3, max_inner=8 if quick else 50)
+    cfg = SweepConfig(
+        sizes_bytes=sizes,
+        collectives=collectives,
+        reps=params.reps,
+        warmup=1 if quick else 2,
+        target_rep_s=5e-4 if quick else 2e-3,
+        max_inner=8 if quick else 50,
+    )
     return cfg, note
 
 
@@ -186,14 +221,26 @@ def point_metrics(per_rank: dict, n: int) -> list[Metric]:
     mean_s = [mean(p.times_s[i] for p in per_rank.values()) for i in range(reps)]
     wrong = sum(p.wrong for p in per_rank.values())
     # only what defines the point: compare matches rows on name, unit and params
-    params = {"collective": coll, "size_bytes": size, "mode": mode, "ranks": n, "count": first.count,
-              "dtype": "float32", "bus_factor": bus_factor(coll, n)}
+    params = {
+        "collective": coll,
+        "size_bytes": size,
+        "mode": mode,
+        "ranks": n,
+        "count": first.count,
+        "dtype": "float32",
+        "bus_factor": bus_factor(coll, n),
+    }
     status, error = ("ok", None) if wrong == 0 else ("failed", f"invalid: {wrong} wrong elements after {coll}")
-    out = [Metric(name, "GB/s", [busbw_gb_s(coll, n, size, t) for t in mean_s], True, params, status, error),
-           Metric(f"{name}.time", "us", [t * 1e6 for t in mean_s], False, params, status, error)]
+    out = [
+        Metric(name, "GB/s", [busbw_gb_s(coll, n, size, t) for t in mean_s], True, params, status, error),
+        Metric(f"{name}.time", "us", [t * 1e6 for t in mean_s], False, params, status, error),
+    ]
     for r, p in sorted(per_rank.items()):
-        out.append(Metric(f"{name}.rank{r}.time", "us", [t * 1e6 for t in p.times_s], False,
-                          params | {"rank": r}, status, error))
+        out.append(
+            Metric(
+                f"{name}.rank{r}.time", "us", [t * 1e6 for t in p.times_s], False, params | {"rank": r}, status, error
+            )
+        )
     return out
 
 
@@ -208,7 +255,9 @@ def point_details(ranks: dict[int, dict[str, Any]]) -> dict[str, dict[str, int]]
     for per_rank in _points(ranks):
         first = per_rank[min(per_rank)]
         out[point_name(first.collective, first.size_bytes, first.mode)] = {
-            "calls_per_rep": first.inner, "wrong_elements": sum(p.wrong for p in per_rank.values())}
+            "calls_per_rep": first.inner,
+            "wrong_elements": sum(p.wrong for p in per_rank.values()),
+        }
     return out
 
 
@@ -220,10 +269,20 @@ def markers(ranks: dict[int, dict[str, Any]]) -> list[Marker]:
     for r in sorted(ranks):
         for s in rank_spans(ranks[r]):
             attrs = {"rank": r, "name": s["name"], **s["args"]}
-            out += [Marker("collective", "start", s["start_ns"], attrs), Marker("collective", "end", s["end_ns"], attrs)]
+            out += [
+                Marker("collective", "start", s["start_ns"], attrs),
+                Marker("collective", "end", s["end_ns"], attrs),
+            ]
     return out
 
 
 def rank_fingerprints(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    return {str(r): {"host": ranks[r]["host"], "device": ranks[r]["device"],
-                     "clock": ranks[r]["clock"], **ranks[r]["fingerprint"]} for r in sorted(ranks)}
+    return {
+        str(r): {
+            "host": ranks[r]["host"],
+            "device": ranks[r]["device"],
+            "clock": ranks[r]["clock"],
+            **ranks[r]["fingerprint"],
+        }
+        for r in sorted(ranks)
+    }

@@ -15,11 +15,13 @@ accelerator (with transfer) is faster at that size and every larger one; no such
 never wins in the sweep (said in ``crossover_note``). Needs two devices: on a machine with only a
 CPU the plan stops with one line saying what it would compare.
 """
+
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from opscope.engine.bench.measure.options import BenchOptions, SuitePlan, torch_dtype
 from opscope.engine.bench.measure.params import param
@@ -34,14 +36,27 @@ WORKLOADS = ("matmul", "attention", "decode")
 
 @dataclass(frozen=True)
 class Params:
-    matmul: tuple[int, ...] = param((16, 32, 64, 128, 256, 512, 1024, 2048), "Matmul sizes", "n×n",
-                                    "Square matmul sizes timed on the CPU and the GPU, transfers included.")
-    attention: tuple[int, ...] = param((16, 64, 256, 1024, 2048), "Attention lengths", "tokens",
-                                       "Sequence lengths of the attention call timed on both devices.")
-    decode: tuple[int, ...] = param((64, 256, 576, 1024, 2048, 4096), "Decode widths", "hidden size",
-                                    "Hidden sizes of one decode step timed on both devices.")
-    accelerator: str = param("", "Accelerator", "", "Device compared with the CPU (cuda, cuda:1, mps); empty: "
-                                                    "the first one present.")
+    matmul: tuple[int, ...] = param(
+        (16, 32, 64, 128, 256, 512, 1024, 2048),
+        "Matmul sizes",
+        "n×n",
+        "Square matmul sizes timed on the CPU and the GPU, transfers included.",
+    )
+    attention: tuple[int, ...] = param(
+        (16, 64, 256, 1024, 2048),
+        "Attention lengths",
+        "tokens",
+        "Sequence lengths of the attention call timed on both devices.",
+    )
+    decode: tuple[int, ...] = param(
+        (64, 256, 576, 1024, 2048, 4096),
+        "Decode widths",
+        "hidden size",
+        "Hidden sizes of one decode step timed on both devices.",
+    )
+    accelerator: str = param(
+        "", "Accelerator", "", "Device compared with the CPU (cuda, cuda:1, mps); empty: the first one present."
+    )
 
 
 QUICK = Params(matmul=(16, 128, 512), attention=(16, 256), decode=(64, 576, 2048))
@@ -63,16 +78,20 @@ def accelerator(requested: str = "") -> str | None:
 
 
 def one_device_message() -> str:
-    return ("crossover: only one device here (cpu, no CUDA/ROCm or MPS GPU visible to torch); this suite "
-            "compares the CPU with an accelerator on matmul, attention and a decode step over a sweep of "
-            "sizes, host<->device transfer included, and reports the size where the accelerator starts "
-            "to win: run it on a machine with a GPU")
+    return (
+        "crossover: only one device here (cpu, no CUDA/ROCm or MPS GPU visible to torch); this suite "
+        "compares the CPU with an accelerator on matmul, attention and a decode step over a sweep of "
+        "sizes, host<->device transfer included, and reports the size where the accelerator starts "
+        "to win: run it on a machine with a GPU"
+    )
 
 
 # --- the crossover, from timings ----------------------------------------------------------------
 
-def crossover_size(sizes: Sequence[int], cpu_s: Sequence[float], acc_s: Sequence[float],
-                   transfer_s: Sequence[float]) -> int | None:
+
+def crossover_size(
+    sizes: Sequence[int], cpu_s: Sequence[float], acc_s: Sequence[float], transfer_s: Sequence[float]
+) -> int | None:
     """The smallest size from which the accelerator (call + transfer) beats the CPU at that size
     and at every larger one; None when it does not win at the largest size."""
     order = sorted(range(len(sizes)), key=lambda i: sizes[i])
@@ -92,8 +111,9 @@ def _median_s(outcomes: dict[str, PointOutcome], name: str) -> float | None:
     return statistics.median(o.metrics[0].samples) / 1e3  # points report ms
 
 
-def crossover_metrics(outcomes: list[PointOutcome], sweep: dict[str, Sequence[int]], acc: str,
-                      note: dict[str, str]) -> list[Metric]:
+def crossover_metrics(
+    outcomes: list[PointOutcome], sweep: dict[str, Sequence[int]], acc: str, note: dict[str, str]
+) -> list[Metric]:
     by_name = {o.point.name: o for o in outcomes}
     out = []
     for workload, sizes in sweep.items():
@@ -110,16 +130,27 @@ def crossover_metrics(outcomes: list[PointOutcome], sweep: dict[str, Sequence[in
             if size is None:
                 note[workload] = f"no crossover: the CPU is faster up to the largest size swept ({max(ns)})"
         if size is None or workload in note:  # said as a metric: the run's settings are saved before this is known
-            out.append(Metric(f"{workload}.crossover", "size", [], False, {"workload": workload, "accelerator": acc},
-                              "failed", note[workload]))
+            out.append(
+                Metric(
+                    f"{workload}.crossover",
+                    "size",
+                    [],
+                    False,
+                    {"workload": workload, "accelerator": acc},
+                    "failed",
+                    note[workload],
+                )
+            )
             continue
         note[workload] = f"{acc} with transfer is faster from {size} on"
-        out.append(Metric(f"{workload}.crossover", "size", [float(size)], False,
-                          {"workload": workload, "accelerator": acc}))
+        out.append(
+            Metric(f"{workload}.crossover", "size", [float(size)], False, {"workload": workload, "accelerator": acc})
+        )
     return out
 
 
 # --- points -------------------------------------------------------------------------------------
+
 
 def point_name(workload: str, where: str, n: int) -> str:
     return f"{workload}.{where}.{n}"
@@ -134,8 +165,10 @@ def _inputs(workload: str, n: int, dtype) -> tuple[list, list]:
         return [torch.randn(n, n, generator=g).to(dtype), torch.randn(n, n, generator=g).to(dtype)], []
     if workload == "attention":
         return [torch.randn(1, 8, n, 64, generator=g).to(dtype) for _ in range(3)], []
-    return [torch.randn(1, n, generator=g).to(dtype)], [torch.randn(n, 4 * n, generator=g).to(dtype) / n ** 0.5,
-                                                        torch.randn(4 * n, n, generator=g).to(dtype) / n ** 0.5]
+    return [torch.randn(1, n, generator=g).to(dtype)], [
+        torch.randn(n, 4 * n, generator=g).to(dtype) / n**0.5,
+        torch.randn(4 * n, n, generator=g).to(dtype) / n**0.5,
+    ]
 
 
 def _fn(workload: str):
@@ -164,11 +197,19 @@ def make_point(workload: str, where: str, n: int, device: str, dtype: str) -> Po
             for t in moving:
                 t.to(device)
             return out_dev.to("cpu")
+
         return transfer
 
-    return Point(point_name(workload, where, n), "ms", prepare, value=lambda s: s * 1e3, higher_is_better=False,
-                 params={"workload": workload, "where": where, "size": n},
-                 device="cpu" if where == "cpu" else device, max_inner=100)
+    return Point(
+        point_name(workload, where, n),
+        "ms",
+        prepare,
+        value=lambda s: s * 1e3,
+        higher_is_better=False,
+        params={"workload": workload, "where": where, "size": n},
+        device="cpu" if where == "cpu" else device,
+        max_inner=100,
+    )
 
 
 def _points(sweep: dict[str, Sequence[int]], acc: str, dtype: str):
@@ -193,10 +234,16 @@ def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
         raise DeviceError(one_device_message())
     sweep: dict[str, Sequence[int]] = {w: tuple(getattr(p, w)) for w in WORKLOADS}
     note: dict[str, str] = {}
-    settings: dict[str, Any] = {"accelerator": acc, "sweep": {k: list(v) for k, v in sweep.items()},
-                                "dtype": opts.dtype, "crossover_note": note,
-                                "rule": "accelerator call + host<->device transfer < CPU call, at that size "
-                                        "and every larger one swept"}
-    return SuitePlan(points=list(_points(sweep, acc, opts.dtype)),
-                     n_points=3 * sum(len(v) for v in sweep.values()), settings=settings,
-                     finish=lambda outcomes: crossover_metrics(outcomes, sweep, acc, note))
+    settings: dict[str, Any] = {
+        "accelerator": acc,
+        "sweep": {k: list(v) for k, v in sweep.items()},
+        "dtype": opts.dtype,
+        "crossover_note": note,
+        "rule": "accelerator call + host<->device transfer < CPU call, at that size and every larger one swept",
+    }
+    return SuitePlan(
+        points=list(_points(sweep, acc, opts.dtype)),
+        n_points=3 * sum(len(v) for v in sweep.values()),
+        settings=settings,
+        finish=lambda outcomes: crossover_metrics(outcomes, sweep, acc, note),
+    )

@@ -21,6 +21,7 @@ figure is llama-bench's own sample, its load and warm-up excluded), ``llama_cpp`
 missing or broken is a ConfigError. Peers that are not installed (the optional ``peers`` extra:
 ``pip install -e '.[peers]'``, or no llama-bench anywhere) are reported as skipped points, never an error.
 """
+
 from __future__ import annotations
 
 import gc
@@ -45,20 +46,44 @@ REFERENCE = "opscope"
 
 @dataclass(frozen=True)
 class Params:
-    pp: int = param(512, "Prompt length", "tokens", "Prompt processing (prefill) test: tokens in one forward "
-                                                    "pass (llama-bench -p).")
-    tg: int = param(128, "Generation length", "tokens", "Text generation (decode) test: tokens generated one "
-                                                        "at a time (llama-bench -n).")
-    peers: tuple[str, ...] = param(("opscope", "llama_bench", "hf_fp32", "hf_bf16",
-                                    "opscope:prefill_dtype=bf16", "opscope:activations=q8", "opscope:weights=dense",
-                                    "opscope:fused_decode=0"), "Peers", "",
-                                   "Engines compared on the same GGUF, interleaved: opscope, llama_bench, hf_fp32, "
-                                   "hf_bf16, or opscope:KEY=VALUE for a fast-path variant.")
-    load_peers: tuple[str, ...] = param(("opscope", "llama_cpp"), "Load-time peers", "",
-                                        "Engines whose model load time is measured with a fresh load each round "
-                                        "(slow: keep the list short; empty skips it).")
-    llama_bench: str = param("", "Path of llama-bench", "", "Path of the llama-bench executable; empty: "
-                                                            "$OPSCOPE_LLAMA_BENCH, else llama-bench on PATH.")
+    pp: int = param(
+        512, "Prompt length", "tokens", "Prompt processing (prefill) test: tokens in one forward pass (llama-bench -p)."
+    )
+    tg: int = param(
+        128,
+        "Generation length",
+        "tokens",
+        "Text generation (decode) test: tokens generated one at a time (llama-bench -n).",
+    )
+    peers: tuple[str, ...] = param(
+        (
+            "opscope",
+            "llama_bench",
+            "hf_fp32",
+            "hf_bf16",
+            "opscope:prefill_dtype=bf16",
+            "opscope:activations=q8",
+            "opscope:weights=dense",
+            "opscope:fused_decode=0",
+        ),
+        "Peers",
+        "",
+        "Engines compared on the same GGUF, interleaved: opscope, llama_bench, hf_fp32, "
+        "hf_bf16, or opscope:KEY=VALUE for a fast-path variant.",
+    )
+    load_peers: tuple[str, ...] = param(
+        ("opscope", "llama_cpp"),
+        "Load-time peers",
+        "",
+        "Engines whose model load time is measured with a fresh load each round "
+        "(slow: keep the list short; empty skips it).",
+    )
+    llama_bench: str = param(
+        "",
+        "Path of llama-bench",
+        "",
+        "Path of the llama-bench executable; empty: $OPSCOPE_LLAMA_BENCH, else llama-bench on PATH.",
+    )
 
 
 QUICK = Params(pp=64, tg=16, peers=("opscope", "llama_bench", "opscope:weights=dense"), load_peers=())
@@ -110,7 +135,7 @@ class OpScopePeer:
         t0 = now_ns()
         with torch.inference_mode():
             for i in range(toks.shape[1]):
-                model(toks[:, i:i + 1], i, last_only=True)
+                model(toks[:, i : i + 1], i, last_only=True)
         return _sec(t0)
 
 
@@ -133,8 +158,15 @@ class LlamaCppPeer:
         self.llm = None
         gc.collect()
         t0 = now_ns()
-        self.llm = Llama(model_path=str(self.path), n_threads=self.threads, n_threads_batch=self.threads,
-                         n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_batch, verbose=False)
+        self.llm = Llama(
+            model_path=str(self.path),
+            n_threads=self.threads,
+            n_threads_batch=self.threads,
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_ubatch=self.n_batch,
+            verbose=False,
+        )
         return _sec(t0)
 
     def pp(self, toks) -> float:
@@ -206,7 +238,8 @@ class HFPeer:
         gc.collect()
         t0 = now_ns()
         self.model = AutoModelForCausalLM.from_pretrained(
-            str(self.path.parent), gguf_file=self.path.name, dtype=getattr(torch, self.dtype_name)).eval()
+            str(self.path.parent), gguf_file=self.path.name, dtype=getattr(torch, self.dtype_name)
+        ).eval()
         return _sec(t0)
 
     def pp(self, toks) -> float:
@@ -226,7 +259,7 @@ class HFPeer:
         t0 = now_ns()
         with torch.inference_mode():
             for i in range(toks.shape[1]):
-                self.model(toks[:, i:i + 1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+                self.model(toks[:, i : i + 1], past_key_values=cache, use_cache=True, logits_to_keep=1)
         return _sec(t0)
 
 
@@ -241,8 +274,10 @@ def make_peer(name: str, path: Path, threads: int, p: Params):
 
         binary = llama_bench.find_binary(p.llama_bench or None)  # ConfigError: set but missing
         if binary is None:
-            raise ImportError(f"no llama-bench: set --param llama_bench=PATH or ${llama_bench.ENV_VAR}, "
-                              f"or put llama-bench on PATH", name="llama-bench")
+            raise ImportError(
+                f"no llama-bench: set --param llama_bench=PATH or ${llama_bench.ENV_VAR}, or put llama-bench on PATH",
+                name="llama-bench",
+            )
         return LlamaBenchPeer(name, path, threads, binary)
     if name in ("hf_fp32", "hf_bf16"):
         return HFPeer(name, path, threads)
@@ -271,9 +306,18 @@ def _throughput_point(test: str, n: int, peers: list, toks) -> Point:
         return out
 
     extras = tuple(Extra(f"{test}{n}.{pr.name}", "tok/s", True) for pr in peers) + tuple(
-        Extra(f"{test}{n}.ratio.{pr.name}", "x", True) for pr in peers if pr.name != REFERENCE)
-    return Point(f"{test}{n}.round", "s", prepare, value=float, higher_is_better=False,
-                 params={"n": n, "peers": [pr.name for pr in peers]}, observe=observe, extras=extras)
+        Extra(f"{test}{n}.ratio.{pr.name}", "x", True) for pr in peers if pr.name != REFERENCE
+    )
+    return Point(
+        f"{test}{n}.round",
+        "s",
+        prepare,
+        value=float,
+        higher_is_better=False,
+        params={"n": n, "peers": [pr.name for pr in peers]},
+        observe=observe,
+        extras=extras,
+    )
 
 
 def _load_point(peers: list) -> Point:
@@ -287,10 +331,18 @@ def _load_point(peers: list) -> Point:
         return out
 
     extras = tuple(Extra(f"load.{pr.name}", "ms") for pr in peers) + tuple(
-        Extra(f"load.ratio.{pr.name}", "x", True) for pr in peers if pr.name != REFERENCE)
-    return Point("load.round", "s", lambda: (lambda: _round(peers, lambda pr: pr.load(), counter)),
-                 value=float, higher_is_better=False, params={"peers": [pr.name for pr in peers]},
-                 observe=observe, extras=extras)
+        Extra(f"load.ratio.{pr.name}", "x", True) for pr in peers if pr.name != REFERENCE
+    )
+    return Point(
+        "load.round",
+        "s",
+        lambda: lambda: _round(peers, lambda pr: pr.load(), counter),
+        value=float,
+        higher_is_better=False,
+        params={"peers": [pr.name for pr in peers]},
+        observe=observe,
+        extras=extras,
+    )
 
 
 def _model_path(opts: BenchOptions) -> Path:
@@ -310,8 +362,9 @@ def _make_peers(path: Path, threads: int, p: Params) -> tuple[list, dict[str, st
         try:
             peers.append(make_peer(name, path, threads, p))
         except ImportError as e:
-            missing[name] = str(e) if name == "llama_bench" else \
-                f"not installed ({e.name or e}); pip install -e '.[peers]'"
+            missing[name] = (
+                str(e) if name == "llama_bench" else f"not installed ({e.name or e}); pip install -e '.[peers]'"
+            )
     if not peers or peers[0].name != REFERENCE:
         raise ConfigError(f"the peers list must start with {REFERENCE!r}, got {list(p.peers)}")
     return peers, missing
@@ -332,7 +385,6 @@ def _points(peers: list, missing: dict[str, str], p: Params, vocab: int):
 
 def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     import torch
-
     from opscope.engine.formats import open_model
 
     p = params or (QUICK if opts.quick else Params())
@@ -340,15 +392,28 @@ def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     threads = opts.threads or torch.get_num_threads()
     peers, missing = _make_peers(path, threads, p)
     source = open_model(str(path))
-    settings: dict[str, Any] = {"pp": p.pp, "tg": p.tg, "peers": list(p.peers), "threads": threads,
-                                "missing_peers": missing, "model_file": str(path),
-                                "peer_versions": _versions()}
-    settings["llama_bench_binaries"] = {pr.name: {"binary": str(pr.binary), "version": pr.version}
-                                        for pr in peers if isinstance(pr, LlamaBenchPeer)}
-    n_points = len(missing) + 2 + int(any(pr.name in p.load_peers and getattr(pr, "measures_load", True)
-                                          for pr in peers))
-    return SuitePlan(points=_points(peers, missing, p, source.config.vocab_size), n_points=n_points,
-                     settings=settings, model_source=source, close=lambda: peers.clear())
+    settings: dict[str, Any] = {
+        "pp": p.pp,
+        "tg": p.tg,
+        "peers": list(p.peers),
+        "threads": threads,
+        "missing_peers": missing,
+        "model_file": str(path),
+        "peer_versions": _versions(),
+    }
+    settings["llama_bench_binaries"] = {
+        pr.name: {"binary": str(pr.binary), "version": pr.version} for pr in peers if isinstance(pr, LlamaBenchPeer)
+    }
+    n_points = (
+        len(missing) + 2 + int(any(pr.name in p.load_peers and getattr(pr, "measures_load", True) for pr in peers))
+    )
+    return SuitePlan(
+        points=_points(peers, missing, p, source.config.vocab_size),
+        n_points=n_points,
+        settings=settings,
+        model_source=source,
+        close=lambda: peers.clear(),
+    )
 
 
 def _versions() -> dict[str, str]:

@@ -6,6 +6,7 @@ memorize it: a point whose loss does not fall over its repetitions fails, and fa
 that does not train is broken, not fast). Tokens/s counts every token that went through the model
 per optimizer step; MFU uses 3× the forward FLOPs (the usual 6·N per token plus attention).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,13 @@ class Variant:
     accum: int = 1
 
 
-VARIANTS = (Variant("fp32"), Variant("autocast_bf16", "bfloat16"), Variant("autocast_fp16", "float16"),
-            Variant("grad_ckpt", checkpoint=True), Variant("grad_accum4", accum=4))
+VARIANTS = (
+    Variant("fp32"),
+    Variant("autocast_bf16", "bfloat16"),
+    Variant("autocast_fp16", "float16"),
+    Variant("grad_ckpt", checkpoint=True),
+    Variant("grad_accum4", accum=4),
+)
 
 
 @dataclass(frozen=True)
@@ -39,24 +45,36 @@ class Params:
     dim: int = param(256, "Model width", "elements", "Hidden size of the small Llama-shaped model trained.")
     n_layers: int = param(4, "Layers", "", "Transformer blocks of the trained model.")
     n_heads: int = param(4, "Attention heads", "", "Query heads per layer.")
-    n_kv_heads: int = param(2, "KV heads", "", "Key/value heads per layer (fewer than the query heads: "
-                                                "grouped-query attention).")
+    n_kv_heads: int = param(
+        2, "KV heads", "", "Key/value heads per layer (fewer than the query heads: grouped-query attention)."
+    )
     hidden_dim: int = param(688, "MLP width", "elements", "Hidden size of the feed-forward block.")
-    vocab_size: int = param(4096, "Vocabulary size", "tokens", "Tokens in the model's vocabulary (the size of "
-                                                               "the output layer).")
+    vocab_size: int = param(
+        4096, "Vocabulary size", "tokens", "Tokens in the model's vocabulary (the size of the output layer)."
+    )
     batch: int = param(4, "Batch size", "sequences", "Sequences per optimizer step.")
     seq: int = param(128, "Sequence length", "tokens", "Tokens per sequence in each forward pass.")
     lr: float = param(3e-3, "Learning rate", "", "AdamW's learning rate; the run checks that the loss decreases.")
-    variants: tuple[Variant, ...] = param(VARIANTS, "Variants", "",
-                                          "Training setups measured, as JSON: autocast dtype, activation "
-                                          "checkpointing, gradient accumulation.")
+    variants: tuple[Variant, ...] = param(
+        VARIANTS,
+        "Variants",
+        "",
+        "Training setups measured, as JSON: autocast dtype, activation checkpointing, gradient accumulation.",
+    )
 
     def model_config(self):
         from opscope.engine.models.config import ModelConfig
 
-        return ModelConfig(dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads,
-                           n_kv_heads=self.n_kv_heads, hidden_dim=self.hidden_dim,
-                           vocab_size=self.vocab_size, max_seq_len=self.seq, tie_embeddings=True)
+        return ModelConfig(
+            dim=self.dim,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            hidden_dim=self.hidden_dim,
+            vocab_size=self.vocab_size,
+            max_seq_len=self.seq,
+            tie_embeddings=True,
+        )
 
 
 QUICK = Params(dim=64, n_layers=2, n_heads=2, n_kv_heads=1, hidden_dim=172, vocab_size=512, batch=2, seq=32)
@@ -86,7 +104,6 @@ def _checkpoint_blocks(model) -> None:
 def _setup(p: Params, v: Variant, opts: BenchOptions):
     """Model, optimizer, loss scaler (float16 only) and the fixed data for one variant."""
     import torch
-
     from opscope.engine.models.transformer import Transformer
 
     dev = torch.device(opts.device)
@@ -127,6 +144,7 @@ def _trainer(p: Params, v: Variant, opts: BenchOptions):
         else:
             opt.step()
         return total
+
     return step
 
 
@@ -135,14 +153,26 @@ def make_point(p: Params, v: Variant, opts: BenchOptions, pk: dict[str, dict]) -
     flops = 3 * M.forward_flops(p.model_config(), p.seq, 0, p.seq, batch=p.batch * v.accum)
     peak = {"flop": pk[v.autocast or "float32"]}
     name = f"train_{v.label}"
-    return Point(name, "tok/s", lambda: _trainer(p, v, opts), value=lambda s: tokens / s,
-                 params={"variant": v.label, "autocast": v.autocast, "checkpoint": v.checkpoint,
-                         "accum": v.accum, "batch": p.batch, "seq": p.seq},
-                 device=opts.device, track_memory=True,
-                 observe=lambda loss: {f"{name}.loss": float(loss)},
-                 extras=(Extra(f"{name}.loss", "nats"),),
-                 check=lambda ex: loss_decreased({"loss": ex.get(f"{name}.loss", [])}),
-                 derived=U.derived(name, "mfu", lambda tps: tps / tokens * flops, peak, "flop"))
+    return Point(
+        name,
+        "tok/s",
+        lambda: _trainer(p, v, opts),
+        value=lambda s: tokens / s,
+        params={
+            "variant": v.label,
+            "autocast": v.autocast,
+            "checkpoint": v.checkpoint,
+            "accum": v.accum,
+            "batch": p.batch,
+            "seq": p.seq,
+        },
+        device=opts.device,
+        track_memory=True,
+        observe=lambda loss: {f"{name}.loss": float(loss)},
+        extras=(Extra(f"{name}.loss", "nats"),),
+        check=lambda ex: loss_decreased({"loss": ex.get(f"{name}.loss", [])}),
+        derived=U.derived(name, "mfu", lambda tps: tps / tokens * flops, peak, "flop"),
+    )
 
 
 def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
@@ -150,10 +180,19 @@ def plan(opts: BenchOptions, params: Params | None = None) -> SuitePlan:
     p = params or (QUICK if opts.quick else Params())
     pk = {dt: peaks.peak_set(opts.device, "matmul", dt) for dt in {v.autocast or "float32" for v in p.variants}}
     cfg = p.model_config()
-    return SuitePlan(points=[make_point(p, v, opts, pk) for v in p.variants], n_points=len(p.variants),
-                     settings={"model_config": cfg.shape_fields(), "n_params": cfg.n_params,
-                               "batch": p.batch, "seq": p.seq, "lr": p.lr, "optimizer": "AdamW",
-                               "variants": [v.__dict__ for v in p.variants],
-                               "peaks": pk,
-                               "weights": "float32 master weights",
-                               "loss_check": "mean of the last third of losses < mean of the first third"})
+    return SuitePlan(
+        points=[make_point(p, v, opts, pk) for v in p.variants],
+        n_points=len(p.variants),
+        settings={
+            "model_config": cfg.shape_fields(),
+            "n_params": cfg.n_params,
+            "batch": p.batch,
+            "seq": p.seq,
+            "lr": p.lr,
+            "optimizer": "AdamW",
+            "variants": [v.__dict__ for v in p.variants],
+            "peaks": pk,
+            "weights": "float32 master weights",
+            "loss_check": "mean of the last third of losses < mean of the first third",
+        },
+    )

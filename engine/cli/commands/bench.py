@@ -1,4 +1,5 @@
 """`opscope bench SUITE`: run a benchmark suite with a progress bar, save it, print its summary."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,61 +7,102 @@ import contextlib
 import io
 import sys
 import threading
+from datetime import UTC
 
 from opscope.engine.bench.suites import SUITES
 
 
 def register(subparsers) -> None:
-    from opscope.engine.cli import args as check
     from opscope.engine.bench.measure.quality import DISTURBED_CORES
+    from opscope.engine.cli import args as check
     from opscope.engine.cli.common import add_model_args
 
     p = subparsers.add_parser(
-        "bench", help="run a benchmark suite and save the run", add_help=False,
+        "bench",
+        help="run a benchmark suite and save the run",
+        add_help=False,
         description="Run a benchmark suite, save every raw sample to the run store, print a summary. "
-                    f"Suites: {', '.join(SUITES)}.")
+        f"Suites: {', '.join(SUITES)}.",
+    )
     p.add_argument("-h", "--help", action=SuiteHelp, help="show this help (after SUITE: with its parameters)")
     p.add_argument("suite", choices=list(SUITES), metavar="SUITE", help=" | ".join(SUITES))
     add_model_args(p)
     g = p.add_argument_group("benchmark")
-    g.add_argument("--quick", action="store_true",
-                   help="tiny sizes and a 60 s time budget the runner keeps: each point repeats for its share "
-                        "of the time left, and once that is spent it stops adding repetitions (one kept at "
-                        "least; loading and warm-up calls are not cut) and the run says so")
+    g.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes and a 60 s time budget the runner keeps: each point repeats for its share "
+        "of the time left, and once that is spent it stops adding repetitions (one kept at "
+        "least; loading and warm-up calls are not cut) and the run says so",
+    )
     g.add_argument("--repeat", type=check.repeat, default=None, help="minimum repetitions per point")
-    g.add_argument("--min-time", type=check.min_time_s, default=None, dest="min_time_s",
-                   help="minimum seconds of repetitions per point")
+    g.add_argument(
+        "--min-time",
+        type=check.min_time_s,
+        default=None,
+        dest="min_time_s",
+        help="minimum seconds of repetitions per point",
+    )
     g.add_argument("--warmup", type=check.warmup, default=None, help="warm-up calls per point (never recorded)")
-    g.add_argument("--load-threshold", type=check.float_in(0.0, lo_open=True, what="CPU cores"), default=None,
-                   metavar="CORES", dest="load_threshold",
-                   help=f"a repetition taken while other processes kept at least this many CPU cores busy is "
-                        f"disturbed: re-run within a budget and marked (default {DISTURBED_CORES:g})")
-    g.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                   help="a suite parameter (repeatable; lists comma-separated), e.g. "
-                        "--param peers=opscope,llama_cpp --param tg=64; `opscope bench SUITE --help` "
-                        "lists SUITE's parameters")
+    g.add_argument(
+        "--load-threshold",
+        type=check.float_in(0.0, lo_open=True, what="CPU cores"),
+        default=None,
+        metavar="CORES",
+        dest="load_threshold",
+        help=f"a repetition taken while other processes kept at least this many CPU cores busy is "
+        f"disturbed: re-run within a budget and marked (default {DISTURBED_CORES:g})",
+    )
+    g.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a suite parameter (repeatable; lists comma-separated), e.g. "
+        "--param peers=opscope,llama_cpp --param tg=64; `opscope bench SUITE --help` "
+        "lists SUITE's parameters",
+    )
     g.add_argument("--name", type=check.run_name, default="", help="unique run name (default: SUITE-DATE-TIME)")
     g.add_argument("--tag", action="append", type=check.tag, default=[], help="tag the run (repeatable)")
     g.add_argument("--notes", default="", help="free text saved with the run")
     g.add_argument("--no-save", action="store_true", help="measure and print, do not save")
     if "--nproc" not in p._option_string_actions:
-        g.add_argument("--nproc", type=check.int_in(1, 64, what="processes"), default=1, metavar="N",
-                       help="processes (ranks) on this node, started by torch's launcher: llm runs the "
-                            "model tensor-parallel over them (N divides the KV heads; dense weights)")
-    g.add_argument("--ab", default=None, metavar="FLAGS",
-                   help="also run the suite with these flags changed (e.g. --ab '--fastpath off'; '' for an "
-                        "A/A check), the two settings' repetitions interleaved ABBA in one process so the "
-                        "machine's drift between runs cannot pass for a change; saves NAME-a and NAME-b and "
-                        "prints B against A")
-    g.add_argument("--telemetry", type=check.telemetry_interval_ms(), default=None, metavar="MS",
-                   help="sample telemetry every MS ms and save it with the run's phase markers "
-                        "(off by default: the sampler thread costs CPU time on small machines)")
+        g.add_argument(
+            "--nproc",
+            type=check.int_in(1, 64, what="processes"),
+            default=1,
+            metavar="N",
+            help="processes (ranks) on this node, started by torch's launcher: llm runs the "
+            "model tensor-parallel over them (N divides the KV heads; dense weights)",
+        )
+    g.add_argument(
+        "--ab",
+        default=None,
+        metavar="FLAGS",
+        help="also run the suite with these flags changed (e.g. --ab '--fastpath off'; '' for an "
+        "A/A check), the two settings' repetitions interleaved ABBA in one process so the "
+        "machine's drift between runs cannot pass for a change; saves NAME-a and NAME-b and "
+        "prints B against A",
+    )
+    g.add_argument(
+        "--telemetry",
+        type=check.telemetry_interval_ms(),
+        default=None,
+        metavar="MS",
+        help="sample telemetry every MS ms and save it with the run's phase markers "
+        "(off by default: the sampler thread costs CPU time on small machines)",
+    )
     from opscope.engine.cli.commands.collectives import add_launch_args
 
     add_launch_args(p)  # collectives (and tensor-parallel suites): ranks through torchrun's agent
-    g.add_argument("--trace-out", type=check.output_file, default=None, metavar="PATH.json", dest="trace_out",
-                   help="collectives, llm --nproc N: write every rank's timeline as a Chrome/Perfetto trace, "
-                        "one process per rank")
+    g.add_argument(
+        "--trace-out",
+        type=check.output_file,
+        default=None,
+        metavar="PATH.json",
+        dest="trace_out",
+        help="collectives, llm --nproc N: write every rank's timeline as a Chrome/Perfetto trace, one process per rank",
+    )
     p.set_defaults(func=cmd_bench)
 
 
@@ -86,12 +128,22 @@ class SuiteHelp(argparse.Action):
 def options_from_args(args: argparse.Namespace):
     from opscope.engine.bench.measure.options import BenchOptions
 
-    return BenchOptions(device=args.device, dtype=args.dtype, quick=args.quick, model=args.model,
-                        backend=args.backend, threads=args.threads, attention=args.attention,
-                        fastpath=getattr(args, "fastpath", "auto"), compile=getattr(args, "compile", "off"),
-                        quantize=getattr(args, "quantize", "off"), repeat=args.repeat,
-                        min_time_s=args.min_time_s, warmup=args.warmup,
-                        load_threshold=getattr(args, "load_threshold", None))
+    return BenchOptions(
+        device=args.device,
+        dtype=args.dtype,
+        quick=args.quick,
+        model=args.model,
+        backend=args.backend,
+        threads=args.threads,
+        attention=args.attention,
+        fastpath=getattr(args, "fastpath", "auto"),
+        compile=getattr(args, "compile", "off"),
+        quantize=getattr(args, "quantize", "off"),
+        repeat=args.repeat,
+        min_time_s=args.min_time_s,
+        warmup=args.warmup,
+        load_threshold=getattr(args, "load_threshold", None),
+    )
 
 
 def check_model(opts) -> None:
@@ -128,8 +180,10 @@ def cmd_bench(args: argparse.Namespace, model=None) -> int:
     if getattr(args, "nproc", 1) > 1 and args.suite != "llm":
         from opscope.engine.core.errors import ConfigError
 
-        raise ConfigError(f"--nproc {args.nproc}: bench {args.suite} runs in one process; --nproc applies to "
-                          f"bench llm (tensor-parallel) and bench collectives")
+        raise ConfigError(
+            f"--nproc {args.nproc}: bench {args.suite} runs in one process; --nproc applies to "
+            f"bench llm (tensor-parallel) and bench collectives"
+        )
     if model is None and getattr(args, "nproc", 1) > 1 and args.suite == "llm":
         from opscope.engine.distributed.tp_worker import BENCH_TIMEOUT_S, job_from_args, run_tp
 
@@ -143,9 +197,19 @@ def cmd_bench(args: argparse.Namespace, model=None) -> int:
             if getattr(model, "tp", None) is not None:  # --nproc: each rank's forwards and all_reduces as markers
                 recorder = model.tp.recorder(recorder)
             with progress_bar(f"bench {args.suite}") as progress:
-                run_id, result = run_suite(args.suite, opts, store, name=args.name, tags=args.tag,
-                                           notes=args.notes, params=params, progress=progress,
-                                           cancel=threading.Event(), recorder=recorder, model=model)
+                run_id, result = run_suite(
+                    args.suite,
+                    opts,
+                    store,
+                    name=args.name,
+                    tags=args.tag,
+                    notes=args.notes,
+                    params=params,
+                    progress=progress,
+                    cancel=threading.Event(),
+                    recorder=recorder,
+                    model=model,
+                )
         finally:
             if sampler is not None:
                 sampler.stop()
@@ -193,8 +257,10 @@ def b_args(args: argparse.Namespace) -> argparse.Namespace:
     base.ab = None
     b = parser.parse_args([args.suite, *words], namespace=base)
     if b.ab is not None or b.name != args.name or b.no_save != args.no_save or b.telemetry != args.telemetry:
-        raise ConfigError("--ab flags may change what is measured (model, device settings, --param), not "
-                          "--ab, --name, --no-save or --telemetry")
+        raise ConfigError(
+            "--ab flags may change what is measured (model, device settings, --param), not "
+            "--ab, --name, --no-save or --telemetry"
+        )
     return b
 
 
@@ -206,8 +272,22 @@ def ab_side(opts, suite: str, flags: str):
     sub = CliParser(prog="opscope").add_subparsers()
     register(sub)
     a = sub.choices["bench"].parse_args([suite])
-    for key in ("device", "dtype", "quick", "model", "backend", "threads", "attention", "fastpath", "compile",
-                "quantize", "repeat", "min_time_s", "warmup", "load_threshold"):
+    for key in (
+        "device",
+        "dtype",
+        "quick",
+        "model",
+        "backend",
+        "threads",
+        "attention",
+        "fastpath",
+        "compile",
+        "quantize",
+        "repeat",
+        "min_time_s",
+        "warmup",
+        "load_threshold",
+    ):
         setattr(a, key, getattr(opts, key))
     a.ab = flags
     said = io.StringIO()
@@ -245,8 +325,15 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
 
     with saving(args.db, args.no_save) as store:  # a failed save must not lose the results
         with progress_bar(f"bench {args.suite} --ab") as progress:
-            runs = run_ab(args.suite, (sides[0], sides[1]), store, tags=args.tag, notes=args.notes,
-                          progress=progress, cancel=threading.Event())
+            runs = run_ab(
+                args.suite,
+                (sides[0], sides[1]),
+                store,
+                tags=args.tag,
+                notes=args.notes,
+                progress=progress,
+                cancel=threading.Event(),
+            )
         stored = _stored_pair(store, runs) if saved(store) else None
     for run_id, result in runs:
         summary_table(result, run_id if stored else None, sys.stdout)
@@ -272,8 +359,9 @@ def _ab_comparison(stored, runs) -> str:
 
     if stored is None:
         # unsaved runs have no ids to tell them apart (both "#0"): they are named by their side
-        stored = [StoredRun(_memory_info(result, side), _as_side(result, side))
-                  for (_, result), side in zip(runs, "AB")]
+        stored = [
+            StoredRun(_memory_info(result, side), _as_side(result, side)) for (_, result), side in zip(runs, "AB")
+        ]
     return "\n" + render(compare(stored), "text")
 
 
@@ -286,11 +374,21 @@ def _as_side(result, side: str):
 
 
 def _memory_info(result, name: str):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from opscope.engine.store.convert import RunInfo
 
-    now = datetime.now(timezone.utc)
-    return RunInfo(id=0, name=name, kind=result.kind, status=result.status, tags=tuple(result.tags),
-                   notes=result.notes, created_at=now, finished_at=now, error=result.error,
-                   metric_count=len(result.metrics), quality=result.quality)
+    now = datetime.now(UTC)
+    return RunInfo(
+        id=0,
+        name=name,
+        kind=result.kind,
+        status=result.status,
+        tags=tuple(result.tags),
+        notes=result.notes,
+        created_at=now,
+        finished_at=now,
+        error=result.error,
+        metric_count=len(result.metrics),
+        quality=result.quality,
+    )

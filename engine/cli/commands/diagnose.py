@@ -8,6 +8,7 @@ read by a table of rules: at most ~10 lines, most important first, each finding 
 its place (module path, file:line), the fix and the expected gain. Saved as a run of kind
 `diagnosis`; `diff A B` says which findings went away and what bounds the work now (docs/diagnose.md).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,10 +24,18 @@ SIMULATED_DEVICES = ("meta",)
 def register(sub) -> None:
     from opscope.engine.trace.variants import CLEAN, VARIANTS
 
-    p = sub.add_parser("diagnose", help="why is it slow: the bound, the culprit line, the fix and the gain",
-                       description=__doc__.split("\n\n")[1].replace("\n", " "))
-    p.add_argument("words", nargs="*", type=check.utf8_text, metavar="-- python SCRIPT [ARGS] | diff A B",
-                   help="your own script after `--`; or `diff A B` (two saved diagnoses)")
+    p = sub.add_parser(
+        "diagnose",
+        help="why is it slow: the bound, the culprit line, the fix and the gain",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    p.add_argument(
+        "words",
+        nargs="*",
+        type=check.utf8_text,
+        metavar="-- python SCRIPT [ARGS] | diff A B",
+        help="your own script after `--`; or `diff A B` (two saved diagnoses)",
+    )
     add_model_args(p)
     g = p.add_argument_group("what runs")
     g.add_argument("--prompt", type=check.utf8_text, default=None, help="prompt text (default: synthetic ids)")
@@ -37,8 +46,13 @@ def register(sub) -> None:
     g.add_argument("--target", default=None, help="a script's device (default: cuda when available, else cpu)")
     g.add_argument("--cwd", default=None, help="working directory for the script")
     o = p.add_argument_group("output")
-    o.add_argument("--telemetry", type=check.telemetry_interval_ms(), default=100.0, metavar="MS",
-                   help="telemetry sampling interval in ms (saved with the run)")
+    o.add_argument(
+        "--telemetry",
+        type=check.telemetry_interval_ms(),
+        default=100.0,
+        metavar="MS",
+        help="telemetry sampling interval in ms (saved with the run)",
+    )
     o.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     o.add_argument("--markdown", type=check.output_path, default=None, metavar="FILE", help="also write it as Markdown")
     o.add_argument("--name", default="", help="name of the saved run (default: diagnosis-DATE-TIME)")
@@ -76,10 +90,13 @@ def _model(args) -> int:
     lm = load_from_args(args)
     if not hasattr(lm, "model"):
         raise ConfigError(f"--backend {args.backend}: diagnose needs a torch model (use --backend torch)")
-    plan = ModelPlan(args.prompt, args.prompt_tokens, args.tokens, args.trace_tokens, args.variant, simulate, args.dtype)
+    plan = ModelPlan(
+        args.prompt, args.prompt_tokens, args.tokens, args.trace_tokens, args.variant, simulate, args.dtype
+    )
     subject = str(args.model or lm.source.path)
-    d, run = diagnose_model(lm, plan, Path(subject).name, args.telemetry,
-                            {"model": subject, "dtype": args.dtype, "fastpath": args.fastpath})
+    d, run = diagnose_model(
+        lm, plan, Path(subject).name, args.telemetry, {"model": subject, "dtype": args.dtype, "fastpath": args.fastpath}
+    )
     _emit(args, d, run)
     return 0
 
@@ -135,4 +152,3 @@ def cmd_diff(args, refs: list[str]) -> int:
     else:
         print(render_diff(d, name_a, name_b), end="")
     return 0
-

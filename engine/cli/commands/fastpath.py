@@ -1,20 +1,27 @@
 """`opscope fastpath`: which CPU kernel variant runs here and why; `opscope fastpath build`: load
 it (compiling it only where no prebuilt library fits) and report it."""
+
 from __future__ import annotations
 
 import argparse
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("fastpath", help="CPU fast-path kernels",
-                              description="Say which CPU kernel variant runs on this machine and why; "
-                                          "`build` loads it (compiling it where no prebuilt one fits).")
+    p = subparsers.add_parser(
+        "fastpath",
+        help="CPU fast-path kernels",
+        description="Say which CPU kernel variant runs on this machine and why; "
+        "`build` loads it (compiling it where no prebuilt one fits).",
+    )
     p.set_defaults(func=cmd_info)
     sub = p.add_subparsers(dest="fastpath_cmd")
     b = sub.add_parser("build", help="load the kernels for this CPU: the prebuilt variant, else compile it")
-    b.add_argument("--all", action="store_true",
-                   help="compile every variant of this architecture ahead of time into the package's "
-                        "prebuilt folder (what `make setup` and `make dist` run)")
+    b.add_argument(
+        "--all",
+        action="store_true",
+        help="compile every variant of this architecture ahead of time into the package's "
+        "prebuilt folder (what `make setup` and `make dist` run)",
+    )
     b.set_defaults(func=cmd_build)
 
 
@@ -25,7 +32,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     v = build.variant()  # VariantError (an EngineError): an override this CPU cannot run, in one line
     print(f"variant {variants.reason(v)}")
     print(f"library {build.library_origin(v)}")
-    others = [f"{o.name} (lacks {' '.join(build.variants.missing(o))})" for o in variants.for_arch() if not variants.can_run(o)]
+    others = [
+        f"{o.name} (lacks {' '.join(build.variants.missing(o))})"
+        for o in variants.for_arch()
+        if not variants.can_run(o)
+    ]
     if others:
         print(f"not on this CPU: {', '.join(others)}")
     return 0
@@ -41,6 +52,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(line)
         return 0
     kern = load_kernels()  # KernelBuildError (an EngineError) says what is missing
-    print(f"kernels {build.build_key()} ready in {(now_ns() - t0) / 1e9:.1f} s: {variants.reason(build.variant())}; "
-          f"avx512={kern.has_avx512()} vnni={kern.has_vnni()}")
+    print(
+        f"kernels {build.build_key()} ready in {(now_ns() - t0) / 1e9:.1f} s: {variants.reason(build.variant())}; "
+        f"avx512={kern.has_avx512()} vnni={kern.has_vnni()}"
+    )
     return 0

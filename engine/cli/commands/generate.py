@@ -1,12 +1,13 @@
 """`opscope generate`, `opscope chat`, `opscope models inspect`."""
+
 from __future__ import annotations
 
 import argparse
 import sys
 
-from opscope.engine.core import json_output
 from opscope.engine.cli.args import Terminated, output_file, utf8_text
 from opscope.engine.cli.common import add_model_args, add_sampling_args, generation_config, load_from_args
+from opscope.engine.core import json_output
 from opscope.engine.core.errors import ConfigError
 
 
@@ -17,9 +18,15 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_model_args(p)
     add_nproc_arg(p)
-    p.add_argument("--trace-out", type=output_file, default=None, metavar="PATH.json", dest="trace_out",
-                   help="with --nproc: write every rank's forwards and all_reduces as a Chrome/Perfetto "
-                        "trace, one process per rank on one time axis")
+    p.add_argument(
+        "--trace-out",
+        type=output_file,
+        default=None,
+        metavar="PATH.json",
+        dest="trace_out",
+        help="with --nproc: write every rank's forwards and all_reduces as a Chrome/Perfetto "
+        "trace, one process per rank on one time axis",
+    )
     add_sampling_args(p)
     p.set_defaults(func=cmd_generate)
 
@@ -35,8 +42,11 @@ def register(sub) -> None:
     q = msub.add_parser("inspect", help="architecture, parameters, quantization, tokenizer, template")
     q.add_argument("path", nargs="?", default=None, help="GGUF file or HF directory (default: embedded model)")
     q.add_argument("--json", action="store_true")
-    q.add_argument("--backend", default="torch",
-                   help="also say how this backend takes the file's tensor types (e.g. mlx: converted at load)")
+    q.add_argument(
+        "--backend",
+        default="torch",
+        help="also say how this backend takes the file's tensor types (e.g. mlx: converted at load)",
+    )
     q.set_defaults(func=cmd_inspect)
 
 
@@ -54,10 +64,15 @@ prompt_text.__name__ = "prompt"
 def add_nproc_arg(p) -> None:
     from opscope.engine.cli import args as check
 
-    p.add_argument("--nproc", type=check.int_in(1, 64, what="processes"), default=None, metavar="N",
-                   help="run the model tensor-parallel over N processes (torch.distributed: gloo on cpu, "
-                        "nccl on cuda; N = 1 too, a world of one); N must divide the KV heads; dense "
-                        "weights, no fast path")
+    p.add_argument(
+        "--nproc",
+        type=check.int_in(1, 64, what="processes"),
+        default=None,
+        metavar="N",
+        help="run the model tensor-parallel over N processes (torch.distributed: gloo on cpu, "
+        "nccl on cuda; N = 1 too, a world of one); N must divide the KV heads; dense "
+        "weights, no fast path",
+    )
 
 
 def summary_line(stats, energy_said: set | None = None) -> str:
@@ -65,9 +80,11 @@ def summary_line(stats, energy_said: set | None = None) -> str:
     prefill rate is over the others). ``energy_said``: the reasons for "energy N/A" already printed
     in this session (chat), each said once, then "energy N/A" alone."""
     cached = f" ({stats.cached_tokens} cached)" if getattr(stats, "cached_tokens", 0) else ""
-    return (f"prompt {stats.prompt_tokens} tok{cached} · generated {stats.generated_tokens} tok · "
-            f"TTFT {stats.ttft_ms:.0f} ms · prefill {stats.prefill_tok_s:.1f} tok/s · "
-            f"decode {stats.decode_tok_s:.1f} tok/s · {_energy_text(stats, energy_said)}")
+    return (
+        f"prompt {stats.prompt_tokens} tok{cached} · generated {stats.generated_tokens} tok · "
+        f"TTFT {stats.ttft_ms:.0f} ms · prefill {stats.prefill_tok_s:.1f} tok/s · "
+        f"decode {stats.decode_tok_s:.1f} tok/s · {_energy_text(stats, energy_said)}"
+    )
 
 
 def _energy_text(stats, said: set | None) -> str:
@@ -87,9 +104,8 @@ def _stream(events, out=None, quiet: bool = False):
     is a terminal (engine.cli.live). The generator is closed whatever happens here (a write fails,
     a Ctrl-C between tokens), so its tensors are freed now, not at the interpreter's teardown
     (docs/decisions/0005-generation-closed-when-streaming-stops.md)."""
-    from opscope.engine.generation.events import Finished, Token
-
     from opscope.engine.cli.main.live import LiveStatus, isatty
+    from opscope.engine.generation.events import Finished, Token
 
     out = out or sys.stdout  # looked up now: tests and the CLI's output guard replace sys.stdout
     live = LiveStatus(sys.stderr if not quiet else None, isatty(out) and isatty(sys.stderr))
@@ -117,8 +133,10 @@ def read_stdin_prompt() -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"the prompt on stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset "
-                          f"{e.start}): pass the text in UTF-8") from e
+        raise ConfigError(
+            f"the prompt on stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset "
+            f"{e.start}): pass the text in UTF-8"
+        ) from e
     if text == "":
         raise ConfigError("the prompt on stdin is empty: pipe the prompt's text in")
     return text
@@ -130,8 +148,7 @@ def cmd_generate(args) -> int:
     generation_config(args)  # bad sampling flags fail before anything is loaded
     tp = tensor_parallel(args)
     if getattr(args, "trace_out", None) and not tp:
-        raise ConfigError("--trace-out is the per-rank trace of --nproc N; for one process's ops "
-                          "use `opscope trace`")
+        raise ConfigError("--trace-out is the per-rank trace of --nproc N; for one process's ops use `opscope trace`")
     if tp:
         from opscope.engine.distributed.tp_worker import GENERATE_TIMEOUT_S, job_from_args, run_tp
 
@@ -145,8 +162,11 @@ def generate_with(lm, args) -> int:
     events = lm.chat([{"role": "user", "content": args.prompt}], cfg) if args.chat else lm.generate(args.prompt, cfg)
     done = _stream(events, quiet=args.json)
     if args.json:
-        print(json_output.dumps({"text": done.text, "stop_reason": done.stop_reason, **done.stats.as_dict(),
-                                 **lm.describe()}))
+        print(
+            json_output.dumps(
+                {"text": done.text, "stop_reason": done.stop_reason, **done.stats.as_dict(), **lm.describe()}
+            )
+        )
     else:
         print(f"\n[{done.stop_reason}] {summary_line(done.stats)}", file=sys.stderr)
     if getattr(lm, "tp", None) is not None:  # --nproc: the ranks' all_reduce share, imbalance, trace
@@ -176,14 +196,18 @@ def chat_with(lm, args) -> int:
     cfg = generation_config(args)
     history = [{"role": "system", "content": args.system}] if args.system else []
     energy_said: set[str] = set()  # why energy is N/A: said after the first reply, not after every one
-    print(f"opscope chat · {lm.source.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}) · "
-          f"empty line or Ctrl-D to quit, /reset to clear", file=sys.stderr)
+    print(
+        f"opscope chat · {lm.source.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}) · "
+        f"empty line or Ctrl-D to quit, /reset to clear",
+        file=sys.stderr,
+    )
     while True:
         try:
             line = _prompt("\n> ").strip()
         except UnicodeDecodeError as e:
-            raise ConfigError(f"chat input is not valid UTF-8 (byte 0x{e.object[e.start]:02x}): "
-                              f"type or pipe text in UTF-8") from e
+            raise ConfigError(
+                f"chat input is not valid UTF-8 (byte 0x{e.object[e.start]:02x}): type or pipe text in UTF-8"
+            ) from e
         except EOFError:  # Ctrl-D: the normal way out
             print(file=sys.stderr)
             return 0

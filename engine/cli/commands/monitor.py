@@ -2,6 +2,7 @@
 
 On a machine without an NVIDIA GPU it says so once (with NVML's reason) and shows the host.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opscope.engine.core import json_output
 from opscope.engine.cli.args import stderr_line
+from opscope.engine.core import json_output
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.errors import ConfigError
 
@@ -26,21 +27,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from opscope.engine.cli import args as check
 
     p = subparsers.add_parser(
-        "monitor", help="live GPU/host telemetry table (like nvidia-smi dmon)",
-        description="Show GPU (NVML, amdsmi) and host (CPU, RAM, a process) telemetry live. "
-                    "Ctrl-C stops.")
-    p.add_argument("--interval", type=check.telemetry_interval_ms(), default=1000.0, metavar="MS",
-                   help="sampling interval in ms, 20..60000 (default 1000)")
-    p.add_argument("--duration", type=check.positive_seconds, default=None, metavar="S",
-                   help="stop after S seconds (default: run until Ctrl-C)")
-    p.add_argument("--csv", type=Path, default=None, metavar="FILE",
-                   help="also write every sample to FILE as CSV")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object per sample (JSON Lines) instead of the table")
-    p.add_argument("--pid", type=check.positive_int, default=None,
-                   help="process whose RSS, CPU %% and GPU memory to show (default: the monitor)")
-    p.add_argument("--no-pcie", action="store_true",
-                   help="skip NVML PCIe throughput (each read blocks ~20 ms in the driver)")
+        "monitor",
+        help="live GPU/host telemetry table (like nvidia-smi dmon)",
+        description="Show GPU (NVML, amdsmi) and host (CPU, RAM, a process) telemetry live. Ctrl-C stops.",
+    )
+    p.add_argument(
+        "--interval",
+        type=check.telemetry_interval_ms(),
+        default=1000.0,
+        metavar="MS",
+        help="sampling interval in ms, 20..60000 (default 1000)",
+    )
+    p.add_argument(
+        "--duration",
+        type=check.positive_seconds,
+        default=None,
+        metavar="S",
+        help="stop after S seconds (default: run until Ctrl-C)",
+    )
+    p.add_argument("--csv", type=Path, default=None, metavar="FILE", help="also write every sample to FILE as CSV")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object per sample (JSON Lines) instead of the table"
+    )
+    p.add_argument(
+        "--pid",
+        type=check.positive_int,
+        default=None,
+        help="process whose RSS, CPU %% and GPU memory to show (default: the monitor)",
+    )
+    p.add_argument(
+        "--no-pcie", action="store_true", help="skip NVML PCIe throughput (each read blocks ~20 ms in the driver)"
+    )
     p.set_defaults(func=cmd_monitor)
 
 
@@ -132,9 +149,8 @@ class _Output:
     """Where samples go: JSON Lines, plain dmon-style lines (piped) or a live rich table."""
 
     def __init__(self, as_json: bool, sampler) -> None:
-        from rich.console import Console
-
         from opscope.engine.telemetry.view import MonitorView
+        from rich.console import Console
 
         self.as_json = as_json
         self.console = Console(highlight=False)  # only for the live table on a terminal
@@ -158,6 +174,7 @@ class _Output:
     def __enter__(self) -> _Output:
         if not self.as_json and self.console.is_terminal:
             from rich.live import Live
+
             self.live = Live(console=self.console, auto_refresh=False).__enter__()
         elif not self.as_json:
             _write(self.view.header_lines())
@@ -175,6 +192,7 @@ class _Output:
         elif self.live is not None:
             from rich.console import Group
             from rich.text import Text
+
             caption = Text(f"t {(snap.t_ns - self.t0_ns) / 1e9:.1f} s  (Ctrl-C stops)", style="dim")
             self.live.update(Group(caption, *self.view.tables(snap.values)), refresh=True)
         else:
@@ -184,6 +202,7 @@ class _Output:
 def _silence_stdout() -> None:
     # Python would report the broken pipe again when it flushes stdout at exit.
     import os
+
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
 

@@ -1,24 +1,28 @@
 """`opscope plugins list|enable|disable`: see and manage backend plugins."""
+
 from __future__ import annotations
 
 import argparse
 
-from opscope.engine.core import json_output
 from opscope.engine.backends.registry import DISABLED, PluginInfo, default_registry
 from opscope.engine.backends.settings import disabled_plugins, set_enabled
+from opscope.engine.core import json_output
 from opscope.engine.core.errors import BackendError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("plugins", help="list, enable and disable backend plugins",
-                              description="Backend plugins declared in the 'opscope.backends' "
-                                          "entry-point group.")
+    p = subparsers.add_parser(
+        "plugins",
+        help="list, enable and disable backend plugins",
+        description="Backend plugins declared in the 'opscope.backends' entry-point group.",
+    )
     sub = p.add_subparsers(dest="plugins_command", metavar="{list,enable,disable}")
     sub.required = True
     ls = sub.add_parser("list", help="each plugin with its version, status, devices and errors")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    ls.add_argument("--no-load", action="store_true",
-                    help="read entry-point metadata only; import no plugin (devices unknown)")
+    ls.add_argument(
+        "--no-load", action="store_true", help="read entry-point metadata only; import no plugin (devices unknown)"
+    )
     ls.set_defaults(func=cmd_list)
     for verb in ("enable", "disable"):
         q = sub.add_parser(verb, help=f"{verb} a plugin (persisted in the user settings)")

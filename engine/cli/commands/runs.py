@@ -7,14 +7,15 @@ just works. Exit codes: 0 done, 1 a significant regression beyond --fail-on-regr
 3 (with --fail-on-regression, and no regression found) a change for the worse beyond the threshold
 that the sample counts cannot test: too few repetitions to tell, which a gate must not pass.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from opscope.engine.core import json_output
 from opscope.engine.cli.args import output_file, percent, positive_int
+from opscope.engine.core import json_output
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.store.access import open_store
 
@@ -34,16 +35,16 @@ def _write(text: str, output: str | None) -> None:
             import errno
 
             full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-            raise ConfigError(f"cannot write {output}: {e.strerror or e}"
-                              f"{' — free some disk space and retry' if full else ''}") from e
+            raise ConfigError(
+                f"cannot write {output}: {e.strerror or e}{' — free some disk space and retry' if full else ''}"
+            ) from e
     else:
         sys.stdout.write(text)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from opscope.engine.store.views import list_dicts, list_text
-
     from opscope.engine.store.db import StoreMissingError
+    from opscope.engine.store.views import list_dicts, list_text
 
     try:
         store = _open_store(args)
@@ -54,8 +55,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(note, file=sys.stderr)
         return 0
     with store:
-        runs = store.list(kind=args.kind, status=args.status, tag=args.tag, name_contains=args.name,
-                          limit=args.limit)
+        runs = store.list(kind=args.kind, status=args.status, tag=args.tag, name_contains=args.name, limit=args.limit)
     _write(json_output.dumps(list_dicts(runs), indent=2) + "\n" if args.format == "json" else list_text(runs), None)
     return 0
 
@@ -76,8 +76,10 @@ def _default_pair(store) -> list[int]:
         raise ConfigError(f"no completed runs in {store.display_url} to compare; run `opscope bench SUITE` first")
     same_kind = store.list(status="completed", kind=latest[0].kind, limit=2)
     if len(same_kind) < 2:
-        raise ConfigError(f"only one completed {latest[0].kind!r} run in {store.display_url}; "
-                          f"name the runs to compare: `opscope runs compare A B`")
+        raise ConfigError(
+            f"only one completed {latest[0].kind!r} run in {store.display_url}; "
+            f"name the runs to compare: `opscope runs compare A B`"
+        )
     return [same_kind[1].id, same_kind[0].id]
 
 
@@ -101,14 +103,19 @@ def _gate(cmp, threshold_pct: float) -> int:
     found, undecided = cmp.regressions(threshold_pct), cmp.undecided(threshold_pct)
     sys.stdout.flush()  # the table first, then the verdict, even through a pipe
     for reg in found:
-        print(f"regression: {reg.row.label} in {cmp.runs[reg.run_index].name!r}: {reg.delta.delta_pct:+.2f}% "
-              f"vs {cmp.runs[0].name!r} (p={reg.delta.p_value:.3f}, limit {threshold_pct:g}%)", file=sys.stderr)
+        print(
+            f"regression: {reg.row.label} in {cmp.runs[reg.run_index].name!r}: {reg.delta.delta_pct:+.2f}% "
+            f"vs {cmp.runs[0].name!r} (p={reg.delta.p_value:.3f}, limit {threshold_pct:g}%)",
+            file=sys.stderr,
+        )
     for reg in undecided:
         d = reg.delta
-        print(f"undecided: {reg.row.label} in {cmp.runs[reg.run_index].name!r}: {d.delta_pct:+.2f}% "
-              f"vs {cmp.runs[0].name!r}, but n={d.n_base}+{d.n_other} cannot reach p <= {cmp.alpha:g} "
-              f"(need >= {d.need_per_side} per side: rerun with --repeat {max(5, d.need_per_side)})",
-              file=sys.stderr)
+        print(
+            f"undecided: {reg.row.label} in {cmp.runs[reg.run_index].name!r}: {d.delta_pct:+.2f}% "
+            f"vs {cmp.runs[0].name!r}, but n={d.n_base}+{d.n_other} cannot reach p <= {cmp.alpha:g} "
+            f"(need >= {d.need_per_side} per side: rerun with --repeat {max(5, d.need_per_side)})",
+            file=sys.stderr,
+        )
     if found:
         return REGRESSION_EXIT_CODE
     return UNDECIDED_EXIT_CODE if undecided else 0
@@ -232,27 +239,45 @@ def _add_manage(sub) -> None:
     p.add_argument("--format", choices=("json", "csv"), default="json")
     p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write here instead of stdout")
     p.set_defaults(func=cmd_export)
-    p = sub.add_parser("push", help="copy runs to another store (a team's PostgreSQL URL or SQLite file)",
-                       description="Copy runs, with all their data, names and times, from this store (--db) "
-                                   "to the store at --to. Runs whose name the target already has are skipped.")
+    p = sub.add_parser(
+        "push",
+        help="copy runs to another store (a team's PostgreSQL URL or SQLite file)",
+        description="Copy runs, with all their data, names and times, from this store (--db) "
+        "to the store at --to. Runs whose name the target already has are skipped.",
+    )
     p.add_argument("runs", nargs="*", metavar="RUN", help="run ids or names (default: every finished run)")
-    p.add_argument("--to", required=True, metavar="URL",
-                   help="target store: postgresql+psycopg://user@host/db, sqlite:///path or a file path")
+    p.add_argument(
+        "--to",
+        required=True,
+        metavar="URL",
+        help="target store: postgresql+psycopg://user@host/db, sqlite:///path or a file path",
+    )
     p.set_defaults(func=cmd_push)
 
 
 def _add_compare(sub) -> None:
-    p = sub.add_parser("compare", help="compare runs with statistics (first = baseline)",
-                       description="Per metric: median ± 95% CI, change vs the first run, Mann-Whitney U "
-                                   "p-value ('~' when p > alpha; 'n too small to decide' when the sample "
-                                   "counts cannot reach alpha), a geomean per unit, and what differs.")
-    p.add_argument("runs", nargs="*", metavar="RUN",
-                   help="two or more run ids or names; none: the two latest completed runs of the same kind")
+    p = sub.add_parser(
+        "compare",
+        help="compare runs with statistics (first = baseline)",
+        description="Per metric: median ± 95% CI, change vs the first run, Mann-Whitney U "
+        "p-value ('~' when p > alpha; 'n too small to decide' when the sample "
+        "counts cannot reach alpha), a geomean per unit, and what differs.",
+    )
+    p.add_argument(
+        "runs",
+        nargs="*",
+        metavar="RUN",
+        help="two or more run ids or names; none: the two latest completed runs of the same kind",
+    )
     p.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
     p.add_argument("--alpha", type=_alpha, default=0.05, help="significance level (default 0.05)")
-    p.add_argument("--fail-on-regression", type=percent, metavar="PCT",
-                   help=f"exit {REGRESSION_EXIT_CODE} when a metric gets significantly worse by more than PCT%%; "
-                        f"exit {UNDECIDED_EXIT_CODE} when a change that large has too few samples to be tested")
+    p.add_argument(
+        "--fail-on-regression",
+        type=percent,
+        metavar="PCT",
+        help=f"exit {REGRESSION_EXIT_CODE} when a metric gets significantly worse by more than PCT%%; "
+        f"exit {UNDECIDED_EXIT_CODE} when a change that large has too few samples to be tested",
+    )
     p.add_argument("-o", "--output", type=output_file, metavar="FILE", help="write here instead of stdout")
     p.set_defaults(func=cmd_compare)
 
@@ -272,12 +297,17 @@ def register(subparsers) -> None:
     p.add_argument("run", metavar="RUN", help="run id or name")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_show)
-    p = sub.add_parser("roofline", help="an llm/matmul/attention run's points against the compute and "
-                                         "bandwidth ceilings (FLOP/byte)")
+    p = sub.add_parser(
+        "roofline", help="an llm/matmul/attention run's points against the compute and bandwidth ceilings (FLOP/byte)"
+    )
     p.add_argument("run", metavar="RUN", help="run id or name")
-    p.add_argument("--out", type=output_file, metavar="FILE",
-                   help="also draw it: FILE.svg or FILE.png; a name without an extension writes FILE.svg "
-                        "and, where matplotlib is installed, FILE.png")
+    p.add_argument(
+        "--out",
+        type=output_file,
+        metavar="FILE",
+        help="also draw it: FILE.svg or FILE.png; a name without an extension writes FILE.svg "
+        "and, where matplotlib is installed, FILE.png",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=cmd_roofline)
     _add_compare(sub)

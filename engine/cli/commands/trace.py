@@ -8,38 +8,54 @@ placement (not its times or values) on a machine without one. With ``-- python S
 (or ``-- python -m MODULE``) it traces your own script instead: its steps, placement and training
 health, saved as a run; ``diff A B`` compares two saved script traces (docs/trace.md).
 """
+
 from __future__ import annotations
 
 import argparse
 import re
 
 from opscope.engine.cli import args as check
-from opscope.engine.core import json_output
-from opscope.engine.cli.common import add_model_args
-from opscope.engine.core.errors import ConfigError
 from opscope.engine.cli.commands.trace_script import add_script_args, cmd_diff, cmd_script, is_python
+from opscope.engine.cli.common import add_model_args
+from opscope.engine.core import json_output
+from opscope.engine.core.errors import ConfigError
 
 SIMULATED_DEVICES = ("meta",)
-HOST_TARGET_NOTE = ("the target is the host (cpu), so a fallback to the CPU cannot show; run with "
-                    "--device meta to see placement as on an accelerator (simulated), or on a GPU")
+HOST_TARGET_NOTE = (
+    "the target is the host (cpu), so a fallback to the CPU cannot show; run with "
+    "--device meta to see placement as on an accelerator (simulated), or on a GPU"
+)
 
 
 def register(sub) -> None:
     from opscope.engine.trace.variants import CLEAN, VARIANTS
 
-    p = sub.add_parser("trace", help="trace every tensor op of a generation with its device; print the placement report",
-                       description=_plain(__doc__.split("\n\n")[1]), add_help=False)
+    p = sub.add_parser(
+        "trace",
+        help="trace every tensor op of a generation with its device; print the placement report",
+        description=_plain(__doc__.split("\n\n")[1]),
+        add_help=False,
+    )
     p.add_argument("-h", "--help", action=_Help, help="show this help message and exit (`trace diff --help`: diff's)")
-    p.add_argument("prompt", nargs="*", type=check.utf8_text, default=None,
-                   help="the prompt; or `-- python SCRIPT [ARGS]` to trace your own script; or `diff A B`")
+    p.add_argument(
+        "prompt",
+        nargs="*",
+        type=check.utf8_text,
+        default=None,
+        help="the prompt; or `-- python SCRIPT [ARGS]` to trace your own script; or `diff A B`",
+    )
     p.add_argument("--tokens", type=check.max_tokens, default=8, help="tokens to generate (greedy, EOS ignored)")
     add_model_args(p)
     p.add_argument("--variant", choices=VARIANTS, default=CLEAN, help="planted-bug model variant")
     p.add_argument("--out", type=check.output_path, default=None, help="write a Chrome trace / Perfetto JSON here")
     p.add_argument("--jsonl", type=check.output_path, default=None, help="write the raw events as JSON lines here")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--source", choices=("off", "findings", "all"), default="findings",
-                   help="source lines: none, only for ops off the target (default), or for every op")
+    p.add_argument(
+        "--source",
+        choices=("off", "findings", "all"),
+        default="findings",
+        help="source lines: none, only for ops off the target (default), or for every op",
+    )
     p.add_argument("--max-events", type=check.count, default=200_000, help="events stored (counts stay exact past it)")
     p.add_argument("--hooks", choices=("model", "global"), default="model", help="module-path hooks")
     add_script_args(p)
@@ -51,9 +67,11 @@ def _plain(text: str) -> str:
     return re.sub(r"``(.+?)``", r"`\1`", text, flags=re.S)
 
 
-DIFF_DESCRIPTION = ("Compare two script traces saved as runs (id or name): median step time, ops per step "
-                    "on and off the target, transfers and syncs per step, the modules whose time changed "
-                    "most, the last loss, and the findings only one of them has.")
+DIFF_DESCRIPTION = (
+    "Compare two script traces saved as runs (id or name): median step time, ops per step "
+    "on and off the target, transfers and syncs per step, the modules whose time changed "
+    "most, the last loss, and the findings only one of them has."
+)
 
 
 def diff_parser(parent: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -136,7 +154,9 @@ def cmd_model_trace(args) -> int:
     if args.jsonl:
         write_jsonl(run.result, args.jsonl)
     if args.json:
-        print(json_output.dumps(dict(report.as_dict(), variant=args.variant, simulated=simulate), indent=1, default=str))
+        print(
+            json_output.dumps(dict(report.as_dict(), variant=args.variant, simulated=simulate), indent=1, default=str)
+        )
     else:
         print(render_text(report, title=f"{args.variant} model{' (simulated)' if simulate else ''}"), end="")
         for label, path in (("Chrome trace / Perfetto JSON", args.out), ("events (JSON lines)", args.jsonl)):
@@ -153,8 +173,10 @@ def cmd_backend_trace(args) -> int:
     from opscope.engine.trace.variants import CLEAN
 
     if args.variant != CLEAN or args.jsonl or str(args.device).strip().lower() in SIMULATED_DEVICES:
-        raise ConfigError(f"--backend {args.backend}: planted variants, --jsonl and simulated devices trace torch "
-                          f"ops; use --backend torch for them")
+        raise ConfigError(
+            f"--backend {args.backend}: planted variants, --jsonl and simulated devices trace torch "
+            f"ops; use --backend torch for them"
+        )
     backend = get_backend(args.backend)
     from opscope.engine.cli.common import load_from_args
 

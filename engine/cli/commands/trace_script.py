@@ -3,11 +3,12 @@
 The report goes to stdout after the script's own output; the exit code is the script's.
 Imports nothing heavy at module level: the CLI builds its parser from this.
 """
+
 from __future__ import annotations
 
 import logging
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from opscope.engine.cli import args as check
@@ -17,18 +18,28 @@ from opscope.engine.trace.script import _is_python as is_python  # noqa: F401 - 
 
 log = logging.getLogger(__name__)
 
-CPU_TARGET_NOTE = ("the target is the host (cpu): there are no host↔device copies to see; per-element "
-                   "loops show as host value reads (syncs). Trace on a GPU with --target cuda for transfers")
+CPU_TARGET_NOTE = (
+    "the target is the host (cpu): there are no host↔device copies to see; per-element "
+    "loops show as host value reads (syncs). Trace on a GPU with --target cuda for transfers"
+)
 
 
 def add_script_args(p) -> None:
     s = p.add_argument_group("your own script (`opscope trace [OPTIONS] -- python SCRIPT [ARGS]`)")
-    s.add_argument("--target", default=None, help="device the script should run on (default: cuda when "
-                   "available, else cpu)")
-    s.add_argument("--telemetry", type=check.telemetry_interval_ms(), default=None, metavar="MS",
-                   help="sample host/GPU telemetry every MS ms alongside, with the steps as phases")
+    s.add_argument(
+        "--target", default=None, help="device the script should run on (default: cuda when available, else cpu)"
+    )
+    s.add_argument(
+        "--telemetry",
+        type=check.telemetry_interval_ms(),
+        default=None,
+        metavar="MS",
+        help="sample host/GPU telemetry every MS ms alongside, with the steps as phases",
+    )
     s.add_argument("--cwd", default=None, help="working directory for the script (default: the current one)")
-    s.add_argument("--report", type=check.output_path, default=None, metavar="PATH", help="also write the report as JSON here")
+    s.add_argument(
+        "--report", type=check.output_path, default=None, metavar="PATH", help="also write the report as JSON here"
+    )
     s.add_argument("--name", default="", help="name of the saved trace run (default: trace-DATE-TIME)")
     s.add_argument("--no-save", action="store_true", help="do not save the trace in the run store")
 
@@ -71,9 +82,9 @@ def cmd_script(args, words: list[str]) -> int:
     try:
         if recorder is not None:
             recorder.start()
-        started_at = datetime.now(timezone.utc)
+        started_at = datetime.now(UTC)
         trace = trace_script(spec, options)
-        finished_at = datetime.now(timezone.utc)
+        finished_at = datetime.now(UTC)
         if recorder is not None:
             recorder.stop()
         report = script_report(trace)
@@ -91,13 +102,17 @@ def script_report(trace):
     from opscope.engine.trace.findings import SCRIPT_IO
     from opscope.engine.trace.report import build_report
 
-    notes = [f"steps: {trace.step_source}" + ("" if trace.step_source != "whole run" else
-                                               " (no opscope.step() and no optimizer.step() was called)")]
+    notes = [
+        f"steps: {trace.step_source}"
+        + ("" if trace.step_source != "whole run" else " (no opscope.step() and no optimizer.step() was called)")
+    ]
     if trace.result.options.target == "cpu":
         notes.append(CPU_TARGET_NOTE)
     if trace.outcome.exit_code:
-        notes.append(f"the script ended with exit code {trace.outcome.exit_code}"
-                     + (": the trace covers it up to the exception" if trace.outcome.error else ""))
+        notes.append(
+            f"the script ended with exit code {trace.outcome.exit_code}"
+            + (": the trace covers it up to the exception" if trace.outcome.error else "")
+        )
     report = build_report(trace.result, notes, unit="step", io=SCRIPT_IO)
     return replace(report, findings=list(trace.health) + list(report.findings))
 
@@ -108,8 +123,13 @@ def _emit(args, trace, report, recorder, times: tuple[datetime, datetime]) -> No
     from opscope.engine.trace.render import render_text
 
     sys.stdout.flush()
-    data = dict(report.as_dict(), script=trace.spec.label, step_source=trace.step_source,
-                exit_code=trace.outcome.exit_code, losses=trace.losses[:2000])
+    data = dict(
+        report.as_dict(),
+        script=trace.spec.label,
+        step_source=trace.step_source,
+        exit_code=trace.outcome.exit_code,
+        losses=trace.losses[:2000],
+    )
     if args.out:
         write_chrome_trace(trace.result, args.out, report.as_dict())
     if args.jsonl:
@@ -123,10 +143,15 @@ def _emit(args, trace, report, recorder, times: tuple[datetime, datetime]) -> No
         print(render_text(report, title=trace.spec.label), end="")
         if trace.step_ms:
             ms = sorted(trace.step_ms)
-            print(f"step time: median {ms[len(ms) // 2]:.3f} ms over {len(ms)} steps after the first "
-                  f"(min {ms[0]:.3f}, max {ms[-1]:.3f}); steps from {trace.step_source}")
-    for label, path in (("Chrome trace / Perfetto JSON", args.out), ("events (JSON lines)", args.jsonl),
-                        ("report (JSON)", args.report)):
+            print(
+                f"step time: median {ms[len(ms) // 2]:.3f} ms over {len(ms)} steps after the first "
+                f"(min {ms[0]:.3f}, max {ms[-1]:.3f}); steps from {trace.step_source}"
+            )
+    for label, path in (
+        ("Chrome trace / Perfetto JSON", args.out),
+        ("events (JSON lines)", args.jsonl),
+        ("report (JSON)", args.report),
+    ):
         if path:
             print(f"{label}: {path}")
     if not args.no_save:

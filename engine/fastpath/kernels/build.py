@@ -8,6 +8,7 @@ extension tooling into a per-user cache, as before. The key of a build is a hash
 the variant's flags, torch's and Python's versions: a library never runs with other sources or
 on a CPU its variant does not fit. A found library is imported directly, without the compiler.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -94,8 +95,12 @@ def build_key(v: Variant | None = None) -> str:
     h = hashlib.sha256()
     for name in _SOURCES + _HEADERS:
         h.update((_CSRC / name).read_bytes())
-    for part in (v.name.encode(), " ".join(cflags(v) + list(_LDFLAGS)).encode(), torch.__version__.encode(),
-                 sys.version.encode()):
+    for part in (
+        v.name.encode(),
+        " ".join(cflags(v) + list(_LDFLAGS)).encode(),
+        torch.__version__.encode(),
+        sys.version.encode(),
+    ):
         h.update(part)
     return h.hexdigest()[:16]
 
@@ -199,15 +204,23 @@ def _import_so(name: str, so: Path) -> ModuleType:
 
 def _compile(name: str, build_dir: Path, v: Variant) -> ModuleType:
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        raise KernelBuildError("no C++ compiler found (c++/g++): install one (e.g. `apt-get install g++`) "
-                               "to use the CPU fast path, or run with the dense torch path")
+        raise KernelBuildError(
+            "no C++ compiler found (c++/g++): install one (e.g. `apt-get install g++`) "
+            "to use the CPU fast path, or run with the dense torch path"
+        )
     from torch.utils.cpp_extension import load
 
     log.info("building CPU kernels %s in %s", name, build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return load(name=name, sources=[str(_CSRC / n) for n in _SOURCES], extra_cflags=cflags(v),
-                    extra_ldflags=list(_LDFLAGS), build_directory=str(build_dir), verbose=False)
+        return load(
+            name=name,
+            sources=[str(_CSRC / n) for n in _SOURCES],
+            extra_cflags=cflags(v),
+            extra_ldflags=list(_LDFLAGS),
+            build_directory=str(build_dir),
+            verbose=False,
+        )
     except (RuntimeError, OSError, ImportError) as e:  # compile/link errors arrive as RuntimeError
         raise KernelBuildError(f"building the CPU kernels in {build_dir} failed: {e}") from e
 
@@ -239,7 +252,7 @@ def load_kernels() -> ModuleType:
         module = _load_kernels()
         _loaded_variant = variant().name
         return module
-    except Exception as e:  # noqa: BLE001 (whatever breaks here, the fallback is plain torch, not a crash)
+    except Exception as e:
         log.debug("CPU kernel build failed", exc_info=True)
         plain = isinstance(e, (KernelBuildError, variants.VariantError))
         detail = str(e) if plain else f"the CPU kernels cannot be built: {type(e).__name__}: {e}"
@@ -338,7 +351,7 @@ def build_variant(v: Variant, out_root: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     prefix = name.rsplit("_", 1)[0] + "_"
     for stale in dest.parent.glob(f"{prefix}*"):  # this variant built from older sources (not avx512 vs avx512_vnni)
-        key = stale.name[len(prefix):].split(".", 1)[0]
+        key = stale.name[len(prefix) :].split(".", 1)[0]
         if stale != dest and len(key) == 16 and "_" not in key:
             stale.unlink()
     tmp = dest.with_name(f".{dest.name}.tmp")
@@ -356,10 +369,16 @@ def prebuild(out_root: Path, names: list[str] | None = None) -> list[str]:
 
     lines = []
     for v in [variants.by_name(n) for n in names] if names else variants.for_arch():
-        code = ("import sys; from pathlib import Path; from opscope.engine.fastpath.kernels import build, variants; "
-                "print(build.build_variant(variants.by_name(sys.argv[1]), Path(sys.argv[2])))")
-        out = subprocess.run([sys.executable, "-c", code, v.name, str(out_root)], capture_output=True, text=True,
-                             env={**os.environ, variants.ENV: ""})
+        code = (
+            "import sys; from pathlib import Path; from opscope.engine.fastpath.kernels import build, variants; "
+            "print(build.build_variant(variants.by_name(sys.argv[1]), Path(sys.argv[2])))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code, v.name, str(out_root)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, variants.ENV: ""},
+        )
         if out.returncode != 0:
             raise KernelBuildError(f"building kernel variant {v.name} failed: {_one_line(out.stderr)}")
         lines.append(f"{v.name}: {out.stdout.strip().splitlines()[-1]}")

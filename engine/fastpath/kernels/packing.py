@@ -10,6 +10,7 @@ Two layouts:
     uint8 tensor, a view of the memory-mapped file where rows need no reordering. The generic
     kernels (csrc/raw.cpp) decode the blocks per type (csrc/gguf_types.h).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-
 from opscope.engine.core.errors import UnsupportedModelError
 
 if TYPE_CHECKING:
@@ -32,10 +32,21 @@ QTYPE_RAW = 16  # qtype of raw blocks: QTYPE_RAW + the ggml type id (csrc/qkerne
 QTYPE_Q4_0_SOA = 2
 # ggml type id, weights per block, bytes per block of the types the generic kernels decode
 RAW_TYPES = {
-    "F32": (0, 16, 64), "F16": (1, 16, 32), "BF16": (30, 16, 32),
-    "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24), "Q8_0": (8, 32, 34),
-    "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176),
-    "Q6_K": (14, 256, 210), "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136),
+    "F32": (0, 16, 64),
+    "F16": (1, 16, 32),
+    "BF16": (30, 16, 32),
+    "Q4_0": (2, 32, 18),
+    "Q4_1": (3, 32, 20),
+    "Q5_0": (6, 32, 22),
+    "Q5_1": (7, 32, 24),
+    "Q8_0": (8, 32, 34),
+    "Q2_K": (10, 256, 84),
+    "Q3_K": (11, 256, 110),
+    "Q4_K": (12, 256, 144),
+    "Q5_K": (13, 256, 176),
+    "Q6_K": (14, 256, 210),
+    "IQ4_NL": (20, 32, 18),
+    "IQ4_XS": (23, 256, 136),
 }
 LAYOUTS = ("auto", "raw")
 
@@ -84,8 +95,9 @@ def row_bytes(ggml_type: str, k: int) -> int:
     return k // qk * nbytes
 
 
-def pack(ggml_type: str, raw: np.ndarray, shape: tuple[int, int], row_order: np.ndarray | None = None,
-         layout: str = "auto") -> PackedWeight:
+def pack(
+    ggml_type: str, raw: np.ndarray, shape: tuple[int, int], row_order: np.ndarray | None = None, layout: str = "auto"
+) -> PackedWeight:
     """Raw GGUF blocks ``raw`` (uint8, one row of blocks per output row) for logical ``shape`` (N, K)
     in the kernels' layout: Q4_1/Q8_0 repacked to structure-of-arrays (``layout="auto"``), every
     other type (or any with ``layout="raw"``) kept as stored: a view of ``raw`` when it is
@@ -95,8 +107,9 @@ def pack(ggml_type: str, raw: np.ndarray, shape: tuple[int, int], row_order: np.
         raise UnsupportedModelError(f"the fast path has no kernel for {ggml_type} (has: {', '.join(RAW_TYPES)})")
     n, k = shape
     if not supported(ggml_type, k):
-        raise UnsupportedModelError(f"{ggml_type} weight of shape {shape}: K must be a multiple of "
-                                    f"{RAW_TYPES[ggml_type][1]}")
+        raise UnsupportedModelError(
+            f"{ggml_type} weight of shape {shape}: K must be a multiple of {RAW_TYPES[ggml_type][1]}"
+        )
     if layout == "auto" and ggml_type == "Q4_0":
         as_q4_1 = _q4_0_as_q4_1(raw, shape)
         if as_q4_1 is not None:
@@ -174,7 +187,7 @@ def _fp16(rng, lo: float, hi: float, shape) -> np.ndarray:
     return rng.uniform(lo, hi, (*shape, 1)).astype(np.float16).view(np.uint8)
 
 
-def random_blocks(ggml_type: str, n: int, k: int, rng: "np.random.Generator") -> np.ndarray:
+def random_blocks(ggml_type: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """Raw GGUF rows of random blocks, [n, bytes per row] uint8: synthetic weights for tests and
     benchmarks. Quant bytes are uniform random (every bit pattern is a valid quant); fp16 scales
     are in the range real models use, so weights are of order 0.01-0.1."""

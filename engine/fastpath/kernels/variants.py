@@ -6,6 +6,7 @@ loaded, as llama.cpp's GGML_CPU_ALL_VARIANTS and PyTorch's CPU-capability dispat
 ``OPSCOPE_CPU_VARIANT`` names one instead (tests, benchmarks: an AVX2 host stood in for by an
 AVX-512 one); a variant this CPU cannot run is refused in one line.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,15 +38,27 @@ class Variant:
 # int8 kernels would run only in the int8-activation mode, which on AVX2 is not faster than exact
 # float32 here (docs/decisions/cpu-variants.md).
 VARIANTS: tuple[Variant, ...] = (
-    Variant("avx512-vnni", "x86_64", ("-march=x86-64-v4", "-mavx512vnni", "-mtune=generic"),
-            ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"),
-            "AVX-512 kernels with VNNI int8 dot products"),
-    Variant("avx512", "x86_64", ("-march=x86-64-v4", "-mtune=generic"),
-            ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
-            "AVX-512 kernels"),
-    Variant("avx2", "x86_64", ("-march=x86-64-v3", "-mtune=generic"),
-            ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"),
-            "AVX2+FMA+F16C kernels (vec.h traits)"),
+    Variant(
+        "avx512-vnni",
+        "x86_64",
+        ("-march=x86-64-v4", "-mavx512vnni", "-mtune=generic"),
+        ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"),
+        "AVX-512 kernels with VNNI int8 dot products",
+    ),
+    Variant(
+        "avx512",
+        "x86_64",
+        ("-march=x86-64-v4", "-mtune=generic"),
+        ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+        "AVX-512 kernels",
+    ),
+    Variant(
+        "avx2",
+        "x86_64",
+        ("-march=x86-64-v3", "-mtune=generic"),
+        ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"),
+        "AVX2+FMA+F16C kernels (vec.h traits)",
+    ),
     Variant("baseline", "x86_64", ("-march=x86-64", "-mtune=generic"), (), "portable kernels (SSE2)"),
     Variant("neon", "aarch64", ("-march=armv8-a",), ("asimd",), "NEON kernels (vec.h traits)"),
 )
@@ -117,5 +130,9 @@ def chosen() -> Variant:
 def reason(v: Variant) -> str:
     """Why ``v`` runs here, as one line: "avx512-vnni: CPU has avx512f avx512bw ..."."""
     forced = os.environ.get(ENV, "").strip() == v.name
-    why = f"{ENV}={v.name}" if forced else (f"CPU has {' '.join(v.needs)}" if v.needs else "no SIMD level above the baseline")
+    why = (
+        f"{ENV}={v.name}"
+        if forced
+        else (f"CPU has {' '.join(v.needs)}" if v.needs else "no SIMD level above the baseline")
+    )
     return f"{v.name}: {why} ({v.summary})"

@@ -9,12 +9,13 @@ formats, fused tensors to split at load, and the switches it sets on ModelConfig
     family_for_gguf("gemma2", path).config_from_gguf(meta)   # → ModelConfig
     family_for_hf(config_json, path).config_from_hf(config_json, path)
 """
+
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 from opscope.engine.core.errors import MissingMetadata, ModelFormatError, ModelLoadError, UnsupportedModelError
 from opscope.engine.models.config import ModelConfig, RopeScaling
@@ -39,13 +40,16 @@ class GGUFMeta:
         full = f"{self.arch}.{key}"
         if full not in self.meta:
             if required:
-                raise MissingMetadata(self.path, f"metadata key {full}, which the {self.arch} architecture "
-                                                 f"needs, is missing")
+                raise MissingMetadata(
+                    self.path, f"metadata key {full}, which the {self.arch} architecture needs, is missing"
+                )
             return default
         value = self.meta[full]
         if hasattr(value, "shape") and key in PER_LAYER_KEYS:  # GGUF allows per-layer head and FFN sizes
-            raise UnsupportedModelError(f"{self.path}: metadata key {full} gives one value per layer; this engine "
-                                        f"runs models whose layers all have the same sizes")
+            raise UnsupportedModelError(
+                f"{self.path}: metadata key {full} gives one value per layer; this engine "
+                f"runs models whose layers all have the same sizes"
+            )
         return value.tolist() if hasattr(value, "shape") else value
 
     def raw(self, key: str, default=None):
@@ -77,8 +81,7 @@ class Family:
         try:
             base = _common_hf(cfg, path)
             _build(Path(path) / "config.json", base, HF_KEYS)
-            return _build(Path(path) / "config.json", {**base, "arch": self.name, **self.hf_fields(cfg, base)},
-                          HF_KEYS)
+            return _build(Path(path) / "config.json", {**base, "arch": self.name, **self.hf_fields(cfg, base)}, HF_KEYS)
         except (KeyError, TypeError, ValueError) as e:
             raise ModelFormatError(f"{path}/config.json: missing or invalid field {e}") from e
 
@@ -121,8 +124,9 @@ def get(name: str) -> Family:
 def family_for_gguf(arch: str, path) -> Family:
     _load_all()
     if arch not in _BY_GGUF:
-        raise UnsupportedModelError(f"{path}: architecture {arch!r} is not supported "
-                                    f"(supported: {', '.join(supported_gguf_archs())})")
+        raise UnsupportedModelError(
+            f"{path}: architecture {arch!r} is not supported (supported: {', '.join(supported_gguf_archs())})"
+        )
     return _BY_GGUF[arch]
 
 
@@ -133,8 +137,9 @@ def family_for_hf(cfg: dict, path) -> Family:
     if kind is None and arch in _BY_HF_CLASS:
         return _BY_HF_CLASS[arch]
     if kind not in _BY_HF:
-        raise UnsupportedModelError(f"{path}: model_type {kind!r} ({arch}) "
-                                    f"is not supported (supported: {', '.join(supported_hf_types())})")
+        raise UnsupportedModelError(
+            f"{path}: model_type {kind!r} ({arch}) is not supported (supported: {', '.join(supported_hf_types())})"
+        )
     return _BY_HF[kind]
 
 
@@ -143,15 +148,20 @@ def _common_gguf(m: GGUFMeta) -> dict:
     n_heads = int(m.get("attention.head_count", required=True))
     vocab = int(m.get("vocab_size", 0) or 0) or len(m.raw("tokenizer.ggml.tokens") or ())
     return dict(
-        dim=int(m.get("embedding_length", required=True)), n_layers=int(m.get("block_count", required=True)),
-        n_heads=n_heads, n_kv_heads=int(m.get("attention.head_count_kv", n_heads)),
-        hidden_dim=int(m.get("feed_forward_length", required=True)), vocab_size=vocab,
+        dim=int(m.get("embedding_length", required=True)),
+        n_layers=int(m.get("block_count", required=True)),
+        n_heads=n_heads,
+        n_kv_heads=int(m.get("attention.head_count_kv", n_heads)),
+        hidden_dim=int(m.get("feed_forward_length", required=True)),
+        vocab_size=vocab,
         head_dim=int(m.get("attention.key_length", 0) or 0),
         norm_eps=float(m.get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(m.get("rope.freq_base", 10000.0)), rope_scaling=_gguf_rope_scaling(m),
+        rope_theta=float(m.get("rope.freq_base", 10000.0)),
+        rope_scaling=_gguf_rope_scaling(m),
         max_seq_len=int(m.get("context_length", 2048)),
         tie_embeddings="output.weight" not in m.tensor_names,
-        qkv_bias="blk.0.attn_q.bias" in m.tensor_names or "blk.0.attn_qkv.bias" in m.tensor_names)
+        qkv_bias="blk.0.attn_q.bias" in m.tensor_names or "blk.0.attn_qkv.bias" in m.tensor_names,
+    )
 
 
 def _gguf_rope_scaling(m: GGUFMeta) -> RopeScaling | None:
@@ -166,15 +176,20 @@ def _gguf_rope_scaling(m: GGUFMeta) -> RopeScaling | None:
 def _common_hf(cfg: dict, path: Path) -> dict:
     n_heads = int(cfg["num_attention_heads"])
     return dict(
-        dim=int(cfg["hidden_size"]), n_layers=int(cfg["num_hidden_layers"]), n_heads=n_heads,
+        dim=int(cfg["hidden_size"]),
+        n_layers=int(cfg["num_hidden_layers"]),
+        n_heads=n_heads,
         n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-        hidden_dim=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
-        head_dim=int(cfg.get("head_dim") or 0), norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        hidden_dim=int(cfg["intermediate_size"]),
+        vocab_size=int(cfg["vocab_size"]),
+        head_dim=int(cfg.get("head_dim") or 0),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
         rope_theta=float(hf_rope_theta(cfg, "full_attention", 10000.0)),
         rope_scaling=hf_rope_scaling(hf_rope_params(cfg, "full_attention"), path),
         max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=bool(cfg.get("attention_bias", False)))
+        qkv_bias=bool(cfg.get("attention_bias", False)),
+    )
 
 
 def hf_rope_params(cfg: dict, layer_type: str) -> dict | None:
@@ -200,16 +215,22 @@ def hf_rope_scaling(rs: dict | None, path: Path) -> RopeScaling | None:
     if kind == "linear":
         return RopeScaling("linear", factor=float(rs["factor"]))
     if kind == "llama3":
-        return RopeScaling("llama3", factor=float(rs["factor"]), low_freq_factor=float(rs["low_freq_factor"]),
-                           high_freq_factor=float(rs["high_freq_factor"]),
-                           original_max_position=int(rs["original_max_position_embeddings"]))
+        return RopeScaling(
+            "llama3",
+            factor=float(rs["factor"]),
+            low_freq_factor=float(rs["low_freq_factor"]),
+            high_freq_factor=float(rs["high_freq_factor"]),
+            original_max_position=int(rs["original_max_position_embeddings"]),
+        )
     raise UnsupportedModelError(f"{path}: rope scaling {kind!r} is not supported (linear, llama3 are)")
 
 
 def hf_layer_windows(cfg: dict, window: int, pattern: int) -> tuple[int, ...]:
     """Per-layer windows from config.json's ``layer_types`` (or every ``pattern``-th layer global)."""
-    types = cfg.get("layer_types") or ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                                       for i in range(int(cfg["num_hidden_layers"]))]
+    types = cfg.get("layer_types") or [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+        for i in range(int(cfg["num_hidden_layers"]))
+    ]
     return tuple(window if t == "sliding_attention" else 0 for t in types)
 
 
@@ -222,22 +243,38 @@ def pattern_windows(n_layers: int, window: int, pattern) -> tuple[int, ...]:
 
 
 # ModelConfig field → the key it is read from, to name it in errors
-GGUF_KEYS = {"dim": "embedding_length", "n_layers": "block_count", "n_heads": "attention.head_count",
-             "n_kv_heads": "attention.head_count_kv", "hidden_dim": "feed_forward_length", "vocab_size": "vocab_size",
-             "head_dim": "attention.key_length", "max_seq_len": "context_length",
-             "norm_eps": "attention.layer_norm_rms_epsilon", "rope_theta": "rope.freq_base"}
-HF_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
-           "n_kv_heads": "num_key_value_heads", "hidden_dim": "intermediate_size", "vocab_size": "vocab_size",
-           "head_dim": "head_dim", "max_seq_len": "max_position_embeddings", "norm_eps": "rms_norm_eps",
-           "rope_theta": "rope_theta"}
+GGUF_KEYS = {
+    "dim": "embedding_length",
+    "n_layers": "block_count",
+    "n_heads": "attention.head_count",
+    "n_kv_heads": "attention.head_count_kv",
+    "hidden_dim": "feed_forward_length",
+    "vocab_size": "vocab_size",
+    "head_dim": "attention.key_length",
+    "max_seq_len": "context_length",
+    "norm_eps": "attention.layer_norm_rms_epsilon",
+    "rope_theta": "rope.freq_base",
+}
+HF_KEYS = {
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "hidden_dim": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "head_dim": "head_dim",
+    "max_seq_len": "max_position_embeddings",
+    "norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+}
 
 
-def _build(path, fields: dict, keys: Mapping[str, str] = {}) -> ModelConfig:  # noqa: B006 (read only)
+def _build(path, fields: dict, keys: Mapping[str, str] = {}) -> ModelConfig:
     try:
         return ModelConfig(**fields)
     except ModelLoadError as e:
         field_name = e.detail.split(" ", 1)[0]
-        detail = f"{keys[field_name]}{e.detail[len(field_name):]}" if field_name in keys else e.detail
+        detail = f"{keys[field_name]}{e.detail[len(field_name) :]}" if field_name in keys else e.detail
         raise type(e)(path, detail, e.fix) from e
     except UnsupportedModelError as e:
         raise UnsupportedModelError(f"{path}: {e}") from e

@@ -1,6 +1,7 @@
 """Phi-3 / Phi-3.5 mini: the Llama core with fused q|k|v and gate|up projections, split at load into
 the core's q/k/v and gate/up (a row split, so quantized blocks stay quantized). LongRoPE variants
 (rope_factors_* tensors, "longrope" scaling) and partial rotary dims are refused."""
+
 from __future__ import annotations
 
 from opscope.engine.core.errors import UnsupportedModelError
@@ -19,8 +20,9 @@ def split_gate_up(cfg: ModelConfig) -> list[tuple[str, int]]:
 
 def _gguf(m: GGUFMeta, base: dict) -> dict:
     if any(n.startswith("rope_factors") for n in m.tensor_names):
-        raise UnsupportedModelError(f"{m.path}: Phi-3 LongRoPE (rope_factors_long/short) is not supported; "
-                                    "use a 4k-context Phi-3 model")
+        raise UnsupportedModelError(
+            f"{m.path}: Phi-3 LongRoPE (rope_factors_long/short) is not supported; use a 4k-context Phi-3 model"
+        )
     head_dim = base["head_dim"] or base["dim"] // base["n_heads"]
     if int(m.get("rope.dimension_count", head_dim)) != head_dim:
         raise UnsupportedModelError(f"{m.path}: partial rotary embeddings are not supported")
@@ -37,8 +39,15 @@ def _hf(cfg: dict, base: dict) -> dict:
     return {"sliding_window": int(cfg.get("sliding_window") or 0)}
 
 
-FAMILY = register(Family(
-    name="phi3", gguf_archs=("phi3",), hf_model_types=("phi3",), hf_architectures=("Phi3ForCausalLM",),
-    gguf_fields=_gguf, hf_fields=_hf,
-    gguf_fused={"attn_qkv": split_qkv, "ffn_up": split_gate_up},
-    hf_fused={"self_attn.qkv_proj": split_qkv, "mlp.gate_up_proj": split_gate_up}))
+FAMILY = register(
+    Family(
+        name="phi3",
+        gguf_archs=("phi3",),
+        hf_model_types=("phi3",),
+        hf_architectures=("Phi3ForCausalLM",),
+        gguf_fields=_gguf,
+        hf_fields=_hf,
+        gguf_fused={"attn_qkv": split_qkv, "ffn_up": split_gate_up},
+        hf_fused={"self_attn.qkv_proj": split_qkv, "mlp.gate_up_proj": split_gate_up},
+    )
+)

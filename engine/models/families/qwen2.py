@@ -1,4 +1,5 @@
 """Qwen2 / Qwen2.5: the Llama core with biases on the q, k and v projections."""
+
 from __future__ import annotations
 
 from opscope.engine.models.families import Family, register
@@ -13,6 +14,13 @@ def _hf(cfg: dict, base: dict) -> dict:
     return {"qkv_bias": True, "layer_windows": windows}
 
 
-FAMILY = register(Family(name="qwen2", gguf_archs=("qwen2",), hf_model_types=("qwen2",),
-                         hf_architectures=("Qwen2ForCausalLM",),
-                         gguf_fields=lambda m, base: {"qkv_bias": True}, hf_fields=_hf))
+FAMILY = register(
+    Family(
+        name="qwen2",
+        gguf_archs=("qwen2",),
+        hf_model_types=("qwen2",),
+        hf_architectures=("Qwen2ForCausalLM",),
+        gguf_fields=lambda m, base: {"qkv_bias": True},
+        hf_fields=_hf,
+    )
+)

@@ -4,10 +4,10 @@ The caller passes an open connection (already inside a transaction and holding t
 in ``config.attributes``; there is no alembic.ini and no logging setup here (the app owns logging).
 Offline (``--sql``) mode is not supported.
 """
+
 from __future__ import annotations
 
 from alembic import context
-
 from opscope.engine.store.schema import Base
 
 config = context.config

@@ -1,7 +1,7 @@
 """Run the OpScope conformance kit against this plugin: `pytest plugins/example_backend/tests`."""
-import pytest
 
-from opscope.engine.testing.conformance import *  # noqa: F401,F403  the kit's fixtures and tests
+import pytest
+from opscope.engine.testing.conformance import *  # noqa: F403  the kit's fixtures and tests
 
 
 @pytest.fixture(scope="session")

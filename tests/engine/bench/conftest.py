@@ -1,4 +1,5 @@
 """Fixtures of the benchmark tests."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,9 +1,9 @@
 """An A/B run's peak memory is one process's, both sides' together (issue 31 item 2): each table
 marks it as shared instead of showing it as A's and B's own peaks."""
+
 from __future__ import annotations
 
 import pytest
-
 from opscope.engine.cli.main import main
 from opscope.engine.store import RunStore
 
@@ -31,9 +31,11 @@ def test_peak_memory_of_an_a_b_pair_is_marked_shared(tmp_path, capsys, monkeypat
     tails = [ln.split(f"[memory={SHARED}")[1] for ln in compare_rows]
     assert len(compare_rows) == len(peaks) and not any(w in t for t in tails for w in ("p=", "~", "too small"))
     assert any("too small" in ln for ln in out.splitlines() if "[memory=" not in ln)  # other rows are compared
-    assert (f"memory={SHARED}: A and B ran in one process, so each peak memory row is that process's peak, "
-            f"both sides' models and buffers together: the same for A and B, not per side; run a side alone "
-            f"(without --ab) for its own peak") in " ".join(out.split())
+    assert (
+        f"memory={SHARED}: A and B ran in one process, so each peak memory row is that process's peak, "
+        f"both sides' models and buffers together: the same for A and B, not per side; run a side alone "
+        f"(without --ab) for its own peak"
+    ) in " ".join(out.split())
 
 
 def _table_notes(out: str) -> list[tuple[str, str]]:

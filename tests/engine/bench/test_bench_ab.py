@@ -3,23 +3,24 @@ saved, and `runs compare` saying whether two runs were interleaved or taken one 
 
 Behaviour only (order, saved runs, wording); the timing claims (a planted 10 % flagged, A/A pairs
 not) are in tests/engine/bench/test_bench_agreement.py behind the perf marker."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
-from opscope.engine.core import markers
 from opscope.engine.bench.measure.runner import Point, RunnerConfig, interleaved_order, measure_pair
 from opscope.engine.cli.main import main
+from opscope.engine.core import markers
 from opscope.engine.store import RunStore
 
 CFG = RunnerConfig(warmup=1, min_reps=6, min_time_s=0.0, max_reps=6)
 TINY = ["--quick", "--param", "sizes=32", "--param", "dtypes=float32"]
 
 
-def _logging_point(name: str, label: str, log: list[str], fail_prepare: bool = False,
-                   fail_after: int | None = None) -> Point:
+def _logging_point(
+    name: str, label: str, log: list[str], fail_prepare: bool = False, fail_after: int | None = None
+) -> Point:
     def prepare():
         if fail_prepare:
             raise RuntimeError(f"{label} cannot be prepared")
@@ -29,6 +30,7 @@ def _logging_point(name: str, label: str, log: list[str], fail_prepare: bool = F
             if fail_after is not None and log.count(label) > fail_after:
                 raise RuntimeError(f"{label} broke")
             return None
+
         return step
 
     return Point(name, "1/s", prepare, value=lambda s: 1.0 / s)
@@ -41,8 +43,13 @@ def test_the_order_alternates_abba_so_neither_side_always_runs_first():
 def test_repetitions_are_timed_alternately_abba_after_both_warm_ups():
     log: list[str] = []
     seen: list[tuple[str, int]] = []
-    unsubscribe = markers.subscribe(lambda m: seen.append((m.attrs["ab"], m.attrs["rep"]))
-                                    if m.phase == markers.BENCH_ITER and m.edge == "start" else None)
+    unsubscribe = markers.subscribe(
+        lambda m: (
+            seen.append((m.attrs["ab"], m.attrs["rep"]))
+            if m.phase == markers.BENCH_ITER and m.edge == "start"
+            else None
+        )
+    )
     try:
         a, b = measure_pair((_logging_point("p", "A", log), _logging_point("p", "B", log)), CFG)
     finally:
@@ -74,8 +81,7 @@ def _compare(db, capsys, *refs: str, fmt: str = "text") -> str:
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_bench_ab_saves_two_interleaved_runs_and_prints_b_against_a(db, capsys):
-    assert main(["--db", db, "bench", "matmul", *TINY, "--name", "pair",
-                 "--ab", "--param planted_slowdown=2"]) == 0
+    assert main(["--db", db, "bench", "matmul", *TINY, "--name", "pair", "--ab", "--param planted_slowdown=2"]) == 0
     out = capsys.readouterr().out
     assert "interleaved: 'pair-a' and 'pair-b' were measured in one process" in out
     assert "sequential:" not in out
@@ -123,7 +129,6 @@ def test_ab_flags_that_change_how_runs_are_measured_are_refused(db, capsys):
 
 def test_sides_with_different_thread_counts_each_run_with_their_own():
     import torch
-
     from opscope.engine.bench.ab import Side, _thread_setters
     from opscope.engine.bench.measure.options import BenchOptions
 
@@ -132,6 +137,7 @@ def test_sides_with_different_thread_counts_each_run_with_their_own():
     def point(label: str) -> Point:
         def prepare():
             return lambda: seen[label].add(torch.get_num_threads())
+
         return Point("p", "1/s", prepare, value=lambda s: 1.0 / s)
 
     before = _thread_setters(Side(BenchOptions(), None, "x-a"), Side(BenchOptions(threads=1), None, "x-b"), default=2)

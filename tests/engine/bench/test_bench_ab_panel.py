@@ -2,6 +2,7 @@
 loaded: matmul needs none), a tiny matmul with side B planted 2x slower (A runs the same planted loop
 unslowed). The pair is measured
 interleaved in one process, saved as two runs, and B against A is shown as `runs compare` says it."""
+
 from __future__ import annotations
 
 import os
@@ -68,4 +69,3 @@ def test_an_a_b_run_from_the_panel_shows_b_against_a_interleaved(qtbot, panel):
         b = store.load(b_id).result
         assert store.load(a_id).result.settings["interleaved"]["pair"] == ["pair-a", "pair-b"]
     assert b.settings["interleaved"]["b_flags"] == B_FLAGS and b.settings["suite_params"]["planted_slowdown"] == 2.0
-

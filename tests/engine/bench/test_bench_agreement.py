@@ -11,6 +11,7 @@
   interleaved in one process (`bench --ab`); A/A pairs are flagged no more often than alpha.
 The p-values against scipy.stats.mannwhitneyu: tests/engine/bench/test_stats.py, tests/engine/store/test_store_compare.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,11 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from opscope.engine.fastpath.kernels.build import cache_root
 
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))  # see tests/engine/fastpath/test_fastpath_model.py
 
-from opscope.engine.bench import agreement  # noqa: E402
+from opscope.engine.bench import agreement
 
 REPO = Path(__file__).resolve().parents[3]
 LLAMA_BENCH = REPO.parent / "shared" / "tools" / "llama.cpp" / "llama-bench"
@@ -46,8 +46,10 @@ def test_matmul_gflops_agree_with_torch_benchmark_timer_within_5_percent():
         if row.other_cores < QUIET_CORES:
             assert abs(row.diff_pct) <= agreement.TOLERANCE_PCT, agreement.table(rows)
             return
-    pytest.skip(f"machine never quiet (other processes kept ≥ {QUIET_CORES} cores busy in 3 tries), "
-                f"agreement not decidable:\n{agreement.table(rows)}")
+    pytest.skip(
+        f"machine never quiet (other processes kept ≥ {QUIET_CORES} cores busy in 3 tries), "
+        f"agreement not decidable:\n{agreement.table(rows)}"
+    )
 
 
 def test_agreement_rows_state_their_difference():
@@ -78,8 +80,9 @@ def test_peers_suite_llama_cpp_figures_are_llama_benchs_own(tmp_path, monkeypatc
         pytest.fail(f"llama-bench is missing at {LLAMA_BENCH} (see ../shared/tools/llama.cpp/BUILD.md)")
     wrapper, log = _recording_wrapper(tmp_path)
     monkeypatch.delenv("OPSCOPE_LLAMA_BENCH", raising=False)
-    params = get_suite("peers").Params(pp=16, tg=4, peers=("opscope", "llama_bench"), load_peers=(),
-                                       llama_bench=str(wrapper))
+    params = get_suite("peers").Params(
+        pp=16, tg=4, peers=("opscope", "llama_bench"), load_peers=(), llama_bench=str(wrapper)
+    )
     _, result = run_suite("peers", BenchOptions(quick=True, threads=1), params=params)
     assert result.status == "completed", result.error
     own: dict[str, list[float]] = {"pp16": [], "tg4": []}
@@ -89,7 +92,9 @@ def test_peers_suite_llama_cpp_figures_are_llama_benchs_own(tmp_path, monkeypatc
             continue  # the --version check
         for t in json.loads(text):
             exact = [(t["n_prompt"] or t["n_gen"]) * 1e9 / ns for ns in t["samples_ns"]]
-            assert t["samples_ts"] == pytest.approx(exact, rel=1e-5, abs=5e-4)  # printed rounded (6 digits or 3 decimals)
+            assert t["samples_ts"] == pytest.approx(
+                exact, rel=1e-5, abs=5e-4
+            )  # printed rounded (6 digits or 3 decimals)
             own["pp16" if t["n_gen"] == 0 else "tg4"] += exact
     by_name = {m.name: m for m in result.metrics}
     for test in ("pp16", "tg4"):
@@ -113,8 +118,24 @@ AA_ALLOWED = 2  # significant at p <= 0.05 in at most 2 of 10 A/A pairs: P(>= 3)
 def _ab_delta(db: str, capsys, name: str, b_factor: float) -> dict:
     from opscope.engine.cli.main import main
 
-    assert main(["--db", db, "bench", "matmul", *TINY, "--param", "planted_slowdown=1.0001", "--name", name,
-                 "--ab", f"--param planted_slowdown={b_factor}"]) == 0
+    assert (
+        main(
+            [
+                "--db",
+                db,
+                "bench",
+                "matmul",
+                *TINY,
+                "--param",
+                "planted_slowdown=1.0001",
+                "--name",
+                name,
+                "--ab",
+                f"--param planted_slowdown={b_factor}",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["--db", db, "runs", "compare", f"{name}-a", f"{name}-b", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)

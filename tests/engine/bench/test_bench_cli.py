@@ -1,10 +1,10 @@
 """`opscope bench` end to end, and the session's cancel path, on real SQLite stores."""
+
 from __future__ import annotations
 
 import threading
 
 import pytest
-
 from opscope.engine.bench.ceilings import peaks
 from opscope.engine.bench.measure.options import BenchOptions
 from opscope.engine.bench.session import run_suite
@@ -30,8 +30,15 @@ def test_cancel_mid_suite_keeps_finished_points_and_marks_the_run_aborted(db):
     params = matmul.Params(dtypes=("float32",), sizes=(16, 32, 64))
     with RunStore.open(db) as store:
         with pytest.raises(Cancelled):
-            run_suite("matmul", BenchOptions(quick=True, repeat=2, min_time_s=0), store, params=params,
-                      name="cancelled", cancel=cancel, progress=progress)
+            run_suite(
+                "matmul",
+                BenchOptions(quick=True, repeat=2, min_time_s=0),
+                store,
+                params=params,
+                name="cancelled",
+                cancel=cancel,
+                progress=progress,
+            )
         saved = store.load("cancelled")
     assert saved.info.status == "aborted"
     assert [m.name for m in saved.result.metrics] == ["matmul_float32_16"]
@@ -61,22 +68,24 @@ def test_unavailable_device_is_one_line_and_exit_2(db, capsys):
 
 
 def test_param_sets_suite_parameters_and_is_saved(db, capsys):
-    args = ["--db", db, "bench", "matmul", *FAST, "--name", "mm", "--param", "sizes=16,32",
-            "--param", "dtypes=float32"]
+    args = ["--db", db, "bench", "matmul", *FAST, "--name", "mm", "--param", "sizes=16,32", "--param", "dtypes=float32"]
     assert main(args) == 0
     capsys.readouterr()
     from opscope.engine.store import RunStore
 
     with RunStore.open(db) as store:
         run = store.load("mm").result
-    assert sorted({m.name for m in run.metrics if not m.name.endswith(".pct_peak")} & {
-        "matmul_float32_16", "matmul_float32_32", "matmul_float32_64"}) == ["matmul_float32_16", "matmul_float32_32"]
+    assert sorted(
+        {m.name for m in run.metrics if not m.name.endswith(".pct_peak")}
+        & {"matmul_float32_16", "matmul_float32_32", "matmul_float32_64"}
+    ) == ["matmul_float32_16", "matmul_float32_32"]
     assert run.settings["suite_params"]["dtypes"] == ["float32"]
 
 
-@pytest.mark.parametrize("param, message", [("size=16", "KEY=VALUE with KEY one of"),
-                                            ("sizes=sixteen", "cannot read 'sixteen'"),
-                                            ("sizes", "KEY=VALUE")])
+@pytest.mark.parametrize(
+    "param, message",
+    [("size=16", "KEY=VALUE with KEY one of"), ("sizes=sixteen", "cannot read 'sixteen'"), ("sizes", "KEY=VALUE")],
+)
 def test_bad_param_is_one_line_and_exit_2(db, capsys, param, message):
     assert main(["--db", db, "bench", "matmul", *FAST, "--param", param]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -111,7 +120,7 @@ def test_suite_help_lists_each_parameter_with_its_default_unit_and_help(capsys):
     assert e.value.code == 0
     lines = capsys.readouterr().out.splitlines()
     start = lines.index("matmul parameters (--param KEY=VALUE, default shown):")
-    assert lines[start + 1:] == [
+    assert lines[start + 1 :] == [
         "  dtypes=float32,bfloat16,float16  Data types: Element types measured, each at every size (float32, "
         "bfloat16, float16).",
         "  sizes=128,256,512,1024,2048,4096,8192  Matrix sizes (n×n): Square matrix sizes n: each point multiplies "
@@ -154,8 +163,14 @@ def test_telemetry_and_bench_iter_markers_are_saved_with_the_run(db):
     params = matmul.Params(dtypes=("float32",), sizes=(16,))
     live: list = []
     with RunStore.open(db) as store:
-        run_id, _ = run_suite("matmul", BenchOptions(quick=True, repeat=3, min_time_s=0), store,
-                              params=params, recorder=rec, on_metric=live.append)
+        run_id, _ = run_suite(
+            "matmul",
+            BenchOptions(quick=True, repeat=3, min_time_s=0),
+            store,
+            params=params,
+            recorder=rec,
+            on_metric=live.append,
+        )
         saved = store.get(run_id)
     assert [m.name for m in live] == [m.name for m in saved.metrics]
     iters = [m for m in saved.markers if m.phase == "bench_iter"]
@@ -170,11 +185,16 @@ def test_summary_table_states_the_peaks_and_never_prints_above_100_pct():
     from opscope.engine.core.results import Metric, RunResult
 
     peaks_used = {"flop_s": 1e9, "flop_source": "measured: matmul suite, n=128", "bytes_s": None}
-    run = RunResult(kind="scaling", settings={"suite_params": {"peaks": peaks_used}}, metrics=[
-        Metric("fwd_gpt2-small", "tok/s", [4.0, 5.0, 6.0]),
-        Metric("fwd_gpt2-small.mfu", "%", [150.0, 160.0, 170.0]),
-        Metric("fwd_gpt2-xl", "tok/s", [], status="failed", error="skipped: needs ~9 GiB, 4 GiB free"),
-        Metric("odd", "ms", [], status="failed", error="bad [/bold] x")])
+    run = RunResult(
+        kind="scaling",
+        settings={"suite_params": {"peaks": peaks_used}},
+        metrics=[
+            Metric("fwd_gpt2-small", "tok/s", [4.0, 5.0, 6.0]),
+            Metric("fwd_gpt2-small.mfu", "%", [150.0, 160.0, 170.0]),
+            Metric("fwd_gpt2-xl", "tok/s", [], status="failed", error="skipped: needs ~9 GiB, 4 GiB free"),
+            Metric("odd", "ms", [], status="failed", error="bad [/bold] x"),
+        ],
+    )
     out = io.StringIO()
     summary_table(run, 7, out)
     text = out.getvalue()

@@ -1,10 +1,10 @@
 """crossover (issue 14 item 7): the one-device message for real on this CPU-only machine, and the
 crossover rule on recorded timings (from a CPU/H100 sweep's shape: small sizes lose to the launch
 and transfer cost, large ones win)."""
+
 from __future__ import annotations
 
 import pytest
-
 from opscope.engine.bench.measure.runner import Point, PointOutcome
 from opscope.engine.bench.suites import crossover
 from opscope.engine.cli.main import main
@@ -45,18 +45,30 @@ def _outcome(workload: str, where: str, n: int, ms: float) -> PointOutcome:
 
 def test_crossover_metrics_from_recorded_points():
     timings = {  # size: (cpu, accelerator, transfer) ms
-        16: (0.002, 0.015, 0.02), 128: (0.15, 0.016, 0.03), 512: (6.0, 0.05, 0.3)}
-    outcomes = [_outcome("matmul", where, n, t) for n, row in timings.items()
-                for where, t in zip(("cpu", "accel", "transfer"), row)]
-    outcomes += [_outcome("decode", where, n, t) for n in (64, 576)
-                 for where, t in zip(("cpu", "accel", "transfer"), (0.01, 0.05, 0.02))]
+        16: (0.002, 0.015, 0.02),
+        128: (0.15, 0.016, 0.03),
+        512: (6.0, 0.05, 0.3),
+    }
+    outcomes = [
+        _outcome("matmul", where, n, t)
+        for n, row in timings.items()
+        for where, t in zip(("cpu", "accel", "transfer"), row)
+    ]
+    outcomes += [
+        _outcome("decode", where, n, t)
+        for n in (64, 576)
+        for where, t in zip(("cpu", "accel", "transfer"), (0.01, 0.05, 0.02))
+    ]
     note: dict[str, str] = {}
-    metrics = crossover.crossover_metrics(outcomes, {"matmul": (16, 128, 512), "decode": (64, 576),
-                                                     "attention": (16,)}, "cuda:0", note)
+    metrics = crossover.crossover_metrics(
+        outcomes, {"matmul": (16, 128, 512), "decode": (64, 576), "attention": (16,)}, "cuda:0", note
+    )
     by = {m.name: m for m in metrics}
     assert by["matmul.crossover"].samples == [128.0] and by["matmul.crossover"].status == "ok"
-    assert by["decode.crossover"].status == "failed" and "CPU is faster up to the largest size swept (576)" in \
-        by["decode.crossover"].error
+    assert (
+        by["decode.crossover"].status == "failed"
+        and "CPU is faster up to the largest size swept (576)" in by["decode.crossover"].error
+    )
     assert by["attention.crossover"].error == "no size measured on both devices"
     assert note["matmul"] == "cuda:0 with transfer is faster from 128 on"
 
@@ -72,7 +84,12 @@ def test_the_whole_suite_runs_with_the_cpu_standing_in_for_the_accelerator():
     _, result = run_suite("crossover", BenchOptions(quick=True, threads=1), params=params)
     assert result.status == "completed", result.error
     names = {m.name for m in result.metrics}
-    assert {"matmul.cpu.16", "matmul.accel.64", "matmul.transfer.64", "attention.transfer.16",
-            "decode.accel.64"} <= names
+    assert {
+        "matmul.cpu.16",
+        "matmul.accel.64",
+        "matmul.transfer.64",
+        "attention.transfer.16",
+        "decode.accel.64",
+    } <= names
     assert {"matmul.crossover", "attention.crossover", "decode.crossover"} <= names
     assert result.settings["suite_params"]["accelerator"] == "cpu"

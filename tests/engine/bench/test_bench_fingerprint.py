@@ -1,4 +1,5 @@
 """The environment fingerprint: real probes on this machine, a fake NVML for the GPU fields."""
+
 from __future__ import annotations
 
 import hashlib
@@ -73,13 +74,22 @@ class FakeNVML(types.ModuleType):
 
 
 def test_nvidia_fields_from_nvml(monkeypatch):
-    fake = FakeNVML([{"name": "NVIDIA H100 80GB HBM3", "mem": 80 * 2**30, "power_mw": 700_000},
-                     {"name": "NVIDIA L4", "mem": 24 * 2**30, "power_mw": None}])
+    fake = FakeNVML(
+        [
+            {"name": "NVIDIA H100 80GB HBM3", "mem": 80 * 2**30, "power_mw": 700_000},
+            {"name": "NVIDIA L4", "mem": 24 * 2**30, "power_mw": None},
+        ]
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     nv = fingerprint.nvidia_info()
     assert nv["status"] == "ok" and nv["driver"] == "550.54.15" and nv["cuda_driver"] == "12.4"
-    assert nv["gpus"][0] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 * 2**30,
-                             "power_limit_w": 700.0, "sm_clock_max_mhz": 1980}
+    assert nv["gpus"][0] == {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory_bytes": 80 * 2**30,
+        "power_limit_w": 700.0,
+        "sm_clock_max_mhz": 1980,
+    }
     assert nv["gpus"][1]["power_limit_w"] is None  # unsupported field: None, not a failure
     assert fake.shutdown == 1
 
@@ -89,6 +99,7 @@ def test_no_driver_is_a_reason_not_an_error(monkeypatch):
 
     def no_lib():
         raise fake.NVMLError("NVML Shared Library Not Found")
+
     fake.nvmlInit = no_lib
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     assert fingerprint.nvidia_info() == {"gpus": [], "status": "no NVIDIA GPU (NVML Shared Library Not Found)"}
@@ -107,8 +118,9 @@ def test_sha256_is_cached_by_path_mtime_and_size(tmp_path):
 
 
 def _git(repo, *args):
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True
+    )
 
 
 def test_git_commit_and_dirty_flag(tmp_path):

@@ -1,10 +1,10 @@
 """The suites that run the real default model (SmolLM2-135M, loaded once for this module)."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-
 from opscope.engine.bench.measure.options import BenchOptions
 from opscope.engine.bench.session import run_suite
 from opscope.engine.bench.suites import _model as M
@@ -71,12 +71,16 @@ def test_mbu_bytes_of_the_fast_path_are_its_packed_blocks(lm, dense_lm):
     if lm.options.fastpath == "off":
         pytest.skip("the fast path is not active (no C compiler here)")
     model = lm.model
-    named = {t.data_ptr(): (n, t) for n, t in list(model.named_parameters()) + list(model.named_buffers())
-             if ".cache." not in n and "inv_freq" not in n and t.numel()}
+    named = {
+        t.data_ptr(): (n, t)
+        for n, t in list(model.named_parameters()) + list(model.named_buffers())
+        if ".cache." not in n and "inv_freq" not in n and t.numel()
+    }
     head = {t.data_ptr() for t in list(model.lm_head.parameters()) + list(model.lm_head.buffers())}
     total = sum(t.numel() * t.element_size() for _, t in named.values())
-    own_table = sum(t.numel() * t.element_size() for ptr, (n, t) in named.items()
-                    if n.startswith("embed.") and ptr not in head)
+    own_table = sum(
+        t.numel() * t.element_size() for ptr, (n, t) in named.items() if n.startswith("embed.") and ptr not in head
+    )
     expected = total - own_table + own_table // lm.config.vocab_size
     before = _reset_peak_rss_kb()
     assert M.weight_bytes_per_step(model) == expected
@@ -87,8 +91,9 @@ def test_mbu_bytes_of_the_fast_path_are_its_packed_blocks(lm, dense_lm):
 def _vm_kb(key: str) -> int:
     from pathlib import Path
 
-    return int(next(ln for ln in Path("/proc/self/status").read_text().splitlines()
-                    if ln.startswith(key + ":")).split()[1])
+    return int(
+        next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith(key + ":")).split()[1]
+    )
 
 
 def _reset_peak_rss_kb() -> int:
@@ -102,8 +107,9 @@ def _reset_peak_rss_kb() -> int:
 def test_forward_flops_match_the_closed_form(lm):
     cfg = lm.config
     one = M.forward_flops(cfg, 1, 0)
-    assert one == pytest.approx(2 * M.body_matmul_params(cfg) + 2 * cfg.dim * cfg.vocab_size
-                                + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim)
+    assert one == pytest.approx(
+        2 * M.body_matmul_params(cfg) + 2 * cfg.dim * cfg.vocab_size + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim
+    )
     # n tokens at once = the same tokens one at a time with a growing cache
     assert M.forward_flops(cfg, 5, 3) == pytest.approx(sum(M.forward_flops(cfg, 1, 3 + i) for i in range(5)))
 
@@ -132,4 +138,4 @@ def test_batch_tiny_throughput_and_latency(lm):
     assert result.status == "completed"
     for b in (1, 2):
         tps, lat = m[f"batch{b}"].samples, m[f"batch{b}.latency"].samples
-        assert all(math.isclose(l, b / t * 1e3) for t, l in zip(tps, lat))
+        assert all(math.isclose(ms, b / t * 1e3) for t, ms in zip(tps, lat))

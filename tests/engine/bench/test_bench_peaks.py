@@ -1,5 +1,6 @@
 """Peaks MFU/MBU divide by: theoretical (from /proc/cpuinfo or NVML + datasheet) and measured (only by a
 full, quiet run; replaced only when beaten; invalidated when exceeded). Never above 100% in a table."""
+
 from __future__ import annotations
 
 import io
@@ -9,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from opscope.engine.bench.ceilings import peaks, theoretical
 from opscope.engine.bench.measure.options import BenchOptions
 from opscope.engine.bench.session import run_suite
@@ -37,6 +37,7 @@ def busy_cpu():
 
 
 # --- measured: who may set it ------------------------------------------------------------------
+
 
 def test_a_quick_or_busy_run_never_sets_the_measured_peak():
     said = peaks.record_measured("cpu", "matmul", "float32", 300e9, "x", quick=True, other_cores=0.0)
@@ -71,8 +72,7 @@ def test_an_invalidated_peak_is_not_used_and_a_later_quiet_run_replaces_it():
 
 def test_peaks_cached_by_the_old_quick_measurement_are_ignored(cache_dir):
     cache_dir.mkdir(parents=True)
-    old = {peaks.device_key("cpu"): {"matmul:float32": {"value": 8.3e9, "source": "quick matmul_float32_512",
-                                                          "t": 0}}}
+    old = {peaks.device_key("cpu"): {"matmul:float32": {"value": 8.3e9, "source": "quick matmul_float32_512", "t": 0}}}
     (cache_dir / "peaks.json").write_text(json.dumps(old))
     assert peaks.measured("cpu", "matmul", "float32") is None
     assert peaks.get("cpu", "matmul", "float32").basis == "theoretical"
@@ -80,11 +80,15 @@ def test_peaks_cached_by_the_old_quick_measurement_are_ignored(cache_dir):
 
 # --- theoretical: CPU from /proc/cpuinfo, GPU from NVML + datasheet ----------------------------
 
-def _cpuinfo(tmp_path: Path, flags: str, n_cpus: int, cores_per_socket: int, mhz: float,
-             max_khz: int | None = None) -> tuple[Path, Path]:
-    blocks = [f"processor\t: {i}\nmodel name\t: Test CPU\ncpu MHz\t\t: {mhz:.3f}\nphysical id\t: 0\n"
-              f"core id\t\t: {i % cores_per_socket}\ncpu cores\t: {cores_per_socket}\nflags\t\t: {flags}\n"
-              for i in range(n_cpus)]
+
+def _cpuinfo(
+    tmp_path: Path, flags: str, n_cpus: int, cores_per_socket: int, mhz: float, max_khz: int | None = None
+) -> tuple[Path, Path]:
+    blocks = [
+        f"processor\t: {i}\nmodel name\t: Test CPU\ncpu MHz\t\t: {mhz:.3f}\nphysical id\t: 0\n"
+        f"core id\t\t: {i % cores_per_socket}\ncpu cores\t: {cores_per_socket}\nflags\t\t: {flags}\n"
+        for i in range(n_cpus)
+    ]
     info = tmp_path / "cpuinfo"
     info.write_text("\n".join(blocks))
     sys_cpu = tmp_path / "sys"
@@ -94,15 +98,18 @@ def _cpuinfo(tmp_path: Path, flags: str, n_cpus: int, cores_per_socket: int, mhz
     return info, sys_cpu
 
 
-@pytest.mark.parametrize("flags, dtype, per_cycle", [
-    ("fpu sse2 avx avx2 fma avx512f avx512bw", "float32", 64),   # 2 FMA units × 16 lanes × 2
-    ("fpu sse2 avx avx2 fma avx512f avx512_bf16", "bfloat16", 128),  # VDPBF16PS: twice fp32
-    ("fpu sse2 avx avx2 fma avx512f amx_bf16 avx512_bf16", "bfloat16", 1024),  # AMX tiles
-    ("fpu sse2 avx avx2 fma", "float32", 32),
-    ("fpu sse2 avx avx2 fma", "bfloat16", 32),  # no native bf16: computed at the fp32 rate
-    ("fpu sse2 avx", "float32", 16),
-    ("fp asimd evtstrm", "float32", 16),
-])
+@pytest.mark.parametrize(
+    "flags, dtype, per_cycle",
+    [
+        ("fpu sse2 avx avx2 fma avx512f avx512bw", "float32", 64),  # 2 FMA units × 16 lanes × 2
+        ("fpu sse2 avx avx2 fma avx512f avx512_bf16", "bfloat16", 128),  # VDPBF16PS: twice fp32
+        ("fpu sse2 avx avx2 fma avx512f amx_bf16 avx512_bf16", "bfloat16", 1024),  # AMX tiles
+        ("fpu sse2 avx avx2 fma", "float32", 32),
+        ("fpu sse2 avx avx2 fma", "bfloat16", 32),  # no native bf16: computed at the fp32 rate
+        ("fpu sse2 avx", "float32", 16),
+        ("fp asimd evtstrm", "float32", 16),
+    ],
+)
 def test_cpu_theoretical_peak_from_cpuinfo_flags(tmp_path, flags, dtype, per_cycle):
     info, sys_cpu = _cpuinfo(tmp_path, flags, n_cpus=4, cores_per_socket=4, mhz=2300.0, max_khz=3_000_000)
     spec = theoretical.cpu_spec(info, sys_cpu, usable=None)
@@ -136,8 +143,12 @@ def test_this_machines_theoretical_peak_is_a_ceiling_for_matmul(store_path):
 
     peak = peaks.theoretical("cpu", "matmul", "float32")
     assert peak.basis == "theoretical" and peak.label.startswith("theoretical ") and "FLOP/cycle" in peak.source
-    _, result = run_suite("matmul", BenchOptions(quick=True, repeat=3, min_time_s=0, threads=torch.get_num_threads()),
-                          None, params=matmul.Params(dtypes=("float32",), sizes=(256,)))
+    _, result = run_suite(
+        "matmul",
+        BenchOptions(quick=True, repeat=3, min_time_s=0, threads=torch.get_num_threads()),
+        None,
+        params=matmul.Params(dtypes=("float32",), sizes=(256,)),
+    )
     gflops = {m.name: m for m in result.metrics}["matmul_float32_256"].samples
     assert max(gflops) * 1e9 < peak.value
 
@@ -167,13 +178,16 @@ class _Gpus:
         return FakeWithClocks([FakeGpu(name)]).install(monkeypatch)
 
 
-@pytest.mark.parametrize("gpu, sm, mem, bus, bf16_tflops, tb_s", [
-    ("NVIDIA H100 80GB HBM3", 1980, 2619, 5120, 989, 3.352),
-    ("NVIDIA H100 PCIe", 1755, 1593, 5120, 756, 2.039),
-    ("NVIDIA A100-SXM4-80GB", 1410, 1593, 5120, 312, 2.039),
-    ("NVIDIA L4", 2040, 6251, 192, 121, 0.300),
-    ("NVIDIA GeForce RTX 4090", 2520, 10501, 384, 165.2, 1.008),
-])
+@pytest.mark.parametrize(
+    "gpu, sm, mem, bus, bf16_tflops, tb_s",
+    [
+        ("NVIDIA H100 80GB HBM3", 1980, 2619, 5120, 989, 3.352),
+        ("NVIDIA H100 PCIe", 1755, 1593, 5120, 756, 2.039),
+        ("NVIDIA A100-SXM4-80GB", 1410, 1593, 5120, 312, 2.039),
+        ("NVIDIA L4", 2040, 6251, 192, 121, 0.300),
+        ("NVIDIA GeForce RTX 4090", 2520, 10501, 384, 165.2, 1.008),
+    ],
+)
 def test_gpu_theoretical_peak_from_nvml_clocks_and_the_datasheet(monkeypatch, gpu, sm, mem, bus, bf16_tflops, tb_s):
     nvml = _Gpus.install(monkeypatch, gpu, sm, mem, bus)
     flop = peaks._gpu_theoretical(0, "matmul", "bfloat16")
@@ -204,8 +218,9 @@ FULL = dict(repeat=5, min_time_s=0.0, warmup=1)
 
 def test_a_quiet_full_matmul_run_records_its_fastest_repetition(tmp_path, monkeypatch):
     monkeypatch.setattr(peaks, "PROC", quiet_proc(tmp_path))
-    _, result = run_suite("matmul", BenchOptions(**FULL), None,
-                          params=matmul.Params(dtypes=("float32",), sizes=(32, 64)))
+    _, result = run_suite(
+        "matmul", BenchOptions(**FULL), None, params=matmul.Params(dtypes=("float32",), sizes=(32, 64))
+    )
     m = {x.name: x for x in result.metrics}
     best = max((max(m[f"matmul_float32_{n}"].samples), n) for n in (32, 64))
     peak = peaks.measured("cpu", "matmul", "float32")
@@ -217,15 +232,17 @@ def test_a_quiet_full_matmul_run_records_its_fastest_repetition(tmp_path, monkey
 
 def test_a_planted_slowdown_run_records_nothing_even_when_quiet(tmp_path, monkeypatch):
     monkeypatch.setattr(peaks, "PROC", quiet_proc(tmp_path))
-    _, result = run_suite("matmul", BenchOptions(**FULL), None,
-                          params=matmul.Params(dtypes=("float32",), sizes=(32,), planted_slowdown=2))
+    _, result = run_suite(
+        "matmul", BenchOptions(**FULL), None, params=matmul.Params(dtypes=("float32",), sizes=(32,), planted_slowdown=2)
+    )
     assert peaks.measured("cpu", "matmul", "float32") is None
     assert result.settings["suite_params"]["peak_record"]["float32"].startswith("not recorded: a planted")
 
 
 def test_a_matmul_run_beside_a_busy_process_records_nothing(busy_cpu):
-    _, result = run_suite("matmul", BenchOptions(**FULL), None,
-                          params=matmul.Params(dtypes=("float32",), sizes=(64,), call_budget_s=5))
+    _, result = run_suite(
+        "matmul", BenchOptions(**FULL), None, params=matmul.Params(dtypes=("float32",), sizes=(64,), call_budget_s=5)
+    )
     assert peaks.measured("cpu", "matmul", "float32") is None
     said = result.settings["suite_params"]["peak_record"]["float32"]
     assert said.startswith("not recorded: other processes kept") and "cores busy" in said
@@ -235,8 +252,9 @@ def test_exceeding_a_measured_peak_invalidates_it_and_no_table_prints_it():
     from opscope.engine.bench.report import summary_table
 
     peaks.record("cpu", "matmul", "float32", 0.5e9, "a peak taken on a busy machine")
-    _, result = run_suite("matmul", BenchOptions(quick=True, **FULL), None,
-                          params=matmul.Params(dtypes=("float32",), sizes=(64,)))
+    _, result = run_suite(
+        "matmul", BenchOptions(quick=True, **FULL), None, params=matmul.Params(dtypes=("float32",), sizes=(64,))
+    )
     m = {x.name: x for x in result.metrics}
     over = m["matmul_float32_64.pct_peak_measured"]
     assert over.status == "failed" and over.error.startswith("invalid: reached ")

@@ -4,6 +4,7 @@
 The load is real: either a real busy-loop process read through the real /proc, or fake /proc files
 in tmp_path (as tests/engine/core/test_cpuload.py does) whose jiffy counters a point's step advances itself.
 conftest points every test at a quiet fake /proc; the tests of real load set OPSCOPE_PROC=/proc."""
+
 from __future__ import annotations
 
 import io
@@ -17,11 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
 from opscope.engine.bench.measure import quality as Q
 from opscope.engine.bench.measure.runner import Point, RunnerConfig, run_points
 from opscope.engine.core.results import RunResult
-from opscope.engine.store import RunStore, db as store_db
+from opscope.engine.store import RunStore
+from opscope.engine.store import db as store_db
 
 SLOW_REP_S = 0.12  # longer than quality.MIN_WINDOW_S: every repetition gets a load window of its own
 
@@ -44,7 +45,9 @@ def busy_proc_point(root: Path, disturbed_reps: int | None, value=lambda s: 5.0,
             if disturbed_reps is None or calls[0] <= disturbed_reps + 1:  # +1: the warm-up call
                 write_proc(root, 1000 + 100 * calls[0])
             time.sleep(SLOW_REP_S)
+
         return step
+
     return Point(name, "ms", prepare, value=value, higher_is_better=False)
 
 
@@ -57,8 +60,7 @@ def measure(point: Point, **cfg) -> list:
 @contextmanager
 def busy_loop(seconds: float = 120.0):
     """A real other process keeping one core busy."""
-    hog = subprocess.Popen([sys.executable, "-c",
-                            f"import time\nt=time.time()\nwhile time.time()-t<{seconds}: pass"])
+    hog = subprocess.Popen([sys.executable, "-c", f"import time\nt=time.time()\nwhile time.time()-t<{seconds}: pass"])
     try:
         time.sleep(0.3)  # let it start spinning
         yield hog
@@ -69,10 +71,11 @@ def busy_loop(seconds: float = 120.0):
 
 # --- runner: load per sample, re-runs, quality -----------------------------------------------------
 
+
 def test_quiet_fake_proc_gives_ok_with_zero_load_per_sample(tmp_path, monkeypatch):
     write_proc(tmp_path, 1000)
     monkeypatch.setenv("OPSCOPE_PROC", str(tmp_path))
-    point = Point("steady", "ms", lambda: (lambda: sum(range(100))), value=lambda s: 2.0)
+    point = Point("steady", "ms", lambda: lambda: sum(range(100)), value=lambda s: 2.0)
     (m,) = measure(point, min_reps=5)
     assert m.quality == "ok"
     assert m.load["other_cores"] == [0.0] * len(m.samples) and m.load["rerun"] == 0
@@ -83,7 +86,7 @@ def test_spread_without_foreign_load_is_noisy(tmp_path, monkeypatch):
     write_proc(tmp_path, 1000)
     monkeypatch.setenv("OPSCOPE_PROC", str(tmp_path))
     values = iter([1.0, 10.0] * 50)
-    point = Point("jumpy", "ms", lambda: (lambda: None), value=lambda s: next(values))
+    point = Point("jumpy", "ms", lambda: lambda: None, value=lambda s: next(values))
     (m,) = measure(point, min_reps=6, warmup=0)
     assert m.quality == "noisy" and set(m.load["other_cores"]) == {0.0}
 
@@ -112,8 +115,15 @@ def test_every_metric_of_a_disturbed_point_carries_its_load(tmp_path, monkeypatc
 
     monkeypatch.setenv("OPSCOPE_PROC", str(tmp_path))
     base = busy_proc_point(tmp_path, disturbed_reps=None)
-    point = Point(base.name, base.unit, base.prepare, base.value, observe=lambda out: {"x": [1.0, 1.0]},
-                  extras=(Extra("x", "n"),), derived=(Derived("p.double", "ms", lambda v: 2 * v),))
+    point = Point(
+        base.name,
+        base.unit,
+        base.prepare,
+        base.value,
+        observe=lambda out: {"x": [1.0, 1.0]},
+        extras=(Extra("x", "n"),),
+        derived=(Derived("p.double", "ms", lambda v: 2 * v),),
+    )
     metrics = measure(point, min_reps=2, rerun_s=0.0)
     assert [m.name for m in metrics] == ["p", "x", "p.double"]
     assert {m.quality for m in metrics} == {"disturbed"}
@@ -129,12 +139,15 @@ def test_bad_threshold_is_a_config_error():
 
 # --- GPU: other processes through the NVML wrapper (fake NVML) ----------------------------------
 
+
 def test_other_gpu_processes_exclude_ours(monkeypatch):
     pynvml = pytest.importorskip("pynvml")
     from fake_nvml import FakeGpu, FakeNvml
+
     me = os.getpid()
-    FakeNvml([FakeGpu("H100", procs=((me, 1 << 20), (99999, 1 << 30))), FakeGpu("H100", procs=((me, 1),))]
-             ).install(monkeypatch)
+    FakeNvml([FakeGpu("H100", procs=((me, 1 << 20), (99999, 1 << 30))), FakeGpu("H100", procs=((me, 1),))]).install(
+        monkeypatch
+    )
     assert Q.GpuOthers(0).count() == 1
     assert Q.GpuOthers(1).count() == 0
     assert Q.SampleLoad(0.0, 1).disturbed(0.25) and not Q.SampleLoad(0.0, 0).disturbed(0.25)
@@ -145,11 +158,23 @@ def test_other_gpu_processes_exclude_ours(monkeypatch):
 
 # --- the CLI with a real busy process ------------------------------------------------------------
 
+
 def _bench(db: str, name: str, capsys) -> str:
     from opscope.engine.cli.main import main
 
-    args = ["--db", db, "bench", "matmul", "--quick", "--name", name, "--param", "sizes=16",
-            "--param", "dtypes=float32"]
+    args = [
+        "--db",
+        db,
+        "bench",
+        "matmul",
+        "--quick",
+        "--name",
+        name,
+        "--param",
+        "sizes=16",
+        "--param",
+        "dtypes=float32",
+    ]
     assert main(args) == 0
     return capsys.readouterr().out
 
@@ -161,8 +186,11 @@ def test_busy_process_marks_samples_disturbed_reruns_and_prints_it(tmp_path, mon
     with busy_loop():
         out = _bench(db, "busy", capsys)
     line = next(ln for ln in out.splitlines() if ln.startswith("run quality:"))
-    assert re.fullmatch(r"run quality: disturbed \(other processes kept up to (\d+\.\d\d) cores busy during kept "
-                        r"samples \(threshold 0\.25\).*\)", line), line
+    assert re.fullmatch(
+        r"run quality: disturbed \(other processes kept up to (\d+\.\d\d) cores busy during kept "
+        r"samples \(threshold 0\.25\).*\)",
+        line,
+    ), line
     assert float(re.search(r"up to (\d+\.\d\d)", line).group(1)) >= 0.5  # the busy loop's core
     assert "quality: ok = no foreign load" in out  # the legend
     assert re.search(r"^run quality: (ok|noisy) ", quiet_out, re.M)
@@ -177,6 +205,7 @@ def test_busy_process_marks_samples_disturbed_reruns_and_prints_it(tmp_path, mon
 
 
 # --- store, list, show, compare --------------------------------------------------------------------
+
 
 def _save_pair(tmp_path, monkeypatch) -> str:
     """Two saved runs of the same point: "calm" on a quiet fake /proc, "stormy" under load throughout."""
@@ -237,10 +266,12 @@ def test_a_database_from_before_quality_opens_with_unknown_quality(tmp_path):
         with engine.begin() as conn:
             conn.exec_driver_sql(
                 "INSERT INTO runs (id, name, kind, status, notes, created_at, settings, fingerprint) "
-                "VALUES (1, 'old', 'llm', 'completed', '', '2026-01-02 03:04:05', '{}', '{}')")
+                "VALUES (1, 'old', 'llm', 'completed', '', '2026-01-02 03:04:05', '{}', '{}')"
+            )
             conn.exec_driver_sql(
                 "INSERT INTO metrics (run_id, position, name, unit, higher_is_better, params, status, samples) "
-                "VALUES (1, 0, 'tg128', 'tok/s', 1, '{}', 'ok', '[21.5, 22.0]')")
+                "VALUES (1, 0, 'tg128', 'tok/s', 1, '{}', 'ok', '[21.5, 22.0]')"
+            )
     finally:
         engine.dispose()
     with RunStore.open(path) as store:
@@ -257,7 +288,7 @@ def test_summary_table_prints_quality_column_and_line(tmp_path, monkeypatch):
 
     write_proc(tmp_path, 1000)
     monkeypatch.setenv("OPSCOPE_PROC", str(tmp_path))
-    metrics = measure(Point("steady", "ms", lambda: (lambda: None), value=lambda s: 2.0), min_reps=5)
+    metrics = measure(Point("steady", "ms", lambda: lambda: None, value=lambda s: 2.0), min_reps=5)
     result = RunResult(kind="matmul", metrics=metrics, status="completed", quality=Q.worst(["ok"]))
     out = io.StringIO()
     summary_table(result, None, out)
@@ -268,6 +299,7 @@ def test_summary_table_prints_quality_column_and_line(tmp_path, monkeypatch):
 
 
 # --- tg uses generation's decode-thread policy -----------------------------------------------------
+
 
 def _threads_per_decode_call(model, run) -> list[int]:
     """torch's intra-op thread count at every single-token forward pass ``run`` makes."""
@@ -303,13 +335,13 @@ def test_tg_points_decode_with_the_threads_generation_uses(lm):
 
 def _bench_and_generate_threads_agree(lm, have):
     import torch
-
     from opscope.engine.bench.measure.options import BenchOptions
     from opscope.engine.bench.suites import llm
     from opscope.engine.generation.generate import GenerationConfig
 
-    plan = llm.plan(BenchOptions(quick=True), llm.Params(pp=8, tg=48, depths=(0,), gen_prompt=8, gen_tokens=48),
-                    model=lm)
+    plan = llm.plan(
+        BenchOptions(quick=True), llm.Params(pp=8, tg=48, depths=(0,), gen_prompt=8, gen_tokens=48), model=lm
+    )
     tg = next(p for p in plan.points if p.name == "tg48")
     step = tg.prepare()
     ids = list(range(10, 18))
@@ -348,8 +380,9 @@ def test_the_run_summary_says_what_became_of_disturbed_samples():
     from opscope.engine.core.results import Metric
 
     def metric(name: str, loads: list[float], dropped: list[float]) -> Metric:
-        record = Q.load_record([Q.SampleLoad(c) for c in loads], 0.25, [1.0] * len(dropped),
-                               [Q.SampleLoad(c) for c in dropped])
+        record = Q.load_record(
+            [Q.SampleLoad(c) for c in loads], 0.25, [1.0] * len(dropped), [Q.SampleLoad(c) for c in dropped]
+        )
         return Metric(name, "tok/s", [1.0] * len(loads), load=record)
 
     kept_all = Q.run_summary([metric("a", [1.5] * 6, [])], "disturbed")

@@ -3,36 +3,49 @@
 The figures are worked out by hand from the formulas (2·n³ FLOP over 3·n²·4 bytes for an fp32
 matmul, the llm suite's stored work per token), not from the code under test; one llm run is real.
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from opscope.engine.bench.ceilings import peaks, roofline
 from opscope.engine.cli.main import main
 from opscope.engine.core.results import Metric, RunResult
 from opscope.engine.store import RunStore
 
-TH = {"value": 500e9, "source": "test", "basis": "theoretical", "kind": "matmul", "dtype": "float32",
-      "label": "theoretical 500 GFLOP/s"}
+TH = {
+    "value": 500e9,
+    "source": "test",
+    "basis": "theoretical",
+    "kind": "matmul",
+    "dtype": "float32",
+    "label": "theoretical 500 GFLOP/s",
+}
 
 
 def matmul_run(name="mm") -> RunResult:
-    metrics = [Metric("matmul_float32_256", "GFLOP/s", [100.0, 102.0, 98.0], params={"n": 256, "dtype": "float32"}),
-               Metric("matmul_float32_64", "GFLOP/s", [10.0, 10.0, 10.0], params={"n": 64, "dtype": "float32"}),
-               Metric("matmul_float32_64.pct_peak", "%", [2.0], params={"n": 64, "dtype": "float32"}),
-               Metric("matmul_float32_8192", "GFLOP/s", [], status="failed", error="skipped: too big")]
-    settings = {"device": "cpu", "dtype": "float32",
-                "suite_params": {"peaks": {"float32": {"theoretical": TH, "measured": None}}}}
+    metrics = [
+        Metric("matmul_float32_256", "GFLOP/s", [100.0, 102.0, 98.0], params={"n": 256, "dtype": "float32"}),
+        Metric("matmul_float32_64", "GFLOP/s", [10.0, 10.0, 10.0], params={"n": 64, "dtype": "float32"}),
+        Metric("matmul_float32_64.pct_peak", "%", [2.0], params={"n": 64, "dtype": "float32"}),
+        Metric("matmul_float32_8192", "GFLOP/s", [], status="failed", error="skipped: too big"),
+    ]
+    settings = {
+        "device": "cpu",
+        "dtype": "float32",
+        "suite_params": {"peaks": {"float32": {"theoretical": TH, "measured": None}}},
+    }
     return RunResult(kind="matmul", name=name, settings=settings, metrics=metrics)
 
 
 def test_matmul_points_by_hand_with_a_measured_bandwidth_ceiling():
     peaks.record("cpu", "bandwidth", None, 20e9, "test: 20 GB/s")
     roof = roofline.from_run(matmul_run())
-    assert [p.name for p in sorted(roof.points, key=lambda p: p.intensity)] == ["matmul_float32_64",
-                                                                               "matmul_float32_256"]
+    assert [p.name for p in sorted(roof.points, key=lambda p: p.intensity)] == [
+        "matmul_float32_64",
+        "matmul_float32_256",
+    ]
     by = {p.name: p for p in roof.points}
     # 2·256³ / (3·256²·4) = 256/6 FLOP/byte; 100 GFLOP/s achieved
     assert by["matmul_float32_256"].intensity == pytest.approx(256 / 6)
@@ -68,9 +81,12 @@ def test_a_missing_ceiling_is_said_with_the_way_to_get_one(monkeypatch):
 
 def test_attention_points_from_the_run_settings():
     m = Metric("attn_sdpa_128", "ms", [2.0, 2.0, 2.0], higher_is_better=False, params={"variant": "sdpa", "seq": 128})
-    run = RunResult(kind="attention", name="at", metrics=[m],
-                    settings={"device": "cpu", "dtype": "float32",
-                              "suite_params": {"batch": 1, "heads": 4, "head_dim": 64}})
+    run = RunResult(
+        kind="attention",
+        name="at",
+        metrics=[m],
+        settings={"device": "cpu", "dtype": "float32", "suite_params": {"batch": 1, "heads": 4, "head_dim": 64}},
+    )
     (pt,) = roofline.from_run(run).points
     flop, nbytes = 2.0 * 4 * 128 * 128 * 64, 4.0 * 4 * 128 * 64 * 4
     assert pt.intensity == pytest.approx(flop / nbytes) and pt.flop_s == pytest.approx(flop / 2e-3)
@@ -97,7 +113,9 @@ def test_cli_text_json_and_svg(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["ridge_flop_per_byte"] == pytest.approx(25.0) and len(doc["points"]) == 2
     svg = (tmp_path / "r.svg").read_text()
-    assert svg.startswith("<svg") and svg.count("<circle") == 2 and svg.count("<polyline") == 1  # one compute × one bandwidth roof
+    assert (
+        svg.startswith("<svg") and svg.count("<circle") == 2 and svg.count("<polyline") == 1
+    )  # one compute × one bandwidth roof
     assert main(["--db", db, "runs", "roofline", "mm", "--out", str(tmp_path / "r.txt")]) == 2
     assert ".svg or .png" in capsys.readouterr().err
 
@@ -145,5 +163,6 @@ def test_a_real_llm_run_places_pp_and_tg_by_their_stored_work(tmp_path, capsys, 
     assert set(by) == {"pp16", "tg4"}
     tg = next(m for m in result.metrics if m.name == "tg4")
     import statistics
+
     assert by["tg4"].flop_s == pytest.approx(statistics.median(tg.samples) * work["tg4"]["flop"])
     assert by["pp16"].intensity > by["tg4"].intensity

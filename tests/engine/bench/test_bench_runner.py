@@ -1,14 +1,14 @@
 """Runner semantics: warm-up excluded, min count AND min time, failed points recorded, cancel,
 sync before every clock read. A deterministic fake clock replaces time; no test depends on speed."""
+
 from __future__ import annotations
 
 import threading
 
 import pytest
-
-from opscope.engine.core import markers
 from opscope.engine.bench.measure import runner
 from opscope.engine.bench.measure.runner import Derived, Extra, Point, RunnerConfig, measure_point, run_points
+from opscope.engine.core import markers
 from opscope.engine.core.errors import Cancelled, ConfigError
 
 
@@ -32,9 +32,18 @@ def counting_point(calls: list, **kw) -> Point:
         def step():
             calls.append(len(calls))
             return len(calls) - 1  # the call's index
+
         return step
-    return Point(name="p", unit="ms", prepare=prepare, value=lambda s: s * 1e3,
-                 observe=lambda out: {"call_index": out}, extras=(Extra("call_index", "n"),), **kw)
+
+    return Point(
+        name="p",
+        unit="ms",
+        prepare=prepare,
+        value=lambda s: s * 1e3,
+        observe=lambda out: {"call_index": out},
+        extras=(Extra("call_index", "n"),),
+        **kw,
+    )
 
 
 def test_warmup_is_excluded_and_min_count_met(monkeypatch):
@@ -78,7 +87,7 @@ def test_failed_point_is_recorded_and_suite_goes_on():
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     bad = Point("big", "GFLOP/s", prepare=oom, value=float, params={"n": 8192})
-    good = Point("small", "GFLOP/s", prepare=lambda: (lambda: None), value=lambda s: 1.0)
+    good = Point("small", "GFLOP/s", prepare=lambda: lambda: None, value=lambda s: 1.0)
     outs = list(run_points([bad, good], RunnerConfig(warmup=0, min_reps=2, min_time_s=0)))
     assert [o.ok for o in outs] == [False, True]
     failed = outs[0].metrics[0]
@@ -91,8 +100,12 @@ def test_step_memory_error_fails_only_that_point():
     def prepare():
         def step():
             raise MemoryError()
+
         return step
-    out = measure_point(Point("m", "ms", prepare=prepare, value=float), RunnerConfig(warmup=0, min_reps=1, min_time_s=0))
+
+    out = measure_point(
+        Point("m", "ms", prepare=prepare, value=float), RunnerConfig(warmup=0, min_reps=1, min_time_s=0)
+    )
     assert not out.ok and out.error.startswith("out of memory")
 
 
@@ -105,13 +118,17 @@ def test_check_failure_marks_point_invalid_but_keeps_samples():
 
 def test_cancel_during_a_point_raises_cancelled():
     cancel = threading.Event()
+
     def prepare():
         calls = []
+
         def step():
             calls.append(1)
             if len(calls) == 3:
                 cancel.set()
+
         return step
+
     pt = Point("c", "ms", prepare=prepare, value=float)
     with pytest.raises(Cancelled):
         list(run_points([pt, pt], RunnerConfig(warmup=0, min_reps=100, min_time_s=0), cancel=cancel))
@@ -121,7 +138,11 @@ def test_progress_reports_done_total_and_eta(monkeypatch):
     monkeypatch.setattr(runner, "now_ns", FakeClock(1000))
     seen = []
     pts = [counting_point([]) for _ in range(3)]
-    list(run_points(pts, RunnerConfig(warmup=0, min_reps=2, min_time_s=0), progress=lambda d, t, e: seen.append((d, t, e))))
+    list(
+        run_points(
+            pts, RunnerConfig(warmup=0, min_reps=2, min_time_s=0), progress=lambda d, t, e: seen.append((d, t, e))
+        )
+    )
     assert seen[0] == (0.0, 3, None)
     assert seen[-1][:2] == (3.0, 3) and seen[-1][2] == 0
     dones = [d for d, _, _ in seen]
@@ -143,14 +164,19 @@ def test_bench_iter_markers_bracket_each_rep():
 def test_cuda_sync_precedes_every_clock_read(monkeypatch):
     # No GPU here: torch.cuda's synchronize is faked, with its real signature, to see the order.
     import torch
+
     log: list = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
     monkeypatch.setattr(runner, "now_ns", FakeClock(1, log))
+
     def prepare():
         return lambda: log.append("step")
-    measure_point(Point("g", "ms", prepare=prepare, value=float, device="cuda:0"),
-                  RunnerConfig(warmup=1, min_reps=2, min_time_s=0))
+
+    measure_point(
+        Point("g", "ms", prepare=prepare, value=float, device="cuda:0"),
+        RunnerConfig(warmup=1, min_reps=2, min_time_s=0),
+    )
     timed = [e for e in log]
     # each timed region: sync, clock, step, sync, clock (the loop's own reads need no sync)
     for i, e in enumerate(timed):
@@ -162,10 +188,18 @@ def test_cuda_sync_precedes_every_clock_read(monkeypatch):
 
 def test_derived_and_peak_memory_metrics():
     import torch
+
     def prepare():
         return lambda: torch.ones(4_000_000)  # 16 MB: visible in peak RSS
-    pt = Point("alloc", "ms", prepare=prepare, value=lambda s: 2.0, track_memory=True,
-               derived=(Derived("alloc.mfu", "%", lambda v: v * 10, {"peak_source": "test"}),))
+
+    pt = Point(
+        "alloc",
+        "ms",
+        prepare=prepare,
+        value=lambda s: 2.0,
+        track_memory=True,
+        derived=(Derived("alloc.mfu", "%", lambda v: v * 10, {"peak_source": "test"}),),
+    )
     out = measure_point(pt, RunnerConfig(warmup=0, min_reps=2, min_time_s=0))
     by = {m.name: m for m in out.metrics}
     assert by["alloc.mfu"].samples == [20.0, 20.0] and by["alloc.mfu"].params["peak_source"] == "test"

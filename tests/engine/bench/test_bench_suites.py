@@ -1,10 +1,10 @@
 """Each benchmark suite at a tiny size on CPU, through the real session and a real SQLite store."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-
 from opscope.engine.bench.ceilings import peaks
 from opscope.engine.bench.measure.options import BenchOptions
 from opscope.engine.bench.session import run_suite
@@ -71,8 +71,12 @@ def test_bandwidth_tiny_counts_read_and_write(store, cache_dir, tmp_path, monkey
     from test_bench_peaks import quiet_proc
 
     monkeypatch.setattr(peaks, "PROC", quiet_proc(tmp_path))  # a /proc where no other process runs
-    _, result = run_suite("bandwidth", BenchOptions(repeat=2, min_time_s=0.0, warmup=1), store,
-                          params=bandwidth.Params(sizes_bytes=(8 * 2**20,)))
+    _, result = run_suite(
+        "bandwidth",
+        BenchOptions(repeat=2, min_time_s=0.0, warmup=1),
+        store,
+        params=bandwidth.Params(sizes_bytes=(8 * 2**20,)),
+    )
     m = by_name(result)["copy_8MiB"]
     assert m.unit == "GB/s" and m.params["bytes_moved_per_copy"] == 2 * 8 * 2**20
     assert all(v > 0 for v in m.samples)

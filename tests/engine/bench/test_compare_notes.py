@@ -1,4 +1,5 @@
 """`opscope runs compare`'s notes: peaks compared by value, footnote legend in the marks' order."""
+
 from __future__ import annotations
 
 from opscope.engine.cli.main import main
@@ -9,8 +10,12 @@ from opscope.engine.store import RunStore
 def _run(name: str, dtype: str, peak_value: float) -> RunResult:
     params = {"peak": f"{peak_value:g} {dtype}", "peak_value": peak_value, "peak_basis": "spec", "peak_unit": "GFLOP/s"}
     # three samples (¹ few), spread over 4x (² noisy), measured under load (³ disturbed)
-    return RunResult(kind="matmul", name=name, settings={"dtype": dtype},
-                     metrics=[Metric("mfu", "%", [10.0, 20.0, 40.0], params=params, quality="disturbed")])
+    return RunResult(
+        kind="matmul",
+        name=name,
+        settings={"dtype": dtype},
+        metrics=[Metric("mfu", "%", [10.0, 20.0, 40.0], params=params, quality="disturbed")],
+    )
 
 
 def _compare(tmp_path, *runs: RunResult, capsys) -> str:

@@ -11,15 +11,15 @@ the false-positive rate per metric is at most alpha (0.032 at 5+5 samples, the l
 p <= 0.05). Hence the A/A gate below uses a threshold above that drift (50%), the planted one a
 threshold below the smallest planted change seen (10%).
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
-from scipy import stats as sps
-
 from opscope.engine.cli.main import main
 from opscope.engine.store import RunStore
+from scipy import stats as sps
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -28,8 +28,24 @@ ROW = "matmul_float32_64"
 
 
 def bench(db, name: str, slowdown: int, *extra: str) -> None:
-    assert main(["--db", db, "bench", "matmul", "--quick", *TINY, "--param", f"planted_slowdown={slowdown}",
-                 "--name", name, *extra]) == 0
+    assert (
+        main(
+            [
+                "--db",
+                db,
+                "bench",
+                "matmul",
+                "--quick",
+                *TINY,
+                "--param",
+                f"planted_slowdown={slowdown}",
+                "--name",
+                name,
+                *extra,
+            ]
+        )
+        == 0
+    )
 
 
 def compare_json(db, capsys, a: str, b: str) -> dict:
@@ -69,8 +85,9 @@ def test_a_a_pairs_of_identical_settings_pass_the_gate(db, capsys):
         bench(db, f"a{i}", 1)
         bench(db, f"b{i}", 1)
         d = compare_json(db, capsys, f"a{i}", f"b{i}")["deltas"][0]
-        assert d["p_value"] == sps.mannwhitneyu(samples(db, f"a{i}"), samples(db, f"b{i}"),
-                                                alternative="two-sided").pvalue
+        assert (
+            d["p_value"] == sps.mannwhitneyu(samples(db, f"a{i}"), samples(db, f"b{i}"), alternative="two-sided").pvalue
+        )
         code, err = gate(db, capsys, f"a{i}", f"b{i}", "50")
         assert code == 0 and "regression" not in err, (d, err)
 

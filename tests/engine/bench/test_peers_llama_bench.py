@@ -3,6 +3,7 @@
 Runs the real llama-bench that the project's tools folder holds (../shared/tools/llama.cpp, which CI
 has); small -p/-n keep it to about a second per call.
 """
+
 from __future__ import annotations
 
 import os
@@ -10,15 +11,14 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from opscope.engine.fastpath.kernels.build import cache_root
 
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))  # see tests/engine/fastpath/test_fastpath_model.py
 
-from opscope.engine.bench.peers import llama_bench  # noqa: E402
-from opscope.engine.bench.measure.options import BenchOptions  # noqa: E402
-from opscope.engine.bench.suites import get_suite  # noqa: E402
-from opscope.engine.core.errors import ConfigError  # noqa: E402
+from opscope.engine.bench.measure.options import BenchOptions
+from opscope.engine.bench.peers import llama_bench
+from opscope.engine.bench.suites import get_suite
+from opscope.engine.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
 LLAMA_BENCH = REPO.parent / "shared" / "tools" / "llama.cpp" / "llama-bench"
@@ -27,8 +27,10 @@ LLAMA_BENCH = REPO.parent / "shared" / "tools" / "llama.cpp" / "llama-bench"
 @pytest.fixture(scope="module")
 def binary() -> Path:
     if not LLAMA_BENCH.is_file():
-        pytest.fail(f"llama-bench is missing at {LLAMA_BENCH}: these tests need llama.cpp's tools "
-                    f"(see ../shared/tools/llama.cpp/BUILD.md)")
+        pytest.fail(
+            f"llama-bench is missing at {LLAMA_BENCH}: these tests need llama.cpp's tools "
+            f"(see ../shared/tools/llama.cpp/BUILD.md)"
+        )
     return LLAMA_BENCH
 
 
@@ -86,8 +88,22 @@ def test_cli_bad_binary_path_is_one_line_exit_2(tmp_path, capsys, default_model_
     from opscope.engine.cli.main import main
 
     db = str(tmp_path / "runs.db")
-    code = main(["--db", db, "bench", "peers", "--model", str(default_model_path), "--quick", "--no-save",
-                 "--param", "peers=opscope,llama_bench", "--param", f"llama_bench={tmp_path / 'nope'}"])
+    code = main(
+        [
+            "--db",
+            db,
+            "bench",
+            "peers",
+            "--model",
+            str(default_model_path),
+            "--quick",
+            "--no-save",
+            "--param",
+            "peers=opscope,llama_bench",
+            "--param",
+            f"llama_bench={tmp_path / 'nope'}",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and "llama-bench not found at" in err, err
@@ -97,8 +113,10 @@ def test_no_binary_anywhere_is_a_skipped_peer(monkeypatch, default_model_path):
     monkeypatch.delenv(llama_bench.ENV_VAR, raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     peers = get_suite("peers")
-    plan = peers.plan(BenchOptions(model=str(default_model_path), threads=1),
-                      peers.Params(pp=8, tg=2, peers=("opscope", "llama_bench"), load_peers=()))
+    plan = peers.plan(
+        BenchOptions(model=str(default_model_path), threads=1),
+        peers.Params(pp=8, tg=2, peers=("opscope", "llama_bench"), load_peers=()),
+    )
     try:
         assert "llama_bench" in plan.settings["missing_peers"]
         assert "OPSCOPE_LLAMA_BENCH" in plan.settings["missing_peers"]["llama_bench"]
@@ -112,13 +130,20 @@ def test_suite_records_llama_bench_samples_beside_opscope(binary, monkeypatch):
 
     monkeypatch.delenv(llama_bench.ENV_VAR, raising=False)
     peers = get_suite("peers")
-    params = peers.Params(pp=16, tg=4, peers=("opscope", "llama_bench"), load_peers=("opscope", "llama_bench"),
-                          llama_bench=str(binary))
+    params = peers.Params(
+        pp=16, tg=4, peers=("opscope", "llama_bench"), load_peers=("opscope", "llama_bench"), llama_bench=str(binary)
+    )
     _, result = run_suite("peers", BenchOptions(quick=True, threads=1), params=params)
     assert result.status == "completed", result.error
     by_name = {m.name: m for m in result.metrics}
-    for name in ("pp16.llama_bench", "tg4.llama_bench", "pp16.ratio.llama_bench", "tg4.ratio.llama_bench",
-                 "pp16.opscope", "tg4.opscope"):
+    for name in (
+        "pp16.llama_bench",
+        "tg4.llama_bench",
+        "pp16.ratio.llama_bench",
+        "tg4.ratio.llama_bench",
+        "pp16.opscope",
+        "tg4.opscope",
+    ):
         assert by_name[name].status == "ok" and len(by_name[name].samples) >= 3, name
         assert all(v > 0 for v in by_name[name].samples), name
     assert "load.llama_bench" not in by_name  # each llama-bench round loads in its own process

@@ -1,21 +1,23 @@
 """--quick is a time budget the runner keeps (issue 31 item 8): past it, points stop adding
 repetitions, and the run says so (printed, in its notes and settings). A budget of 0 s makes every
 point's share spent at once, so what is asserted does not depend on this machine's speed."""
+
 from __future__ import annotations
 
 import dataclasses
 import re
 
 import pytest
-
 from opscope.engine.bench.measure import options, runner
 from opscope.engine.cli.main import main
 from opscope.engine.store import RunStore
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TINY = ["--param", "sizes=16,32,48", "--param", "dtypes=float32"]
-LINE = re.compile(r"quick: time budget 0 s kept \(run took \d+ s\): 3 of 3 points stopped adding repetitions at "
-                  r"1\+ \(full rule: 5\); fewer samples, wider CIs; drop --quick for full runs")
+LINE = re.compile(
+    r"quick: time budget 0 s kept \(run took \d+ s\): 3 of 3 points stopped adding repetitions at "
+    r"1\+ \(full rule: 5\); fewer samples, wider CIs; drop --quick for full runs"
+)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,5 @@
 """engine.bench.stats against numpy/scipy and against values worked out by hand."""
+
 from __future__ import annotations
 
 import math
@@ -6,9 +7,8 @@ import statistics
 
 import numpy as np
 import pytest
-from scipy import stats as sps
-
 from opscope.engine.bench.measure import stats
+from scipy import stats as sps
 
 
 def test_percentiles_are_numpy_linear_type_7():

@@ -1,4 +1,5 @@
 """engine.cpuload: other processes' CPU use from /proc, and decode threads that yield to it."""
+
 from __future__ import annotations
 
 import subprocess
@@ -7,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from opscope.engine.core.cpuload import LoadAwareThreads, OtherLoad
 
 
@@ -16,8 +16,9 @@ def fake_proc(root: Path, busy: tuple[int, int, int, int, int], own: tuple[int, 
     (root / "self").mkdir(parents=True, exist_ok=True)
     (root / "stat").write_text(f"cpu  {user} {nice} {system} 9999 7 {irq} {softirq} 3 0 0\ncpu0 1 2 3\n")
     # a process name with spaces and a parenthesis, as /proc allows: fields are counted after the last ")"
-    (root / "self" / "stat").write_text("42 (py (x) y) R 1 42 42 0 -1 4194560 1 0 0 0 "
-                                        f"{own[0]} {own[1]} 0 0 20 0 3 0 100 0 0\n")
+    (root / "self" / "stat").write_text(
+        f"42 (py (x) y) R 1 42 42 0 -1 4194560 1 0 0 0 {own[0]} {own[1]} 0 0 20 0 3 0 100 0 0\n"
+    )
 
 
 def test_other_load_counts_busy_jiffies_minus_our_own(tmp_path):
@@ -44,8 +45,7 @@ class FakeLoad:
 def test_threads_follow_free_cores_within_bounds():
     t = [0.0]
     calls = []
-    ctl = LoadAwareThreads(2, calls.append, FakeLoad(2, [1.0, 0.1, 0.6, None, 0.4]), period_s=0.25,
-                           clock=lambda: t[0])
+    ctl = LoadAwareThreads(2, calls.append, FakeLoad(2, [1.0, 0.1, 0.6, None, 0.4]), period_s=0.25, clock=lambda: t[0])
     ctl.step()  # before the first period: nothing read, nothing set
     assert calls == [] and ctl.threads == 2
     for now, want in ((0.3, 1), (0.6, 2), (0.9, 1), (1.2, 1), (1.5, 2)):  # None: no reading, no change
@@ -76,7 +76,6 @@ def test_a_real_busy_process_is_seen(tmp_path):
 
 def test_fast_path_decodes_with_load_aware_threads(lm):
     import torch
-
     from opscope.engine.generation.generate import decode_threads
 
     # lm: the default model through the fast path (the session's load)

@@ -1,17 +1,27 @@
 """engine.units: binary sizes labelled as such, decimal rates, one formatter for the engine's text."""
+
 from __future__ import annotations
 
 import re
 
 import pytest
-
 from opscope.engine.core.units import display_scale, format_bytes, format_rate, significant
 
 
-@pytest.mark.parametrize("n, text", [
-    (0, "0 B"), (512, "512 B"), (1023, "1023 B"), (1024, "1.000 KiB"), (1536, "1.500 KiB"),
-    (7.164e8, "683.2 MiB"), (2**30, "1.000 GiB"), (98_000_000, "93.46 MiB"), (3 * 2**40, "3.000 TiB"),
-])
+@pytest.mark.parametrize(
+    "n, text",
+    [
+        (0, "0 B"),
+        (512, "512 B"),
+        (1023, "1023 B"),
+        (1024, "1.000 KiB"),
+        (1536, "1.500 KiB"),
+        (7.164e8, "683.2 MiB"),
+        (2**30, "1.000 GiB"),
+        (98_000_000, "93.46 MiB"),
+        (3 * 2**40, "3.000 TiB"),
+    ],
+)
 def test_bytes_are_binary_and_labelled_so(n, text):
     assert format_bytes(n) == text
 

@@ -1,6 +1,7 @@
 """Planted cases: each known cause of slowness must come out as the top finding of a real diagnosis,
 with the right bound and line. The machine's other processes are read from conftest's quiet fake
 /proc, except in the foreign-load case, which reads the real one beside a process it starts."""
+
 from __future__ import annotations
 
 import subprocess
@@ -18,7 +19,7 @@ from opscope.engine.trace.variants import LEAKY_NORM
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
-SLOW_LOADER = '''import time
+SLOW_LOADER = """import time
 
 import torch
 from torch import nn
@@ -43,7 +44,7 @@ for x in batches(8):
     loss.backward()
     opt.step()
     opscope.step()
-'''
+"""
 
 
 def _line(path: Path, marker: str) -> int:
@@ -67,8 +68,12 @@ def _top(lines: list[str]) -> str:
 
 
 def test_leaky_norm_on_the_meta_stand_in_is_placement_at_the_planted_line(lm_plain):
-    d, _ = diagnose_model(lm_plain, ModelPlan(prompt_tokens=8, trace_tokens=2, variant=LEAKY_NORM, simulate=True),
-                          "embedded", telemetry_ms=None)
+    d, _ = diagnose_model(
+        lm_plain,
+        ModelPlan(prompt_tokens=8, trace_tokens=2, variant=LEAKY_NORM, simulate=True),
+        "embedded",
+        telemetry_ms=None,
+    )
     top = d.findings[0]
     bug = _line(Path(planted_module.__file__), "BUG: leaves the device")
     assert (top.rule, top.bound, top.severity) == ("placement", "placement", "high"), render_text(d)
@@ -78,8 +83,9 @@ def test_leaky_norm_on_the_meta_stand_in_is_placement_at_the_planted_line(lm_pla
 
 
 def test_embedded_batch_one_decode_is_memory_bound_and_a_clean_run_has_nothing_above_info(lm_plain):
-    d, run = diagnose_model(lm_plain, ModelPlan(prompt_tokens=8, tokens=12, trace_tokens=2), "embedded",
-                            telemetry_ms=None)
+    d, run = diagnose_model(
+        lm_plain, ModelPlan(prompt_tokens=8, tokens=12, trace_tokens=2), "embedded", telemetry_ms=None
+    )
     top = d.findings[0]
     assert (top.rule, top.bound) == ("memory-bound", "memory"), render_text(d)
     assert top.evidence.startswith("decode reads 51") and " MiB per token at " in top.evidence
@@ -92,18 +98,31 @@ def test_embedded_batch_one_decode_is_memory_bound_and_a_clean_run_has_nothing_a
 
 
 def test_a_prefill_of_512_tokens_is_compute_bound(lm_plain):
-    d, _ = diagnose_model(lm_plain, ModelPlan(prompt_tokens=512, tokens=2, trace_tokens=2), "embedded",
-                          telemetry_ms=None)
+    d, _ = diagnose_model(
+        lm_plain, ModelPlan(prompt_tokens=512, tokens=2, trace_tokens=2), "embedded", telemetry_ms=None
+    )
     top = d.findings[0]
     assert (top.rule, top.bound) == ("compute-bound", "compute"), render_text(d)
     assert top.evidence.startswith("prefill of 512 tokens: 118 GFLOP per pass at ")
-    assert top.evidence.endswith("of a 1024² matmul probed now (no stored peak: `opscope bench matmul`): compute-bound (MFU)")
+    assert top.evidence.endswith(
+        "of a 1024² matmul probed now (no stored peak: `opscope bench matmul`): compute-bound (MFU)"
+    )
     assert " at engine/models/transformer.py:" in top.place
 
 
 def test_a_tiny_model_whose_ops_are_shorter_than_their_dispatch_is_host_bound(tiny_gguf, tmp_path, capsys):
-    code, lines = _cli(capsys, "diagnose", "--model", str(tiny_gguf), "--tokens", "16", "--trace-tokens", "2",
-                       "--db", str(tmp_path / "runs.sqlite"))
+    code, lines = _cli(
+        capsys,
+        "diagnose",
+        "--model",
+        str(tiny_gguf),
+        "--tokens",
+        "16",
+        "--trace-tokens",
+        "2",
+        "--db",
+        str(tmp_path / "runs.sqlite"),
+    )
     assert code == 0
     assert _top(lines).startswith("1. [medium] host: decode runs "), "\n".join(lines)
     assert "host-bound" in _top(lines) and "at layers.*" in lines[2] and "engine/models/transformer.py:" in lines[2]
@@ -115,8 +134,18 @@ def test_a_neighbour_spinning_on_a_core_is_named_and_the_figures_marked_disturbe
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)  # let it reach the run queue
-        code, lines = _cli(capsys, "diagnose", "--model", str(tiny_gguf), "--tokens", "16", "--trace-tokens", "2",
-                           "--no-save", "--json")
+        code, lines = _cli(
+            capsys,
+            "diagnose",
+            "--model",
+            str(tiny_gguf),
+            "--tokens",
+            "16",
+            "--trace-tokens",
+            "2",
+            "--no-save",
+            "--json",
+        )
     finally:
         spin.kill()
         spin.wait()
@@ -161,10 +190,14 @@ def test_diff_of_two_saved_diagnoses_says_the_placement_finding_went_away(tiny_g
     assert (tmp_path / "fixed.md").read_text().startswith("# Diagnosis: tiny.gguf\n")
     code, lines = _cli(capsys, "diagnose", "diff", "leaky", "fixed", "--db", db)
     assert code == 0
-    assert lines[:2] == ["diagnose diff: A = leaky, B = fixed",
-                         "bound: not timed (simulated device)  →  not timed (simulated device)"]
+    assert lines[:2] == [
+        "diagnose diff: A = leaky, B = fixed",
+        "bound: not timed (simulated device)  →  not timed (simulated device)",
+    ]
     gone = lines.index("gone in B: 2")
-    assert lines[gone + 1].startswith("  [high] placement: layers.*.attn_norm, layers.*.mlp_norm, norm: compute runs on cpu")
+    assert lines[gone + 1].startswith(
+        "  [high] placement: layers.*.attn_norm, layers.*.mlp_norm, norm: compute runs on cpu"
+    )
     assert "new in B: none" in lines
 
 
@@ -178,5 +211,7 @@ def test_diff_refuses_a_run_that_is_not_a_diagnosis(tmp_path, capsys):
     code = main(["diagnose", "diff", "bench-a", "bench-a", "--db", db])
     err = capsys.readouterr().err.strip()
     assert code == 2
-    assert err == ("opscope: error: run bench-a (bench-a) is a matmul run, not a saved diagnosis "
-                   "(`opscope runs list --kind diagnosis` lists those)")
+    assert err == (
+        "opscope: error: run bench-a (bench-a) is a matmul run, not a saved diagnosis "
+        "(`opscope runs list --kind diagnosis` lists those)"
+    )

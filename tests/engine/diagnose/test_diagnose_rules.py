@@ -1,5 +1,6 @@
 """Each diagnosis rule alone, over a Measurement written by hand: when it fires, what it says (the
 printed words), and where it ranks. No model, no torch: the rules are pure functions."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -25,20 +26,51 @@ from opscope.engine.diagnose.rules import (
 
 GB = 1e9
 # A 135M-parameter float32 model on a CPU: decode reads 515 MiB a token, prefill of 512 does 141 GFLOP.
-DECODE = Phase("decode", 31, 100.0, 1, flop=0.27e9, bytes=540e6, ops=1285, op_ms=90.0,
-               top_module="layers.*.mlp.gate_proj", top_source="engine/models/transformer.py:147")
-PREFILL = Phase("prefill", 1, 4000.0, 512, flop=141e9, bytes=540e6, ops=1350, op_ms=3950.0,
-                top_module="layers.*.mlp", top_source="engine/models/transformer.py:148")
-BASE = Measurement("model.gguf", "model", "cpu", phases=(replace(PREFILL, tokens=32, flop=8.8e9, wall_ms=300.0), DECODE),
-                   peak_flop_s=60 * GB, peak_flop_label="60 GFLOP/s probed now", peak_bytes_s=10 * GB,
-                   peak_bytes_label="10 GB/s probed now", dispatch_us=2.5, cores=2, other_cores=0.0)
+DECODE = Phase(
+    "decode",
+    31,
+    100.0,
+    1,
+    flop=0.27e9,
+    bytes=540e6,
+    ops=1285,
+    op_ms=90.0,
+    top_module="layers.*.mlp.gate_proj",
+    top_source="engine/models/transformer.py:147",
+)
+PREFILL = Phase(
+    "prefill",
+    1,
+    4000.0,
+    512,
+    flop=141e9,
+    bytes=540e6,
+    ops=1350,
+    op_ms=3950.0,
+    top_module="layers.*.mlp",
+    top_source="engine/models/transformer.py:148",
+)
+BASE = Measurement(
+    "model.gguf",
+    "model",
+    "cpu",
+    phases=(replace(PREFILL, tokens=32, flop=8.8e9, wall_ms=300.0), DECODE),
+    peak_flop_s=60 * GB,
+    peak_flop_label="60 GFLOP/s probed now",
+    peak_bytes_s=10 * GB,
+    peak_bytes_label="10 GB/s probed now",
+    dispatch_us=2.5,
+    cores=2,
+    other_cores=0.0,
+)
 
 
 def test_decode_that_reads_its_weights_is_memory_bound_with_the_ceiling_and_what_you_get():
     f = memory_bound(BASE)
     assert f.severity == "info" and f.bound == "memory"
-    assert f.evidence == ("decode reads 515 MiB per token at 5.40 GB/s = 54 % of the 10 GB/s probed now: "
-                          "memory-bound (MBU)")
+    assert f.evidence == (
+        "decode reads 515 MiB per token at 5.40 GB/s = 54 % of the 10 GB/s probed now: memory-bound (MBU)"
+    )
     assert f.place == "layers.*.mlp.gate_proj at engine/models/transformer.py:147"
     assert f.gain == "ceiling ~18.5 token/s, you get 10"
     assert host_bound(BASE) is None
@@ -55,13 +87,25 @@ def test_a_long_prefill_is_compute_bound_and_ranks_above_decode_when_it_takes_th
 
 
 def test_ops_much_shorter_than_the_step_make_it_host_bound():
-    tiny = Phase("decode", 31, 3.0, 1, flop=2e5, bytes=150e3, ops=96, op_ms=0.25, top_module="layers.*.attn",
-                 top_source="engine/models/transformer.py:95")
+    tiny = Phase(
+        "decode",
+        31,
+        3.0,
+        1,
+        flop=2e5,
+        bytes=150e3,
+        ops=96,
+        op_ms=0.25,
+        top_module="layers.*.attn",
+        top_source="engine/models/transformer.py:95",
+    )
     m = replace(BASE, phases=(tiny,), dispatch_us=12.0)
     f = host_bound(m)
     assert f.severity == "medium"
-    assert f.evidence == ("decode runs 96 ops in 3 ms (31 µs each); issuing them costs ≥ 1.15 ms (12 µs per empty "
-                          "op, measured), their work needs ~0.015 ms: host-bound")
+    assert f.evidence == (
+        "decode runs 96 ops in 3 ms (31 µs each); issuing them costs ≥ 1.15 ms (12 µs per empty "
+        "op, measured), their work needs ~0.015 ms: host-bound"
+    )
     assert f.place == "layers.*.attn at engine/models/transformer.py:95"
     assert f.gain == "with the ops fused the work alone allows ~6.67e+04 token/s, you get 333"
     assert memory_bound(m) is None
@@ -72,8 +116,9 @@ def test_ops_much_shorter_than_the_step_make_it_host_bound():
 def test_foreign_load_names_the_processes_and_marks_the_figures_disturbed():
     m = replace(BASE, other_cores=0.98, neighbours=(Neighbour(4242, "spin", 0.97),))
     f = foreign_load(m)
-    assert f.evidence == ("other processes kept 0.98 of 2 cores busy during the measurement: every figure here "
-                          "is disturbed")
+    assert f.evidence == (
+        "other processes kept 0.98 of 2 cores busy during the measurement: every figure here is disturbed"
+    )
     assert f.place == "pid 4242 spin (0.97 cores)"
     assert diagnose(m)[0].rule == "foreign-load"
     assert "[figures disturbed]" in render_text(Diagnosis.of(m)).splitlines()[0]
@@ -82,21 +127,39 @@ def test_foreign_load_names_the_processes_and_marks_the_figures_disturbed():
 
 
 def test_placement_outranks_everything_and_keeps_the_trace_line():
-    leak = Issue("fallback", "high", "norm: compute runs on cpu instead of cuda at engine/trace/planted.py:33",
-                 "layers.*.attn_norm", "engine/trace/planted.py:32", "keep it on cuda", 122.0, 40.0)
-    m = replace(BASE, issues=(leak,), other_cores=0.9, transfers_per_step=120, transfer_bytes_per_step=281_000,
-                traced_steps=4)
+    leak = Issue(
+        "fallback",
+        "high",
+        "norm: compute runs on cpu instead of cuda at engine/trace/planted.py:33",
+        "layers.*.attn_norm",
+        "engine/trace/planted.py:32",
+        "keep it on cuda",
+        122.0,
+        40.0,
+    )
+    m = replace(
+        BASE, issues=(leak,), other_cores=0.9, transfers_per_step=120, transfer_bytes_per_step=281_000, traced_steps=4
+    )
     found = diagnose(m)
     assert [f.rule for f in found[:3]] == ["placement", "foreign-load", "data-movement"]
     assert found[0].place == "layers.*.attn_norm at engine/trace/planted.py:32"
-    assert found[0].gain == ("122 off-target ops/copies per token go away, with ~10 ms of host time per token "
-                             "(traced; the token takes 100 ms)")
+    assert found[0].gain == (
+        "122 off-target ops/copies per token go away, with ~10 ms of host time per token "
+        "(traced; the token takes 100 ms)"
+    )
     assert placement(BASE) is None and data_movement(BASE) is None
 
 
 def test_storm_ranks_above_training_health_and_syncs():
-    s = Issue("storm", "high", "64 tiny transfers/syncs in one step at examples/slow_train.py:46", "",
-              "examples/slow_train.py:46", "one tensor op", 64.0)
+    s = Issue(
+        "storm",
+        "high",
+        "64 tiny transfers/syncs in one step at examples/slow_train.py:46",
+        "",
+        "examples/slow_train.py:46",
+        "one tensor op",
+        64.0,
+    )
     h = Issue("loss", "high", "the loss does not fall", "", "examples/slow_train.py:48", "check the optimizer")
     y = Issue("sync", "medium", "waits", "head", "x.py:3", "keep it", 3.0)
     m = replace(BASE, unit="step", issues=(h, y, s))
@@ -107,11 +170,14 @@ def test_storm_ranks_above_training_health_and_syncs():
 
 def test_a_step_that_waits_for_python_data_points_at_the_loader_line():
     step = Phase("step", 9, 50.0, 1, ops=40, op_ms=1.0)
-    m = replace(BASE, kind="script", unit="step", phases=(step,), idle_pct=92.0, idle_source="train.py:12",
-                idle_source_pct=97.0)
+    m = replace(
+        BASE, kind="script", unit="step", phases=(step,), idle_pct=92.0, idle_source="train.py:12", idle_source_pct=97.0
+    )
     f = input_pipeline(m)
-    assert f.evidence == ("no op runs for 92 % of each step (46 ms of 50 ms) while the host runs train.py:12 "
-                          "(97 % of the samples): the device waits for the input")
+    assert f.evidence == (
+        "no op runs for 92 % of each step (46 ms of 50 ms) while the host runs train.py:12 "
+        "(97 % of the samples): the device waits for the input"
+    )
     assert f.place == "train.py:12" and f.gain == "steps up to ×12 faster (4 ms per step)"
     assert diagnose(m)[0].rule == "input-pipeline"
     assert host_bound(m) is None  # the wait is the input's, not the ops' overhead
@@ -160,16 +226,16 @@ def test_the_phase_a_roof_holds_most_tightly_is_the_one_named():
 def test_diff_keeps_a_bound_whose_top_module_moved_and_foreign_load_whose_neighbours_changed():
     a = Diagnosis.of(replace(BASE, other_cores=0.9, neighbours=(Neighbour(1, "a", 0.9),))).summary()
     moved = replace(DECODE, top_module="lm_head", top_source="engine/models/transformer.py:289")
-    b = Diagnosis.of(replace(BASE, phases=(BASE.phases[0], moved), other_cores=0.8,
-                             neighbours=(Neighbour(2, "b", 0.8),))).summary()
+    b = Diagnosis.of(
+        replace(BASE, phases=(BASE.phases[0], moved), other_cores=0.8, neighbours=(Neighbour(2, "b", 0.8),))
+    ).summary()
     d = diff(a, b)
     assert d["gone"] == [] and d["new"] == []
     assert [f["rule"] for f in d["kept"]] == ["foreign-load", "memory-bound", "compute-bound"]
 
 
 def test_on_a_gpu_the_host_bound_finding_and_the_headline_say_how_long_the_device_idles():
-    tiny = Phase("decode", 31, 3.0, 1, flop=2e5, bytes=150e3, ops=96, top_module="layers.*.attn",
-                 device_busy_pct=12.0)
+    tiny = Phase("decode", 31, 3.0, 1, flop=2e5, bytes=150e3, ops=96, top_module="layers.*.attn", device_busy_pct=12.0)
     m = replace(BASE, target="cuda", phases=(tiny,), dispatch_us=12.0)
     assert host_bound(m).evidence.endswith("their work needs ~0.015 ms; the device idles 88 % of it: host-bound")
     assert "decode 333 token/s (3 ms, 96 ops, device busy 12 %)" in render_text(Diagnosis.of(m)).splitlines()[0]

@@ -1,14 +1,13 @@
 """bench collectives: nccl-tests' bandwidth definitions (pure), a real 2-rank gloo sweep through the
 CLI (every collective validated, saved, compared), and the per-rank Perfetto trace."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
+from opscope.engine.distributed.collectives import COLLECTIVES, algbw_gb_s, bus_factor, busbw_gb_s, element_count, modes
 from ranks_helpers import assert_lane_of_each_rank, load_run, rank_lanes_panel, rank_pids, rank_slices
-
-from opscope.engine.distributed.collectives import (COLLECTIVES, algbw_gb_s, bus_factor, busbw_gb_s,
-                                                   element_count, modes)
 
 # nccl-tests doc/PERFORMANCE.md, "Summary": the factor that turns algbw into busbw.
 NCCL_TESTS_FACTORS = {
@@ -75,8 +74,9 @@ def test_every_collective_is_validated_and_saved_with_every_rank(two_runs):
     assert all(m.status == "ok" and len(m.samples) == 2 and min(m.samples) > 0 for m in busbw)
     for m in busbw:  # busbw = size / mean time x factor, from the run's own stored times
         t_us = next(x for x in run.metrics if x.name == f"{m.name}.time").samples
-        assert m.samples == pytest.approx([busbw_gb_s(m.params["collective"], 2, m.params["size_bytes"], t / 1e6)
-                                           for t in t_us])
+        assert m.samples == pytest.approx(
+            [busbw_gb_s(m.params["collective"], 2, m.params["size_bytes"], t / 1e6) for t in t_us]
+        )
     ranks = [x for x in run.metrics if ".rank" in x.name]
     assert {x.params["rank"] for x in ranks} == {0, 1} and len(ranks) == 2 * len(busbw)
     assert set(run.fingerprint["ranks"]) == {"0", "1"}
@@ -91,8 +91,12 @@ def test_two_collectives_runs_compare(two_runs, capsys):
     assert main(["--db", db, "runs", "compare", "c-a", "c-b"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("all_reduce_")}
-    assert set(rows) >= {"all_reduce_8B_ip", "all_reduce_64KiB_ip", "all_reduce_64KiB_ip.time",
-                         "all_reduce_8B_ip.rank1.time"}
+    assert set(rows) >= {
+        "all_reduce_8B_ip",
+        "all_reduce_64KiB_ip",
+        "all_reduce_64KiB_ip.time",
+        "all_reduce_8B_ip.rank1.time",
+    }
     assert all(line.count("±") == 2 for line in rows.values())  # A's row found B's: both have a median
 
 
@@ -112,8 +116,26 @@ def test_one_rank_runs_every_collective_but_send_recv_and_says_why(tmp_path, cap
     from opscope.engine.cli.main import main
 
     db = str(tmp_path / "r.db")
-    assert main(["--db", db, "bench", "collectives", "--nproc", "1", "--quick", "--name", "one",
-                 "--param", "sizes_bytes=65536", "--param", "reps=2"]) == 0
+    assert (
+        main(
+            [
+                "--db",
+                db,
+                "bench",
+                "collectives",
+                "--nproc",
+                "1",
+                "--quick",
+                "--name",
+                "one",
+                "--param",
+                "sizes_bytes=65536",
+                "--param",
+                "reps=2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "world size 1" in out and "send_recv needs 2 ranks" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("all_reduce ")]
@@ -148,12 +170,11 @@ def test_op_traces_of_two_ranks_merge_into_one_process_per_rank():
     """engine.trace's exporter: each rank's op trace (a real capture) becomes one process
     named "rank N", shifted onto the shared clock, valid Trace Event Format."""
     import torch
-    from trace_format import validate_trace_event_format
-
     from opscope.engine.core import markers
     from opscope.engine.trace.capture import Tracer
     from opscope.engine.trace.events import TraceOptions
     from opscope.engine.trace.export import chrome_trace, ranks_trace
+    from trace_format import validate_trace_event_format
 
     tracer = Tracer(TraceOptions())
     with tracer:
@@ -173,7 +194,9 @@ def test_op_traces_of_two_ranks_merge_into_one_process_per_rank():
         theirs = [e for e in doc["traceEvents"] if e["ph"] != "M"]
         assert len(mine) == len(theirs)
         assert min(e["ts"] for e in mine) == pytest.approx(min(e["ts"] for e in theirs) + 2000.0 * rank)
-    threads = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pids[1]}
+    threads = {
+        e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pids[1]
+    }
     assert {"engine · phases", "engine · tokens", "cpu · ops"} <= threads  # named after their process
 
 
@@ -189,12 +212,35 @@ def test_two_nodes_meet_at_the_endpoint_and_node_0_saves_both_ranks(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = "import sys; from opscope.engine.cli.main import main; sys.exit(main(sys.argv[1:]))"
-    common = ["bench", "collectives", "--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
-              "--quick", "--param", "sizes_bytes=8", "--param", "collectives=all_reduce,send_recv",
-              "--param", "reps=2", "--dist-timeout", "60"]
+    common = [
+        "bench",
+        "collectives",
+        "--nproc",
+        "1",
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--quick",
+        "--param",
+        "sizes_bytes=8",
+        "--param",
+        "collectives=all_reduce,send_recv",
+        "--param",
+        "reps=2",
+        "--dist-timeout",
+        "60",
+    ]
     db = str(tmp_path / "runs.db")
-    nodes = [subprocess.Popen([sys.executable, "-c", code, "--db", db, *common, "--node-rank", str(i), "--name", "mn"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (1, 0)]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, "--db", db, *common, "--node-rank", str(i), "--name", "mn"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in (1, 0)
+    ]
     outs = [p.communicate(timeout=180)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs
     assert "node 1: 1 ranks done" in outs[0]
@@ -209,14 +255,19 @@ def test_the_window_runs_collectives_through_the_workers_bench_job(tmp_path):
     and the suite's other fields): real ranks, the metrics sent as they land and saved in the run."""
     import threading
 
-    from opscope.app.worker.protocol import BenchRequest
     from opscope.app.worker.bench import run_bench, suite_catalog
+    from opscope.app.worker.protocol import BenchRequest
 
     fields = {f["name"]: f for f in next(s for s in suite_catalog() if s["name"] == "collectives")["params"]}
     assert fields["nproc"]["kind"] == "int" and fields["nproc"]["quick"] == 2
     db = str(tmp_path / "runs.db")
-    req = BenchRequest(suite="collectives", quick=True, name="win", db_url=db,
-                       params={"nproc": 2, "sizes_bytes": [8], "collectives": ["all_reduce", "send_recv"], "reps": 2})
+    req = BenchRequest(
+        suite="collectives",
+        quick=True,
+        name="win",
+        db_url=db,
+        params={"nproc": 2, "sizes_bytes": [8], "collectives": ["all_reduce", "send_recv"], "reps": 2},
+    )
     sent = []
     out = run_bench(None, None, req, lambda kind, **msg: sent.append((kind, msg)), threading.Event())
     assert out["status"] == "completed" and out["metrics"] == 2 * 4  # busbw, time, 2 ranks' times

@@ -1,15 +1,15 @@
 """The launcher: real ranks through torch's elastic agent (gloo, 2 processes); results, failures,
 hangs. Ranks fork from one forkserver that imported torch once, so after the first launch each
 costs well under a second."""
+
 from __future__ import annotations
 
 import os
 import time
 
 import pytest
-
-from opscope.engine.distributed import LaunchSpec, launch
 from opscope.engine.core.errors import ConfigError, DistributedError, EngineError
+from opscope.engine.distributed import LaunchSpec, launch
 
 
 def _sum_of_ranks(offset):
@@ -80,13 +80,16 @@ def test_a_rank_that_exits_without_an_error_is_named():
     assert "exit" in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"nproc": 0}, "nproc 0"),
-    ({"nproc": 2, "nnodes": 2}, "--rdzv-endpoint"),
-    ({"nproc": 2, "nnodes": 2, "node_rank": 2, "rdzv_endpoint": "h:1"}, "node_rank 2"),
-    ({"nproc": 2, "backend": "mpi"}, "backend 'mpi'"),
-    ({"nproc": 2, "timeout_s": 0}, "timeout_s 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"nproc": 0}, "nproc 0"),
+        ({"nproc": 2, "nnodes": 2}, "--rdzv-endpoint"),
+        ({"nproc": 2, "nnodes": 2, "node_rank": 2, "rdzv_endpoint": "h:1"}, "node_rank 2"),
+        ({"nproc": 2, "backend": "mpi"}, "backend 'mpi'"),
+        ({"nproc": 2, "timeout_s": 0}, "timeout_s 0"),
+    ],
+)
 def test_bad_specs_are_config_errors(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
         LaunchSpec(**kwargs)
@@ -98,7 +101,6 @@ def test_the_agents_own_loggers_are_quiet_during_a_launch():
     import logging
 
     import torch.distributed.elastic.agent.server.api  # noqa: F401  (creates the agent's logger)
-
     from opscope.engine.distributed.launch import _quiet_agent
 
     agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
@@ -120,14 +122,20 @@ def test_ctrl_c_while_the_forkserver_imports_torch_is_one_line(tmp_path):
     err = tmp_path / "err.txt"
     code = "import sys; from opscope.engine.cli.main import main; sys.exit(main(sys.argv[1:]))"
     with open(err, "a") as f:
-        p = subprocess.Popen([sys.executable, "-c", code, "generate", "hi", "-n", "4", "--nproc", "3"],
-                             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=f,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        p = subprocess.Popen(
+            [sys.executable, "-c", code, "generate", "hi", "-n", "4", "--nproc", "3"],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     server = None
     deadline = time.monotonic() + 60
     while server is None and p.poll() is None and time.monotonic() < deadline:
-        server = next((c for c in psutil.Process(p.pid).children() if "multiprocessing.forkserver" in
-                       " ".join(c.cmdline())), None)
+        server = next(
+            (c for c in psutil.Process(p.pid).children() if "multiprocessing.forkserver" in " ".join(c.cmdline())), None
+        )
         time.sleep(0.02)
     assert server is not None, err.read_text()
     os.killpg(p.pid, signal.SIGINT)  # the server takes seconds to import torch: it is importing now

@@ -5,6 +5,7 @@ torch's launcher (engine.distributed.launch, gloo): no fake process group anywhe
 model has 3 KV heads (9 query heads), so it splits over 3 ranks, never 2; the 2-rank tests use a
 small llama GGUF written as llama.cpp's converter writes one (4 query heads, 2 KV heads).
 """
+
 from __future__ import annotations
 
 import os
@@ -14,11 +15,16 @@ import time
 
 import pytest
 import torch
-from ranks_helpers import (allreduce_shares, assert_lane_of_each_rank, assert_printed_medians_are_the_traces,
-                           load_run, rank_lanes_panel, rank_slices)
-
-from opscope.engine.distributed.tp import check_tp, shard_model
 from opscope.engine.core.errors import ConfigError, DistributedError
+from opscope.engine.distributed.tp import check_tp, shard_model
+from ranks_helpers import (
+    allreduce_shares,
+    assert_lane_of_each_rank,
+    assert_printed_medians_are_the_traces,
+    load_run,
+    rank_lanes_panel,
+    rank_slices,
+)
 
 N_TOKENS = 16
 
@@ -26,8 +32,15 @@ N_TOKENS = 16
 def _tiny_cfg(**over):
     from opscope.engine.testing.gguf_writer import hf_config
 
-    return hf_config("llama", num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                     intermediate_size=128, vocab_size=320, **over)
+    return hf_config(
+        "llama",
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=320,
+        **over,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +92,17 @@ def test_sharded_blocks_sum_to_the_whole_block():
     from opscope.engine.models.config import ModelConfig
     from opscope.engine.models.transformer import Transformer, rope_cos_sin
 
-    cfg = ModelConfig(arch="llama", dim=64, n_layers=2, n_heads=8, n_kv_heads=4, hidden_dim=96,
-                      vocab_size=100, max_seq_len=64, qkv_bias=True)
+    cfg = ModelConfig(
+        arch="llama",
+        dim=64,
+        n_layers=2,
+        n_heads=8,
+        n_kv_heads=4,
+        hidden_dim=96,
+        vocab_size=100,
+        max_seq_len=64,
+        qkv_bias=True,
+    )
     world, T = 2, 5
     whole = Transformer.random(cfg, seed=1)
     x = torch.randn(1, T, cfg.dim)
@@ -103,7 +125,9 @@ def test_sharded_blocks_sum_to_the_whole_block():
 def test_process_count_that_does_not_divide_the_kv_heads_is_one_line():
     from opscope.engine.formats import open_model
 
-    with pytest.raises(ConfigError, match=r"--nproc 2 does not divide the model's 3 KV heads .* use --nproc 1 or 3") as e:
+    with pytest.raises(
+        ConfigError, match=r"--nproc 2 does not divide the model's 3 KV heads .* use --nproc 1 or 3"
+    ) as e:
         check_tp(open_model(None).config, 2)
     assert "\n" not in str(e.value)
 
@@ -136,9 +160,28 @@ def test_cli_generate_nproc_streams_the_same_text_and_prints_the_share_its_trace
     import json
 
     trace = tmp_path / "ranks.json"
-    two = subprocess.run([sys.executable, "-m", "opscope.engine.cli.main", "generate", "hello", "-m", tiny_gguf,
-                          "-n", "12", "--ignore-eos", "--nproc", "2", "--trace-out", str(trace)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opscope.engine.cli.main",
+            "generate",
+            "hello",
+            "-m",
+            tiny_gguf,
+            "-n",
+            "12",
+            "--ignore-eos",
+            "--nproc",
+            "2",
+            "--trace-out",
+            str(trace),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert two.returncode == 0, two.stderr
     expected = _text(tiny_gguf, "hello", 12)
     assert two.stdout == expected and expected.strip()
@@ -156,8 +199,21 @@ def test_cli_generate_nproc_1_runs_the_tensor_parallel_path_as_a_world_of_one(ti
     `--nproc 1` given is the tensor-parallel path (one rank), not the plain process it is without."""
     import json
 
-    argv = [sys.executable, "-m", "opscope.engine.cli.main", "generate", "hello", "-m", tiny_gguf, "-n", "6",
-            "--ignore-eos", "--temperature", "0", "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "opscope.engine.cli.main",
+        "generate",
+        "hello",
+        "-m",
+        tiny_gguf,
+        "-n",
+        "6",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--json",
+    ]
     one = subprocess.run([*argv, "--nproc", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=90)
     plain = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=90)
     assert one.returncode == 0, one.stderr
@@ -189,16 +245,43 @@ def test_quantized_fast_path_flags_with_nproc_are_one_line():
 
     from opscope.engine.distributed.tp_worker import job_from_args
 
-    args = Namespace(backend="torch", compile="off", quantize="off", fastpath="activations=q8", device="cpu",
-                     model=None, dtype="float32", attention="sdpa", threads=None, nproc=2)
+    args = Namespace(
+        backend="torch",
+        compile="off",
+        quantize="off",
+        fastpath="activations=q8",
+        device="cpu",
+        model=None,
+        dtype="float32",
+        attention="sdpa",
+        threads=None,
+        nproc=2,
+    )
     with pytest.raises(ConfigError, match="the quantized fast path stays single-process"):
         job_from_args(args)
     with pytest.raises(ConfigError, match="drop --compile/--quantize"):
         job_from_args(Namespace(**{**vars(args), "fastpath": "auto", "quantize": "int8"}))
 
 
-TINY_BENCH = ["--quick", "--param", "pp=8", "--param", "tg=4", "--param", "depths=0", "--param", "gen_prompt=4",
-              "--param", "gen_tokens=4", "--repeat", "2", "--warmup", "1", "--min-time", "0"]
+TINY_BENCH = [
+    "--quick",
+    "--param",
+    "pp=8",
+    "--param",
+    "tg=4",
+    "--param",
+    "depths=0",
+    "--param",
+    "gen_prompt=4",
+    "--param",
+    "gen_tokens=4",
+    "--repeat",
+    "2",
+    "--warmup",
+    "1",
+    "--min-time",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -215,8 +298,23 @@ def tp_bench(tiny_gguf, tmp_path_factory):
         saved = os.dup(1)
         os.dup2(f.fileno(), 1)
         try:
-            code = main(["--db", db, "bench", "llm", "-m", tiny_gguf, "--nproc", "2", *TINY_BENCH, "--name", "tp",
-                         "--trace-out", str(trace)])
+            code = main(
+                [
+                    "--db",
+                    db,
+                    "bench",
+                    "llm",
+                    "-m",
+                    tiny_gguf,
+                    "--nproc",
+                    "2",
+                    *TINY_BENCH,
+                    "--name",
+                    "tp",
+                    "--trace-out",
+                    str(trace),
+                ]
+            )
         finally:
             os.dup2(saved, 1)
             os.close(saved)
@@ -271,10 +369,15 @@ def test_ctrl_c_in_a_tensor_parallel_chat_stops_the_reply_then_ends_the_chat(tin
     err = tmp_path / "err.txt"
     code = "import sys; from opscope.engine.cli.main import main; sys.exit(main(sys.argv[1:]))"
     with open(err, "a") as f:  # O_APPEND: the launcher and rank 0 both write to it
-        p = subprocess.Popen([sys.executable, "-c", code, "chat", "-m", tiny_gguf, "-n", "450", "--ignore-eos",
-                              "--nproc", "2"], cwd=tmp_path, start_new_session=True, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=f,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        p = subprocess.Popen(
+            [sys.executable, "-c", code, "chat", "-m", tiny_gguf, "-n", "450", "--ignore-eos", "--nproc", "2"],
+            cwd=tmp_path,
+            start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=f,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     try:
         p.stdin.write(b"hello\n")
         p.stdin.flush()  # kept open: after the reply the chat waits at its prompt

@@ -6,6 +6,7 @@ paths). Tolerances, elementwise, with bound = |W| @ |x| (the size of the sum bef
   * q8 activations: the same, against a float64 model of the int8 activation quantization
   * bf16 GEMM prefill: |y - y64| <= 1e-2 * bound (x and W rounded to bf16: 2^-8 each)
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,6 @@ import gguf
 import numpy as np
 import pytest
 import torch
-
 from opscope.engine.fastpath.kernels.build import cache_root
 
 # The test fixtures isolate XDG dirs per test; the compiled kernels are a build cache, not user
@@ -73,7 +73,7 @@ def test_matvec_f32_matches_float64(kern, ggml_type, shape, variant):
     finally:
         kern.set_kernel_variant(2)
     xd = x.double().numpy()
-    check_close(y, xd @ dense.T, np.abs(xd) @ np.abs(dense).T, 2e-6 * k ** 0.5)
+    check_close(y, xd @ dense.T, np.abs(xd) @ np.abs(dense).T, 2e-6 * k**0.5)
 
 
 @pytest.mark.parametrize("ggml_type", ["Q4_1", "Q8_0"])
@@ -94,7 +94,7 @@ def test_matvec_q8_matches_its_float64_model(kern, ggml_type, shape, variant):
         kern.set_kernel_variant(2)
     xq, xd = q8_model(x.numpy()), x.double().numpy()
     # llama.cpp's q8 scheme exactly: the dense weights (Q4_1's "+m" included) times the quantized x
-    check_close(y, xq @ dense.T, np.abs(xd) @ np.abs(dense).T, 2e-6 * k ** 0.5)
+    check_close(y, xq @ dense.T, np.abs(xd) @ np.abs(dense).T, 2e-6 * k**0.5)
     # and the quantization error itself stays small: int8 activations cost < 2 % of the bound
     check_close(y, xd @ dense.T, np.abs(xd) @ np.abs(dense).T, 2e-2)
 
@@ -125,8 +125,9 @@ def test_gemm_path_for_many_rows(kern, ggml_type, dtype, rel):
 def test_row_order_permutes_rows():
     raw = random_blocks("Q4_1", 8, 64, np.random.default_rng(9))
     order = np.array([3, 1, 0, 2, 7, 6, 5, 4])
-    assert torch.equal(dequantize_reference(pack("Q4_1", raw, (8, 64), order)),
-                       dequantize_reference(pack("Q4_1", raw, (8, 64)))[order])
+    assert torch.equal(
+        dequantize_reference(pack("Q4_1", raw, (8, 64), order)), dequantize_reference(pack("Q4_1", raw, (8, 64)))[order]
+    )
 
 
 def test_unsupported_type_is_a_typed_error():

@@ -8,6 +8,7 @@ default model, loaded once per module. Stated tolerances (logits of the default 
   * q8 activations (llama.cpp's q8_1 scheme): teacher-forced top-1 agreement >= 0.8 (benchmarks/precision.py,
     512 tokens: top-1 0.967, mean KL 4.2e-3 — llama.cpp itself: 0.953, 4.1e-3).
 """
+
 from __future__ import annotations
 
 import os
@@ -15,22 +16,22 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from opscope.engine.fastpath.kernels.build import cache_root
 
 # The test fixtures isolate XDG dirs per test; the compiled kernels are a build cache, not user
 # data: keep using the real one so a test session does not rebuild them (a minute of compiling).
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
-from opscope.engine.core.errors import ConfigError  # noqa: E402 (after the cache setting above)
+from opscope.engine.core.errors import ConfigError
 from opscope.engine.fastpath import FastPathOptions, apply, linear_names
+from opscope.engine.fastpath.kernels.packing import random_blocks
 from opscope.engine.fastpath.qlinear import QuantLinear
 from opscope.engine.models.config import ModelConfig
 from opscope.engine.models.transformer import Transformer
-from opscope.engine.fastpath.kernels.packing import random_blocks
 
-TINY = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab_size=160,
-                   max_seq_len=128, tie_embeddings=True)
+TINY = ModelConfig(
+    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab_size=160, max_seq_len=128, tie_embeddings=True
+)
 
 
 class BlocksSource:
@@ -72,8 +73,9 @@ def decode_logits(model, prompt: list[int], steps: list[int]) -> torch.Tensor:
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("spec", ["prefill_dtype=f32", "prefill_dtype=f32,fused_decode=0",
-                                  "prefill_dtype=f32,gemm_min_rows=1000"])
+@pytest.mark.parametrize(
+    "spec", ["prefill_dtype=f32", "prefill_dtype=f32,fused_decode=0", "prefill_dtype=f32,gemm_min_rows=1000"]
+)
 def test_tiny_model_matches_reference(spec):
     ref, fast = tiny_pair(FastPathOptions.from_string(spec))
     assert isinstance(fast.lm_head, QuantLinear) and isinstance(fast.layers[1].mlp.down_proj, QuantLinear)
@@ -141,8 +143,9 @@ def test_load_dtype_picks_the_fast_path_settings(monkeypatch):
     for native, want in ((True, "bf16"), (False, "f32")):
         monkeypatch.setattr(kernels, "native_bf16", lambda native=native: native)
         assert fastpath_options("auto", "cpu", "bfloat16", gguf) == FastPathOptions(prefill_dtype=want)
-        assert fastpath_options("activations=q8", "cpu", "bf16", gguf) == \
-            FastPathOptions(prefill_dtype=want, activations="q8")
+        assert fastpath_options("activations=q8", "cpu", "bf16", gguf) == FastPathOptions(
+            prefill_dtype=want, activations="q8"
+        )
     assert fastpath_options("prefill_dtype=f32", "cpu", "bfloat16", gguf).prefill_dtype == "f32"
     assert fastpath_options("auto", "cpu", "float16", gguf) is None
     assert fastpath_options("auto", "cuda", "bfloat16", gguf) is None
@@ -161,6 +164,7 @@ def test_missing_compiler_is_a_typed_error(tmp_path, monkeypatch):
 
 
 # -- the real default model -------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def real():
@@ -193,8 +197,9 @@ def greedy(lm, ids, n=32) -> list[int]:
     from opscope.engine.generation.events import Token
     from opscope.engine.generation.generate import GenerationConfig
 
-    return [e.token_id for e in lm.generate(ids, GenerationConfig(max_tokens=n, ignore_eos=True))
-            if isinstance(e, Token)]
+    return [
+        e.token_id for e in lm.generate(ids, GenerationConfig(max_tokens=n, ignore_eos=True)) if isinstance(e, Token)
+    ]
 
 
 @pytest.mark.slow

@@ -1,17 +1,17 @@
 """The peers suite: interleaved rounds, per-peer figures and ratios, typed errors for bad input."""
+
 from __future__ import annotations
 
 import os
 
 import pytest
-
 from opscope.engine.fastpath.kernels.build import cache_root
 
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))  # see tests/engine/fastpath/test_fastpath_model.py
 
-from opscope.engine.bench.measure.options import BenchOptions  # noqa: E402
-from opscope.engine.bench.suites import get_suite  # noqa: E402
-from opscope.engine.core.errors import ConfigError  # noqa: E402
+from opscope.engine.bench.measure.options import BenchOptions
+from opscope.engine.bench.suites import get_suite
+from opscope.engine.core.errors import ConfigError
 
 
 def test_suite_is_registered():
@@ -42,8 +42,13 @@ def test_quick_run_records_each_peer_and_its_ratio():
     _, result = run_suite("peers", BenchOptions(quick=True, threads=1), params=params)
     assert result.status == "completed", result.error
     by_name = {m.name: m for m in result.metrics}
-    for name in ("pp16.opscope", "pp16.opscope:weights=dense", "tg4.opscope", "tg4.ratio.opscope:weights=dense",
-                 "load.opscope"):
+    for name in (
+        "pp16.opscope",
+        "pp16.opscope:weights=dense",
+        "tg4.opscope",
+        "tg4.ratio.opscope:weights=dense",
+        "load.opscope",
+    ):
         assert by_name[name].status == "ok" and len(by_name[name].samples) >= 3, name
         assert all(v > 0 for v in by_name[name].samples), name
     assert result.settings["suite_params"]["peers"] == ["opscope", "opscope:weights=dense"]

@@ -4,6 +4,7 @@ The reference is the torch model with the blocks' weights dequantized by gguf.qu
 (the ggml project's decoder). The fused step's mins array is poisoned with NaN after it is built:
 a kernel that still read m would return NaN logits, so the test can tell.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,19 +13,19 @@ import gguf
 import numpy as np
 import pytest
 import torch
-
 from opscope.engine.fastpath.kernels.build import cache_root
 
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
-from opscope.engine.fastpath import FastPathOptions, apply, linear_names  # noqa: E402
-from opscope.engine.fastpath.qlinear import QuantLinear  # noqa: E402
-from opscope.engine.fastpath.kernels.packing import QTYPE_Q4_0_SOA, pack, random_blocks  # noqa: E402
-from opscope.engine.models.config import ModelConfig  # noqa: E402
-from opscope.engine.models.transformer import Transformer  # noqa: E402
+from opscope.engine.fastpath import FastPathOptions, apply, linear_names
+from opscope.engine.fastpath.kernels.packing import QTYPE_Q4_0_SOA, pack, random_blocks
+from opscope.engine.fastpath.qlinear import QuantLinear
+from opscope.engine.models.config import ModelConfig
+from opscope.engine.models.transformer import Transformer
 
-CFG = ModelConfig(dim=96, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=160, vocab_size=128,
-                  max_seq_len=32, tie_embeddings=True)
+CFG = ModelConfig(
+    dim=96, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=160, vocab_size=128, max_seq_len=32, tie_embeddings=True
+)
 
 
 class Q4_0Source:

@@ -1,5 +1,6 @@
 """A first kernel build takes minutes with a silent compiler: the `opscope` command says when it
 starts and ends, one line each on stderr, at the CLI's default (WARNING) log level."""
+
 from __future__ import annotations
 
 import functools

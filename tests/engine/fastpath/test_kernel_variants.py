@@ -5,6 +5,7 @@ The reference tests (tests/test_kernels_types.py: gguf.quants.dequantize, float6
 plain-torch model, llama.cpp's requantized files; tests/test_fastpath_q4_0.py) run once per
 variant in a child process with OPSCOPE_CPU_VARIANT set (one variant per process: each registers
 the same torch operators). A variant this CPU cannot run is skipped with what it lacks."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from opscope.engine.fastpath.kernels import variants
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +42,9 @@ def test_this_process_runs_the_variant_its_cpu_supports():
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "opscope", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "opscope", *args], capture_output=True, text=True, timeout=120, env={**os.environ, **env}
+    )
 
 
 def test_fastpath_names_the_variant_and_why():
@@ -58,7 +59,8 @@ def test_an_override_the_cpu_cannot_run_is_refused_in_one_line():
     out = _cli("fastpath", **{variants.ENV: foreign.name})
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        f"opscope: error: {variants.ENV}={foreign.name}: this CPU cannot run it (lacks {' '.join(variants.missing(foreign))})"]
+        f"opscope: error: {variants.ENV}={foreign.name}: this CPU cannot run it (lacks {' '.join(variants.missing(foreign))})"
+    ]
 
 
 def test_an_unknown_variant_is_refused_in_one_line():
@@ -76,9 +78,14 @@ def test_every_variant_matches_the_references(name):
     lack = variants.missing(v)
     if lack:
         pytest.skip(f"this CPU cannot run {name}: lacks {' '.join(lack)}")
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *REFERENCE_TESTS],
-                         capture_output=True, text=True, cwd=REPO, timeout=1200,
-                         env={**os.environ, variants.ENV: name})
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *REFERENCE_TESTS],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=1200,
+        env={**os.environ, variants.ENV: name},
+    )
     tail = out.stdout[-3000:] + out.stderr[-2000:]
     assert out.returncode == 0, tail
     assert " passed" in out.stdout and " failed" not in out.stdout, tail

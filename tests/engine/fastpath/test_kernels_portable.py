@@ -2,6 +2,7 @@
 a small C++ driver (engine/fastpath/kernels/ctest/driver.cpp) for each instruction set: the x86-64 baseline
 and AVX2 with the host's compiler, ARM64 NEON cross-compiled with Debian's aarch64 toolchain and
 run under qemu-user. The references are made here: gguf.quants.dequantize and float64 numpy."""
+
 from __future__ import annotations
 
 import shutil
@@ -12,14 +13,27 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-
 from opscope.engine.fastpath.kernels import variants
 from opscope.engine.fastpath.kernels.packing import RAW_TYPES, random_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = ROOT / "engine" / "kernels" / "ctest" / "driver.cpp"
-TYPES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-         "IQ4_NL", "IQ4_XS"]
+TYPES = [
+    "F16",
+    "BF16",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+]
 N_ROWS = 9  # two 4-row groups and a single row
 
 
@@ -55,13 +69,15 @@ def vectors(tmp_path_factory) -> Path:
 
 
 def _compile(cxx: str, flags: list[str], exe: Path) -> None:
-    r = subprocess.run([cxx, "-O2", "-std=c++17", *flags, "-o", str(exe), str(DRIVER)], capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [cxx, "-O2", "-std=c++17", *flags, "-o", str(exe), str(DRIVER)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("name, flags, vec_name", [("baseline", ["-march=x86-64"], "scalar"),
-                                                  ("avx2", ["-march=x86-64-v3"], "avx2")])
+@pytest.mark.parametrize(
+    "name, flags, vec_name", [("baseline", ["-march=x86-64"], "scalar"), ("avx2", ["-march=x86-64-v3"], "avx2")]
+)
 def test_x86_portable_kernels_match_the_references(vectors, tmp_path, name, flags, vec_name):
     v = variants.by_name(name)
     if variants.missing(v):
@@ -70,8 +86,9 @@ def test_x86_portable_kernels_match_the_references(vectors, tmp_path, name, flag
     if cxx is None:
         pytest.skip("no C++ compiler (g++/c++) to build the test driver")
     _compile(cxx, flags, tmp_path / "driver")
-    check(subprocess.run([str(tmp_path / "driver"), str(vectors)], capture_output=True, text=True, timeout=120),
-          vec_name)
+    check(
+        subprocess.run([str(tmp_path / "driver"), str(vectors)], capture_output=True, text=True, timeout=120), vec_name
+    )
 
 
 def test_neon_kernels_match_the_references_under_qemu(vectors, tmp_path):

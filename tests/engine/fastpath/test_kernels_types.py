@@ -9,6 +9,7 @@ size of the sum before cancellation):
   * matvec and float32 GEMM (exact weights, float32 accumulation): |y - y64| <= 1e-4 * bound
   * fused decode step with mixed types vs the torch forward: |Δlogit| <= 1e-4 * max |logit|
 """
+
 from __future__ import annotations
 
 import os
@@ -19,17 +20,30 @@ import gguf
 import numpy as np
 import pytest
 import torch
-
 from opscope.engine.fastpath.kernels.build import cache_root
 
 # The compiled kernels are a build cache, not user data: keep the real one (see test_fastpath_kernels).
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
-from opscope.engine.fastpath.kernels import load_kernels, pack  # noqa: E402
-from opscope.engine.fastpath.kernels.packing import RAW_TYPES, random_blocks  # noqa: E402
+from opscope.engine.fastpath.kernels import load_kernels, pack
+from opscope.engine.fastpath.kernels.packing import RAW_TYPES, random_blocks
 
-TYPES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-         "IQ4_NL", "IQ4_XS"]
+TYPES = [
+    "F16",
+    "BF16",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+]
 SOA = {"Q4_0", "Q4_1", "Q8_0"}  # also held in the tuned structure-of-arrays layout ("auto")
 CASES = [(t, "raw") for t in TYPES] + [(t, "auto") for t in sorted(SOA)]
 N_ROWS = 37
@@ -232,8 +246,16 @@ def mixed_pair(options):
     from opscope.engine.models.config import ModelConfig
     from opscope.engine.models.transformer import Transformer
 
-    cfg = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=512, vocab_size=160,
-                      max_seq_len=64, tie_embeddings=True)
+    cfg = ModelConfig(
+        dim=256,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        hidden_dim=512,
+        vocab_size=160,
+        max_seq_len=64,
+        tie_embeddings=True,
+    )
     ref = Transformer.random(cfg, seed=1)
     source = MixedSource(ref)
     with torch.no_grad():
@@ -286,20 +308,36 @@ def test_fused_decode_with_int8_activations_uses_the_int8_kernels(kern):
 
 # -- unsupported types ----------------------------------------------------------------------------
 
+
 def test_unsupported_type_names_the_tensor(tmp_path):
     from opscope.engine.core.errors import UnsupportedModelError
     from opscope.engine.formats.gguf_source import GGUFSource
 
     path = tmp_path / "iq2.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("block_count", 1), ("embedding_length", 256), ("feed_forward_length", 512),
-                       ("attention.head_count", 4), ("vocab_size", 8), ("context_length", 64)):
+    for key, value in (
+        ("block_count", 1),
+        ("embedding_length", 256),
+        ("feed_forward_length", 512),
+        ("attention.head_count", 4),
+        ("vocab_size", 8),
+        ("context_length", 64),
+    ):
         w.add_uint32(f"llama.{key}", value)
-    w.add_tensor("token_embd.weight", np.zeros((8, 66), np.uint8), raw_shape=(8, 66),
-                 raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
-    for name, shape in (("attn_q", (256, 256)), ("attn_k", (256, 256)), ("attn_v", (256, 256)),
-                        ("attn_output", (256, 256)), ("ffn_gate", (512, 256)), ("ffn_up", (512, 256)),
-                        ("ffn_down", (256, 512)), ("attn_norm", (256,)), ("ffn_norm", (256,))):
+    w.add_tensor(
+        "token_embd.weight", np.zeros((8, 66), np.uint8), raw_shape=(8, 66), raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS
+    )
+    for name, shape in (
+        ("attn_q", (256, 256)),
+        ("attn_k", (256, 256)),
+        ("attn_v", (256, 256)),
+        ("attn_output", (256, 256)),
+        ("ffn_gate", (512, 256)),
+        ("ffn_up", (512, 256)),
+        ("ffn_down", (256, 512)),
+        ("attn_norm", (256,)),
+        ("ffn_norm", (256,)),
+    ):
         w.add_tensor(f"blk.0.{name}.weight", np.zeros(shape, np.float32))  # a complete model but for the type
     w.add_tensor("output_norm.weight", np.ones(256, np.float32))
     w.write_header_to_file()
@@ -312,6 +350,7 @@ def test_unsupported_type_names_the_tensor(tmp_path):
 
 # -- real files re-quantized by llama.cpp -----------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def requantized(tmp_path_factory):
     """{type: path} of the default model re-quantized by llama.cpp's llama-quantize."""
@@ -319,14 +358,19 @@ def requantized(tmp_path_factory):
 
     tool = LLAMA_CPP / "llama-quantize"
     if not tool.is_file():
-        pytest.fail(f"llama-quantize not found at {tool}: these tests need llama.cpp's tools "
-                    f"(see {LLAMA_CPP}/BUILD.md)")
+        pytest.fail(
+            f"llama-quantize not found at {tool}: these tests need llama.cpp's tools (see {LLAMA_CPP}/BUILD.md)"
+        )
     out = tmp_path_factory.mktemp("requantized")
     paths = {}
     for kind in ("Q4_K_M", "Q4_0"):
         paths[kind] = out / f"model-{kind}.gguf"
-        done = subprocess.run([str(tool), "--allow-requantize", str(default_model_path()), str(paths[kind]), kind],
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [str(tool), "--allow-requantize", str(default_model_path()), str(paths[kind]), kind],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, f"llama-quantize {kind} failed: {done.stderr[-2000:]}"
     return paths
 
@@ -335,14 +379,16 @@ def greedy(lm, ids, n=16) -> list[int]:
     from opscope.engine.generation.events import Token
     from opscope.engine.generation.generate import GenerationConfig
 
-    return [e.token_id for e in lm.generate(ids, GenerationConfig(max_tokens=n, ignore_eos=True))
-            if isinstance(e, Token)]
+    return [
+        e.token_id for e in lm.generate(ids, GenerationConfig(max_tokens=n, ignore_eos=True)) if isinstance(e, Token)
+    ]
 
 
 @pytest.mark.slow
 # Weight bytes in memory over the file's size: Q4_0 is held as Q4_1 (20 bytes a block for 18)
-@pytest.mark.parametrize("kind,types,size_ratio", [("Q4_K_M", {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}, 1.0),
-                                                   ("Q4_0", {"Q4_0"}, 20 / 18)])
+@pytest.mark.parametrize(
+    "kind,types,size_ratio", [("Q4_K_M", {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}, 1.0), ("Q4_0", {"Q4_0"}, 20 / 18)]
+)
 def test_requantized_file_matches_dense_path(requantized, kind, types, size_ratio):
     from opscope.engine.api import load
     from opscope.engine.fastpath.apply import weight_bytes
@@ -350,12 +396,15 @@ def test_requantized_file_matches_dense_path(requantized, kind, types, size_rati
     from opscope.engine.fastpath.qlinear import QuantEmbedding, QuantLinear
 
     fast = load(requantized[kind], fastpath="activations=f32")  # explicitly: "auto" is plain torch where
-    model = fast.model                                         # the CPU's kernels are slower (baseline)
+    model = fast.model  # the CPU's kernels are slower (baseline)
     found = {m.ggml_type for m in model.modules() if isinstance(m, QuantLinear)}
     assert types <= found, f"{kind}: linear types {found}"
     assert isinstance(model.embed, QuantEmbedding) and fusable(model)
-    dense = [n for n, t in list(model.named_parameters()) + list(model.named_buffers())
-             if t.dim() >= 2 and t.dtype == torch.float32 and ".cache." not in n]
+    dense = [
+        n
+        for n, t in list(model.named_parameters()) + list(model.named_buffers())
+        if t.dim() >= 2 and t.dtype == torch.float32 and ".cache." not in n
+    ]
     assert not dense, f"dense float32 weight matrices: {dense[:4]}"
     assert weight_bytes(model) <= size_ratio * fast.source.file_size_bytes
     prompt = fast.tokenizer.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
@@ -372,8 +421,9 @@ def test_fused_decode_reads_a_dense_embedding_as_float32_rows():
     from opscope.engine.models.config import ModelConfig
     from opscope.engine.models.transformer import Transformer
 
-    cfg = ModelConfig(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab_size=50,
-                      max_seq_len=32, tie_embeddings=False)
+    cfg = ModelConfig(
+        dim=64, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab_size=50, max_seq_len=32, tie_embeddings=False
+    )
     ref = Transformer.random(cfg, seed=2).eval()
     rng = np.random.default_rng(7)
     src = {}

@@ -7,6 +7,7 @@ elementwise, with bound = |x| @ |W|^T: |y - y64| <= 1e-5 * bound (exact weights,
 The fused gate/up/activation op against the same reference of act(x G^T) * (x U^T). A real prefill's
 logits against the older dequantize-tile path within 1e-4 of the largest logit.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,17 +16,30 @@ import gguf
 import numpy as np
 import pytest
 import torch
-
 from opscope.engine.fastpath.kernels.build import cache_root
 
 # The compiled kernels are a build cache, not user data: keep the real one (see test_fastpath_kernels).
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
-from opscope.engine.fastpath.kernels import load_kernels, pack  # noqa: E402
-from opscope.engine.fastpath.kernels.packing import RAW_TYPES, random_blocks  # noqa: E402
+from opscope.engine.fastpath.kernels import load_kernels, pack
+from opscope.engine.fastpath.kernels.packing import RAW_TYPES, random_blocks
 
-TYPES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-         "IQ4_NL", "IQ4_XS"]
+TYPES = [
+    "F16",
+    "BF16",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+]
 SOA = ["Q4_0", "Q4_1", "Q8_0"]  # also held in the structure-of-arrays layout ("auto")
 CASES = [(t, "raw") for t in TYPES] + [(t, "auto") for t in SOA]
 ROWS = (1, 7, 64, 300)
@@ -135,12 +149,14 @@ def test_values_do_not_depend_on_the_panel_split(threads):
 
 def act64(g: np.ndarray, gelu: bool) -> np.ndarray:
     if gelu:
-        return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+        return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
     return g / (1 + np.exp(-g))
 
 
-@pytest.mark.parametrize("gate_type,up_type,gelu", [("Q4_K", "Q6_K", False), ("Q4_0", "Q4_0", False),
-                                                     ("IQ4_XS", "Q8_0", True), ("Q5_0", "BF16", False)])
+@pytest.mark.parametrize(
+    "gate_type,up_type,gelu",
+    [("Q4_K", "Q6_K", False), ("Q4_0", "Q4_0", False), ("IQ4_XS", "Q8_0", True), ("Q5_0", "BF16", False)],
+)
 def test_glu_matches_reference(gate_type, up_type, gelu, threads):
     layout = "auto" if gate_type in SOA else "raw"
     g, gd = weights(gate_type, layout, n=45, seed=3, k=768)  # 768: whole blocks of every type
@@ -152,8 +168,9 @@ def test_glu_matches_reference(gate_type, up_type, gelu, threads):
         h = torch.ops.opscope.qglu(x, g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, int(gelu))
         xd = x.double().numpy()
         g64, u64 = xd @ gd.astype(np.float64).T, xd @ ud.astype(np.float64).T
-        bound = (np.abs(xd) @ np.abs(gd.astype(np.float64)).T) * np.abs(u64) + \
-            np.abs(act64(g64, gelu)) * (np.abs(xd) @ np.abs(ud.astype(np.float64)).T)
+        bound = (np.abs(xd) @ np.abs(gd.astype(np.float64)).T) * np.abs(u64) + np.abs(act64(g64, gelu)) * (
+            np.abs(xd) @ np.abs(ud.astype(np.float64)).T
+        )
         err = np.abs(h.double().numpy() - act64(g64, gelu) * u64)
         assert float((err / np.maximum(bound, 1e-30)).max()) <= 1e-5
 
@@ -166,6 +183,7 @@ def test_glu_rejects_mismatched_projections():
 
 
 # -- the fused attention and RMSNorm -------------------------------------------------------------
+
 
 def _rope64(x, cos, sin):
     h = x.shape[-1] // 2
@@ -185,15 +203,15 @@ def test_prefill_attn_matches_float64_causal_attention(B, T, H, KH, D, start, th
     kc0, vc0 = kc.clone(), vc.clone()
     out = torch.ops.opscope.prefill_attn(q, k, v, cos, sin, kc, vc, start, 0.0)
     k64 = kc0.double().clone()
-    k64[:, start:start + T] = _rope64(k.double(), cos.double(), sin.double())
+    k64[:, start : start + T] = _rope64(k.double(), cos.double(), sin.double())
     v64 = vc0.double().clone()
-    v64[:, start:start + T] = v.double()
-    assert torch.allclose(kc.double(), k64, atol=1e-5) and torch.equal(vc[:, start:start + T], v)
-    assert torch.equal(kc[:, :start], kc0[:, :start]) and torch.equal(vc[:, start + T:], vc0[:, start + T:])
+    v64[:, start : start + T] = v.double()
+    assert torch.allclose(kc.double(), k64, atol=1e-5) and torch.equal(vc[:, start : start + T], v)
+    assert torch.equal(kc[:, :start], kc0[:, :start]) and torch.equal(vc[:, start + T :], vc0[:, start + T :])
     S = start + T
     keys = k64[:, :S].transpose(1, 2).repeat_interleave(H // KH, 1)  # [B,H,S,D]
     vals = v64[:, :S].transpose(1, 2).repeat_interleave(H // KH, 1)
-    scores = _rope64(q.double(), cos.double(), sin.double()).transpose(1, 2) @ keys.transpose(-1, -2) / D ** 0.5
+    scores = _rope64(q.double(), cos.double(), sin.double()).transpose(1, 2) @ keys.transpose(-1, -2) / D**0.5
     mask = torch.arange(S).view(1, S) <= torch.arange(start, S).view(T, 1)
     ref = (scores.masked_fill(~mask, float("-inf")).softmax(-1) @ vals).transpose(1, 2).reshape(B, T, H * D)
     assert out.shape == (B, T, H * D)
@@ -211,12 +229,12 @@ def test_rms_norm_matches_float64(threads):
 
 # -- the real default model ----------------------------------------------------------------------
 
+
 def test_prefill_logits_equal_the_previous_path():
     """The fast path's prefill (panel GEMMs, fused gate/up, one-pass RMSNorm, fused RoPE + cache +
     attention) against the older dequantize-tile path with separate gate/up GEMMs and activation and
     torch's norms and SDPA: every position's logits within 1e-4 of the largest."""
     import torch.nn.functional as F
-
     from opscope.engine.api import load
     from opscope.engine.fastpath.qlinear import QuantMLP, install_prefill_kernels
 

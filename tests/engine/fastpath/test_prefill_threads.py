@@ -1,10 +1,10 @@
 """Issue 31 item 5: prefill on the CPU takes the cores other processes leave free, as decode does."""
+
 from __future__ import annotations
 
 import types
 
 import torch
-
 from opscope.engine.generation.generate import prefill_threads
 
 

@@ -22,6 +22,7 @@ IQ4 types take 1-2 minutes each to quantize on 2 cores, too long for a CI run th
 empty cache). The slow test takes four files whose linears cover ten types; all fourteen presets
 are in ``benchmarks/precision.py --types all``.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from opscope.engine.fastpath.kernels.build import cache_root
 
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
@@ -42,9 +42,15 @@ import precision  # noqa: E402
 
 # Per file, the types of the linear layers llama-quantize writes on SmolLM2's 576-wide rows (K and
 # IQ types fall back per tensor; its Q2_K preset writes no Q2_K tensor here, Q3_K_M no Q3_K)
-LINEAR_TYPES = {"Q4_K_M": {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}, "IQ4_XS": {"IQ4_XS", "IQ4_NL", "Q5_K"},
-                "Q2_K": {"Q3_K", "Q4_0"}, "Q5_K_M": {"Q5_K", "Q5_1", "Q6_K", "Q8_0"}, "BF16": {"BF16"},
-                "Q6_K": {"Q6_K", "Q8_0"}, "Q5_0": {"Q5_0"}}
+LINEAR_TYPES = {
+    "Q4_K_M": {"Q4_K", "Q5_0", "Q6_K", "Q8_0"},
+    "IQ4_XS": {"IQ4_XS", "IQ4_NL", "Q5_K"},
+    "Q2_K": {"Q3_K", "Q4_0"},
+    "Q5_K_M": {"Q5_K", "Q5_1", "Q6_K", "Q8_0"},
+    "BF16": {"BF16"},
+    "Q6_K": {"Q6_K", "Q8_0"},
+    "Q5_0": {"Q5_0"},
+}
 CI_TYPES = ["Q4_K_M", "Q6_K", "Q5_0", "BF16", "Q2_K"]
 HF_TYPES = ["Q4_K_M", "IQ4_XS", "Q2_K", "BF16"]  # linears of 10 types between them
 # Against llama.cpp on TEXT: (min top-1 agreement, max mean KL in nats). Measured with a correct
@@ -82,8 +88,9 @@ def requantized(kind: str) -> Path:
     from opscope.engine.core.defaults import default_model_path
 
     if not (gguf_types.TOOLS / "llama-quantize").is_file():
-        pytest.fail(f"llama-quantize not found in {gguf_types.TOOLS}: these tests need llama.cpp's tools "
-                    f"(see its BUILD.md)")
+        pytest.fail(
+            f"llama-quantize not found in {gguf_types.TOOLS}: these tests need llama.cpp's tools (see its BUILD.md)"
+        )
     return gguf_types.quantize(default_model_path(), kind, gguf_types.CACHE, 2)
 
 
@@ -137,7 +144,6 @@ def hf(memoized_gguf_reader):
     import functools
 
     import gguf
-
     from opscope.engine.core.defaults import default_model_path
 
     # transformers' GGUF loader builds gguf-py's tensor-name map once per module of the model (about
@@ -161,7 +167,7 @@ def test_fast_path_equals_transformers_and_eager(kind, hf):
     hf.load_file(path)
     assert tokens == hf.greedy(ids)
     assert (last - hf.logits(ids)[-1]).abs().max().item() <= LOGIT_TOL
-    assert (decode - hf.logits(ids + tokens)[len(ids):]).abs().max().item() <= LOGIT_TOL
+    assert (decode - hf.logits(ids + tokens)[len(ids) :]).abs().max().item() <= LOGIT_TOL
 
     eager = load(str(path), fastpath="off", threads=1)
     assert tokens == precision.ours_greedy(eager, ids)

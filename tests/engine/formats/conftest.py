@@ -1,12 +1,12 @@
 """Fixtures of the model-file tests: the valid tiny GGUF the hostile-file tests damage one field at
 a time, written once per module, and a fresh editable Craft of it per test."""
+
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
 import pytest
-
 from gguf_craft import Craft
 
 

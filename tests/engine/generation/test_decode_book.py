@@ -7,15 +7,15 @@ head maps that direction to the token that follows it in a sentence tokenized by
 model's own tokenizer. Greedy decoding then writes that sentence token by token, so the stop
 strings, EOS ids and counts expected below are read off the sentence, not off the engine.
 """
+
 from __future__ import annotations
 
 import threading
 
 import pytest
 import torch
-
-from opscope.engine.generation.events import Finished, Token
 from opscope.engine.generation.config import GenerationConfig
+from opscope.engine.generation.events import Finished, Token
 from opscope.engine.models.config import ModelConfig
 from opscope.engine.models.transformer import Transformer
 
@@ -38,8 +38,16 @@ def script(tokenizer) -> list[int]:
 
 def scripted_model(tokenizer, chain: list[int], dim: int = 32) -> Transformer:
     """Greedy decoding after chain[j] gives chain[j + 1]."""
-    cfg = ModelConfig(dim=dim, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=dim, vocab_size=49152,
-                      max_seq_len=64, tie_embeddings=False)
+    cfg = ModelConfig(
+        dim=dim,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        hidden_dim=dim,
+        vocab_size=49152,
+        max_seq_len=64,
+        tie_embeddings=False,
+    )
     model = Transformer.random(cfg, seed=0).eval().requires_grad_(False)
     with torch.no_grad():
         for p in model.layers.parameters():
@@ -151,9 +159,11 @@ def test_max_tokens_one(loop, tokenizer, script):
     done = events[-1]
     assert done.stop_reason == "length" and done.stats.generated_tokens == 1
     assert [[t.token_id for t in toks] for toks in rows(events).values()] == [script[1:2]] * (
-        2 if loop == "batch" else 1)
+        2 if loop == "batch" else 1
+    )
     assert done.text == " quick" and done.stats.ttft_ms == pytest.approx(
-        (rows(events)[0][0].t_ns - events[0].request_t_ns) / 1e6)
+        (rows(events)[0][0].t_ns - events[0].request_t_ns) / 1e6
+    )
     assert done.stats.itl_ms == ()
 
 

@@ -1,10 +1,10 @@
 """Generation semantics on the real default model: event order, timestamps, stops, cancel, seeds."""
+
 from __future__ import annotations
 
 import threading
 
 import pytest
-
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.generation.events import Finished, PrefillFinished, PrefillProgress, PrefillStarted, Token
 from opscope.engine.generation.generate import GenerationConfig

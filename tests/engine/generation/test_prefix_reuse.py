@@ -1,10 +1,10 @@
 """A new prompt reuses the KV cache of the prefix it shares with what the model last processed
 (engine.prefix_cache): same tokens as without reuse, only the new suffix prefilled, and never a
 stale cache after another path wrote it. Both the fast path (default load) and the plain model."""
+
 from __future__ import annotations
 
 import pytest
-
 from opscope.engine.generation.events import Finished, PrefillFinished, PrefillStarted, Token
 from opscope.engine.generation.generate import GenerationConfig
 
@@ -107,8 +107,10 @@ def test_a_longer_prompt_that_grows_the_cache_keeps_the_prefix(models):
     lm, fresh = models
     first = [{"role": "user", "content": "Hi"}]
     _, done, _, _ = run(lm, first)
-    long = first + [{"role": "assistant", "content": done.text},
-                    {"role": "user", "content": "Please count: " + " ".join(str(i) for i in range(150))}]
+    long = first + [
+        {"role": "assistant", "content": done.text},
+        {"role": "user", "content": "Please count: " + " ".join(str(i) for i in range(150))},
+    ]
     before = lm.model.max_cache_len
     assert len(prompt_ids(lm, long)) + TOKENS > before  # the cache has to be re-allocated larger
     tokens, done, _, _ = run(lm, long)
@@ -140,12 +142,12 @@ def sampled_conversation(lm, turns):
     for turn, text in enumerate(turns):
         messages.append({"role": "user", "content": text})
         calls = []
-        hook = lm.model.register_forward_pre_hook(lambda _m, args: calls.append(args[0][0].tolist()))
+        hook = lm.model.register_forward_pre_hook(lambda _m, args, calls=calls: calls.append(args[0][0].tolist()))
         try:
             tokens, done, started, prefill = run(lm, messages, tokens=64, temperature=1.3, seed=turn)
         finally:
             hook.remove()
-        fed = [i for ids in calls[:len(prefill)] for i in ids]
+        fed = [i for ids in calls[: len(prefill)] for i in ids]
         out.append((fed, tokens, done, started))
         messages.append({"role": "assistant", "content": done.text})
     return out
@@ -158,12 +160,12 @@ def test_each_sampled_turn_reuses_the_whole_previous_turn(models):
     turns = sampled_conversation(lm, CODE_TURNS)
     first_fed, first_tokens, first_done, _ = turns[0]
     canonical = lm.tokenizer.encode(first_done.text, add_special_tokens=False)
-    assert canonical[:len(first_tokens) - 1] != first_tokens[:-1]  # the case that used to break
+    assert canonical[: len(first_tokens) - 1] != first_tokens[:-1]  # the case that used to break
     held = first_fed
     for fed, tokens, done, started in turns:
         if done is not first_done:
             assert started.cached_tokens == done.stats.cached_tokens == len(held)
-        held = held[:started.cached_tokens] + fed + (tokens[:-1] if done.stop_reason == "length" else tokens)
+        held = held[: started.cached_tokens] + fed + (tokens[:-1] if done.stop_reason == "length" else tokens)
 
 
 def test_a_snapshot_restores_the_cache_into_a_reloaded_model(lm_plain):
@@ -244,10 +246,17 @@ def test_shared_model_reuses_across_generate_calls(lm):
 def test_stats_line_shows_the_cached_count():
     from opscope.app.chat.session import format_stats
 
-    stats = {"ttft_ms": 40.0, "prefill_tok_s": 300.0, "decode_tok_s": 20.0, "prompt_tokens": 200,
-             "generated_tokens": 8, "cached_tokens": 180}
-    assert format_stats(stats, "eos") == ("TTFT 40 ms · prefill 200 tok (180 cached) · decode 20.0 tok/s · "
-                                          "8 generated tokens · stop: eos")
+    stats = {
+        "ttft_ms": 40.0,
+        "prefill_tok_s": 300.0,
+        "decode_tok_s": 20.0,
+        "prompt_tokens": 200,
+        "generated_tokens": 8,
+        "cached_tokens": 180,
+    }
+    assert format_stats(stats, "eos") == (
+        "TTFT 40 ms · prefill 200 tok (180 cached) · decode 20.0 tok/s · 8 generated tokens · stop: eos"
+    )
     assert "cached" not in format_stats({**stats, "cached_tokens": 0}, "eos")
 
 
@@ -255,8 +264,14 @@ def test_stats_line_shows_a_prefill_rate_only_over_enough_uncached_tokens():
     """1 uncached token over a 1.8 s step read "prefill 0.6 tok/s": a step's cost, not a rate."""
     from opscope.app.chat.session import format_stats
 
-    stats = {"ttft_ms": 1815.0, "prefill_tok_s": 0.6, "decode_tok_s": 4.0, "prompt_tokens": 40,
-             "generated_tokens": 8, "cached_tokens": 39}
+    stats = {
+        "ttft_ms": 1815.0,
+        "prefill_tok_s": 0.6,
+        "decode_tok_s": 4.0,
+        "prompt_tokens": 40,
+        "generated_tokens": 8,
+        "cached_tokens": 39,
+    }
     assert format_stats(stats, "eos").startswith("TTFT 1815 ms · prefill 40 tok (39 cached) · decode 4.0 tok/s")
     many = format_stats({**stats, "prompt_tokens": 200, "prefill_tok_s": 150.0}, "eos")
     assert many.startswith("TTFT 1815 ms · prefill 200 tok (39 cached), 150.0 tok/s · decode")

@@ -1,9 +1,9 @@
 """Sampling filters against Hugging Face's logits processors (an independent implementation)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from opscope.engine.generation.sampling import SamplingParams, apply_repetition_penalty, filter_logits, sample
 
 lp = pytest.importorskip("transformers.generation.logits_process")

@@ -4,18 +4,19 @@ The compiled step must give the eager model's logits (float32: within 1e-4; it r
 and only batch-1 single-token decode with a cache may reach it. A tiny random Llama keeps the
 compile to seconds; the real model's compiled figures are in benchmarks/engine_bench.py.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.models.compiled import enable_compiled_decode
 from opscope.engine.models.config import ModelConfig
 from opscope.engine.models.transformer import Transformer
 
-TINY = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab_size=160,
-                   max_seq_len=128, tie_embeddings=True)
+TINY = ModelConfig(
+    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, vocab_size=160, max_seq_len=128, tie_embeddings=True
+)
 
 
 class Spy:

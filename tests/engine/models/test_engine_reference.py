@@ -1,9 +1,9 @@
 """The engine against an independent reference: Hugging Face transformers loading the same GGUF."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from opscope.engine.generation.events import Finished, Token
 from opscope.engine.generation.generate import GenerationConfig
 
@@ -55,7 +55,7 @@ def test_kv_cache_decoding_equals_full_recompute(lm):
     seq = list(ids)
     for _ in range(16):
         seq.append(int(lm.logits(seq)[-1].argmax()))
-    assert cached == seq[len(ids):]
+    assert cached == seq[len(ids) :]
 
 
 def test_batched_generation_matches_single(lm):

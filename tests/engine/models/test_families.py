@@ -13,6 +13,7 @@ the test passes the values llama.cpp derives from the same file (``HF_KWARGS``).
 cannot load a llama-arch GGUF as Mistral in this version (gguf-py has no "mistral" arch), so the
 Mistral reference is transformers' MistralForCausalLM holding the Llama-loaded weights.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,18 +42,31 @@ class Case:
 
 CASES = {
     "llama": Case(hf_config("llama", num_hidden_layers=3)),
-    "mistral": Case(hf_config("mistral", sliding_window=WINDOW), hf_kwargs=("sliding_window",),
-                    sensitive={"sliding_window": None}),
+    "mistral": Case(
+        hf_config("mistral", sliding_window=WINDOW), hf_kwargs=("sliding_window",), sensitive={"sliding_window": None}
+    ),
     "qwen2": Case(hf_config("qwen2")),
     "qwen3": Case(hf_config("qwen3"), hf_kwargs=("head_dim",)),
     # larger weights and small caps so that soft-capping changes the result
-    "gemma2": Case(hf_config("gemma2", num_hidden_layers=4, sliding_window=WINDOW, attn_logit_softcapping=1.0,
-                             final_logit_softcapping=2.0), std=0.1,
-                   hf_kwargs=("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"),
-                   sensitive={"attn_logit_softcapping": None, "final_logit_softcapping": None}),
+    "gemma2": Case(
+        hf_config(
+            "gemma2",
+            num_hidden_layers=4,
+            sliding_window=WINDOW,
+            attn_logit_softcapping=1.0,
+            final_logit_softcapping=2.0,
+        ),
+        std=0.1,
+        hf_kwargs=("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"),
+        sensitive={"attn_logit_softcapping": None, "final_logit_softcapping": None},
+    ),
     # six layers: five local, one global (Gemma 3's pattern)
-    "gemma3": Case(hf_config("gemma3", num_hidden_layers=6, sliding_window=WINDOW), std=0.05,
-                   hf_kwargs=("query_pre_attn_scalar",), sensitive={"sliding_window": 4096}),
+    "gemma3": Case(
+        hf_config("gemma3", num_hidden_layers=6, sliding_window=WINDOW),
+        std=0.05,
+        hf_kwargs=("query_pre_attn_scalar",),
+        sensitive={"sliding_window": 4096},
+    ),
     "phi3": Case(hf_config("phi3")),
 }
 
@@ -74,6 +88,7 @@ def files(tmp_path_factory):
             write_gguf(path, case.cfg, random_tensors(case.cfg, seed=1, std=case.std), types=qtype)
             made[family, qtype] = path
         return made[family, qtype]
+
     return get
 
 
@@ -89,8 +104,7 @@ def load_reference(path, family: str, **overrides):
         model = transformers.MistralForCausalLM(cfg)
         model.load_state_dict(llama.state_dict())
         return model.eval()
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                **kwargs).eval()
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, **kwargs).eval()
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +115,7 @@ def references(files):
         if (family, qtype) not in cache:
             cache[family, qtype] = load_reference(files(family, qtype), family)
         return cache[family, qtype]
+
     return get
 
 
@@ -114,7 +129,7 @@ def ref_greedy(model, ids: list[int], n: int = GREEDY) -> list[int]:
     out = list(ids)
     for _ in range(n):
         out.append(int(ref_logits(model, out)[-1].argmax()))
-    return out[len(ids):]
+    return out[len(ids) :]
 
 
 def our_greedy(lm, ids: list[int], n: int = GREEDY) -> list[int]:
@@ -178,7 +193,6 @@ def test_mlx_backend_matches_transformers(family, qtype, files, references, one_
     repacked exactly into MLX 8-bit groups, so the reference is the same dequantized weights)."""
     pytest.importorskip("mlx.core")
     import mlx.nn as nn
-
     from opscope.engine.backends import get_backend
 
     lm = get_backend("mlx").load(files(family, qtype))
@@ -252,8 +266,7 @@ def save_hf_directory(ref, gguf_path, directory):
     plain copy is saved), plus a tokenizer.json (OpScope's tokenizer of the same GGUF)."""
     from opscope.engine.api import load
 
-    cfg = ref.config.__class__.from_dict({k: v for k, v in ref.config.to_dict().items()
-                                          if k != "quantization_config"})
+    cfg = ref.config.__class__.from_dict({k: v for k, v in ref.config.to_dict().items() if k != "quantization_config"})
     plain = type(ref)(cfg)
     plain.load_state_dict(ref.state_dict())
     plain.save_pretrained(directory)
@@ -264,9 +277,8 @@ def save_hf_directory(ref, gguf_path, directory):
 def test_hf_directory_matches_transformers(family, files, references, tmp_path, one_torch_thread):
     """A Hugging Face directory (config.json + safetensors: Gemma norms stored as w, Phi-3's fused
     qkv and gate_up), loaded by OpScope and by transformers itself."""
-    from transformers import AutoModelForCausalLM
-
     from opscope.engine.api import load
+    from transformers import AutoModelForCausalLM
 
     save_hf_directory(references(family, "F32"), files(family, "F32"), tmp_path)
     ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
@@ -348,9 +360,8 @@ def test_mlx_backend_reads_hf_directories_of_the_families(family, files, referen
     """Hugging Face directories on the MLX backend through the engine's own source (Gemma's w+1 norms,
     Phi-3's fused qkv and gate_up split by the family descriptors)."""
     pytest.importorskip("mlx.core")
-    from transformers import AutoModelForCausalLM
-
     from opscope.engine.backends import get_backend
+    from transformers import AutoModelForCausalLM
 
     save_hf_directory(references(family, "F32"), files(family, "F32"), tmp_path)
     ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()

@@ -10,6 +10,7 @@ Most mutations target the embedded model's header, written over a sparse copy so
 of weights are never written or read; the tiny model (engine.testing.gguf_writer) and a tiny
 safetensors directory also go through a load and a one-token generate.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from gguf_craft import Craft
 
 AS_LIMIT_BYTES = 2 << 30
@@ -83,9 +83,16 @@ def _run_cases(cases: list[dict]) -> tuple[dict, list[str]]:
     env = {**os.environ, "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     done, failures, todo = {}, [], list(cases)
     while todo:
-        child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_limit_memory,
-                                 cwd=Path(__file__).resolve().parents[3])
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=_limit_memory,
+            cwd=Path(__file__).resolve().parents[3],
+        )
         child.stdin.write("".join(json.dumps(c) + "\n" for c in todo))
         child.stdin.close()
         current, last = None, time.monotonic()
@@ -133,8 +140,11 @@ _EXTREMES = (0, 1, 2, 3, 7, 9, 13, 31, 32, 255, 2**31 - 1, 2**31, 2**32 - 1, 2**
 
 
 def _extreme(rng, size: int, old: int) -> bytes:
-    values = [v for v in _EXTREMES if v < 1 << (8 * size)] + [max(old - 1, 0), (old + 1) % (1 << (8 * size)),
-                                                              (old * 2) % (1 << (8 * size))]
+    values = [v for v in _EXTREMES if v < 1 << (8 * size)] + [
+        max(old - 1, 0),
+        (old + 1) % (1 << (8 * size)),
+        (old * 2) % (1 << (8 * size)),
+    ]
     return rng.choice(values).to_bytes(size, "little")
 
 
@@ -148,9 +158,9 @@ def _mutations(raw: bytes, fields: list, rng, n: int, header_end: int, skip=(0, 
         b = bytearray(raw)
         if kind < 0.6:
             what, at, size = rng.choice(numeric)
-            old = int.from_bytes(b[at:at + size], "little")
-            b[at:at + size] = _extreme(rng, size, old)
-            out.append((f"{what}={int.from_bytes(b[at:at + size], 'little')}", bytes(b)))
+            old = int.from_bytes(b[at : at + size], "little")
+            b[at : at + size] = _extreme(rng, size, old)
+            out.append((f"{what}={int.from_bytes(b[at : at + size], 'little')}", bytes(b)))
         elif kind < 0.85:
             at = rng.randrange(header_end - (skip[1] - skip[0]))
             at += (skip[1] - skip[0]) if at >= skip[0] else 0
@@ -164,8 +174,13 @@ def _mutations(raw: bytes, fields: list, rng, n: int, header_end: int, skip=(0, 
 
 
 _VOCAB_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
-_ID_KEYS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id",
-            "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.eot_token_id")
+_ID_KEYS = (
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.padding_token_id",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.eot_token_id",
+)
 
 
 def _vocab_mutations(craft: Craft, rng, n: int) -> list[tuple[str, bytes]]:
@@ -191,18 +206,24 @@ def _vocab_mutations(craft: Craft, rng, n: int) -> list[tuple[str, bytes]]:
             etype = kv.etype if kv is not None else 6
             op = rng.randrange(5)
             if op == 0:
-                values = values[:rng.randrange(len(values) + 1)]
+                values = values[: rng.randrange(len(values) + 1)]
             elif op == 1:
-                values = values + values[:rng.randrange(1, 50)]
+                values = values + values[: rng.randrange(1, 50)]
             elif op == 2 and values:
                 i = rng.randrange(len(values))
-                values[i] = (rng.choice(["", "nospace", "a b c", "Ġ Ġ", values[0] + " zz", "\x00"]) if etype == 8
-                             else rng.choice([-1, 7, 99, 2**31 - 1]) if etype in (4, 5) else float("nan"))
+                values[i] = (
+                    rng.choice(["", "nospace", "a b c", "Ġ Ġ", values[0] + " zz", "\x00"])
+                    if etype == 8
+                    else rng.choice([-1, 7, 99, 2**31 - 1])
+                    if etype in (4, 5)
+                    else float("nan")
+                )
             elif op == 3:
                 values = []
             else:
-                etype, values = rng.choice([(4, list(range(len(values)))), (6, [0.5] * len(values)),
-                                            (8, [str(v) for v in values])])
+                etype, values = rng.choice(
+                    [(4, list(range(len(values)))), (6, [0.5] * len(values)), (8, [str(v) for v in values])]
+                )
             c.set(key, values, 9, etype)
             what = f"{key} op {op} ({len(values)} elements)"
         out.append((what, c.to_bytes()))
@@ -218,8 +239,13 @@ def _gguf_cases(tmp: Path, tiny: Path, embedded: Path, rng) -> list[dict]:
     for i, (what, data) in enumerate(mutated):
         p = tmp / f"tiny-{i}.gguf"
         p.write_bytes(data)
-        cases.append({"id": f"tiny-{i} ({what})", "path": str(p), "argvs": [
-            ["models", "inspect", str(p)], ["generate", "hi", "--model", str(p), "--max-tokens", "1"]]})
+        cases.append(
+            {
+                "id": f"tiny-{i} ({what})",
+                "path": str(p),
+                "argvs": [["models", "inspect", str(p)], ["generate", "hi", "--model", str(p), "--max-tokens", "1"]],
+            }
+        )
     # the embedded model: its header fields by our own walk of the bytes, then sparse copies
     head, fields, size, vocab = _embedded_header(embedded)
     # bit flips in the 49k-token vocabulary only change token strings (the tiny model covers those)
@@ -249,8 +275,10 @@ def _embedded_header(path: Path) -> tuple[bytes, list, int, tuple[int, int]]:
         pos = int(f.offset)
         for part in f.parts[:6]:
             if part.dtype != np.uint8 and part.dtype.itemsize in (4, 8):
-                fields += [(f"{f.name} part at {pos + k}", pos + k, part.dtype.itemsize)
-                           for k in range(0, part.nbytes, part.dtype.itemsize)]
+                fields += [
+                    (f"{f.name} part at {pos + k}", pos + k, part.dtype.itemsize)
+                    for k in range(0, part.nbytes, part.dtype.itemsize)
+                ]
             pos += part.nbytes
     with open(path, "rb") as fh:
         head = fh.read(int(r.data_offset))
@@ -258,18 +286,17 @@ def _embedded_header(path: Path) -> tuple[bytes, list, int, tuple[int, int]]:
 
 
 def _safetensors_cases(tmp: Path, tiny: Path, rng) -> list[dict]:
-    from safetensors.numpy import save_file
-
     from opscope.engine.formats import open_model
     from opscope.engine.formats.hf_source import hf_name
     from opscope.engine.testing.gguf_writer import hf_config
+    from safetensors.numpy import save_file
 
     src = open_model(tiny)
     base = tmp / "st-base.safetensors"
     save_file({hf_name(n): np.ascontiguousarray(w) for n, w in src.iter_tensors()}, str(base))
     raw = base.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     cases = []
     for i in range(60):
         h = copy.deepcopy(header)
@@ -286,7 +313,7 @@ def _safetensors_cases(tmp: Path, tiny: Path, rng) -> list[dict]:
         elif kind == 4:
             h[name] = rng.choice([None, [], "x", {"dtype": "F32"}])
         body = json.dumps(h).encode()
-        data = struct.pack("<Q", len(body)) + body + raw[8 + n:]
+        data = struct.pack("<Q", len(body)) + body + raw[8 + n :]
         if kind == 5:
             b = bytearray(raw)
             pos = rng.randrange(8 + n)
@@ -298,8 +325,13 @@ def _safetensors_cases(tmp: Path, tiny: Path, rng) -> list[dict]:
         src.tokenizer.backend.save(str(d / "tokenizer.json"))
         (d / "model.safetensors").write_bytes(data)
         p = str(d / "model.safetensors")
-        cases.append({"id": f"st-{i} (kind {kind}, {name})", "path": str(d), "argvs": [
-            ["models", "inspect", str(d)], ["generate", "hi", "--model", p, "--max-tokens", "1"]]})
+        cases.append(
+            {
+                "id": f"st-{i} (kind {kind}, {name})",
+                "path": str(d),
+                "argvs": [["models", "inspect", str(d)], ["generate", "hi", "--model", p, "--max-tokens", "1"]],
+            }
+        )
     return cases
 
 
@@ -314,10 +346,13 @@ def test_fuzzed_model_files_exit_0_or_2_with_one_line(tmp_path, default_model_pa
     done, failures = _run_parallel(cases)
     failures += [v for c in cases if c["id"] in done for v in [_verdict(c, done[c["id"]])] if v]
     rcs = [r["rc"] for c in cases if c["id"] in done for r in done[c["id"]]]
-    print(f"{len(cases)} cases, {len(rcs)} command lines ({rcs.count(0)} exit 0, {rcs.count(2)} exit 2) in "
-          f"{time.monotonic() - t0:.1f} s")
-    slow = sorted(((r["s"], c["id"], r["argv"][0]) for c in cases if c["id"] in done for r in done[c["id"]]),
-                  reverse=True)
+    print(
+        f"{len(cases)} cases, {len(rcs)} command lines ({rcs.count(0)} exit 0, {rcs.count(2)} exit 2) in "
+        f"{time.monotonic() - t0:.1f} s"
+    )
+    slow = sorted(
+        ((r["s"], c["id"], r["argv"][0]) for c in cases if c["id"] in done for r in done[c["id"]]), reverse=True
+    )
     print("slowest:", [f"{s:.2f}s {i} {a}" for s, i, a in slow[:8]])
     assert len(cases) >= 300
     assert not failures, f"{len(failures)} of {len(cases)} cases failed:\n" + "\n".join(failures[:40])

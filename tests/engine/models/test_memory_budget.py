@@ -1,5 +1,6 @@
 """Peak RSS of the fast path: the mapped file is not kept resident beside the packed copies, a model
 built on meta imports no sympy, and a pp/tg run stays within file + KV cache + 450 MiB."""
+
 from __future__ import annotations
 
 import json
@@ -15,20 +16,21 @@ MiB = 2**20
 
 
 def _rss_file_kb() -> int:
-    return int(next(ln for ln in Path("/proc/self/status").read_text().splitlines()
-                    if ln.startswith("RssFile:")).split()[1])
+    return int(
+        next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("RssFile:")).split()[1]
+    )
 
 
 def test_release_pages_drops_the_mapped_file_from_rss(default_model_path):
     import numpy as np
-
     from opscope.engine.formats import open_model
 
     source = open_model(str(default_model_path))
     source.release_pages()
     before = _rss_file_kb()
-    touched = sum(int(np.asarray(source.raw_tensor(n)[1]).sum() & 1) for n in source.tensor_names()
-                  if not n.startswith("rope"))
+    touched = sum(
+        int(np.asarray(source.raw_tensor(n)[1]).sum() & 1) for n in source.tensor_names() if not n.startswith("rope")
+    )
     read = _rss_file_kb() - before
     assert touched >= 0 and read * 1024 > 0.8 * default_model_path.stat().st_size, read
     source.release_pages()
@@ -38,8 +40,7 @@ def test_release_pages_drops_the_mapped_file_from_rss(default_model_path):
 
 def _child(code: str) -> dict:
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env,
-                         timeout=900)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

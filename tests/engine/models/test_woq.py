@@ -5,20 +5,19 @@ Stated tolerances (default model, top-1 at every position of a chat prompt, vs f
 int8 top-1 agreement >= 0.9; int4 >= 0.99 (groups of 32 = the Q4_1 GGUF's own blocks, so the
 re-quantization is lossless but for rounding: benchmarks/precision.py measured mean KL 2e-11).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.models.config import ModelConfig
 from opscope.engine.models.transformer import Transformer
 from opscope.engine.models.woq import Int4Linear, Int8Linear, int4_group, quantize_weights
 
-TINY = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128,
-                   max_seq_len=128)
+TINY = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, max_seq_len=128)
 
 
 def linear(n: int, k: int, seed: int = 0) -> nn.Linear:

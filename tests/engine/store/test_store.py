@@ -1,11 +1,11 @@
 """The run store on real SQLite files: round trips, names, tags, filters, stale runs."""
+
 from __future__ import annotations
 
 import math
 import sqlite3
 
 import pytest
-
 from opscope.engine.core.errors import ConfigError, RunNotFoundError, StoreError
 from opscope.engine.core.markers import Marker as LiveMarker
 from opscope.engine.core.results import Marker, Metric, RunResult, TelemetrySeries
@@ -25,12 +25,17 @@ def store(db_path):
 
 def full_result(name: str = "r1") -> RunResult:
     return RunResult(
-        kind="llm", name=name, tags=["ci", "bf16"], notes="first try",
+        kind="llm",
+        name=name,
+        tags=["ci", "bf16"],
+        notes="first try",
         settings={"dtype": "bfloat16", "threads": 2, "suite_params": {"pp": [512], "tg": [128]}},
         fingerprint={"cpu": {"model": "AMD EPYC", "cores": 2}, "torch": "2.13.0"},
-        metrics=[Metric("pp512", "tok/s", [812.25, 800.5, 790.125], params={"n_prompt": 512}),
-                 Metric("ttft", "ms", [0.1 + 0.2, 1e-300, 123456789.123456789], higher_is_better=False),
-                 Metric("tg4096", "tok/s", [], status="failed", error="out of memory")],
+        metrics=[
+            Metric("pp512", "tok/s", [812.25, 800.5, 790.125], params={"n_prompt": 512}),
+            Metric("ttft", "ms", [0.1 + 0.2, 1e-300, 123456789.123456789], higher_is_better=False),
+            Metric("tg4096", "tok/s", [], status="failed", error="out of memory"),
+        ],
         telemetry=[TelemetrySeries("gpu0.util_pct", "%", [10, 20, 30**12], [1.5, float("nan"), 99.0])],
         markers=[Marker("prefill", "start", 5_000_000_000_123, {"tokens": 512})],
         trace_summary={"ops": 1234, "fallbacks": []},
@@ -62,8 +67,10 @@ def test_incremental_run_keeps_metric_order_and_finishes(store):
     for i in range(3):
         store.add_metric(run_id, Metric(f"m{i}", "GFLOP/s", [float(i)]))
     store.add_telemetry(run_id, [TelemetrySeries("host.cpu_pct", "%", [1, 2], [50.0, 60.0])])
-    store.add_telemetry(run_id, [TelemetrySeries("host.ram_bytes", "bytes", [1], [2.0**33]),
-                                 TelemetrySeries("host.cpu_pct", "%", [3], [70.0])])  # a later chunk
+    store.add_telemetry(
+        run_id,
+        [TelemetrySeries("host.ram_bytes", "bytes", [1], [2.0**33]), TelemetrySeries("host.cpu_pct", "%", [3], [70.0])],
+    )  # a later chunk
     store.add_markers(run_id, [LiveMarker("bench_iter", "start", 7, {"i": 0}), Marker("bench_iter", "end", 9)])
     store.set_trace_summary(run_id, {"ops": 3})
     store.finish_run(run_id, "failed", "point m3: out of memory")
@@ -74,7 +81,9 @@ def test_incremental_run_keeps_metric_order_and_finishes(store):
     assert [(m.phase, m.edge, m.t_ns) for m in result.markers] == [("bench_iter", "start", 7), ("bench_iter", "end", 9)]
     assert result.trace_summary == {"ops": 3}
     assert [(t.name, t.t_ns, t.values) for t in result.telemetry] == [
-        ("host.cpu_pct", [1, 2, 3], [50.0, 60.0, 70.0]), ("host.ram_bytes", [1], [2.0**33])]
+        ("host.cpu_pct", [1, 2, 3], [50.0, 60.0, 70.0]),
+        ("host.ram_bytes", [1], [2.0**33]),
+    ]
 
 
 def test_writes_to_a_missing_run_are_refused(store):
@@ -104,8 +113,14 @@ def test_unknown_runs_raise_run_not_found(store):
 def test_list_filters_newest_first(store):
     a = store.save(RunResult(kind="llm", name="a-f32", tags=["nightly"]))
     b = store.save(RunResult(kind="matmul", name="b-mm", status="failed"))
-    c = store.save(RunResult(kind="llm", name="c-bf16", tags=["nightly", "bf16"],
-                             metrics=[Metric("x", "ms", [1.0]), Metric("y", "ms", [2.0])]))
+    c = store.save(
+        RunResult(
+            kind="llm",
+            name="c-bf16",
+            tags=["nightly", "bf16"],
+            metrics=[Metric("x", "ms", [1.0]), Metric("y", "ms", [2.0])],
+        )
+    )
     assert [r.id for r in store.list()] == [c, b, a]
     assert [r.id for r in store.list(kind="llm")] == [c, a]
     assert [r.id for r in store.list(status="failed")] == [b]
@@ -179,4 +194,3 @@ def test_close_aborts_runs_it_began_and_did_not_finish(db_path):
     with RunStore.open(db_path) as s:
         info = s.info(run_id)
     assert info.status == "aborted" and "closed before the run finished" in info.error
-

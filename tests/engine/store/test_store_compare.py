@@ -1,4 +1,5 @@
 """Comparison of runs saved to a real SQLite file, through the API and the `opscope runs` CLI."""
+
 from __future__ import annotations
 
 import csv
@@ -10,13 +11,12 @@ import sys
 
 import numpy as np
 import pytest
-from scipy import stats as sps
-
 from opscope.engine.cli.main import main
 from opscope.engine.core.results import Metric, RunResult
 from opscope.engine.store import RunStore
 from opscope.engine.store.compare import compare
 from opscope.engine.store.render import render
+from scipy import stats as sps
 
 N = 12
 
@@ -25,14 +25,18 @@ def llm_run(name: str, dtype: str, speedup: float, seed: int, n: int = N) -> Run
     """Seeded samples shaped like the llm suite's: bf16 speeds pp/tg up, ITL unchanged."""
     rng = np.random.default_rng(seed)
     return RunResult(
-        kind="llm", name=name, tags=["test"],
+        kind="llm",
+        name=name,
+        tags=["test"],
         settings={"dtype": dtype, "threads": 2, "model": "SmolLM2-135M"},
         fingerprint={"cpu": {"model": "AMD EPYC", "cores": 2}, "torch": "2.13.0", "git": "abc123"},
-        metrics=[Metric("pp512", "tok/s", list(rng.normal(800 * speedup, 8, n))),
-                 Metric("tg128", "tok/s", list(rng.normal(21 * speedup, 0.3, n))),
-                 Metric("ttft", "ms", list(rng.normal(640 / speedup, 4, n)), higher_is_better=False),
-                 Metric("itl_p95", "ms", list(rng.normal(48, 0.5, 5)), higher_is_better=False),
-                 Metric("tg4096", "tok/s", [], status="failed", error="out of memory")],
+        metrics=[
+            Metric("pp512", "tok/s", list(rng.normal(800 * speedup, 8, n))),
+            Metric("tg128", "tok/s", list(rng.normal(21 * speedup, 0.3, n))),
+            Metric("ttft", "ms", list(rng.normal(640 / speedup, 4, n)), higher_is_better=False),
+            Metric("itl_p95", "ms", list(rng.normal(48, 0.5, 5)), higher_is_better=False),
+            Metric("tg4096", "tok/s", [], status="failed", error="out of memory"),
+        ],
     )
 
 
@@ -70,8 +74,10 @@ def test_compare_json_matches_scipy_on_the_saved_samples(saved, capsys):
     assert _row(doc, "itl_p95")["cells"][0]["few_samples"]
     assert doc["differences"] == [{"field": "settings.dtype", "values": ["float32", "bfloat16"]}]
     tok_s = next(s for s in doc["sections"] if s["unit"] == "tok/s")
-    ratio = np.sqrt((np.median(bf16.metrics[0].samples) * np.median(bf16.metrics[1].samples))
-                    / (np.median(a) * np.median(base.metrics[1].samples)))
+    ratio = np.sqrt(
+        (np.median(bf16.metrics[0].samples) * np.median(bf16.metrics[1].samples))
+        / (np.median(a) * np.median(base.metrics[1].samples))
+    )
     assert tok_s["geomean_deltas_pct"][0] == pytest.approx((ratio - 1) * 100)
 
 
@@ -173,8 +179,12 @@ def test_user_errors_exit_2_with_one_line(saved, capsys):
 @pytest.mark.slow  # a fresh interpreter importing the whole CLI: ~2 s here
 def test_cli_unknown_run_prints_one_clear_line_and_exits_2(saved):
     path, _, _ = saved
-    proc = subprocess.run([sys.executable, "-m", "opscope.engine.cli.main", "--db", str(path), "runs", "show", "no-such-run"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "opscope.engine.cli.main", "--db", str(path), "runs", "show", "no-such-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
@@ -198,16 +208,31 @@ def test_long_names_become_ids_and_embedded_settings_are_not_repeated(tmp_path, 
     assert "fingerprint.settings.threads" not in out
 
 
-def _small_run(name: str, scale: float, n: int, peak: str = "theoretical 294.4 GFLOP/s float32",
-               peak_value: float = 2.944e11) -> RunResult:
+def _small_run(
+    name: str, scale: float, n: int, peak: str = "theoretical 294.4 GFLOP/s float32", peak_value: float = 2.944e11
+) -> RunResult:
     """A run of n samples per metric: a rate, peak memory under its old name, and a utilisation."""
     rates = [100.0 * scale + i for i in range(n)]
-    return RunResult(kind="llm", name=name, settings={"threads": 2}, metrics=[
-        Metric("tg16", "tok/s", rates),
-        Metric("tg16.peak_mem" if name.endswith("old") else "tg16.peak_mem_bytes", "bytes",
-               [7.164e8 + i for i in range(n)], higher_is_better=False),
-        Metric("tg16.mfu", "%", [r / 10 for r in rates], params={"peak": peak, "peak_value": peak_value,
-                                                                "peak_basis": "theoretical"})])
+    return RunResult(
+        kind="llm",
+        name=name,
+        settings={"threads": 2},
+        metrics=[
+            Metric("tg16", "tok/s", rates),
+            Metric(
+                "tg16.peak_mem" if name.endswith("old") else "tg16.peak_mem_bytes",
+                "bytes",
+                [7.164e8 + i for i in range(n)],
+                higher_is_better=False,
+            ),
+            Metric(
+                "tg16.mfu",
+                "%",
+                [r / 10 for r in rates],
+                params={"peak": peak, "peak_value": peak_value, "peak_basis": "theoretical"},
+            ),
+        ],
+    )
 
 
 def test_three_samples_per_side_say_n_too_small_instead_of_no_change(tmp_path, capsys):
@@ -222,8 +247,11 @@ def test_three_samples_per_side_say_n_too_small_instead_of_no_change(tmp_path, c
     assert cli(path, "compare", "fast", "slow", "--format", "json") == 0
     d = _row(json.loads(capsys.readouterr().out), "tg16")["deltas"][0]
     assert (d["decidable"], d["significant"], d["need_per_side"]) == (False, False, 4)
-    assert d["p_value"] == pytest.approx(sps.mannwhitneyu([100, 101, 102], [20, 21, 22],
-                                                          alternative="two-sided").pvalue) == pytest.approx(0.1)
+    assert (
+        d["p_value"]
+        == pytest.approx(sps.mannwhitneyu([100, 101, 102], [20, 21, 22], alternative="two-sided").pvalue)
+        == pytest.approx(0.1)
+    )
     assert cli(path, "compare", "fast", "slow", "--fail-on-regression", "10") == 3
     assert "undecided: tg16 in 'slow': -79.21%" in capsys.readouterr().err
     assert cli(path, "compare", "slow", "fast", "--fail-on-regression", "10") == 0  # faster: nothing to gate

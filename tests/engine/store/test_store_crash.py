@@ -1,5 +1,6 @@
 """Crash survival: a real process writes points, gets SIGKILL mid-run; every point it reported as
 committed is in the database, the file is intact, and the next open marks the run aborted."""
+
 from __future__ import annotations
 
 import signal
@@ -9,7 +10,6 @@ import sys
 import textwrap
 
 import pytest
-
 from opscope.engine.store import RunStore
 
 # Writes metric after metric until killed, printing each index once its commit has returned.

@@ -1,13 +1,13 @@
 """Every run store problem is one line naming the store, without SQL or SQLAlchemy's warnings, exit 2;
 in-process through engine.cli.main on real SQLite files and (the PostgreSQL cases) the session's
 real server (tests/conftest.py `pg_server`)."""
+
 from __future__ import annotations
 
 import sqlite3
 import warnings
 
 import pytest
-
 from opscope.engine.cli.main import main
 from opscope.engine.core.errors import StoreError
 from opscope.engine.core.results import RunResult
@@ -38,8 +38,10 @@ def test_read_only_url_reads_without_sqlalchemys_warning_and_refuses_a_write(sto
     out = capsys.readouterr()
     assert out.err == "" and "first" in out.out
     assert main(["runs", "tag", "first", "x", "--db", url]) == 2
-    assert err_line(capsys) == (f"opscope: error: run store {store}: cannot tag run first: the store was opened "
-                                f"read-only (mode=ro or immutable=1 in --db): drop that to write")
+    assert err_line(capsys) == (
+        f"opscope: error: run store {store}: cannot tag run first: the store was opened "
+        f"read-only (mode=ro or immutable=1 in --db): drop that to write"
+    )
     with sqlite3.connect(store) as con:  # mode=ro really reached SQLite: nothing was written
         assert con.execute("SELECT count(*) FROM run_tags").fetchone() == (0,)
 
@@ -59,17 +61,21 @@ def test_sqlites_own_uri_form_names_the_same_file(store, capsys):
 def test_an_unknown_sqlite_url_option_is_one_line(store, capsys):
     url = f"sqlite:///{store}?mdoe=ro"
     assert main(["runs", "list", "--db", url]) == 2
-    assert err_line(capsys) == (f"opscope: error: cannot open run database {url}: unknown SQLite URL option "
-                                f"'mdoe': use cache, cached_statements, check_same_thread, detect_types, "
-                                f"immutable, isolation_level, mode, modeof, nolock, psow, timeout, vfs")
+    assert err_line(capsys) == (
+        f"opscope: error: cannot open run database {url}: unknown SQLite URL option "
+        f"'mdoe': use cache, cached_statements, check_same_thread, detect_types, "
+        f"immutable, isolation_level, mode, modeof, nolock, psow, timeout, vfs"
+    )
 
 
 @pytest.mark.parametrize("as_url", [False, True])
 def test_a_folder_given_as_the_store_is_one_line(tmp_path, capsys, as_url):
     arg = f"sqlite:///{tmp_path}" if as_url else str(tmp_path)
     assert main(["runs", "list", "--db", arg]) == 2
-    assert err_line(capsys) == (f"opscope: error: run store {tmp_path}: is a folder, not a SQLite file: pass a "
-                                f"file in it, e.g. --db {tmp_path / 'runs.sqlite'}")
+    assert err_line(capsys) == (
+        f"opscope: error: run store {tmp_path}: is a folder, not a SQLite file: pass a "
+        f"file in it, e.g. --db {tmp_path / 'runs.sqlite'}"
+    )
 
 
 def test_a_locked_store_is_one_line(store, capsys, monkeypatch):
@@ -80,28 +86,39 @@ def test_a_locked_store_is_one_line(store, capsys, monkeypatch):
         assert main(["runs", "tag", "first", "x", "--db", str(store)]) == 2
     finally:
         holder.close()
-    assert err_line(capsys) == (f"opscope: error: run store {store}: cannot open it: another process holds it "
-                                f"locked: retry when it is done (database is locked)")
+    assert err_line(capsys) == (
+        f"opscope: error: run store {store}: cannot open it: another process holds it "
+        f"locked: retry when it is done (database is locked)"
+    )
 
 
 def test_a_store_from_a_newer_version_is_one_line(store, capsys):
     with sqlite3.connect(store) as con:
         con.execute(f"UPDATE {db.VERSION_TABLE} SET version_num = '9999_future'")
     assert main(["runs", "list", "--db", str(store)]) == 2
-    assert err_line(capsys) == (f"opscope: error: run store {store}: its schema (revision 9999_future) is newer "
-                                f"than this OpScope knows (up to {db.head_revision()}): upgrade OpScope or use "
-                                f"another --db")
+    assert err_line(capsys) == (
+        f"opscope: error: run store {store}: its schema (revision 9999_future) is newer "
+        f"than this OpScope knows (up to {db.head_revision()}): upgrade OpScope or use "
+        f"another --db"
+    )
 
 
-@pytest.mark.parametrize("url,line", [
-    ("foo://bar/x", f"cannot open run database foo://bar/x: unknown database kind 'foo': use {URL_FORMS}"),
-    ("postgresql+psycopg://u:secret@127.0.0.1:abc/db",
-     "cannot open run database postgresql+psycopg://u:***@127.0.0.1:abc/db: not a database URL (invalid literal "
-     f"for int() with base 10: 'abc'): use {URL_FORMS}"),
-    ("sqlite://somehost/runs.db",
-     "cannot open run database sqlite://somehost/runs.db: not a database URL (a SQLite URL names no host: "
-     f"sqlite:////ABSOLUTE/PATH (4 slashes) or sqlite:///RELATIVE/PATH): use {URL_FORMS}"),
-])
+@pytest.mark.parametrize(
+    "url,line",
+    [
+        ("foo://bar/x", f"cannot open run database foo://bar/x: unknown database kind 'foo': use {URL_FORMS}"),
+        (
+            "postgresql+psycopg://u:secret@127.0.0.1:abc/db",
+            "cannot open run database postgresql+psycopg://u:***@127.0.0.1:abc/db: not a database URL (invalid literal "
+            f"for int() with base 10: 'abc'): use {URL_FORMS}",
+        ),
+        (
+            "sqlite://somehost/runs.db",
+            "cannot open run database sqlite://somehost/runs.db: not a database URL (a SQLite URL names no host: "
+            f"sqlite:////ABSOLUTE/PATH (4 slashes) or sqlite:///RELATIVE/PATH): use {URL_FORMS}",
+        ),
+    ],
+)
 def test_an_unusable_url_is_one_line_without_its_password(capsys, url, line):
     assert main(["runs", "list", "--db", url]) == 2
     assert err_line(capsys) == f"opscope: error: {line}"
@@ -119,19 +136,25 @@ def test_a_write_command_creates_a_missing_folder_and_says_so(tmp_path, capsys):
 
 # --- PostgreSQL: the session's real server ----------------------------------------------------
 
+
 @pytest.mark.postgres
-@pytest.mark.parametrize("where,hint", [
-    ("database", "no such database or user on the server: create it (createdb NAME) or check --db"),
-    ("user", "no such database or user on the server: create it (createdb NAME) or check --db"),
-    ("port", "no PostgreSQL server answers at that host and port: start it or check HOST:PORT in --db"),
-])
+@pytest.mark.parametrize(
+    "where,hint",
+    [
+        ("database", "no such database or user on the server: create it (createdb NAME) or check --db"),
+        ("user", "no such database or user on the server: create it (createdb NAME) or check --db"),
+        ("port", "no PostgreSQL server answers at that host and port: start it or check HOST:PORT in --db"),
+    ],
+)
 def test_postgres_connection_problems_are_one_line_with_what_to_do(pg_server, capsys, where, hint):
     from sqlalchemy.engine import make_url
 
     server = make_url(pg_server)
-    url = {"database": server.set(database="nosuchdb"),
-           "user": server.set(username="nosuchuser", database="postgres"),
-           "port": server.set(port=_closed_port(), database="postgres")}[where].render_as_string(False)
+    url = {
+        "database": server.set(database="nosuchdb"),
+        "user": server.set(username="nosuchuser", database="postgres"),
+        "port": server.set(port=_closed_port(), database="postgres"),
+    }[where].render_as_string(False)
     assert main(["runs", "list", "--db", url]) == 2
     line = err_line(capsys)
     assert line.startswith(f"opscope: error: run store {url}: cannot open it: {hint} (connection failed: "), line
@@ -160,9 +183,11 @@ def test_postgres_wrong_password_is_one_line_without_the_password(pg_server, cap
         finally:
             _write_server_file(con, hba, before)
     line = err_line(capsys)
-    assert line.startswith(f"opscope: error: run store postgresql+psycopg://pwuser:***@{server.host}:{server.port}"
-                           f"/postgres: cannot open it: wrong user name or password: check USER:PASSWORD in --db "
-                           f"(connection failed: "), line
+    assert line.startswith(
+        f"opscope: error: run store postgresql+psycopg://pwuser:***@{server.host}:{server.port}"
+        f"/postgres: cannot open it: wrong user name or password: check USER:PASSWORD in --db "
+        f"(connection failed: "
+    ), line
     assert "wrong" not in line.replace("wrong user name", "")
 
 
@@ -174,8 +199,10 @@ def _write_server_file(con, path: str, text: str) -> None:
     lines = [ln.replace("\t", " ") for ln in text.splitlines() if ln.strip()]
     with con.cursor() as cur:
         cur.executemany("INSERT INTO hba_lines VALUES (%s, %s)", list(enumerate(lines)))
-    con.execute(f"COPY (SELECT line FROM hba_lines ORDER BY n) TO '{path}' "
-                "WITH (FORMAT csv, QUOTE e'\\x01', DELIMITER e'\\x02')")
+    con.execute(
+        f"COPY (SELECT line FROM hba_lines ORDER BY n) TO '{path}' "
+        "WITH (FORMAT csv, QUOTE e'\\x01', DELIMITER e'\\x02')"
+    )
     con.execute("SELECT pg_reload_conf()")
 
 

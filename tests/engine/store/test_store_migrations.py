@@ -1,5 +1,6 @@
 """Schema migrations on real SQLite files: a database from the first revision upgrades in place,
 the migrations produce exactly the ORM's schema, and an unknown (newer) schema is refused."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -7,7 +8,6 @@ import sqlite3
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-
 from opscope.engine.core.errors import StoreError
 from opscope.engine.core.results import Metric, RunResult, TelemetrySeries
 from opscope.engine.store import RunStore, db
@@ -25,11 +25,13 @@ def make_first_revision_db(url: str) -> None:
             conn.exec_driver_sql(
                 "INSERT INTO runs (id, name, kind, status, notes, created_at, finished_at, settings, fingerprint) "
                 "VALUES (1, 'old-run', 'llm', 'completed', '', '2026-01-02 03:04:05.000000', "
-                "'2026-01-02 03:05:00.000000', '{\"dtype\": \"float32\"}', '{\"cpu\": \"x\"}')")
+                '\'2026-01-02 03:05:00.000000\', \'{"dtype": "float32"}\', \'{"cpu": "x"}\')'
+            )
             conn.exec_driver_sql("INSERT INTO run_tags (run_id, tag) VALUES (1, 'v0')")
             conn.exec_driver_sql(
                 "INSERT INTO metrics (run_id, position, name, unit, higher_is_better, params, status, error, samples) "
-                "VALUES (1, 0, 'tg128', 'tok/s', 1, '{}', 'ok', NULL, '[21.5, 22.0, 21.75]')")
+                "VALUES (1, 0, 'tg128', 'tok/s', 1, '{}', 'ok', NULL, '[21.5, 22.0, 21.75]')"
+            )
     finally:
         engine.dispose()
 
@@ -54,8 +56,14 @@ def test_first_revision_database_upgrades_in_place(tmp_path):
         assert old.metrics[0].samples == [21.5, 22.0, 21.75] and old.tags == ["v0"]
         assert old.settings == {"dtype": "float32"} and old.telemetry == [] and old.trace_summary is None
         assert store.info("old-run").created_at.isoformat() == "2026-01-02T03:04:05+00:00"
-        new_id = store.save(RunResult(kind="llm", name="new-run", metrics=[Metric("x", "ms", [1.0])],
-                                      telemetry=[TelemetrySeries("host.cpu_pct", "%", [1], [2.0])]))
+        new_id = store.save(
+            RunResult(
+                kind="llm",
+                name="new-run",
+                metrics=[Metric("x", "ms", [1.0])],
+                telemetry=[TelemetrySeries("host.cpu_pct", "%", [1], [2.0])],
+            )
+        )
         assert store.get(new_id).telemetry[0].values == [2.0]
     with sqlite3.connect(path) as con:
         assert con.execute(f"SELECT version_num FROM {db.VERSION_TABLE}").fetchall() == [(db.head_revision(),)]

@@ -1,11 +1,11 @@
 """The run store on a real PostgreSQL server: the session's one server (tests/conftest.py `pg_server`,
 Debian's postgresql package; `make test` installs it). Skipped only when the server binaries are absent."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-
 from opscope.engine.core.errors import ConfigError, RunNotFoundError
 from opscope.engine.core.results import Marker, Metric, RunResult, TelemetrySeries
 from opscope.engine.store import RunStore, db
@@ -16,11 +16,19 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 def test_round_trip_and_management_on_postgres(pg_url):
     result = RunResult(
-        kind="llm", name="pg-run", tags=["pg"], settings={"dtype": "float32"}, fingerprint={"cpu": "x"},
-        metrics=[Metric("pp512", "tok/s", [1 / 3, 2.5e-310, 1e300]), Metric("oom", "ms", [], status="failed",
-                                                                               error="out of memory")],
+        kind="llm",
+        name="pg-run",
+        tags=["pg"],
+        settings={"dtype": "float32"},
+        fingerprint={"cpu": "x"},
+        metrics=[
+            Metric("pp512", "tok/s", [1 / 3, 2.5e-310, 1e300]),
+            Metric("oom", "ms", [], status="failed", error="out of memory"),
+        ],
         telemetry=[TelemetrySeries("gpu0.power_w", "W", [2**62], [float("nan")])],
-        markers=[Marker("decode", "end", 2**62 + 1, {"tokens": 128})], trace_summary={"ops": 1})
+        markers=[Marker("decode", "end", 2**62 + 1, {"tokens": 128})],
+        trace_summary={"ops": 1},
+    )
     with RunStore.open(pg_url) as store:
         run_id = store.save(result)
         back = store.get("pg-run")
@@ -62,7 +70,6 @@ def test_incremental_writes_stale_runs_and_compare_on_postgres(pg_url):
 def test_first_revision_database_upgrades_in_place_on_postgres(pg_url):
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
-
     from opscope.engine.store.schema import Base
 
     engine = db.create_db_engine(pg_url)
@@ -70,7 +77,8 @@ def test_first_revision_database_upgrades_in_place_on_postgres(pg_url):
     with engine.begin() as conn:
         conn.exec_driver_sql(
             "INSERT INTO runs (name, kind, status, notes, created_at, settings, fingerprint) "
-            "VALUES ('old', 'llm', 'completed', '', '2026-01-02 03:04:05', '{}', '{}')")
+            "VALUES ('old', 'llm', 'completed', '', '2026-01-02 03:04:05', '{}', '{}')"
+        )
     engine.dispose()
     with RunStore.open(pg_url) as store:
         assert store.info("old").status == "completed"

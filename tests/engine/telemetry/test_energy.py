@@ -2,6 +2,7 @@
 through the telemetry tests' fake NVML (real pynvml module, real error types), and generation stats.
 
 This machine has no /sys/class/powercap/intel-rapl:* (a VM): the real meter must say so."""
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from opscope.engine.telemetry import energy
 
 
@@ -88,6 +88,7 @@ def test_generation_stats_carry_joules_per_token_from_rapl(powercap, lm):
 
     for extra in ("intel-rapl:1", "intel-rapl:0:0"):
         import shutil
+
         shutil.rmtree(powercap / extra)
     heater = _Heater(powercap / "intel-rapl:0")
     heater.start()
@@ -110,9 +111,10 @@ def test_generation_stats_carry_joules_per_token_from_rapl(powercap, lm):
 def test_batch_generation_carries_joules_per_token_over_real_tokens(powercap, lm):
     """Two rows of 20 and 8 prompt tokens: prefill joules over the 28 prompt tokens (not the 40
     padded positions), decode joules over the tokens the rows decoded after their first."""
+    import shutil
+
     from opscope.engine.generation.events import Finished, Token
     from opscope.engine.generation.generate import GenerationConfig
-    import shutil
 
     for extra in ("intel-rapl:1", "intel-rapl:0:0"):
         shutil.rmtree(powercap / extra)
@@ -163,13 +165,14 @@ def test_generation_without_a_counter_says_n_a_and_why(tmp_path, monkeypatch, lm
 
 # --- NVML -------------------------------------------------------------------------------------
 
+
 def _fake_nvml(monkeypatch, total_mj: list[int] | None, unsupported=()):
     pynvml = pytest.importorskip("pynvml")
     from fake_nvml import FakeGpu, FakeNvml
 
     class FakeWithEnergy(FakeNvml):
         def nvmlDeviceGetTotalEnergyConsumption(self, h):
-            gpu = self._gpu(h, "nvmlDeviceGetTotalEnergyConsumption")
+            self._gpu(h, "nvmlDeviceGetTotalEnergyConsumption")  # NVML's errors for a lost GPU
             return pynvml.c_ulonglong(total_mj.pop(0)).value  # mJ since the driver loaded
 
     gpu = FakeGpu("NVIDIA H100 80GB HBM3", unsupported=tuple(unsupported))
@@ -253,9 +256,8 @@ def test_cuda_device_is_mapped_through_the_uuid_torch_reports(monkeypatch):
     _two_gpus_with_energy(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    cuda_uuids = {0: fake_uuid(1)[len("GPU-"):], 1: fake_uuid(0)[len("GPU-"):]}  # torch prints no prefix
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i: types.SimpleNamespace(uuid=cuda_uuids[i]))
+    cuda_uuids = {0: fake_uuid(1)[len("GPU-") :], 1: fake_uuid(0)[len("GPU-") :]}  # torch prints no prefix
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid=cuda_uuids[i]))
     assert _joules_read_for("cuda:0") == pytest.approx(2000.0)
     assert _joules_read_for("cuda:1") == pytest.approx(1000.0)
 
@@ -272,13 +274,24 @@ def test_no_nvidia_driver_here_is_n_a_with_the_reason():
 def test_the_chat_stats_line_shows_joules_per_token_or_n_a():
     from opscope.app.chat.session import format_stats
 
-    stats = {"ttft_ms": 40.0, "prefill_tok_s": 300.0, "decode_tok_s": 20.0, "prompt_tokens": 20,
-             "generated_tokens": 8, "prefill_j_per_token": 0.0123, "decode_j_per_token": 0.5,
-             "energy_source": "RAPL"}
-    assert "20 prompt + 8 generated tokens · 0.0123 J/tok prefill, 0.5 J/tok decode · stop: eos" in \
-        format_stats(stats, "eos")
-    na = {**stats, "prefill_j_per_token": float("nan"),
-          "energy_source": "N/A: no RAPL energy counters (/x/intel-rapl:* absent: a VM); CPU energy is N/A"}
+    stats = {
+        "ttft_ms": 40.0,
+        "prefill_tok_s": 300.0,
+        "decode_tok_s": 20.0,
+        "prompt_tokens": 20,
+        "generated_tokens": 8,
+        "prefill_j_per_token": 0.0123,
+        "decode_j_per_token": 0.5,
+        "energy_source": "RAPL",
+    }
+    assert "20 prompt + 8 generated tokens · 0.0123 J/tok prefill, 0.5 J/tok decode · stop: eos" in format_stats(
+        stats, "eos"
+    )
+    na = {
+        **stats,
+        "prefill_j_per_token": float("nan"),
+        "energy_source": "N/A: no RAPL energy counters (/x/intel-rapl:* absent: a VM); CPU energy is N/A",
+    }
     assert format_stats(na, "eos").endswith("generated tokens · energy N/A (no RAPL energy counters) · stop: eos")
 
 
@@ -327,13 +340,15 @@ def test_opscope_generate_prints_the_exact_joules_per_token(counter_at_markers, 
 
 def test_the_plugin_loop_puts_exact_joules_per_token_in_finished(counter_at_markers, lm):
     from opscope.engine.backends import stream_generation
-    from opscope.engine.generation.events import Finished
     from opscope.engine.generation.config import GenerationConfig
+    from opscope.engine.generation.events import Finished
 
     class Constant:  # a backend whose model always answers token 42
-        def forward(self, ids): pass
+        def forward(self, ids):
+            pass
 
-        def sample(self): return 42
+        def sample(self):
+            return 42
 
     cfg = GenerationConfig(max_tokens=6, ignore_eos=True)
     done = [ev for ev in stream_generation(Constant(), lm.tokenizer, [1, 2, 3, 4], cfg) if isinstance(ev, Finished)][0]
@@ -353,5 +368,7 @@ def test_the_stats_line_says_why_energy_is_n_a(tmp_path, monkeypatch):
     finally:
         energy.reset()
     stats = GenerationStats(10, 5, 40.0, 30.0, 333.0, 20.0, 300.0, energy_source=reason)
-    assert summary_line(stats).endswith(f"decode 20.0 tok/s · energy N/A: no RAPL energy counters ({tmp_path}"
-                                        f"/nothing/intel-rapl:* absent: a VM or a CPU without RAPL); CPU energy is N/A")
+    assert summary_line(stats).endswith(
+        f"decode 20.0 tok/s · energy N/A: no RAPL energy counters ({tmp_path}"
+        f"/nothing/intel-rapl:* absent: a VM or a CPU without RAPL); CPU energy is N/A"
+    )

@@ -1,6 +1,7 @@
 """NVML source against a fake NVML installed into the real ``pynvml`` module (monkeypatched
 functions, real ctypes structs, real NVMLError subclasses), and against the real library on this
 machine, which has no NVIDIA driver."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,20 +15,20 @@ import pytest
 
 pynvml = pytest.importorskip("pynvml")
 
-from opscope.engine.telemetry import NA, Sampler  # noqa: E402
+from fake_nvml import FakeGpu, FakeHandle, FakeNvml, MiB, _at, _err, fake_uuid  # noqa: E402,F401
 from opscope.engine.cli.commands.monitor import register  # noqa: E402
+from opscope.engine.telemetry import NA, Sampler  # noqa: E402
 from opscope.engine.telemetry.host import HostSource  # noqa: E402
 from opscope.engine.telemetry.nvml import GPU_FIELDS, GPU_LOST, Nvml, NvmlSource, describe_reasons  # noqa: E402
-
-from fake_nvml import MiB, FakeGpu, FakeHandle, FakeNvml, _at, _err, fake_uuid  # noqa: E402,F401
 
 
 @pytest.fixture
 def two_gpus(monkeypatch):
     me = os.getpid()
-    gpus = [FakeGpu("NVIDIA H100 80GB HBM3", procs=((me, 512 * MiB), (99999, 4096 * MiB))),
-            FakeGpu("NVIDIA H100 80GB HBM3", unsupported=("nvmlDeviceGetPowerUsage",
-                                                          "nvmlDeviceGetPcieThroughput"))]
+    gpus = [
+        FakeGpu("NVIDIA H100 80GB HBM3", procs=((me, 512 * MiB), (99999, 4096 * MiB))),
+        FakeGpu("NVIDIA H100 80GB HBM3", unsupported=("nvmlDeviceGetPowerUsage", "nvmlDeviceGetPcieThroughput")),
+    ]
     return FakeNvml(gpus).install(monkeypatch)
 
 
@@ -190,9 +191,8 @@ def test_host_source_is_independent_of_nvml(two_gpus):
 def test_live_tables_render_one_row_per_gpu(two_gpus):
     from io import StringIO
 
-    from rich.console import Console
-
     from opscope.engine.telemetry.view import MonitorView
+    from rich.console import Console
 
     sampler = Sampler([HostSource(), NvmlSource()], interval_ms=100)
     snap = sampler.sample_now()

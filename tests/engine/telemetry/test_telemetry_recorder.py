@@ -1,5 +1,6 @@
 """Phase markers + samples on one clock: pairing, per-phase summaries (energy from power), the
 Recorder, CSV/JSON export, and markers from a real generation with the default model."""
+
 from __future__ import annotations
 
 import csv
@@ -9,12 +10,10 @@ import math
 import numpy as np
 import psutil
 import pytest
-
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.results import Marker, RunResult, TelemetrySeries
-from opscope.engine.telemetry import (Recorder, Sampler, Source, pair_phases, read_json, summarize,
-                              write_csv, write_json)
+from opscope.engine.telemetry import Recorder, Sampler, Source, pair_phases, read_json, summarize, write_csv, write_json
 from opscope.engine.telemetry.summary import summarize_series
 
 S = 1_000_000_000  # ns per second
@@ -60,11 +59,19 @@ def test_nan_samples_are_skipped_and_all_nan_is_nan():
 
 
 def test_pair_phases_nests_repeats_and_closes_open_ones():
-    ms = [Marker("bench_iter", "start", 1, {"rep": 0}), Marker("bench_iter", "end", 2),
-          Marker("bench_iter", "start", 3, {"rep": 1}), Marker("decode", "end", 4),  # stray end
-          Marker("bench_iter", "end", 5), Marker("prefill", "start", 6)]
-    assert pair_phases(ms, end_ns=9) == [("bench_iter", 1, 2, {"rep": 0}), ("bench_iter", 3, 5, {"rep": 1}),
-                                         ("prefill", 6, 9, {"open": True})]
+    ms = [
+        Marker("bench_iter", "start", 1, {"rep": 0}),
+        Marker("bench_iter", "end", 2),
+        Marker("bench_iter", "start", 3, {"rep": 1}),
+        Marker("decode", "end", 4),  # stray end
+        Marker("bench_iter", "end", 5),
+        Marker("prefill", "start", 6),
+    ]
+    assert pair_phases(ms, end_ns=9) == [
+        ("bench_iter", 1, 2, {"rep": 0}),
+        ("bench_iter", 3, 5, {"rep": 1}),
+        ("prefill", 6, 9, {"open": True}),
+    ]
 
 
 def test_recorder_cuts_samples_by_phase():
@@ -78,8 +85,12 @@ def test_recorder_cuts_samples_by_phase():
             power.busy = False
         _wait_ticks(sampler, 3)
     sampler.stop()
-    assert [(m.phase, m.edge) for m in rec.markers] == [("prefill", "start"), ("prefill", "end"),
-                                                        ("decode", "start"), ("decode", "end")]
+    assert [(m.phase, m.edge) for m in rec.markers] == [
+        ("prefill", "start"),
+        ("prefill", "end"),
+        ("decode", "start"),
+        ("decode", "end"),
+    ]
     phases = rec.phases()
     assert [p.phase for p in phases] == ["prefill", "decode"]
     for p in phases:
@@ -110,8 +121,10 @@ def _wait_ticks(sampler: Sampler, n: int) -> None:
 
 
 def _window() -> tuple[list[TelemetrySeries], list[Marker]]:
-    series = [TelemetrySeries("gpu0.power_w", "W", [0, S, 2 * S], [100.0, math.nan, 300.0]),
-              TelemetrySeries("host.cpu_pct", "%", [0, S, 2 * S], [5.5, 10.0, 12.0])]
+    series = [
+        TelemetrySeries("gpu0.power_w", "W", [0, S, 2 * S], [100.0, math.nan, 300.0]),
+        TelemetrySeries("host.cpu_pct", "%", [0, S, 2 * S], [5.5, 10.0, 12.0]),
+    ]
     return series, [Marker("decode", "start", S // 2, {"tokens": 3}), Marker("decode", "end", 2 * S)]
 
 
@@ -141,6 +154,7 @@ def test_json_round_trips_and_writes_nan_as_null(tmp_path):
 
 
 # --- a real generation -----------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def model():

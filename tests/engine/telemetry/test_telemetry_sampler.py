@@ -1,4 +1,5 @@
 """The sampler's schedule, lifecycle and subscriber contract, and the ring-buffer history."""
+
 from __future__ import annotations
 
 import logging
@@ -8,7 +9,6 @@ import threading
 
 import numpy as np
 import pytest
-
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.telemetry import Sampler, Snapshot, Source
 from opscope.engine.telemetry.history import History
@@ -62,6 +62,7 @@ def _wait_for(sampler: Sampler, pred, timeout_s: float = 10.0) -> list[Snapshot]
 
 # --- History ---------------------------------------------------------------------------------
 
+
 def test_history_wraps_in_time_order_and_returns_copies():
     h = History(4, ["a"])
     for i in range(6):
@@ -95,6 +96,7 @@ def test_history_memory_is_fixed_at_construction():
 
 # --- Sampler ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("ms", [0, 19.9, 60_001])
 def test_interval_outside_50hz_to_1_per_min_is_a_config_error(ms):
     with pytest.raises(ConfigError, match="telemetry interval"):
@@ -105,8 +107,10 @@ def test_start_opens_sources_and_stop_closes_them():
     src, broken = CountingSource(), BrokenOpen()
     sampler = Sampler([src, broken], interval_ms=20).start()
     assert sampler.series_names() == ["count.n"] and sampler.units == {"count.n": "count"}
-    assert sampler.status() == {"count": "ok", "broken": "broken: failed to open (libfoo.so: "
-                                "cannot open shared object file)"}
+    assert sampler.status() == {
+        "count": "ok",
+        "broken": "broken: failed to open (libfoo.so: cannot open shared object file)",
+    }
     snaps = _wait_for(sampler, lambda s: len(s) >= 3)
     sampler.stop()
     assert src.closed and not sampler.running

@@ -1,4 +1,5 @@
 """Host (real psutil), allocator (real MLX; torch on CPU) and AMD (fake amdsmi) sources."""
+
 from __future__ import annotations
 
 import logging
@@ -10,7 +11,6 @@ import types
 
 import psutil
 import pytest
-
 from opscope.engine.telemetry.allocators import MlxSource, TorchCudaSource
 from opscope.engine.telemetry.amd import AMD_FIELDS, AmdSmiSource
 from opscope.engine.telemetry.host import HostSource
@@ -47,8 +47,9 @@ class _ReplayedCpuTimes:
 
     def cpu_times(self, percpu):
         fields = psutil.cpu_times(percpu=True)[0]._fields  # the real record type of this kernel
-        return [type(psutil.cpu_times(percpu=True)[0])(**dict(zip(fields, self._row(fields, r))))
-                for r in self.rows.pop(0)]
+        return [
+            type(psutil.cpu_times(percpu=True)[0])(**dict(zip(fields, self._row(fields, r)))) for r in self.rows.pop(0)
+        ]
 
     @staticmethod
     def _row(fields, r):
@@ -57,12 +58,14 @@ class _ReplayedCpuTimes:
 
 def test_host_cpu_never_above_100_when_iowait_runs_backwards_nor_0_between_ticks():
     src = HostSource()
-    src._psutil = _ReplayedCpuTimes([
-        [{"user": 10.0, "idle": 10.0, "iowait": 5.0}],
-        [{"user": 10.5, "idle": 10.0, "iowait": 4.9}],  # iowait fell 0.1 s while user ran 0.5 s
-        [{"user": 10.5, "idle": 10.0, "iowait": 4.9}],  # sampled again inside the same tick
-        [{"user": 10.6, "idle": 10.3, "iowait": 4.9}],
-    ])
+    src._psutil = _ReplayedCpuTimes(
+        [
+            [{"user": 10.0, "idle": 10.0, "iowait": 5.0}],
+            [{"user": 10.5, "idle": 10.0, "iowait": 4.9}],  # iowait fell 0.1 s while user ran 0.5 s
+            [{"user": 10.5, "idle": 10.0, "iowait": 4.9}],  # sampled again inside the same tick
+            [{"user": 10.6, "idle": 10.3, "iowait": 4.9}],
+        ]
+    )
     src._last_times = src._core_times()
     first = src._cpu()
     assert first["host.cpu0_pct"] == 100.0 and first["host.cpu_pct"] == 100.0
@@ -158,6 +161,7 @@ def _fake_amdsmi(n_gpus: int, unsupported: tuple[str, ...] = ()) -> types.Module
             if name in unsupported:
                 raise AmdSmiLibraryException(2)  # AMDSMI_STATUS_NOT_SUPPORTED
             return fn(*args)
+
         setattr(smi, name, wrapped)
 
     call("amdsmi_init", lambda: None)
@@ -165,10 +169,20 @@ def _fake_amdsmi(n_gpus: int, unsupported: tuple[str, ...] = ()) -> types.Module
     call("amdsmi_get_processor_handles", lambda: [object() for _ in range(n_gpus)])
     call("amdsmi_get_gpu_activity", lambda h: {"gfx_activity": 87, "umc_activity": 41, "mm_activity": "N/A"})
     call("amdsmi_get_gpu_vram_usage", lambda h: {"vram_total": 196592, "vram_used": 1024})
-    call("amdsmi_get_power_info", lambda h: {"current_socket_power": "N/A", "average_socket_power": 412,
-                                             "power_limit": 750, "socket_power": 412})
-    call("amdsmi_get_clock_info", lambda h, t: {"clk": 2100 if t == 1 else 1300, "min_clk": 500,
-                                                "max_clk": 2100, "clk_locked": "N/A", "clk_deep_sleep": 0})
+    call(
+        "amdsmi_get_power_info",
+        lambda h: {"current_socket_power": "N/A", "average_socket_power": 412, "power_limit": 750, "socket_power": 412},
+    )
+    call(
+        "amdsmi_get_clock_info",
+        lambda h, t: {
+            "clk": 2100 if t == 1 else 1300,
+            "min_clk": 500,
+            "max_clk": 2100,
+            "clk_locked": "N/A",
+            "clk_deep_sleep": 0,
+        },
+    )
     call("amdsmi_get_temp_metric", lambda h, s, m: 55)
     call("amdsmi_get_gpu_process_list", lambda h: [{"name": "python", "pid": 1, "mem": 3 * 2**20}])
     return smi
@@ -196,8 +210,10 @@ def test_apple_memory_is_stated_na_elsewhere():
 
     src = AppleMemorySource()
     assert not src.open() and src.sample() == {}
-    assert src.reason == (f"process footprint and memory pressure: N/A on {sys.platform} "
-                          f"(macOS kernel counters; RSS is in the host series)")
+    assert src.reason == (
+        f"process footprint and memory pressure: N/A on {sys.platform} "
+        f"(macOS kernel counters; RSS is in the host series)"
+    )
 
 
 @pytest.mark.skipif(sys.platform != "darwin", reason="macOS kernel counters")

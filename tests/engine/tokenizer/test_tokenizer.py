@@ -1,4 +1,5 @@
 """Tokenizer built from GGUF metadata vs the Hugging Face tokenizer loaded from the same file."""
+
 from __future__ import annotations
 
 import pytest
@@ -57,10 +58,15 @@ def test_stream_decoder_never_splits_a_character(tok):
 
 
 def test_chat_template_matches_reference(tok, ref_tok):
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}]
-    assert tok.apply_chat_template(msgs) == ref_tok.apply_chat_template(msgs, tokenize=False,
-                                                                        add_generation_prompt=True)
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "2+2?"},
+    ]
+    assert tok.apply_chat_template(msgs) == ref_tok.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True
+    )
 
 
 def test_chat_template_is_sandboxed():

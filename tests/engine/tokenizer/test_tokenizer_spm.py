@@ -17,6 +17,7 @@ without the prefix) and written into a GGUF the way llama.cpp's converter writes
 - llama.cpp itself (``llama-completion --verbose-prompt`` from ../shared/tools) for the Llama-style
   files.
 """
+
 from __future__ import annotations
 
 import random
@@ -62,14 +63,16 @@ LLAMA2_TEMPLATE = (
     "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
     "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
     "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
-    "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
+    "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"
+)
 GEMMA_TEMPLATE = (
     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
     "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
     "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
     "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
 
 
 # -- fixtures: real SentencePiece models, written into GGUFs -----------------------------------------
@@ -79,10 +82,14 @@ def _training_text(seed: int = 0) -> str:
     onsets = ["", "b", "c", "d", "f", "g", "h", "l", "m", "n", "p", "r", "s", "t", "v", "w", "st", "tr", "ch", "th"]
     nuclei = ["a", "e", "i", "o", "u", "ou", "ea", "ai"]
     codas = ["", "", "n", "r", "s", "t", "l", "nd", "ng", "ck"]
-    words = ["".join(rnd.choice(onsets) + rnd.choice(nuclei) + rnd.choice(codas) for _ in range(rnd.randint(1, 3)))
-             for _ in range(300)] + "the quick brown fox jumps over lazy dog hello world".split()
-    lines = [" ".join(rnd.choice(words) for _ in range(rnd.randint(4, 12))).capitalize() + rnd.choice(".,!?;")
-             for _ in range(300)]
+    words = [
+        "".join(rnd.choice(onsets) + rnd.choice(nuclei) + rnd.choice(codas) for _ in range(rnd.randint(1, 3)))
+        for _ in range(300)
+    ] + "the quick brown fox jumps over lazy dog hello world".split()
+    lines = [
+        " ".join(rnd.choice(words) for _ in range(rnd.randint(4, 12))).capitalize() + rnd.choice(".,!?;")
+        for _ in range(300)
+    ]
     lines += ["def f(x):\n    return x + 1\n\tpass", "café naïve résumé", "12345 67890 3.14", "x = [1, 2, 3]"] * 4
     return "\n".join(lines)
 
@@ -92,16 +99,35 @@ def _train(workdir: Path, name: str, model_type: str, **options) -> Path:
     if not corpus.exists():
         corpus.write_text(_training_text(), encoding="utf-8")
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(workdir / name), vocab_size=600, model_type=model_type,
-        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        character_coverage=1.0, split_digits=True, allow_whitespace_only_pieces=True, num_threads=1,
-        minloglevel=2, **options)
+        input=str(corpus),
+        model_prefix=str(workdir / name),
+        vocab_size=600,
+        model_type=model_type,
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        character_coverage=1.0,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        num_threads=1,
+        minloglevel=2,
+        **options,
+    )
     return workdir / f"{name}.model"
 
 
-def _write_gguf(path: Path, model_file: Path, *, arch: str, tok_model: str = "llama", template: str | None = None,
-                user_defined: tuple[str, ...] = (), add_eos: bool = False, shuffle: int | None = None,
-                flat_scores: bool = False) -> Path:
+def _write_gguf(
+    path: Path,
+    model_file: Path,
+    *,
+    arch: str,
+    tok_model: str = "llama",
+    template: str | None = None,
+    user_defined: tuple[str, ...] = (),
+    add_eos: bool = False,
+    shuffle: int | None = None,
+    flat_scores: bool = False,
+) -> Path:
     """Tokenizer metadata as llama.cpp's converter writes it (``_create_vocab_sentencepiece``), plus
     the few hyperparameters transformers reads to recognise the file (no tensors: not needed).
     ``shuffle`` (a seed) reorders the normal pieces, each keeping its score; ``flat_scores`` zeroes them."""
@@ -109,9 +135,19 @@ def _write_gguf(path: Path, model_file: Path, *, arch: str, tok_model: str = "ll
     tokens, scores, types = [], [], []
     for i in range(sp.vocab_size()):
         piece = sp.IdToPiece(i)
-        kind = (gguf.TokenType.UNKNOWN if sp.IsUnknown(i) else gguf.TokenType.CONTROL if sp.IsControl(i)
-                else gguf.TokenType.UNUSED if sp.IsUnused(i) else gguf.TokenType.BYTE if sp.IsByte(i)
-                else gguf.TokenType.USER_DEFINED if piece in user_defined else gguf.TokenType.NORMAL)
+        kind = (
+            gguf.TokenType.UNKNOWN
+            if sp.IsUnknown(i)
+            else gguf.TokenType.CONTROL
+            if sp.IsControl(i)
+            else gguf.TokenType.UNUSED
+            if sp.IsUnused(i)
+            else gguf.TokenType.BYTE
+            if sp.IsByte(i)
+            else gguf.TokenType.USER_DEFINED
+            if piece in user_defined
+            else gguf.TokenType.NORMAL
+        )
         tokens.append(piece.encode("utf-8"))
         scores.append(0.0 if flat_scores else sp.GetScore(i))
         types.append(int(kind))
@@ -172,20 +208,40 @@ def _add_tiny_llama_tensors(w, n_vocab: int, d: int = 64, ff: int = 128) -> None
 class Vocab:
     """One trained vocabulary: its SentencePiece model, our tokenizer, and the references."""
 
-    def __init__(self, root: Path, name: str, model_file: Path, *, arch: str, template: str,
-                 user_defined: tuple[str, ...] = (), compat_arch: str | None = None):
+    def __init__(
+        self,
+        root: Path,
+        name: str,
+        model_file: Path,
+        *,
+        arch: str,
+        template: str,
+        user_defined: tuple[str, ...] = (),
+        compat_arch: str | None = None,
+    ):
         from opscope.engine.formats import open_model
 
         self.name, self.model_file = name, model_file
-        self.path = _write_gguf(root / name / "model.gguf", model_file, arch=arch, template=template,
-                                user_defined=user_defined)
+        self.path = _write_gguf(
+            root / name / "model.gguf", model_file, arch=arch, template=template, user_defined=user_defined
+        )
         self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
         self.tok = open_model(self.path).tokenizer
         self.ref = _hf(self.path)
         # the same vocabulary under an architecture whose transformers path prepends like SentencePiece
-        self.ref_prefix = (_hf(_write_gguf(root / f"{name}-{compat_arch}" / "model.gguf", model_file,
-                                           arch=compat_arch, template=template, user_defined=user_defined))
-                           if compat_arch else self.ref)
+        self.ref_prefix = (
+            _hf(
+                _write_gguf(
+                    root / f"{name}-{compat_arch}" / "model.gguf",
+                    model_file,
+                    arch=compat_arch,
+                    template=template,
+                    user_defined=user_defined,
+                )
+            )
+            if compat_arch
+            else self.ref
+        )
 
 
 def _hf(path: Path):
@@ -196,16 +252,43 @@ def _hf(path: Path):
 def vocabs(tmp_path_factory) -> dict[str, Vocab]:
     root = tmp_path_factory.mktemp("spm")
     llama_opts = dict(add_dummy_prefix=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
-    gemma_opts = dict(add_dummy_prefix=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>",
-                      eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
-                      user_defined_symbols=["<start_of_turn>", "<end_of_turn>"])
+    gemma_opts = dict(
+        add_dummy_prefix=False,
+        pad_id=0,
+        eos_id=1,
+        bos_id=2,
+        unk_id=3,
+        pad_piece="<pad>",
+        eos_piece="<eos>",
+        bos_piece="<bos>",
+        unk_piece="<unk>",
+        user_defined_symbols=["<start_of_turn>", "<end_of_turn>"],
+    )
     return {
-        "llama-bpe": Vocab(root, "llama-bpe", _train(root, "llama-bpe", "bpe", **llama_opts), arch="llama",
-                           template=LLAMA2_TEMPLATE, compat_arch="phi3"),
-        "llama-unigram": Vocab(root, "llama-unigram", _train(root, "llama-unigram", "unigram", **llama_opts),
-                               arch="llama", template=LLAMA2_TEMPLATE, compat_arch="phi3"),
-        "gemma-bpe": Vocab(root, "gemma-bpe", _train(root, "gemma-bpe", "bpe", **gemma_opts), arch="gemma3",
-                           template=GEMMA_TEMPLATE, user_defined=("<start_of_turn>", "<end_of_turn>")),
+        "llama-bpe": Vocab(
+            root,
+            "llama-bpe",
+            _train(root, "llama-bpe", "bpe", **llama_opts),
+            arch="llama",
+            template=LLAMA2_TEMPLATE,
+            compat_arch="phi3",
+        ),
+        "llama-unigram": Vocab(
+            root,
+            "llama-unigram",
+            _train(root, "llama-unigram", "unigram", **llama_opts),
+            arch="llama",
+            template=LLAMA2_TEMPLATE,
+            compat_arch="phi3",
+        ),
+        "gemma-bpe": Vocab(
+            root,
+            "gemma-bpe",
+            _train(root, "gemma-bpe", "bpe", **gemma_opts),
+            arch="gemma3",
+            template=GEMMA_TEMPLATE,
+            user_defined=("<start_of_turn>", "<end_of_turn>"),
+        ),
     }
 
 
@@ -253,8 +336,10 @@ def test_encode_matches_sentencepiece(vocabs, name):
 @pytest.mark.parametrize("name", ["llama-bpe", "llama-unigram"])
 def test_encode_matches_llama_cpp(vocabs, name, tmp_path):
     if not LLAMA_COMPLETION.is_file():
-        pytest.fail(f"llama-completion is missing at {LLAMA_COMPLETION}: this test needs llama.cpp's tools "
-                    f"(see ../shared/tools/llama.cpp/BUILD.md)")
+        pytest.fail(
+            f"llama-completion is missing at {LLAMA_COMPLETION}: this test needs llama.cpp's tools "
+            f"(see ../shared/tools/llama.cpp/BUILD.md)"
+        )
     v = vocabs[name]
     for i, text in enumerate(_lines(name)):
         prompt = tmp_path / f"{i}.txt"
@@ -266,8 +351,21 @@ def _llama_cpp_ids(model: Path, prompt: Path, attempts: int = 6) -> list[int]:
     """The prompt's ids as llama-completion prints them. Its logger runs on a thread and now and then
     loses the tail of the log at exit (rc 0), so a run counts only when every announced id is there;
     generating one token (on the tiny random model) gives the logger time to flush the prompt lines."""
-    cmd = [str(LLAMA_COMPLETION), "-m", str(model), "-bf", str(prompt), "-n", "1", "--verbose-prompt",
-           "-no-cnv", "-t", "1", "--temp", "0"]
+    cmd = [
+        str(LLAMA_COMPLETION),
+        "-m",
+        str(model),
+        "-bf",
+        str(prompt),
+        "-n",
+        "1",
+        "--verbose-prompt",
+        "-no-cnv",
+        "-t",
+        "1",
+        "--temp",
+        "0",
+    ]
     for _ in range(attempts):
         out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=120)
         log = out.stderr + out.stdout
@@ -284,10 +382,16 @@ def test_merge_order_comes_from_scores_for_llama_and_from_positions_for_gemma(vo
     do not follow its merge order), as in transformers."""
     from opscope.engine.formats import open_model
 
-    shuffled = _write_gguf(tmp_path / "llama" / "model.gguf", vocabs["llama-unigram"].model_file, arch="llama",
-                           shuffle=1)
-    flat = _write_gguf(tmp_path / "gemma" / "model.gguf", vocabs["gemma-bpe"].model_file, arch="gemma3",
-                       flat_scores=True, user_defined=("<start_of_turn>", "<end_of_turn>"))
+    shuffled = _write_gguf(
+        tmp_path / "llama" / "model.gguf", vocabs["llama-unigram"].model_file, arch="llama", shuffle=1
+    )
+    flat = _write_gguf(
+        tmp_path / "gemma" / "model.gguf",
+        vocabs["gemma-bpe"].model_file,
+        arch="gemma3",
+        flat_scores=True,
+        user_defined=("<start_of_turn>", "<end_of_turn>"),
+    )
     for path, lines in ((shuffled, CORPUS), (flat, _lines("gemma-bpe"))):
         tok, ref = open_model(path).tokenizer, _hf(path)
         for text in lines:
@@ -300,8 +404,13 @@ def test_gemma_model_name_is_the_gemma_vocabulary(vocabs, tmp_path):
     from opscope.engine.formats import open_model
 
     v = vocabs["gemma-bpe"]
-    path = _write_gguf(tmp_path / "model.gguf", v.model_file, arch="llama", tok_model="gemma",
-                       user_defined=("<start_of_turn>", "<end_of_turn>"))
+    path = _write_gguf(
+        tmp_path / "model.gguf",
+        v.model_file,
+        arch="llama",
+        tok_model="gemma",
+        user_defined=("<start_of_turn>", "<end_of_turn>"),
+    )
     tok = open_model(path).tokenizer
     for text in _lines("gemma-bpe"):
         assert tok.encode(text) == v.ref(text).input_ids, text
@@ -367,10 +476,17 @@ def test_add_eos_token_from_metadata(vocabs, tmp_path):
 
 # -- chat ----------------------------------------------------------------------------------------------
 CHATS = {
-    "llama-bpe": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
-                  {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}],
-    "gemma-bpe": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"},
-                  {"role": "user", "content": "2+2?"}],
+    "llama-bpe": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "2+2?"},
+    ],
+    "gemma-bpe": [
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "2+2?"},
+    ],
 }
 
 
@@ -425,7 +541,7 @@ def _bpe_like_vocab(n: int, seed: int = 0) -> list[str]:
     """Pieces as a BPE trainer makes them (each one two earlier pieces), with byte tokens, astral
     characters, a piece given twice and an empty one: what a synthetic Gemma-style vocabulary holds."""
     rnd = random.Random(seed)
-    pieces = list("abcdeghilmnorstu▁.,'") + ["\U0001F600", "é", "語"]
+    pieces = list("abcdeghilmnorstu▁.,'") + ["\U0001f600", "é", "語"]
     seen = set(pieces)
     while len(pieces) < n:
         recent = rnd.random() < 0.5
@@ -440,13 +556,15 @@ def _bpe_like_vocab(n: int, seed: int = 0) -> list[str]:
 @pytest.mark.parametrize("scores", ["positions", "tied"])
 def test_merges_equal_transformers_generate_merges(scores):
     """The vectorised construction against transformers' own loop, in order, ties included."""
+    from opscope.engine.tokenizer.spm import merges_from_scores
     from transformers.convert_slow_tokenizer import generate_merges
 
-    from opscope.engine.tokenizer.spm import merges_from_scores
-
     tokens = _bpe_like_vocab(8_000)
-    values = ([-float(i) for i in range(len(tokens))] if scores == "positions"
-              else [float(random.Random(i).choice([0.0, -1.5, 3.0])) for i in range(len(tokens))])
+    values = (
+        [-float(i) for i in range(len(tokens))]
+        if scores == "positions"
+        else [float(random.Random(i).choice([0.0, -1.5, 3.0])) for i in range(len(tokens))]
+    )
     ref = generate_merges({t: i for i, t in enumerate(tokens)}, list(zip(tokens, values)))
     assert len(ref) > 6_000
     assert merges_from_scores(tokens, values) == ref
@@ -454,10 +572,17 @@ def test_merges_equal_transformers_generate_merges(scores):
 
 def _gemma_meta(tokens: list[str]) -> dict:
     types = [3] * 4 + [6] * 256 + [1] * (len(tokens) - 260)
-    return {"general.architecture": "gemma3", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.scores": np.zeros(len(tokens), np.float32), "tokenizer.ggml.token_type": types,
-            "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
-            "tokenizer.ggml.unknown_token_id": 3, "tokenizer.ggml.padding_token_id": 0}
+    return {
+        "general.architecture": "gemma3",
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": np.zeros(len(tokens), np.float32),
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.unknown_token_id": 3,
+        "tokenizer.ggml.padding_token_id": 0,
+    }
 
 
 SAMPLE = "▁the café 😀 語ab, 'stud'. hello\tworld  éé"
@@ -526,15 +651,15 @@ def test_unwritable_cache_dir_still_loads(tmp_path, monkeypatch):
 def test_pieces_that_share_a_hash_still_give_transformers_merges():
     """Thue–Morse strings of length 2048 and their complements have the same polynomial hash modulo
     2**64 for any odd base: a vocabulary crafted with them takes the exact path, same merges."""
-    from transformers.convert_slow_tokenizer import generate_merges
-
     from opscope.engine.tokenizer import spm_merges
     from opscope.engine.tokenizer.spm import merges_from_scores
+    from transformers.convert_slow_tokenizer import generate_merges
 
     thue_morse = "".join("ab"[bin(i).count("1") % 2] for i in range(2048))
     other = thue_morse.translate(str.maketrans("ab", "ba"))
     tokens = _bpe_like_vocab(600, seed=5) + [thue_morse, other, thue_morse[:1024], other[:1024], thue_morse[1024:]]
     assert spm_merges._vectorised(list(dict.fromkeys(tokens))) is None  # the collision is real
     scores = [-float(i) for i in range(len(tokens))]
-    assert merges_from_scores(tokens, scores) == generate_merges({t: i for i, t in enumerate(tokens)},
-                                                                 list(zip(tokens, scores)))
+    assert merges_from_scores(tokens, scores) == generate_merges(
+        {t: i for i, t in enumerate(tokens)}, list(zip(tokens, scores))
+    )

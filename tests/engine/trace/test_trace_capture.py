@@ -1,5 +1,6 @@
 """The capture itself on small real modules (CPU): module paths, source lines, the event cap,
 steps, markers, the garbage-collector pause, and CUDA device timing through a stand-in event."""
+
 from __future__ import annotations
 
 import gc
@@ -8,14 +9,13 @@ import sys
 
 import pytest
 import torch
-from torch import nn
-
 from opscope.engine.core import markers
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.trace.capture import Tracer
 from opscope.engine.trace.devtime import DeviceTimer
 from opscope.engine.trace.events import ON_TARGET, SYNC, TraceOptions
 from opscope.engine.trace.modstack import ROOT
+from torch import nn
 
 
 class _Inner(nn.Module):
@@ -136,7 +136,7 @@ class _StandInCudaEvent:
         self.clock[0] += 0.5
         self.t = self.clock[0]
 
-    def elapsed_time(self, end: "_StandInCudaEvent") -> float:
+    def elapsed_time(self, end: _StandInCudaEvent) -> float:
         if self.t is None or end.t is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
         return end.t - self.t
@@ -174,8 +174,10 @@ def test_device_timer_respects_its_cap():
 
 
 def test_registering_the_cli_command_does_not_import_torch():
-    code = ("import argparse, sys, opscope.engine.cli.commands.trace as c; "
-            "c.register(argparse.ArgumentParser().add_subparsers()); "
-            "import opscope.engine.trace; from opscope import engine; print('torch' in sys.modules)")
+    code = (
+        "import argparse, sys, opscope.engine.cli.commands.trace as c; "
+        "c.register(argparse.ArgumentParser().add_subparsers()); "
+        "import opscope.engine.trace; from opscope import engine; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

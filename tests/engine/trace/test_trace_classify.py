@@ -1,16 +1,16 @@
 """Classification of ops by device, relative to a target: the pure rules on device strings, then
 real op streams with the meta device standing in for an accelerator (FakeTensorMode)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.trace import classify as cls
 from opscope.engine.trace.capture import Tracer
 from opscope.engine.trace.events import D2D, D2H, FALLBACK, H2D, HOST, MIXED, ON_TARGET, SYNC, TRANSFER, TraceOptions
 from opscope.engine.trace.simulate import simulated_device
+from torch import nn
 
 META = cls.DeviceMatcher("meta")
 CPU = cls.DeviceMatcher("cpu")
@@ -33,21 +33,24 @@ def test_directions():
     assert cls.direction("meta", "meta") == ""
 
 
-@pytest.mark.parametrize("role, ins, scalar, outs, copy_ends, expected", [
-    ("compute", ("meta", "meta"), (False, False), ("meta",), None, (ON_TARGET, "")),
-    ("compute", ("cpu", "cpu"), (False, False), ("cpu",), None, (FALLBACK, "")),
-    ("compute", (), (), ("cpu",), None, (FALLBACK, "")),  # a factory call without device=
-    ("view", ("cpu",), (False,), ("cpu",), None, (HOST, "")),
-    ("compute", ("meta", "cpu"), (False, True), ("meta",), None, (ON_TARGET, "")),  # 0-dim host scalar
-    ("compute", ("meta", "cpu"), (False, False), ("meta",), None, (MIXED, H2D)),
-    ("copy", ("cpu",), (False,), ("meta",), ("cpu", "meta"), (TRANSFER, H2D)),
-    ("copy", ("meta",), (False,), ("cpu",), ("meta", "cpu"), (TRANSFER, D2H)),
-    ("copy", ("cuda:0",), (False,), ("cuda:1",), ("cuda:0", "cuda:1"), (TRANSFER, D2D)),
-    ("copy", ("meta",), (False,), ("meta",), ("meta", "meta"), (ON_TARGET, "")),  # a dtype cast
-    ("scalar", ("meta",), (False,), (), None, (SYNC, D2H)),
-    ("scalar", ("cpu",), (True,), (), None, (HOST, "")),  # a host value read: nothing waits
-    ("sync", ("meta",), (False,), ("meta",), None, (SYNC, "")),
-])
+@pytest.mark.parametrize(
+    "role, ins, scalar, outs, copy_ends, expected",
+    [
+        ("compute", ("meta", "meta"), (False, False), ("meta",), None, (ON_TARGET, "")),
+        ("compute", ("cpu", "cpu"), (False, False), ("cpu",), None, (FALLBACK, "")),
+        ("compute", (), (), ("cpu",), None, (FALLBACK, "")),  # a factory call without device=
+        ("view", ("cpu",), (False,), ("cpu",), None, (HOST, "")),
+        ("compute", ("meta", "cpu"), (False, True), ("meta",), None, (ON_TARGET, "")),  # 0-dim host scalar
+        ("compute", ("meta", "cpu"), (False, False), ("meta",), None, (MIXED, H2D)),
+        ("copy", ("cpu",), (False,), ("meta",), ("cpu", "meta"), (TRANSFER, H2D)),
+        ("copy", ("meta",), (False,), ("cpu",), ("meta", "cpu"), (TRANSFER, D2H)),
+        ("copy", ("cuda:0",), (False,), ("cuda:1",), ("cuda:0", "cuda:1"), (TRANSFER, D2D)),
+        ("copy", ("meta",), (False,), ("meta",), ("meta", "meta"), (ON_TARGET, "")),  # a dtype cast
+        ("scalar", ("meta",), (False,), (), None, (SYNC, D2H)),
+        ("scalar", ("cpu",), (True,), (), None, (HOST, "")),  # a host value read: nothing waits
+        ("sync", ("meta",), (False,), ("meta",), None, (SYNC, "")),
+    ],
+)
 def test_classify_rules_for_an_accelerator_target(role, ins, scalar, outs, copy_ends, expected):
     assert cls.classify(role, ins, scalar, outs, META, copy_ends) == expected
 

@@ -1,12 +1,12 @@
 """Exports: the Chrome trace / Perfetto JSON is checked against the Trace Event Format (the
 rules Perfetto's and Chrome's JSON importers apply), and the JSON lines against the stored events."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
-
 from opscope.engine.core import markers
 from opscope.engine.models.config import ModelConfig
 from opscope.engine.models.transformer import Transformer

@@ -1,8 +1,8 @@
 """`opscope trace --help` reads as plain terminal text; `opscope trace diff --help` is diff's own."""
+
 from __future__ import annotations
 
 import pytest
-
 from opscope.engine.cli.main import main
 
 

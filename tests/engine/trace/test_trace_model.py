@@ -1,17 +1,17 @@
 """The real default model (SmolLM2-135M, shared session fixture) traced through the engine's own
 generation loop on the CPU, and as a stand-in on the meta device; both planted bugs named by
 module and source line; and the `opscope trace` command end to end."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import opscope.engine.trace.planted as planted_module
 import pytest
-
 from opscope.engine.cli.main import main
 from opscope.engine.generation.events import Finished
 from opscope.engine.generation.generate import GenerationConfig
-import opscope.engine.trace.planted as planted_module
 from opscope.engine.trace.events import D2H, FALLBACK, H2D, TraceOptions
 from opscope.engine.trace.findings import STORM
 from opscope.engine.trace.render import render_text
@@ -30,8 +30,9 @@ def _bug_line(marker: str) -> str:
 
 
 def _report(lm, target: str, variant: str = CLEAN, config: GenerationConfig = CONFIG):
-    run = trace_generation(lm, "The capital of France is", config, TraceOptions(target=target),
-                           variant=variant, simulate=target == "meta")
+    run = trace_generation(
+        lm, "The capital of France is", config, TraceOptions(target=target), variant=variant, simulate=target == "meta"
+    )
     return run, build_report(run.result, run.notes)
 
 
@@ -76,8 +77,23 @@ def test_per_element_copy_named_on_cpu(lm):
 
 def test_cli_trace_writes_report_and_exports(tmp_path, capsys):
     out, jsonl = tmp_path / "trace.json", tmp_path / "events.jsonl"
-    code = main(["trace", "Hi", "--tokens", "2", "--device", "meta", "--variant", "leaky-norm",
-                 "--out", str(out), "--jsonl", str(jsonl), "--json"])
+    code = main(
+        [
+            "trace",
+            "Hi",
+            "--tokens",
+            "2",
+            "--device",
+            "meta",
+            "--variant",
+            "leaky-norm",
+            "--out",
+            str(out),
+            "--jsonl",
+            str(jsonl),
+            "--json",
+        ]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["simulated"] is True and report["variant"] == "leaky-norm" and not report["clean"]
@@ -95,5 +111,7 @@ def test_cli_rejects_bad_flags_before_loading(capsys):
     with pytest.raises(SystemExit) as e:  # an output path is checked while parsing too
         main(["trace", "Hi", "--out", "/nonexistent/dir/t.json"])
     assert e.value.code == 2
-    assert capsys.readouterr().err == ("opscope: error: argument --out: /nonexistent/dir/t.json: its folder "
-                                       "/nonexistent/dir does not exist: create it first\n")
+    assert capsys.readouterr().err == (
+        "opscope: error: argument --out: /nonexistent/dir/t.json: its folder "
+        "/nonexistent/dir does not exist: create it first\n"
+    )

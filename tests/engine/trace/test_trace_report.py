@@ -1,17 +1,17 @@
 """Placement reports on a tiny engine Transformer (random weights), on the CPU and on the meta
 stand-in for an accelerator: clean runs come out clean; each planted bug is named by module and
 by its line in engine/trace/planted.py; engine-loop mistakes beyond the needed I/O are findings."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import opscope.engine.trace.planted as planted_module
 import pytest
 import torch
-
 from opscope.engine.models.config import ModelConfig
 from opscope.engine.models.transformer import Transformer
-import opscope.engine.trace.planted as planted_module
 from opscope.engine.trace.capture import Tracer
 from opscope.engine.trace.events import D2H, FALLBACK, H2D, TRANSFER, TraceOptions
 from opscope.engine.trace.findings import STORM
@@ -38,8 +38,9 @@ def tiny():
 
 
 def _report(model, target, variant=CLEAN, **opts):
-    run = trace_model(model, IDS, TOKENS, TraceOptions(target=target, **opts), variant=variant,
-                      simulate=target == "meta")
+    run = trace_model(
+        model, IDS, TOKENS, TraceOptions(target=target, **opts), variant=variant, simulate=target == "meta"
+    )
     return build_report(run.result, run.notes)
 
 
@@ -63,8 +64,11 @@ def test_leaky_norm_named_by_module_and_line(tiny):
     assert f.kind == FALLBACK and f.severity == "high"
     assert set(f.modules) == {"layers.*.attn_norm", "layers.*.mlp_norm", "norm"}
     assert _bug_line("BUG: computes on the host") in f.title
-    assert set(f.sources) == {_bug_line("BUG: leaves the device"), _bug_line("BUG: computes on the host"),
-                              _bug_line("BUG: and copies back")}
+    assert set(f.sources) == {
+        _bug_line("BUG: leaves the device"),
+        _bug_line("BUG: computes on the host"),
+        _bug_line("BUG: and copies back"),
+    }
     norms = 2 * TINY.n_layers + 1
     assert f.evidence["transfers_per_token"] == {D2H: norms, H2D: norms}
     assert f.evidence["bytes_per_token"] == 2 * norms * TINY.dim * 4  # one float32 row each way

@@ -2,6 +2,7 @@
 
 Each script is tiny (a few steps of a 2-layer model) so the test pays mostly for starting Python.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def _opscope(args: list[str], cwd: Path, db: Path | None = None) -> subprocess.C
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
-def _trace(tmp_path: Path, words: list[str], *extra: str,
-           db: Path | None = None) -> tuple[dict, subprocess.CompletedProcess]:
+def _trace(
+    tmp_path: Path, words: list[str], *extra: str, db: Path | None = None
+) -> tuple[dict, subprocess.CompletedProcess]:
     report = tmp_path / "report.json"
     r = _opscope(["trace", "--report", str(report), *extra, "--", *words], tmp_path, db)
     assert report.is_file(), r.stdout[-2000:] + r.stderr[-3000:]
@@ -52,8 +54,9 @@ def _trace_here(tmp_path: Path, words: list[str], *extra: str, db: Path | None =
     report, here = tmp_path / "report.json", os.getcwd()
     os.chdir(tmp_path)
     try:
-        code = main(["--db", str(db or tmp_path / "runs.sqlite"), "trace", "--report", str(report), *extra,
-                     "--", *words])
+        code = main(
+            ["--db", str(db or tmp_path / "runs.sqlite"), "trace", "--report", str(report), *extra, "--", *words]
+        )
     finally:
         os.chdir(here)
     assert report.is_file(), f"exit code {code}, no report"
@@ -92,8 +95,9 @@ print("final", loss.item())
 """
 
 
-def _train_script(tmp_path: Path, extra: str = "", params: str = "model.parameters()", lr: str = "0.1",
-                  forward: str | None = None) -> Path:
+def _train_script(
+    tmp_path: Path, extra: str = "", params: str = "model.parameters()", lr: str = "0.1", forward: str | None = None
+) -> Path:
     text = TRAIN.format(extra=extra, params=params, lr=lr, with_c="self.c" in extra)
     if forward is not None:
         text = text.replace("h = torch.relu(self.a(x))  # CALL_A", forward)
@@ -105,7 +109,10 @@ def _kinds(report: dict) -> list[str]:
 
 
 def test_healthy_loop_has_no_finding_and_one_sync_per_step(tmp_path):
-    script = _write(tmp_path, "clean.py", """
+    script = _write(
+        tmp_path,
+        "clean.py",
+        """
         import torch
         from torch import nn
         import opscope
@@ -123,7 +130,8 @@ def test_healthy_loop_has_no_finding_and_one_sync_per_step(tmp_path):
             opt.step()
             print(i, round(loss.item(), 3))  # ITEM: one read per step
             opscope.step()
-        """)
+        """,
+    )
     report, r = _trace(tmp_path, ["python", script.name], "--target", "cpu")
     assert r.returncode == 0, r.stderr[-3000:]
     assert report["findings"] == [], report["findings"]
@@ -138,7 +146,10 @@ def test_healthy_loop_has_no_finding_and_one_sync_per_step(tmp_path):
 
 
 def test_per_element_loop_is_a_storm_at_its_line(tmp_path):
-    script = _write(tmp_path, "storm.py", """
+    script = _write(
+        tmp_path,
+        "storm.py",
+        """
         import torch
         from opscope import step
 
@@ -148,7 +159,8 @@ def test_per_element_loop_is_a_storm_at_its_line(tmp_path):
             for i in range(40):
                 out[i] = x[i].item() * 2  # PER_ELEMENT
             step()
-        """)
+        """,
+    )
     report, code = _trace_here(tmp_path, ["python", script.name], "--target", "cpu")
     assert code == 0
     storms = [f for f in report["findings"] if f["kind"] == "storm"]
@@ -203,7 +215,10 @@ def test_gradients_all_zero_and_non_finite(tmp_path):
 def test_argv_exit_code_main_and_relative_paths_as_alone(tmp_path):
     _write(tmp_path, "pkg/helper.py", "VALUE = 'from the script folder'\n")
     _write(tmp_path, "data.txt", "read from the working directory\n")
-    script = _write(tmp_path, "pkg/prog.py", """
+    script = _write(
+        tmp_path,
+        "pkg/prog.py",
+        """
         import os, sys
         import helper  # found through sys.path[0], the script's folder
         print("argv", sys.argv)
@@ -212,9 +227,11 @@ def test_argv_exit_code_main_and_relative_paths_as_alone(tmp_path):
         print("data", open("data.txt").read().strip())
         print("cwd", os.getcwd())
         sys.exit(3)
-        """)
-    alone = subprocess.run([sys.executable, "pkg/prog.py", "a", "--flag", "b"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=60)
+        """,
+    )
+    alone = subprocess.run(
+        [sys.executable, "pkg/prog.py", "a", "--flag", "b"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert alone.returncode == 3, alone.stderr
     report, r = _trace(tmp_path, ["python", "pkg/prog.py", "a", "--flag", "b"], "--target", "cpu", "--no-save")
     assert r.returncode == 3, r.stderr[-2000:]
@@ -225,7 +242,10 @@ def test_argv_exit_code_main_and_relative_paths_as_alone(tmp_path):
 
 
 def test_module_mode_and_a_script_that_raises(tmp_path):
-    _write(tmp_path, "mymod.py", """
+    _write(
+        tmp_path,
+        "mymod.py",
+        """
         import sys
         import torch
         from opscope import step
@@ -236,11 +256,12 @@ def test_module_mode_and_a_script_that_raises(tmp_path):
             x = x * 2
             step()
         raise ValueError("boom")  # RAISE
-        """)
+        """,
+    )
     report, r = _trace(tmp_path, ["python", "-m", "mymod", "x", "y"], "--target", "cpu")
     assert r.returncode == 1
     assert "argv ['x', 'y'] True __main__" in r.stdout
-    assert "ValueError: boom" in r.stderr and f"mymod.py\", line {_line(tmp_path / 'mymod.py', 'RAISE')}" in r.stderr
+    assert "ValueError: boom" in r.stderr and f'mymod.py", line {_line(tmp_path / "mymod.py", "RAISE")}' in r.stderr
     assert "runpy" not in r.stderr and "engine/trace" not in r.stderr  # the traceback is the script's own
     assert report["exit_code"] == 1 and report["tokens"] == 2  # the trace up to the exception
     assert any("exit code 1" in n for n in report["notes"])
@@ -248,7 +269,10 @@ def test_module_mode_and_a_script_that_raises(tmp_path):
 
 def test_saved_traces_are_runs_and_diff(tmp_path, capsys):
     db = tmp_path / "runs.sqlite"
-    slow = _write(tmp_path, "slow.py", """
+    slow = _write(
+        tmp_path,
+        "slow.py",
+        """
         import torch
         from opscope import step
 
@@ -256,8 +280,12 @@ def test_saved_traces_are_runs_and_diff(tmp_path, capsys):
         for s in range(4):
             y = torch.tensor([x[i].item() + 1 for i in range(32)])  # SLOW
             step()
-        """)
-    fast = _write(tmp_path, "fast.py", """
+        """,
+    )
+    fast = _write(
+        tmp_path,
+        "fast.py",
+        """
         import torch
         from opscope import step
 
@@ -265,7 +293,8 @@ def test_saved_traces_are_runs_and_diff(tmp_path, capsys):
         for s in range(4):
             y = x + 1
             step()
-        """)
+        """,
+    )
     _trace_here(tmp_path, ["python", slow.name], "--target", "cpu", "--name", "slow-run", "--telemetry", "20", db=db)
     _trace_here(tmp_path, ["python", fast.name], "--target", "cpu", "--name", "fast-run", db=db)
     from opscope.engine.store import RunStore

@@ -1,5 +1,6 @@
 """Trace panel → "Trace a script…": the dialog runs a real script in a child process, streams its
 output, hands the report over, and diffs two saved traces."""
+
 from __future__ import annotations
 
 import os
@@ -34,9 +35,9 @@ def _run(qtbot, dialog, script) -> dict:
 
 
 def test_trace_a_script_from_the_window_and_diff(qtbot, tmp_path):
-    from opscope.app.ui.engine_client import EngineClient
     from opscope.app.trace.model import TraceModel
     from opscope.app.trace.panel import TracePanel
+    from opscope.app.ui.engine_client import EngineClient
 
     (tmp_path / "slow.py").write_text(textwrap.dedent(SLOW))
     (tmp_path / "fast.py").write_text(textwrap.dedent(FAST))

@@ -7,6 +7,7 @@ Create Date: 2026-11-21
 Types are spelled out here, not imported from engine.store.schema: a migration must keep meaning
 what it meant when it was written. JSON blobs are TEXT (see engine/store/schema.py for why).
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

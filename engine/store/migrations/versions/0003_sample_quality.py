@@ -6,6 +6,7 @@ Create Date: 2026-11-23
 
 All three columns are nullable: runs saved before this revision read back with an unknown quality.
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

@@ -9,14 +9,13 @@ Import only engine's public API here, and import heavy frameworks inside methods
 imported the first time a user asks for the backend, and ``is_available()`` must be able to say
 "not installed" instead of failing.
 """
+
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 
-from opscope.engine import API_VERSION, DeviceInfo
-from opscope.engine import now_ns
-from opscope.engine import ConfigError, DeviceError
+from opscope.engine import API_VERSION, ConfigError, DeviceError, DeviceInfo, now_ns
 
 __version__ = "0.1.0"
 
@@ -33,8 +32,9 @@ class EchoBackend:
     def devices(self) -> list[DeviceInfo]:
         return [DeviceInfo("cpu", "cpu", True, description="pure Python")]
 
-    def load(self, source: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
-             **options) -> "EchoModel":
+    def load(
+        self, source: str | Path | None = None, device: str = "cpu", dtype: str = "float32", **options
+    ) -> EchoModel:
         from opscope.engine import open_model  # reads and validates GGUF or HF directories
 
         if options:
@@ -83,16 +83,16 @@ class EchoModel:
         return self._stream(ids, config, cancel, request_ns)
 
     def _stream(self, ids: list[int], config, cancel, request_ns: int):
-        from opscope.engine import check_prompt, stream_generation
-        from opscope.engine import GenerationConfig
+        from opscope.engine import GenerationConfig, check_prompt, stream_generation
 
         config = config or GenerationConfig()
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
         if bad:
             raise ConfigError(f"token id {bad[0]} is outside the vocabulary (0..{self.config.vocab_size - 1})")
         check_prompt(ids, config, self.config.max_seq_len)  # errors now, not on first iteration
-        return stream_generation(EchoStepper(ids), self.tokenizer, ids, config, cancel, request_ns,
-                                 self.config.max_seq_len)
+        return stream_generation(
+            EchoStepper(ids), self.tokenizer, ids, config, cancel, request_ns, self.config.max_seq_len
+        )
 
     def memory_stats(self) -> dict[str, int]:
         import resource
