@@ -104,7 +104,7 @@ def _stream(events, out=None, quiet: bool = False):
     is a terminal (engine.cli.live). The generator is closed whatever happens here (a write fails,
     a Ctrl-C between tokens), so its tensors are freed now, not at the interpreter's teardown
     (docs/decisions/0005-generation-closed-when-streaming-stops.md)."""
-    from opscope.engine.cli.main.live import LiveStatus, isatty
+    from opscope.engine.cli.live import LiveStatus, isatty
     from opscope.engine.generation.events import Finished, Token
 
     out = out or sys.stdout  # looked up now: tests and the CLI's output guard replace sys.stdout
