@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from opscope.engine.cli.args import Terminated, output_file, utf8_text
 from opscope.engine.cli.common import add_model_args, add_sampling_args, generation_config, load_from_args
 from opscope.engine.core import json_output
+from opscope.engine.core.cpuload import OtherLoad
 from opscope.engine.core.errors import ConfigError
 
 
@@ -75,16 +77,27 @@ def add_nproc_arg(p) -> None:
     )
 
 
-def summary_line(stats, energy_said: set | None = None) -> str:
+def summary_line(stats, energy_said: set | None = None, other_cores: float | None = None) -> str:
     """The stats line after a reply. The prompt's tokens reused from the KV cache are named (the
     prefill rate is over the others). ``energy_said``: the reasons for "energy N/A" already printed
-    in this session (chat), each said once, then "energy N/A" alone."""
+    in this session (chat), each said once, then "energy N/A" alone. ``other_cores``: the cores other
+    processes kept busy during the reply (engine.core.cpuload), named when they disturbed it."""
     cached = f" ({stats.cached_tokens} cached)" if getattr(stats, "cached_tokens", 0) else ""
     return (
         f"prompt {stats.prompt_tokens} tok{cached} · generated {stats.generated_tokens} tok · "
         f"TTFT {stats.ttft_ms:.0f} ms · prefill {stats.prefill_tok_s:.1f} tok/s · "
-        f"decode {stats.decode_tok_s:.1f} tok/s · {_energy_text(stats, energy_said)}"
+        f"decode {stats.decode_tok_s:.1f} tok/s · {_energy_text(stats, energy_said)}{_disturbed_text(other_cores)}"
     )
+
+
+def _disturbed_text(other_cores: float | None) -> str:
+    """Where other processes held the CPU during the reply (the benchmarks' threshold), the timings
+    are the host's, not the model's: say so on the line that shows them."""
+    from opscope.engine.bench.measure.quality import DISTURBED_CORES
+
+    if other_cores is None or other_cores < DISTURBED_CORES:
+        return ""
+    return f" · disturbed: other processes kept {other_cores:.1f} of {os.cpu_count() or 1} cores busy"
 
 
 def _energy_text(stats, said: set | None) -> str:
@@ -160,15 +173,18 @@ def generate_with(lm, args) -> int:
     """The body of `opscope generate` on a loaded model (rank 0's, with --nproc)."""
     cfg = generation_config(args)
     events = lm.chat([{"role": "user", "content": args.prompt}], cfg) if args.chat else lm.generate(args.prompt, cfg)
+    load = OtherLoad()
     done = _stream(events, quiet=args.json)
+    other_cores = load.cores()
     if args.json:
         print(
             json_output.dumps(
-                {"text": done.text, "stop_reason": done.stop_reason, **done.stats.as_dict(), **lm.describe()}
+                {"text": done.text, "stop_reason": done.stop_reason, **done.stats.as_dict(), **lm.describe(),
+                 "other_cores": other_cores}
             )
         )
     else:
-        print(f"\n[{done.stop_reason}] {summary_line(done.stats)}", file=sys.stderr)
+        print(f"\n[{done.stop_reason}] {summary_line(done.stats, other_cores=other_cores)}", file=sys.stderr)
     if getattr(lm, "tp", None) is not None:  # --nproc: the ranks' all_reduce share, imbalance, trace
         lm.tp.report(sys.stderr, getattr(args, "trace_out", None))
     return 0
@@ -221,6 +237,7 @@ def chat_with(lm, args) -> int:
             continue
         history.append({"role": "user", "content": line})
         try:
+            load = OtherLoad()
             done = _stream(lm.chat(history, cfg))
         except KeyboardInterrupt as e:
             if isinstance(e, Terminated):
@@ -229,7 +246,7 @@ def chat_with(lm, args) -> int:
             history.pop()
             continue
         history.append({"role": "assistant", "content": done.text})
-        print(f"\n[{done.stop_reason}] {summary_line(done.stats, energy_said)}", file=sys.stderr)
+        print(f"\n[{done.stop_reason}] {summary_line(done.stats, energy_said, load.cores())}", file=sys.stderr)
 
 
 def _prompt(text: str) -> str:
