@@ -100,10 +100,18 @@ def test_generate_names_real_foreign_load_on_its_stats_line(tmp_path):
 
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        r = subprocess.run([sys.executable, "-m", "opscope", "generate", "Hi", "-n", "8", "--temperature", "0"],
-                           capture_output=True, text=True, timeout=300)
-        j = subprocess.run([sys.executable, "-m", "opscope", "generate", "Hi", "-n", "4", "--json"],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-m", "opscope", "generate", "Hi", "-n", "8", "--temperature", "0"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        j = subprocess.run(
+            [sys.executable, "-m", "opscope", "generate", "Hi", "-n", "4", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         spin.kill()
         spin.wait()

@@ -179,8 +179,13 @@ def generate_with(lm, args) -> int:
     if args.json:
         print(
             json_output.dumps(
-                {"text": done.text, "stop_reason": done.stop_reason, **done.stats.as_dict(), **lm.describe(),
-                 "other_cores": other_cores}
+                {
+                    "text": done.text,
+                    "stop_reason": done.stop_reason,
+                    **done.stats.as_dict(),
+                    **lm.describe(),
+                    "other_cores": other_cores,
+                }
             )
         )
     else:
