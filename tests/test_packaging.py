@@ -185,7 +185,7 @@ def _start_failing_build(tmp: Path, failure: str) -> subprocess.Popen:
     else:
         arg = str(csrc)
         if failure == "compile error":
-            real = ROOT / "engine" / "kernels" / "csrc"
+            real = ROOT / "engine" / "fastpath" / "kernels" / "csrc"
             for f in real.iterdir():
                 (csrc / f.name).write_text("#error broken on purpose\n" if f.suffix == ".cpp" else f.read_text())
     return subprocess.Popen(
@@ -396,7 +396,7 @@ def _copy_prebuilt(src: Path) -> list[str]:
     names = sorted(p.name for p in tag.glob("*.so")) if tag.is_dir() else []
     assert names, f"no prebuilt kernel variants in {tag}: run `make setup` (opscope fastpath build --all)"
     names.append("manifest.json")  # which variant each library is, for the sources they were built from
-    dest = src / "engine" / "kernels" / "prebuilt" / tag.name
+    dest = src / "engine" / "fastpath" / "kernels" / "prebuilt" / tag.name
     dest.mkdir(parents=True)
     for name in names:
         shutil.copy2(tag / name, dest / name)

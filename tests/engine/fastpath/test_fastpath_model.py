@@ -156,11 +156,12 @@ def test_load_dtype_picks_the_fast_path_settings(monkeypatch):
 
 def test_missing_compiler_is_a_typed_error(tmp_path, monkeypatch):
     from opscope.engine.fastpath.kernels import KernelBuildError
+    from opscope.engine.fastpath.kernels import variants
     from opscope.engine.fastpath.kernels.build import _compile
 
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no c++ / g++ to be found
     with pytest.raises(KernelBuildError, match="no C\\+\\+ compiler"):
-        _compile("opscope_nocompiler_test", tmp_path / "build")
+        _compile("opscope_nocompiler_test", tmp_path / "build", variants.chosen())
 
 
 # -- the real default model -------------------------------------------------------------------

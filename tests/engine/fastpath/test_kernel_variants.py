@@ -1,8 +1,8 @@
 """The CPU kernel variants: the choice per CPU, the refusal of an override the CPU cannot run, and
 every variant this host can execute checked against the same independent references.
 
-The reference tests (tests/test_kernels_types.py: gguf.quants.dequantize, float64 numpy, the
-plain-torch model, llama.cpp's requantized files; tests/test_fastpath_q4_0.py) run once per
+The reference tests (tests/engine/fastpath/test_kernels_types.py: gguf.quants.dequantize, float64 numpy, the
+plain-torch model, llama.cpp's requantized files; tests/engine/fastpath/test_fastpath_q4_0.py) run once per
 variant in a child process with OPSCOPE_CPU_VARIANT set (one variant per process: each registers
 the same torch operators). A variant this CPU cannot run is skipped with what it lacks."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from opscope.engine.fastpath.kernels import variants
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 EPYC_7B13 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi1 bmi2 abm movbe popcnt sha_ni".split())
 CASCADE_LAKE = EPYC_7B13 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"}
 
@@ -69,7 +69,7 @@ def test_an_unknown_variant_is_refused_in_one_line():
     assert "no such kernel variant" in out.stderr
 
 
-REFERENCE_TESTS = ["tests/test_kernels_types.py", "tests/test_fastpath_q4_0.py"]
+REFERENCE_TESTS = ["tests/engine/fastpath/test_kernels_types.py", "tests/engine/fastpath/test_fastpath_q4_0.py"]
 
 
 @pytest.mark.parametrize("name", [v.name for v in variants.VARIANTS])

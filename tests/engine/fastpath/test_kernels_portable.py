@@ -16,8 +16,8 @@ import pytest
 from opscope.engine.fastpath.kernels import variants
 from opscope.engine.fastpath.kernels.packing import RAW_TYPES, random_blocks
 
-ROOT = Path(__file__).resolve().parents[1]
-DRIVER = ROOT / "engine" / "kernels" / "ctest" / "driver.cpp"
+ROOT = Path(__file__).resolve().parents[3]
+DRIVER = ROOT / "engine" / "fastpath" / "kernels" / "ctest" / "driver.cpp"
 TYPES = [
     "F16",
     "BF16",
