@@ -51,9 +51,10 @@ typecheck: setup
 	mkdir -p $(TYPECHECK) && ln -sfn ../.. $(TYPECHECK)/opscope
 	MYPYPATH=$(TYPECHECK) $(BIN)/mypy $(MYPY_TARGETS)
 
-# Two workers (pytest-xdist) on a 2-core machine; tests grouped with xdist_group share a worker.
+# Two workers (pytest-xdist) on a 2-core machine; each test file runs whole on one worker, in order
+# (module-scoped windows and models carry state from one test to the next).
 test: setup postgres lint
-	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -n 2 --dist loadgroup
+	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -n 2 --dist loadfile
 
 # Timing claims (agreement with torch.utils.benchmark within 5 %, a planted 10 % slowdown flagged):
 # true only on a quiet machine, so they are run on demand, not by `make test` on a shared CI host.

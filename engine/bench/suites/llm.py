@@ -86,7 +86,8 @@ def tg_work(lm, n: int, depth: int, dtype: str) -> dict[str, float]:
 
 
 def is_torch(lm) -> bool:
-    return getattr(lm, "backend_name", "torch") == "torch"
+    """The engine's own torch model, tensor-parallel ones ("torch-tp2") included."""
+    return str(getattr(lm, "backend_name", "torch")).startswith("torch")
 
 
 def weight_bytes(lm) -> int:

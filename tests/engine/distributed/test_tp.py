@@ -330,6 +330,7 @@ def test_bench_llm_records_each_decode_steps_allreduce_share_per_rank_from_its_s
     assert metrics["tg4"] and metrics["pp8"]
     traced = allreduce_shares(doc)
     for rank in (0, 1):
+        assert f"tg4.allreduce_pct_r{rank}" in metrics, sorted(metrics)
         shares = metrics[f"tg4.allreduce_pct_r{rank}"]
         assert len(shares) >= 2 * 4 and all(0 < v < 100 for v in shares)  # every decode step of every rep
         for v in shares:  # each one is a decode step of this rank in the trace
