@@ -261,8 +261,12 @@ def test_roofline_names_never_overlap_and_the_caption_is_one_readable_line(qtbot
     view.show()
     qtbot.waitExposed(view)
     view._draw(roof)
-    names = sorted(i.toPlainText() for i in view.plot.getPlotItem().items if isinstance(i, pg.TextItem))
-    assert names == ["matmul_float16_128", "matmul_float32_128"]  # the 256 name would print over the 128 one
+    labels = [i for i in view.plot.getPlotItem().items if isinstance(i, pg.TextItem)]
+    names = sorted(i.toPlainText() for i in labels)
+    # every name placed in a free corner of its point (one only where no corner is free), none over another
+    assert names == sorted(p.name for p in pts)
+    rects = [i.sceneBoundingRect() for i in labels]
+    assert not any(a.intersects(b) for k, a in enumerate(rects) for b in rects[k + 1 :]), rects
     caption = view.summary.text()
     assert caption.startswith("compute ceiling: theoretical 588.8 GFLOP/s (stored with the run)")
     assert "achieved" not in caption and "---" not in caption  # no piece of the text table's header
