@@ -155,8 +155,7 @@ def test_load_dtype_picks_the_fast_path_settings(monkeypatch):
 
 
 def test_missing_compiler_is_a_typed_error(tmp_path, monkeypatch):
-    from opscope.engine.fastpath.kernels import KernelBuildError
-    from opscope.engine.fastpath.kernels import variants
+    from opscope.engine.fastpath.kernels import KernelBuildError, variants
     from opscope.engine.fastpath.kernels.build import _compile
 
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no c++ / g++ to be found
