@@ -161,6 +161,7 @@ def test_stop_ends_a_long_reply(qtbot, chat):
     assert chat.send_button.isEnabled() and not chat.stop_button.isEnabled()
 
 
+@pytest.mark.perf  # a timing claim: true on a quiet machine (`make perf-check`), not beside a parallel worker
 def test_event_loop_never_stalls_during_generation(qtbot, chat):
     """A 10 ms timer keeps firing while the engine generates: the longest stall stays < 100 ms.
 
