@@ -4,10 +4,16 @@ that needs it; the Hugging Face reference is loaded once too, only by the refere
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
+# A suite started in the background by a non-interactive shell (`make test &`, some CI runners)
+# inherits SIGINT ignored, and so would every `opscope` the tests start: the Ctrl-C tests need the
+# signal delivered, as a user's terminal does.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -324,3 +330,15 @@ def first_layers_gguf(src, dst, n_layers: int):
 def default_model_2_layers(default_model_path, tmp_path_factory):
     """The embedded default model's first 2 of its 30 layers, as a GGUF file (first_layers_gguf)."""
     return first_layers_gguf(default_model_path, tmp_path_factory.mktemp("first-layers") / "smollm2-2-layers.gguf", 2)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """A test that runs the CLI in-process can leave SIGINT/SIGTERM ignored (the CLI's clean-up after
+    an interrupt ignores further ones); every child process a later test starts would inherit the
+    ignored signal and never stop on Ctrl-C. Each test gets the handlers it started with back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        if handler is not None and signal.getsignal(s) != handler:
+            signal.signal(s, handler)
