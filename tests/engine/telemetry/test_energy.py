@@ -325,10 +325,17 @@ def counter_at_markers(tmp_path, monkeypatch):
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-def test_opscope_generate_prints_the_exact_joules_per_token(counter_at_markers, capsys):
+def test_opscope_generate_prints_the_exact_joules_per_token(counter_at_markers, capsys, monkeypatch):
     import re
 
+    from opscope.engine.cli.commands import generate
     from opscope.engine.cli.main import main
+
+    class QuietHost:  # no other process on the CPU: the line ends with the energy (no "disturbed" note)
+        def cores(self) -> float:
+            return 0.0
+
+    monkeypatch.setattr(generate, "OtherLoad", QuietHost)
 
     assert main(["generate", "The capital of France is", "-n", "5", "--ignore-eos", "--threads", "1"]) == 0
     line = capsys.readouterr().err.strip().splitlines()[-1]
