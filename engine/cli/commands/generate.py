@@ -262,7 +262,36 @@ def _prompt(text: str) -> str:
         return input(text)  # readline takes Ctrl-C itself and needs the prompt to redraw the line
     sys.stdout.write(text)
     sys.stdout.flush()
-    return input()
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO): nothing can block
+        return input()
+    return _read_line(fd)
+
+
+_pending = bytearray()  # what _read_line read past the last line it returned
+
+
+def _read_line(fd: int) -> str:
+    """One line of piped input, read in short waits. A blocking read() would not return for a Ctrl-C
+    that another thread of the process received (torch's and the kernels' threads do not block it)
+    or that landed just before the read: each wait returns to Python, which raises it."""
+    import select
+
+    while b"\n" not in _pending:
+        if not select.select([fd], [], [], 0.1)[0]:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:  # end of input
+            if not _pending:
+                raise EOFError
+            break
+        _pending.extend(chunk)
+    end = _pending.find(b"\n")
+    end = len(_pending) if end < 0 else end + 1
+    line = bytes(_pending[:end])
+    del _pending[:end]
+    return line.decode("utf-8").removesuffix("\n")
 
 
 def _end_prompt_line() -> None:
