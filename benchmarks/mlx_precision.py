@@ -31,6 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from opscope.engine.formats.gguf_source import SUPPORTED_TYPES
+
 DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")
 GREEDY = 32
 CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
@@ -96,23 +98,7 @@ def files_table(paths: list[Path], text: Path, n_tokens: int) -> list[dict]:
 
 
 # -- --families: tiny random models, every type --------------------------------------------------
-ALL_TYPES = (
-    "F32",
-    "F16",
-    "BF16",
-    "Q4_0",
-    "Q4_1",
-    "Q5_0",
-    "Q5_1",
-    "Q8_0",
-    "Q2_K",
-    "Q3_K",
-    "Q4_K",
-    "Q5_K",
-    "Q6_K",
-    "IQ4_NL",
-    "IQ4_XS",
-)
+ALL_TYPES = SUPPORTED_TYPES  # every type the torch backend reads (engine.formats.gguf_source)
 
 
 def families_table(root: Path, only: list[str] | None = None) -> list[dict]:
