@@ -61,6 +61,14 @@ RSS_SLACK_BYTES = 450 * 2**20  # the memory goal: peak RSS <= file + KV cache + 
 GOAL_TG, GOAL_PP = 1.0, 1.5
 MiB = 2**20
 PEER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# An AVX2 host stood in for on a wider CPU: both sides limited to AVX2, torch's own libraries too
+# (ATen's vectorised ops, MKL's sgemm and oneDNN would otherwise run AVX-512 code in prefill).
+STAND_IN = {
+    "avx2": (
+        "haswell",
+        {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    ),
+}
 
 log = logging.getLogger("gguf_types")
 
@@ -477,6 +485,9 @@ def host_meta() -> dict:
     """What every result file records about the host: the CPU and its flags (lscpu), and the
     kernel variant OpScope runs (OPSCOPE_CPU_VARIANT forces one: an AVX2 host stood in for)."""
     out = {"peer_env": " ".join(f"{k}={v}" for k, v in PEER_ENV.items())}
+    limits = {k: os.environ[k] for k in STAND_IN.get(os.environ.get("OPSCOPE_CPU_VARIANT", ""), ("", {}))[1]}
+    if limits:
+        out["stand_in"] = " ".join(f"{k}={v}" for k, v in limits.items()) + f"; peer: only {TOOLS}"
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
         fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
@@ -497,7 +508,9 @@ def host_lines(meta: dict) -> str:
     """The host paragraph of a results file."""
     return (
         f"CPU: {meta.get('cpu', '?')}; OpScope kernels: {meta.get('kernel_variant', '?')}; peer run with "
-        f"{meta.get('peer_env', '-')}.\n\nlscpu flags: `{meta.get('cpu_flags', '?')}`\n\n"
+        f"{meta.get('peer_env', '-')}.\n\n"
+        + (f"Stand-in for a narrower CPU: {meta['stand_in']}.\n\n" if meta.get("stand_in") else "")
+        + f"lscpu flags: `{meta.get('cpu_flags', '?')}`\n\n"
     )
 
 
@@ -532,7 +545,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.variant:
         os.environ["OPSCOPE_CPU_VARIANT"] = args.variant  # the children inherit it
+        stand_in(args.variant)
     return args
+
+
+def stand_in(variant: str) -> None:
+    """Limit torch's libraries and the peer to ``variant``'s instruction set (see STAND_IN)."""
+    global TOOLS
+    if variant not in STAND_IN:
+        return
+    peer_lib, env = STAND_IN[variant]
+    os.environ.update(env)
+    TOOLS = peer_with_only(peer_lib)
+
+
+def peer_with_only(lib: str) -> Path:
+    """A copy of the peer's tools that can load only its ``lib`` CPU library: ggml's loader picks the
+    best library beside the binary, so the others are left out (the binaries are copied, not linked,
+    as the loader looks beside the resolved executable)."""
+    import shutil
+
+    out = CACHE.parent / f"llama_{lib}"
+    (out / "libexec").mkdir(parents=True, exist_ok=True)
+    for tool in ("llama-bench", "llama-quantize"):
+        shutil.copy2(TOOLS / "libexec" / tool, out / "libexec" / tool)
+        shutil.copy2(TOOLS / tool, out / tool)
+    shutil.copy2(TOOLS / "libexec" / f"libggml-cpu-{lib}.so", out / "libexec")
+    if not (out / "lib").exists():
+        (out / "lib").symlink_to((TOOLS / "lib").resolve())
+    return out
 
 
 def run(args: argparse.Namespace, source: Path, types: list[str], title_extra: dict | None = None) -> list[dict]:

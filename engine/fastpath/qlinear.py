@@ -72,11 +72,11 @@ def _raw_has_q8(ggml_type: str) -> bool:
 
 
 def _soa_has_q8() -> bool:
-    """Whether the loaded variant runs the repacked Q4_1/Q8_0 matrices with int8 activations:
-    only where the CPU has VNNI. Elsewhere the kernels would take float32 activations anyway, so
-    the module says so (act_mode 0) instead of promising a mode that does not run."""
+    """Whether the loaded variant runs the repacked Q4_1/Q8_0 matrices with int8 activations: the
+    AVX-512 VNNI and AVX2 variants do. Elsewhere the kernels would take float32 activations anyway,
+    so the module says so (act_mode 0) instead of promising a mode that does not run."""
     try:
-        return bool(load_kernels().has_vnni())
+        return bool(load_kernels().has_int8_soa())
     except KernelBuildError:
         return False
 

@@ -34,9 +34,9 @@ class Variant:
 
 
 # Best first within an architecture. The x86 levels are the psABI's (x86-64-v3: AVX2, FMA, F16C,
-# BMI1/2, LZCNT, MOVBE; v4: AVX-512 F/BW/CD/DQ/VL). AVX-VNNI (Alder Lake) has no variant: its
-# int8 kernels would run only in the int8-activation mode, which on AVX2 is not faster than exact
-# float32 here (docs/decisions/cpu-variants.md).
+# BMI1/2, LZCNT, MOVBE; v4: AVX-512 F/BW/CD/DQ/VL). avx2-vnni is x86-64-v3 plus AVX-VNNI (Alder
+# Lake and later, Zen 5): the same kernels, its int8-activation matvecs on vpdpbusd instead of
+# maddubs + madd.
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "avx512-vnni",
@@ -51,6 +51,13 @@ VARIANTS: tuple[Variant, ...] = (
         ("-march=x86-64-v4", "-mtune=generic"),
         ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
         "AVX-512 kernels",
+    ),
+    Variant(
+        "avx2-vnni",
+        "x86_64",
+        ("-march=x86-64-v3", "-mavxvnni", "-mtune=generic"),
+        ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe", "avx_vnni"),
+        "AVX2+FMA+F16C kernels (vec.h traits), AVX-VNNI int8 dot products",
     ),
     Variant(
         "avx2",

@@ -29,6 +29,8 @@ def test_each_cpu_gets_the_best_variant_it_can_run():
     assert _best_for(CASCADE_LAKE) == "avx512-vnni"
     assert _best_for(CASCADE_LAKE - {"avx512_vnni"}) == "avx512"
     assert _best_for(EPYC_7B13) == "avx2"  # the AVX2-only AMD hosts
+    assert _best_for(EPYC_7B13 | {"avx_vnni"}) == "avx2-vnni"  # Alder Lake and later
+    assert _best_for(CASCADE_LAKE | {"avx_vnni"}) == "avx512-vnni"  # Sapphire Rapids: the wider one
     assert _best_for(EPYC_7B13 - {"f16c"}) == "baseline"  # AVX2 without F16C: not the AVX2 variant
     assert _best_for(frozenset()) == "baseline"
 

@@ -294,15 +294,16 @@ def test_fused_decode_with_int8_activations_uses_the_int8_kernels(kern):
 
     ref, fast = mixed_pair(FastPathOptions(prefill_dtype="f32", activations="q8"))
     modes = {m.ggml_type: m.act_mode for m in fast.modules() if isinstance(m, QuantLinear)}
-    q8 = set(Q8_TYPES) | {"Q8_0"} if kern.has_vnni() else set()  # Q8_0: the SoA kernel
-    assert modes == {t: int(t in q8 or (t in SOA and kern.has_vnni())) for t in modes}
+    # raw types: where the AVX-512 VNNI kernels run them; the repacked SOA types: VNNI or AVX2
+    q8 = set(Q8_TYPES) if kern.has_vnni() else set()
+    assert modes == {t: int(t in q8 or (t in SOA and kern.has_int8_soa())) for t in modes}
     from test_fastpath_model import decode_logits
 
     prompt, steps = list(range(3, 20)), [7, 99, 12, 150, 1, 64]
     got, want = decode_logits(fast, prompt, steps), decode_logits(ref, prompt, steps)
     scale = want.abs().max().item()
     assert (got - want).abs().max().item() <= 5e-2 * scale
-    if kern.has_vnni():  # the int8 kernels ran: not the float32 result
+    if kern.has_int8_soa():  # the int8 kernels ran: not the float32 result
         assert (got - want).abs().max().item() > 1e-4 * scale
 
 

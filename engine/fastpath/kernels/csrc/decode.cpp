@@ -291,6 +291,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("pin_threads", &opscope::pin_threads, "bind torch's OpenMP threads to the given cpus");
   mod.def("has_avx512", &opscope::built_with_avx512);
   mod.def("has_vnni", &opscope::built_with_vnni);
+  mod.def("has_int8_soa", &opscope::built_with_int8_soa);
   mod.def("raw_has_q8", &opscope::raw_has_q8, "whether raw blocks of a ggml type have an int8-activation kernel here");
   mod.def("set_kernel_variant", &opscope::set_kernel_variant, "1 or 2: which SIMD kernels run (benchmarks)");
   pybind11::class_<DecodeModel>(mod, "DecodeModel")

@@ -24,6 +24,10 @@
 #if !defined(__AVX512F__)
 #include "portable.h"  // the AVX2 / NEON / baseline variants' kernels (vec.h traits)
 #endif
+#if !defined(__AVX512F__) && defined(OPSCOPE_VEC_AVX2)
+#include "int8_avx2.h"  // the avx2 / avx2-vnni variants' int8-activation kernels
+#define OPSCOPE_HAVE_INT8_AVX2 1
+#endif
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -191,6 +195,24 @@ void portable_rows(const Weights& w, const Act& a, int64_t r0, int64_t r1, float
 }
 #endif
 
+#if defined(OPSCOPE_HAVE_INT8_AVX2)
+// The SoA layouts with int8 activations at 256 bits, 4 rows at a time, then single rows.
+void int8_rows(const Weights& w, const Act& a, int64_t r0, int64_t r1, float* y) {
+  int64_t r = r0;
+  if (w.qtype == 0 && w.m_from_d) {
+    for (; r + 4 <= r1; r += 4) int8x::soa_q4_1_rows_q8<4, true>(a.qy, a.dy, a.sx, w.qs, w.d, w.m, w.K, r, y);
+    for (; r < r1; ++r) int8x::soa_q4_1_rows_q8<1, true>(a.qy, a.dy, a.sx, w.qs, w.d, w.m, w.K, r, y);
+  } else if (w.qtype == 0) {
+    for (; r + 4 <= r1; r += 4) int8x::soa_q4_1_rows_q8<4, false>(a.qy, a.dy, a.sx, w.qs, w.d, w.m, w.K, r, y);
+    for (; r < r1; ++r) int8x::soa_q4_1_rows_q8<1, false>(a.qy, a.dy, a.sx, w.qs, w.d, w.m, w.K, r, y);
+  } else {
+    const int8_t* q = reinterpret_cast<const int8_t*>(w.qs);
+    for (; r + 4 <= r1; r += 4) int8x::soa_q8_0_rows_q8<4>(a.qy, a.dy, q, w.d, w.K, r, y);
+    for (; r < r1; ++r) int8x::soa_q8_0_rows_q8<1>(a.qy, a.dy, q, w.d, w.K, r, y);
+  }
+}
+#endif
+
 // Rows [r0, r1) of one output vector; whole 4-row groups take the SIMD path.
 void rows_range(const Weights& w, const Act& a, bool q8, int64_t r0, int64_t r1, float* y) {
   if (w.raw()) {  // int8 activations where the type has a kernel for them, else float32
@@ -202,6 +224,9 @@ void rows_range(const Weights& w, const Act& a, bool q8, int64_t r0, int64_t r1,
   for (; r + 4 <= r1; r += 4) group4(w, a, q8, r, y);
 #else
   if (!q8) return portable_rows(w, a, r0, r1, y);
+#if defined(OPSCOPE_HAVE_INT8_AVX2)
+  return int8_rows(w, a, r0, r1, y);
+#endif
 #endif
   for (; r < r1 && q8; ++r) {
     if (w.qtype == 0) q4_1_row_scalar_q8(a.qy, a.dy, a.sx, w.qs, w.d, w.m, w.K, r, y);
@@ -225,7 +250,7 @@ bool use_pool() {
 }  // namespace
 
 void matvec_multi(const float* x, int64_t K, const Weights* ws, float* const* ys, int n, bool q8, Scratch& s) {
-#if !defined(OPSCOPE_HAVE_VNNI)
+#if !defined(OPSCOPE_HAVE_VNNI) && !defined(OPSCOPE_HAVE_INT8_AVX2)
   q8 = false;  // no integer dot product here: the exact fp32 path instead
 #endif
   s.ensure(K);
@@ -284,6 +309,14 @@ void set_kernel_variant(int v) { g_variant = v; }
 
 bool built_with_avx512() {
 #if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool built_with_int8_soa() {
+#if defined(OPSCOPE_HAVE_VNNI) || defined(OPSCOPE_HAVE_INT8_AVX2)
   return true;
 #else
   return false;

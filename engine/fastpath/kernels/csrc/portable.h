@@ -234,9 +234,17 @@ template <> struct KT<gguf::TQ2_K> {
   template <class V> static void prep(const uint8_t* b, uint8_t* q, float* sc) {
     const float d = V::fp16(b + 80), dmin = V::fp16(b + 82);
     for (int g = 0; g < 16; ++g) { sc[g] = d * float(b[g] & 0xF); sc[16 + g] = dmin * float(b[g] >> 4); }
+    // q[128h + 32s + l] = (b[16 + 32h + l] >> 2s) & 3: groups 8h + 2s (l < 16) and 8h + 2s + 1
+    const typename V::B three = V::splat8(3);
     for (int h = 0; h < 2; ++h)
-      for (int s = 0; s < 4; ++s)  // groups 8h + 2s (bytes 0-15 of the 32), 8h + 2s + 1 (16-31)
-        for (int l = 0; l < 32; ++l) q[128 * h + 32 * s + l] = (b[16 + 32 * h + l] >> (2 * s)) & 3;
+      for (int half = 0; half < 2; ++half) {
+        const typename V::B v = V::load16(b + 16 + 32 * h + 16 * half);
+        static_for<4>([&](auto sc_) {
+          constexpr int s2 = decltype(sc_)::value;
+          const typename V::B t = V::and8(V::template shr8<2 * s2>(v), three);
+          std::memcpy(q + 128 * h + 32 * s2 + 16 * half, &t, 16);
+        });
+      }
   }
 };
 template <> struct KT<gguf::TQ3_K> {
@@ -247,12 +255,22 @@ template <> struct KT<gguf::TQ3_K> {
     uint8_t s6[16];
     gguf::scales_q3k(b + 96).to(s6);
     for (int g = 0; g < 16; ++g) sc[g] = d * float(int(s6[g]) - 32);
-    for (int h = 0; h < 2; ++h)
-      for (int s = 0; s < 4; ++s)
-        for (int l = 0; l < 32; ++l) {
-          const int lo = (b[32 + 32 * h + l] >> (2 * s)) & 3, hb = (b[l] >> (4 * h + s)) & 1;
-          q[128 * h + 32 * s + l] = uint8_t(lo - (hb ? 0 : 4));
-        }
+    // q[128h + 32s + l] = ((b[32 + 32h + l] >> 2s) & 3) - (bit 4h + s of b[l] ? 0 : 4)
+    const typename V::B three = V::splat8(3), one = V::splat8(1);
+    for (int half = 0; half < 2; ++half) {
+      const typename V::B hm = V::load16(b + 16 * half);
+      static_for<2>([&](auto hc) {
+        constexpr int h = decltype(hc)::value;
+        const typename V::B ql = V::load16(b + 32 + 32 * h + 16 * half);
+        static_for<4>([&](auto sc_) {
+          constexpr int s2 = decltype(sc_)::value;
+          const typename V::B lo = V::and8(V::template shr8<2 * s2>(ql), three);
+          const typename V::B hb = V::and8(V::template shr8<4 * h + s2>(hm), one);
+          const typename V::B t = V::sub8(V::or8(lo, V::template shl8<2>(hb)), 4);
+          std::memcpy(q + 128 * h + 32 * s2 + 16 * half, &t, 16);
+        });
+      });
+    }
   }
 };
 template <class V>
@@ -285,14 +303,20 @@ template <> struct KT<gguf::TQ6_K> {
     const float d = V::fp16(b + 208);
     const int8_t* s8 = reinterpret_cast<const int8_t*>(b + 192);
     for (int g = 0; g < 16; ++g) sc[g] = d * float(s8[g]);
+    // q[128h + 32k + l] = (4 bits of ql | bits 2k, 2k+1 of qh << 4) - 32, 16 bytes at a time
+    const typename V::B m30 = V::splat8(0x30);
     for (int h = 0; h < 2; ++h)
-      for (int k = 0; k < 4; ++k)
-        for (int l = 0; l < 32; ++l) {
-          const uint8_t lv = b[64 * h + 32 * (k % 2) + l];
-          const int lo = k / 2 ? lv >> 4 : lv & 0xF;
-          q[128 * h + 32 * k + l] = uint8_t((lo | (((b[128 + 32 * h + l] >> (2 * k)) & 3) << 4)) - 32);
-        }
+      for (int half = 0; half < 2; ++half) {
+        const typename V::B l0 = V::load16(b + 64 * h + 16 * half), l1 = V::load16(b + 64 * h + 32 + 16 * half);
+        const typename V::B hb = V::load16(b + 128 + 32 * h + 16 * half);
+        uint8_t* o = q + 128 * h + 16 * half;
+        store16<V>(o, V::sub8(V::or8(V::nib_lo(l0), V::and8(V::template shl8<4>(hb), m30)), 32));
+        store16<V>(o + 32, V::sub8(V::or8(V::nib_lo(l1), V::and8(V::template shl8<2>(hb), m30)), 32));
+        store16<V>(o + 64, V::sub8(V::or8(V::nib_hi(l0), V::and8(hb, m30)), 32));
+        store16<V>(o + 96, V::sub8(V::or8(V::nib_hi(l1), V::and8(V::template shr8<2>(hb), m30)), 32));
+      }
   }
+  template <class V> static void store16(uint8_t* p, typename V::B v) { std::memcpy(p, &v, 16); }
 };
 template <> struct KT<gguf::TIQ4_XS> {
   static constexpr bool OK = true, SIGNED = true, MINS = false;
@@ -372,6 +396,51 @@ void k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_byte
   for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) - macc[r];
 }
 
+// Q4_K straight from its blocks (no byte pass): bytes 32j..32j+32 of qs hold sub-block 2j in their
+// low nibbles and 2j+1 in their high ones, so one widened load feeds both (nibp).
+template <class V, int R>
+void q4k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_bytes, int64_t K, int64_t row, float* y) {
+  constexpr int C = C16 / V::W;
+  const int64_t nb = K / 256;
+  alignas(64) float sc[R][16];
+  typename V::F acc[R];
+  float macc[R];
+  for (int r = 0; r < R; ++r) { acc[r] = V::zero(); macc[r] = 0.f; }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = qs + (row + r) * row_bytes + b * gguf::TQ4_K::BYTES;
+      const float d = V::fp16(blk), dmin = V::fp16(blk + 2);
+      uint8_t sm[16];
+      gguf::scale_min_k4(blk + 4).to(sm);
+      for (int s = 0; s < 8; ++s) { sc[r][s] = d * float(sm[s]); sc[r][8 + s] = dmin * float(sm[8 + s]); }
+      for (int s = 0; s < 8; ++s) macc[r] += sc[r][8 + s] * sx[8 * b + s];
+    }
+    const float* xb = x + 256 * b;
+    for (int j = 0; j < 4; ++j) {
+      typename V::F xa0[C], xa1[C], xc0[C], xc1[C];  // sub-blocks 2j (a) and 2j + 1 (c)
+      load_x32<V>(xb + 64 * j, xa0, xa1);
+      load_x32<V>(xb + 64 * j + 32, xc0, xc1);
+      static_for<R>([&](auto rc) {
+        constexpr int r = decltype(rc)::value;
+        const uint8_t* q = qs + (row + r) * row_bytes + b * gguf::TQ4_K::BYTES + 16 + 32 * j;
+        typename V::F ta = V::zero(), tc = V::zero();
+        static_for<C>([&](auto cc) {
+          constexpr int c = decltype(cc)::value;
+          typename V::F lo, hi;
+          V::template nibp<c>(q, lo, hi);
+          ta = V::fma(lo, xa0[c], ta);
+          tc = V::fma(hi, xc0[c], tc);
+          V::template nibp<c>(q + 16, lo, hi);
+          ta = V::fma(lo, xa1[c], ta);
+          tc = V::fma(hi, xc1[c], tc);
+        });
+        acc[r] = V::fma(V::set1(sc[r][2 * j + 1]), tc, V::fma(V::set1(sc[r][2 * j]), ta, acc[r]));
+      });
+    }
+  }
+  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) - macc[r];
+}
+
 // ---- raw F32 / F16 / BF16 rows
 template <class V, class T, int R>
 void half_rows(const float* x, const uint8_t* qs, int64_t row_bytes, int64_t K, int64_t row, float* y) {
@@ -401,6 +470,10 @@ bool raw_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_by
   if constexpr (B32<T>::OK) {
     for (; r + 4 <= r1; r += 4) b32_rows<V, T, 4>(x, sx, qs, row_bytes, K, r, y);
     for (; r < r1; ++r) b32_rows<V, T, 1>(x, sx, qs, row_bytes, K, r, y);
+    return true;
+  } else if constexpr (std::is_same_v<T, gguf::TQ4_K>) {
+    for (; r + 4 <= r1; r += 4) q4k_rows<V, 4>(x, sx, qs, row_bytes, K, r, y);
+    for (; r < r1; ++r) q4k_rows<V, 1>(x, sx, qs, row_bytes, K, r, y);
     return true;
   } else if constexpr (KT<T>::OK) {
     for (; r + 4 <= r1; r += 4) k_rows<V, T, 4>(x, sx, qs, row_bytes, K, r, y);
@@ -445,6 +518,123 @@ inline void axpy(float p, const float* v, int64_t n, float* out) {
   int64_t i = 0;
   for (; i + V::W <= n; i += V::W) V::store(out + i, V::fma(V::set1(p), V::load(v + i), V::load(out + i)));
   for (; i < n; ++i) out[i] += p * v[i];
+}
+
+
+// out = gelu(g) * u, gelu's tanh approximation written as g - g / (1 + exp(2y))
+template <class V>
+inline void gelu_mul(const float* g, const float* u, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + V::W <= n; i += V::W) {
+    const typename V::F gv = V::load(g + i);
+    const typename V::F g3 = V::mul(V::mul(gv, gv), gv);
+    const typename V::F y = V::mul(V::set1(0.7978845608028654f), V::fma(V::set1(0.044715f), g3, gv));
+    const typename V::F e = vec::exp<V>(V::add(y, y));
+    V::store(out + i, V::mul(V::sub(gv, V::div(gv, V::add(V::set1(1.f), e))), V::load(u + i)));
+  }
+  for (; i < n; ++i) {
+    const float c = 0.7978845608028654f;
+    out[i] = 0.5f * g[i] * (1.f + std::tanh(c * (g[i] + 0.044715f * g[i] * g[i] * g[i]))) * u[i];
+  }
+}
+
+// ---- the prefill's row work (prefill.cpp off AVX-512)
+template <class V>
+inline float max_of(const float* s, int64_t n) {
+  float mx = -INFINITY;
+  int64_t i = 0;
+  if (n >= V::W) {
+    typename V::F vm = V::load(s);
+    for (i = V::W; i + V::W <= n; i += V::W) vm = V::max(vm, V::load(s + i));
+    alignas(64) float t[V::W];
+    V::store(t, vm);
+    for (int j = 0; j < V::W; ++j) mx = t[j] > mx ? t[j] : mx;
+  }
+  for (; i < n; ++i) mx = s[i] > mx ? s[i] : mx;
+  return mx;
+}
+
+// s[0..n) <- exp(scale * (s - mx)); returns their sum
+template <class V>
+inline float exp_scaled(float* s, int64_t n, float mx, float scale) {
+  const typename V::F vs = V::set1(scale), vmx = V::set1(mx);
+  typename V::F acc = V::zero();
+  int64_t i = 0;
+  for (; i + V::W <= n; i += V::W) {
+    const typename V::F p = vec::exp<V>(V::mul(V::sub(V::load(s + i), vmx), vs));
+    V::store(s + i, p);
+    acc = V::add(acc, p);
+  }
+  float sum = V::reduce(acc);
+  for (; i < n; ++i) {
+    s[i] = std::exp((s[i] - mx) * scale);
+    sum += s[i];
+  }
+  return sum;
+}
+
+// y = a * inv * w (RMSNorm's second pass); the first is dot<V>(a, a, n)
+template <class V>
+inline void scale_mul(const float* a, float inv, const float* w, int64_t n, float* y) {
+  const typename V::F vi = V::set1(inv);
+  int64_t i = 0;
+  for (; i + V::W <= n; i += V::W) V::store(y + i, V::mul(V::mul(V::load(a + i), vi), V::load(w + i)));
+  for (; i < n; ++i) y[i] = a[i] * inv * w[i];
+}
+
+// One row of raw 32-weight blocks of type T decoded to float32 (the prefill GEMM's panels): the
+// same products as T::dequant (d * q, + m where the type has one).
+template <class V, class T>
+void b32_decode_row(const uint8_t* row, int64_t K, float* out) {
+  using P = B32<T>;
+  constexpr int C = C16 / V::W;
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const uint8_t* blk = row + b * T::BYTES;
+    typename V::B lo, hi;
+    P::template bytes<V>(blk, lo, hi);
+    const typename V::F d = V::set1(V::fp16(blk));
+    float* o = out + 32 * b;
+    static_for<C>([&](auto cc) {
+      constexpr int c = decltype(cc)::value;
+      typename V::F w0 = V::mul(d, conv<V, P::SIGNED, c>(lo)), w1 = V::mul(d, conv<V, P::SIGNED, c>(hi));
+      if constexpr (P::M_OFF >= 0) {
+        const typename V::F m = V::set1(V::fp16(blk + P::M_OFF));
+        w0 = V::add(w0, m);
+        w1 = V::add(w1, m);
+      }
+      V::store(o + c * V::W, w0);
+      V::store(o + 16 + c * V::W, w1);
+    });
+  }
+}
+
+// One row of the SoA layouts decoded to float32: qtype 0 (Q4_1: d * q + m) or 1 (Q8_0: d * q).
+template <class V>
+void soa_decode_row(const uint8_t* qs, const void* d, const void* m, int64_t qtype, int64_t K, int64_t r, float* out) {
+  constexpr int C = C16 / V::W;
+  const int64_t nb = K / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    const typename V::F dd = V::set1(h16<V>(d, r * nb + b));
+    float* o = out + 32 * b;
+    if (qtype == 0) {
+      const uint8_t* q = qs + r * (K / 2) + b * 16;
+      const typename V::F mm = V::set1(h16<V>(m, r * nb + b));
+      static_for<C>([&](auto cc) {
+        constexpr int c = decltype(cc)::value;
+        typename V::F lo, hi;
+        V::template nibp<c>(q, lo, hi);
+        V::store(o + c * V::W, V::add(V::mul(dd, lo), mm));
+        V::store(o + 16 + c * V::W, V::add(V::mul(dd, hi), mm));
+      });
+    } else {
+      const uint8_t* q = qs + r * K + b * 32;
+      static_for<C>([&](auto cc) {
+        constexpr int c = decltype(cc)::value;
+        V::store(o + c * V::W, V::mul(dd, V::template s8p<c>(q)));
+        V::store(o + 16 + c * V::W, V::mul(dd, V::template s8p<c>(q + 16)));
+      });
+    }
+  }
 }
 
 }  // namespace portable

@@ -27,6 +27,9 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if !defined(OPSCOPE_AVX512_RAW)
+#include "portable.h"  // the AVX2 / NEON / baseline variants' row work (vec.h traits)
+#endif
 
 // MKL's Fortran sgemm, exported by torch's own library where torch is built with MKL (weak: a
 // torch without it falls back to at::mm on each panel).
@@ -44,6 +47,28 @@ namespace {
 std::atomic<int64_t> g_panel_bytes{256 << 10};  // dequantized panel size aimed at (benchmarks tune it)
 std::atomic<int> g_use_blas{1};
 std::atomic<int> g_enabled{1};  // 0: qlinear keeps its older dequantize-tile + at::linear path (A/B)
+
+#if !defined(OPSCOPE_AVX512_RAW)
+// decode_panel off AVX-512: the raw 32-weight blocks and the SoA layouts through the vec.h traits;
+// false for the types left to dequantize_row (the K types, F16/BF16: their scalar decoders).
+bool portable_decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf) {
+  using V = vec::Vec;
+  const int64_t K = w.K;
+  if (w.raw()) {
+    bool done = false;
+    gguf::with_type(w.ggml_type, [&](auto t) {
+      using T = decltype(t);
+      if constexpr (portable::B32<T>::OK) {
+        for (int64_t i = 0; i < n; ++i) portable::b32_decode_row<V, T>(w.qs + (r0 + i) * w.row_bytes, K, buf + i * K);
+        done = true;
+      }
+    });
+    return done;
+  }
+  for (int64_t i = 0; i < n; ++i) portable::soa_decode_row<V>(w.qs, w.d, w.m, w.qtype, K, r0 + i, buf + i * K);
+  return true;
+}
+#endif
 
 // Rows [r0, r0 + n) of w decoded to float32 into buf (row i at buf + i * K).
 void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf) {
@@ -87,6 +112,7 @@ void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf) {
     }
   }
 #else
+  if (portable_decode_panel(w, r0, n, buf)) return;
   for (int64_t i = 0; i < n; ++i) dequantize_row(w, r0 + i, buf + i * K);
 #endif
 }
@@ -181,6 +207,9 @@ void glu_row(float* h, const float* u, int64_t n, int64_t act) {
     }
     _mm512_storeu_ps(h + j, _mm512_mul_ps(a, _mm512_loadu_ps(u + j)));
   }
+#else
+  if (act == 0) return portable::silu_mul<vec::Vec>(h, u, n, h);
+  return portable::gelu_mul<vec::Vec>(h, u, n, h);
 #endif
   for (; j < n; ++j) h[j] = act_scalar(h[j], act) * u[j];
 }
@@ -256,6 +285,11 @@ inline void rope_row(const float* x, const float* c, const float* s, int64_t D, 
 
 // Row-wise s[0..n) ← exp(scale * (s - max)), s[n..e) ← 0; returns the sum of the n values.
 float softmax_row(float* s, int64_t n, int64_t e, float scale) {
+#if !defined(OPSCOPE_AVX512_RAW)
+  const float total = portable::exp_scaled<vec::Vec>(s, n, portable::max_of<vec::Vec>(s, n), scale);
+  std::fill(s + n, s + e, 0.f);
+  return total;
+#endif
   float mx = -INFINITY;
   int64_t j = 0;
 #if defined(OPSCOPE_AVX512_RAW)
@@ -417,6 +451,11 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w_in, double eps) 
     for (int64_t r = r0; r < r1; ++r) {
       const float* a = xp + r * C;
       float* y = yp + r * C;
+#if !defined(OPSCOPE_AVX512_RAW)
+      const float inv_v = 1.f / std::sqrt(portable::dot<vec::Vec>(a, a, C) / float(C) + float(eps));
+      portable::scale_mul<vec::Vec>(a, inv_v, wp, C, y);
+      continue;
+#endif
       float ss = 0.f;
       int64_t j = 0;
 #if defined(OPSCOPE_AVX512_RAW)

@@ -86,5 +86,6 @@ void set_kernel_variant(int v);
 
 bool built_with_avx512();
 bool built_with_vnni();
+bool built_with_int8_soa();  // int8 activations for the repacked Q4_1 / Q8_0 (VNNI or AVX2)
 
 }  // namespace opscope

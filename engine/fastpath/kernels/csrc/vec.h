@@ -95,6 +95,8 @@ struct VecScalar {
   static B or8(B a, B b) { for (int i = 0; i < 16; ++i) a.v[i] |= b.v[i]; return a; }
   static B and8(B a, B b) { for (int i = 0; i < 16; ++i) a.v[i] &= b.v[i]; return a; }
   static B splat8(int k) { B r; std::memset(r.v, k, 16); return r; }
+  template <int k> static B shr8(B a) { for (auto& x : a.v) x = uint8_t(x >> k); return a; }
+  template <int k> static B shl8(B a) { for (auto& x : a.v) x = uint8_t(x << k); return a; }
   static B lut16(const int8_t* table, B idx) { for (auto& x : idx.v) x = uint8_t(table[x & 0x0F]); return idx; }
   static B bits16(uint32_t m) { B r; for (int i = 0; i < 16; ++i) r.v[i] = (m >> i) & 1 ? 0xFF : 0; return r; }
   template <int c> static F u8(B a) { F r; for (int i = 0; i < 4; ++i) r.v[i] = float(a.v[4 * c + i]); return r; }
@@ -153,6 +155,8 @@ struct VecAVX2 {
   static B or8(B a, B b) { return _mm_or_si128(a, b); }
   static B and8(B a, B b) { return _mm_and_si128(a, b); }
   static B splat8(int k) { return _mm_set1_epi8(char(k)); }
+  template <int k> static B shr8(B a) { return k == 0 ? a : _mm_and_si128(_mm_srli_epi16(a, k), _mm_set1_epi8(char(0xFF >> k))); }
+  template <int k> static B shl8(B a) { return k == 0 ? a : _mm_and_si128(_mm_slli_epi16(a, k), _mm_set1_epi8(char((0xFF << k) & 0xFF))); }
   static B lut16(const int8_t* table, B idx) {
     return _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table)), idx);
   }
@@ -210,6 +214,11 @@ struct VecNEON {
   static B or8(B a, B b) { return vorrq_u8(a, b); }
   static B and8(B a, B b) { return vandq_u8(a, b); }
   static B splat8(int k) { return vdupq_n_u8(uint8_t(k)); }
+  template <int k> static B shr8(B a) {
+    if constexpr (k == 0) return a;
+    else return vshrq_n_u8(a, k);
+  }
+  template <int k> static B shl8(B a) { return vshlq_n_u8(a, k); }
   static B lut16(const int8_t* table, B idx) { return vqtbl1q_u8(vld1q_u8(reinterpret_cast<const uint8_t*>(table)), idx); }
   static B bits16(uint32_t m) {
     static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
