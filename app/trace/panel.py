@@ -57,6 +57,7 @@ BACKEND_CARD_TITLES = {
     "syncs": "syncs / token",
     "storms": "distinct ops",
 }
+BACKEND_EMPTY = ("direction", "module")  # a backend's ops have no copy direction, no torch module
 NARROW_PX = 820  # below this width (the dock of a 1280 px window; 845 px at 1400x900) the findings go above the op table (_arrange)
 
 
@@ -91,6 +92,7 @@ class TracePanel(QWidget):
         self.table.verticalHeader().setDefaultSectionSize(20)  # uniform rows: Qt skips measuring them
         self.table.verticalHeader().setVisible(False)
         self._fit_op_columns()
+        self._backend_columns = False  # the empty columns of a backend trace are hidden (_fit_columns_to)
         self.timeline = TraceTimeline()
         self._build_layout()
         model.started.connect(self._on_started)
@@ -257,6 +259,18 @@ class TracePanel(QWidget):
             header.addAction(action)
         keep_in_view(self.table, elastic=[i for i, (k, _h, _f) in enumerate(OP_COLUMNS) if k in ELASTIC])
 
+    def _fit_columns_to(self, backend: bool) -> None:
+        """While a backend's trace (MLX) shows, its always-empty columns are hidden so that the op
+        names are not cut to "array.g…"; a torch trace after it gets them back (through the header
+        menu's actions, which stay in step)."""
+        if backend == self._backend_columns:
+            return
+        self._backend_columns = backend
+        actions = self.table.horizontalHeader().actions()
+        for i, (key, _h, _f) in enumerate(OP_COLUMNS):
+            if key in BACKEND_EMPTY:
+                actions[i].setChecked(not backend)
+
     def _show_column(self, col: int, shown: bool) -> None:
         self.table.setColumnHidden(col, not shown)
         refit(self.table)
@@ -414,6 +428,7 @@ class TracePanel(QWidget):
             self._fill_findings(report)
         self._fill_filters()
         self.apply_filters()
+        self._fit_columns_to(bool(report.get("backend")))
         refit(self.table)  # contents' widths (Qt measures the rows on screen), inside the view
         self.timeline.show_ops(self.model.ops.columns)
 

@@ -39,12 +39,21 @@ def _trace(qtbot, panel):
     qtbot.waitUntil(lambda: not panel.model.busy, timeout=300_000)
 
 
-def _cell(panel, row: int, key: str) -> str:
-    """The text the op table shows in ``row`` under the column ``key``."""
+def _col(key: str) -> int:
     from opscope.app.trace.ops_model import COLUMNS
 
-    col = next(i for i, (k, _h, _f) in enumerate(COLUMNS) if k == key)
-    return panel.table.model().index(row, col).data()
+    return next(i for i, (k, _h, _f) in enumerate(COLUMNS) if k == key)
+
+
+def _cell(panel, row: int, key: str) -> str:
+    """The text the op table shows in ``row`` under the column ``key``."""
+    return panel.table.model().index(row, _col(key)).data()
+
+
+def _hidden(panel) -> set[str]:
+    from opscope.app.trace.ops_model import COLUMNS
+
+    return {k for i, (k, _h, _f) in enumerate(COLUMNS) if panel.table.isColumnHidden(i)}
 
 
 def test_the_trace_tab_shows_the_mlx_ops(qtbot, window, panel, tmp_path):
@@ -63,6 +72,9 @@ def test_the_trace_tab_shows_the_mlx_ops(qtbot, window, panel, tmp_path):
     sync = names.index("array.item")  # the host waits for the token here: MLX computes lazily
     assert _cell(panel, sync, "kind") == "sync" and float(_cell(panel, sync, "dur_us")) > 0
     assert panel.timeline.lanes == [stream, "sync"]
+    assert _hidden(panel) == {"direction", "module", "source", "step", "t_us", "shapes"}  # no empty columns
+    width = panel.table.columnWidth(_col("op"))
+    assert width > panel.table.fontMetrics().horizontalAdvance("array.getitem")  # was cut to "array.g…"
     assert panel.device_filter.itemText(1) == stream and panel.kind_filter.itemText(2) == "sync"
     out = json.loads(Path(panel.model.export_perfetto(str(tmp_path / "mlx.json"))).read_text())
     assert {"quantized_matmul", "array.item", "token"} <= {e["name"] for e in out["traceEvents"]}
@@ -98,3 +110,32 @@ def test_options_the_mlx_backend_cannot_honour_are_refused_in_one_line(qtbot, pa
         "accelerator trace torch ops; choose variant 'clean' and target 'as loaded', or load the model on torch"
     )
     assert panel.run_button.isEnabled()
+
+
+def test_a_torch_trace_after_the_mlx_one_gets_its_cards_and_columns_back(qtbot, panel):
+    from opscope.app.trace.model import TraceModel
+    from opscope.app.trace.ops_model import HIDDEN_BY_DEFAULT
+    from opscope.app.trace.panel import CARD_TITLES, TracePanel
+
+    if panel.model.report is None:
+        _trace(qtbot, panel)
+    other = TracePanel(TraceModel(client=None))
+    qtbot.addWidget(other)
+    other.model.result = {"variant": "clean", "simulated": False}
+    other.show_report(panel.model.report)
+    assert other.cards["fallbacks"].title.text() == "devices / streams" and "module" in _hidden(other)
+    torch_report = {
+        "target": "cpu",
+        "ops": 4,
+        "tokens": 2,
+        "findings": [],
+        "notes": [],
+        "by_kind": {"on_target": {"count": 4, "ms": 1.0}},
+        "transfers": [],
+        "syncs_per_token": 0.5,
+    }
+    other.show_report(torch_report)
+    assert [(k, other.cards[k].title.text()) for k, _t in CARD_TITLES] == list(CARD_TITLES)
+    assert other.cards["fallbacks"].value.text() == "0" and other.cards["on_target"].value.text() == "100.0%"
+    assert _hidden(other) == set(HIDDEN_BY_DEFAULT)
+    assert other.status.text() == "clean model on cpu: 4 ops, 2 tokens; 0 finding(s)."
