@@ -104,6 +104,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "TRACE_VARIANTS": (f"{_E}.trace.variants", "VARIANTS"),
     "trace_runs": (f"{_E}.trace.runs", None),
     "save_trace_run": (f"{_E}.trace.runs", "save"),
+    "backend_ops": (f"{_E}.trace.backend_ops", None),
     # diagnose
     "DiagnosisPlan": (f"{_E}.diagnose.measure", "ModelPlan"),
     "diagnose_model": (f"{_E}.diagnose.session", "diagnose_model"),

@@ -40,6 +40,24 @@ SIMULATE = (("as loaded (its own device)", ""), ("simulated accelerator (meta)",
 SEVERITY_MARK = {"high": "●", "medium": "◐", "low": "○"}
 NO_TRACE_YET = "No trace yet: press Trace to record a short generation, or Trace a script…"
 MIN_FINDING_ROWS = 4  # the findings list shows at least this many one-line rows at 1400x900
+CARD_TITLES = (
+    ("on_target", "compute ops on target"),
+    ("time_on_target", "compute time on target"),
+    ("fallbacks", "fallback ops"),
+    ("transfers", "transfers / token"),
+    ("syncs", "syncs / token"),
+    ("storms", "storms"),
+)
+# A plugin backend's trace (MLX) has no torch placement to grade: its cards say what its op stream shows.
+BACKEND_CARD_TITLES = {
+    "on_target": "ops / token",
+    "time_on_target": "host time in syncs",
+    "fallbacks": "devices / streams",
+    "transfers": "host ms / token",
+    "syncs": "syncs / token",
+    "storms": "distinct ops",
+}
+BACKEND_EMPTY = ("direction", "module")  # a backend's ops have no copy direction, no torch module
 NARROW_PX = 820  # below this width (the dock of a 1280 px window; 845 px at 1400x900) the findings go above the op table (_arrange)
 
 
@@ -74,6 +92,7 @@ class TracePanel(QWidget):
         self.table.verticalHeader().setDefaultSectionSize(20)  # uniform rows: Qt skips measuring them
         self.table.verticalHeader().setVisible(False)
         self._fit_op_columns()
+        self._backend_columns = False  # the empty columns of a backend trace are hidden (_fit_columns_to)
         self.timeline = TraceTimeline()
         self._build_layout()
         model.started.connect(self._on_started)
@@ -123,17 +142,7 @@ class TracePanel(QWidget):
         self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
 
     def _build_cards(self) -> None:
-        self.cards = {
-            key: Card(title)
-            for key, title in (
-                ("on_target", "compute ops on target"),
-                ("time_on_target", "compute time on target"),
-                ("fallbacks", "fallback ops"),
-                ("transfers", "transfers / token"),
-                ("syncs", "syncs / token"),
-                ("storms", "storms"),
-            )
-        }
+        self.cards = {key: Card(title) for key, title in CARD_TITLES}
 
     def _build_layout(self) -> None:
         cards = QGridLayout()
@@ -249,6 +258,18 @@ class TracePanel(QWidget):
             action.toggled.connect(lambda on, col=i: self._show_column(col, on))
             header.addAction(action)
         keep_in_view(self.table, elastic=[i for i, (k, _h, _f) in enumerate(OP_COLUMNS) if k in ELASTIC])
+
+    def _fit_columns_to(self, backend: bool) -> None:
+        """While a backend's trace (MLX) shows, its always-empty columns are hidden so that the op
+        names are not cut to "array.g…"; a torch trace after it gets them back (through the header
+        menu's actions, which stay in step)."""
+        if backend == self._backend_columns:
+            return
+        self._backend_columns = backend
+        actions = self.table.horizontalHeader().actions()
+        for i, (key, _h, _f) in enumerate(OP_COLUMNS):
+            if key in BACKEND_EMPTY:
+                actions[i].setChecked(not backend)
 
     def _show_column(self, col: int, shown: bool) -> None:
         self.table.setColumnHidden(col, not shown)
@@ -397,22 +418,38 @@ class TracePanel(QWidget):
     def show_report(self, report: dict) -> None:
         self.run_button.setEnabled(True)
         self.export_button.setEnabled(True)
-        result = self.model.result or {}
-        sim = " (simulated)" if result.get("simulated") else ""
-        saved = f"; saved as run {result['run_name']}" if result.get("run_name") else ""
-        self.status.setText(
-            f"{result.get('variant', '')} model on {report['target']}{sim}: {report['ops']:,} ops, "
-            f"{report['tokens']} tokens; {len(report['findings'])} finding(s){saved}."
-        )
+        self.status.setText(self._summary(report))
         self.status.setToolTip("\n".join(report.get("notes", [])))
-        self._fill_cards(report)
-        self._fill_findings(report)
+        if report.get("backend"):
+            self._fill_backend_cards(report)
+            self._fill_backend_findings(report)
+        else:
+            self._fill_cards(report)
+            self._fill_findings(report)
         self._fill_filters()
         self.apply_filters()
+        self._fit_columns_to(bool(report.get("backend")))
         refit(self.table)  # contents' widths (Qt measures the rows on screen), inside the view
         self.timeline.show_ops(self.model.ops.columns)
 
+    def _summary(self, report: dict) -> str:
+        result = self.model.result or {}
+        if report.get("backend"):  # a plugin backend's op stream (app/worker/backend_trace.py)
+            return (
+                f"{report['backend']} backend on {report['target']}: {report['ops']:,} ops, "
+                f"{report['tokens']} tokens, {report['syncs_per_token']:.1f} host syncs per token."
+            )
+        sim = " (simulated)" if result.get("simulated") else ""
+        saved = f"; saved as run {result['run_name']}" if result.get("run_name") else ""
+        return (
+            f"{result.get('variant', '')} model on {report['target']}{sim}: {report['ops']:,} ops, "
+            f"{report['tokens']} tokens; {len(report['findings'])} finding(s){saved}."
+        )
+
     def _fill_cards(self, report: dict) -> None:
+        for key, title in CARD_TITLES:  # a backend trace before this one retitled them
+            self.cards[key].title.setText(title)
+            self.cards[key].setToolTip("")
         kinds = report.get("by_kind", {})
         transfers = sum(t["per_token_count"] for t in report.get("transfers", []))
         storms = sum(1 for f in report.get("findings", []) if f["kind"] == "storm")
@@ -447,6 +484,49 @@ class TracePanel(QWidget):
             self.findings.addItem(item)
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in report.get("notes", []))
         self.finding_detail.setHtml(f"<i>Click a finding to see its evidence, fix and ops.</i><ul>{notes}</ul>")
+
+    def _fill_backend_cards(self, report: dict) -> None:
+        """A backend's op stream: how many ops a token costs, where the host waits, on which streams."""
+        table, tokens = report.get("ops_by_time", []), max(report["tokens"], 1)
+        total_ms = sum(r["ms"] for r in table)
+        sync_ms = sum(r["ms"] for r in table if r["sync"])
+        values = {
+            "on_target": f"{report['ops'] / tokens:,.0f}",
+            "time_on_target": f"{100.0 * sync_ms / total_ms:.1f}%" if total_ms > 0 else "–",
+            "fallbacks": str(len(report["devices"])),
+            "transfers": f"{report['wall_ms'] / tokens:,.0f}",
+            "syncs": f"{report['syncs_per_token']:.1f}",
+            "storms": str(len({r["op"] for r in table})),
+        }
+        for key, title in BACKEND_CARD_TITLES.items():
+            self.cards[key].title.setText(title)
+            self.cards[key].set(values[key])
+            self.cards[key].setToolTip("")
+        self.cards["fallbacks"].setToolTip("\n".join(report["devices"]))
+        self.cards["time_on_target"].setToolTip(
+            "Share of the traced host time spent in syncs (eval, item): a lazy backend computes there."
+        )
+
+    def _fill_backend_findings(self, report: dict, top: int = 8) -> None:
+        """No placement findings to list: the list says why; the detail holds the notes and the
+        ops that took the most host time."""
+        self.findings.clear()
+        item = QListWidgetItem(
+            f"No placement findings on the {report['backend']} backend: its trace lists each op "
+            f"with its stream, shapes and host time (the op table and timeline)."
+        )
+        item.setFlags(Qt.NoItemFlags)
+        self.findings.addItem(item)
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in report.get("notes", []))
+        rows = "".join(
+            f"<tr><td>{html.escape(r['op'])}</td><td align=right>{r['count']:,}</td>"
+            f"<td align=right>{r['ms']:.1f}</td><td align=right>{r['pct']:.1f}%</td></tr>"
+            for r in report.get("ops_by_time", [])[:top]
+        )
+        self.finding_detail.setHtml(
+            f"<b>Ops by host time</b><table><tr><th align=left>op</th><th>count</th><th>ms</th>"
+            f"<th>share</th></tr>{rows}</table><ul>{notes}</ul>"
+        )
 
     def _fill_filters(self) -> None:
         for combo, key, label in (

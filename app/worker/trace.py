@@ -27,14 +27,13 @@ def run_trace(loaded, req: TraceRequest, send, cancel: threading.Event) -> dict:
         write_chrome_trace,
     )
 
-    backend = getattr(loaded, "backend_name", "torch")
-    if backend != "torch":  # an MLX model has .model too, but no torch ops for the placement tracer
-        raise ConfigError(
-            f"the window traces torch ops and this model runs on the {backend} backend: switch the "
-            f"backend to torch, or run `opscope trace --backend {backend}` for its op table"
-        )
     if req.tokens < 1:
         raise ConfigError(f"trace tokens must be at least 1, got {req.tokens}")
+    backend = getattr(loaded, "backend_name", "torch")
+    if backend != "torch":  # an MLX model has .model too, but no torch ops for the placement tracer
+        from opscope.app.worker.backend_trace import run_backend_trace
+
+        return run_backend_trace(loaded, backend, req, send, cancel)
     simulate = req.simulate == "meta"
     target = "meta" if simulate else str(loaded.device)
     options = TraceOptions(target=target, max_events=req.max_events)

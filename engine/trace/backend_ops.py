@@ -60,7 +60,7 @@ def trace_backend_generation(backend, lm, prompt, config, max_events: int = 200_
 def op_table(trace: BackendTrace) -> list[dict]:
     """One row per (op, device): count, host ms since the previous op, share, an example of shapes."""
     rows: dict = defaultdict(lambda: {"count": 0, "ns": 0, "shapes": ""})
-    for ev, start in zip(trace.events, _starts(trace)):
+    for ev, start in zip(trace.events, op_starts(trace)):
         row = rows[ev.op, ev.device]
         row["count"] += 1
         row["ns"] += max(ev.t_ns - start, 0)
@@ -82,7 +82,7 @@ def op_table(trace: BackendTrace) -> list[dict]:
     return sorted(out, key=lambda r: -r["ms"])
 
 
-def _starts(trace: BackendTrace) -> list[int]:
+def op_starts(trace: BackendTrace) -> list[int]:
     """When each op began, taken as when the op before it returned (the first: the trace's start)."""
     return [trace.start_ns] + [ev.t_ns for ev in trace.events[:-1]]
 
@@ -125,7 +125,7 @@ def write_chrome_trace(trace: BackendTrace, path) -> None:
     import json
 
     out = []
-    for ev, start in zip(trace.events, _starts(trace)):
+    for ev, start in zip(trace.events, op_starts(trace)):
         out.append(
             {
                 "name": ev.op,

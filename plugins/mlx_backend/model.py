@@ -12,9 +12,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
+
+
+class RopeScalingLike(Protocol):
+    """engine.models RopeScaling as this model reads it (a plugin sees only the engine's public API)."""
+
+    kind: str  # "linear" | "llama3"
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position: int
 
 
 @dataclass(frozen=True)
@@ -36,7 +47,7 @@ class MLXModelArgs:
     # GGUF stores Q/K rows permuted for the interleaved ("traditional") rotary layout; HF
     # checkpoints use rotate-half. Picking the matching RoPE avoids un-permuting weights.
     rope_traditional: bool = False
-    rope_scaling: object | None = None  # engine.models RopeScaling, or None
+    rope_scaling: RopeScalingLike | None = None  # engine.models RopeScaling, or None
     rope_freq_factors: tuple[float, ...] | None = None  # GGUF rope_freqs (Llama 3.1 scaling baked in)
     # ModelConfig's family switches (engine.models.config; defaults: the plain Llama block)
     qk_norm: bool = False
@@ -103,7 +114,7 @@ def rope_freqs(args: MLXModelArgs) -> mx.array | None:
     return mx.array([1.0 / f for f in inv], dtype=mx.float32)
 
 
-def _llama3(inv_freq: float, s) -> float:
+def _llama3(inv_freq: float, s: RopeScalingLike) -> float:
     # long wavelengths scaled by factor, short ones kept, a smooth blend between
     wavelen = 2 * math.pi / inv_freq
     if wavelen < s.original_max_position / s.high_freq_factor:
@@ -119,12 +130,15 @@ class RoPE(nn.Module):
         super().__init__()
         self.dims = args.head_dim
         self.traditional = args.rope_traditional
+        self._freqs: mx.array | None  # "_": a constant, not a parameter
+        self.base: float | None  # None: the freqs give the wavelengths
         if local:  # the windowed layers' own base, without the global scaling (Gemma 3)
             self.scale, self._freqs, self.base = 1.0, None, args.rope_local_theta
             return
-        linear = args.rope_scaling is not None and args.rope_scaling.kind == "linear"
-        self.scale = 1.0 / args.rope_scaling.factor if linear and args.rope_freq_factors is None else 1.0
-        self._freqs = rope_freqs(args)  # "_": a constant, not a parameter
+        scaling = args.rope_scaling
+        linear = scaling is not None and scaling.kind == "linear" and args.rope_freq_factors is None
+        self.scale = 1.0 / scaling.factor if scaling is not None and linear else 1.0
+        self._freqs = rope_freqs(args)
         self.base = None if self._freqs is not None else args.rope_theta
 
     def __call__(self, x: mx.array, offset: int) -> mx.array:
@@ -152,23 +166,22 @@ class KVCache:
 
     def update(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
         B, K, T, D = k.shape
-        start, have = self.offset, 0 if self.keys is None else self.keys.shape[2]
-        if start + T > have:
+        start, keys, values = self.offset, self.keys, self.values
+        have = 0 if keys is None else keys.shape[2]
+        if keys is None or values is None or start + T > have:
             grow = -(-(start + T) // self.STEP) * self.STEP - have  # capacity: a multiple of STEP
             new_k, new_v = mx.zeros((B, K, grow, D), k.dtype), mx.zeros((B, K, grow, D), v.dtype)
-            if self.keys is None:
-                self.keys, self.values = new_k, new_v
-            else:
-                self.keys = mx.concatenate([self.keys, new_k], axis=2)
-                self.values = mx.concatenate([self.values, new_v], axis=2)
+            keys = new_k if keys is None else mx.concatenate([keys, new_k], axis=2)
+            values = new_v if values is None else mx.concatenate([values, new_v], axis=2)
+            self.keys, self.values = keys, values
         self.offset += T
-        self.keys[..., start : self.offset, :] = k
-        self.values[..., start : self.offset, :] = v
-        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]  # [B, K, S, D]
+        keys[..., start : self.offset, :] = k
+        values[..., start : self.offset, :] = v
+        return keys[..., : self.offset, :], values[..., : self.offset, :]  # [B, K, S, D]
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        return 0 if self.keys is None or self.values is None else self.keys.nbytes + self.values.nbytes
 
 
 class Attention(nn.Module):

@@ -26,9 +26,11 @@ def close_window(window) -> None:
     close(window)
 
 
-def open_window(app, base: Path, *, theme: str = "light", threads: int | None = 1, timeout_s: float = 240):
+def open_window(
+    app, base: Path, *, theme: str = "light", threads: int | None = 1, timeout_s: float = 240, backend: str = "torch"
+):
     """The main window on a fresh settings dir and run store under ``base``, with the default model
-    loaded (``threads=1`` leaves a core for the GUI on a 2-core machine)."""
+    loaded on ``backend`` (``threads=1`` leaves a core for the GUI on a 2-core machine)."""
     from opscope.app.ui import settings
     from opscope.app.ui.engine_client import EngineClient
     from opscope.app.ui.theme import ThemeManager
@@ -39,7 +41,7 @@ def open_window(app, base: Path, *, theme: str = "light", threads: int | None = 
         EngineClient(),
         ThemeManager(app, theme),
         db_url=f"sqlite:///{base / 'runs.db'}",
-        initial_model=LoadRequest(threads=threads),
+        initial_model=LoadRequest(threads=threads, backend=backend),
     )
     window.resize(1400, 900)
     window.show()
