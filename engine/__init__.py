@@ -43,6 +43,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ModelFormatError": (f"{_E}.core.errors", "ModelFormatError"),
     "UnsupportedModelError": (f"{_E}.core.errors", "UnsupportedModelError"),
     "Terminated": (f"{_E}.core.errors", "Terminated"),
+    "Cancelled": (f"{_E}.core.errors", "Cancelled"),
     "now_ns": (f"{_E}.core.clock", "now_ns"),
     "markers": (f"{_E}.core.markers", None),
     "DTYPES": (f"{_E}.core.devices", "DTYPES"),
@@ -108,6 +109,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     # diagnose
     "DiagnosisPlan": (f"{_E}.diagnose.measure", "ModelPlan"),
     "diagnose_model": (f"{_E}.diagnose.session", "diagnose_model"),
+    "DiagnosisStages": (f"{_E}.diagnose.measure", "Stages"),
     "render_diagnosis": (f"{_E}.diagnose.report", "render_text"),
     # the command line (the app's `opscope` entry point hands its commands over)
     "cli_main": (f"{_E}.cli.main", "main"),

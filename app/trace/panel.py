@@ -38,6 +38,11 @@ from PySide6.QtWidgets import (
 
 SIMULATE = (("as loaded (its own device)", ""), ("simulated accelerator (meta)", "meta"))
 SEVERITY_MARK = {"high": "●", "medium": "◐", "low": "○"}
+DIAGNOSE_TIP = (
+    "why is it slow: the bound, the culprit line, the fix and the gain "
+    "(a short measurement of the loaded model, as `opscope diagnose`)"
+)
+STOP_TIP = "stop the diagnosis at its next step; nothing of it is saved"
 NO_TRACE_YET = "No trace yet: press Trace to record a short generation, or Trace a script…"
 MIN_FINDING_ROWS = 4  # the findings list shows at least this many one-line rows at 1400x900
 CARD_TITLES = (
@@ -120,12 +125,7 @@ class TracePanel(QWidget):
         self.export_button = QPushButton("Export Perfetto JSON…", clicked=self.export_dialog, enabled=False)
         self.script_button = QPushButton("Trace a script…", clicked=self.open_script_dialog)
         self.script_dialog = None
-        self.diagnose_button = QPushButton(
-            "Diagnose",
-            clicked=self.diagnose,
-            toolTip="why is it slow: the bound, the culprit line, the fix and the gain "
-            "(a short measurement of the loaded model, as `opscope diagnose`)",
-        )
+        self.diagnose_button = QPushButton("Diagnose", clicked=self.diagnose_or_stop, toolTip=DIAGNOSE_TIP)
         self.diagnosis = QPlainTextEdit(readOnly=True, objectName="diagnosis", visible=False)
         self.diagnosis.setLineWrapMode(QPlainTextEdit.WidgetWidth)
         # ~10 lines, as the CLI prints them; longer ones scroll rather than squeeze the findings and ops
@@ -291,10 +291,37 @@ class TracePanel(QWidget):
     def _connect_diagnose(self) -> None:
         from opscope.app.trace.diagnose import DiagnoseModel
 
-        self.diagnose_model = DiagnoseModel(self.model.client, self)
-        self.diagnose_model.started.connect(lambda: self.status.setText("diagnosing the loaded model…"))
-        self.diagnose_model.finished.connect(self.show_diagnosis)
-        self.diagnose_model.failed.connect(lambda message: self.status.setText(f"diagnose failed: {message}"))
+        self.diagnose_model = m = DiagnoseModel(self.model.client, self)
+        m.started.connect(lambda: self._diagnosing("diagnosing the loaded model…"))
+        m.stage.connect(lambda stage: self.status.setText(f"diagnosing the loaded model: {stage}…"))
+        m.finished.connect(self.show_diagnosis)
+        m.cancelled.connect(self._diagnosis_cancelled)
+        m.failed.connect(lambda message: self._diagnosed(f"diagnose failed: {message}"))
+
+    def diagnose_or_stop(self) -> None:
+        """The Diagnose button: Diagnose when idle, Stop while a diagnosis runs."""
+        if self.diagnose_model.busy:
+            self.diagnose_model.cancel()
+            self.diagnose_button.setEnabled(False)  # once: the worker answers at its next step
+            self.status.setText("stopping the diagnosis…")
+        else:
+            self.diagnose()
+
+    def _diagnosing(self, status: str) -> None:
+        self.diagnose_button.setText("Stop")
+        self.diagnose_button.setToolTip(STOP_TIP)
+        self.status.setText(status)
+
+    def _diagnosed(self, status: str) -> None:
+        self.diagnose_button.setText("Diagnose")
+        self.diagnose_button.setToolTip(DIAGNOSE_TIP)
+        self.diagnose_button.setEnabled(True)
+        self.status.setText(status)
+
+    def _diagnosis_cancelled(self, message: str) -> None:
+        """The worker says "diagnosis cancelled; nothing was saved" (or, stopped while it waited
+        for another job, "cancelled before it started"): the last diagnosis shown stays."""
+        self._diagnosed(message if message.startswith("diagnosis") else f"diagnosis {message}; nothing was saved")
 
     def diagnose(self) -> None:
         """Diagnose the model Chat has loaded, with this panel's variant and target."""
@@ -309,7 +336,7 @@ class TracePanel(QWidget):
     def show_diagnosis(self, lines: list) -> None:
         self.diagnosis.setPlainText("\n".join(lines))
         self.diagnosis.setVisible(True)
-        self.status.setText(lines[0] if lines else "no diagnosis")
+        self._diagnosed(lines[0] if lines else "no diagnosis")
 
     def open_script_dialog(self):
         """Trace a user's own script (app/trace/script_dialog.py); its report shows here."""

@@ -46,7 +46,7 @@ class EngineState:
             "generate": self.generate,
             "chat": self.chat,
             "trace": self.trace,
-            "diagnose": lambda req, _cancel: self.diagnose(req),
+            "diagnose": self.diagnose,
             "bench": self.bench,
             "roofline": lambda req, _cancel: stored_roofline(req.run_id, req.db_url),
             "info": lambda _req, _cancel: engine_info(),
@@ -126,10 +126,10 @@ class EngineState:
 
         return run_trace(self.require_model(), req, self.send, cancel)
 
-    def diagnose(self, req) -> dict:
+    def diagnose(self, req, cancel: threading.Event) -> dict:
         from opscope.app.worker.diagnose import run_diagnose
 
-        return run_diagnose(self.require_model(), req)
+        return run_diagnose(self.require_model(), req, self.send, cancel)
 
     def bench(self, req: BenchRequest, cancel: threading.Event) -> dict:
         from opscope.app.worker.bench import run_bench

@@ -22,6 +22,7 @@ _EXPORTS = {
     "RULES": "opscope.engine.diagnose.rules",
     "diagnose": "opscope.engine.diagnose.rules",
     "ModelPlan": "opscope.engine.diagnose.measure",
+    "Stages": "opscope.engine.diagnose.measure",
     "Diagnosis": "opscope.engine.diagnose.report",
     "render_text": "opscope.engine.diagnose.report",
     "render_markdown": "opscope.engine.diagnose.report",

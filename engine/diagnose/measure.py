@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import threading
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opscope.engine.core.errors import Cancelled
 from opscope.engine.diagnose import probes
 from opscope.engine.diagnose.measurement import DECODE, PREFILL, STEP, Issue, Measurement, Phase
 
@@ -36,6 +39,27 @@ class ModelPlan:
     seed: int = 0
 
 
+CANCELLED = "diagnosis cancelled; nothing was saved"
+
+
+class Stages:
+    """The stages of a measurement as they begin (``on_stage`` is told each one's name) and its
+    cancel flag: once ``cancel`` is set the measurement stops at the next stage, or after the decode
+    step that runs now, with Cancelled; what it measured so far is dropped, never saved in part."""
+
+    def __init__(self, cancel: threading.Event | None = None, on_stage: Callable[[str], None] | None = None) -> None:
+        self.cancel, self.on_stage = cancel, on_stage
+
+    def check(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled(CANCELLED)
+
+    def enter(self, stage: str) -> None:
+        self.check()
+        if self.on_stage is not None:
+            self.on_stage(stage)
+
+
 def prompt_ids(lm, plan: ModelPlan) -> list[int]:
     if plan.prompt is not None:
         return lm.tokenizer.encode(plan.prompt)
@@ -46,31 +70,35 @@ def prompt_ids(lm, plan: ModelPlan) -> list[int]:
     return [rng.randrange(vocab // 4, vocab // 2) for _ in range(plan.prompt_tokens)]
 
 
-def _timed(lm, ids: list[int], tokens: int) -> tuple[float, list[float]]:
+def _timed(lm, ids: list[int], tokens: int, stages: Stages) -> tuple[float, list[float]]:
     """(prefill ms, decode ms per token) of one untraced generation."""
     from opscope.engine.generation.config import GenerationConfig
     from opscope.engine.generation.events import PrefillStarted, Token
 
     start, stamps = None, []
-    for ev in lm.generate(ids, GenerationConfig(max_tokens=tokens, ignore_eos=True, reuse_prefix=False)):
+    stages.enter(f"timing a prefill of {len(ids)} tokens and {tokens} decode steps")
+    config = GenerationConfig(max_tokens=tokens, ignore_eos=True, reuse_prefix=False)
+    for ev in lm.generate(ids, config, stages.cancel):
         if isinstance(ev, PrefillStarted):
             start = ev.t_ns
         elif isinstance(ev, Token):
             stamps.append(ev.t_ns)
+    stages.check()  # a cancelled generation ends early: its times are not the plan's
     prefill_ms = (stamps[0] - (start or stamps[0])) / 1e6
     return prefill_ms, [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:], strict=False)]
 
 
-def _traced(lm, ids: list[int], plan: ModelPlan, target: str):
+def _traced(lm, ids: list[int], plan: ModelPlan, target: str, stages: Stages):
     from opscope.engine.generation.config import GenerationConfig
     from opscope.engine.trace.events import TraceOptions
     from opscope.engine.trace.report import build_report
     from opscope.engine.trace.session import trace_generation
 
+    stages.enter(f"tracing a prefill of {len(ids)} tokens and {plan.trace_tokens} decode steps")
     config = GenerationConfig(max_tokens=plan.trace_tokens, ignore_eos=True)
-    run = trace_generation(
-        lm, ids, config, TraceOptions(target=target, source="all"), variant=plan.variant, simulate=plan.simulate
-    )
+    options = TraceOptions(target=target, source="all")
+    run = trace_generation(lm, ids, config, options, variant=plan.variant, simulate=plan.simulate, cancel=stages.cancel)
+    stages.check()
     return run, build_report(run.result, run.notes)
 
 
@@ -144,7 +172,7 @@ def _script_report(trace):
     return replace(report, findings=list(trace.health) + list(report.findings))
 
 
-def model_phases(lm, plan: ModelPlan, ids: list[int], run, target: str) -> tuple[Phase, ...]:
+def model_phases(lm, plan: ModelPlan, ids: list[int], run, stages: Stages) -> tuple[Phase, ...]:
     from opscope.engine.bench.suites.llm import pp_work, tg_work
 
     n = len(ids)
@@ -158,7 +186,7 @@ def model_phases(lm, plan: ModelPlan, ids: list[int], run, target: str) -> tuple
             Phase(PREFILL, 1, pre[1], n, None, None, *pre, busy[0]),
             Phase(DECODE, max(t - 1, 0), dec[1], 1, None, None, *dec, busy[1]),
         )
-    prefill_ms, decode_ms = _timed(lm, ids, plan.tokens)
+    prefill_ms, decode_ms = _timed(lm, ids, plan.tokens, stages)
     pw, tw = pp_work(lm, n, 0, plan.dtype), tg_work(lm, plan.tokens, n, plan.dtype)
     return (
         Phase(PREFILL, 1, prefill_ms, n, pw["flop"] * n, pw["bytes"] * n, *pre, busy[0]),
@@ -175,15 +203,21 @@ def model_phases(lm, plan: ModelPlan, ids: list[int], run, target: str) -> tuple
     )
 
 
-def measure_model(lm, plan: ModelPlan, subject: str) -> Measurement:
-    """Diagnose-measure a loaded model (engine.api.LoadedModel)."""
+def measure_model(lm, plan: ModelPlan, subject: str, stages: Stages | None = None) -> Measurement:
+    """Diagnose-measure a loaded model (engine.api.LoadedModel); ``stages`` reports its progress
+    and can cancel it (Cancelled)."""
+    stages = stages or Stages()
     target = "meta" if plan.simulate else str(lm.device)
     watch = probes.LoadWatch(target)
     ids = prompt_ids(lm, plan)
-    run, report = _traced(lm, ids, plan, target)
-    phases = model_phases(lm, plan, ids, run, target)
+    run, report = _traced(lm, ids, plan, target, stages)
+    phases = model_phases(lm, plan, ids, run, stages)
     fast = getattr(getattr(lm, "options", None), "fastpath", "off") != "off"
+    stages.enter("probing the compute and bandwidth ceilings")
     ceil = probes.ceilings(target, plan.dtype)
+    stages.enter("measuring the host cost of one op")
+    dispatch = None if fast else probes.dispatch_us(target)
+    stages.check()
     count, nbytes, pageable = _transfers(report, MODEL_NEEDED)
     cores, gpu, neighbours = watch.finish()
     notes = list(report.notes) + (
@@ -200,7 +234,7 @@ def measure_model(lm, plan: ModelPlan, subject: str) -> Measurement:
         ceil.flop_label,
         ceil.bytes_s,
         ceil.bytes_label,
-        None if fast else probes.dispatch_us(target),
+        dispatch,
         nbytes,
         count,
         pageable,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from opscope.engine.core.errors import ConfigError
 from opscope.engine.core.results import Metric, RunResult
-from opscope.engine.diagnose.measure import ModelPlan, measure_model, measure_script
+from opscope.engine.diagnose.measure import ModelPlan, Stages, measure_model, measure_script
 from opscope.engine.diagnose.report import Diagnosis
 
 log = logging.getLogger(__name__)
@@ -60,14 +60,21 @@ def _run(d: Diagnosis, settings: dict, recorder, times) -> RunResult:
 
 
 def diagnose_model(
-    lm, plan: ModelPlan, subject: str, telemetry_ms: float | None = TELEMETRY_MS, settings: dict | None = None
+    lm,
+    plan: ModelPlan,
+    subject: str,
+    telemetry_ms: float | None = TELEMETRY_MS,
+    settings: dict | None = None,
+    stages: Stages | None = None,
 ) -> tuple[Diagnosis, RunResult]:
-    """Measure a loaded model and read the rules over it; returns the diagnosis and its run."""
+    """Measure a loaded model and read the rules over it; returns the diagnosis and its run (not
+    saved). ``stages`` (engine.diagnose.measure.Stages) tells each stage as it begins and cancels
+    the measurement when its flag is set (Cancelled)."""
     if plan.tokens < 2 or plan.trace_tokens < 2:
         raise ConfigError("a diagnosis needs at least 2 decode tokens (prefill, then decode)")
     started = datetime.now(UTC)
     with _telemetry(telemetry_ms) as recorder:
-        m = measure_model(lm, plan, subject)
+        m = measure_model(lm, plan, subject, stages)
     d = Diagnosis.of(m)
     settings = dict(
         settings or {},

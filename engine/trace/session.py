@@ -10,6 +10,7 @@ stand-in copy of the model on the meta device under FakeTensorMode (engine.trace
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,16 +85,18 @@ def trace_generation(
     *,
     variant: str = CLEAN,
     simulate: bool = False,
+    cancel: threading.Event | None = None,
 ) -> TraceRun:
-    """Trace one generation of ``lm`` (an engine.api.LoadedModel) with a planted-bug variant."""
+    """Trace one generation of ``lm`` (an engine.api.LoadedModel) with a planted-bug variant; a set
+    ``cancel`` ends the generation after its current step (``finished.stop_reason`` "cancelled")."""
     lm = torch_twin(lm)
     options = options or TraceOptions(target=str(lm.device))
     if simulate:
-        return _trace_simulated(lm, prompt, config, options, variant)
+        return _trace_simulated(lm, prompt, config, options, variant, cancel)
     with plant(lm.model, variant):
         tracer = Tracer(options, model=lm.model)
         # the whole generation, not a 1-token prefill over a prefix left in the KV cache
-        finished = _drive(tracer, lm.generate(prompt, _no_reuse(config)))
+        finished = _drive(tracer, lm.generate(prompt, _no_reuse(config), cancel))
     return TraceRun(tracer.result(), variant, False, finished)
 
 
@@ -103,7 +106,7 @@ def _no_reuse(config):
     return replace(config, reuse_prefix=False) if hasattr(config, "reuse_prefix") else config
 
 
-def _trace_simulated(lm, prompt, config, options: TraceOptions, variant: str) -> TraceRun:
+def _trace_simulated(lm, prompt, config, options: TraceOptions, variant: str, cancel=None) -> TraceRun:
     """The engine's own generation loop on a stand-in when fake tensors allow it (some constructs,
     like torch.Generator(device="meta"), they refuse); else a greedy loop with the same per-step
     protocol (prompt uploaded once, sampled id kept on the device, one .item() per token)."""
@@ -114,7 +117,7 @@ def _trace_simulated(lm, prompt, config, options: TraceOptions, variant: str) ->
     ids = lm.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     config = replace(config, ignore_eos=True, stop=())  # placeholder ids must not end the run early
     try:
-        return _trace_stand_in(lm.model, options, variant, lambda m: generate(m, lm.tokenizer, ids, config))
+        return _trace_stand_in(lm.model, options, variant, lambda m: generate(m, lm.tokenizer, ids, config, cancel))
     except Exception as e:
         log.info("engine loop cannot run on the %s stand-in: %s", options.target, e)
         run = trace_model(lm.model, ids, config.max_tokens, options, variant=variant, simulate=True)

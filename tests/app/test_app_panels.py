@@ -386,3 +386,34 @@ def test_diagnose_shows_the_top_finding_of_the_loaded_model(qtbot, window):
     assert lines[2].startswith("   at layers.*.attn_norm, layers.*.mlp_norm, norm at engine/trace/planted.py:")
     assert lines[-1].startswith("saved as run ") and "(diagnosis-" in lines[-1]
     assert panel.status.text() == lines[0]
+
+
+def _diagnoses(window) -> list[str]:
+    from opscope.engine import RunStore
+
+    with RunStore.open(window.db_url) as store:
+        return [r.name for r in store.list(kind="diagnosis", limit=100)]
+
+
+def test_stop_while_diagnosing_cancels_it_saves_nothing_and_frees_the_worker(qtbot, window):
+    panel = window.panels["trace"]
+    window.docks["trace"].raise_()
+    panel.variant.setCurrentText("clean")
+    panel.target.setCurrentIndex(panel.target.findData(""))  # as loaded: traced, then timed
+    saved = _diagnoses(window)
+    with qtbot.waitSignal(panel.diagnose_model.stage, timeout=300_000) as first:
+        panel.diagnose_button.click()
+    assert first.args == ["tracing a prefill of 32 tokens and 3 decode steps"]
+    assert panel.status.text() == "diagnosing the loaded model: tracing a prefill of 32 tokens and 3 decode steps…"
+    assert panel.diagnose_button.text() == "Stop"
+    with qtbot.waitSignal(panel.diagnose_model.cancelled, timeout=120_000):
+        panel.diagnose_button.click()
+    assert panel.status.text() == "diagnosis cancelled; nothing was saved"
+    assert (panel.diagnose_button.text(), panel.diagnose_button.isEnabled()) == ("Diagnose", True)
+    assert _diagnoses(window) == saved
+    assert not [n.message for n in window.notifier.history if n.level == "error" and "diagnos" in n.message]
+    # the worker is free: the next job runs at once and ends
+    panel.tokens.setValue(2)
+    with qtbot.waitSignal(panel.model.finished, timeout=300_000):
+        panel.run_button.click()
+    assert panel.status.text().startswith("clean model on cpu: ")

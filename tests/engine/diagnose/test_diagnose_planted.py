@@ -1,9 +1,18 @@
 """Planted cases: each known cause of slowness must come out as the top finding of a real diagnosis,
 with the right bound and line. The machine's other processes are read from conftest's quiet fake
-/proc, except in the foreign-load case, which reads the real one beside a process it starts."""
+/proc, except in the foreign-load case, which reads the real one beside a process it starts.
+
+Small and fast: the embedded model only where it is the point (its batch-1 decode, memory-bound,
+with few decode steps: the bound comes from bytes, FLOP, op counts and the ceilings, not from long
+timings); placement and the host bound on the tiny model of conftest.py (its decode steps cost
+milliseconds), the 512-token prefill on a model of the embedded one's layer shape with two layers.
+The leaky-norm diagnosis is taken once and serves both the placement case and the diff."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import subprocess
 import sys
 import time
@@ -15,7 +24,6 @@ from opscope.engine.cli.main import main
 from opscope.engine.diagnose.measure import ModelPlan
 from opscope.engine.diagnose.report import render_text
 from opscope.engine.diagnose.session import diagnose_model
-from opscope.engine.trace.variants import LEAKY_NORM
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,11 +59,25 @@ def _line(path: Path, marker: str) -> int:
     return next(i for i, text in enumerate(path.read_text().splitlines(), 1) if marker in text)
 
 
+# the embedded model's layer shape (SmolLM2-135M), two layers and a smaller vocabulary
+PREFILL_SHAPE = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    num_hidden_layers=2,
+    vocab_size=8192,  # its output head makes decode clearly memory-bound, not host-bound
+    max_position_embeddings=1024,
+)
+
+
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory) -> Path:
+def two_layer_lm(tmp_path_factory):
+    from opscope.engine.api import load
     from opscope.engine.testing.gguf_writer import hf_config, write_gguf
 
-    return write_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", hf_config("llama"), types="F16")
+    path = write_gguf(tmp_path_factory.mktemp("two") / "two.gguf", hf_config("llama", **PREFILL_SHAPE), types="F16")
+    return load(path, fastpath="off")
 
 
 def _cli(capsys, *argv: str) -> tuple[int, list[str]]:
@@ -67,24 +89,43 @@ def _top(lines: list[str]) -> str:
     return next(line for line in lines if line.startswith("1. "))
 
 
-def test_leaky_norm_on_the_meta_stand_in_is_placement_at_the_planted_line(lm_plain):
-    d, _ = diagnose_model(
-        lm_plain,
-        ModelPlan(prompt_tokens=8, trace_tokens=2, variant=LEAKY_NORM, simulate=True),
-        "embedded",
-        telemetry_ms=None,
-    )
-    top = d.findings[0]
+def _on_meta(tiny_gguf: Path, db: str) -> list[str]:
+    return ["diagnose", "--model", str(tiny_gguf), "--device", "meta", "--trace-tokens", "2", "--db", db]
+
+
+@pytest.fixture(scope="module")
+def leaky(tiny_gguf, tmp_path_factory) -> tuple[str, dict]:
+    """`opscope diagnose --device meta --variant leaky-norm --json` on the tiny model, once for the
+    module: (the store it saved the run "leaky" in, the diagnosis as printed). Run with user dirs of
+    its own, as conftest gives each test."""
+    base = tmp_path_factory.mktemp("leaky")
+    db, out = str(base / "runs.sqlite"), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        for var in ("XDG_DATA_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "OPSCOPE_CACHE_DIR"):
+            mp.setenv(var, str(base / var.lower()))
+        code = main([*_on_meta(tiny_gguf, db), "--variant", "leaky-norm", "--name", "leaky", "--json"])
+    printed = out.getvalue()
+    assert code == 0, printed
+    assert printed.splitlines()[-1].startswith("saved as run 1 (leaky)")
+    return db, json.loads(printed[: printed.rindex("saved as run")])
+
+
+def test_leaky_norm_on_the_meta_stand_in_is_placement_at_the_planted_line(leaky):
+    _db, d = leaky
+    top = d["findings"][0]
     bug = _line(Path(planted_module.__file__), "BUG: leaves the device")
-    assert (top.rule, top.bound, top.severity) == ("placement", "placement", "high"), render_text(d)
-    assert top.place == f"layers.*.attn_norm, layers.*.mlp_norm, norm at engine/trace/planted.py:{bug}"
-    assert "compute runs on cpu instead of meta" in top.evidence
-    assert render_text(d).splitlines()[0].endswith("bound: not timed (simulated device)")
+    assert (top["rule"], top["bound"], top["severity"]) == ("placement", "placement", "high"), d["findings"]
+    assert top["place"] == f"layers.*.attn_norm, layers.*.mlp_norm, norm at engine/trace/planted.py:{bug}"
+    assert "compute runs on cpu instead of meta" in top["evidence"]
+    assert d["headline"].startswith("diagnose tiny.gguf on meta (simulated: placement real, times not): ")
+    assert d["headline"].endswith("bound: not timed (simulated device)")
 
 
 def test_embedded_batch_one_decode_is_memory_bound_and_a_clean_run_has_nothing_above_info(lm_plain):
+    # 16 prompt tokens: the prefill pass, which reads the same weights, takes clearly longer than a
+    # decode step, so decode is the phase the bandwidth holds most tightly even on a noisy host
     d, run = diagnose_model(
-        lm_plain, ModelPlan(prompt_tokens=8, tokens=12, trace_tokens=2), "embedded", telemetry_ms=None
+        lm_plain, ModelPlan(prompt_tokens=16, tokens=8, trace_tokens=2), "embedded", telemetry_ms=None
     )
     top = d.findings[0]
     assert (top.rule, top.bound) == ("memory-bound", "memory"), render_text(d)
@@ -97,13 +138,15 @@ def test_embedded_batch_one_decode_is_memory_bound_and_a_clean_run_has_nothing_a
     assert run.kind == "diagnosis" and run.trace_summary["findings"][0]["rule"] == "memory-bound"
 
 
-def test_a_prefill_of_512_tokens_is_compute_bound(lm_plain):
+def test_a_prefill_of_512_tokens_is_compute_bound(two_layer_lm):
     d, _ = diagnose_model(
-        lm_plain, ModelPlan(prompt_tokens=512, tokens=2, trace_tokens=2), "embedded", telemetry_ms=None
+        two_layer_lm, ModelPlan(prompt_tokens=512, tokens=2, trace_tokens=2), "two-layer", telemetry_ms=None
     )
     top = d.findings[0]
     assert (top.rule, top.bound) == ("compute-bound", "compute"), render_text(d)
-    assert top.evidence.startswith("prefill of 512 tokens: 118 GFLOP per pass at ")
+    # 2 layers × 512 tokens × 2 FLOP × 3.54 M weights (7.25 G) + causal attention: 2 layers × (QK, AV)
+    # × 2 FLOP × 512²/2 × 576 (0.60 G) + the output head for the last token (0.01 G)
+    assert top.evidence.startswith("prefill of 512 tokens: 7.86 GFLOP per pass at ")
     assert top.evidence.endswith(
         "of a 1024² matmul probed now (no stored peak: `opscope bench matmul`): compute-bound (MFU)"
     )
@@ -149,7 +192,6 @@ def test_a_neighbour_spinning_on_a_core_is_named_and_the_figures_marked_disturbe
     finally:
         spin.kill()
         spin.wait()
-    import json
 
     d = json.loads("\n".join(lines))
     top = d["findings"][0]
@@ -181,11 +223,9 @@ def test_a_step_that_waits_on_a_slow_python_loader_is_the_input_pipeline(tmp_pat
     assert lines[lines.index(top) + 1].startswith(f"   at loader.py:{loader} · fix: prepare batches ahead")
 
 
-def test_diff_of_two_saved_diagnoses_says_the_placement_finding_went_away(tiny_gguf, tmp_path, capsys):
-    db = str(tmp_path / "runs.sqlite")
-    common = ["diagnose", "--model", str(tiny_gguf), "--device", "meta", "--trace-tokens", "2", "--db", db]
-    _cli(capsys, *common, "--variant", "leaky-norm", "--name", "leaky")
-    _, lines = _cli(capsys, *common, "--name", "fixed", "--markdown", str(tmp_path / "fixed.md"))
+def test_diff_of_two_saved_diagnoses_says_the_placement_finding_went_away(leaky, tiny_gguf, tmp_path, capsys):
+    db, _ = leaky
+    _, lines = _cli(capsys, *_on_meta(tiny_gguf, db), "--name", "fixed", "--markdown", str(tmp_path / "fixed.md"))
     assert lines[-2] == f"Markdown: {tmp_path / 'fixed.md'}"
     assert (tmp_path / "fixed.md").read_text().startswith("# Diagnosis: tiny.gguf\n")
     code, lines = _cli(capsys, "diagnose", "diff", "leaky", "fixed", "--db", db)
