@@ -33,7 +33,17 @@ log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "ops.cpp", "decode.cpp", "prefill.cpp")
-_HEADERS = ("qkernels.h", "qtensors.h", "gguf_types.h", "simd_v1.h", "simd_v2.h", "vec.h", "portable.h", "pool.h", "int8_avx2.h")
+_HEADERS = (
+    "qkernels.h",
+    "qtensors.h",
+    "gguf_types.h",
+    "simd_v1.h",
+    "simd_v2.h",
+    "vec.h",
+    "portable.h",
+    "pool.h",
+    "int8_avx2.h",
+)
 _CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")  # + the variant's -m flags
 _LDFLAGS = ("-fopenmp",)
 _lock = threading.Lock()
