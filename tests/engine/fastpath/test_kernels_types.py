@@ -138,6 +138,12 @@ def test_q8_request_without_an_int8_kernel_runs_float32(kern, ggml_type):
     check_close(y, x, dense)
 
 
+def int8_raw(kern, ggml_type: str) -> bool:
+    """Whether this build runs raw blocks of ``ggml_type`` with int8 activations: the AVX-512 VNNI
+    variant every type of Q8_TYPES, the AVX2 ones the 32-weight blocks, the others none."""
+    return bool(kern.has_vnni() or (kern.has_int8_soa() and RAW_TYPES[ggml_type][1] == 32))
+
+
 @pytest.mark.parametrize("n_rows", [N_ROWS, 4, 3])
 @pytest.mark.parametrize("ggml_type", Q8_TYPES)
 def test_q8_matvec_matches_quantized_x(kern, ggml_type, n_rows):
@@ -150,7 +156,7 @@ def test_q8_matvec_matches_quantized_x(kern, ggml_type, n_rows):
     x[1, :block] = 0  # an all-zero activation block (scale 0)
     x[2, block + 7] = 40.0  # one large value: the rest of its block rounds coarsely
     y = kern.qlinear(x, w.qs, w.d, w.m, w.qtype, 1, 1 << 30, torch.float32)
-    if not kern.has_vnni():  # builds without AVX512-VNNI fall back to exact float32 activations
+    if not int8_raw(kern, ggml_type):  # no int8 kernel for it here: exact float32 activations
         assert not kern.raw_has_q8(RAW_TYPES[ggml_type][0])
         check_close(y, x, dense)
         return
@@ -294,8 +300,8 @@ def test_fused_decode_with_int8_activations_uses_the_int8_kernels(kern):
 
     ref, fast = mixed_pair(FastPathOptions(prefill_dtype="f32", activations="q8"))
     modes = {m.ggml_type: m.act_mode for m in fast.modules() if isinstance(m, QuantLinear)}
-    # raw types: where the AVX-512 VNNI kernels run them; the repacked SOA types: VNNI or AVX2
-    q8 = set(Q8_TYPES) if kern.has_vnni() else set()
+    # raw types: where this build has an int8 kernel for them; the repacked SOA types: VNNI or AVX2
+    q8 = {t for t in Q8_TYPES if int8_raw(kern, t)}
     assert modes == {t: int(t in q8 or (t in SOA and kern.has_int8_soa())) for t in modes}
     from test_fastpath_model import decode_logits
 

@@ -1,5 +1,5 @@
 // The int8-activation matvecs (act_mode 1, llama.cpp's q8 scheme) of the repacked Q4_1 / Q8_0
-// layouts at 256 bits: the avx2 variant multiplies bytes with maddubs + madd (32 weights per
+// layouts and of the raw 32-weight blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) at 256 bits: the avx2 variant multiplies bytes with maddubs + madd (32 weights per
 // pair of instructions), the avx2-vnni variant (AVX-VNNI: Alder Lake, Zen 5) with one vpdpbusd.
 // Same arithmetic as kernels.cpp's scalar q8 rows: per block d * dy * (integer dot) (+ m * sx for
 // Q4_1, sx the quantized block's sum times its scale); only the float32 summation order differs.
@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "portable.h"
 #include "vec.h"
 
 namespace opscope {
@@ -70,6 +71,32 @@ void soa_q8_0_rows_q8(const int8_t* qy, const float* dy, const int8_t* qs, const
     }
   }
   for (int r = 0; r < R; ++r) y[row + r] = vec::VecAVX2::reduce(acc[r]);
+}
+
+// Raw 32-weight blocks of type T (portable.h's B32 gives the 32 quants as bytes), R rows.
+template <class T, int R>
+void b32_rows_q8(const int8_t* qy, const float* dy, const float* sx, const uint8_t* qs, int64_t row_bytes,
+                 int64_t K, int64_t row, float* y) {
+  using P = portable::B32<T>;
+  using V = vec::VecAVX2;
+  const int64_t nb = K / 32;
+  __m256 acc[R];
+  float macc[R];
+  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); macc[r] = 0.f; }
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qy + 32 * b));
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = qs + (row + r) * row_bytes + b * T::BYTES;
+      __m128i lo, hi;
+      P::template bytes<V>(blk, lo, hi);
+      const __m256i q = _mm256_set_m128i(hi, lo);
+      const __m256i p = P::SIGNED ? dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q))
+                                  : dot_u8s8(_mm256_setzero_si256(), q, yv);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(V::fp16(blk) * dy[b]), _mm256_cvtepi32_ps(p), acc[r]);
+      if constexpr (P::M_OFF >= 0) macc[r] += V::fp16(blk + P::M_OFF) * sx[b];
+    }
+  }
+  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) + macc[r];
 }
 
 }  // namespace int8x

@@ -20,6 +20,10 @@
 // the activations are also kept in that order (Q8K::q4).
 #include "gguf_types.h"
 #include "qkernels.h"
+#if !defined(OPSCOPE_RAW_Q8) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "int8_avx2.h"  // the avx2 variants: int8 kernels for the 32-weight blocks only
+#define OPSCOPE_RAW_Q8_AVX2 1
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -342,10 +346,28 @@ template <class T> struct per32<T, std::void_t<decltype(T::QK)>> : std::true_typ
 }  // namespace
 #endif
 
+#if defined(OPSCOPE_RAW_Q8_AVX2)
+namespace {
+template <class F>
+bool with_b32_type(int64_t ggml_type, F&& fn) {
+  switch (ggml_type) {
+    case 2: fn(gguf::TQ4_0{}); return true;
+    case 3: fn(gguf::TQ4_1{}); return true;
+    case 6: fn(gguf::TQ5_0{}); return true;
+    case 7: fn(gguf::TQ5_1{}); return true;
+    case 20: fn(gguf::TIQ4_NL{}); return true;
+    default: return false;
+  }
+}
+}  // namespace
+#endif
+
 int raw_q8_block(int64_t ggml_type) {
   int qk = 0;
 #if defined(OPSCOPE_RAW_Q8)
   with_q8_type(ggml_type, [&](auto t) { qk = per32<decltype(t)>::value ? 32 : 256; });
+#elif defined(OPSCOPE_RAW_Q8_AVX2)
+  if (with_b32_type(ggml_type, [](auto) {})) qk = 32;
 #else
   (void)ggml_type;
 #endif
@@ -366,6 +388,13 @@ void raw_rows_q8(const Weights& w, const Act8& a, int64_t r0, int64_t r1, float*
       for (; r + 4 <= r1; r += 4) rows_q8<T, 4>(*a.k, w, r, y);
       for (; r < r1; ++r) rows_q8<T, 1>(*a.k, w, r, y);
     }
+  });
+#elif defined(OPSCOPE_RAW_Q8_AVX2)
+  with_b32_type(w.ggml_type, [&](auto t) {
+    using T = decltype(t);
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) int8x::b32_rows_q8<T, 4>(a.qy, a.dy, a.sx, w.qs, w.row_bytes, w.K, r, y);
+    for (; r < r1; ++r) int8x::b32_rows_q8<T, 1>(a.qy, a.dy, a.sx, w.qs, w.row_bytes, w.K, r, y);
   });
 #else
   (void)w; (void)a; (void)r0; (void)r1; (void)y;
