@@ -73,7 +73,8 @@ def estimate_run(
         seconds = points * (cfg.min_time_s + SETUP_S_PER_POINT) + (MODEL_LOAD_S if needs_model else 0.0)
     # The budget covers the measuring; each point is still loaded and measured at least once.
     cap = QUICK_BUDGET_S + points * SETUP_S_PER_POINT if quick else math.inf
-    return RunEstimate(min(seconds, cap), points, *(last or (None, None)), capped=seconds > cap)
+    last_s, last_points = last if last is not None else (None, None)
+    return RunEstimate(min(seconds, cap), points, last_s, last_points, capped=seconds > cap)
 
 
 def last_run_here(store: Any, suite: str, quick: bool) -> tuple[float, int] | None:
