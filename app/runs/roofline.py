@@ -159,9 +159,12 @@ class RooflineView(QWidget):
         font = self.plot.font()
         font.setPointSize(9)
         metrics = QFontMetrics(font)
-        self.plot.setTitle(
-            wrapped_key(self._keys, max(self.plot.width() - 100, 120), metrics.horizontalAdvance), size="9pt"
-        )
+        key = wrapped_key(self._keys, max(self.plot.width() - 100, 120), metrics.horizontalAdvance)
+        self.plot.setTitle(key, size="9pt")
+        # pyqtgraph fixes the title row at 30 px (two lines): a third was cut off at the top
+        height = (key.count("<br>") + 1) * metrics.lineSpacing() + 8
+        self.plot.getPlotItem().titleLabel.setMaximumHeight(height)
+        self.plot.getPlotItem().layout.setRowFixedHeight(0, height)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)

@@ -102,7 +102,7 @@ def wrapped_key(
     titles never wrap, and one wider than the view pushes the plot past the view's edge."""
     lines: list[list[str]] = [[]]
     width = 0
-    for html, plain in items:
+    for html, plain in _split_wide(items, room_px, text_px):
         w = text_px(plain) + (text_px("   ") if lines[-1] else 0)
         if lines[-1] and width + w > room_px:
             lines.append([])
@@ -111,3 +111,16 @@ def wrapped_key(
         lines[-1].append(html)
         width += w
     return "<br>".join(gap.join(line) for line in lines)
+
+
+def _split_wide(items: list[tuple[str, str]], room_px: int, text_px: Callable[[str], int]) -> list[tuple[str, str]]:
+    """An item wider than the room, "compute 640 GFLOP/s / bandwidth 7.4 GB/s", as two at its " / "
+    (the second goes on the next line): left whole it ran past the plot's edge, cut."""
+    out = []
+    for html, plain in items:
+        if text_px(plain) > room_px and " / " in plain and " / " in html:
+            (h1, h2), (p1, p2) = html.split(" / ", 1), plain.split(" / ", 1)
+            out += [(f"{h1} /", f"{p1} /"), (h2, p2)]
+        else:
+            out.append((html, plain))
+    return out

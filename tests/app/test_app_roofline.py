@@ -288,3 +288,24 @@ def test_at_1280x800_every_matmul_point_is_named(qtbot):
     for i, a in enumerate(rects):
         for b in rects[i + 1 :]:
             assert not a.intersects(b)
+
+
+def test_in_the_benchmarks_tab_the_key_is_not_cut(qtbot):
+    """Beside the Benchmarks form (a 455 px plot at 1400x900) the key read "theoretical compute
+    640.0 GFLOP/s / measured bandwidt": one roof's key wider than the plot never wrapped."""
+    from opscope.app.runs.roofline import RooflineView
+
+    view = RooflineView()
+    qtbot.addWidget(view)
+    view.resize(455, 380)
+    view.show()
+    qtbot.waitExposed(view)
+    view.show_roof(_matmul_roof())
+    qtbot.waitUntil(lambda: not view._rekey_timer.isActive())
+    qtbot.wait(50)
+    title = view.plot.getPlotItem().titleLabel
+    text = title.item.toPlainText()
+    assert "theoretical compute 320.0 GFLOP/s /" in text and "measured bandwidth 9.900 GB/s" in text
+    shown = title.mapRectToScene(title.item.mapRectToParent(title.item.boundingRect()))
+    assert 0 <= shown.left() and shown.right() <= view.plot.width()
+    assert title.item.boundingRect().height() <= title.size().height() + 4  # every line of it in its row
