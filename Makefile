@@ -80,10 +80,12 @@ screenshots: setup
 	OPSCOPE_SCREENSHOT_DIR=$(abspath $(SHOTS)) $(BIN)/pytest -q -p no:cacheprovider \
 	  tests/app/test_app_panels.py -k screenshots && rm -rf $$scratch
 
-# One look at the real window on an X server: Xvfb + xdotool walk every panel (packaging/xvfb_walk.sh)
-# and leave a screenshot per step in build/xvfb-walk/. Needs `apt-get install xvfb xdotool imagemagick`.
+# One look at the real window on an X server: Xvfb + xdotool walk the panels (packaging/xvfb_walk.sh)
+# with one line per check, and leave a screenshot per step in build/xvfb-walk/ (or XVFB_OUT=folder).
+# Needs `apt-get install xvfb xdotool imagemagick libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1`.
+XVFB_OUT ?= build/xvfb-walk
 xvfb-walk: setup
-	$(BIN)/pytest -q -p no:cacheprovider -m xvfb tests/app/test_gui_xvfb.py
+	PYTHON=$(BIN)/python packaging/xvfb_walk.sh $(XVFB_OUT)
 
 # The sdist and the wheel in dist/ (`pip install dist/opscope-*.whl`; packaging/README.md).
 # The wheel carries every CPU kernel variant prebuilt for the pinned torch (no compiler on the

@@ -43,6 +43,7 @@ class BenchModel(QObject):
         self.job: Job | None = None
         self.run_id: int | None = None
         self.points: list[dict] = []
+        self._history: dict[tuple[str, bool], tuple[float, int] | None] = {}  # (suite, quick) -> last run here
 
     @property
     def busy(self) -> bool:
@@ -73,6 +74,21 @@ class BenchModel(QObject):
         self.started.emit(suite)
         return self.job
 
+    def last_run_here(self, suite: str, quick: bool) -> tuple[float, int] | None:
+        """(seconds, points) of the last run of ``suite`` on this machine with the same quick
+        setting, read once from the run store (quick SQLite reads) and again after each run."""
+        key = (suite, quick)
+        if key not in self._history:
+            from opscope.engine import RunStore, last_run_here
+
+            try:
+                with RunStore.open(self.db_url) as store:
+                    self._history[key] = last_run_here(store, suite, quick)
+            except Exception as e:  # an estimate is a bonus: without the store it is a guess
+                log.warning("no run history for the estimate: %s", e)
+                self._history[key] = None
+        return self._history[key]
+
     def cancel(self) -> None:
         if self.job is not None:
             self.client.stop(self.job)
@@ -88,6 +104,7 @@ class BenchModel(QObject):
 
     def _on_finished(self, result: dict) -> None:
         self.job = None
+        self._history.clear()  # this run is the last one now
         self.run_id = result.get("run_id", self.run_id)
         self.finished.emit(result)
         if self.run_id is not None:
@@ -95,6 +112,7 @@ class BenchModel(QObject):
 
     def _on_failed(self, error_type: str, message: str) -> None:
         self.job = None
+        self._history.clear()
         self.failed.emit(f"{error_type}: {message}" if error_type != "Cancelled" else message)
         if self.run_id is not None:
             self.runSaved.emit(self.run_id)

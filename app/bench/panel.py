@@ -12,7 +12,7 @@ from opscope.app.bench.param_units import format_size, parse_size
 from opscope.app.runs.roofline import RooflineView
 from opscope.app.ui.tables import display_unit, fit_columns, keep_in_view, with_unit
 from opscope.app.ui.widgets import category_ticks
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -44,6 +44,8 @@ ROW_COLUMNS = ("point", "params", "median", "min … max", "unit", "n", "status"
 class ParamForm(QGroupBox):
     """Editors for a suite's parameters, built from the worker's suite catalog."""
 
+    changed = Signal()  # any editor's value
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Parameters", parent)
         self.form = QFormLayout(self)
@@ -59,6 +61,7 @@ class ParamForm(QGroupBox):
             self.units[f["name"]] = f["unit"]
             editor = _editor(f, f["quick"] if quick else f["default"], f["unit"])
             self.editors[f["name"]] = editor
+            _on_change(editor, lambda *_value: self.changed.emit())
             # "Call budget (s)": the unit once, in the label; the tooltip says what it changes and
             # the command line's name, so a value seen here can be given to `opscope bench --param`.
             tip = f"{f['help']}\n(--param {f['name']}=…)"
@@ -69,6 +72,32 @@ class ParamForm(QGroupBox):
 
     def values(self) -> dict:
         return {f["name"]: _value(f, self.editors[f["name"]], self.units.get(f["name"], "")) for f in self.fields}
+
+
+def _on_change(editor: QWidget, slot) -> None:
+    if isinstance(editor, QCheckBox):
+        editor.toggled.connect(slot)
+    elif isinstance(editor, QLineEdit):
+        editor.textChanged.connect(slot)
+    else:
+        editor.valueChanged.connect(slot)
+
+
+def estimate_line(suite: str, est) -> str:
+    """What Run will take, and on what it is based: "about 2 min (the last llm run here took …)"."""
+    from opscope.engine import duration_text, took_text
+
+    basis = (
+        f"a guess: no earlier {suite} run on this machine"
+        if est.guess
+        else f"the last {suite} run here took {took_text(est.last_s)} for {_points(est.last_points)}"
+    )
+    budget = "the quick time budget; " if est.capped else ""
+    return f"{duration_text(est.seconds)} for {_points(est.points)} ({budget}{basis})"
+
+
+def _points(n: int) -> str:
+    return f"{n} point" if n == 1 else f"{n} points"
 
 
 def _set_tooltip(editor: QWidget, tip: str) -> None:
@@ -171,6 +200,8 @@ class BenchPanel(QWidget):
         )
         self.run_button = QPushButton("Run", objectName="primary", clicked=self.run)
         self.cancel_button = QPushButton("Cancel", objectName="danger", clicked=model.cancel, enabled=False)
+        self.estimate = QLabel(objectName="panelHint", wordWrap=True)  # how long Run will take
+        self.estimate.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.progress = QProgressBar(textVisible=True, value=0)
         self.status = QLabel(
             "Choose a suite and press Run. Every point is saved as it completes.", objectName="statsLine", wordWrap=True
@@ -195,12 +226,14 @@ class BenchPanel(QWidget):
         model = self.model
         self.suite_combo.currentIndexChanged.connect(lambda _i: self._show_suite())
         self.quick.toggled.connect(lambda _q: self._show_suite())
+        self.params.changed.connect(self._show_estimate)
         model.started.connect(self._on_started)
         model.progress.connect(self._on_progress)
         model.point.connect(self._on_point)
         model.finished.connect(self._on_finished)
         model.failed.connect(self._on_failed)
         model.runSaved.connect(self.show_roofline)
+        model.finished.connect(lambda _r: self._show_estimate())  # this run is the history now
         self.roofline_view.computed.connect(self._on_roofline)
 
     def _build(self) -> None:
@@ -229,6 +262,7 @@ class BenchPanel(QWidget):
         buttons = QHBoxLayout()
         buttons.addWidget(self.run_button)
         buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.estimate, 1)
         side = QWidget()
         side_col = QVBoxLayout(side)
         side_col.setContentsMargins(0, 0, 0, 0)
@@ -267,6 +301,25 @@ class BenchPanel(QWidget):
             self.description.setText(suite["description"])
             self.params.set_fields(suite["params"], self.quick.isChecked())
             self._fit_form_width()
+            self._show_estimate()
+
+    def _show_estimate(self) -> None:
+        """ "about 2 min …" beside Run, for the form as it is now."""
+        from opscope.engine import estimate_run
+
+        suite = self.suites.get(self.suite_combo.currentText())
+        try:
+            params = self.params.values() if suite else None
+        except (ValueError, json.JSONDecodeError):
+            params = None  # Run will say which parameter is not valid
+        if not suite or params is None:
+            self.estimate.setText("")
+            return
+        name, quick = suite["name"], self.quick.isChecked()
+        est = estimate_run(
+            name, params, quick, needs_model=suite["needs_model"], last=self.model.last_run_here(name, quick)
+        )
+        self.estimate.setText(estimate_line(name, est))
 
     def _fit_form_width(self) -> None:
         """The scrolling form as wide as its widest row, so no label or field is cut."""

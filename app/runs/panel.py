@@ -7,14 +7,13 @@ from opscope.app.runs.model import RunRow, RunsModel
 from opscope.app.runs.roofline import RooflineView
 from opscope.app.runs.views import CompareView, RunDetailView
 from opscope.app.ui.notify import export_guard
-from opscope.app.ui.tables import fit_columns
+from opscope.app.ui.tables import keep_in_view, refit
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QFileDialog,
     QHBoxLayout,
-    QHeaderView,
     QInputDialog,
     QLabel,
     QLineEdit,
@@ -68,7 +67,10 @@ class RunsPanel(QWidget):
         self.table.setSelectionMode(QAbstractItemView.ExtendedSelection)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        # The columns fit the dock's width: name, tags and model narrow (elided, whole on hover) and
+        # every other column keeps its title and values (a 1280x800 window read "am" for "name").
+        elastic = [COLUMNS.index(c) for c in ("name", "tags", "model")]
+        keep_in_view(self.table, elastic=elastic, max_px=RUN_COLUMN_MAX_PX)
         self.detail, self.compare_view = RunDetailView(), CompareView()
         self.roofline_view = RooflineView()
         self.tabs = QTabWidget()
@@ -181,10 +183,7 @@ class RunsPanel(QWidget):
                     item.setToolTip(f"{info.created_at:%Y-%m-%d %H:%M:%S}")
                 self.table.setItem(r, c, item)
         self.table.setSortingEnabled(True)
-        fit_columns(self.table, max_px=RUN_COLUMN_MAX_PX)
-        # The name takes the room the other columns leave: a long one is elided (whole in its tooltip),
-        # never pushing "metrics" out of the dock.
-        self.table.horizontalHeader().setSectionResizeMode(COLUMNS.index("name"), QHeaderView.Stretch)
+        refit(self.table)
         self.count.setText(f"{len(self.rows)} run(s)")
         filtered = bool(self.search.text().strip()) or any(c.currentData() for c in self.filters.values())
         self.empty_hint.setText(

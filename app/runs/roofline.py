@@ -4,6 +4,7 @@ against the compute and bandwidth ceilings (engine.bench.roofline), log-log, wit
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import pyqtgraph as pg
@@ -144,7 +145,9 @@ class RooflineView(QWidget):
             xs = [p.intensity for p in roof.points]
             ys = [p.flop_s for p in roof.points]
             self.plot.plot(xs, ys, pen=None, symbol="o", symbolSize=8, symbolBrush=_POINT_COLOUR, name="points")
-            keys.append((f"<span style='color:{_POINT_COLOUR}'>●</span> measured points", "● measured points"))
+            shared = shared_prefix([p.name for p in roof.points])
+            what = f"measured points: {shared}…" if shared else "measured points"  # their names less it
+            keys.append((f"<span style='color:{_POINT_COLOUR}'>●</span> {what}", f"● {what}"))
             self._place_labels()
         self._keys = keys
         self._set_key()
@@ -156,9 +159,12 @@ class RooflineView(QWidget):
         font = self.plot.font()
         font.setPointSize(9)
         metrics = QFontMetrics(font)
-        self.plot.setTitle(
-            wrapped_key(self._keys, max(self.plot.width() - 100, 120), metrics.horizontalAdvance), size="9pt"
-        )
+        key = wrapped_key(self._keys, max(self.plot.width() - 100, 120), metrics.horizontalAdvance)
+        self.plot.setTitle(key, size="9pt")
+        # pyqtgraph fixes the title row at 30 px (two lines): a third was cut off at the top
+        height = (key.count("<br>") + 1) * metrics.lineSpacing() + 8
+        self.plot.getPlotItem().titleLabel.setMaximumHeight(height)
+        self.plot.getPlotItem().layout.setRowFixedHeight(0, height)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
@@ -180,7 +186,7 @@ class RooflineView(QWidget):
         if not points:
             return
         foreground = pg.mkColor(pg.getConfigOption("foreground"))  # not pyqtgraph's light grey
-        for name, x, y, anchor in placed_labels(points, self._text_size()):
+        for name, x, y, anchor in placed_labels(points, self._text_size(), shared_prefix([p.name for p in points])):
             text = pg.TextItem(name, anchor=anchor, color=foreground)
             text.setPos(x, y)
             self.plot.addItem(text)
@@ -259,20 +265,31 @@ def _with_values(label: str, roof) -> str:
 _ANCHORS = ((0, 1), (0, 0), (1, 1), (1, 0))
 
 
-def placed_labels(points, size):
-    """[(text, x, y, anchor)] naming every point (log10 coordinates): points that coincide share
-    one label ("pp64, pp64@d64"); each label takes the first corner around its point where its
-    box (``size(text)`` → width, height in decades) overlaps no label placed yet nor another
-    point; a label that fits nowhere is left out (the table lists every point)."""
+def shared_prefix(names: list[str]) -> str:
+    """The start every point's name shares, up to a word ("matmul_float32_"), said once in the key:
+    six names of 18 characters each on a rising line left no room for one of them at 1280x800."""
+    if len(names) < 2:
+        return ""
+    prefix = os.path.commonprefix(names)
+    prefix = prefix[: prefix.rfind("_") + 1]  # "matmul_float32_", never "matmul_float32_1"
+    return prefix if all(len(n) > len(prefix) for n in names) else ""
+
+
+def placed_labels(points, size, prefix: str = ""):
+    """[(text, x, y, anchor)] naming every point (log10 coordinates) less the ``prefix`` all names
+    share: points that coincide share one label ("pp64, pp64@d64"); each label takes the first
+    corner around its point where its box (``size(text)`` → width, height in decades) overlaps no
+    label placed yet nor another point; a label that fits nowhere is left out (the table lists
+    every point)."""
     char_w, line_h = size("x")
     groups: list[list] = []
     for p in sorted(points, key=lambda q: q.flop_s, reverse=True):
         x, y = math.log10(p.intensity), math.log10(p.flop_s)
         near = next((g for g in groups if abs(g[1] - x) < char_w and abs(g[2] - y) < line_h / 2), None)
         if near is not None:
-            near[0].append(p.name)
+            near[0].append(p.name.removeprefix(prefix))
         else:
-            groups.append([[p.name], x, y])
+            groups.append([[p.name.removeprefix(prefix)], x, y])
     dots = [(x, y) for _names, x, y in groups]
     boxes: list[tuple[float, float, float, float]] = []
     out = []

@@ -60,7 +60,6 @@ class TraceTimeline(pg.PlotWidget):
         self.hover_text = ""
         self._highlight: pg.PlotDataItem | None = None
         plot.setTitle(EMPTY_TITLE)  # an empty 0..1 plot says why it is empty
-        self.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.scene().sigMouseClicked.connect(self._on_mouse_clicked)
         plot.getViewBox().sigRangeChangedManually.connect(self._keep_lanes_in_view)
 
@@ -124,6 +123,13 @@ class TraceTimeline(pg.PlotWidget):
     def _pixel_s(self) -> float:
         (x0, x1), _ = self.getPlotItem().getViewBox().viewRange()
         return (x1 - x0) / max(self.getPlotItem().getViewBox().width(), 1.0)
+
+    def mouseMoveEvent(self, ev) -> None:
+        """Every move updates the hover, not the scene's sigMouseMoved: the scene drops a move that
+        comes within 10 ms of the one before (pyqtgraph's mouseRateLimit), so the last position of
+        a quick movement was lost and the tooltip stayed on an op the mouse had left."""
+        super().mouseMoveEvent(ev)
+        self._on_mouse_moved(self.mapToScene(ev.position().toPoint()))
 
     def _on_mouse_moved(self, pos: QPointF) -> None:
         point = self.getPlotItem().getViewBox().mapSceneToView(pos)

@@ -45,11 +45,44 @@ def engineering_log_axis(orientation: str, unit: str = ""):
 
     class EngineeringLogAxis(pg.AxisItem):
         def logTickStrings(self, values, scale, spacing):  # values are log10 of the data
-            return [engineering(10.0**v * scale, unit) for v in values]
+            texts = [engineering(10.0**v * scale, unit) for v in values]
+            return uncrowded(self, values, texts, lambda v: engineering(10.0**v * scale, unit))
 
     axis = EngineeringLogAxis(orientation)
     axis.enableAutoSIPrefix(False)  # the prefix is in each tick already
     return axis
+
+
+def uncrowded(axis, values: list[float], texts: list[str], text_of: Callable[[float], str]) -> list[str]:
+    """Tick labels of a log axis that never print over each other: a decade (10, 100, 1000) keeps
+    its label; a tick between two (20 … 90) keeps its label only where it has room beside the
+    decades and the ticks kept below it, so 60, 70, 80, 90 and 100 GFLOP/s do not print over each
+    other where a decade is 160 px high. ``values`` are log10 of the data; blanked labels are ""."""
+    import math
+
+    from PySide6.QtGui import QFontMetrics
+
+    lo, hi = sorted(axis.range)
+    view = axis.linkedView()
+    vertical = axis.orientation in ("left", "right")
+    length = (view.height() if vertical else view.width()) if view is not None else 0.0
+    if hi <= lo or length <= 0:
+        return texts
+    px_per_unit = length / (hi - lo)
+    metrics = QFontMetrics(axis.style.get("tickFont") or axis.font())
+
+    def room(text: str) -> float:  # half the label's extent along the axis, with a gap
+        return (metrics.height() + 2) / 2 if vertical else (metrics.horizontalAdvance(text) + 8) / 2
+
+    kept = [(float(k), text_of(float(k))) for k in range(math.ceil(lo), math.floor(hi) + 1)]  # the decades
+    out = []
+    for v, text in zip(values, texts):
+        if abs(v - round(v)) > 1e-9 and any(abs(v - k) * px_per_unit < room(text) + room(t) for k, t in kept):
+            out.append("")
+            continue
+        kept.append((v, text))
+        out.append(text)
+    return out
 
 
 def shrinkable(*buttons) -> None:
@@ -69,7 +102,7 @@ def wrapped_key(
     titles never wrap, and one wider than the view pushes the plot past the view's edge."""
     lines: list[list[str]] = [[]]
     width = 0
-    for html, plain in items:
+    for html, plain in _split_wide(items, room_px, text_px):
         w = text_px(plain) + (text_px("   ") if lines[-1] else 0)
         if lines[-1] and width + w > room_px:
             lines.append([])
@@ -78,3 +111,16 @@ def wrapped_key(
         lines[-1].append(html)
         width += w
     return "<br>".join(gap.join(line) for line in lines)
+
+
+def _split_wide(items: list[tuple[str, str]], room_px: int, text_px: Callable[[str], int]) -> list[tuple[str, str]]:
+    """An item wider than the room, "compute 640 GFLOP/s / bandwidth 7.4 GB/s", as two at its " / "
+    (the second goes on the next line): left whole it ran past the plot's edge, cut."""
+    out = []
+    for html, plain in items:
+        if text_px(plain) > room_px and " / " in plain and " / " in html:
+            (h1, h2), (p1, p2) = html.split(" / ", 1), plain.split(" / ", 1)
+            out += [(f"{h1} /", f"{p1} /"), (h2, p2)]
+        else:
+            out.append((html, plain))
+    return out

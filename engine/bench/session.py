@@ -54,6 +54,7 @@ def _new_result(suite: str, opts: BenchOptions, plan: SuitePlan, name: str, tags
     settings = opts.as_settings() | {
         "suite": suite,
         "suite_params": plan.settings,
+        "planned_points": plan.n_points,  # with the run's duration: the next run's estimate (bench.estimate)
         "peak_memory": peak_unit_note(opts.device),
     }
     fp = fingerprint.collect(settings, plan.model_source)

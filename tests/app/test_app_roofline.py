@@ -215,3 +215,97 @@ def test_every_point_is_named_once_and_no_names_overlap(qtbot, llm_db):
     for i, a in enumerate(rects):
         for b in rects[i + 1 :]:
             assert not a.intersects(b), texts
+
+
+def _matmul_roof():
+    """The Runs roofline of docs/screenshots/roofline-1280x800.png: six float32 matmul points
+    between 60 and 110 GFLOP/s under a 320 GFLOP/s / 9.9 GB/s roof."""
+    from opscope.engine.bench.ceilings.roofline import Ceiling, Roofline, RoofPoint
+
+    rates = {64: 58e9, 128: 68e9, 256: 80e9, 512: 90e9, 1024: 98e9, 2048: 110e9}
+    return Roofline(
+        run="matmul-baseline",
+        kind="matmul",
+        device="cpu",
+        dtype="float32",
+        points=[
+            RoofPoint(name=f"matmul_float32_{n}", suite="matmul", intensity=n / 6, flop_s=f) for n, f in rates.items()
+        ],
+        ceilings=[
+            Ceiling(kind="compute", basis="theoretical", value=320e9, label="320 GFLOP/s", origin="test"),
+            Ceiling(kind="bandwidth", basis="measured", value=9.9e9, label="9.9 GB/s", origin="test"),
+        ],
+    )
+
+
+def _roofline_at_1280x800(qtbot):
+    from opscope.app.runs.roofline import RooflineView
+
+    view = RooflineView()
+    qtbot.addWidget(view)
+    view.resize(776, 420)  # the Roofline tab of the Runs dock in a 1280x800 window
+    view.show()
+    qtbot.waitExposed(view)
+    view.show_roof(_matmul_roof())
+    qtbot.waitUntil(lambda: not view._rekey_timer.isActive())
+    qtbot.wait(50)
+    return view
+
+
+def _tick_labels(axis) -> list[tuple[str, object]]:
+    """(text, rect) of every tick label the axis draws now."""
+    from PySide6.QtGui import QImage, QPainter
+
+    image = QImage(10, 10, QImage.Format_ARGB32)
+    painter = QPainter(image)
+    try:
+        _axis, _ticks, texts = axis.generateDrawSpecs(painter)
+    finally:
+        painter.end()
+    return [(text, rect) for rect, _flags, text in texts if text]
+
+
+def test_at_1280x800_the_y_tick_labels_do_not_crowd(qtbot):
+    """60, 70, 80, 90 and 100 GFLOP/s printed over each other, and 9 over 10 GFLOP/s: a minor tick
+    is labelled only where its label has room, the decades always."""
+    view = _roofline_at_1280x800(qtbot)
+    labels = _tick_labels(view.plot.getAxis("left"))
+    texts = [t for t, _r in labels]
+    assert {"10 GFLOP/s", "100 GFLOP/s"} <= set(texts)
+    for i, (a, ra) in enumerate(labels):
+        for b, rb in labels[i + 1 :]:
+            assert not ra.intersects(rb), (a, b)
+
+
+def test_at_1280x800_every_matmul_point_is_named(qtbot):
+    """One of the six matmul names was left off for lack of room beside its neighbours: the start
+    they share is said once in the key, and each point is named by the rest."""
+    view = _roofline_at_1280x800(qtbot)
+    names = [n for label in view.labels for n in label.textItem.toPlainText().split(", ")]
+    assert sorted(names, key=int) == ["64", "128", "256", "512", "1024", "2048"]
+    assert "● measured points: matmul_float32_…" in view.plot.getPlotItem().titleLabel.item.toPlainText()
+    rects = [label.sceneBoundingRect() for label in view.labels]
+    for i, a in enumerate(rects):
+        for b in rects[i + 1 :]:
+            assert not a.intersects(b)
+
+
+def test_in_the_benchmarks_tab_the_key_is_not_cut(qtbot):
+    """Beside the Benchmarks form (a 455 px plot at 1400x900) the key read "theoretical compute
+    640.0 GFLOP/s / measured bandwidt": one roof's key wider than the plot never wrapped."""
+    from opscope.app.runs.roofline import RooflineView
+
+    view = RooflineView()
+    qtbot.addWidget(view)
+    view.resize(455, 380)
+    view.show()
+    qtbot.waitExposed(view)
+    view.show_roof(_matmul_roof())
+    qtbot.waitUntil(lambda: not view._rekey_timer.isActive())
+    qtbot.wait(50)
+    title = view.plot.getPlotItem().titleLabel
+    text = title.item.toPlainText()
+    assert "theoretical compute 320.0 GFLOP/s /" in text and "measured bandwidth 9.900 GB/s" in text
+    shown = title.mapRectToScene(title.item.mapRectToParent(title.item.boundingRect()))
+    assert 0 <= shown.left() and shown.right() <= view.plot.width()
+    assert title.item.boundingRect().height() <= title.size().height() + 4  # every line of it in its row

@@ -77,3 +77,33 @@ def test_marks_are_explained_and_disturbed_changes_are_not_shown_as_results(comp
         assert table.fontMetrics().horizontalAdvance(item.text()) + 12 <= table.columnWidth(delta_col)
         assert item.foreground().color() == DISTURBED != BETTER and item.font().italic()
         assert "disturbed: matmul-after-fix" in item.toolTip() and "p=" in item.toolTip()
+
+
+def test_the_runs_list_at_1280x800_shows_every_column_title_whole(qtbot, tmp_path):
+    """In the Xvfb walk's 1280x800 window the list read "am" for "name" and scrolled sideways: a
+    model file name two lines high took the width, and the stretched name column got what was left."""
+    from opscope.app.runs.model import RunsModel
+    from opscope.app.runs.panel import COLUMNS, RunsPanel
+    from opscope.engine.store import RunStore
+
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    long = _run("matmul-baseline-with-a-long-name", 1.0)
+    long.settings["model"] = "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    with RunStore.open(url) as store:
+        store.save(long)
+        store.save(_run("matmul-after-fix", 1.3, "disturbed"))
+    model = RunsModel(url)
+    panel = RunsPanel(model)
+    qtbot.addWidget(panel)
+    panel.resize(760, 700)  # the Runs dock of a 1280x800 window beside the telemetry dock
+    panel.show()
+    qtbot.waitExposed(panel)
+    panel.refresh()
+    qtbot.wait(20)
+    table, header = panel.table, panel.table.horizontalHeader()
+    metrics = header.fontMetrics()
+    for c, title in enumerate(COLUMNS):
+        assert metrics.horizontalAdvance(title) + 8 <= header.sectionSize(c), title
+    assert header.length() <= table.viewport().width()  # no sideways scrolling
+    assert not table.horizontalScrollBar().isVisible()
+    model.close()
