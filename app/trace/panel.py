@@ -13,7 +13,7 @@ from opscope.app.ui.notify import export_guard
 from opscope.app.ui.tables import keep_in_view, refit
 from opscope.app.ui.widgets import shrinkable
 from opscope.app.worker.protocol import DiagnoseRequest, TraceRequest
-from PySide6.QtCore import QItemSelectionModel, Qt
+from PySide6.QtCore import QItemSelectionModel, Qt, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QComboBox,
@@ -63,7 +63,9 @@ BACKEND_CARD_TITLES = {
     "storms": "distinct ops",
 }
 BACKEND_EMPTY = ("direction", "module")  # a backend's ops have no copy direction, no torch module
-NARROW_PX = 820  # below this width (the dock of a 1280 px window; 845 px at 1400x900) the findings go above the op table (_arrange)
+# Below this width the findings go above the op table (_arrange): beside them (~330 px) the table
+# needs ~780 px for whole op names (the dock is ~790 px in a 1280 px window, 845 px at 1400x900).
+NARROW_PX = 1110
 
 
 class Card(QFrame):
@@ -188,9 +190,15 @@ class TracePanel(QWidget):
         self._narrow = narrow
         self._top.setOrientation(Qt.Vertical if narrow else Qt.Horizontal)
         self._findings_split.setOrientation(Qt.Horizontal if narrow else Qt.Vertical)
-        self._top.setSizes([1, 1000] if narrow else [330, 800])  # narrow: the findings at their minimum height
         self._findings_split.setSizes([420, 380] if narrow else [200, 180])
+        # once the splitter has its new size (the layout runs after this resize event): narrow, a
+        # third of its height for the findings, so several wrapped titles show whole
+        QTimer.singleShot(0, self._size_top)
         refit(self.table)
+
+    def _size_top(self) -> None:
+        total = sum(self._top.sizes())
+        self._top.setSizes([total // 3, total - total // 3] if self._narrow else [330, 800])
 
     def _controls_layout(self) -> QGridLayout:
         controls = QGridLayout()

@@ -193,12 +193,14 @@ def test_an_unzoomed_lane_shows_its_ops_apart(panel):
     assert len(colours - {background}) >= 3
 
 
-def test_at_1280x800_the_op_table_shows_whole_names(qtbot, panel):
-    """The Trace dock of a 1280x800 window is ~790 px wide: op names read "pow.Tenso…", "#" "…"
-    past row 99. The findings go above the table there, and short columns fit every value."""
+@pytest.mark.parametrize("width", [790, 845], ids=["1280x800", "1400x900"])
+def test_the_op_table_shows_whole_names(qtbot, panel, width):
+    """The Trace dock of a 1280x800 window is ~790 px wide (845 px at 1400x900): op names read
+    "pow.Tenso…", "#" "…" past row 99. The findings go above the table there, and short columns fit
+    every value."""
     from opscope.app.trace.ops_model import COLUMNS
 
-    panel.resize(790, 690)
+    panel.resize(width, 690)
     qtbot.waitUntil(lambda: panel._narrow)
     table, ops = panel.table, panel.model.ops
     metrics = table.fontMetrics()

@@ -20,7 +20,13 @@ def register(subparsers) -> None:
         "--all",
         action="store_true",
         help="compile every variant of this architecture ahead of time into the package's "
-        "prebuilt folder (what `make setup` and `make dist` run)",
+        "prebuilt folder (what `make dist` and `make bundle` run)",
+    )
+    b.add_argument(
+        "--runnable",
+        action="store_true",
+        help="compile ahead of time only the variants this CPU can run (what `make setup` runs; "
+        "`make dist` builds them all for the wheel)",
     )
     b.set_defaults(func=cmd_build)
 
@@ -47,8 +53,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     from opscope.engine.fastpath.kernels import build, load_kernels, variants
 
     t0 = now_ns()
-    if args.all:
-        for line in build.prebuild(build.prebuilt_root()):
+    if args.all or args.runnable:
+        names = None if args.all else [v.name for v in variants.for_arch() if variants.can_run(v)]
+        for line in build.prebuild(build.prebuilt_root(), names):
             print(line)
         return 0
     kern = load_kernels()  # KernelBuildError (an EngineError) says what is missing

@@ -1,7 +1,8 @@
 """Loads the C++ kernels of the CPU variant this process runs (engine.kernels.variants).
 
-Each variant is compiled ahead of time (``make setup`` for a checkout, ``make dist`` for the wheel:
-``opscope fastpath build --all``) into ``prebuilt/<torch+python tag>/`` beside
+Each variant is compiled ahead of time (``make setup`` for a checkout: the variants this CPU runs,
+``opscope fastpath build --runnable``; ``make dist`` for the wheel: all, ``--all``) into
+``prebuilt/<torch+python tag>/`` beside
 this file, so the user needs no compiler. Where no prebuilt library fits (another torch, a source
 change, a platform no variant was built for) the variant is compiled at first use with torch's
 extension tooling into a per-user cache, as before. The key of a build is a hash of the sources,
