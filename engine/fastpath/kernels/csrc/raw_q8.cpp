@@ -20,8 +20,8 @@
 // the activations are also kept in that order (Q8K::q4).
 #include "gguf_types.h"
 #include "qkernels.h"
-#if !defined(OPSCOPE_RAW_Q8) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include "int8_avx2.h"  // the avx2 variants: int8 kernels for the 32-weight blocks only
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "int8_avx2.h"  // the avx2 variants: int8 kernels for the 32-weight blocks only (avx512 has none)
 #define OPSCOPE_RAW_Q8_AVX2 1
 #endif
 
