@@ -156,6 +156,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.variant:
         os.environ["OPSCOPE_CPU_VARIANT"] = args.variant  # the children inherit it
+        G.stand_in(args.variant)  # torch's libraries and the peer limited to it too (gguf_types.STAND_IN)
     return args
 
 
