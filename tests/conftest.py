@@ -328,8 +328,20 @@ def first_layers_gguf(src, dst, n_layers: int):
 
 @pytest.fixture(scope="session")
 def default_model_2_layers(default_model_path, tmp_path_factory):
-    """The embedded default model's first 2 of its 30 layers, as a GGUF file (first_layers_gguf)."""
-    return first_layers_gguf(default_model_path, tmp_path_factory.mktemp("first-layers") / "smollm2-2-layers.gguf", 2)
+    """The embedded default model's first 2 of its 30 layers, as a GGUF file (first_layers_gguf).
+    Written once per run: under pytest-xdist the workers share it (their base temp folders' parent
+    is the run's own), the first one writing it under a lock."""
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp()
+    folder = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "first-layers"
+    folder.mkdir(exist_ok=True)
+    path = folder / "smollm2-2-layers.gguf"
+    with open(folder / "lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.is_file():
+            first_layers_gguf(default_model_path, folder / "part.gguf", 2).rename(path)
+    return path
 
 
 @pytest.fixture(autouse=True)

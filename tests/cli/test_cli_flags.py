@@ -2,7 +2,9 @@
 
 Each case names a model path that does not exist: had the flag got past the parser, the command
 would have tried to open the model and printed that error instead, so the exact line also proves
-that nothing was loaded. Real processes through the installed `opscope` script.
+that nothing was loaded. The installed `opscope` script's own code (app.cli.main) runs in this
+process for most cases; a few go through the real script, as does whatever needs stdin or the
+interpreter's traceback.
 """
 
 from __future__ import annotations
@@ -124,11 +126,27 @@ CASES = [
 
 
 @pytest.mark.parametrize("argv,line", CASES, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in CASES])
-def test_bad_flag_is_one_line_before_anything_loads(argv, line):
+def test_bad_flag_is_one_line_before_anything_loads(capsys, argv, line):
+    """The parser's own checks, run in this process (_main_line: exit code, one line on stderr,
+    nothing on stdout); REAL_PROCESS below shows the installed script prints the same."""
+    code, printed = _main_line(capsys, argv, script=True)
+    assert code == 2
+    if line.endswith(" "):  # the list of every command is long: its start is enough
+        assert printed.startswith(f"opscope: error: {line}")
+    else:
+        assert printed == f"opscope: error: {line}"
+
+
+# Through the installed `opscope` script: a flag's range, a choice, and a command word.
+REAL_PROCESS = [CASES[0], CASES[-1], next(c for c in CASES if c[0][:2] == ("bench", "llm"))]
+
+
+@pytest.mark.parametrize("argv,line", REAL_PROCESS, ids=[" ".join(c[0][:1] + c[0][-2:]) for c in REAL_PROCESS])
+def test_bad_flag_is_one_line_from_the_installed_script(argv, line):
     r = opscope(*argv)
     assert r.returncode == 2
     printed = one_line(r)
-    if line.endswith(" "):  # the list of every command is long: its start is enough
+    if line.endswith(" "):
         assert printed.startswith(f"opscope: error: {line}")
     else:
         assert printed == f"opscope: error: {line}"
@@ -176,22 +194,25 @@ def test_db_flag_after_a_nested_command_wins_over_the_one_before(tmp_path):
     assert str(second) in r.stdout.decode() and str(first) not in r.stdout.decode()
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["--debug", "generate", "hi", *MODEL],
-        ["generate", "hi", *MODEL, "--debug"],
-        ["models", "inspect", NEVER, "--debug"],
-    ],
-)
-def test_debug_flag_before_or_after_the_command_shows_the_traceback(argv):
-    r = opscope(*argv)
+def test_debug_flag_before_the_command_shows_the_traceback():
+    r = opscope("--debug", "generate", "hi", *MODEL)
     assert r.returncode != 0 and b"Traceback (most recent call last)" in r.stderr
 
 
-def test_without_debug_the_same_error_is_one_line():
-    r = opscope("generate", "hi", *MODEL)
-    assert r.returncode == 2 and NEVER in one_line(r)
+@pytest.mark.parametrize("argv", [["generate", "hi", *MODEL, "--debug"], ["models", "inspect", NEVER, "--debug"]])
+def test_debug_flag_after_the_command_lets_the_error_through_to_its_traceback(argv):
+    """In this process: with --debug the error leaves main() instead of becoming one line (the
+    interpreter prints its traceback, as the real process above shows)."""
+    from opscope.app.cli import main
+    from opscope.engine.core.errors import EngineError
+
+    with pytest.raises(EngineError, match=NEVER):
+        main(argv)
+
+
+def test_without_debug_the_same_error_is_one_line(capsys):
+    code, line = _main_line(capsys, ["generate", "hi", *MODEL], script=True)
+    assert code == 2 and NEVER in line
 
 
 def test_help_still_lists_the_global_flags_on_a_command():
@@ -202,9 +223,13 @@ def test_help_still_lists_the_global_flags_on_a_command():
 # --- in-process: every value checked while parsing, or before a store or model is opened ----------
 
 
-def _main_line(capsys, argv) -> tuple[int, str]:
-    """engine.cli.main in this process: its exit code and its one line on stderr."""
-    from opscope.engine.cli.main import main
+def _main_line(capsys, argv, script: bool = False) -> tuple[int, str]:
+    """engine.cli.main in this process (``script``: app.cli.main, what the installed `opscope`
+    runs, with `gui` among its commands): its exit code and its one line on stderr."""
+    if script:
+        from opscope.app.cli import main
+    else:
+        from opscope.engine.cli.main import main
 
     capsys.readouterr()
     try:

@@ -17,4 +17,7 @@ def backend_name(request):
 def conformance_model(backend_name, conformance_backend, conformance_device, request):
     if backend_name == "torch":
         return request.getfixturevalue("lm")  # the session's shared torch model: load it once
-    return conformance_backend.load(None, device=conformance_device, dtype="float32")
+    # The default model's first 2 layers (its tokenizer, template and weights): the kit checks the
+    # backend's contract, which holds at any depth; MLX parity on the whole model is in test_plugins_mlx.
+    path = request.getfixturevalue("default_model_2_layers")
+    return conformance_backend.load(str(path), device=conformance_device, dtype="float32")

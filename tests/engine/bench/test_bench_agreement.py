@@ -71,7 +71,8 @@ def _recording_wrapper(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_peers_suite_llama_cpp_figures_are_llama_benchs_own(tmp_path, monkeypatch):
+def test_peers_suite_llama_cpp_figures_are_llama_benchs_own(tmp_path, monkeypatch, default_model_2_layers):
+    """On the default model's first 2 layers: the figures are llama-bench's own whatever the depth."""
     from opscope.engine.bench.measure.options import BenchOptions
     from opscope.engine.bench.session import run_suite
     from opscope.engine.bench.suites import get_suite
@@ -83,7 +84,8 @@ def test_peers_suite_llama_cpp_figures_are_llama_benchs_own(tmp_path, monkeypatc
     params = get_suite("peers").Params(
         pp=16, tg=4, peers=("opscope", "llama_bench"), load_peers=(), llama_bench=str(wrapper)
     )
-    _, result = run_suite("peers", BenchOptions(quick=True, threads=1), params=params)
+    options = BenchOptions(model=str(default_model_2_layers), quick=True, threads=1)
+    _, result = run_suite("peers", options, params=params)
     assert result.status == "completed", result.error
     own: dict[str, list[float]] = {"pp16": [], "tg4": []}
     for f in log.iterdir():

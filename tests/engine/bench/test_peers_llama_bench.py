@@ -125,7 +125,8 @@ def test_no_binary_anywhere_is_a_skipped_peer(monkeypatch, default_model_path):
 
 
 @pytest.mark.slow
-def test_suite_records_llama_bench_samples_beside_opscope(binary, monkeypatch):
+def test_suite_records_llama_bench_samples_beside_opscope(binary, monkeypatch, default_model_2_layers):
+    """On the default model's first 2 layers, for both peers: what is recorded does not depend on depth."""
     from opscope.engine.bench.session import run_suite
 
     monkeypatch.delenv(llama_bench.ENV_VAR, raising=False)
@@ -133,7 +134,8 @@ def test_suite_records_llama_bench_samples_beside_opscope(binary, monkeypatch):
     params = peers.Params(
         pp=16, tg=4, peers=("opscope", "llama_bench"), load_peers=("opscope", "llama_bench"), llama_bench=str(binary)
     )
-    _, result = run_suite("peers", BenchOptions(quick=True, threads=1), params=params)
+    options = BenchOptions(model=str(default_model_2_layers), quick=True, threads=1)
+    _, result = run_suite("peers", options, params=params)
     assert result.status == "completed", result.error
     by_name = {m.name: m for m in result.metrics}
     for name in (

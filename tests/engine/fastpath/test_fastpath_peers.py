@@ -34,12 +34,14 @@ def test_first_peer_must_be_opscope(default_model_path):
 
 
 @pytest.mark.slow
-def test_quick_run_records_each_peer_and_its_ratio():
+def test_quick_run_records_each_peer_and_its_ratio(default_model_2_layers):
+    """On the default model's first 2 layers: what is recorded per peer does not depend on depth."""
     from opscope.engine.bench.session import run_suite
 
     peers = get_suite("peers")
     params = peers.Params(pp=16, tg=4, peers=("opscope", "opscope:weights=dense"), load_peers=("opscope",))
-    _, result = run_suite("peers", BenchOptions(quick=True, threads=1), params=params)
+    options = BenchOptions(model=str(default_model_2_layers), quick=True, threads=1)
+    _, result = run_suite("peers", options, params=params)
     assert result.status == "completed", result.error
     by_name = {m.name: m for m in result.metrics}
     for name in (

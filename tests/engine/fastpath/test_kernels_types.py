@@ -358,6 +358,11 @@ def test_unsupported_type_names_the_tensor(tmp_path):
 # -- real files re-quantized by llama.cpp -----------------------------------------------------------
 
 
+# tests/engine/fastpath/test_kernel_variants.py runs this file once per CPU variant, each in its own
+# pytest process: it names one folder for all of them, so llama-quantize runs once, not per variant.
+REQUANTIZED_DIR_ENV = "OPSCOPE_TEST_REQUANTIZED_DIR"
+
+
 @pytest.fixture(scope="session")
 def requantized(tmp_path_factory):
     """{type: path} of the default model re-quantized by llama.cpp's llama-quantize."""
@@ -368,17 +373,22 @@ def requantized(tmp_path_factory):
         pytest.fail(
             f"llama-quantize not found at {tool}: these tests need llama.cpp's tools (see {LLAMA_CPP}/BUILD.md)"
         )
-    out = tmp_path_factory.mktemp("requantized")
+    shared = os.environ.get(REQUANTIZED_DIR_ENV)
+    out = Path(shared) if shared else tmp_path_factory.mktemp("requantized")
     paths = {}
     for kind in ("Q4_K_M", "Q4_0"):
         paths[kind] = out / f"model-{kind}.gguf"
+        if paths[kind].is_file():  # written whole by an earlier variant's run (renamed into place)
+            continue
+        part = out / f"model-{kind}.gguf.part"
         done = subprocess.run(
-            [str(tool), "--allow-requantize", str(default_model_path()), str(paths[kind]), kind],
+            [str(tool), "--allow-requantize", str(default_model_path()), str(part), kind],
             capture_output=True,
             text=True,
             timeout=600,
         )
         assert done.returncode == 0, f"llama-quantize {kind} failed: {done.stderr[-2000:]}"
+        part.rename(paths[kind])
     return paths
 
 

@@ -7,7 +7,9 @@ import torch
 from opscope.engine.generation.events import Finished, Token
 from opscope.engine.generation.generate import GenerationConfig
 
-pytestmark = pytest.mark.slow
+# one_torch_thread: a behaviour check, not a speed one; two OpenMP threads beside the other xdist
+# worker spin-wait (the greedy runs took 3x as long in a whole-suite run).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 
