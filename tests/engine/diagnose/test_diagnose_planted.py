@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -167,7 +168,9 @@ def test_a_tiny_model_whose_ops_are_shorter_than_their_dispatch_is_host_bound(ti
         str(tmp_path / "runs.sqlite"),
     )
     assert code == 0
-    assert _top(lines).startswith("1. [medium] host: decode runs "), "\n".join(lines)
+    # both phases of a tiny model are host-bound; which ranks first depends on the host's load (seen:
+    # prefill first on a busy 2-core machine)
+    assert re.match(r"1\. \[medium\] host: (decode|prefill of \d+ tokens) runs ", _top(lines)), "\n".join(lines)
     assert "host-bound" in _top(lines) and "at layers.*" in lines[2] and "engine/models/transformer.py:" in lines[2]
     assert lines[-1].startswith("saved as run 1 (diagnosis-")
 
