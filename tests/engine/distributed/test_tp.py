@@ -362,7 +362,19 @@ def test_a_tensor_parallel_runs_forwards_and_all_reduces_are_rank_lanes(tp_bench
     panel.shutdown()
 
 
-def test_ctrl_c_in_a_tensor_parallel_chat_stops_the_reply_then_ends_the_chat(tiny_gguf, tmp_path):
+@pytest.fixture(scope="module")
+def long_gguf(tmp_path_factory):
+    """tiny_gguf's model with room for a reply that outlasts a busy host's scheduling delays (450
+    tokens took ~1 s: on a loaded machine the reply could end between its first byte and the
+    Ctrl-C meant for it, which then landed at the prompt and ended the chat)."""
+    from opscope.engine.testing.gguf_writer import random_tensors, write_gguf
+
+    cfg = _tiny_cfg(max_position_embeddings=8192)
+    path = tmp_path_factory.mktemp("tp-long") / "tiny-llama-f32.gguf"
+    return str(write_gguf(path, cfg, random_tensors(cfg, seed=3, std=0.15), types="F32"))
+
+
+def test_ctrl_c_in_a_tensor_parallel_chat_stops_the_reply_then_ends_the_chat(long_gguf, tmp_path):
     """The first Ctrl-C (to the whole process group, as a terminal sends it) stops the reply on
     every rank and the chat goes back to its prompt; a second one there ends it: exit 130, one line."""
     import signal
@@ -371,7 +383,7 @@ def test_ctrl_c_in_a_tensor_parallel_chat_stops_the_reply_then_ends_the_chat(tin
     code = "import sys; from opscope.engine.cli.main import main; sys.exit(main(sys.argv[1:]))"
     with open(err, "a") as f:  # O_APPEND: the launcher and rank 0 both write to it
         p = subprocess.Popen(
-            [sys.executable, "-c", code, "chat", "-m", tiny_gguf, "-n", "450", "--ignore-eos", "--nproc", "2"],
+            [sys.executable, "-c", code, "chat", "-m", long_gguf, "-n", "8000", "--ignore-eos", "--nproc", "2"],
             cwd=tmp_path,
             start_new_session=True,
             stdin=subprocess.PIPE,
