@@ -112,7 +112,7 @@ def test_matvec_matches_float64(kern, ggml_type, layout):
     check_close(y, x, dense)
 
 
-# int8-activation kernels of raw blocks (AVX-512 VNNI builds), activations quantized per 256
+# int8-activation kernels of raw blocks (AVX-512 VNNI and AVX2 builds), activations quantized per 256
 # (llama.cpp's Q8_K, the K types) or per 32 (its Q8_0/Q8_1, the 32-weight types)
 Q8_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]
 
@@ -139,9 +139,10 @@ def test_q8_request_without_an_int8_kernel_runs_float32(kern, ggml_type):
 
 
 def int8_raw(kern, ggml_type: str) -> bool:
-    """Whether this build runs raw blocks of ``ggml_type`` with int8 activations: the AVX-512 VNNI
-    variant every type of Q8_TYPES, the AVX2 ones the 32-weight blocks, the others none."""
-    return bool(kern.has_vnni() or (kern.has_int8_soa() and RAW_TYPES[ggml_type][1] == 32))
+    """Whether this build runs raw blocks of ``ggml_type`` with int8 activations: the AVX-512 VNNI,
+    AVX2 and AVX-VNNI variants every type of Q8_TYPES (the K types per 256, the 32-weight blocks per
+    32), the others (AVX-512 without VNNI, baseline, NEON) none."""
+    return ggml_type in Q8_TYPES and bool(kern.has_vnni() or kern.has_int8_soa())
 
 
 @pytest.mark.parametrize("n_rows", [N_ROWS, 4, 3])

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "portable.h"
 #include "vec.h"
@@ -98,6 +99,210 @@ void b32_rows_q8(const int8_t* qy, const float* dy, const float* sx, const uint8
   }
   for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) + macc[r];
 }
+
+// ---- The K types (256-weight superblocks) with activations per 256 (prepare_q8k: llama.cpp's
+// q8_K): qy the int8 values in plain order, dy their scale per 256, bs16 / bs32 the sums of qy per 16
+// and per 32. Per superblock and row, vector j holds the unsigned quants u of weights [32j, 32j+32);
+// maddubs(u, y) sums pairs to int16 (|u| <= 127, |y| <= 127: no saturation), madd with the group
+// scale (int16) to int32, so the superblock's dot product is exact in int32 and meets the float
+// scales d * dy once. Offsets (w = d*sc*(u - o)) come off as o * sum_g sc_g * bs_g, mins
+// (w = d*sc*u - dmin*mn) as dmin * sum_g mn_g * bs_g: the same arithmetic as raw_q8.cpp's AVX-512
+// kernels, at 256 bits.
+namespace kq {
+
+// One row's superblock scales: G16 types 16 group scales (int16, plain order), G32 types the 8
+// sub-block scales each twice in an int32 (a broadcast load gives the madd operand); mn the mins
+// (int16 lanes matching bs16 or bs32), sc the offset types' scales as a vector.
+struct Sc {
+  alignas(32) int16_t g[16];
+  alignas(32) int32_t p[8];
+  __m256i sc, mn;
+  float d, dmin;
+};
+
+inline __m256i ld32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m128i ld16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+inline __m256i b8(int v) { return _mm256_set1_epi8(char(v)); }
+// bit `from` of every byte moved to bit `to` (16-bit shifts: the bits crossing a byte land outside
+// the mask the callers apply)
+template <int from, int to>
+inline __m256i move_bits(__m256i v) {
+  if constexpr (from < to) return _mm256_slli_epi16(v, to - from);
+  else if constexpr (from > to) return _mm256_srli_epi16(v, from - to);
+  else return v;
+}
+
+inline void g32_scales(__m128i sc8, Sc& s) {  // 8 unsigned-or-signed int16 scales -> pairs
+  _mm256_store_si256(reinterpret_cast<__m256i*>(s.p),
+                     _mm256_set_m128i(_mm_unpackhi_epi16(sc8, sc8), _mm_unpacklo_epi16(sc8, sc8)));
+}
+
+struct Q2 {  // w = d*sc*u - dmin*mn, groups of 16, u = 2 bits
+  static constexpr int BYTES = 84, OFF_SHIFT = -1;
+  static constexpr bool G32 = false, MINS = true, SIGNED = false;
+  static void scales(const uint8_t* b, Sc& s) {
+    const __m128i v = ld16(b);
+    const __m256i sc = _mm256_cvtepu8_epi16(_mm_and_si128(v, _mm_set1_epi8(0x0F)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.g), sc);
+    s.mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F)));
+    s.d = gguf::fp16(b + 80);
+    s.dmin = gguf::fp16(b + 82);
+  }
+  template <int k> static void quants(const uint8_t* b, __m256i& u0, __m256i& u1) {  // vectors 2k, 2k+1
+    const __m256i v = ld32(b + 16 + 32 * (k / 2));
+    u0 = _mm256_and_si256(_mm256_srli_epi16(v, 4 * (k % 2)), b8(3));
+    u1 = _mm256_and_si256(_mm256_srli_epi16(v, 4 * (k % 2) + 2), b8(3));
+  }
+};
+
+struct Q3 {  // w = d*sc*(u - 4), u = 2 low bits + 4 * hmask bit
+  static constexpr int BYTES = 110, OFF_SHIFT = 2;
+  static constexpr bool G32 = false, MINS = false, SIGNED = false;
+  static void scales(const uint8_t* b, Sc& s) {
+    const gguf::Bytes16 q = gguf::scales_q3k(b + 96);
+    const __m128i c = _mm_sub_epi8(_mm_set_epi64x(int64_t(q.hi), int64_t(q.lo)), _mm_set1_epi8(32));
+    s.sc = _mm256_cvtepi8_epi16(c);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.g), s.sc);
+    s.d = gguf::fp16(b + 108);
+  }
+  template <int k> static void quants(const uint8_t* b, __m256i& u0, __m256i& u1) {
+    const __m256i v = ld32(b + 32 + 32 * (k / 2)), hm = ld32(b);
+    const __m256i l0 = _mm256_and_si256(_mm256_srli_epi16(v, 4 * (k % 2)), b8(3));
+    const __m256i l1 = _mm256_and_si256(_mm256_srli_epi16(v, 4 * (k % 2) + 2), b8(3));
+    u0 = _mm256_or_si256(l0, _mm256_and_si256(move_bits<2 * k, 2>(hm), b8(4)));
+    u1 = _mm256_or_si256(l1, _mm256_and_si256(move_bits<2 * k + 1, 2>(hm), b8(4)));
+  }
+};
+
+template <bool FIVE>
+struct Q45 {  // w = d*sc*u - dmin*mn per sub-block of 32; Q5_K's 5th bit from qh
+  static constexpr int BYTES = FIVE ? 176 : 144, OFF_SHIFT = -1;
+  static constexpr bool G32 = true, MINS = true, SIGNED = false;
+  static void scales(const uint8_t* b, Sc& s) {
+    const gguf::Bytes16 q = gguf::scale_min_k4(b + 4);
+    g32_scales(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(q.lo))), s);
+    s.mn = _mm256_zextsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(q.hi))));
+    s.d = gguf::fp16(b);
+    s.dmin = gguf::fp16(b + 2);
+  }
+  template <int k> static void quants(const uint8_t* b, __m256i& u0, __m256i& u1) {
+    const __m256i v = ld32(b + (FIVE ? 48 : 16) + 32 * k);
+    u0 = _mm256_and_si256(v, b8(0x0F));
+    u1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), b8(0x0F));
+    if constexpr (FIVE) {
+      const __m256i qh = ld32(b + 16);
+      u0 = _mm256_or_si256(u0, _mm256_and_si256(move_bits<2 * k, 4>(qh), b8(0x10)));
+      u1 = _mm256_or_si256(u1, _mm256_and_si256(move_bits<2 * k + 1, 4>(qh), b8(0x10)));
+    }
+  }
+};
+
+struct Q6 {  // w = d*sc*(u - 32), u = 4 bits of ql | 2 bits of qh << 4, groups of 16
+  static constexpr int BYTES = 210, OFF_SHIFT = 5;
+  static constexpr bool G32 = false, MINS = false, SIGNED = false;
+  static void scales(const uint8_t* b, Sc& s) {
+    s.sc = _mm256_cvtepi8_epi16(ld16(b + 192));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s.g), s.sc);
+    s.d = gguf::fp16(b + 208);
+  }
+  // vector 4h + j: ql[64h + 32(j%2) + l]'s low (j < 2) or high nibble, bits 2j, 2j+1 of qh[32h + l]
+  template <int k> static void quants(const uint8_t* b, __m256i& u0, __m256i& u1) {
+    constexpr int h = k / 2, j = 2 * (k % 2);
+    const __m256i l0 = ld32(b + 64 * h), l1 = ld32(b + 64 * h + 32), qh = ld32(b + 128 + 32 * h);
+    const __m256i n0 = j ? _mm256_srli_epi16(l0, 4) : l0, n1 = j ? _mm256_srli_epi16(l1, 4) : l1;
+    u0 = _mm256_or_si256(_mm256_and_si256(n0, b8(0x0F)), _mm256_and_si256(move_bits<2 * j, 4>(qh), b8(0x30)));
+    u1 = _mm256_or_si256(_mm256_and_si256(n1, b8(0x0F)), _mm256_and_si256(move_bits<2 * j + 2, 4>(qh), b8(0x30)));
+  }
+};
+
+struct QX {  // IQ4_XS: w = d*sc*table[n], signed (its signs move onto the activations)
+  static constexpr int BYTES = 136, OFF_SHIFT = -1;
+  static constexpr bool G32 = true, MINS = false, SIGNED = true;
+  static void scales(const uint8_t* b, Sc& s) {
+    uint64_t s6 = 0;
+    for (int i = 0; i < 8; ++i) s6 |= uint64_t(uint8_t(gguf::TIQ4_XS::scale(b, i))) << (8 * i);
+    g32_scales(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(int64_t(s6))), s);
+    s.d = gguf::fp16(b);
+  }
+  // sub-blocks 2k, 2k+1: 16 bytes each, low nibbles = weights 0-15, high = 16-31
+  template <int k> static void quants(const uint8_t* b, __m256i& u0, __m256i& u1) {
+    const __m256i t = _mm256_broadcastsi128_si256(ld16(reinterpret_cast<const uint8_t*>(gguf::kIQ4NL)));
+    const __m256i v = ld32(b + 8 + 32 * k);
+    const __m256i lo = _mm256_and_si256(v, b8(0x0F)), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), b8(0x0F));
+    u0 = _mm256_shuffle_epi8(t, _mm256_permute2x128_si256(lo, hi, 0x20));
+    u1 = _mm256_shuffle_epi8(t, _mm256_permute2x128_si256(lo, hi, 0x31));
+  }
+};
+
+// the madd operand of vector j: its scale in every int16 lane (G32), or group 2j's in the low
+// 128 bits and 2j+1's in the high ones (G16)
+template <class T>
+inline __m256i scale_of(const Sc& s, int j) {
+  if constexpr (T::G32) {
+    return _mm256_set1_epi32(s.p[j]);
+  } else {
+    int32_t pair;
+    std::memcpy(&pair, s.g + 2 * j, 4);
+    const __m256i idx = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                         2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    return _mm256_shuffle_epi8(_mm256_set1_epi32(pair), idx);
+  }
+}
+
+template <class T>
+inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i y, __m256i sc) {
+  const __m256i p = T::SIGNED ? _mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(y, u))
+                              : _mm256_maddubs_epi16(u, y);
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+}
+
+template <class T, int R>
+void rows(const int8_t* qy, const float* dy, const int16_t* bs16, const int16_t* bs32, const uint8_t* qs,
+          int64_t row_bytes, int64_t K, int64_t row, float* y) {
+  const int64_t nb = K / 256;
+  __m256 acc[R], macc[R];
+  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); macc[r] = _mm256_setzero_ps(); }
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* yb = qy + 256 * b;
+    const __m256i bs = T::G32 ? _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs32 + 8 * b)))
+                              : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs16 + 16 * b));
+    gguf::static_for<R>([&](auto rc) {
+      constexpr int r = decltype(rc)::value;
+      const uint8_t* blk = qs + (row + r) * row_bytes + b * T::BYTES;
+      Sc s;
+      T::scales(blk, s);
+      __m256i si = _mm256_setzero_si256();
+      gguf::static_for<4>([&](auto kc) {
+        constexpr int k = decltype(kc)::value;
+        __m256i u0, u1;
+        T::template quants<k>(blk, u0, u1);
+        si = dot_scaled<T>(si, u0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + 64 * k)), scale_of<T>(s, 2 * k));
+        si = dot_scaled<T>(si, u1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb + 64 * k + 32)), scale_of<T>(s, 2 * k + 1));
+      });
+      if constexpr (T::OFF_SHIFT >= 0) si = _mm256_sub_epi32(si, _mm256_slli_epi32(_mm256_madd_epi16(s.sc, bs), T::OFF_SHIFT));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(s.d * dy[b]), acc[r]);
+      if constexpr (T::MINS)
+        macc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s.mn, bs)), _mm256_set1_ps(s.dmin * dy[b]), macc[r]);
+    });
+  }
+  for (int r = 0; r < R; ++r) y[row + r] = vec::VecAVX2::reduce(_mm256_sub_ps(acc[r], macc[r]));
+}
+
+// Calls fn(T{}) with the K type's decoder; false for the other types.
+template <class Fn>
+bool with_type(int64_t t, Fn&& fn) {
+  switch (t) {
+    case gguf::Q2_K: fn(Q2{}); return true;
+    case gguf::Q3_K: fn(Q3{}); return true;
+    case gguf::Q4_K: fn(Q45<false>{}); return true;
+    case gguf::Q5_K: fn(Q45<true>{}); return true;
+    case gguf::Q6_K: fn(Q6{}); return true;
+    case gguf::IQ4_XS: fn(QX{}); return true;
+    default: return false;
+  }
+}
+
+}  // namespace kq
 
 }  // namespace int8x
 }  // namespace opscope

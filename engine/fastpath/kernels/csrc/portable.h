@@ -81,6 +81,34 @@ inline void load_x32(const float* x, typename V::F* x0, typename V::F* x1) {
   for (int c = 0; c < C16 / V::W; ++c) { x0[c] = V::load(x + c * V::W); x1[c] = V::load(x + 16 + c * V::W); }
 }
 
+// sc[0..16) = d * (16 bytes, signed or not): the K types' group scales, W at a time.
+template <class V, bool SIGNED>
+inline void scales16(typename V::B v, float d, float* sc) {
+  const typename V::F dv = V::set1(d);
+  static_for<C16 / V::W>([&](auto cc) {
+    constexpr int c = decltype(cc)::value;
+    V::store(sc + c * V::W, V::mul(dv, conv<V, SIGNED, c>(v)));
+  });
+}
+
+// Dot product of 32 quants at q (bytes, signed or not) with x[0:32] read from memory.
+template <class V, bool SIGNED>
+inline typename V::F dot32px(const uint8_t* q, const float* x) {
+  constexpr int C = C16 / V::W;
+  typename V::F t0 = V::zero(), t1 = V::zero();
+  static_for<C>([&](auto cc) {
+    constexpr int c = decltype(cc)::value;
+    if constexpr (SIGNED) {
+      t0 = V::fma(V::template s8p<c>(q), V::load(x + c * V::W), t0);
+      t1 = V::fma(V::template s8p<c>(q + 16), V::load(x + 16 + c * V::W), t1);
+    } else {
+      t0 = V::fma(V::template u8p<c>(q), V::load(x + c * V::W), t0);
+      t1 = V::fma(V::template u8p<c>(q + 16), V::load(x + 16 + c * V::W), t1);
+    }
+  });
+  return V::add(t0, t1);
+}
+
 // fp16 scale i of an array of fp16 (the SoA layouts' d and m).
 template <class V>
 inline float h16(const void* p, int64_t i) { return V::fp16(static_cast<const uint8_t*>(p) + 2 * i); }
@@ -232,8 +260,9 @@ template <> struct KT<gguf::TQ2_K> {
   static constexpr bool OK = true, SIGNED = false, MINS = true;
   static constexpr int G = 16;
   template <class V> static void prep(const uint8_t* b, uint8_t* q, float* sc) {
-    const float d = V::fp16(b + 80), dmin = V::fp16(b + 82);
-    for (int g = 0; g < 16; ++g) { sc[g] = d * float(b[g] & 0xF); sc[16 + g] = dmin * float(b[g] >> 4); }
+    const typename V::B s = V::load16(b);
+    scales16<V, false>(V::nib_lo(s), V::fp16(b + 80), sc);
+    scales16<V, false>(V::nib_hi(s), V::fp16(b + 82), sc + 16);
     // q[128h + 32s + l] = (b[16 + 32h + l] >> 2s) & 3: groups 8h + 2s (l < 16) and 8h + 2s + 1
     const typename V::B three = V::splat8(3);
     for (int h = 0; h < 2; ++h)
@@ -251,10 +280,8 @@ template <> struct KT<gguf::TQ3_K> {
   static constexpr bool OK = true, SIGNED = true, MINS = false;
   static constexpr int G = 16;
   template <class V> static void prep(const uint8_t* b, uint8_t* q, float* sc) {
-    const float d = V::fp16(b + 108);
-    uint8_t s6[16];
-    gguf::scales_q3k(b + 96).to(s6);
-    for (int g = 0; g < 16; ++g) sc[g] = d * float(int(s6[g]) - 32);
+    const gguf::Bytes16 s6 = gguf::scales_q3k(b + 96);
+    scales16<V, true>(V::sub8(V::from64(s6.lo, s6.hi), 32), V::fp16(b + 108), sc);
     // q[128h + 32s + l] = ((b[32 + 32h + l] >> 2s) & 3) - (bit 4h + s of b[l] ? 0 : 4)
     const typename V::B three = V::splat8(3), one = V::splat8(1);
     for (int half = 0; half < 2; ++half) {
@@ -275,16 +302,24 @@ template <> struct KT<gguf::TQ3_K> {
 };
 template <class V>
 inline void prep_k45(const uint8_t* b, const uint8_t* qs, const uint8_t* qh, uint8_t* q, float* sc) {
+  const gguf::Bytes16 sm = gguf::scale_min_k4(b + 4);
   const float d = V::fp16(b), dmin = V::fp16(b + 2);
-  uint8_t sm[16];
-  gguf::scale_min_k4(b + 4).to(sm);
-  for (int s = 0; s < 8; ++s) { sc[s] = d * float(sm[s]); sc[8 + s] = dmin * float(sm[8 + s]); }
-  for (int j = 0; j < 4; ++j)
-    for (int l = 0; l < 32; ++l) {
-      const uint8_t v = qs[32 * j + l];
-      q[64 * j + l] = uint8_t((v & 0xF) | (qh ? ((qh[l] >> (2 * j)) & 1) << 4 : 0));
-      q[64 * j + 32 + l] = uint8_t((v >> 4) | (qh ? ((qh[l] >> (2 * j + 1)) & 1) << 4 : 0));
-    }
+  alignas(64) float t[16];
+  scales16<V, false>(V::from64(sm.lo, sm.hi), 1.f, t);
+  for (int s = 0; s < 8; ++s) { sc[s] = d * t[s]; sc[8 + s] = dmin * t[8 + s]; }
+  // q[64j + l] = low nibble of qs[32j + l] | bit 2j of qh[l] << 4; q[64j + 32 + l]: high, bit 2j+1
+  const typename V::B sixteen = V::splat8(16);
+  for (int half = 0; half < 2; ++half) {
+    const typename V::B h = qh ? V::load16(qh + 16 * half) : V::splat8(0);
+    static_for<4>([&](auto jc) {
+      constexpr int j = decltype(jc)::value;
+      const typename V::B v = V::load16(qs + 32 * j + 16 * half);
+      const typename V::B lo = V::or8(V::nib_lo(v), V::and8(V::template shl8<4>(V::template shr8<2 * j>(h)), sixteen));
+      const typename V::B hi = V::or8(V::nib_hi(v), V::and8(V::template shl8<4>(V::template shr8<2 * j + 1>(h)), sixteen));
+      std::memcpy(q + 64 * j + 16 * half, &lo, 16);
+      std::memcpy(q + 64 * j + 32 + 16 * half, &hi, 16);
+    });
+  }
 }
 template <> struct KT<gguf::TQ4_K> {
   static constexpr bool OK = true, SIGNED = false, MINS = true;
@@ -300,9 +335,7 @@ template <> struct KT<gguf::TQ6_K> {
   static constexpr bool OK = true, SIGNED = true, MINS = false;
   static constexpr int G = 16;
   template <class V> static void prep(const uint8_t* b, uint8_t* q, float* sc) {
-    const float d = V::fp16(b + 208);
-    const int8_t* s8 = reinterpret_cast<const int8_t*>(b + 192);
-    for (int g = 0; g < 16; ++g) sc[g] = d * float(s8[g]);
+    scales16<V, true>(V::load16(b + 192), V::fp16(b + 208), sc);
     // q[128h + 32k + l] = (4 bits of ql | bits 2k, 2k+1 of qh << 4) - 32, 16 bytes at a time
     const typename V::B m30 = V::splat8(0x30);
     for (int h = 0; h < 2; ++h)
@@ -349,11 +382,9 @@ void k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_byte
     const float* xb = x + 256 * b;
     if constexpr (P::G == 32) {
       for (int s = 0; s < 8; ++s) {
-        typename V::F x0[C], x1[C];
-        load_x32<V>(xb + 32 * s, x0, x1);
         static_for<R>([&](auto rc) {
           constexpr int r = decltype(rc)::value;
-          const typename V::F t = dot32p<V, P::SIGNED>(q[r] + 32 * s, x0, x1);
+          const typename V::F t = dot32px<V, P::SIGNED>(q[r] + 32 * s, xb + 32 * s);
           acc[r] = V::fma(V::set1(sc[r][s]), t, acc[r]);
         });
       }
@@ -369,8 +400,7 @@ void k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_byte
           xs16[g] = t;
         }
       for (int g = 0; g < 16; g += 2) {  // two groups per step: the dot32 of the 32 weights g, g+1
-        typename V::F x0[C], x1[C];
-        load_x32<V>(xb + 16 * g, x0, x1);
+        const float* xg = xb + 16 * g;
         static_for<R>([&](auto rc) {
           constexpr int r = decltype(rc)::value;
           const uint8_t* qg = q[r] + 16 * g;
@@ -378,11 +408,11 @@ void k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_byte
           static_for<C>([&](auto cc) {
             constexpr int c = decltype(cc)::value;
             if constexpr (P::SIGNED) {
-              t0 = V::fma(V::template s8p<c>(qg), x0[c], t0);
-              t1 = V::fma(V::template s8p<c>(qg + 16), x1[c], t1);
+              t0 = V::fma(V::template s8p<c>(qg), V::load(xg + c * V::W), t0);
+              t1 = V::fma(V::template s8p<c>(qg + 16), V::load(xg + 16 + c * V::W), t1);
             } else {
-              t0 = V::fma(V::template u8p<c>(qg), x0[c], t0);
-              t1 = V::fma(V::template u8p<c>(qg + 16), x1[c], t1);
+              t0 = V::fma(V::template u8p<c>(qg), V::load(xg + c * V::W), t0);
+              t1 = V::fma(V::template u8p<c>(qg + 16), V::load(xg + 16 + c * V::W), t1);
             }
           });
           acc[r] = V::fma(V::set1(sc[r][g + 1]), t1, V::fma(V::set1(sc[r][g]), t0, acc[r]));
@@ -397,29 +427,30 @@ void k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_byte
 }
 
 // Q4_K straight from its blocks (no byte pass): bytes 32j..32j+32 of qs hold sub-block 2j in their
-// low nibbles and 2j+1 in their high ones, so one widened load feeds both (nibp).
+// low nibbles and 2j+1 in their high ones, so one widened load feeds both (nibp). The activations are
+// read in the loop, not held in registers: with four rows the 16 AVX2 registers would spill.
 template <class V, int R>
 void q4k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_bytes, int64_t K, int64_t row, float* y) {
-  constexpr int C = C16 / V::W;
+  constexpr int C = C16 / V::W, H = C / 2;  // chunks 0..H-1 of the unpacked bytes: scales; H..C-1: mins
   const int64_t nb = K / 256;
-  alignas(64) float sc[R][16];
-  typename V::F acc[R];
-  float macc[R];
-  for (int r = 0; r < R; ++r) { acc[r] = V::zero(); macc[r] = 0.f; }
+  alignas(64) float sc[R][8];
+  typename V::F acc[R], macc[R];
+  for (int r = 0; r < R; ++r) { acc[r] = V::zero(); macc[r] = V::zero(); }
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = qs + (row + r) * row_bytes + b * gguf::TQ4_K::BYTES;
-      const float d = V::fp16(blk), dmin = V::fp16(blk + 2);
-      uint8_t sm[16];
-      gguf::scale_min_k4(blk + 4).to(sm);
-      for (int s = 0; s < 8; ++s) { sc[r][s] = d * float(sm[s]); sc[r][8 + s] = dmin * float(sm[8 + s]); }
-      for (int s = 0; s < 8; ++s) macc[r] += sc[r][8 + s] * sx[8 * b + s];
+      const gguf::Bytes16 sm = gguf::scale_min_k4(blk + 4);
+      const typename V::B smv = V::from64(sm.lo, sm.hi);
+      const typename V::F d = V::set1(V::fp16(blk)), dmin = V::set1(V::fp16(blk + 2));
+      static_for<C>([&](auto cc) {
+        constexpr int c = decltype(cc)::value;
+        if constexpr (c < H) V::store(sc[r] + c * V::W, V::mul(d, V::template u8<c>(smv)));
+        else macc[r] = V::fma(V::mul(dmin, V::template u8<c>(smv)), V::load(sx + 8 * b + (c - H) * V::W), macc[r]);
+      });
     }
     const float* xb = x + 256 * b;
     for (int j = 0; j < 4; ++j) {
-      typename V::F xa0[C], xa1[C], xc0[C], xc1[C];  // sub-blocks 2j (a) and 2j + 1 (c)
-      load_x32<V>(xb + 64 * j, xa0, xa1);
-      load_x32<V>(xb + 64 * j + 32, xc0, xc1);
+      const float* xa = xb + 64 * j;  // sub-block 2j; 2j + 1 at xa + 32
       static_for<R>([&](auto rc) {
         constexpr int r = decltype(rc)::value;
         const uint8_t* q = qs + (row + r) * row_bytes + b * gguf::TQ4_K::BYTES + 16 + 32 * j;
@@ -428,17 +459,17 @@ void q4k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_by
           constexpr int c = decltype(cc)::value;
           typename V::F lo, hi;
           V::template nibp<c>(q, lo, hi);
-          ta = V::fma(lo, xa0[c], ta);
-          tc = V::fma(hi, xc0[c], tc);
+          ta = V::fma(lo, V::load(xa + c * V::W), ta);
+          tc = V::fma(hi, V::load(xa + 32 + c * V::W), tc);
           V::template nibp<c>(q + 16, lo, hi);
-          ta = V::fma(lo, xa1[c], ta);
-          tc = V::fma(hi, xc1[c], tc);
+          ta = V::fma(lo, V::load(xa + 16 + c * V::W), ta);
+          tc = V::fma(hi, V::load(xa + 48 + c * V::W), tc);
         });
         acc[r] = V::fma(V::set1(sc[r][2 * j + 1]), tc, V::fma(V::set1(sc[r][2 * j]), ta, acc[r]));
       });
     }
   }
-  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) - macc[r];
+  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) - V::reduce(macc[r]);
 }
 
 // ---- raw F32 / F16 / BF16 rows

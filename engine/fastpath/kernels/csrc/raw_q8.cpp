@@ -21,7 +21,7 @@
 #include "gguf_types.h"
 #include "qkernels.h"
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include "int8_avx2.h"  // the avx2 variants: int8 kernels for the 32-weight blocks only (avx512 has none)
+#include "int8_avx2.h"  // the avx2 variants' int8 kernels at 256 bits (the AVX-512 ones are below)
 #define OPSCOPE_RAW_Q8_AVX2 1
 #endif
 
@@ -368,6 +368,7 @@ int raw_q8_block(int64_t ggml_type) {
   with_q8_type(ggml_type, [&](auto t) { qk = per32<decltype(t)>::value ? 32 : 256; });
 #elif defined(OPSCOPE_RAW_Q8_AVX2)
   if (with_b32_type(ggml_type, [](auto) {})) qk = 32;
+  if (int8x::kq::with_type(ggml_type, [](auto) {})) qk = 256;
 #else
   (void)ggml_type;
 #endif
@@ -395,6 +396,13 @@ void raw_rows_q8(const Weights& w, const Act8& a, int64_t r0, int64_t r1, float*
     int64_t r = r0;
     for (; r + 4 <= r1; r += 4) int8x::b32_rows_q8<T, 4>(a.qy, a.dy, a.sx, w.qs, w.row_bytes, w.K, r, y);
     for (; r < r1; ++r) int8x::b32_rows_q8<T, 1>(a.qy, a.dy, a.sx, w.qs, w.row_bytes, w.K, r, y);
+  });
+  int8x::kq::with_type(w.ggml_type, [&](auto t) {
+    using T = decltype(t);
+    const Q8K& k = *a.k;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) int8x::kq::rows<T, 4>(k.q.data(), k.d.data(), k.bs16.data(), k.bs32.data(), w.qs, w.row_bytes, w.K, r, y);
+    for (; r < r1; ++r) int8x::kq::rows<T, 1>(k.q.data(), k.d.data(), k.bs16.data(), k.bs32.data(), w.qs, w.row_bytes, w.K, r, y);
   });
 #else
   (void)w; (void)a; (void)r0; (void)r1; (void)y;

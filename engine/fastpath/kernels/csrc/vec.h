@@ -7,7 +7,7 @@
 //   W                 float32 lanes per register F
 //   F ops             zero, set1, load, store, add, sub, mul, fma (a*b + c), max, reduce, round
 //   load_f16/bf16     W half-precision values to float32 (own conversion: no torch inside)
-//   B                 16 bytes in a register; load16, nib_lo, nib_hi, add8, sub8, or8, lut16
+//   B                 16 bytes in a register; load16, from64 (two 64-bit halves), nib_lo, nib_hi, add8, sub8, or8, lut16
 //                     (16-entry byte table), bits16 (byte j = 0xFF where bit j of a 16-bit mask
 //                     is set), and8
 //   u8<c>(B), s8<c>(B) bytes [cW, cW + W) widened to float32 lanes (C = 16 / W chunks per B)
@@ -88,6 +88,7 @@ struct VecScalar {
   static F load_f16(const uint16_t* p) { F r; for (int i = 0; i < 4; ++i) r.v[i] = half_to_float(p[i]); return r; }
   static F load_bf16(const uint16_t* p) { F r; for (int i = 0; i < 4; ++i) r.v[i] = bf16_to_float(p[i]); return r; }
   static B load16(const uint8_t* p) { B r; std::memcpy(r.v, p, 16); return r; }
+  static B from64(uint64_t lo, uint64_t hi) { B r; std::memcpy(r.v, &lo, 8); std::memcpy(r.v + 8, &hi, 8); return r; }
   static B nib_lo(B a) { for (auto& x : a.v) x &= 0x0F; return a; }
   static B nib_hi(B a) { for (auto& x : a.v) x >>= 4; return a; }
   static B add8(B a, int k) { for (auto& x : a.v) x = uint8_t(x + k); return a; }
@@ -148,6 +149,7 @@ struct VecAVX2 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
   }
   static B load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+  static B from64(uint64_t lo, uint64_t hi) { return _mm_set_epi64x(int64_t(hi), int64_t(lo)); }
   static B nib_lo(B a) { return _mm_and_si128(a, _mm_set1_epi8(0x0F)); }
   static B nib_hi(B a) { return _mm_and_si128(_mm_srli_epi16(a, 4), _mm_set1_epi8(0x0F)); }
   static B add8(B a, int k) { return _mm_add_epi8(a, _mm_set1_epi8(char(k))); }
@@ -207,6 +209,7 @@ struct VecNEON {
   static F load_f16(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
   static F load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
   static B load16(const uint8_t* p) { return vld1q_u8(p); }
+  static B from64(uint64_t lo, uint64_t hi) { return vcombine_u8(vcreate_u8(lo), vcreate_u8(hi)); }
   static B nib_lo(B a) { return vandq_u8(a, vdupq_n_u8(0x0F)); }
   static B nib_hi(B a) { return vshrq_n_u8(a, 4); }
   static B add8(B a, int k) { return vaddq_u8(a, vdupq_n_u8(uint8_t(k))); }
