@@ -32,12 +32,15 @@ def register(subparsers) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """One line for the variant and why, one for where its library comes from."""
+    """One line for the variant and why, one for where its library comes from, one for the
+    activation modes it runs."""
     from opscope.engine.fastpath.kernels import build, variants
 
     v = build.variant()  # VariantError (an EngineError): an override this CPU cannot run, in one line
     print(f"variant {variants.reason(v)}")
     print(f"library {build.library_origin(v)}")
+    q8 = "int8 kernels for every quantized type" if v.int8 else "no int8 kernels here, so it runs float32"
+    print(f"activations float32, exact (default); activations=q8 (llama.cpp's int8 scheme): {q8}")
     others = [
         f"{o.name} (lacks {' '.join(build.variants.missing(o))})"
         for o in variants.for_arch()

@@ -31,6 +31,7 @@ class Variant:
     cflags: tuple[str, ...]
     needs: tuple[str, ...]  # CPU feature flags as /proc/cpuinfo names them
     summary: str
+    int8: bool = False  # int8-activation kernels (activations=q8) for every quantized type
 
 
 # Best first within an architecture. The x86 levels are the psABI's (x86-64-v3: AVX2, FMA, F16C,
@@ -44,6 +45,7 @@ VARIANTS: tuple[Variant, ...] = (
         ("-march=x86-64-v4", "-mavx512vnni", "-mtune=generic"),
         ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"),
         "AVX-512 kernels with VNNI int8 dot products",
+        int8=True,
     ),
     Variant(
         "avx512",
@@ -58,6 +60,7 @@ VARIANTS: tuple[Variant, ...] = (
         ("-march=x86-64-v3", "-mavxvnni", "-mtune=generic"),
         ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe", "avx_vnni"),
         "AVX2+FMA+F16C kernels (vec.h traits), AVX-VNNI int8 dot products",
+        int8=True,
     ),
     Variant(
         "avx2",
@@ -65,6 +68,7 @@ VARIANTS: tuple[Variant, ...] = (
         ("-march=x86-64-v3", "-mtune=generic"),
         ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"),
         "AVX2+FMA+F16C kernels (vec.h traits)",
+        int8=True,
     ),
     Variant("baseline", "x86_64", ("-march=x86-64", "-mtune=generic"), (), "portable kernels (SSE2)"),
     Variant("neon", "aarch64", ("-march=armv8-a",), ("asimd",), "NEON kernels (vec.h traits)"),

@@ -56,6 +56,19 @@ def test_fastpath_names_the_variant_and_why():
     assert first.startswith(f"variant {variants.chosen().name}: "), first
 
 
+@pytest.mark.parametrize("int8", [True, False])
+def test_fastpath_says_whether_the_variant_has_int8_kernels(int8):
+    v = next((v for v in variants.for_arch() if variants.can_run(v) and v.int8 == int8), None)
+    if v is None:
+        pytest.skip(f"this CPU runs no variant with int8={int8}")
+    out = _cli("fastpath", **{variants.ENV: v.name})
+    assert out.returncode == 0, out.stderr
+    tail = "int8 kernels for every quantized type" if int8 else "no int8 kernels here, so it runs float32"
+    assert out.stdout.splitlines()[2] == (
+        f"activations float32, exact (default); activations=q8 (llama.cpp's int8 scheme): {tail}"
+    )
+
+
 def test_an_override_the_cpu_cannot_run_is_refused_in_one_line():
     foreign = next(v for v in variants.VARIANTS if not variants.can_run(v))  # another arch at least
     out = _cli("fastpath", **{variants.ENV: foreign.name})

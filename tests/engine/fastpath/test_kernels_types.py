@@ -145,6 +145,14 @@ def int8_raw(kern, ggml_type: str) -> bool:
     return ggml_type in Q8_TYPES and bool(kern.has_vnni() or kern.has_int8_soa())
 
 
+def test_the_variant_table_says_which_builds_have_int8_kernels(kern):
+    """`opscope fastpath` reads Variant.int8: it must match what the library loaded here does."""
+    from opscope.engine.fastpath.kernels import variants
+
+    assert variants.chosen().int8 == all(int8_raw(kern, t) for t in Q8_TYPES)
+    assert variants.chosen().int8 == bool(kern.has_int8_soa())
+
+
 @pytest.mark.parametrize("n_rows", [N_ROWS, 4, 3])
 @pytest.mark.parametrize("ggml_type", Q8_TYPES)
 def test_q8_matvec_matches_quantized_x(kern, ggml_type, n_rows):
