@@ -76,6 +76,25 @@ inline typename V::F dot_nib32p(const uint8_t* q, const typename V::F* x0, const
   return V::add(t0, t1);
 }
 
+// Q5_0 / Q5_1: where the 5th bits (QH) and the nibbles (QS) are in a block.
+template <class T> struct Q5 { static constexpr bool OK = false; };
+template <> struct Q5<gguf::TQ5_0> { static constexpr bool OK = true; static constexpr int QH = 2, QS = 6; };
+template <> struct Q5<gguf::TQ5_1> { static constexpr bool OK = true; static constexpr int QH = 4, QS = 8; };
+
+template <class V>
+inline typename V::F dot_nib5p(const uint8_t* q, uint32_t qh, const typename V::F* x0, const typename V::F* x1) {
+  constexpr int C = C16 / V::W;
+  typename V::F t0 = V::zero(), t1 = V::zero();
+  static_for<C>([&](auto cc) {
+    constexpr int c = decltype(cc)::value;
+    typename V::F lo, hi;
+    V::template nib5p<c>(q, qh, lo, hi);
+    t0 = V::fma(lo, x0[c], t0);
+    t1 = V::fma(hi, x1[c], t1);
+  });
+  return V::add(t0, t1);
+}
+
 template <class V>
 inline void load_x32(const float* x, typename V::F* x0, typename V::F* x1) {
   for (int c = 0; c < C16 / V::W; ++c) { x0[c] = V::load(x + c * V::W); x1[c] = V::load(x + 16 + c * V::W); }
@@ -238,6 +257,9 @@ void b32_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_by
       } else if constexpr (std::is_same_v<T, gguf::TQ4_0>) {  // d (q - 8): the -8 d through the block sum
         t = dot_nib32p<V>(blk + 2, x0, x1);
         macc[r] -= 8.f * V::fp16(blk) * sx[b];
+      } else if constexpr (Q5<T>::OK && vec::has_nib5p<V>) {  // d (q - 16) (+ m): the -16 d through the sum
+        t = dot_nib5p<V>(blk + Q5<T>::QS, gguf::u32(blk + Q5<T>::QH), x0, x1);
+        if constexpr (P::M_OFF < 0) macc[r] -= 16.f * V::fp16(blk) * sx[b];
       } else {
         typename V::B lo, hi;
         P::template bytes<V>(blk, lo, hi);
