@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "portable.h"
 #include "vec.h"
@@ -35,43 +36,45 @@ inline __m256i q4_block(const uint8_t* q) {
 
 inline float h16(const void* p, int64_t i) { return vec::VecAVX2::fp16(static_cast<const uint8_t*>(p) + 2 * i); }
 
+// The row loop of the 32-weight layouts with activations per 32 (qy): block(n, b, yv, macc) returns
+// {d * dy, int32 dot product} of row n's block b and adds any min term to macc.
+template <int R, class Block>
+void rows32_q8(const int8_t* qy, int64_t K, int64_t row, float* y, Block&& block) {
+  __m256 acc[R];
+  float macc[R];
+  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); macc[r] = 0.f; }
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qy + 32 * b));
+    for (int r = 0; r < R; ++r) {
+      const auto [s, p] = block(row + r, b, yv, macc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_cvtepi32_ps(p), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[row + r] = vec::VecAVX2::reduce(acc[r]) + macc[r];
+}
+
 // MD: Q4_0 held as Q4_1 with m = -8 d (m never read)
 template <int R, bool MD>
 void soa_q4_1_rows_q8(const int8_t* qy, const float* dy, const float* sx, const uint8_t* qs, const void* d,
                       const void* m, int64_t K, int64_t row, float* y) {
   const int64_t nb = K / 32;
-  __m256 acc[R];
-  float macc[R];
-  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); macc[r] = 0.f; }
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qy + 32 * b));
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = (row + r) * nb + b;
-      const float dd = h16(d, i);
-      const __m256i p = dot_u8s8(_mm256_setzero_si256(), q4_block(qs + (row + r) * (K / 2) + 16 * b), yv);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd * dy[b]), _mm256_cvtepi32_ps(p), acc[r]);
-      macc[r] += (MD ? -8.f * dd : h16(m, i)) * sx[b];
-    }
-  }
-  for (int r = 0; r < R; ++r) y[row + r] = vec::VecAVX2::reduce(acc[r]) + macc[r];
+  rows32_q8<R>(qy, K, row, y, [&](int64_t n, int64_t b, __m256i yv, float& macc) {
+    const float dd = h16(d, n * nb + b);
+    macc += (MD ? -8.f * dd : h16(m, n * nb + b)) * sx[b];
+    return std::pair{dd * dy[b], dot_u8s8(_mm256_setzero_si256(), q4_block(qs + n * (K / 2) + 16 * b), yv)};
+  });
 }
 
 template <int R>
 void soa_q8_0_rows_q8(const int8_t* qy, const float* dy, const int8_t* qs, const void* d, int64_t K, int64_t row,
                       float* y) {
   const int64_t nb = K / 32;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qy + 32 * b));
-    for (int r = 0; r < R; ++r) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + (row + r) * K + 32 * b));
-      // |w| as unsigned bytes, y with w's sign: the same products, u8 x s8 as maddubs wants
-      const __m256i p = dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(yv, w));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h16(d, (row + r) * nb + b) * dy[b]), _mm256_cvtepi32_ps(p), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) y[row + r] = vec::VecAVX2::reduce(acc[r]);
+  rows32_q8<R>(qy, K, row, y, [&](int64_t n, int64_t b, __m256i yv, float&) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + n * K + 32 * b));
+    // |w| as unsigned bytes, y with w's sign: the same products, u8 x s8 as maddubs wants
+    const __m256i p = dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(yv, w));
+    return std::pair{h16(d, n * nb + b) * dy[b], p};
+  });
 }
 
 // Raw 32-weight blocks of type T (portable.h's B32 gives the 32 quants as bytes), R rows.
@@ -80,24 +83,16 @@ void b32_rows_q8(const int8_t* qy, const float* dy, const float* sx, const uint8
                  int64_t K, int64_t row, float* y) {
   using P = portable::B32<T>;
   using V = vec::VecAVX2;
-  const int64_t nb = K / 32;
-  __m256 acc[R];
-  float macc[R];
-  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); macc[r] = 0.f; }
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qy + 32 * b));
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* blk = qs + (row + r) * row_bytes + b * T::BYTES;
-      __m128i lo, hi;
-      P::template bytes<V>(blk, lo, hi);
-      const __m256i q = _mm256_set_m128i(hi, lo);
-      const __m256i p = P::SIGNED ? dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q))
-                                  : dot_u8s8(_mm256_setzero_si256(), q, yv);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(V::fp16(blk) * dy[b]), _mm256_cvtepi32_ps(p), acc[r]);
-      if constexpr (P::M_OFF >= 0) macc[r] += V::fp16(blk + P::M_OFF) * sx[b];
-    }
-  }
-  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) + macc[r];
+  rows32_q8<R>(qy, K, row, y, [&](int64_t n, int64_t b, __m256i yv, float& macc) {
+    const uint8_t* blk = qs + n * row_bytes + b * T::BYTES;
+    __m128i lo, hi;
+    P::template bytes<V>(blk, lo, hi);
+    const __m256i q = _mm256_set_m128i(hi, lo);
+    const __m256i p = P::SIGNED ? dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q))
+                                : dot_u8s8(_mm256_setzero_si256(), q, yv);
+    if constexpr (P::M_OFF >= 0) macc += V::fp16(blk + P::M_OFF) * sx[b];
+    return std::pair{V::fp16(blk) * dy[b], p};
+  });
 }
 
 // ---- The K types (256-weight superblocks) with activations per 256 (prepare_q8k: llama.cpp's

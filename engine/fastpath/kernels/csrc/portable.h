@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "gguf_types.h"
 #include "vec.h"
@@ -132,44 +133,46 @@ inline typename V::F dot32px(const uint8_t* q, const float* x) {
 template <class V>
 inline float h16(const void* p, int64_t i) { return V::fp16(static_cast<const uint8_t*>(p) + 2 * i); }
 
-// ---- SoA layouts (engine.kernels.packing): Q4_1 qs [N, K/2], d, m [N, K/32]; Q8_0 qs [N, K]
-// MD: Q4_0 held as Q4_1 with m = -8 d (m never read).
-template <class V, int R, bool MD>
-void soa_q4_1_rows(const float* x, const float* sx, const uint8_t* qs, const void* d, const void* m, int64_t K,
-                   int64_t row, float* y) {
+// ---- The row loop of every 32-weight-block layout: x[32b, 32b+32) loaded once per block for R
+// rows; block(n, b, x0, x1, macc) returns {scale, dot product} of row n's block b and adds any
+// min/offset term (through the block sums of x) to macc.
+template <class V, int R, class Block>
+void rows32(const float* x, int64_t K, int64_t row, float* y, Block&& block) {
   constexpr int C = C16 / V::W;
-  const int64_t nb = K / 32;
   typename V::F acc[R], x0[C], x1[C];
   float macc[R];
   for (int r = 0; r < R; ++r) { acc[r] = V::zero(); macc[r] = 0.f; }
-  for (int64_t b = 0; b < nb; ++b) {
+  for (int64_t b = 0; b < K / 32; ++b) {
     load_x32<V>(x + 32 * b, x0, x1);
     static_for<R>([&](auto rc) {
       constexpr int r = decltype(rc)::value;
-      const int64_t i = (row + r) * nb + b;
-      const float dd = h16<V>(d, i);
-      acc[r] = V::fma(V::set1(dd), dot_nib32p<V>(qs + (row + r) * (K / 2) + b * 16, x0, x1), acc[r]);
-      macc[r] += (MD ? -8.f * dd : h16<V>(m, i)) * sx[b];
+      const auto [d, t] = block(row + r, b, x0, x1, macc[r]);
+      acc[r] = V::fma(V::set1(d), t, acc[r]);
     });
   }
   for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) + macc[r];
 }
 
+// ---- SoA layouts (engine.kernels.packing): Q4_1 qs [N, K/2], d, m [N, K/32]; Q8_0 qs [N, K]
+// MD: Q4_0 held as Q4_1 with m = -8 d (m never read).
+template <class V, int R, bool MD>
+void soa_q4_1_rows(const float* x, const float* sx, const uint8_t* qs, const void* d, const void* m, int64_t K,
+                   int64_t row, float* y) {
+  const int64_t nb = K / 32;
+  rows32<V, R>(x, K, row, y, [&](int64_t n, int64_t b, const typename V::F* x0, const typename V::F* x1, float& macc) {
+    const float dd = h16<V>(d, n * nb + b);
+    macc += (MD ? -8.f * dd : h16<V>(m, n * nb + b)) * sx[b];
+    return std::pair{dd, dot_nib32p<V>(qs + n * (K / 2) + b * 16, x0, x1)};
+  });
+}
+
 template <class V, int R>
 void soa_q8_0_rows(const float* x, const int8_t* qs, const void* d, int64_t K, int64_t row, float* y) {
-  constexpr int C = C16 / V::W;
   const int64_t nb = K / 32;
-  typename V::F acc[R], x0[C], x1[C];
-  for (int r = 0; r < R; ++r) acc[r] = V::zero();
-  for (int64_t b = 0; b < nb; ++b) {
-    load_x32<V>(x + 32 * b, x0, x1);
-    static_for<R>([&](auto rc) {
-      constexpr int r = decltype(rc)::value;
-      const uint8_t* q = reinterpret_cast<const uint8_t*>(qs + (row + r) * K + b * 32);
-      acc[r] = V::fma(V::set1(h16<V>(d, (row + r) * nb + b)), dot32p<V, true>(q, x0, x1), acc[r]);
-    });
-  }
-  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]);
+  rows32<V, R>(x, K, row, y, [&](int64_t n, int64_t b, const typename V::F* x0, const typename V::F* x1, float&) {
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(qs + n * K + b * 32);
+    return std::pair{h16<V>(d, n * nb + b), dot32p<V, true>(q, x0, x1)};
+  });
 }
 
 // ---- raw 32-weight blocks: bytes(blk, lo, hi) gives the 32 quants as bytes (weights 0-15, 16-31),
@@ -239,37 +242,27 @@ template <> struct B32<gguf::TIQ4_NL> {
 template <class V, class T, int R>
 void b32_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_bytes, int64_t K, int64_t row, float* y) {
   using P = B32<T>;
-  constexpr int C = C16 / V::W;
-  const int64_t nb = K / 32;
-  typename V::F acc[R], x0[C], x1[C];
-  float macc[R];
-  for (int r = 0; r < R; ++r) { acc[r] = V::zero(); macc[r] = 0.f; }
-  for (int64_t b = 0; b < nb; ++b) {
-    load_x32<V>(x + 32 * b, x0, x1);
-    static_for<R>([&](auto rc) {
-      constexpr int r = decltype(rc)::value;
-      const uint8_t* blk = qs + (row + r) * row_bytes + b * T::BYTES;
-      typename V::F t;
-      if constexpr (std::is_same_v<T, gguf::TQ8_0>) {
-        t = dot32p<V, true>(blk + 2, x0, x1);
-      } else if constexpr (std::is_same_v<T, gguf::TQ4_1>) {
-        t = dot_nib32p<V>(blk + 4, x0, x1);
-      } else if constexpr (std::is_same_v<T, gguf::TQ4_0>) {  // d (q - 8): the -8 d through the block sum
-        t = dot_nib32p<V>(blk + 2, x0, x1);
-        macc[r] -= 8.f * V::fp16(blk) * sx[b];
-      } else if constexpr (Q5<T>::OK && vec::has_nib5p<V>) {  // d (q - 16) (+ m): the -16 d through the sum
-        t = dot_nib5p<V>(blk + Q5<T>::QS, gguf::u32(blk + Q5<T>::QH), x0, x1);
-        if constexpr (P::M_OFF < 0) macc[r] -= 16.f * V::fp16(blk) * sx[b];
-      } else {
-        typename V::B lo, hi;
-        P::template bytes<V>(blk, lo, hi);
-        t = dot32<V, P::SIGNED>(lo, hi, x0, x1);
-      }
-      acc[r] = V::fma(V::set1(V::fp16(blk)), t, acc[r]);
-      if constexpr (P::M_OFF >= 0) macc[r] += V::fp16(blk + P::M_OFF) * sx[b];
-    });
-  }
-  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) + macc[r];
+  rows32<V, R>(x, K, row, y, [&](int64_t n, int64_t b, const typename V::F* x0, const typename V::F* x1, float& macc) {
+    const uint8_t* blk = qs + n * row_bytes + b * T::BYTES;
+    typename V::F t;
+    if constexpr (std::is_same_v<T, gguf::TQ8_0>) {
+      t = dot32p<V, true>(blk + 2, x0, x1);
+    } else if constexpr (std::is_same_v<T, gguf::TQ4_1>) {
+      t = dot_nib32p<V>(blk + 4, x0, x1);
+    } else if constexpr (std::is_same_v<T, gguf::TQ4_0>) {  // d (q - 8): the -8 d through the block sum
+      t = dot_nib32p<V>(blk + 2, x0, x1);
+      macc -= 8.f * V::fp16(blk) * sx[b];
+    } else if constexpr (Q5<T>::OK && vec::has_nib5p<V>) {  // d (q - 16) (+ m): the -16 d through the sum
+      t = dot_nib5p<V>(blk + Q5<T>::QS, gguf::u32(blk + Q5<T>::QH), x0, x1);
+      if constexpr (P::M_OFF < 0) macc -= 16.f * V::fp16(blk) * sx[b];
+    } else {
+      typename V::B lo, hi;
+      P::template bytes<V>(blk, lo, hi);
+      t = dot32<V, P::SIGNED>(lo, hi, x0, x1);
+    }
+    if constexpr (P::M_OFF >= 0) macc += V::fp16(blk + P::M_OFF) * sx[b];
+    return std::pair{V::fp16(blk), t};
+  });
 }
 
 // ---- raw 256-weight superblocks: prep decodes a superblock's quants to bytes in weight order
