@@ -247,6 +247,10 @@ TREE_WATCHED = (
 )
 _tree_records: dict[str, tuple[dict, dict]] = {}
 
+# `-n 2 --dist loadfile`: the longest files first, and the watched tests' files on the worker that
+# runs test_packaging.py, before it (tests/support/file_schedule.py)
+from file_schedule import pytest_xdist_make_scheduler  # noqa: E402, F401
+
 
 def checkout_tree_state() -> dict[str, str]:
     """`git status --porcelain` plus a hash of each file it names (a dirty file rewritten again
@@ -276,7 +280,7 @@ def pytest_runtest_protocol(item, nextitem):
     watched = (
         item.nodeid in TREE_WATCHED
         and not os.environ.get("OPSCOPE_SCREENSHOT_DIR")
-        and os.path.isdir(os.path.join(os.path.dirname(__file__), "..", ".git"))
+        and os.path.exists(os.path.join(os.path.dirname(__file__), "..", ".git"))  # a file in a git worktree
     )
     before = checkout_tree_state() if watched else None
     yield  # setup, call and teardown: a fixture's teardown could write into the tree too
