@@ -76,22 +76,13 @@ def memoized_gguf_reader():
     import functools
 
     import gguf
-    import numpy as np
+    from gguf_craft import plain_view_reader
 
     original = gguf.GGUFReader
 
-    class PlainViewReader(original):
-        @property
-        def data(self):
-            return self._plain
-
-        @data.setter
-        def data(self, mapped):  # GGUFReader.__init__ sets the memmap, then walks it
-            self._plain = mapped.view(np.ndarray)
-
     @functools.lru_cache(maxsize=2)  # the default model and one other file
     def shared(path, inode, size, mtime_ns):
-        return PlainViewReader(path)
+        return plain_view_reader(path)
 
     def reader(path, mode="r"):
         if mode != "r":
