@@ -13,15 +13,15 @@ import pytest
 
 # Per file, its tests' seconds (setup, call, teardown) in `make test` on a quiet 2-core host.
 SECONDS = {
-    "tests/engine/fastpath/test_real_types.py": 161,
+    "tests/engine/fastpath/test_real_types.py": 145,
     "tests/test_gpu_check.py": 88,
-    "tests/engine/fastpath/test_kernel_variants.py": 65,
+    "tests/engine/fastpath/test_kernel_variants.py": 45,
     "tests/engine/models/test_families.py": 44,
     "tests/engine/models/test_engine_reference.py": 38,
-    "tests/engine/trace/test_trace_model.py": 36,
+    "tests/engine/trace/test_trace_model.py": 31,
     "tests/engine/generation/test_prefix_reuse.py": 36,
     "tests/engine/distributed/test_tp.py": 35,
-    "tests/cli/test_signals_chat.py": 32,
+    "tests/cli/test_signals_chat.py": 26,
     "tests/engine/trace/test_trace_script_gui.py": 31,
     "tests/plugins/test_plugins_mlx.py": 28,
     "tests/app/test_app.py": 25,
@@ -30,7 +30,7 @@ SECONDS = {
     "tests/engine/fastpath/test_fastpath_peers.py": 25,
     "tests/cli/test_chat_stats.py": 25,
     "tests/engine/fastpath/test_kernels_portable.py": 24,
-    "tests/engine/fastpath/test_kernels_types.py": 23,
+    "tests/engine/fastpath/test_kernels_types.py": 15,
     "tests/cli/test_full_disk.py": 22,
     "tests/cli/test_signals.py": 22,
     "tests/engine/store/test_store_errors.py": 21,
