@@ -70,16 +70,19 @@ def memoized_gguf_reader():
     weights, one new reader each time, and each parses the 49k-entry vocabulary again (seconds,
     most of it in gguf-py's per-element field walk): readers of an unchanged file (same path, inode,
     size and mtime) are shared for the rest of the session once a test asks for this. Read-only
-    readers only ('r': a memmap nobody writes); what the loader reads is unchanged."""
+    readers only ('r': a memmap nobody writes), and their bytes are read through a plain ndarray
+    view of the memmap: numpy.memmap's Python-level slicing hooks are most of the field walk's time
+    (millions of slices), the bytes are the same. What the loader reads is unchanged."""
     import functools
 
     import gguf
+    from gguf_craft import plain_view_reader
 
     original = gguf.GGUFReader
 
     @functools.lru_cache(maxsize=2)  # the default model and one other file
     def shared(path, inode, size, mtime_ns):
-        return original(path)
+        return plain_view_reader(path)
 
     def reader(path, mode="r"):
         if mode != "r":
@@ -247,6 +250,10 @@ TREE_WATCHED = (
 )
 _tree_records: dict[str, tuple[dict, dict]] = {}
 
+# `-n 2 --dist loadfile`: the longest files first, and the watched tests' files on the worker that
+# runs test_packaging.py, before it (tests/support/file_schedule.py)
+from file_schedule import pytest_xdist_make_scheduler  # noqa: E402, F401
+
 
 def checkout_tree_state() -> dict[str, str]:
     """`git status --porcelain` plus a hash of each file it names (a dirty file rewritten again
@@ -276,7 +283,7 @@ def pytest_runtest_protocol(item, nextitem):
     watched = (
         item.nodeid in TREE_WATCHED
         and not os.environ.get("OPSCOPE_SCREENSHOT_DIR")
-        and os.path.isdir(os.path.join(os.path.dirname(__file__), "..", ".git"))
+        and os.path.exists(os.path.join(os.path.dirname(__file__), "..", ".git"))  # a file in a git worktree
     )
     before = checkout_tree_state() if watched else None
     yield  # setup, call and teardown: a fixture's teardown could write into the tree too

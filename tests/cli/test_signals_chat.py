@@ -10,8 +10,9 @@ import signal
 import subprocess
 import sys
 
-# The embedded model with the plain torch path (no kernel build), 8000 tokens: a reply that cannot
-# end before its Ctrl-C.
+# The embedded model's first 2 layers (the session's shared file: what is tested is the chat's
+# signal handling, not the model; it loads in a fraction of the time) with the plain torch path (no
+# kernel build), 8000 tokens: a reply that cannot end before its Ctrl-C.
 CHAT = ("chat", "--fastpath", "off", "-n", "8000", "--ignore-eos")
 MAIN = "import sys; from opscope.engine.cli.main import main; sys.exit(main())"
 
@@ -25,11 +26,14 @@ def _read_until(p: subprocess.Popen, done) -> bytes:
     return seen
 
 
-def test_ctrl_c_stops_a_reply_then_ends_the_chat_at_its_prompt(tmp_path):
+def test_ctrl_c_stops_a_reply_then_ends_the_chat_at_its_prompt(tmp_path, default_model_2_layers):
     err = tmp_path / "err.txt"
     with open(err, "w") as f:
         p = subprocess.Popen(
-            [sys.executable, "-c", MAIN, *CHAT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=f
+            [sys.executable, "-c", MAIN, *CHAT, "--model", str(default_model_2_layers)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=f,
         )
     try:
         _read_until(p, lambda out: out.endswith(b"\n> "))  # the first prompt
@@ -50,9 +54,13 @@ def test_ctrl_c_stops_a_reply_then_ends_the_chat_at_its_prompt(tmp_path):
     assert not any("Traceback" in line for line in lines), lines
 
 
-def test_end_of_input_at_the_prompt_is_a_normal_exit():
+def test_end_of_input_at_the_prompt_is_a_normal_exit(default_model_2_layers):
     r = subprocess.run(
-        [sys.executable, "-c", MAIN, *CHAT], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", MAIN, *CHAT, "--model", str(default_model_2_layers)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     assert r.stderr.startswith("opscope chat · ") and "opscope:" not in r.stderr, r.stderr

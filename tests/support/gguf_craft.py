@@ -21,6 +21,26 @@ STRING, ARRAY = 8, 9
 U32, I32, F32, BOOL, U64 = 4, 5, 6, 7, 10
 
 
+def plain_view_reader(path: str | Path):
+    """``gguf.GGUFReader`` (gguf-py's own class) over a plain ndarray view of its read-only memmap:
+    numpy.memmap's Python-level slicing hooks are most of the time its field walk takes on a
+    49k-token vocabulary (3.2 s -> 1.1 s for the default model); the bytes and what it reads from
+    them are the same."""
+    import numpy as np
+    from gguf.gguf_reader import GGUFReader
+
+    class PlainViewReader(GGUFReader):
+        @property
+        def data(self):
+            return self._plain
+
+        @data.setter
+        def data(self, mapped):  # GGUFReader.__init__ sets the memmap, then walks it
+            self._plain = mapped.view(np.ndarray)
+
+    return PlainViewReader(str(path))
+
+
 @dataclass
 class KV:
     key: str
@@ -48,9 +68,7 @@ class Craft:
 
     @classmethod
     def read(cls, path: str | Path) -> Craft:
-        import gguf
-
-        r = gguf.GGUFReader(str(path))
+        r = plain_view_reader(path)
         kvs = []
         for f in r.fields.values():
             if f.name.startswith("GGUF."):

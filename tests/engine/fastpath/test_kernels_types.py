@@ -373,10 +373,10 @@ REQUANTIZED_DIR_ENV = "OPSCOPE_TEST_REQUANTIZED_DIR"
 
 
 @pytest.fixture(scope="session")
-def requantized(tmp_path_factory):
-    """{type: path} of the default model re-quantized by llama.cpp's llama-quantize."""
-    from opscope.engine.core.defaults import default_model_path
-
+def requantized(tmp_path_factory, default_model_2_layers):
+    """{type: path} of the default model's first 2 layers re-quantized by llama.cpp's llama-quantize:
+    what is checked (each tensor type llama-quantize writes, read by the kernels, equals the dense
+    path) holds layer by layer; a 2-layer Q4_K_M file holds the same four linear types."""
     tool = LLAMA_CPP / "llama-quantize"
     if not tool.is_file():
         pytest.fail(
@@ -391,7 +391,7 @@ def requantized(tmp_path_factory):
             continue
         part = out / f"model-{kind}.gguf.part"
         done = subprocess.run(
-            [str(tool), "--allow-requantize", str(default_model_path()), str(part), kind],
+            [str(tool), "--allow-requantize", str(default_model_2_layers), str(part), kind],
             capture_output=True,
             text=True,
             timeout=600,

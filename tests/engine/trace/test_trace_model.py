@@ -75,12 +75,15 @@ def test_per_element_copy_named_on_cpu(lm):
     assert type(lm.model.norm).__name__ == "RMSNorm"  # the shared model is restored
 
 
-def test_cli_trace_writes_report_and_exports(tmp_path, capsys):
+def test_cli_trace_writes_report_and_exports(tmp_path, capsys, default_model_2_layers):
+    """The command's report and exports (the model's first 2 layers: the command loads its own)."""
     out, jsonl = tmp_path / "trace.json", tmp_path / "events.jsonl"
     code = main(
         [
             "trace",
             "Hi",
+            "--model",
+            str(default_model_2_layers),
             "--tokens",
             "2",
             "--device",
