@@ -34,6 +34,8 @@ inline __m256i q4_block(const uint8_t* q) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
+using portable::prefetch_next;
+
 inline float h16(const void* p, int64_t i) { return vec::VecAVX2::fp16(static_cast<const uint8_t*>(p) + 2 * i); }
 
 // The row loop of the 32-weight layouts with activations per 32 (qy): block(n, b, yv, macc) returns
@@ -61,6 +63,7 @@ void soa_q4_1_rows_q8(const int8_t* qy, const float* dy, const float* sx, const 
   rows32_q8<R>(qy, K, row, y, [&](int64_t n, int64_t b, __m256i yv, float& macc) {
     const float dd = h16(d, n * nb + b);
     macc += (MD ? -8.f * dd : h16(m, n * nb + b)) * sx[b];
+    if (b % 4 == 0) prefetch_next<R>(qs + n * (K / 2) + 16 * b, K / 2);  // once per 64-byte line
     return std::pair{dd * dy[b], dot_u8s8(_mm256_setzero_si256(), q4_block(qs + n * (K / 2) + 16 * b), yv)};
   });
 }
@@ -70,6 +73,7 @@ void soa_q8_0_rows_q8(const int8_t* qy, const float* dy, const int8_t* qs, const
                       float* y) {
   const int64_t nb = K / 32;
   rows32_q8<R>(qy, K, row, y, [&](int64_t n, int64_t b, __m256i yv, float&) {
+    if (b % 2 == 0) prefetch_next<R>(reinterpret_cast<const uint8_t*>(qs + n * K + 32 * b), K);
     const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + n * K + 32 * b));
     // |w| as unsigned bytes, y with w's sign: the same products, u8 x s8 as maddubs wants
     const __m256i p = dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(yv, w));
@@ -85,6 +89,7 @@ void b32_rows_q8(const int8_t* qy, const float* dy, const float* sx, const uint8
   using V = vec::VecAVX2;
   rows32_q8<R>(qy, K, row, y, [&](int64_t n, int64_t b, __m256i yv, float& macc) {
     const uint8_t* blk = qs + n * row_bytes + b * T::BYTES;
+    if ((b * T::BYTES) % 64 < T::BYTES) prefetch_next<R>(blk, row_bytes);  // once per line
     __m128i lo, hi;
     P::template bytes<V>(blk, lo, hi);
     const __m256i q = _mm256_set_m128i(hi, lo);
@@ -264,6 +269,7 @@ void rows(const int8_t* qy, const float* dy, const int16_t* bs16, const int16_t*
     gguf::static_for<R>([&](auto rc) {
       constexpr int r = decltype(rc)::value;
       const uint8_t* blk = qs + (row + r) * row_bytes + b * T::BYTES;
+      for (int o = 0; o < T::BYTES; o += 64) prefetch_next<R>(blk + o, row_bytes);
       Sc s;
       T::scales(blk, s);
       __m256i si = _mm256_setzero_si256();
