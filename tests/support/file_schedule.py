@@ -83,6 +83,10 @@ def pytest_xdist_make_scheduler(config, log):
         return None  # xdist's own
     from xdist.scheduler import LoadFileScheduling
 
+    # private hooks of xdist's class (3.x): where a later xdist lacks them, its own order runs
+    if not all(hasattr(LoadFileScheduling, a) for a in ("_split_scope", "_assign_work_unit")):
+        return None
+
     class LongestFileFirst(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
