@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <memory>
 #include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -40,6 +41,15 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
 // MKL's dynamic adjustment off). The C entry point (mkl_service.h's mkl_set_num_threads_local is a
 // macro for it; the lower-case symbol is the Fortran one, which takes a pointer).
 extern "C" int MKL_Set_Num_Threads_Local(int n) __attribute__((weak));
+// MKL's packed-matrix GEMM (CBLAS, LP64 like sgemm_ above; weak for the same reason): the prompt's
+// rows are packed into MKL's internal layout once per GEMM and every panel reuses them. A plain
+// sgemm_ per panel packs them again for each panel: 5-15 % of the GEMM at 24-96-row panels.
+extern "C" size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k) __attribute__((weak));
+extern "C" void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k, float alpha,
+                                 const float* src, int ld, float* dest) __attribute__((weak));
+extern "C" void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k, const float* a,
+                                    int lda, const float* b, int ldb, float beta, float* c, int ldc)
+    __attribute__((weak));
 
 namespace opscope {
 namespace {
@@ -117,8 +127,45 @@ void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf) {
 #endif
 }
 
+// The prompt's rows x [M, K], and where MKL's packed GEMM is there, x packed once for every panel
+// (CBLAS row-major: x is A, a panel B^T). Packed for the whole GEMM's N columns, not a panel's: MKL
+// blocks K by the shape given at packing, and a panel size must not change the sum order (values
+// equal bit for bit over any thread count and panel split).
+struct Rows {
+  enum { kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kAMatrix = 161 };
+  const float* x;
+  int64_t M, K;
+  const float* packed = nullptr;
+
+  Rows(const float* x_, int64_t M_, int64_t K_, int64_t N) : x(x_), M(M_), K(K_) {
+    if (cblas_sgemm_pack_get_size == nullptr || cblas_sgemm_pack == nullptr || cblas_sgemm_compute == nullptr ||
+        sgemm_ == nullptr || !g_use_blas.load(std::memory_order_relaxed))
+      return;
+    // MKL's packed form is several times x's size (9 MB for 512 x 576 here): the caller thread keeps
+    // one buffer, uninitialised, so a GEMM neither zero-fills nor page-faults a fresh one.
+    thread_local std::unique_ptr<float[]> buf;
+    thread_local size_t cap = 0;
+    const size_t need = cblas_sgemm_pack_get_size(kAMatrix, int(M), int(N), int(K)) / sizeof(float) + 1;
+    if (need > cap) {
+      buf.reset(new float[need]);
+      cap = need;
+    }
+    cblas_sgemm_pack(kRowMajor, kAMatrix, kNoTrans, int(M), int(N), int(K), 1.f, x, int(K), buf.get());
+    packed = buf.get();
+  }
+};
+
 // c[M, n] (row stride ldc) = x[M, K] @ p[n, K]^T, on this thread only.
-void panel_gemm(const float* x, int64_t M, int64_t K, const float* p, int64_t n, float* c, int64_t ldc) {
+void panel_gemm(const Rows& xs, const float* p, int64_t n, float* c, int64_t ldc) {
+  const float* x = xs.x;
+  const int64_t M = xs.M, K = xs.K;
+  if (xs.packed != nullptr) {
+    const int before = MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0;
+    cblas_sgemm_compute(Rows::kRowMajor, Rows::kPacked, Rows::kTrans, int(M), int(n), int(K), xs.packed,
+                        int(K), p, int(K), 0.f, c, int(ldc));
+    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(before);
+    return;
+  }
   if (sgemm_ != nullptr && g_use_blas.load(std::memory_order_relaxed)) {
     // Column-major view: c^T [n, M] (ld ldc) = p (stored [n, K] row-major: op "t", ld K) . x^T (ld K).
     const int mi = int(n), ni = int(M), ki = int(K), lda = int(K), ldb = int(K), ldci = int(ldc);
@@ -135,18 +182,21 @@ void panel_gemm(const float* x, int64_t M, int64_t K, const float* p, int64_t n,
   at::mm_out(ct, xt, pt.t());
 }
 
-// Panels of at most the panel budget's rows (16-aligned), and at least PANELS_PER_THREAD per thread
-// where the rows allow (the k/v projections have few), so that dynamic scheduling can even out.
-constexpr int64_t PANELS_PER_THREAD = 4;
+// Panels of at most the panel budget's rows, and at least PANELS_PER_THREAD per thread where the
+// rows allow, so that dynamic scheduling can even out; rows a multiple of PANEL_QUANTUM and at least
+// PANEL_MIN: MKL's sgemm runs narrower or ragged panels 5-15 % slower (its AVX2 kernel takes 24
+// rows at a time, the AVX-512 one 16 or 48).
+constexpr int64_t PANELS_PER_THREAD = 4, PANEL_QUANTUM = 24, PANEL_MIN = 48;
 
 struct Panels {
   int64_t rows, count;
 };
 
 Panels plan_panels(int64_t N, int64_t K, int64_t threads) {
-  const int64_t cap = std::max<int64_t>(16, g_panel_bytes.load() / (4 * K) / 16 * 16);
+  const auto up = [](int64_t r) { return (r + PANEL_QUANTUM - 1) / PANEL_QUANTUM * PANEL_QUANTUM; };
+  const int64_t cap = std::max<int64_t>(PANEL_MIN, g_panel_bytes.load() / (4 * K) / PANEL_QUANTUM * PANEL_QUANTUM);
   const int64_t want = std::max((N + cap - 1) / cap, threads > 1 ? PANELS_PER_THREAD * threads : 1);
-  const int64_t rows = std::min<int64_t>(N, std::min(cap, ((N + want - 1) / want + 15) / 16 * 16));
+  const int64_t rows = std::min<int64_t>(N, std::min(cap, std::max(PANEL_MIN, up((N + want - 1) / want))));
   return {rows, (N + rows - 1) / rows};
 }
 
@@ -167,9 +217,8 @@ Buffers& buffers() {
 // rows * K. One worker per thread; each takes the next panel from a shared counter until none is
 // left.
 template <class F>
-void for_each_panel(int64_t N, int64_t K, F&& f) {
+void for_each_panel(const Panels& pl, int64_t N, int64_t K, F&& f) {
   const int64_t threads = at::get_num_threads();
-  const Panels pl = plan_panels(N, K, threads);
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min(threads, pl.count), 1, [&](int64_t, int64_t) {
     Buffers& bufs = buffers();
@@ -189,8 +238,9 @@ inline float act_scalar(float g, int64_t act) {
   return 0.5f * g * (1.f + std::tanh(c * (g + 0.044715f * g * g * g)));
 }
 
-// h[0..n) = act(g) * u, act 0: SiLU, 1: GELU (tanh approximation).
-void glu_row(float* h, const float* u, int64_t n, int64_t act) {
+// h[0..n) = act(g) * u, act 0: SiLU, 1: GELU (tanh approximation); n a multiple of the vector width
+// except on the scalar-only builds.
+void glu_vec(float* h, const float* u, int64_t n, int64_t act) {
   int64_t j = 0;
 #if defined(OPSCOPE_AVX512_RAW)  // gguf::exp_ps, the decode step's exp, lives under this guard
   const __m512 one = _mm512_set1_ps(1.f);
@@ -212,6 +262,19 @@ void glu_row(float* h, const float* u, int64_t n, int64_t act) {
   return portable::gelu_mul<vec::Vec>(h, u, n, h);
 #endif
   for (; j < n; ++j) h[j] = act_scalar(h[j], act) * u[j];
+}
+
+// glu_vec over a panel's row; its last < 16 values go through the vector code too, padded, so that
+// a value's bits do not depend on where a panel boundary falls (panels are 24-row multiples).
+void glu_row(float* h, const float* u, int64_t n, int64_t act) {
+  const int64_t body = n / 16 * 16;
+  glu_vec(h, u, body, act);
+  if (body == n) return;
+  float hh[16] = {}, uu[16] = {};
+  std::copy(h + body, h + n, hh);
+  std::copy(u + body, u + n, uu);
+  glu_vec(hh, uu, 16, act);
+  std::copy(hh, hh + (n - body), h + body);
 }
 
 at::Tensor rows_of(const at::Tensor& x, int64_t K) {
@@ -237,9 +300,11 @@ at::Tensor prefill_gemm(const at::Tensor& x, const Weights& w) {
   auto out = at::empty({M, N}, x2.options());
   const float* xp = x2.data_ptr<float>();
   float* yp = out.data_ptr<float>();
-  for_each_panel(N, K, [&](int64_t r0, int64_t n, float* buf) {
+  const Panels pl = plan_panels(N, K, at::get_num_threads());
+  const Rows xs(xp, M, K, N);
+  for_each_panel(pl, N, K, [&](int64_t r0, int64_t n, float* buf) {
     decode_panel(w, r0, n, buf);
-    panel_gemm(xp, M, K, buf, n, yp + r0, N);
+    panel_gemm(xs, buf, n, yp + r0, N);
   });
   return out.reshape(out_shape(x, N));
 }
@@ -253,13 +318,15 @@ at::Tensor prefill_glu(const at::Tensor& x, const Weights& g, const Weights& u, 
   auto out = at::empty({M, N}, x2.options());
   const float* xp = x2.data_ptr<float>();
   float* hp = out.data_ptr<float>();
-  for_each_panel(N, K, [&](int64_t r0, int64_t n, float* buf) {
+  const Panels pl = plan_panels(N, K, at::get_num_threads());
+  const Rows xs(xp, M, K, N);
+  for_each_panel(pl, N, K, [&](int64_t r0, int64_t n, float* buf) {
     Buffers& bufs = buffers();
     float* tmp = bufs.get(bufs.tmp, M * n);
     decode_panel(g, r0, n, buf);
-    panel_gemm(xp, M, K, buf, n, hp + r0, N);
+    panel_gemm(xs, buf, n, hp + r0, N);
     decode_panel(u, r0, n, buf);
-    panel_gemm(xp, M, K, buf, n, tmp, n);
+    panel_gemm(xs, buf, n, tmp, n);
     for (int64_t i = 0; i < M; ++i) glu_row(hp + i * N + r0, tmp + i * n, n, act);
   });
   return out.reshape(out_shape(x, N));
