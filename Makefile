@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.opscope-installed
 
 .PHONY: setup run chat lint typecheck test test-fast perf-check stress-check postgres clean screenshots xvfb-walk dist bundle bundle-test \
-	gpu-wheels gpu-check gpu-check-dry
+	gpu-wheels gpu-check gpu-check-dry prebuilt-arm arm-check
 
 setup: $(STAMP)
 
@@ -94,6 +94,18 @@ dist: setup
 	rm -rf build/lib build/bdist.* dist/opscope-*.whl dist/opscope-*.tar.gz
 	$(BIN)/opscope fastpath build --all
 	$(BIN)/python -c "from setuptools import build_meta as b; print(b.build_sdist('dist')); print(b.build_wheel('dist'))"
+
+# The ARM64 (NEON) kernels cross-compiled for the pinned torch into the same prebuilt/ folder tree,
+# so that a following `make dist` also carries them (packaging/cross_kernels.py: needs
+# g++-aarch64-linux-gnu and PyPI for torch's aarch64 headers and libraries, ~430 MB, cached).
+prebuilt-arm: setup
+	$(BIN)/python packaging/cross_kernels.py
+
+# That library loaded by the engine's own loader inside a real aarch64 torch, under qemu-user, and
+# its ops checked against references made here (packaging/arm_check.py; about a minute once the
+# Debian packages and torch's wheel are cached). Needs qemu-user.
+arm-check: prebuilt-arm
+	$(BIN)/python packaging/arm_check.py
 
 # A PyInstaller one-folder app for this OS in dist/opscope-gui/ (packaging/README.md). It is built
 # from the wheel in an environment of its own (build/bundle-venv): what a user gets, not the

@@ -1,0 +1,60 @@
+"""Runs inside an aarch64 CPython with torch (packaging/arm_check.py starts it under qemu-user):
+loads the kernels through the engine's own loader, which must pick the NEON variant from the
+prebuilt folder (the kernel cache is empty; nothing is compiled), and checks each op against the
+references the x86 side computed (gguf.quants.dequantize, float64 numpy). One line per case; exit
+status 1 when the loader took another road or any value is out of tolerance.
+
+    python arm_guest.py INPUTS.pt
+"""
+
+import platform
+import sys
+import time
+
+REL = 1e-5  # |y - y64| <= REL * (|x| @ |W|^T), elementwise: exact weights, float32 sums
+
+
+def worst(y, ref, bound) -> float:
+    return float(((y.double() - ref).abs() / bound.clamp_min(1e-30)).max())
+
+
+def main(inputs: str) -> int:
+    t0 = time.time()
+    import torch
+
+    print(
+        f"guest: {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__} "
+        f"(imported in {time.time() - t0:.0f} s)",
+        flush=True,
+    )
+    from opscope.engine.fastpath.kernels import build, variants
+
+    origin = build.library_origin()
+    build.load_kernels()
+    print(f"loader: {variants.reason(variants.chosen())}; {origin}", flush=True)
+    if build.loaded_variant() != "neon" or not origin.startswith("prebuilt:"):
+        print(f"FAILED: expected the prebuilt neon library, got {build.loaded_variant()} ({origin})")
+        return 1
+    torch.set_num_threads(2)
+    failed = 0
+    for case in torch.load(inputs, weights_only=True):
+        w = case["weight"]
+        for op, x, ref, bound in case["checks"]:
+            if op == "qlinear":  # one row: the fused dequantize-matvec
+                y = torch.ops.opscope.qlinear(x, w["qs"], w["d"], w["m"], w["qtype"], 0, 8, torch.float32)
+            else:  # many rows: the prefill GEMM
+                y = torch.ops.opscope.qgemm(x, w["qs"], w["d"], w["m"], w["qtype"])
+            err = worst(y, ref, bound)
+            ok = err <= REL
+            failed += not ok
+            print(
+                f"{case['type']:7s} {case['layout']:4s} {op:8s} rows {x.shape[0]:3d}: worst {err:.2e} x bound "
+                f"{'ok' if ok else 'FAILED'}",
+                flush=True,
+            )
+    print(f"{'all ops agree' if not failed else f'{failed} checks failed'} (tolerance {REL:g} x bound)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
