@@ -89,10 +89,12 @@ xvfb-walk: setup
 
 # The sdist and the wheel in dist/ (`pip install dist/opscope-*.whl`; packaging/README.md).
 # The wheel carries every CPU kernel variant prebuilt for the pinned torch (no compiler on the
-# user's machine); setup built the variants this CPU runs, `fastpath build --all` adds the others.
+# user's machine); setup built the variants this CPU runs, `fastpath build --all` adds the others,
+# and the ARM64 one is cross-compiled where the cross toolchain and PyPI are there (prebuilt-arm).
 dist: setup
 	rm -rf build/lib build/bdist.* dist/opscope-*.whl dist/opscope-*.tar.gz
 	$(BIN)/opscope fastpath build --all
+	$(BIN)/python packaging/cross_kernels.py || echo "ARM64 kernels not in this wheel: ARM users compile them at first use"
 	$(BIN)/python -c "from setuptools import build_meta as b; print(b.build_sdist('dist')); print(b.build_wheel('dist'))"
 
 # The ARM64 (NEON) kernels cross-compiled for the pinned torch into the same prebuilt/ folder tree,
