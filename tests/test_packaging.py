@@ -543,6 +543,13 @@ def test_the_bundle_generates_and_opens_its_window(tmp_path):
     )
     assert gen.returncode == 0, gen.stderr[-3000:]
     assert gen.stdout.strip()
+    # The kernels come from the bundle itself: no user cache here (XDG_CACHE_HOME empty), and a
+    # bundle cannot compile them.
+    env_nc = env | {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    fp = subprocess.run([str(exe), "fastpath"], cwd=tmp_path, env=env_nc, capture_output=True, text=True, timeout=600)
+    assert fp.returncode == 0, fp.stderr[-3000:]
+    library = next(line for line in fp.stdout.splitlines() if line.startswith("library "))
+    assert library.startswith(f"library prebuilt: {BUNDLE.resolve()}"), library
     shot = tmp_path / "window.png"
     gui = subprocess.run(
         [str(exe), "gui", "--screenshot", str(shot)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
