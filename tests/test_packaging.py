@@ -543,9 +543,9 @@ def test_the_bundle_generates_and_opens_its_window(tmp_path):
     )
     assert gen.returncode == 0, gen.stderr[-3000:]
     assert gen.stdout.strip()
-    # The kernels come from the bundle itself: no user cache here (XDG_CACHE_HOME empty), and a
+    # The kernels come from the bundle itself: no user cache here (empty cache folders), and a
     # bundle cannot compile them.
-    env_nc = env | {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env_nc = env | {"XDG_CACHE_HOME": str(tmp_path / "cache"), "OPSCOPE_KERNEL_CACHE": str(tmp_path / "kernels")}
     fp = subprocess.run([str(exe), "fastpath"], cwd=tmp_path, env=env_nc, capture_output=True, text=True, timeout=600)
     assert fp.returncode == 0, fp.stderr[-3000:]
     library = next(line for line in fp.stdout.splitlines() if line.startswith("library "))
