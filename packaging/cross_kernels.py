@@ -87,22 +87,22 @@ def compile_library(tree: Path, name: str, v: variants.Variant, dest: Path, work
     def one(src: str) -> Path:
         obj = work / f"{Path(src).stem}.o"
         out = subprocess.run(
-            [CXX, *flags, "-c", str(build._CSRC / src), "-o", str(obj)], capture_output=True, text=True
+            [CXX, *flags, "-c", str(build.CSRC / src), "-o", str(obj)], capture_output=True, text=True
         )
         if out.returncode != 0:
-            raise CrossError(f"compiling {src} for {ARCH} failed: {build._one_line(out.stderr)}")
+            raise CrossError(f"compiling {src} for {ARCH} failed: {build.one_line(out.stderr)}")
         return obj
 
     with ThreadPoolExecutor() as pool:
-        objs = list(pool.map(one, build._SOURCES))
+        objs = list(pool.map(one, build.SOURCES))
     lib = tree / "torch" / "lib"
     # torch's own libraries need CUDA and ARM Compute libraries that are not here: the link checks
     # only this library's symbols (--allow-shlib-undefined); the loader resolves theirs on the ARM host.
     link = [CXX, "-shared", *map(str, objs), f"-L{lib}", f"-Wl,-rpath-link,{lib}", "-Wl,--allow-shlib-undefined"]
-    link += ["-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python", *build._LDFLAGS, "-o", str(dest)]
+    link += ["-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python", *build.LDFLAGS, "-o", str(dest)]
     out = subprocess.run(link, capture_output=True, text=True)
     if out.returncode != 0:
-        raise CrossError(f"linking {dest.name} failed: {build._one_line(out.stderr)}")
+        raise CrossError(f"linking {dest.name} failed: {build.one_line(out.stderr)}")
 
 
 def check_library(path: Path, name: str) -> list[str]:
@@ -144,7 +144,7 @@ def cross_build(out_root: Path, cache: Path) -> Path:
     for stale in folder.glob("opscope_qlinear_neon_*"):
         stale.unlink()
     tmp.replace(dest)
-    build._record_prebuilt(v, dest)
+    build.record_prebuilt(v, dest)
     return dest
 
 

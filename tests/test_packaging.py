@@ -152,7 +152,7 @@ from pathlib import Path
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 import opscope.engine.fastpath.kernels.build as build
 if sys.argv[1] != "-":
-    build._CSRC = Path(sys.argv[1])
+    build.CSRC = Path(sys.argv[1])
 from opscope.engine.api import load
 from opscope.engine.generation.generate import generate
 from opscope.engine.generation.config import GenerationConfig
@@ -550,6 +550,9 @@ def test_the_bundle_generates_and_opens_its_window(tmp_path):
     assert fp.returncode == 0, fp.stderr[-3000:]
     library = next(line for line in fp.stdout.splitlines() if line.startswith("library "))
     assert library.startswith(f"library prebuilt: {BUNDLE.resolve()}"), library
+    # only this platform's libraries (the checkout may hold the ARM64 one too: make prebuilt-arm)
+    folders = {p.parent.name for p in BUNDLE.rglob("fastpath/kernels/prebuilt/*/*.so")}
+    assert folders == {build.abi_tag()}, folders
     shot = tmp_path / "window.png"
     gui = subprocess.run(
         [str(exe), "gui", "--screenshot", str(shot)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600

@@ -32,8 +32,9 @@ from opscope.engine.fastpath.kernels.variants import Variant
 
 log = logging.getLogger(__name__)
 
-_CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "ops.cpp", "decode.cpp", "prefill.cpp")
+# The library's sources, headers and flags (public: packaging/cross_kernels.py builds them for ARM64).
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "ops.cpp", "decode.cpp", "prefill.cpp")
 _HEADERS = (
     "qkernels.h",
     "qtensors.h",
@@ -46,7 +47,7 @@ _HEADERS = (
     "int8_avx2.h",
 )
 _CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")  # + the variant's -m flags
-_LDFLAGS = ("-fopenmp",)
+LDFLAGS = ("-fopenmp",)
 _lock = threading.Lock()
 
 
@@ -104,11 +105,11 @@ def build_key(v: Variant | None = None) -> str:
 
     v = v or variant()
     h = hashlib.sha256()
-    for name in _SOURCES + _HEADERS:
-        h.update((_CSRC / name).read_bytes())
+    for name in SOURCES + _HEADERS:
+        h.update((CSRC / name).read_bytes())
     for part in (
         v.name.encode(),
-        " ".join(cflags(v) + list(_LDFLAGS)).encode(),
+        " ".join(cflags(v) + list(LDFLAGS)).encode(),
         torch.__version__.encode(),
         sys.version.encode(),
     ):
@@ -148,10 +149,10 @@ def sources_key(v: Variant) -> str:
     it sits in (abi_tag) says which torch and CPython ABI it needs, so a Python of another patch
     release (3.11.2 vs 3.11.7: another build_key) still loads it."""
     h = hashlib.sha256()
-    for name in _SOURCES + _HEADERS:
-        h.update((_CSRC / name).read_bytes())
+    for name in SOURCES + _HEADERS:
+        h.update((CSRC / name).read_bytes())
     h.update(v.name.encode())
-    h.update(" ".join(cflags(v) + list(_LDFLAGS)).encode())
+    h.update(" ".join(cflags(v) + list(LDFLAGS)).encode())
     return h.hexdigest()[:16]
 
 
@@ -176,7 +177,7 @@ def prebuilt_entry(v: Variant) -> tuple[str, Path] | None:
     return (entry["module"], path) if path.is_file() else None
 
 
-def _record_prebuilt(v: Variant, dest: Path) -> None:
+def record_prebuilt(v: Variant, dest: Path) -> None:
     """Add ``dest`` (variant ``v``, these sources) to its folder's manifest."""
     import json
 
@@ -226,9 +227,9 @@ def _compile(name: str, build_dir: Path, v: Variant) -> ModuleType:
     try:
         return load(
             name=name,
-            sources=[str(_CSRC / n) for n in _SOURCES],
+            sources=[str(CSRC / n) for n in SOURCES],
             extra_cflags=cflags(v),
-            extra_ldflags=list(_LDFLAGS),
+            extra_ldflags=list(LDFLAGS),
             build_directory=str(build_dir),
             verbose=False,
         )
@@ -240,7 +241,7 @@ _failure: KernelBuildError | None = None  # remembered: a failed build is not re
 _loaded_variant: str | None = None
 
 
-def _one_line(message: str) -> str:
+def one_line(message: str) -> str:
     """A compiler's output as one log line: the summary (without ninja's "[1/6] c++ ..." command
     line) and the first compiler diagnostic; the whole output goes to the debug log."""
     lines = [x.strip() for x in message.splitlines() if x.strip()]
@@ -267,7 +268,7 @@ def load_kernels() -> ModuleType:
         log.debug("CPU kernel build failed", exc_info=True)
         plain = isinstance(e, (KernelBuildError, variants.VariantError))
         detail = str(e) if plain else f"the CPU kernels cannot be built: {type(e).__name__}: {e}"
-        _failure = KernelBuildError(_one_line(detail))
+        _failure = KernelBuildError(one_line(detail))
         raise _failure from e
 
 
@@ -368,7 +369,7 @@ def build_variant(v: Variant, out_root: Path) -> Path:
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.copyfile(so if so.is_file() else alt, tmp)
     tmp.replace(dest)  # a new file: a process that has the old one mapped keeps it
-    _record_prebuilt(v, dest)
+    record_prebuilt(v, dest)
     return dest
 
 
@@ -391,7 +392,7 @@ def prebuild(out_root: Path, names: list[str] | None = None) -> list[str]:
             env={**os.environ, variants.ENV: ""},
         )
         if out.returncode != 0:
-            raise KernelBuildError(f"building kernel variant {v.name} failed: {_one_line(out.stderr)}")
+            raise KernelBuildError(f"building kernel variant {v.name} failed: {one_line(out.stderr)}")
         lines.append(f"{v.name}: {out.stdout.strip().splitlines()[-1]}")
     return lines
 

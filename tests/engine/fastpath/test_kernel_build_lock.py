@@ -35,8 +35,8 @@ def test_a_stale_torch_lock_does_not_hang_the_next_build(tmp_path, monkeypatch, 
     csrc = tmp_path / "csrc"
     csrc.mkdir()
     (csrc / "tiny.cpp").write_text(_TINY)
-    monkeypatch.setattr(build, "_CSRC", csrc)
-    monkeypatch.setattr(build, "_SOURCES", ("tiny.cpp",))
+    monkeypatch.setattr(build, "CSRC", csrc)
+    monkeypatch.setattr(build, "SOURCES", ("tiny.cpp",))
     monkeypatch.setattr(build, "_HEADERS", ())
     cache = tmp_path / "kernels"
     monkeypatch.setenv("OPSCOPE_KERNEL_CACHE", str(cache))

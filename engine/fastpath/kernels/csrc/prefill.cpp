@@ -41,6 +41,17 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
 // MKL's dynamic adjustment off). The C entry point (mkl_service.h's mkl_set_num_threads_local is a
 // macro for it; the lower-case symbol is the Fortran one, which takes a pointer).
 extern "C" int MKL_Set_Num_Threads_Local(int n) __attribute__((weak));
+
+// MKL on one thread for a worker's scope, the thread's previous setting restored when it ends.
+struct MklOneThread {
+  int before = MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0;
+  MklOneThread() = default;
+  MklOneThread(const MklOneThread&) = delete;
+  MklOneThread& operator=(const MklOneThread&) = delete;
+  ~MklOneThread() {
+    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(before);
+  }
+};
 // MKL's packed-matrix GEMM (CBLAS, LP64 like sgemm_ above; weak for the same reason): the prompt's
 // rows are packed into MKL's internal layout once per GEMM and every panel reuses them. A plain
 // sgemm_ per panel packs them again for each panel: 5-15 % of the GEMM at 24-96-row panels.
@@ -155,24 +166,21 @@ struct Rows {
   }
 };
 
-// c[M, n] (row stride ldc) = x[M, K] @ p[n, K]^T, on this thread only.
+// c[M, n] (row stride ldc) = x[M, K] @ p[n, K]^T, on this thread only (inside for_each_panel's
+// MklOneThread).
 void panel_gemm(const Rows& xs, const float* p, int64_t n, float* c, int64_t ldc) {
   const float* x = xs.x;
   const int64_t M = xs.M, K = xs.K;
   if (xs.packed != nullptr) {
-    const int before = MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0;
     cblas_sgemm_compute(Rows::kRowMajor, Rows::kPacked, Rows::kTrans, int(M), int(n), int(K), xs.packed,
                         int(K), p, int(K), 0.f, c, int(ldc));
-    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(before);
     return;
   }
   if (sgemm_ != nullptr && g_use_blas.load(std::memory_order_relaxed)) {
     // Column-major view: c^T [n, M] (ld ldc) = p (stored [n, K] row-major: op "t", ld K) . x^T (ld K).
     const int mi = int(n), ni = int(M), ki = int(K), lda = int(K), ldb = int(K), ldci = int(ldc);
     const float one = 1.f, zero = 0.f;
-    const int before = MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0;
     sgemm_("T", "N", &mi, &ni, &ki, &one, p, &lda, x, &ldb, &zero, c, &ldci);
-    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(before);
     return;
   }
   auto opts = at::TensorOptions().dtype(at::kFloat);
@@ -221,6 +229,7 @@ void for_each_panel(const Panels& pl, int64_t N, int64_t K, F&& f) {
   const int64_t threads = at::get_num_threads();
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min(threads, pl.count), 1, [&](int64_t, int64_t) {
+    const MklOneThread one;  // sgemm must not split a panel again
     Buffers& bufs = buffers();
     float* buf = bufs.get(bufs.panel, pl.rows * K);
     for (int64_t p = next.fetch_add(1, std::memory_order_relaxed); p < pl.count;
@@ -464,7 +473,7 @@ at::Tensor prefill_attn(const at::Tensor& q_in, const at::Tensor& k_in, const at
     // A block's rows are token-major (token i, head hh at row i * rep + hh): its queries are
     // contiguous runs of rep * D in q, and so are its outputs in out.
     std::vector<float> qb(rep * blk * D), ob(rep * blk * D), sums(rep * blk);
-    const int before = MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0;
+    const MklOneThread one;
     for (int64_t t = t0; t < t1; ++t) {
       // Items sorted by cost, dealt round-robin (the longest first): the threads' totals even out.
       for (size_t it = t; it < items.size(); it += nt) {
@@ -492,7 +501,6 @@ at::Tensor prefill_attn(const at::Tensor& q_in, const at::Tensor& k_in, const at
         }
       }
     }
-    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(before);
   });
   return out;
 }

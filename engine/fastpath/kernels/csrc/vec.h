@@ -264,6 +264,39 @@ using Vec = VecNEON;
 using Vec = VecScalar;
 #endif
 
+// 32 bytes at a time, for the byte passes that prepare a K-type superblock (portable.h's KT<>::prep):
+// one register on AVX2, two B elsewhere. Same operations as B's.
+template <class V>
+struct Bytes32 {
+  struct T { typename V::B a, b; };
+  static T load(const uint8_t* p) { return {V::load16(p), V::load16(p + 16)}; }
+  static void store(uint8_t* p, T v) { std::memcpy(p, &v.a, 16); std::memcpy(p + 16, &v.b, 16); }
+  static T splat8(int k) { return {V::splat8(k), V::splat8(k)}; }
+  static T nib_lo(T v) { return {V::nib_lo(v.a), V::nib_lo(v.b)}; }
+  static T nib_hi(T v) { return {V::nib_hi(v.a), V::nib_hi(v.b)}; }
+  static T or8(T x, T y) { return {V::or8(x.a, y.a), V::or8(x.b, y.b)}; }
+  static T and8(T x, T y) { return {V::and8(x.a, y.a), V::and8(x.b, y.b)}; }
+  static T sub8(T v, int k) { return {V::sub8(v.a, k), V::sub8(v.b, k)}; }
+  template <int k> static T shl8(T v) { return {V::template shl8<k>(v.a), V::template shl8<k>(v.b)}; }
+  template <int k> static T shr8(T v) { return {V::template shr8<k>(v.a), V::template shr8<k>(v.b)}; }
+};
+#if defined(OPSCOPE_VEC_AVX2)
+template <>
+struct Bytes32<VecAVX2> {
+  using T = __m256i;
+  static T load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static void store(uint8_t* p, T v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+  static T splat8(int k) { return _mm256_set1_epi8(char(k)); }
+  static T nib_lo(T v) { return _mm256_and_si256(v, splat8(0x0F)); }
+  static T nib_hi(T v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), splat8(0x0F)); }
+  static T or8(T x, T y) { return _mm256_or_si256(x, y); }
+  static T and8(T x, T y) { return _mm256_and_si256(x, y); }
+  static T sub8(T v, int k) { return _mm256_sub_epi8(v, splat8(k)); }
+  template <int k> static T shl8(T v) { return k == 0 ? v : _mm256_and_si256(_mm256_slli_epi16(v, k), splat8((0xFF << k) & 0xFF)); }
+  template <int k> static T shr8(T v) { return k == 0 ? v : _mm256_and_si256(_mm256_srli_epi16(v, k), splat8(0xFF >> k)); }
+};
+#endif
+
 // Whether V has nib5p (the Q5 types' lanes built in 32-bit lanes); the others take the byte path.
 template <class V> inline constexpr bool has_nib5p = false;
 #if defined(OPSCOPE_VEC_AVX2)
