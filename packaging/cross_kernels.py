@@ -86,9 +86,7 @@ def compile_library(tree: Path, name: str, v: variants.Variant, dest: Path, work
 
     def one(src: str) -> Path:
         obj = work / f"{Path(src).stem}.o"
-        out = subprocess.run(
-            [CXX, *flags, "-c", str(build.CSRC / src), "-o", str(obj)], capture_output=True, text=True
-        )
+        out = subprocess.run([CXX, *flags, "-c", str(build.CSRC / src), "-o", str(obj)], capture_output=True, text=True)
         if out.returncode != 0:
             raise CrossError(f"compiling {src} for {ARCH} failed: {build.one_line(out.stderr)}")
         return obj

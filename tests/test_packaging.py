@@ -551,6 +551,8 @@ def test_the_bundle_generates_and_opens_its_window(tmp_path):
     library = next(line for line in fp.stdout.splitlines() if line.startswith("library "))
     assert library.startswith(f"library prebuilt: {BUNDLE.resolve()}"), library
     # only this platform's libraries (the checkout may hold the ARM64 one too: make prebuilt-arm)
+    from opscope.engine.fastpath.kernels import build
+
     folders = {p.parent.name for p in BUNDLE.rglob("fastpath/kernels/prebuilt/*/*.so")}
     assert folders == {build.abi_tag()}, folders
     shot = tmp_path / "window.png"
