@@ -29,52 +29,31 @@ inline typename V::F conv(typename V::B b) {
   else return V::template u8<c>(b);
 }
 
-// Dot product of the 32 quants (lo: weights 0-15, hi: 16-31) with x0 = x[0:16], x1 = x[16:32],
-// two FMA chains.
-template <class V, bool SIGNED>
-inline typename V::F dot32(typename V::B lo, typename V::B hi, const typename V::F* x0, const typename V::F* x1) {
-  constexpr int C = C16 / V::W;
-  typename V::F t0 = V::mul(conv<V, SIGNED, 0>(lo), x0[0]);
-  typename V::F t1 = V::mul(conv<V, SIGNED, 0>(hi), x1[0]);
-  static_for<C - 1>([&](auto cc) {
-    constexpr int c = decltype(cc)::value + 1;
-    t0 = V::fma(conv<V, SIGNED, c>(lo), x0[c], t0);
-    t1 = V::fma(conv<V, SIGNED, c>(hi), x1[c], t1);
-  });
-  return V::add(t0, t1);
+// Chunk c of a 32-weight block (weights [cW, cW + W) against x0, [16 + cW, 16 + cW + W) against
+// x1) added to the block's two FMA chains t0, t1: from bytes in registers (lo: weights 0-15, hi:
+// 16-31), from bytes in memory, or from 16 bytes of nibbles in memory (low: 0-15, high: 16-31).
+template <class V, bool SIGNED, int c>
+inline void chunk32(typename V::B lo, typename V::B hi, typename V::F x0, typename V::F x1, typename V::F& t0,
+                    typename V::F& t1) {
+  t0 = V::fma(conv<V, SIGNED, c>(lo), x0, t0);
+  t1 = V::fma(conv<V, SIGNED, c>(hi), x1, t1);
 }
-
-// The same from memory: 32 signed/unsigned bytes at q, or 16 bytes of nibbles (low: weights 0-15,
-// high: 16-31) at q.
-template <class V, bool SIGNED>
-inline typename V::F dot32p(const uint8_t* q, const typename V::F* x0, const typename V::F* x1) {
-  constexpr int C = C16 / V::W;
-  typename V::F t0 = V::zero(), t1 = V::zero();
-  static_for<C>([&](auto cc) {
-    constexpr int c = decltype(cc)::value;
-    if constexpr (SIGNED) {
-      t0 = V::fma(V::template s8p<c>(q), x0[c], t0);
-      t1 = V::fma(V::template s8p<c>(q + 16), x1[c], t1);
-    } else {
-      t0 = V::fma(V::template u8p<c>(q), x0[c], t0);
-      t1 = V::fma(V::template u8p<c>(q + 16), x1[c], t1);
-    }
-  });
-  return V::add(t0, t1);
+template <class V, bool SIGNED, int c>
+inline void chunk32p(const uint8_t* q, typename V::F x0, typename V::F x1, typename V::F& t0, typename V::F& t1) {
+  if constexpr (SIGNED) {
+    t0 = V::fma(V::template s8p<c>(q), x0, t0);
+    t1 = V::fma(V::template s8p<c>(q + 16), x1, t1);
+  } else {
+    t0 = V::fma(V::template u8p<c>(q), x0, t0);
+    t1 = V::fma(V::template u8p<c>(q + 16), x1, t1);
+  }
 }
-
-template <class V>
-inline typename V::F dot_nib32p(const uint8_t* q, const typename V::F* x0, const typename V::F* x1) {
-  constexpr int C = C16 / V::W;
-  typename V::F t0 = V::zero(), t1 = V::zero();
-  static_for<C>([&](auto cc) {
-    constexpr int c = decltype(cc)::value;
-    typename V::F lo, hi;
-    V::template nibp<c>(q, lo, hi);
-    t0 = V::fma(lo, x0[c], t0);
-    t1 = V::fma(hi, x1[c], t1);
-  });
-  return V::add(t0, t1);
+template <class V, int c>
+inline void chunk_nib32p(const uint8_t* q, typename V::F x0, typename V::F x1, typename V::F& t0, typename V::F& t1) {
+  typename V::F lo, hi;
+  V::template nibp<c>(q, lo, hi);
+  t0 = V::fma(lo, x0, t0);
+  t1 = V::fma(hi, x1, t1);
 }
 
 // Q5_0 / Q5_1: where the 5th bits (QH) and the nibbles (QS) are in a block.
@@ -82,18 +61,13 @@ template <class T> struct Q5 { static constexpr bool OK = false; };
 template <> struct Q5<gguf::TQ5_0> { static constexpr bool OK = true; static constexpr int QH = 2, QS = 6; };
 template <> struct Q5<gguf::TQ5_1> { static constexpr bool OK = true; static constexpr int QH = 4, QS = 8; };
 
-template <class V>
-inline typename V::F dot_nib5p(const uint8_t* q, uint32_t qh, const typename V::F* x0, const typename V::F* x1) {
-  constexpr int C = C16 / V::W;
-  typename V::F t0 = V::zero(), t1 = V::zero();
-  static_for<C>([&](auto cc) {
-    constexpr int c = decltype(cc)::value;
-    typename V::F lo, hi;
-    V::template nib5p<c>(q, qh, lo, hi);
-    t0 = V::fma(lo, x0[c], t0);
-    t1 = V::fma(hi, x1[c], t1);
-  });
-  return V::add(t0, t1);
+template <class V, int c>
+inline void chunk_nib5p(const uint8_t* q, uint32_t qh, typename V::F x0, typename V::F x1, typename V::F& t0,
+                        typename V::F& t1) {
+  typename V::F lo, hi;
+  V::template nib5p<c>(q, qh, lo, hi);
+  t0 = V::fma(lo, x0, t0);
+  t1 = V::fma(hi, x1, t1);
 }
 
 // The same place R rows on (the next group of rows), a group ahead of use: more lines in flight
@@ -103,11 +77,6 @@ inline typename V::F dot_nib5p(const uint8_t* q, uint32_t qh, const typename V::
 template <int R>
 inline void prefetch_next(const uint8_t* p, int64_t row_bytes) {
   __builtin_prefetch(p + R * row_bytes, 0, 3);
-}
-
-template <class V>
-inline void load_x32(const float* x, typename V::F* x0, typename V::F* x1) {
-  for (int c = 0; c < C16 / V::W; ++c) { x0[c] = V::load(x + c * V::W); x1[c] = V::load(x + 16 + c * V::W); }
 }
 
 // sc[0..16) = d * (16 bytes, signed or not): the K types' group scales, W at a time.
@@ -120,43 +89,35 @@ inline void scales16(typename V::B v, float d, float* sc) {
   });
 }
 
-// Dot product of 32 quants at q (bytes, signed or not) with x[0:32] read from memory.
-template <class V, bool SIGNED>
-inline typename V::F dot32px(const uint8_t* q, const float* x) {
-  constexpr int C = C16 / V::W;
-  typename V::F t0 = V::zero(), t1 = V::zero();
-  static_for<C>([&](auto cc) {
-    constexpr int c = decltype(cc)::value;
-    if constexpr (SIGNED) {
-      t0 = V::fma(V::template s8p<c>(q), V::load(x + c * V::W), t0);
-      t1 = V::fma(V::template s8p<c>(q + 16), V::load(x + 16 + c * V::W), t1);
-    } else {
-      t0 = V::fma(V::template u8p<c>(q), V::load(x + c * V::W), t0);
-      t1 = V::fma(V::template u8p<c>(q + 16), V::load(x + 16 + c * V::W), t1);
-    }
-  });
-  return V::add(t0, t1);
-}
-
 // fp16 scale i of an array of fp16 (the SoA layouts' d and m).
 template <class V>
 inline float h16(const void* p, int64_t i) { return V::fp16(static_cast<const uint8_t*>(p) + 2 * i); }
 
-// ---- The row loop of every 32-weight-block layout: x[32b, 32b+32) loaded once per block for R
-// rows; block(n, b, x0, x1, macc) returns {scale, dot product} of row n's block b and adds any
-// min/offset term (through the block sums of x) to macc.
-template <class V, int R, class Block>
-void rows32(const float* x, int64_t K, int64_t row, float* y, Block&& block) {
+// ---- The row loop of every 32-weight-block layout: x[32b, 32b+32) loaded a chunk at a time for R
+// rows, the rows innermost (as q4k_rows: their FMA chains side by side, ~10 % faster than row by
+// row). chunk(n, b, c, x0, x1, t0, t1) adds chunk c (a std::integral_constant) of row n's block b
+// (chunk32*); scale(n, b, macc) returns the block's scale and adds any min/offset term (through the
+// block sums of x) to macc.
+template <class V, int R, class Chunk, class Scale>
+void rows32(const float* x, int64_t K, int64_t row, float* y, Chunk&& chunk, Scale&& scale) {
   constexpr int C = C16 / V::W;
-  typename V::F acc[R], x0[C], x1[C];
+  typename V::F acc[R];
   float macc[R];
   for (int r = 0; r < R; ++r) { acc[r] = V::zero(); macc[r] = 0.f; }
   for (int64_t b = 0; b < K / 32; ++b) {
-    load_x32<V>(x + 32 * b, x0, x1);
+    typename V::F t0[R], t1[R];
+    for (int r = 0; r < R; ++r) { t0[r] = V::zero(); t1[r] = V::zero(); }
+    static_for<C>([&](auto cc) {
+      constexpr int c = decltype(cc)::value;
+      const typename V::F x0 = V::load(x + 32 * b + c * V::W), x1 = V::load(x + 32 * b + 16 + c * V::W);
+      static_for<R>([&](auto rc) {
+        constexpr int r = decltype(rc)::value;
+        chunk(row + r, b, cc, x0, x1, t0[r], t1[r]);
+      });
+    });
     static_for<R>([&](auto rc) {
       constexpr int r = decltype(rc)::value;
-      const auto [d, t] = block(row + r, b, x0, x1, macc[r]);
-      acc[r] = V::fma(V::set1(d), t, acc[r]);
+      acc[r] = V::fma(V::set1(scale(row + r, b, macc[r])), V::add(t0[r], t1[r]), acc[r]);
     });
   }
   for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) + macc[r];
@@ -168,22 +129,34 @@ template <class V, int R, bool MD>
 void soa_q4_1_rows(const float* x, const float* sx, const uint8_t* qs, const void* d, const void* m, int64_t K,
                    int64_t row, float* y) {
   const int64_t nb = K / 32;
-  rows32<V, R>(x, K, row, y, [&](int64_t n, int64_t b, const typename V::F* x0, const typename V::F* x1, float& macc) {
-    const float dd = h16<V>(d, n * nb + b);
-    macc += (MD ? -8.f * dd : h16<V>(m, n * nb + b)) * sx[b];
-    if (b % 4 == 0) prefetch_next<R>(qs + n * (K / 2) + b * 16, K / 2);  // once per 64-byte line
-    return std::pair{dd, dot_nib32p<V>(qs + n * (K / 2) + b * 16, x0, x1)};
-  });
+  using F = typename V::F;
+  rows32<V, R>(
+      x, K, row, y,
+      [&](int64_t n, int64_t b, auto cc, F x0, F x1, F& t0, F& t1) {
+        chunk_nib32p<V, decltype(cc)::value>(qs + n * (K / 2) + b * 16, x0, x1, t0, t1);
+      },
+      [&](int64_t n, int64_t b, float& macc) {
+        const float dd = h16<V>(d, n * nb + b);
+        macc += (MD ? -8.f * dd : h16<V>(m, n * nb + b)) * sx[b];
+        if (b % 4 == 0) prefetch_next<R>(qs + n * (K / 2) + b * 16, K / 2);  // once per 64-byte line
+        return dd;
+      });
 }
 
 template <class V, int R>
 void soa_q8_0_rows(const float* x, const int8_t* qs, const void* d, int64_t K, int64_t row, float* y) {
   const int64_t nb = K / 32;
-  rows32<V, R>(x, K, row, y, [&](int64_t n, int64_t b, const typename V::F* x0, const typename V::F* x1, float&) {
-    const uint8_t* q = reinterpret_cast<const uint8_t*>(qs + n * K + b * 32);
-    if (b % 2 == 0) prefetch_next<R>(q, K);
-    return std::pair{h16<V>(d, n * nb + b), dot32p<V, true>(q, x0, x1)};
-  });
+  using F = typename V::F;
+  const uint8_t* q8 = reinterpret_cast<const uint8_t*>(qs);
+  rows32<V, R>(
+      x, K, row, y,
+      [&](int64_t n, int64_t b, auto cc, F x0, F x1, F& t0, F& t1) {
+        chunk32p<V, true, decltype(cc)::value>(q8 + n * K + b * 32, x0, x1, t0, t1);
+      },
+      [&](int64_t n, int64_t b, float&) {
+        if (b % 2 == 0) prefetch_next<R>(q8 + n * K + b * 32, K);
+        return h16<V>(d, n * nb + b);
+      });
 }
 
 // ---- raw 32-weight blocks: bytes(blk, lo, hi) gives the 32 quants as bytes (weights 0-15, 16-31),
@@ -253,28 +226,35 @@ template <> struct B32<gguf::TIQ4_NL> {
 template <class V, class T, int R>
 void b32_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_bytes, int64_t K, int64_t row, float* y) {
   using P = B32<T>;
-  rows32<V, R>(x, K, row, y, [&](int64_t n, int64_t b, const typename V::F* x0, const typename V::F* x1, float& macc) {
-    const uint8_t* blk = qs + n * row_bytes + b * T::BYTES;
-    if ((b * T::BYTES) % 64 < T::BYTES) prefetch_next<R>(blk, row_bytes);  // once per line
-    typename V::F t;
-    if constexpr (std::is_same_v<T, gguf::TQ8_0>) {
-      t = dot32p<V, true>(blk + 2, x0, x1);
-    } else if constexpr (std::is_same_v<T, gguf::TQ4_1>) {
-      t = dot_nib32p<V>(blk + 4, x0, x1);
-    } else if constexpr (std::is_same_v<T, gguf::TQ4_0>) {  // d (q - 8): the -8 d through the block sum
-      t = dot_nib32p<V>(blk + 2, x0, x1);
-      macc -= 8.f * V::fp16(blk) * sx[b];
-    } else if constexpr (Q5<T>::OK && vec::has_nib5p<V>) {  // d (q - 16) (+ m): the -16 d through the sum
-      t = dot_nib5p<V>(blk + Q5<T>::QS, gguf::u32(blk + Q5<T>::QH), x0, x1);
-      if constexpr (P::M_OFF < 0) macc -= 16.f * V::fp16(blk) * sx[b];
-    } else {
-      typename V::B lo, hi;
-      P::template bytes<V>(blk, lo, hi);
-      t = dot32<V, P::SIGNED>(lo, hi, x0, x1);
-    }
-    if constexpr (P::M_OFF >= 0) macc += V::fp16(blk + P::M_OFF) * sx[b];
-    return std::pair{V::fp16(blk), t};
-  });
+  using F = typename V::F;
+  rows32<V, R>(
+      x, K, row, y,
+      [&](int64_t n, int64_t b, auto cc, F x0, F x1, F& t0, F& t1) {
+        constexpr int c = decltype(cc)::value;
+        const uint8_t* blk = qs + n * row_bytes + b * T::BYTES;
+        if constexpr (std::is_same_v<T, gguf::TQ8_0>) {
+          chunk32p<V, true, c>(blk + 2, x0, x1, t0, t1);
+        } else if constexpr (std::is_same_v<T, gguf::TQ4_1>) {
+          chunk_nib32p<V, c>(blk + 4, x0, x1, t0, t1);
+        } else if constexpr (std::is_same_v<T, gguf::TQ4_0>) {  // d (q - 8): the -8 d through the block sum
+          chunk_nib32p<V, c>(blk + 2, x0, x1, t0, t1);
+        } else if constexpr (Q5<T>::OK && vec::has_nib5p<V>) {  // d (q - 16) (+ m): the -16 d through the sum
+          chunk_nib5p<V, c>(blk + Q5<T>::QS, gguf::u32(blk + Q5<T>::QH), x0, x1, t0, t1);
+        } else {  // the block's bytes again for each chunk: the compiler keeps them from the first
+          typename V::B lo, hi;
+          P::template bytes<V>(blk, lo, hi);
+          chunk32<V, P::SIGNED, c>(lo, hi, x0, x1, t0, t1);
+        }
+      },
+      [&](int64_t n, int64_t b, float& macc) {
+        const uint8_t* blk = qs + n * row_bytes + b * T::BYTES;
+        if ((b * T::BYTES) % 64 < T::BYTES) prefetch_next<R>(blk, row_bytes);  // once per line
+        const float d = V::fp16(blk);
+        if constexpr (std::is_same_v<T, gguf::TQ4_0>) macc -= 8.f * d * sx[b];
+        if constexpr (Q5<T>::OK && vec::has_nib5p<V> && P::M_OFF < 0) macc -= 16.f * d * sx[b];
+        if constexpr (P::M_OFF >= 0) macc += V::fp16(blk + P::M_OFF) * sx[b];
+        return d;
+      });
 }
 
 // ---- raw 256-weight superblocks: prep decodes a superblock's quants to bytes in weight order
