@@ -14,6 +14,7 @@ Minutes: importing torch under emulation is slow.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -208,6 +209,10 @@ def stubs(site_dir: Path, root: Path, cache: Path) -> Path:
     out = cache / "stubs"
     libs = sorted((site_dir / "torch" / "lib").glob("*.so*")) + sorted((site_dir / "torch").glob("_C*.so"))
     system = [p for d in ("lib", "usr/lib") for p in (root / d / "aarch64-linux-gnu").glob("*.so*") if p.is_file()]
+    # Made once for these libraries: reading every symbol table again costs seconds per run.
+    key = hashlib.sha256("".join(f"{p}:{p.stat().st_size}\n" for p in libs + system).encode()).hexdigest()
+    if (out / "KEY").is_file() and (out / "KEY").read_text() == key:
+        return out
     have = {p.name for p in libs + system}
     missing: dict[str, set[str]] = {}
     owner: dict[str, str] = {}  # version name -> the missing library that defines it
@@ -244,6 +249,7 @@ def stubs(site_dir: Path, root: Path, cache: Path) -> Path:
             script.write_text("".join(nodes))
             args = [cc, "-shared", "-fPIC", "-nostdlib", f"-Wl,-soname,{lib_name}", str(src), "-o", str(out / lib_name)]
             subprocess.run(args + ([f"-Wl,--version-script,{script}"] if versions else []), check=True)
+    (out / "KEY").write_text(key)
     return out
 
 

@@ -74,6 +74,13 @@ def test_stubs_carry_the_sonames_symbol_versions_and_symbols_torch_asks_for(tmp_
     assert any(
         line.split()[3:4] == ["FUNC"] and line.split()[-1] == "fake_call@@libfake.so.13" for line in syms.splitlines()
     )
+    # made once for the same libraries; made again when one changes
+    made = stub.stat().st_mtime_ns
+    assert arm_check.stubs(site, root, tmp_path) == stub_dir and stub.stat().st_mtime_ns == made
+    with user.open("ab") as f:
+        f.write(b"\0" * 16)
+    arm_check.stubs(site, root, tmp_path)
+    assert stub.stat().st_mtime_ns != made
 
 
 def _map(tmp_path: Path, text: str) -> Path:
