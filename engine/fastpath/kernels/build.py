@@ -100,20 +100,23 @@ def cflags(v: Variant) -> list[str]:
     return list(_CFLAGS + v.cflags)
 
 
-def build_key(v: Variant | None = None) -> str:
-    import torch
-
-    v = v or variant()
+def _compiled_from(v: Variant) -> hashlib._Hash:
+    """A hash of the sources, headers, variant and flags (what both keys below start from)."""
     h = hashlib.sha256()
     for name in SOURCES + _HEADERS:
         h.update((CSRC / name).read_bytes())
-    for part in (
-        v.name.encode(),
-        " ".join(cflags(v) + list(LDFLAGS)).encode(),
-        torch.__version__.encode(),
-        sys.version.encode(),
-    ):
-        h.update(part)
+    h.update(v.name.encode())
+    h.update(" ".join(cflags(v) + list(LDFLAGS)).encode())
+    return h
+
+
+def build_key(v: Variant | None = None) -> str:
+    """sources_key plus this torch and this exact Python: a user-cache build's name."""
+    import torch
+
+    h = _compiled_from(v or variant())
+    h.update(torch.__version__.encode())
+    h.update(sys.version.encode())
     return h.hexdigest()[:16]
 
 
@@ -148,12 +151,7 @@ def sources_key(v: Variant) -> str:
     """The hash of what a prebuilt library was compiled from (sources, variant, flags): the folder
     it sits in (abi_tag) says which torch and CPython ABI it needs, so a Python of another patch
     release (3.11.2 vs 3.11.7: another build_key) still loads it."""
-    h = hashlib.sha256()
-    for name in SOURCES + _HEADERS:
-        h.update((CSRC / name).read_bytes())
-    h.update(v.name.encode())
-    h.update(" ".join(cflags(v) + list(LDFLAGS)).encode())
-    return h.hexdigest()[:16]
+    return _compiled_from(v).hexdigest()[:16]
 
 
 _MANIFEST = "manifest.json"

@@ -241,7 +241,7 @@ void b32_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_by
           chunk_nib32p<V, c>(blk + 2, x0, x1, t0, t1);
         } else if constexpr (Q5<T>::OK && vec::has_nib5p<V>) {  // d (q - 16) (+ m): the -16 d through the sum
           chunk_nib5p<V, c>(blk + Q5<T>::QS, gguf::u32(blk + Q5<T>::QH), x0, x1, t0, t1);
-        } else {  // the block's bytes again for each chunk: the compiler keeps them from the first
+        } else {  // asked for in every chunk (IQ4_NL on AVX2 runs as fast as with one decode per block)
           typename V::B lo, hi;
           P::template bytes<V>(blk, lo, hi);
           chunk32<V, P::SIGNED, c>(lo, hi, x0, x1, t0, t1);
