@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import cross_kernels as cross
-from opscope.engine.fastpath.kernels import build
+from opscope.engine.fastpath.kernels import build, variants
 
 HERE = Path(__file__).resolve().parent
 # Debian's pool, then its security updates' pool (point-release fixes live in one or the other).
@@ -61,6 +61,9 @@ PURE = (
 )
 TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 TYPES += ("IQ4_NL", "IQ4_XS")
+# (type, layout) with int8-activation kernels in every aarch64 variant: every quantized type, but
+# Q8_0 only repacked (the loader's layout for it), as on x86
+Q8_CASES = {(t, layout) for t in TYPES if t not in ("F16", "BF16") for layout in ("raw", "auto")} - {("Q8_0", "raw")}
 
 
 def sysroot(cache: Path) -> Path:
@@ -253,9 +256,21 @@ def stubs(site_dir: Path, root: Path, cache: Path) -> Path:
     return out
 
 
+def q8_model(x, block: int):
+    """The int8 activations as the kernels make them (per ``block`` values: scale amax/127 in
+    float32, x / scale rounded to nearest even), back in float64."""
+    import numpy as np
+
+    xb = x.reshape(x.shape[0], -1, block).astype(np.float32)
+    scale = (np.abs(xb).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.where(scale > 0, np.float32(1) / np.where(scale > 0, scale, 1), 0).astype(np.float32)
+    return (np.rint(xb * inv) * scale.astype(np.float64)).reshape(x.shape)
+
+
 def make_inputs(path: Path) -> None:
     """Per type: random blocks in each layout, one row and 64 rows of activations, and the float64
-    products with ggml's own dequantized weights."""
+    products with ggml's own dequantized weights; for the quantized types also the one-row product
+    with int8 activations (act_mode 1), whose reference is the int8-rounded x times those weights."""
     import gguf
     import numpy as np
     import torch
@@ -270,22 +285,29 @@ def make_inputs(path: Path) -> None:
         for layout in ("raw",) + (("auto",) if t in QTYPES or t == "Q4_0" else ()):
             w = pack(t, raw, (n, k), layout=layout)
             checks = []
-            for op, rows in (("qlinear", 1), ("qgemm", 64)):
+            for op, rows in (("qlinear", 1), ("qgemm", 64)) + ((("qlinear_q8", 1),) if (t, layout) in Q8_CASES else ()):
                 x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
                 xd = x.double().numpy()
-                ref, bound = xd @ dense.T, np.abs(xd) @ np.abs(dense).T
+                xr = (
+                    q8_model(xd, 256 if RAW_TYPES[t][1] == 256 and layout == "raw" else 32)
+                    if op == "qlinear_q8"
+                    else xd
+                )
+                ref, bound = xr @ dense.T, np.abs(xd) @ np.abs(dense).T
                 checks.append((op, x, torch.from_numpy(ref), torch.from_numpy(bound)))
             weight = {"qs": w.qs, "d": w.d, "m": w.m, "qtype": w.qtype}
             cases.append({"type": t, "layout": layout, "weight": weight, "checks": checks})
     torch.save(cases, path)
 
 
-def prebuilt_neon(version: str) -> tuple[Path, str]:
+def prebuilt(version: str, variant: str) -> tuple[Path, str]:
     folder = build.prebuilt_root() / f"torch{version}-{sys.implementation.cache_tag}-{cross.ARCH}"
     try:
-        entry = json.loads((folder / "manifest.json").read_text())["neon"]
+        entry = json.loads((folder / "manifest.json").read_text())[variant]
     except (OSError, ValueError, KeyError):
-        raise cross.CrossError(f"no ARM64 kernel library in {folder}: run `make prebuilt-arm` first") from None
+        raise cross.CrossError(
+            f"no ARM64 {variant} kernel library in {folder}: run `make prebuilt-arm` first"
+        ) from None
     return folder / entry["file"], entry["module"]
 
 
@@ -298,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which("qemu-aarch64") is None:
             raise cross.CrossError("qemu-aarch64 not found: apt-get install qemu-user")
         version = cross.torch_version()
-        library, module = prebuilt_neon(version)
+        libraries = {v.name: prebuilt(version, v.name) for v in variants.for_arch(cross.ARCH)}
         root = sysroot(cache)
         site_dir = site(cache, version)
         stub_dir = stubs(site_dir, root, cache)
@@ -308,12 +330,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"arm_check: {e}", file=sys.stderr)
         return 2
     libpath = f"{stub_dir}:/lib/aarch64-linux-gnu:/usr/lib/aarch64-linux-gnu"
-    # An empty kernel cache: the library can only come from prebuilt/.
-    guest_env = f"LD_LIBRARY_PATH={libpath},PYTHONPATH={site_dir},OPSCOPE_KERNEL_CACHE={cache / 'empty-kernel-cache'}"
-    env = os.environ | {"QEMU_LD_PREFIX": str(root), "QEMU_SET_ENV": guest_env}
-    cmd = ["qemu-aarch64", str(root / "usr" / "bin" / "python3.11"), str(HERE / "arm_guest.py")]
-    print(f"library: {library} ({module})", flush=True)
-    return subprocess.run(cmd + [str(inputs)], env=env).returncode
+    failed = []
+    for name, (library, module) in libraries.items():
+        # An empty kernel cache: the library can only come from prebuilt/. The first variant is the
+        # one the loader picks on its own (the guest's CPU has dotprod); the others are asked for.
+        forced = "" if name == variants.for_arch(cross.ARCH)[0].name else name
+        guest_env = (
+            f"LD_LIBRARY_PATH={libpath},PYTHONPATH={site_dir},OPSCOPE_KERNEL_CACHE={cache / 'empty-kernel-cache'}"
+        )
+        guest_env += f",{variants.ENV}={forced}"
+        env = os.environ | {"QEMU_LD_PREFIX": str(root), "QEMU_SET_ENV": guest_env}
+        cmd = ["qemu-aarch64", str(root / "usr" / "bin" / "python3.11"), str(HERE / "arm_guest.py")]
+        print(f"library: {library} ({module})", flush=True)
+        if subprocess.run(cmd + [str(inputs), name], env=env).returncode != 0:
+            failed.append(name)
+    if failed:
+        print(f"arm_check: {', '.join(failed)} failed", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Runs inside an aarch64 CPython with torch (packaging/arm_check.py starts it under qemu-user):
 loads the kernels through the engine's own loader, which must pick the NEON variant from the
 prebuilt folder (the kernel cache is empty; nothing is compiled), and checks each op against the
-references the x86 side computed (gguf.quants.dequantize, float64 numpy). One line per case; exit
-status 1 when the loader took another road or any value is out of tolerance.
+references the x86 side computed (gguf.quants.dequantize, float64 numpy; for int8 activations the
+int8-rounded x). One line per case; exit status 1 when the loader took another road or any value
+is out of tolerance.
 
-    python arm_guest.py INPUTS.pt
+    python arm_guest.py INPUTS.pt VARIANT
 """
 
 import platform
@@ -18,7 +19,7 @@ def worst(y, ref, bound) -> float:
     return float(((y.double() - ref).abs() / bound.clamp_min(1e-30)).max())
 
 
-def main(inputs: str) -> int:
+def main(inputs: str, variant: str) -> int:
     t0 = time.time()
     import torch
 
@@ -32,23 +33,24 @@ def main(inputs: str) -> int:
     origin = build.library_origin()
     build.load_kernels()
     print(f"loader: {variants.reason(variants.chosen())}; {origin}", flush=True)
-    if build.loaded_variant() != "neon" or not origin.startswith("prebuilt:"):
-        print(f"FAILED: expected the prebuilt neon library, got {build.loaded_variant()} ({origin})")
+    if build.loaded_variant() != variant or not origin.startswith("prebuilt:"):
+        print(f"FAILED: expected the prebuilt {variant} library, got {build.loaded_variant()} ({origin})")
         return 1
     torch.set_num_threads(2)
     failed = 0
     for case in torch.load(inputs, weights_only=True):
         w = case["weight"]
         for op, x, ref, bound in case["checks"]:
-            if op == "qlinear":  # one row: the fused dequantize-matvec
-                y = torch.ops.opscope.qlinear(x, w["qs"], w["d"], w["m"], w["qtype"], 0, 8, torch.float32)
+            if op.startswith("qlinear"):  # one row: the fused dequantize-matvec (act_mode 1: int8 activations)
+                act_mode = 1 if op == "qlinear_q8" else 0
+                y = torch.ops.opscope.qlinear(x, w["qs"], w["d"], w["m"], w["qtype"], act_mode, 8, torch.float32)
             else:  # many rows: the prefill GEMM
                 y = torch.ops.opscope.qgemm(x, w["qs"], w["d"], w["m"], w["qtype"])
             err = worst(y, ref, bound)
             ok = err <= REL
             failed += not ok
             print(
-                f"{case['type']:7s} {case['layout']:4s} {op:8s} rows {x.shape[0]:3d}: worst {err:.2e} x bound "
+                f"{case['type']:7s} {case['layout']:4s} {op:10s} rows {x.shape[0]:3d}: worst {err:.2e} x bound "
                 f"{'ok' if ok else 'FAILED'}",
                 flush=True,
             )
@@ -57,4 +59,4 @@ def main(inputs: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -6,7 +6,8 @@
 and CPython minor version loads them without a compiler (engine.fastpath.kernels.build's manifest
 lookup). Needs Debian's ``g++-aarch64-linux-gnu`` and PyPI: torch's aarch64 wheel (~430 MB, kept in
 the per-user cache) gives the headers and the libraries to link against. The library is built from
-the same sources and flags as ``opscope fastpath build`` on an ARM machine (variant ``neon``).
+the same sources and flags as ``opscope fastpath build`` on an ARM machine: one library per aarch64
+variant (``neon-dotprod``, ``neon``).
 """
 
 from __future__ import annotations
@@ -120,11 +121,11 @@ def _recorded(folder: Path) -> dict:
         return {}
 
 
-def cross_build(out_root: Path, cache: Path) -> Path:
+def cross_build(out_root: Path, cache: Path, v: variants.Variant) -> Path:
+    """Variant ``v``'s library in ``out_root``'s aarch64 folder (kept when built from these sources)."""
     for tool in (CXX, READELF):
         if shutil.which(tool) is None:
             raise CrossError(f"{tool} not found: apt-get install g++-aarch64-linux-gnu")
-    v = variants.by_name("neon")
     version = torch_version()
     tree = torch_tree(cache, version)
     name = build.module_name(v)
@@ -139,8 +140,11 @@ def cross_build(out_root: Path, cache: Path) -> Path:
     problems = check_library(tmp, name)
     if problems:
         raise CrossError(f"{tmp}: {'; '.join(problems)}")
-    for stale in folder.glob("opscope_qlinear_neon_*"):
-        stale.unlink()
+    prefix = name.rsplit("_", 1)[0] + "_"
+    for stale in folder.glob(f"{prefix}*"):  # this variant built from older sources (not neon vs neon_dotprod)
+        key = stale.name[len(prefix) :].split(".", 1)[0]
+        if len(key) == 16 and "_" not in key:
+            stale.unlink()
     tmp.replace(dest)
     build.record_prebuilt(v, dest)
     return dest
@@ -152,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default=str(build.cache_root().parent / "cross"), help="torch's aarch64 files")
     a = ap.parse_args(argv)
     try:
-        print(f"neon: {cross_build(Path(a.out), Path(a.cache))}")
+        for v in variants.for_arch(ARCH):
+            print(f"{v.name}: {cross_build(Path(a.out), Path(a.cache), v)}")
     except CrossError as e:
         print(f"cross_kernels: {e}", file=sys.stderr)
         return 2

@@ -44,7 +44,9 @@ _HEADERS = (
     "vec.h",
     "portable.h",
     "pool.h",
+    "int8.h",
     "int8_avx2.h",
+    "int8_neon.h",
 )
 _CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")  # + the variant's -m flags
 LDFLAGS = ("-fopenmp",)

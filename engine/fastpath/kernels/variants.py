@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -71,7 +72,22 @@ VARIANTS: tuple[Variant, ...] = (
         int8=True,
     ),
     Variant("baseline", "x86_64", ("-march=x86-64", "-mtune=generic"), (), "portable kernels (SSE2)"),
-    Variant("neon", "aarch64", ("-march=armv8-a",), ("asimd",), "NEON kernels (vec.h traits)"),
+    Variant(
+        "neon-dotprod",
+        "aarch64",
+        ("-march=armv8.2-a+dotprod",),
+        ("asimd", "asimddp"),
+        "NEON kernels (vec.h traits), dotprod int8 dot products",
+        int8=True,
+    ),
+    Variant(
+        "neon",
+        "aarch64",
+        ("-march=armv8-a",),
+        ("asimd",),
+        "NEON kernels (vec.h traits), int8 by widening multiplies",
+        int8=True,
+    ),
 )
 
 
@@ -101,9 +117,25 @@ def cpu_flags() -> frozenset[str]:
                 return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    if arch() == "aarch64":
-        return frozenset({"asimd"})  # every ARMv8-A core (macOS has no /proc/cpuinfo)
+    if arch() == "aarch64":  # macOS has no /proc/cpuinfo: every ARMv8-A core has asimd
+        return frozenset({"asimd", "asimddp"} if _darwin_has("hw.optional.arm.FEAT_DotProd") else {"asimd"})
     return frozenset()
+
+
+def _darwin_has(feature: str) -> bool:
+    """Whether macOS's sysctl reports CPU feature ``feature`` (1); False elsewhere or when unknown."""
+    if sys.platform != "darwin":
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        value, size = ctypes.c_int(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
+        rc = libc.sysctlbyname(feature.encode(), ctypes.byref(value), ctypes.byref(size), None, ctypes.c_size_t(0))
+    except (OSError, AttributeError):
+        return False
+    return rc == 0 and value.value == 1
 
 
 def missing(v: Variant, flags: frozenset[str] | None = None) -> list[str]:

@@ -35,13 +35,24 @@ TYPES = [
     "IQ4_XS",
 ]
 N_ROWS = 9  # two 4-row groups and a single row
+# the types the int8-activation kernels (int8.h: AVX2, NEON) take as raw blocks; the others run float32
+INT8_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
+
+
+def q8_activations(x: np.ndarray, qb: int) -> tuple[np.ndarray, np.ndarray]:
+    """int8 values and float32 scales per ``qb`` values, as the kernels quantize activations
+    (scale amax/127 in float32, x times its float32 inverse rounded to nearest even)."""
+    xb = x.reshape(-1, qb).astype(np.float32)
+    scale = (np.abs(xb).max(-1) / np.float32(127)).astype(np.float32)
+    inv = np.where(scale > 0, np.float32(1) / np.where(scale > 0, scale, 1), 0).astype(np.float32)
+    return np.rint(xb * inv[:, None]).astype(np.int8).reshape(-1), scale
 
 
 def write_vectors(path: Path) -> None:
     with open(path, "wb") as f:
         for i, t in enumerate(TYPES):
             qk = RAW_TYPES[t][1]
-            k = qk * (3 if qk == 256 else 5)
+            k = 256 * 3 if qk == 256 else 32 * 5  # whole int8 activation blocks (F16/BF16 blocks are 16)
             rng = np.random.default_rng(100 + i)
             raw = random_blocks(t, N_ROWS, k, rng)
             dense = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[t]).reshape(N_ROWS, k).astype(np.float64)
@@ -52,13 +63,28 @@ def write_vectors(path: Path) -> None:
             f.write(x.tobytes())
             f.write((dense @ x.astype(np.float64)).tobytes())
             f.write((np.abs(dense) @ np.abs(x.astype(np.float64))).tobytes())
+            q, scale = q8_activations(x, qk if qk == 256 else 32)
+            per32 = q.reshape(-1, 32).astype(np.int32).sum(-1)
+            f.write(struct.pack("<q", 256 if qk == 256 else 32))
+            f.write(q.tobytes() + scale.tobytes())
+            f.write(
+                (np.repeat(scale, len(per32) // len(scale)) * per32.astype(np.float32)).astype(np.float32).tobytes()
+            )
+            f.write(q.reshape(-1, 16).astype(np.int32).sum(-1).astype(np.int16).tobytes())
+            f.write(per32.astype(np.int16).tobytes())
+            xq = (q.reshape(len(scale), -1) * scale[:, None].astype(np.float64)).reshape(-1)
+            f.write((dense @ xq).tobytes())
 
 
-def check(out: subprocess.CompletedProcess, vec_name: str) -> None:
+def check(out: subprocess.CompletedProcess, vec_name: str, int8: bool) -> None:
+    """Every type ran within tolerance (the driver's exit status), and the int8 kernels ran for
+    INT8_TYPES exactly where the build has them."""
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == f"vec {vec_name}", lines[0]
     assert len(lines) == 2 + len(TYPES), out.stdout  # every type ran, and the helpers
+    ran8 = {t for t, line in zip(TYPES, lines[1:]) if line.split(" q8 ")[1] != "-"}
+    assert ran8 == (INT8_TYPES if int8 else set()), out.stdout
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +102,10 @@ def _compile(cxx: str, flags: list[str], exe: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "name, flags, vec_name", [("baseline", ["-march=x86-64"], "scalar"), ("avx2", ["-march=x86-64-v3"], "avx2")]
+    "name, flags, vec_name, int8",
+    [("baseline", ["-march=x86-64"], "scalar", False), ("avx2", ["-march=x86-64-v3"], "avx2", True)],
 )
-def test_x86_portable_kernels_match_the_references(vectors, tmp_path, name, flags, vec_name):
+def test_x86_portable_kernels_match_the_references(vectors, tmp_path, name, flags, vec_name, int8):
     v = variants.by_name(name)
     if variants.missing(v):
         pytest.skip(f"this CPU cannot run {name}: lacks {' '.join(variants.missing(v))}")
@@ -87,16 +114,22 @@ def test_x86_portable_kernels_match_the_references(vectors, tmp_path, name, flag
         pytest.skip("no C++ compiler (g++/c++) to build the test driver")
     _compile(cxx, flags, tmp_path / "driver")
     check(
-        subprocess.run([str(tmp_path / "driver"), str(vectors)], capture_output=True, text=True, timeout=120), vec_name
+        subprocess.run([str(tmp_path / "driver"), str(vectors)], capture_output=True, text=True, timeout=120),
+        vec_name,
+        int8,
     )
 
 
-def test_neon_kernels_match_the_references_under_qemu(vectors, tmp_path):
+@pytest.mark.parametrize("name", ["neon", "neon-dotprod"])
+def test_neon_kernels_match_the_references_under_qemu(vectors, tmp_path, name):
+    """Both aarch64 variants' flags: int8 products by widening multiplies (ARMv8.0) and by sdot."""
     cxx, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
     if variants.arch() == "aarch64":
         cxx, qemu = shutil.which("g++") or shutil.which("c++"), None  # natively
+        if variants.missing(variants.by_name(name)):
+            pytest.skip(f"this CPU cannot run {name}: lacks {' '.join(variants.missing(variants.by_name(name)))}")
     elif cxx is None or qemu is None:
         pytest.skip("no aarch64 cross toolchain or qemu-user: apt-get install g++-aarch64-linux-gnu qemu-user")
-    _compile(cxx, ["-march=armv8-a", "-static"], tmp_path / "driver")
+    _compile(cxx, [*variants.by_name(name).cflags, "-static"], tmp_path / "driver")
     cmd = ([qemu] if qemu else []) + [str(tmp_path / "driver"), str(vectors)]
-    check(subprocess.run(cmd, capture_output=True, text=True, timeout=300), "neon")
+    check(subprocess.run(cmd, capture_output=True, text=True, timeout=300), "neon", True)

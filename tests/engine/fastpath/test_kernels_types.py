@@ -140,8 +140,8 @@ def test_q8_request_without_an_int8_kernel_runs_float32(kern, ggml_type):
 
 def int8_raw(kern, ggml_type: str) -> bool:
     """Whether this build runs raw blocks of ``ggml_type`` with int8 activations: the AVX-512 VNNI,
-    AVX2 and AVX-VNNI variants every type of Q8_TYPES (the K types per 256, the 32-weight blocks per
-    32), the others (AVX-512 without VNNI, baseline, NEON) none."""
+    AVX2, AVX-VNNI and NEON variants every type of Q8_TYPES (the K types per 256, the 32-weight
+    blocks per 32), the others (AVX-512 without VNNI, baseline) none."""
     return ggml_type in Q8_TYPES and bool(kern.has_vnni() or kern.has_int8_soa())
 
 

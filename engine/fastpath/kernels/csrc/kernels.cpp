@@ -24,9 +24,8 @@
 #if !defined(__AVX512F__)
 #include "portable.h"  // the AVX2 / NEON / baseline variants' kernels (vec.h traits)
 #endif
-#if !defined(__AVX512F__) && defined(OPSCOPE_VEC_AVX2)
-#include "int8_avx2.h"  // the avx2 / avx2-vnni variants' int8-activation kernels
-#define OPSCOPE_HAVE_INT8_AVX2 1
+#if !defined(__AVX512F__)
+#include "int8.h"  // the avx2 / avx2-vnni / neon variants' int8-activation kernels
 #endif
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -195,7 +194,7 @@ void portable_rows(const Weights& w, const Act& a, int64_t r0, int64_t r1, float
 }
 #endif
 
-#if defined(OPSCOPE_HAVE_INT8_AVX2)
+#if defined(OPSCOPE_HAVE_INT8_VEC)
 // The SoA layouts with int8 activations at 256 bits, 4 rows at a time, then single rows.
 void int8_rows(const Weights& w, const Act& a, int64_t r0, int64_t r1, float* y) {
   int64_t r = r0;
@@ -224,7 +223,7 @@ void rows_range(const Weights& w, const Act& a, bool q8, int64_t r0, int64_t r1,
   for (; r + 4 <= r1; r += 4) group4(w, a, q8, r, y);
 #else
   if (!q8) return portable_rows(w, a, r0, r1, y);
-#if defined(OPSCOPE_HAVE_INT8_AVX2)
+#if defined(OPSCOPE_HAVE_INT8_VEC)
   return int8_rows(w, a, r0, r1, y);
 #endif
 #endif
@@ -250,7 +249,7 @@ bool use_pool() {
 }  // namespace
 
 void matvec_multi(const float* x, int64_t K, const Weights* ws, float* const* ys, int n, bool q8, Scratch& s) {
-#if !defined(OPSCOPE_HAVE_VNNI) && !defined(OPSCOPE_HAVE_INT8_AVX2)
+#if !defined(OPSCOPE_HAVE_VNNI) && !defined(OPSCOPE_HAVE_INT8_VEC)
   q8 = false;  // no integer dot product here: the exact fp32 path instead
 #endif
   s.ensure(K);
@@ -316,7 +315,7 @@ bool built_with_avx512() {
 }
 
 bool built_with_int8_soa() {
-#if defined(OPSCOPE_HAVE_VNNI) || defined(OPSCOPE_HAVE_INT8_AVX2)
+#if defined(OPSCOPE_HAVE_VNNI) || defined(OPSCOPE_HAVE_INT8_VEC)
   return true;
 #else
   return false;

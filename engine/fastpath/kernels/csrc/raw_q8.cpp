@@ -20,9 +20,8 @@
 // the activations are also kept in that order (Q8K::q4).
 #include "gguf_types.h"
 #include "qkernels.h"
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include "int8_avx2.h"  // the avx2 variants' int8 kernels at 256 bits (the AVX-512 ones are below)
-#define OPSCOPE_RAW_Q8_AVX2 1
+#if !defined(__AVX512F__)
+#include "int8.h"  // the avx2 and neon variants' int8 kernels (the AVX-512 ones are below)
 #endif
 
 #include <algorithm>
@@ -348,28 +347,12 @@ template <class T> struct per32<T, std::void_t<decltype(T::QK)>> : std::true_typ
 }  // namespace
 #endif
 
-#if defined(OPSCOPE_RAW_Q8_AVX2)
-namespace {
-template <class F>
-bool with_b32_type(int64_t ggml_type, F&& fn) {
-  switch (ggml_type) {
-    case 2: fn(gguf::TQ4_0{}); return true;
-    case 3: fn(gguf::TQ4_1{}); return true;
-    case 6: fn(gguf::TQ5_0{}); return true;
-    case 7: fn(gguf::TQ5_1{}); return true;
-    case 20: fn(gguf::TIQ4_NL{}); return true;
-    default: return false;
-  }
-}
-}  // namespace
-#endif
-
 int raw_q8_block(int64_t ggml_type) {
   int qk = 0;
 #if defined(OPSCOPE_RAW_Q8)
   with_q8_type(ggml_type, [&](auto t) { qk = per32<decltype(t)>::value ? 32 : 256; });
-#elif defined(OPSCOPE_RAW_Q8_AVX2)
-  if (with_b32_type(ggml_type, [](auto) {})) qk = 32;
+#elif defined(OPSCOPE_HAVE_INT8_VEC)
+  if (int8x::with_b32_type(ggml_type, [](auto) {})) qk = 32;
   if (int8x::kq::with_type(ggml_type, [](auto) {})) qk = 256;
 #else
   (void)ggml_type;
@@ -392,8 +375,8 @@ void raw_rows_q8(const Weights& w, const Act8& a, int64_t r0, int64_t r1, float*
       for (; r < r1; ++r) rows_q8<T, 1>(*a.k, w, r, y);
     }
   });
-#elif defined(OPSCOPE_RAW_Q8_AVX2)
-  with_b32_type(w.ggml_type, [&](auto t) {
+#elif defined(OPSCOPE_HAVE_INT8_VEC)
+  int8x::with_b32_type(w.ggml_type, [&](auto t) {
     using T = decltype(t);
     int64_t r = r0;
     for (; r + 4 <= r1; r += 4) int8x::b32_rows_q8<T, 4>(a.qy, a.dy, a.sx, w.qs, w.row_bytes, w.K, r, y);
