@@ -63,6 +63,7 @@ TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", 
 TYPES += ("IQ4_NL", "IQ4_XS")
 # (type, layout) with int8-activation kernels in every aarch64 variant: every quantized type, but
 # Q8_0 only repacked (the loader's layout for it), as on x86
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")  # int8 activations per 256, the others per 32
 Q8_CASES = {(t, layout) for t in TYPES if t not in ("F16", "BF16") for layout in ("raw", "auto")} - {("Q8_0", "raw")}
 
 
@@ -256,17 +257,6 @@ def stubs(site_dir: Path, root: Path, cache: Path) -> Path:
     return out
 
 
-def q8_model(x, block: int):
-    """The int8 activations as the kernels make them (per ``block`` values: scale amax/127 in
-    float32, x / scale rounded to nearest even), back in float64."""
-    import numpy as np
-
-    xb = x.reshape(x.shape[0], -1, block).astype(np.float32)
-    scale = (np.abs(xb).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
-    inv = np.where(scale > 0, np.float32(1) / np.where(scale > 0, scale, 1), 0).astype(np.float32)
-    return (np.rint(xb * inv) * scale.astype(np.float64)).reshape(x.shape)
-
-
 def make_inputs(path: Path) -> None:
     """Per type: random blocks in each layout, one row and 64 rows of activations, and the float64
     products with ggml's own dequantized weights; for the quantized types also the one-row product
@@ -275,6 +265,7 @@ def make_inputs(path: Path) -> None:
     import numpy as np
     import torch
     from opscope.engine.fastpath.kernels.packing import QTYPES, RAW_TYPES, pack, random_blocks
+    from opscope.engine.testing import q8
 
     rng = np.random.default_rng(0)
     cases = []
@@ -288,11 +279,7 @@ def make_inputs(path: Path) -> None:
             for op, rows in (("qlinear", 1), ("qgemm", 64)) + ((("qlinear_q8", 1),) if (t, layout) in Q8_CASES else ()):
                 x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
                 xd = x.double().numpy()
-                xr = (
-                    q8_model(xd, 256 if RAW_TYPES[t][1] == 256 and layout == "raw" else 32)
-                    if op == "qlinear_q8"
-                    else xd
-                )
+                xr = q8.dequantized(xd, RAW_TYPES[t][1] if t in K_TYPES else 32) if op == "qlinear_q8" else xd
                 ref, bound = xr @ dense.T, np.abs(xd) @ np.abs(dense).T
                 checks.append((op, x, torch.from_numpy(ref), torch.from_numpy(bound)))
             weight = {"qs": w.qs, "d": w.d, "m": w.m, "qtype": w.qtype}

@@ -23,6 +23,7 @@ os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
 from opscope.engine.fastpath.kernels import dequantize_reference, load_kernels, pack
 from opscope.engine.fastpath.kernels.packing import random_blocks
+from opscope.engine.testing import q8
 
 # (N, K) of every weight matmul in SmolLM2-135M: q/o, k/v, gate/up, down, the tied Q8_0 head.
 MODEL_SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
@@ -37,15 +38,6 @@ def kern():
 
 def ggml_dense(ggml_type: str, raw: np.ndarray, n: int, k: int) -> np.ndarray:
     return gguf.quants.dequantize(raw, TYPES[ggml_type]).reshape(n, k).astype(np.float64)
-
-
-def q8_model(x: np.ndarray) -> np.ndarray:
-    """float64 model of the kernels' activation quantization: per 32-block, scale amax/127, round."""
-    xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    scale = (np.abs(xb).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
-    inv = np.where(scale > 0, np.float32(1) / np.where(scale > 0, scale, 1), 0).astype(np.float32)
-    q = np.rint(xb * inv)
-    return (q * scale.astype(np.float64)).reshape(x.shape)
 
 
 def check_close(y: torch.Tensor, ref: np.ndarray, bound: np.ndarray, rel: float) -> None:
@@ -92,7 +84,7 @@ def test_matvec_q8_matches_its_float64_model(kern, ggml_type, shape, variant):
         y = run(kern, w, x, 1)
     finally:
         kern.set_kernel_variant(2)
-    xq, xd = q8_model(x.numpy()), x.double().numpy()
+    xq, xd = q8.dequantized(x.numpy(), 32), x.double().numpy()
     # llama.cpp's q8 scheme exactly: the dense weights (Q4_1's "+m" included) times the quantized x
     check_close(y, xq @ dense.T, np.abs(xd) @ np.abs(dense).T, 2e-6 * k**0.5)
     # and the quantization error itself stays small: int8 activations cost < 2 % of the bound

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from opscope.engine.fastpath.kernels import variants
 from opscope.engine.fastpath.kernels.packing import RAW_TYPES, random_blocks
+from opscope.engine.testing import q8
 
 ROOT = Path(__file__).resolve().parents[3]
 DRIVER = ROOT / "engine" / "fastpath" / "kernels" / "ctest" / "driver.cpp"
@@ -39,15 +40,6 @@ N_ROWS = 9  # two 4-row groups and a single row
 INT8_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
 
 
-def q8_activations(x: np.ndarray, qb: int) -> tuple[np.ndarray, np.ndarray]:
-    """int8 values and float32 scales per ``qb`` values, as the kernels quantize activations
-    (scale amax/127 in float32, x times its float32 inverse rounded to nearest even)."""
-    xb = x.reshape(-1, qb).astype(np.float32)
-    scale = (np.abs(xb).max(-1) / np.float32(127)).astype(np.float32)
-    inv = np.where(scale > 0, np.float32(1) / np.where(scale > 0, scale, 1), 0).astype(np.float32)
-    return np.rint(xb * inv[:, None]).astype(np.int8).reshape(-1), scale
-
-
 def write_vectors(path: Path) -> None:
     with open(path, "wb") as f:
         for i, t in enumerate(TYPES):
@@ -63,7 +55,7 @@ def write_vectors(path: Path) -> None:
             f.write(x.tobytes())
             f.write((dense @ x.astype(np.float64)).tobytes())
             f.write((np.abs(dense) @ np.abs(x.astype(np.float64))).tobytes())
-            q, scale = q8_activations(x, qk if qk == 256 else 32)
+            q, scale = q8.quantize(x, qk if qk == 256 else 32)
             per32 = q.reshape(-1, 32).astype(np.int32).sum(-1)
             f.write(struct.pack("<q", 256 if qk == 256 else 32))
             f.write(q.tobytes() + scale.tobytes())

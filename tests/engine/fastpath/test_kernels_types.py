@@ -27,6 +27,7 @@ os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
 from opscope.engine.fastpath.kernels import load_kernels, pack
 from opscope.engine.fastpath.kernels.packing import RAW_TYPES, random_blocks
+from opscope.engine.testing import q8
 
 TYPES = [
     "F16",
@@ -112,20 +113,9 @@ def test_matvec_matches_float64(kern, ggml_type, layout):
     check_close(y, x, dense)
 
 
-# int8-activation kernels of raw blocks (AVX-512 VNNI and AVX2 builds), activations quantized per 256
+# int8-activation kernels of raw blocks (AVX-512 VNNI, AVX2 and NEON builds), activations quantized per 256
 # (llama.cpp's Q8_K, the K types) or per 32 (its Q8_0/Q8_1, the 32-weight types)
 Q8_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]
-
-
-def q8_model(x: np.ndarray, block: int) -> np.ndarray:
-    """float64 model of the activation quantization: per ``block`` values, scale amax/127 in
-    float32, x * (1/scale) rounded to nearest even."""
-    xb = x.reshape(x.shape[0], -1, block).astype(np.float32)
-    scale = (np.abs(xb).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
-    inv = np.where(scale > 0, np.float32(1) / np.where(scale > 0, scale, 1), 0).astype(np.float32)
-    q = np.rint(xb * inv)
-    assert np.abs(q).max() <= 127
-    return (q * scale.astype(np.float64)).reshape(x.shape)
 
 
 @pytest.mark.parametrize("ggml_type", [t for t in TYPES if t not in Q8_TYPES])
@@ -170,7 +160,7 @@ def test_q8_matvec_matches_quantized_x(kern, ggml_type, n_rows):
         check_close(y, x, dense)
         return
     assert kern.raw_has_q8(RAW_TYPES[ggml_type][0])
-    xq = q8_model(x.numpy(), block)
+    xq = q8.dequantized(x.numpy(), block)
     xd, wd = x.double().numpy(), dense.astype(np.float64)
     bound = np.abs(xd) @ np.abs(wd).T
     err = np.abs(y.double().numpy() - xq @ wd.T) / np.maximum(bound, 1e-30)

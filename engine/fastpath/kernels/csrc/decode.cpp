@@ -4,7 +4,10 @@
 // Same math as engine.models.llama (rotate-half RoPE from the model's inv_freq, RMSNorm, grouped
 // KV heads, SiLU-gated MLP), reading and writing the model's own KV cache tensors so that a prefill
 // run by the torch model and decode steps run here share one cache.
-#include <torch/extension.h>
+// ATen and torch's pybind11 casters, not <torch/extension.h>: that also parses the whole C++
+// frontend (torch/all.h), the largest part of this file's compile time, once per variant.
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <ATen/Parallel.h>
 #include <array>
