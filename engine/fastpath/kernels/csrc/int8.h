@@ -14,6 +14,23 @@
 
 #if defined(OPSCOPE_HAVE_INT8_VEC)
 namespace opscope::int8x {
+namespace kq {
+// Calls fn(T{}) with the K type's decoder (the instruction set's kq::Q2 ... QX); false for the
+// other types.
+template <class Fn>
+bool with_type(int64_t t, Fn&& fn) {
+  switch (t) {
+    case gguf::Q2_K: fn(Q2{}); return true;
+    case gguf::Q3_K: fn(Q3{}); return true;
+    case gguf::Q4_K: fn(Q45<false>{}); return true;
+    case gguf::Q5_K: fn(Q45<true>{}); return true;
+    case gguf::Q6_K: fn(Q6{}); return true;
+    case gguf::IQ4_XS: fn(QX{}); return true;
+    default: return false;
+  }
+}
+}  // namespace kq
+
 // Calls fn(T{}) with the raw 32-weight block type that has an int8 kernel here (b32_rows_q8); false
 // for the others (Q8_0 is repacked at load and has its own, soa_q8_0_rows_q8).
 template <class F>

@@ -34,9 +34,9 @@ inline __m256i q4_block(const uint8_t* q) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
+using portable::h16;
 using portable::prefetch_next;
 
-inline float h16(const void* p, int64_t i) { return vec::VecAVX2::fp16(static_cast<const uint8_t*>(p) + 2 * i); }
 
 // The row loop of the 32-weight layouts with activations per 32 (qy): block(n, b, yv, macc) returns
 // {d * dy, int32 dot product} of row n's block b and adds any min term to macc.
@@ -61,8 +61,8 @@ void soa_q4_1_rows_q8(const int8_t* qy, const float* dy, const float* sx, const 
                       const void* m, int64_t K, int64_t row, float* y) {
   const int64_t nb = K / 32;
   rows32_q8<R>(qy, K, row, y, [&](int64_t n, int64_t b, __m256i yv, float& macc) {
-    const float dd = h16(d, n * nb + b);
-    macc += (MD ? -8.f * dd : h16(m, n * nb + b)) * sx[b];
+    const float dd = h16<vec::VecAVX2>(d, n * nb + b);
+    macc += (MD ? -8.f * dd : h16<vec::VecAVX2>(m, n * nb + b)) * sx[b];
     if (b % 4 == 0) prefetch_next<R>(qs + n * (K / 2) + 16 * b, K / 2);  // once per 64-byte line
     return std::pair{dd * dy[b], dot_u8s8(_mm256_setzero_si256(), q4_block(qs + n * (K / 2) + 16 * b), yv)};
   });
@@ -77,7 +77,7 @@ void soa_q8_0_rows_q8(const int8_t* qy, const float* dy, const int8_t* qs, const
     const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + n * K + 32 * b));
     // |w| as unsigned bytes, y with w's sign: the same products, u8 x s8 as maddubs wants
     const __m256i p = dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(yv, w));
-    return std::pair{h16(d, n * nb + b) * dy[b], p};
+    return std::pair{h16<vec::VecAVX2>(d, n * nb + b) * dy[b], p};
   });
 }
 
@@ -287,20 +287,6 @@ void rows(const int8_t* qy, const float* dy, const int16_t* bs16, const int16_t*
     });
   }
   for (int r = 0; r < R; ++r) y[row + r] = vec::VecAVX2::reduce(_mm256_sub_ps(acc[r], macc[r]));
-}
-
-// Calls fn(T{}) with the K type's decoder; false for the other types.
-template <class Fn>
-bool with_type(int64_t t, Fn&& fn) {
-  switch (t) {
-    case gguf::Q2_K: fn(Q2{}); return true;
-    case gguf::Q3_K: fn(Q3{}); return true;
-    case gguf::Q4_K: fn(Q45<false>{}); return true;
-    case gguf::Q5_K: fn(Q45<true>{}); return true;
-    case gguf::Q6_K: fn(Q6{}); return true;
-    case gguf::IQ4_XS: fn(QX{}); return true;
-    default: return false;
-  }
 }
 
 }  // namespace kq

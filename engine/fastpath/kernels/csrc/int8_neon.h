@@ -32,10 +32,10 @@ inline int32x4_t dot32(int8x16_t w0, int8x16_t w1, int8x16_t y0, int8x16_t y1) {
   return dot16(dot16(vdupq_n_s32(0), w0, y0), w1, y1);
 }
 
+using portable::h16;
 using portable::prefetch_next;
 using V = vec::VecNEON;
 
-inline float h16(const void* p, int64_t i) { return V::fp16(static_cast<const uint8_t*>(p) + 2 * i); }
 
 // The row loop of the 32-weight layouts with activations per 32 (qy): block(n, b, y0, y1, macc)
 // returns {d * dy, int32 dot product} of row n's block b and adds any min term to macc.
@@ -60,8 +60,8 @@ void soa_q4_1_rows_q8(const int8_t* qy, const float* dy, const float* sx, const 
                       const void* m, int64_t K, int64_t row, float* y) {
   const int64_t nb = K / 32;
   rows32_q8<R>(qy, K, row, y, [&](int64_t n, int64_t b, int8x16_t y0, int8x16_t y1, float& macc) {
-    const float dd = h16(d, n * nb + b);
-    macc += (MD ? -8.f * dd : h16(m, n * nb + b)) * sx[b];
+    const float dd = h16<V>(d, n * nb + b);
+    macc += (MD ? -8.f * dd : h16<V>(m, n * nb + b)) * sx[b];
     if (b % 4 == 0) prefetch_next<R>(qs + n * (K / 2) + 16 * b, K / 2);  // once per 64-byte line
     const uint8x16_t v = vld1q_u8(qs + n * (K / 2) + 16 * b);  // element j low, j + 16 high
     return std::pair{dd * dy[b], dot32(s8(V::nib_lo(v)), s8(V::nib_hi(v)), y0, y1)};
@@ -75,7 +75,7 @@ void soa_q8_0_rows_q8(const int8_t* qy, const float* dy, const int8_t* qs, const
   rows32_q8<R>(qy, K, row, y, [&](int64_t n, int64_t b, int8x16_t y0, int8x16_t y1, float&) {
     const int8_t* w = qs + n * K + 32 * b;
     if (b % 2 == 0) prefetch_next<R>(reinterpret_cast<const uint8_t*>(w), K);
-    return std::pair{h16(d, n * nb + b) * dy[b], dot32(vld1q_s8(w), vld1q_s8(w + 16), y0, y1)};
+    return std::pair{h16<V>(d, n * nb + b) * dy[b], dot32(vld1q_s8(w), vld1q_s8(w + 16), y0, y1)};
   });
 }
 
@@ -250,20 +250,6 @@ void rows(const int8_t* qy, const float* dy, const int16_t* bs16, const int16_t*
     });
   }
   for (int r = 0; r < R; ++r) y[row + r] = acc[r] - macc[r];
-}
-
-// Calls fn(T{}) with the K type's decoder; false for the other types.
-template <class Fn>
-bool with_type(int64_t t, Fn&& fn) {
-  switch (t) {
-    case gguf::Q2_K: fn(Q2{}); return true;
-    case gguf::Q3_K: fn(Q3{}); return true;
-    case gguf::Q4_K: fn(Q45<false>{}); return true;
-    case gguf::Q5_K: fn(Q45<true>{}); return true;
-    case gguf::Q6_K: fn(Q6{}); return true;
-    case gguf::IQ4_XS: fn(QX{}); return true;
-    default: return false;
-  }
 }
 
 }  // namespace kq
