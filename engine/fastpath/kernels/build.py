@@ -45,8 +45,7 @@ _HEADERS = (
     "portable.h",
     "pool.h",
     "int8.h",
-    "int8_avx2.h",
-    "int8_neon.h",
+    "vec_int8.h",
 )
 _CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")  # + the variant's -m flags
 LDFLAGS = ("-fopenmp",)

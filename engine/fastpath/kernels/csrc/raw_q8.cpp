@@ -386,8 +386,8 @@ void raw_rows_q8(const Weights& w, const Act8& a, int64_t r0, int64_t r1, float*
     using T = decltype(t);
     const Q8K& k = *a.k;
     int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) int8x::kq::rows<T, 4>(k.q.data(), k.d.data(), k.bs16.data(), k.bs32.data(), w.qs, w.row_bytes, w.K, r, y);
-    for (; r < r1; ++r) int8x::kq::rows<T, 1>(k.q.data(), k.d.data(), k.bs16.data(), k.bs32.data(), w.qs, w.row_bytes, w.K, r, y);
+    for (; r + 4 <= r1; r += 4) int8x::kq::rows<T, 4>(k.q.data(), k.d.data(), k.bs16.data(), w.qs, w.row_bytes, w.K, r, y);
+    for (; r < r1; ++r) int8x::kq::rows<T, 1>(k.q.data(), k.d.data(), k.bs16.data(), w.qs, w.row_bytes, w.K, r, y);
   });
 #else
   (void)w; (void)a; (void)r0; (void)r1; (void)y;

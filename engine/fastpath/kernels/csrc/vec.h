@@ -264,8 +264,9 @@ using Vec = VecNEON;
 using Vec = VecScalar;
 #endif
 
-// 32 bytes at a time, for the byte passes that prepare a K-type superblock (portable.h's KT<>::prep):
-// one register on AVX2, two B elsewhere. Same operations as B's.
+// 32 bytes at a time, for the byte passes that prepare a K-type superblock (portable.h's KT<>::prep)
+// and the int8 kernels' quants (int8.h): one register on AVX2, two B elsewhere. B's operations, and
+// the raw shifts, tables and half moves those need.
 template <class V>
 struct Bytes32 {
   struct T { typename V::B a, b; };
@@ -279,6 +280,14 @@ struct Bytes32 {
   static T sub8(T v, int k) { return {V::sub8(v.a, k), V::sub8(v.b, k)}; }
   template <int k> static T shl8(T v) { return {V::template shl8<k>(v.a), V::template shl8<k>(v.b)}; }
   template <int k> static T shr8(T v) { return {V::template shr8<k>(v.a), V::template shr8<k>(v.b)}; }
+  // shifts whose bits may cross into the neighbouring byte (the caller masks them off): no mask here
+  template <int k> static T shl_raw(T v) { return shl8<k>(v); }
+  template <int k> static T shr_raw(T v) { return shr8<k>(v); }
+  static T lut16(const int8_t* table, T v) { return {V::lut16(table, v.a), V::lut16(table, v.b)}; }
+  static T join(typename V::B lo, typename V::B hi) { return {lo, hi}; }
+  // the first (cat_lo) or second (cat_hi) 16 bytes of x and of y, one after the other
+  static T cat_lo(T x, T y) { return {x.a, y.a}; }
+  static T cat_hi(T x, T y) { return {x.b, y.b}; }
 };
 #if defined(OPSCOPE_VEC_AVX2)
 template <>
@@ -294,6 +303,14 @@ struct Bytes32<VecAVX2> {
   static T sub8(T v, int k) { return _mm256_sub_epi8(v, splat8(k)); }
   template <int k> static T shl8(T v) { return k == 0 ? v : _mm256_and_si256(_mm256_slli_epi16(v, k), splat8((0xFF << k) & 0xFF)); }
   template <int k> static T shr8(T v) { return k == 0 ? v : _mm256_and_si256(_mm256_srli_epi16(v, k), splat8(0xFF >> k)); }
+  template <int k> static T shl_raw(T v) { return k == 0 ? v : _mm256_slli_epi16(v, k); }
+  template <int k> static T shr_raw(T v) { return k == 0 ? v : _mm256_srli_epi16(v, k); }
+  static T lut16(const int8_t* table, T v) {
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table))), v);
+  }
+  static T join(__m128i lo, __m128i hi) { return _mm256_set_m128i(hi, lo); }
+  static T cat_lo(T x, T y) { return _mm256_permute2x128_si256(x, y, 0x20); }
+  static T cat_hi(T x, T y) { return _mm256_permute2x128_si256(x, y, 0x31); }
 };
 #endif
 

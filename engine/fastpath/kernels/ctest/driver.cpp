@@ -51,9 +51,9 @@ bool run_q8(int64_t type, const std::vector<uint8_t>& raw, int64_t row_bytes, in
     using T = decltype(t);
     int64_t r = 0;
     for (; r + 4 <= N; r += 4)
-      int8x::kq::rows<T, 4>(a.q.data(), a.d.data(), a.bs16.data(), a.bs32.data(), raw.data(), row_bytes, K, r, y.data());
+      int8x::kq::rows<T, 4>(a.q.data(), a.d.data(), a.bs16.data(), raw.data(), row_bytes, K, r, y.data());
     for (; r < N; ++r)
-      int8x::kq::rows<T, 1>(a.q.data(), a.d.data(), a.bs16.data(), a.bs32.data(), raw.data(), row_bytes, K, r, y.data());
+      int8x::kq::rows<T, 1>(a.q.data(), a.d.data(), a.bs16.data(), raw.data(), row_bytes, K, r, y.data());
   });
   return k_type || int8x::with_b32_type(type, [&](auto t) {
            using T = decltype(t);
