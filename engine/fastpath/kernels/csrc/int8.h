@@ -226,8 +226,8 @@ void rows(const int8_t* qy, const float* dy, const int16_t* bs16, const uint8_t*
         constexpr int k = decltype(kc)::value;
         Y u0, u1;
         T::template quants<k>(blk, u0, u1);
-        si = I::dot_sc<T::SIGNED, T::G32>(si, u0, ld(yb + 64 * k), s.sc + 4 * k);
-        si = I::dot_sc<T::SIGNED, T::G32>(si, u1, ld(yb + 64 * k + 32), s.sc + 4 * k + 2);
+        si = I::dot_sc<T::SIGNED, T::G32, 2 * k>(si, u0, ld(yb + 64 * k), s.sc);
+        si = I::dot_sc<T::SIGNED, T::G32, 2 * k + 1>(si, u1, ld(yb + 64 * k + 32), s.sc);
       });
       if constexpr (T::OFF_SHIFT >= 0) si = I::sub(si, I::shl<T::OFF_SHIFT>(I::madd16(s.sc, bs)));
       acc[r] = V::fma(I::cvt(si), V::set1(s.d * dy[b]), acc[r]);

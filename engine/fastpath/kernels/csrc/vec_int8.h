@@ -5,9 +5,9 @@
 //   dot_u(acc, u, y)   acc + the products u * y, u unsigned and at most 127, y signed (the lanes
 //                      that take which products differ by instruction set; the total does not)
 //   dot_s(acc, w, y)   the same for signed w
-//   dot_sc<SIGNED, ONE>(acc, u, y, sc)
-//                      acc + sc[0] * (products of bytes 0-15) + sc[1] * (bytes 16-31); ONE: the two
-//                      scales are known to be equal
+//   dot_sc<SIGNED, ONE, j>(acc, u, y, sc)
+//                      acc + sc[2j] * (products of bytes 0-15) + sc[2j + 1] * (bytes 16-31), sc 16
+//                      int16 scales (32-byte aligned); ONE: the two scales are known to be equal
 //   madd16(a, b)       the 16 int16 products a * b, summed into the lanes
 //   widen<SIGNED>(v, out)  the 16 bytes of v (signed or not) to int16 out[0..16)
 //   twice(v)           the 8 bytes of v, each twice (b0 b0 b1 b1 ...), as V::B
@@ -44,17 +44,22 @@ struct Int8<VecAVX2> {
 #endif
   }
   static S dot_s(S acc, Y w, Y y) { return dot_u(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w)); }
-  template <bool SIGNED, bool ONE>
+  // ONE: the pair (sc[2j], sc[2j + 1]) is the scale twice, dword j of the 16 scales, spread by one
+  // vpermd (read back as an int32, GCC takes it from the register with two shuffles instead, on the
+  // port the table lookups need; docs/decisions/cpu-variants.md)
+  template <bool SIGNED, bool ONE, int j>
   static S dot_sc(S acc, Y u, Y y, const int16_t* sc) {
     const __m256i p = SIGNED ? _mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(y, u))
                              : _mm256_maddubs_epi16(u, y);
-    int32_t pair;
-    std::memcpy(&pair, sc, 4);
-    __m256i s = _mm256_set1_epi32(pair);  // ONE: sc[0] in every int16 lane already
-    if constexpr (!ONE) {
+    __m256i s;
+    if constexpr (ONE) {
+      s = _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc)), _mm256_set1_epi32(j));
+    } else {
+      int32_t pair;
+      std::memcpy(&pair, sc + 2 * j, 4);
       const __m256i idx = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
                                            2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-      s = _mm256_shuffle_epi8(s, idx);
+      s = _mm256_shuffle_epi8(_mm256_set1_epi32(pair), idx);
     }
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
   }
@@ -92,11 +97,11 @@ struct Int8<VecNEON> {
   }
   static S dot_u(S acc, Y u, Y y) { return dot16(dot16(acc, u.a, y.a), u.b, y.b); }
   static S dot_s(S acc, Y w, Y y) { return dot_u(acc, w, y); }
-  template <bool SIGNED, bool ONE>
+  template <bool SIGNED, bool ONE, int j>
   static S dot_sc(S acc, Y u, Y y, const int16_t* sc) {
-    if constexpr (ONE) return vmlaq_n_s32(acc, dot_u(zero(), u, y), sc[0]);
-    acc = vmlaq_n_s32(acc, dot16(zero(), u.a, y.a), sc[0]);
-    return vmlaq_n_s32(acc, dot16(zero(), u.b, y.b), sc[1]);
+    if constexpr (ONE) return vmlaq_n_s32(acc, dot_u(zero(), u, y), sc[2 * j]);
+    acc = vmlaq_n_s32(acc, dot16(zero(), u.a, y.a), sc[2 * j]);
+    return vmlaq_n_s32(acc, dot16(zero(), u.b, y.b), sc[2 * j + 1]);
   }
   static S madd16(const int16_t* a, const int16_t* b) {
     const int16x8_t a0 = vld1q_s16(a), a1 = vld1q_s16(a + 8), b0 = vld1q_s16(b), b1 = vld1q_s16(b + 8);
