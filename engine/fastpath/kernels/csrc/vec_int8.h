@@ -1,6 +1,7 @@
 // The int8 half of the vector-traits layer (vec.h): the integer dot products the int8-activation
 // kernels (int8.h) are written against, once per instruction set. Y is 32 bytes (vec::Bytes32's
 // register: quants or activations), S int32 lanes, as many as V::F has float32 lanes.
+//   NAME               the instruction that multiplies the bytes
 //   zero, sub, shl<k>, cvt (S to V::F)
 //   dot_u(acc, u, y)   acc + the products u * y, u unsigned and at most 127, y signed (the lanes
 //                      that take which products differ by instruction set; the total does not)
@@ -29,6 +30,11 @@ struct Int8;
 // AVX-VNNI (the avx2-vnni variant). Signed weights: |w| times y with w's sign, the same products.
 template <>
 struct Int8<VecAVX2> {
+#if defined(__AVXVNNI__)
+  static constexpr const char* NAME = "vpdpbusd";
+#else
+  static constexpr const char* NAME = "vpmaddubsw";
+#endif
   using F = __m256;
   using Y = __m256i;
   using S = __m256i;
@@ -80,6 +86,11 @@ struct Int8<VecAVX2> {
 // variant), vmull + vpadal on ARMv8.0 (neon).
 template <>
 struct Int8<VecNEON> {
+#if defined(__ARM_FEATURE_DOTPROD)
+  static constexpr const char* NAME = "sdot";
+#else
+  static constexpr const char* NAME = "smull";
+#endif
   using F = float32x4_t;
   using Y = Bytes32<VecNEON>::T;
   using S = int32x4_t;

@@ -6,7 +6,7 @@
 // Input (little-endian): records of int64 ggml_type, N, K, row_bytes; N * row_bytes raw block
 // bytes; K float32 x; N float64 y (reference W x); N float64 bound (|W| |x|); int64 QB, the int8
 // activations' block (32 or 256); K int8 q, K/QB float32 scales, K/32 float32 scaled sums of q,
-// K/16 and K/32 int16 sums of q; N float64 reference W (q * scale). Output: one line per record,
+// K/16 int16 sums of q; N float64 reference W (q * scale). Output: one line per record,
 // "TYPE N K worst q8 WORST8" (WORST8 "-" where this build has no int8 kernel for the type), worst =
 // max |y - y_ref| / bound; exit 1 if any exceeds 1e-4 (the int8 products 1e-5).
 #include <cmath>
@@ -41,7 +41,7 @@ struct Q8In {
   int64_t qb = 0;
   std::vector<int8_t> q;
   std::vector<float> d, sx;
-  std::vector<int16_t> bs16, bs32;
+  std::vector<int16_t> bs16;
 };
 
 bool run_q8(int64_t type, const std::vector<uint8_t>& raw, int64_t row_bytes, int64_t N, int64_t K, const Q8In& a,
@@ -96,7 +96,11 @@ int main(int argc, char** argv) {
   if (argc != 2) { std::fprintf(stderr, "usage: %s VECTORS\n", argv[0]); return 2; }
   FILE* f = std::fopen(argv[1], "rb");
   if (!f) { std::perror(argv[1]); return 2; }
+#if defined(OPSCOPE_HAVE_INT8_VEC)
+  std::printf("vec %s int8 %s\n", vec::Vec::NAME, vec::Int8<vec::Vec>::NAME);
+#else
   std::printf("vec %s\n", vec::Vec::NAME);
+#endif
   bool ok = true;
   int64_t hdr[4];
   while (read(f, hdr, 4)) {
@@ -108,9 +112,9 @@ int main(int argc, char** argv) {
     bool in = read(f, raw.data(), raw.size()) && read(f, x.data(), K) && read(f, ref.data(), N) &&
               read(f, bound.data(), N) && read(f, &a.qb, 1) && a.qb > 0 && K % a.qb == 0;
     if (in) {
-      a.q.resize(K), a.d.resize(K / a.qb), a.sx.resize(K / 32), a.bs16.resize(K / 16), a.bs32.resize(K / 32);
+      a.q.resize(K), a.d.resize(K / a.qb), a.sx.resize(K / 32), a.bs16.resize(K / 16);
       in = read(f, a.q.data(), K) && read(f, a.d.data(), K / a.qb) && read(f, a.sx.data(), K / 32) &&
-           read(f, a.bs16.data(), K / 16) && read(f, a.bs32.data(), K / 32) && read(f, ref8.data(), N);
+           read(f, a.bs16.data(), K / 16) && read(f, ref8.data(), N);
     }
     if (!in) {
       std::fprintf(stderr, "truncated vectors\n");
