@@ -8,8 +8,9 @@ to -63% (not -50%: the machine's speed moves between two runs); A/A pairs were "
 at p <= 0.05, with changes up to ±49%, because that drift between runs is invisible to any test on
 within-run samples; 3/20 were worse by more than 20%, none by more than 33%. On a quiet machine
 the false-positive rate per metric is at most alpha (0.032 at 5+5 samples, the largest exact
-p <= 0.05). Hence the A/A gate below uses a threshold above that drift (50%), the planted one a
-threshold below the smallest planted change seen (10%).
+p <= 0.05). Later full-suite runs on a host whose speed swung up to 2x within minutes saw an A/A
+pair at -51% and the planted pair at -84%. Hence the A/A gate below uses a threshold above that
+drift (75%), the planted one a threshold below the smallest planted change seen (10%).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def test_a_planted_2x_slowdown_is_significant_and_fails_the_gate(db, capsys):
     row = compare_json(db, capsys, "base", "slow")
     d = row["deltas"][0]
     assert d["decidable"] and d["significant"] and d["worse"]
-    # half the rate, give or take the drift of a shared host between the runs (-84 % seen under load)
+    # half the rate, give or take the drift of a shared host between the runs (-84% seen)
     assert -95 < d["delta_pct"] < -10
     a, b = samples(db, "base"), samples(db, "slow")
     assert len(a) >= 5 and len(b) >= 5  # the quick repetition count can decide
@@ -89,7 +90,7 @@ def test_a_a_pairs_of_identical_settings_pass_the_gate(db, capsys):
         assert (
             d["p_value"] == sps.mannwhitneyu(samples(db, f"a{i}"), samples(db, f"b{i}"), alternative="two-sided").pvalue
         )
-        code, err = gate(db, capsys, f"a{i}", f"b{i}", "50")
+        code, err = gate(db, capsys, f"a{i}", f"b{i}", "75")
         assert code == 0 and "regression" not in err, (d, err)
 
 
