@@ -63,7 +63,6 @@ TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", 
 TYPES += ("IQ4_NL", "IQ4_XS")
 # (type, layout) with int8-activation kernels in every aarch64 variant: every quantized type, but
 # Q8_0 only repacked (the loader's layout for it), as on x86
-K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")  # int8 activations per 256, the others per 32
 Q8_CASES = {(t, layout) for t in TYPES if t not in ("F16", "BF16") for layout in ("raw", "auto")} - {("Q8_0", "raw")}
 
 
@@ -279,7 +278,7 @@ def make_inputs(path: Path) -> None:
             for op, rows in (("qlinear", 1), ("qgemm", 64)) + ((("qlinear_q8", 1),) if (t, layout) in Q8_CASES else ()):
                 x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
                 xd = x.double().numpy()
-                xr = q8.dequantized(xd, RAW_TYPES[t][1] if t in K_TYPES else 32) if op == "qlinear_q8" else xd
+                xr = q8.dequantized(xd, RAW_TYPES[t][1]) if op == "qlinear_q8" else xd  # per block: 32 or 256
                 ref, bound = xr @ dense.T, np.abs(xd) @ np.abs(dense).T
                 checks.append((op, x, torch.from_numpy(ref), torch.from_numpy(bound)))
             weight = {"qs": w.qs, "d": w.d, "m": w.m, "qtype": w.qtype}

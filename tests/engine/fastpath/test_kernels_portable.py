@@ -55,15 +55,16 @@ def write_vectors(path: Path) -> None:
             f.write(x.tobytes())
             f.write((dense @ x.astype(np.float64)).tobytes())
             f.write((np.abs(dense) @ np.abs(x.astype(np.float64))).tobytes())
-            q, scale = q8.quantize(x, qk if qk == 256 else 32)
+            qb = 256 if qk == 256 else 32  # the int8 activations' block (F16/BF16 take 32)
+            q, scale = q8.quantize(x, qb)
             per32 = q.reshape(-1, 32).astype(np.int32).sum(-1)
-            f.write(struct.pack("<q", 256 if qk == 256 else 32))
+            f.write(struct.pack("<q", qb))
             f.write(q.tobytes() + scale.tobytes())
             f.write(
                 (np.repeat(scale, len(per32) // len(scale)) * per32.astype(np.float32)).astype(np.float32).tobytes()
             )
             f.write(q.reshape(-1, 16).astype(np.int32).sum(-1).astype(np.int16).tobytes())
-            xq = (q.reshape(len(scale), -1) * scale[:, None].astype(np.float64)).reshape(-1)
+            xq = q8.dequantized(x, qb)
             f.write((dense @ xq).tobytes())
 
 

@@ -33,7 +33,7 @@ struct Weights {
 // block_q8_K): int8 values in plain order and in Q4_K/Q5_K's sub-block order, the scale per 256,
 // the sums of the int8 values per 16 and per 32.
 struct Q8K {
-  std::vector<int8_t> q, q4, qx;  // qx: IQ4_XS's order
+  std::vector<int8_t> q, q4, qx;  // q4, qx (IQ4_XS's order) and bs32: the 512-bit kernels only
   std::vector<float> d;
   std::vector<int16_t> bs16, bs32;
 };

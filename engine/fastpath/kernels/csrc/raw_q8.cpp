@@ -53,8 +53,8 @@ void prepare_q8k(const float* x, int64_t K, Q8K& a) {
       for (int j = 0; j < 16; ++j) s += q[16 * g + j];
       a.bs16[16 * b + g] = int16_t(s);
     }
+#if defined(OPSCOPE_AVX512_RAW) && defined(__AVX512VNNI__)  // the sums and orders only the 512-bit kernels read
     for (int g = 0; g < 8; ++g) a.bs32[8 * b + g] = int16_t(a.bs16[16 * b + 2 * g] + a.bs16[16 * b + 2 * g + 1]);
-#if defined(OPSCOPE_AVX512_RAW) && defined(__AVX512VNNI__)  // the orders only the 512-bit kernels read
     int8_t* o = a.q4.data() + 256 * b;
     for (int z = 0; z < 2; ++z)  // per 128: sub-blocks 0, 2, 1, 3
       for (int k = 0; k < 4; ++k) std::copy_n(q + 128 * z + 32 * ((k % 2) * 2 + k / 2), 32, o + 128 * z + 32 * k);
