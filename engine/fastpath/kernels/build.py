@@ -34,8 +34,11 @@ log = logging.getLogger(__name__)
 
 # The library's sources, headers and flags (public: packaging/cross_kernels.py builds them for ARM64).
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "ops.cpp", "decode.cpp", "prefill.cpp")
+SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "torch_unity.cpp")
 _HEADERS = (
+    "ops.cpp",  # these three are compiled as one unit, torch_unity.cpp
+    "decode.cpp",
+    "prefill.cpp",
     "qkernels.h",
     "qtensors.h",
     "gguf_types.h",
@@ -177,16 +180,26 @@ def prebuilt_entry(v: Variant) -> tuple[str, Path] | None:
 
 
 def record_prebuilt(v: Variant, dest: Path) -> None:
-    """Add ``dest`` (variant ``v``, these sources) to its folder's manifest."""
+    """Add ``dest`` (variant ``v``, these sources) to its folder's manifest (prebuild's children
+    add theirs side by side: read, change and replace under a lock)."""
+    import fcntl
     import json
+    import os
 
     manifest = dest.parent / _MANIFEST
+    folder = os.open(dest.parent, os.O_RDONLY)  # the lock: the folder itself, no file left in it
     try:
-        data = json.loads(manifest.read_text())
-    except (OSError, ValueError):
-        data = {}
-    data[v.name] = {"module": module_name(v), "file": dest.name, "sources": sources_key(v)}
-    manifest.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        try:
+            data = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[v.name] = {"module": module_name(v), "file": dest.name, "sources": sources_key(v)}
+        tmp = manifest.with_name(f".{_MANIFEST}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        tmp.replace(manifest)
+    finally:
+        os.close(folder)  # closing the descriptor releases the lock
 
 
 def library_origin(v: Variant | None = None) -> str:
@@ -374,22 +387,32 @@ def build_variant(v: Variant, out_root: Path) -> Path:
 
 def prebuild(out_root: Path, names: list[str] | None = None) -> list[str]:
     """Every variant of this architecture (or ``names``) compiled ahead of time into
-    ``out_root``, one child process each; the lines to print."""
+    ``out_root``, one child process each; the lines to print.
+
+    The children run side by side, one per core at most, and share the cores out (torch's
+    MAX_JOBS): a variant's compile is one large unit and three small ones, so one variant at a time
+    leaves a core idle for most of it."""
     import os
     import subprocess
+    from concurrent.futures import ThreadPoolExecutor
 
+    todo = [variants.by_name(n) for n in names] if names else variants.for_arch()
+    cores = os.cpu_count() or 1
+    side_by_side = max(1, min(len(todo), cores))
+    env = {**os.environ, variants.ENV: "", "MAX_JOBS": str(max(1, cores // side_by_side))}
+    code = (
+        "import sys; from pathlib import Path; from opscope.engine.fastpath.kernels import build, variants; "
+        "print(build.build_variant(variants.by_name(sys.argv[1]), Path(sys.argv[2])))"
+    )
+
+    def one(v: Variant) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-c", code, v.name, str(out_root)]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env)
+
+    with ThreadPoolExecutor(side_by_side) as pool:
+        done = list(pool.map(one, todo))
     lines = []
-    for v in [variants.by_name(n) for n in names] if names else variants.for_arch():
-        code = (
-            "import sys; from pathlib import Path; from opscope.engine.fastpath.kernels import build, variants; "
-            "print(build.build_variant(variants.by_name(sys.argv[1]), Path(sys.argv[2])))"
-        )
-        out = subprocess.run(
-            [sys.executable, "-c", code, v.name, str(out_root)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, variants.ENV: ""},
-        )
+    for v, out in zip(todo, done):
         if out.returncode != 0:
             raise KernelBuildError(f"building kernel variant {v.name} failed: {one_line(out.stderr)}")
         lines.append(f"{v.name}: {out.stdout.strip().splitlines()[-1]}")
