@@ -95,7 +95,12 @@ def _compile(cxx: str, flags: list[str], exe: Path) -> None:
 
 @pytest.mark.parametrize(
     "name, vec_name, int8",
-    [("baseline", "scalar", False), ("avx2", "avx2 int8 vpmaddubsw", True), ("avx2-vnni", "avx2 int8 vpdpbusd", True)],
+    [
+        ("baseline", "scalar", False),
+        ("avx2", "avx2 int8 vpmaddubsw", True),
+        ("avx2-vnni", "avx2 int8 vpdpbusd", True),
+        ("avx512", "avx512", False),  # the bodies over VecAVX512 (the library's matvecs there: hand-written)
+    ],
 )
 def test_x86_portable_kernels_match_the_references(vectors, tmp_path, name, vec_name, int8):
     """Each x86 build of the driver, compiled wherever a compiler is (the flags must build), run

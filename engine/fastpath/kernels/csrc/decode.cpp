@@ -55,19 +55,7 @@ Linear make_linear(const LinSpec& s, int64_t K) {
   return l;
 }
 
-float dot(const float* a, const float* b, int64_t n) {
-  int64_t i = 0;
-  float s = 0.f;
-#if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-  s = _mm512_reduce_add_ps(acc);
-#else
-  return portable::dot<vec::Vec>(a, b, n);
-#endif
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
+float dot(const float* a, const float* b, int64_t n) { return portable::dot<vec::Vec>(a, b, n); }
 
 void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* out) {
   double ss = 0.0;  // double: the sum of 576+ squares without order-dependent rounding
@@ -86,22 +74,9 @@ void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* out) 
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
 }
 
-// silu(g) * u over n values; AVX-512: gguf::exp_ps (the scalar libm call per value cost about as
-// much as a small layer's matvec on the decode step's serial path).
-void silu_mul(const float* g, const float* u, int64_t n, float* out) {
-  int64_t i = 0;
-#if defined(OPSCOPE_AVX512_RAW)
-  const __m512 one = _mm512_set1_ps(1.f);
-  for (; i + 16 <= n; i += 16) {
-    const __m512 gv = _mm512_loadu_ps(g + i);
-    const __m512 e = gguf::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(e, one)), _mm512_loadu_ps(u + i)));
-  }
-#else
-  return portable::silu_mul<vec::Vec>(g, u, n, out);
-#endif
-  for (; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-}
+// silu(g) * u over n values (vec::exp: the scalar libm call per value cost about as much as a
+// small layer's matvec on the decode step's serial path).
+void silu_mul(const float* g, const float* u, int64_t n, float* out) { portable::silu_mul<vec::Vec>(g, u, n, out); }
 
 // Rotate-half RoPE on `heads` vectors of length D: pairs (i, i + D/2).
 void rope(float* v, int64_t heads, int64_t D, const float* cs, const float* sn) {

@@ -24,7 +24,7 @@
 #include <immintrin.h>
 #endif
 #include "vec.h"
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(OPSCOPE_PORTABLE_512)
 #define OPSCOPE_AVX512_RAW 1
 #endif
 
@@ -142,23 +142,6 @@ inline __m512 gather_fp16(const uint8_t* p, __mmask16 mask) {
                                         14 * BYTES, 15 * BYTES);
   const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, idx, p, 1);
   return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-}
-// exp of 16 float32 lanes: Cephes' expf polynomial (within a few ulp of libm's expf) and vscalefps
-// for the power of two, which saturates to 0 / inf outside float32's range (x clamped to +-104,
-// where that holds already).
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(104.f)), _mm512_set1_ps(-104.f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);  // x - k ln2 in two parts
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  return _mm512_scalef_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f))), k);
 }
 // Software prefetch of the same place R rows on, the next group of rows (contiguous after this
 // one): a group ahead of use, more lines in flight than the hardware prefetcher keeps for R short

@@ -21,7 +21,7 @@
 #include <string>
 
 #include "pool.h"
-#if !defined(__AVX512F__)
+#if !defined(__AVX512F__) || defined(OPSCOPE_PORTABLE_512)
 #include "portable.h"  // the AVX2 / NEON / baseline variants' kernels (vec.h traits)
 #endif
 #if !defined(__AVX512F__)
@@ -175,7 +175,7 @@ void group4(const Weights& w, const Act& a, bool q8, int64_t r, float* y) {
 }
 #endif
 
-#if !defined(__AVX512F__)
+#if !defined(__AVX512F__) || defined(OPSCOPE_PORTABLE_512)
 // The SoA layouts through the portable kernels (exact float32), 4 rows at a time, then single rows.
 void portable_rows(const Weights& w, const Act& a, int64_t r0, int64_t r1, float* y) {
   using V = vec::Vec;
@@ -220,6 +220,9 @@ void rows_range(const Weights& w, const Act& a, bool q8, int64_t r0, int64_t r1,
   }
   int64_t r = r0;
 #if defined(__AVX512F__)
+#if defined(OPSCOPE_PORTABLE_512)
+  if (!q8) return portable_rows(w, a, r0, r1, y);
+#endif
   for (; r + 4 <= r1; r += 4) group4(w, a, q8, r, y);
 #else
   if (!q8) return portable_rows(w, a, r0, r1, y);

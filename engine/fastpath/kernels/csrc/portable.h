@@ -425,7 +425,8 @@ void q4k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_by
   const int64_t nb = K / 256;
   alignas(64) float sc[R][8];
   typename V::F acc[R], macc[R];
-  for (int r = 0; r < R; ++r) { acc[r] = V::zero(); macc[r] = V::zero(); }
+  float mins[R];
+  for (int r = 0; r < R; ++r) { acc[r] = V::zero(); macc[r] = V::zero(); mins[r] = 0.f; }
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = qs + (row + r) * row_bytes + b * gguf::TQ4_K::BYTES;
@@ -433,11 +434,20 @@ void q4k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_by
       const gguf::Bytes16 sm = gguf::scale_min_k4(blk + 4);
       const typename V::B smv = V::from64(sm.lo, sm.hi);
       const typename V::F d = V::set1(V::fp16(blk)), dmin = V::set1(V::fp16(blk + 2));
-      static_for<C>([&](auto cc) {
-        constexpr int c = decltype(cc)::value;
-        if constexpr (c < H) V::store(sc[r] + c * V::W, V::mul(d, V::template u8<c>(smv)));
-        else macc[r] = V::fma(V::mul(dmin, V::template u8<c>(smv)), V::load(sx + 8 * b + (c - H) * V::W), macc[r]);
-      });
+      if constexpr (C == 1) {  // 16 lanes: the 8 scales and the 8 mins in one register
+        alignas(64) float sm[16];
+        V::store(sm, V::template u8<0>(smv));
+        for (int i = 0; i < 8; ++i) sc[r][i] = V::fp16(blk) * sm[i];
+        float m = 0.f;
+        for (int i = 0; i < 8; ++i) m += sm[8 + i] * sx[8 * b + i];
+        mins[r] += V::fp16(blk + 2) * m;
+      } else {
+        static_for<C>([&](auto cc) {
+          constexpr int c = decltype(cc)::value;
+          if constexpr (c < H) V::store(sc[r] + c * V::W, V::mul(d, V::template u8<c>(smv)));
+          else macc[r] = V::fma(V::mul(dmin, V::template u8<c>(smv)), V::load(sx + 8 * b + (c - H) * V::W), macc[r]);
+        });
+      }
     }
     const float* xb = x + 256 * b;
     for (int j = 0; j < 4; ++j) {
@@ -465,7 +475,7 @@ void q4k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_by
       });
     }
   }
-  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) - V::reduce(macc[r]);
+  for (int r = 0; r < R; ++r) y[row + r] = V::reduce(acc[r]) - V::reduce(macc[r]) - mins[r];
 }
 
 // ---- raw F32 / F16 / BF16 rows

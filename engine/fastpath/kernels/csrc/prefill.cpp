@@ -28,9 +28,7 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#if !defined(OPSCOPE_AVX512_RAW)
-#include "portable.h"  // the AVX2 / NEON / baseline variants' row work (vec.h traits)
-#endif
+#include "portable.h"  // the row work over the vec.h traits (and off AVX-512, the panels' decoders)
 
 // MKL's Fortran sgemm, exported by torch's own library where torch is built with MKL (weak: a
 // torch without it falls back to at::mm on each panel).
@@ -240,37 +238,10 @@ void for_each_panel(const Panels& pl, int64_t N, int64_t K, F&& f) {
   });
 }
 
-
-inline float act_scalar(float g, int64_t act) {
-  if (act == 0) return g / (1.f + std::exp(-g));
-  const float c = 0.7978845608028654f;  // sqrt(2/pi): gelu's tanh approximation
-  return 0.5f * g * (1.f + std::tanh(c * (g + 0.044715f * g * g * g)));
-}
-
-// h[0..n) = act(g) * u, act 0: SiLU, 1: GELU (tanh approximation); n a multiple of the vector width
-// except on the scalar-only builds.
+// h[0..n) = act(g) * u, act 0: SiLU, 1: GELU (tanh approximation).
 void glu_vec(float* h, const float* u, int64_t n, int64_t act) {
-  int64_t j = 0;
-#if defined(OPSCOPE_AVX512_RAW)  // gguf::exp_ps, the decode step's exp, lives under this guard
-  const __m512 one = _mm512_set1_ps(1.f);
-  for (; j + 16 <= n; j += 16) {
-    const __m512 g = _mm512_loadu_ps(h + j);
-    __m512 a;
-    if (act == 0) {
-      a = _mm512_div_ps(g, _mm512_add_ps(one, gguf::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-    } else {  // 0.5 g (1 + tanh(y)) = g - g / (1 + exp(2y))
-      const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
-      const __m512 y = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, g));
-      const __m512 e = gguf::exp_ps(_mm512_add_ps(y, y));
-      a = _mm512_sub_ps(g, _mm512_div_ps(g, _mm512_add_ps(one, e)));
-    }
-    _mm512_storeu_ps(h + j, _mm512_mul_ps(a, _mm512_loadu_ps(u + j)));
-  }
-#else
   if (act == 0) return portable::silu_mul<vec::Vec>(h, u, n, h);
   return portable::gelu_mul<vec::Vec>(h, u, n, h);
-#endif
-  for (; j < n; ++j) h[j] = act_scalar(h[j], act) * u[j];
 }
 
 // glu_vec over a panel's row; its last < 16 values go through the vector code too, padded, so that
@@ -346,7 +317,7 @@ at::Tensor prefill_glu(const at::Tensor& x, const Weights& g, const Weights& u, 
 // grouped KV heads, out [B, T, H * D] in o_proj's layout (no transpose copy). Work items are (batch,
 // kv head, block of Bq queries): the rep = H / Kh query heads of one kv head share the item, so the
 // scores are one [rep * Bq, e] sgemm against the keys 0..e the block can see, then a masked softmax
-// (exp_ps), then one [Bq, D] sgemm per head straight into the output rows. The division by the
+// (vec::exp), then one [Bq, D] sgemm per head straight into the output rows. The division by the
 // softmax sum is applied to the D outputs, not the e probabilities.
 namespace {
 
@@ -361,37 +332,9 @@ inline void rope_row(const float* x, const float* c, const float* s, int64_t D, 
 
 // Row-wise s[0..n) ← exp(scale * (s - max)), s[n..e) ← 0; returns the sum of the n values.
 float softmax_row(float* s, int64_t n, int64_t e, float scale) {
-#if !defined(OPSCOPE_AVX512_RAW)
   const float total = portable::exp_scaled<vec::Vec>(s, n, portable::max_of<vec::Vec>(s, n), scale);
   std::fill(s + n, s + e, 0.f);
   return total;
-#endif
-  float mx = -INFINITY;
-  int64_t j = 0;
-#if defined(OPSCOPE_AVX512_RAW)
-  __m512 vm = _mm512_set1_ps(-INFINITY);
-  for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + j));
-  mx = _mm512_reduce_max_ps(vm);
-#endif
-  for (; j < n; ++j) mx = std::max(mx, s[j]);
-  float sum = 0.f;
-  j = 0;
-#if defined(OPSCOPE_AVX512_RAW)
-  const __m512 vs = _mm512_set1_ps(scale), vmx = _mm512_set1_ps(mx);
-  __m512 acc = _mm512_setzero_ps();
-  for (; j + 16 <= n; j += 16) {
-    const __m512 p = gguf::exp_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vmx), vs));
-    _mm512_storeu_ps(s + j, p);
-    acc = _mm512_add_ps(acc, p);
-  }
-  sum = _mm512_reduce_add_ps(acc);
-#endif
-  for (; j < n; ++j) {
-    s[j] = std::exp((s[j] - mx) * scale);
-    sum += s[j];
-  }
-  std::fill(s + n, s + e, 0.f);
-  return sum;
 }
 
 // C[m, n] (row stride ldc) = A[m, k] (row stride lda) @ B^T, B [n, k] (row stride ldb); this thread.
@@ -526,30 +469,8 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w_in, double eps) 
     for (int64_t r = r0; r < r1; ++r) {
       const float* a = xp + r * C;
       float* y = yp + r * C;
-#if !defined(OPSCOPE_AVX512_RAW)
-      const float inv_v = 1.f / std::sqrt(portable::dot<vec::Vec>(a, a, C) / float(C) + float(eps));
-      portable::scale_mul<vec::Vec>(a, inv_v, wp, C, y);
-      continue;
-#endif
-      float ss = 0.f;
-      int64_t j = 0;
-#if defined(OPSCOPE_AVX512_RAW)
-      __m512 acc = _mm512_setzero_ps();
-      for (; j + 16 <= C; j += 16) {
-        const __m512 v = _mm512_loadu_ps(a + j);
-        acc = _mm512_fmadd_ps(v, v, acc);
-      }
-      ss = _mm512_reduce_add_ps(acc);
-#endif
-      for (; j < C; ++j) ss += a[j] * a[j];
-      const float inv = 1.f / std::sqrt(ss / float(C) + float(eps));
-      j = 0;
-#if defined(OPSCOPE_AVX512_RAW)
-      const __m512 vi = _mm512_set1_ps(inv);
-      for (; j + 16 <= C; j += 16)
-        _mm512_storeu_ps(y + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(a + j), vi), _mm512_loadu_ps(wp + j)));
-#endif
-      for (; j < C; ++j) y[j] = a[j] * inv * wp[j];
+      const float inv = 1.f / std::sqrt(portable::dot<vec::Vec>(a, a, C) / float(C) + float(eps));
+      portable::scale_mul<vec::Vec>(a, inv, wp, C, y);
     }
   });
   return out;

@@ -12,10 +12,11 @@
 //                     is set), and8
 //   u8<c>(B), s8<c>(B) bytes [cW, cW + W) widened to float32 lanes (C = 16 / W chunks per B)
 //   u8p/s8p/nibp<c>(p) the same straight from memory (AVX2: a load-and-extend, off the shuffle port)
-//   nib5p<c>(p, qh)   AVX2 only (has_nib5p): Q5 nibbles with their 5th bits
+//   nib5p<c>(p, qh)   AVX2 and AVX-512 only (has_nib5p): Q5 nibbles with their 5th bits
 //   pow2i(F k)        2^k for integral k in float32 range (for exp)
-// VecAVX512 is not here: the AVX-512 variants keep their hand-scheduled kernels (simd_v2.h,
-// gguf_types.h, raw_q8.cpp); see docs/decisions/cpu-variants.md.
+// VecAVX512 (16 lanes, the byte work at 128 bits as VecAVX2's) instantiates the same bodies in the
+// AVX-512 variants: their decode-step and prefill row work; their matvecs are still the
+// hand-scheduled kernels (simd_v2.h, gguf_types.h, raw_q8.cpp), see docs/decisions/cpu-variants.md.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -23,6 +24,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define OPSCOPE_VEC_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define OPSCOPE_VEC_AVX512 1
+#endif
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 #define OPSCOPE_VEC_NEON 1
@@ -194,7 +198,61 @@ struct VecAVX2 {
   }
   static __m128i load8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
 };
+#if defined(OPSCOPE_VEC_AVX512)
+// AVX-512 (F, BW, VL): 16 lanes, so one B of 16 bytes widens to one register (C = 1); the byte
+// operations are VecAVX2's, at 128 bits.
+struct VecAVX512 : VecAVX2 {
+  static constexpr int W = 16;
+  static constexpr const char* NAME = "avx512";
+  using F = __m512;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float a) { return _mm512_set1_ps(a); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, F a) { _mm512_storeu_ps(p, a); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static float reduce(F a) { return _mm512_reduce_add_ps(a); }
+  static F pow2i(F k) {
+    const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+  }
+  static F load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F load_bf16(const uint16_t* p) {
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  }
+  template <int c> static F u8(B a) { static_assert(c == 0); return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(a)); }
+  template <int c> static F s8(B a) { static_assert(c == 0); return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)); }
+  template <int c> static F s8p(const uint8_t* p) { return s8<c>(load16(p)); }  // vpmovsxbd zmm, m128
+  template <int c> static F u8p(const uint8_t* p) { return u8<c>(load16(p)); }
+  template <int c> static void nibp(const uint8_t* p, F& lo, F& hi) {
+    static_assert(c == 0);
+    const __m512i w = _mm512_cvtepu8_epi32(load16(p));
+    lo = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(0x0F)));
+    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
+  }
+  template <int c> static void nib5p(const uint8_t* p, uint32_t qh, F& lo, F& hi) {  // VecAVX2's, 16 lanes
+    static_assert(c == 0);
+    const __m512i w = _mm512_cvtepu8_epi32(load16(p));
+    const __m512i h = _mm512_set1_epi32(int(qh));
+    const __m512i j = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i m = _mm512_set1_epi32(0x10);
+    const __m512i b_lo = _mm512_and_si512(_mm512_srlv_epi32(_mm512_slli_epi32(h, 4), j), m);
+    const __m512i b_hi = _mm512_and_si512(_mm512_srlv_epi32(h, _mm512_add_epi32(j, _mm512_set1_epi32(12))), m);
+    lo = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_and_si512(w, _mm512_set1_epi32(0x0F)), b_lo));
+    hi = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_srli_epi32(w, 4), b_hi));
+  }
+};
+using Vec = VecAVX512;
+#else
 using Vec = VecAVX2;
+#endif
 #elif defined(OPSCOPE_VEC_NEON)
 // ARM64 NEON (every ARMv8-A core, Apple Silicon): 4 lanes, tbl for the tables.
 struct VecNEON {
@@ -318,6 +376,10 @@ struct Bytes32<VecAVX2> {
 template <class V> inline constexpr bool has_nib5p = false;
 #if defined(OPSCOPE_VEC_AVX2)
 template <> inline constexpr bool has_nib5p<VecAVX2> = true;
+#endif
+#if defined(OPSCOPE_VEC_AVX512)
+template <> inline constexpr bool has_nib5p<VecAVX512> = true;
+template <> struct Bytes32<VecAVX512> : Bytes32<VecAVX2> {};
 #endif
 
 // exp of N registers of W float32 lanes, written once over the traits: Cephes' expf polynomial
