@@ -391,14 +391,18 @@ def prebuild(out_root: Path, names: list[str] | None = None) -> list[str]:
 
     The children run side by side, one per core at most, and share the cores out (torch's
     MAX_JOBS): a variant's compile is one large unit and three small ones, so one variant at a time
-    leaves a core idle for most of it."""
+    leaves a core idle for most of it. The large unit takes ~1.2 GB of memory to compile: no more
+    children than 1.5 GB each of the memory available."""
     import os
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
+    import psutil
+
     todo = [variants.by_name(n) for n in names] if names else variants.for_arch()
     cores = os.cpu_count() or 1
-    side_by_side = max(1, min(len(todo), cores))
+    fit = psutil.virtual_memory().available // (1536 << 20)
+    side_by_side = max(1, min(len(todo), cores, fit))
     env = {**os.environ, variants.ENV: "", "MAX_JOBS": str(max(1, cores // side_by_side))}
     code = (
         "import sys; from pathlib import Path; from opscope.engine.fastpath.kernels import build, variants; "
