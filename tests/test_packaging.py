@@ -228,6 +228,31 @@ def test_a_kernel_build_failure_falls_back_to_plain_torch_with_one_line(failing_
     assert want in lines[0], lines[0]
 
 
+def test_fastpath_build_without_a_compiler_is_one_line(tmp_path):
+    """`make setup` runs `opscope fastpath build --runnable`; its variants compile in child
+    processes, and a child that fails must come back as one line naming the variant and the cause,
+    not as the child's traceback."""
+    env = {k: v for k, v in os.environ.items() if k != "OPSCOPE_DB"}
+    env.update(
+        PATH=str(tmp_path),  # no c++ / g++ on it
+        OPSCOPE_KERNEL_CACHE=str(tmp_path / "cache"),
+        OPSCOPE_KERNEL_PREBUILT=str(tmp_path / "prebuilt"),
+        XDG_DATA_HOME=str(tmp_path / "data"),
+        XDG_CONFIG_HOME=str(tmp_path / "config"),
+    )
+    cmd = [str(Path(sys.executable).with_name("opscope")), "fastpath", "build", "--runnable"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert re.fullmatch(
+        r"opscope: error: building kernel variant [a-z0-9-]+ failed: no C\+\+ compiler found \(c\+\+/g\+\+\): "
+        r"install one .*",
+        lines[0],
+    ), lines[0]
+    assert not (tmp_path / "prebuilt").exists() or not list((tmp_path / "prebuilt").rglob("*.so"))
+
+
 # -- the checkout stays as it was ----------------------------------------------------------------
 
 GUI_TESTS = (

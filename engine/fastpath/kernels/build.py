@@ -404,9 +404,11 @@ def prebuild(out_root: Path, names: list[str] | None = None) -> list[str]:
     fit = psutil.virtual_memory().available // (1536 << 20)
     side_by_side = max(1, min(len(todo), cores, fit))
     env = {**os.environ, variants.ENV: "", "MAX_JOBS": str(max(1, cores // side_by_side))}
+    # A child that fails says why in its last line of stderr (one line, as load_kernels words it).
     code = (
-        "import sys; from pathlib import Path; from opscope.engine.fastpath.kernels import build, variants; "
-        "print(build.build_variant(variants.by_name(sys.argv[1]), Path(sys.argv[2])))"
+        "import sys; from pathlib import Path; from opscope.engine.fastpath.kernels import build, variants\n"
+        "try: print(build.build_variant(variants.by_name(sys.argv[1]), Path(sys.argv[2])))\n"
+        "except build.KernelBuildError as e: sys.exit(build.one_line(str(e)))"
     )
 
     def one(v: Variant) -> subprocess.CompletedProcess[str]:
@@ -418,7 +420,8 @@ def prebuild(out_root: Path, names: list[str] | None = None) -> list[str]:
     lines = []
     for v, out in zip(todo, done):
         if out.returncode != 0:
-            raise KernelBuildError(f"building kernel variant {v.name} failed: {one_line(out.stderr)}")
+            why = ([x for x in out.stderr.splitlines() if x.strip()] or [f"exit status {out.returncode}"])[-1]
+            raise KernelBuildError(f"building kernel variant {v.name} failed: {why.strip()}")
         lines.append(f"{v.name}: {out.stdout.strip().splitlines()[-1]}")
     return lines
 
