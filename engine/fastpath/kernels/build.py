@@ -403,7 +403,8 @@ def prebuild(out_root: Path, names: list[str] | None = None) -> list[str]:
     cores = os.cpu_count() or 1
     fit = psutil.virtual_memory().available // (1536 << 20)
     side_by_side = max(1, min(len(todo), cores, fit))
-    env = {**os.environ, variants.ENV: "", "MAX_JOBS": str(max(1, cores // side_by_side))}
+    jobs = os.environ.get("MAX_JOBS") or str(max(1, cores // side_by_side))  # a user's own limit stands
+    env = {**os.environ, variants.ENV: "", "MAX_JOBS": jobs}
     # A child that fails says why in its last line of stderr (one line, as load_kernels words it).
     code = (
         "import sys; from pathlib import Path; from opscope.engine.fastpath.kernels import build, variants\n"
