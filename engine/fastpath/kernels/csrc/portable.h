@@ -433,15 +433,18 @@ void q4k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_by
       for (int o = 0; o < gguf::TQ4_K::BYTES; o += 64) prefetch_next<R>(blk + o, row_bytes);
       const gguf::Bytes16 sm = gguf::scale_min_k4(blk + 4);
       const typename V::B smv = V::from64(sm.lo, sm.hi);
-      const typename V::F d = V::set1(V::fp16(blk)), dmin = V::set1(V::fp16(blk + 2));
       if constexpr (C == 1) {  // 16 lanes: the 8 scales and the 8 mins in one register
         alignas(64) float sm[16];
         V::store(sm, V::template u8<0>(smv));
-        for (int i = 0; i < 8; ++i) sc[r][i] = V::fp16(blk) * sm[i];
+        const float d = V::fp16(blk);
         float m = 0.f;
-        for (int i = 0; i < 8; ++i) m += sm[8 + i] * sx[8 * b + i];
+        for (int i = 0; i < 8; ++i) {
+          sc[r][i] = d * sm[i];
+          m += sm[8 + i] * sx[8 * b + i];
+        }
         mins[r] += V::fp16(blk + 2) * m;
       } else {
+        const typename V::F d = V::set1(V::fp16(blk)), dmin = V::set1(V::fp16(blk + 2));
         static_for<C>([&](auto cc) {
           constexpr int c = decltype(cc)::value;
           if constexpr (c < H) V::store(sc[r] + c * V::W, V::mul(d, V::template u8<c>(smv)));
