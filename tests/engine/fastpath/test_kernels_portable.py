@@ -121,6 +121,26 @@ def test_x86_portable_kernels_match_the_references(vectors, tmp_path, name, vec_
     )
 
 
+def test_avx2_vnni_bodies_run_through_their_avx512_vnni_twin(vectors, tmp_path):
+    """avx2-vnni's kernels differ from avx2's in one instruction, AVX-VNNI's vpdpbusd. Built with
+    OPSCOPE_VNNI_EVEX_TWIN (and without -mavxvnni), that instruction is its AVX512-VNNI encoding, the
+    same operation on 256 bits: a CPU with AVX512-VNNI but not AVX-VNNI (no emulator here has
+    AVX-VNNI) runs the variant's bodies, its int8 dot products included."""
+    if variants.arch() != "x86_64":
+        pytest.skip("avx2-vnni is an x86-64 variant")
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++/c++) to build the test driver")
+    lacks = sorted({"avx2", "fma", "f16c", "avx512_vnni", "avx512vl"} - variants.cpu_flags())
+    if lacks:
+        pytest.skip(f"the twin needs AVX2 and AVX512-VNNI/VL; this CPU lacks {' '.join(lacks)}")
+    flags = [f for f in variants.by_name("avx2-vnni").cflags if f != "-mavxvnni"]
+    assert len(flags) == len(variants.by_name("avx2-vnni").cflags) - 1
+    _compile(cxx, [*flags, "-DOPSCOPE_VNNI_EVEX_TWIN"], tmp_path / "driver")
+    run = subprocess.run([str(tmp_path / "driver"), str(vectors)], capture_output=True, text=True, timeout=120)
+    check(run, "avx2 int8 vpdpbusd", True)
+
+
 @pytest.mark.parametrize("name, vec_name", [("neon", "neon int8 smull"), ("neon-dotprod", "neon int8 sdot")])
 def test_neon_kernels_match_the_references_under_qemu(vectors, tmp_path, name, vec_name):
     """Both aarch64 variants' flags: int8 products by widening multiplies (ARMv8.0) and by sdot."""

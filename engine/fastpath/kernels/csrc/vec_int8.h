@@ -26,11 +26,17 @@ template <class V>
 struct Int8;
 
 #if defined(OPSCOPE_VEC_AVX2)
+// OPSCOPE_VNNI_EVEX_TWIN (the test driver only): the avx2-vnni variant's bodies, with its one VNNI
+// instruction in the AVX512-VNNI encoding (the same vpdpbusd on 256 bits, EVEX instead of VEX), so
+// that they run on a CPU that has AVX512-VNNI but not AVX-VNNI (tests/engine/fastpath/test_kernels_portable.py).
+#if defined(__AVXVNNI__) || defined(OPSCOPE_VNNI_EVEX_TWIN)
+#define OPSCOPE_INT8_VNNI 1
+#endif
 // maddubs (u8 x s8 to int16 pairs: 2 * 127 * 127 < 2^15, no saturation) + madd; one vpdpbusd on
 // AVX-VNNI (the avx2-vnni variant). Signed weights: |w| times y with w's sign, the same products.
 template <>
 struct Int8<VecAVX2> {
-#if defined(__AVXVNNI__)
+#if defined(OPSCOPE_INT8_VNNI)
   static constexpr const char* NAME = "vpdpbusd";
 #else
   static constexpr const char* NAME = "vpmaddubsw";
@@ -42,6 +48,11 @@ struct Int8<VecAVX2> {
   static S sub(S a, S b) { return _mm256_sub_epi32(a, b); }
   template <int k> static S shl(S a) { return _mm256_slli_epi32(a, k); }
   static F cvt(S a) { return _mm256_cvtepi32_ps(a); }
+#if defined(OPSCOPE_VNNI_EVEX_TWIN)
+  __attribute__((target("avx512vnni,avx512vl"), noinline)) static S dot_u(S acc, Y u, Y y) {
+    return _mm256_dpbusd_epi32(acc, u, y);
+  }
+#else
   static S dot_u(S acc, Y u, Y y) {
 #if defined(__AVXVNNI__)
     return _mm256_dpbusd_avx_epi32(acc, u, y);
@@ -49,6 +60,7 @@ struct Int8<VecAVX2> {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1)));
 #endif
   }
+#endif
   static S dot_s(S acc, Y w, Y y) { return dot_u(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w)); }
   // ONE: the pair (sc[2j], sc[2j + 1]) is the scale twice, dword j of the 16 scales, spread by one
   // vpermd (read back as an int32, GCC takes it from the register with two shuffles instead, on the
