@@ -19,22 +19,12 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    from opscope.engine.fastpath.kernels import build, variants
-    from torch.utils.cpp_extension import load
+    from opscope.engine.fastpath.kernels import build, toolchain, variants
 
-    v, out, extra = variants.by_name(argv[0]), Path(argv[1]), argv[2:]
-    out.mkdir(parents=True, exist_ok=True)
+    v, out, extra = variants.by_name(argv[0]), Path(argv[1]), tuple(argv[2:])
     name = f"opscope_ab_{out.name.replace('-', '_')}"
-    sources = [str(build.CSRC / n) for n in build.SOURCES]
-    load(
-        name=name,
-        sources=sources,
-        extra_cflags=build.cflags(v) + extra,
-        extra_ldflags=list(build.LDFLAGS),
-        build_directory=str(out),
-        verbose=False,
-    )
-    print(next(out.glob(f"{name}*.so")))
+    built = build.compile_variants(toolchain.host(), [(v, name, out)], out / "half", extra)
+    print(built[v.name])
     return 0
 
 

@@ -19,14 +19,15 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from opscope.engine.fastpath.kernels import build, variants
+from opscope.engine.fastpath.kernels import build, toolchain, variants
+from opscope.engine.fastpath.kernels.toolchain import Toolchain
 
 ARCH = "aarch64"
 CXX = "aarch64-linux-gnu-g++"
 READELF = "aarch64-linux-gnu-readelf"
+NM = "aarch64-linux-gnu-nm"
 PLATFORM = "manylinux_2_28_aarch64"
 # What the extension is compiled against and links with; the rest of the wheel is never unpacked.
 _MEMBERS = ("torch/include/", "torch/lib/libc10.so", "torch/lib/libtorch.so", "torch/lib/libtorch_cpu.so")
@@ -75,33 +76,27 @@ def torch_tree(cache: Path, version: str) -> Path:
     return unpack(wheel, cache / f"torch{version}-{sys.implementation.cache_tag}-{ARCH}-dev", _MEMBERS)
 
 
-def compile_library(tree: Path, name: str, v: variants.Variant, dest: Path, work: Path) -> None:
-    """The variant's sources compiled and linked as build._compile does (torch's cpp_extension
-    flags), with the cross compiler, against ``tree``'s torch."""
+def cross_toolchain(tree: Path, version: str) -> Toolchain:
+    """The cross compiler against ``tree``'s torch, with torch's cpp_extension flags. torch's own
+    libraries need CUDA and ARM Compute libraries that are not here: the link checks only this
+    library's symbols (--allow-shlib-undefined); the loader resolves theirs on the ARM host."""
     inc = tree / "torch" / "include"
     pyinc = Path(sys.base_prefix) / "include" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    flags = [f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H", "-isystem", str(inc)]
-    flags += ["-isystem", str(inc / "torch" / "csrc" / "api" / "include"), "-isystem", str(pyinc)]
-    flags += ["-fPIC", "-std=c++20", *build.cflags(v)]
-    work.mkdir(parents=True, exist_ok=True)
-
-    def one(src: str) -> Path:
-        obj = work / f"{Path(src).stem}.o"
-        out = subprocess.run([CXX, *flags, "-c", str(build.CSRC / src), "-o", str(obj)], capture_output=True, text=True)
-        if out.returncode != 0:
-            raise CrossError(f"compiling {src} for {ARCH} failed: {build.one_line(out.stderr)}")
-        return obj
-
-    with ThreadPoolExecutor() as pool:
-        objs = list(pool.map(one, build.SOURCES))
+    flags = ("-isystem", str(inc), "-isystem", str(inc / "torch" / "csrc" / "api" / "include"), "-isystem", str(pyinc))
     lib = tree / "torch" / "lib"
-    # torch's own libraries need CUDA and ARM Compute libraries that are not here: the link checks
-    # only this library's symbols (--allow-shlib-undefined); the loader resolves theirs on the ARM host.
-    link = [CXX, "-shared", *map(str, objs), f"-L{lib}", f"-Wl,-rpath-link,{lib}", "-Wl,--allow-shlib-undefined"]
-    link += ["-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python", *build.LDFLAGS, "-o", str(dest)]
-    out = subprocess.run(link, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise CrossError(f"linking {dest.name} failed: {build.one_line(out.stderr)}")
+    libs = (f"-L{lib}", f"-Wl,-rpath-link,{lib}", "-Wl,--allow-shlib-undefined", "-lc10", "-ltorch_cpu", "-ltorch")
+    tag = f"{ARCH} torch{version} {sys.version}"
+    return Toolchain(CXX, (*flags, *toolchain.common_flags()), (*libs, "-ltorch_python"), shutil.which(NM), tag)
+
+
+def compile_library(tc: Toolchain, name: str, v: variants.Variant, dest: Path, cache: Path) -> None:
+    """The variant's library, compiled and linked as build.compile_variants does on the host (the
+    torch half compiled once for both aarch64 variants), with the cross compiler."""
+    try:
+        built = build.compile_variants(tc, [(v, name, cache / "obj" / name)], cache / "obj")[v.name]
+    except build.KernelBuildError as e:
+        raise CrossError(f"building {name} for {ARCH} failed: {e}") from e
+    shutil.copyfile(built, dest)
 
 
 def check_library(path: Path, name: str) -> list[str]:
@@ -123,7 +118,7 @@ def _recorded(folder: Path) -> dict:
 
 def cross_build(out_root: Path, cache: Path, v: variants.Variant) -> Path:
     """Variant ``v``'s library in ``out_root``'s aarch64 folder (kept when built from these sources)."""
-    for tool in (CXX, READELF):
+    for tool in (CXX, READELF, NM):
         if shutil.which(tool) is None:
             raise CrossError(f"{tool} not found: apt-get install g++-aarch64-linux-gnu")
     version = torch_version()
@@ -136,7 +131,7 @@ def cross_build(out_root: Path, cache: Path, v: variants.Variant) -> Path:
     if dest.is_file() and _recorded(folder).get(v.name, {}).get("sources") == build.sources_key(v):
         return dest  # built from these sources already
     tmp = folder / f".{dest.name}.tmp"
-    compile_library(tree, name, v, tmp, cache / "obj" / name)
+    compile_library(cross_toolchain(tree, version), name, v, tmp, cache)
     problems = check_library(tmp, name)
     if problems:
         raise CrossError(f"{tmp}: {'; '.join(problems)}")

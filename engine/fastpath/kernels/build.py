@@ -4,14 +4,15 @@ Each variant is compiled ahead of time (``make setup`` for a checkout: the varia
 ``opscope fastpath build --runnable``; ``make dist`` for the wheel: all, ``--all``) into
 ``prebuilt/<torch+python tag>/`` beside
 this file, so the user needs no compiler. Where no prebuilt library fits (another torch, a source
-change, a platform no variant was built for) the variant is compiled at first use with torch's
-extension tooling into a per-user cache, as before. The key of a build is a hash of the sources,
+change, a platform no variant was built for) the variant is compiled at first use into a per-user
+cache (toolchain.py drives the compiler). The key of a build is a hash of the sources,
 the variant's flags, torch's and Python's versions: a library never runs with other sources or
 on a CPU its variant does not fit. A found library is imported directly, without the compiler.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -26,21 +27,27 @@ from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 
-from opscope.engine.core.errors import BackendError
-from opscope.engine.fastpath.kernels import variants
+from opscope.engine.fastpath.kernels import toolchain, variants
+from opscope.engine.fastpath.kernels.toolchain import KernelBuildError, Toolchain, Unit
 from opscope.engine.fastpath.kernels.variants import Variant
 
 log = logging.getLogger(__name__)
 
 # The library's sources, headers and flags (public: packaging/cross_kernels.py builds them for ARM64).
+# A variant's own units are compiled with its flags; the torch-facing half (the operators, the
+# decode step, the prefill: torch_unity.cpp, most of the compile time) once per platform and torch,
+# with the architecture's baseline flags, and linked into every variant's library.
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "torch_unity.cpp")
+VARIANT_SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "rowwork.cpp", "pyinit.cpp")
+TORCH_HALF = "torch_unity.cpp"
+SOURCES = (*VARIANT_SOURCES, TORCH_HALF)
 _HEADERS = (
     "ops.cpp",  # these three are compiled as one unit, torch_unity.cpp
     "decode.cpp",
     "prefill.cpp",
     "qkernels.h",
     "qtensors.h",
+    "rowwork.h",
     "gguf_types.h",
     "simd_v1.h",
     "simd_v2.h",
@@ -53,10 +60,6 @@ _HEADERS = (
 _CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")  # + the variant's -m flags
 LDFLAGS = ("-fopenmp",)
 _lock = threading.Lock()
-
-
-class KernelBuildError(BackendError):
-    """The fast-path kernels cannot be built here (no C++ compiler, a compile error)."""
 
 
 def cache_root() -> Path:
@@ -104,13 +107,18 @@ def cflags(v: Variant) -> list[str]:
     return list(_CFLAGS + v.cflags)
 
 
+def half_cflags(arch: str) -> list[str]:
+    """The torch half's flags: the architecture's baseline variant's (it holds no vector code)."""
+    return cflags(variants.for_arch(arch)[-1])
+
+
 def _compiled_from(v: Variant) -> hashlib._Hash:
     """A hash of the sources, headers, variant and flags (what both keys below start from)."""
     h = hashlib.sha256()
     for name in SOURCES + _HEADERS:
         h.update((CSRC / name).read_bytes())
     h.update(v.name.encode())
-    h.update(" ".join(cflags(v) + list(LDFLAGS)).encode())
+    h.update(" ".join(cflags(v) + half_cflags(v.arch) + toolchain.common_flags() + list(LDFLAGS)).encode())
     return h
 
 
@@ -226,26 +234,62 @@ def _import_so(name: str, so: Path) -> ModuleType:
     return module
 
 
-def _compile(name: str, build_dir: Path, v: Variant) -> ModuleType:
-    if shutil.which("c++") is None and shutil.which("g++") is None:
-        raise KernelBuildError(
-            "no C++ compiler found (c++/g++): install one (e.g. `apt-get install g++`) "
-            "to use the CPU fast path, or run with the dense torch path"
-        )
-    from torch.utils.cpp_extension import load
+def _workers() -> int:
+    """Units compiled side by side: one per core (a user's MAX_JOBS stands), and no more than one
+    per 1.5 GB of available memory (the torch half takes ~1.2 GB to compile)."""
+    import os
 
+    import psutil
+
+    if os.environ.get("MAX_JOBS", "").isdigit():
+        return max(1, int(os.environ["MAX_JOBS"]))
+    return max(1, min(os.cpu_count() or 1, psutil.virtual_memory().available // (1536 << 20)))
+
+
+def half_unit(tc: Toolchain, arch: str, cache: Path) -> Unit:
+    """The torch half's object for this toolchain and architecture, shared by every variant."""
+    h = hashlib.sha256()
+    for name in SOURCES + _HEADERS:
+        h.update((CSRC / name).read_bytes())
+    h.update(" ".join([*half_cflags(arch), *tc.flags, tc.tag]).encode())
+    key = h.hexdigest()[:16]
+    return Unit(
+        CSRC / TORCH_HALF,
+        tuple(half_cflags(arch)),
+        cache / f"opscope_torch_half_{arch}_{key}" / f"{Path(TORCH_HALF).stem}.o",
+    )
+
+
+def variant_units(v: Variant, name: str, work: Path, extra: tuple[str, ...] = ()) -> list[Unit]:
+    """Variant ``v``'s own units, compiled into ``work`` as the module ``name`` (pyinit.cpp's entry point)."""
+    flags = (*cflags(v), *extra, f"-DTORCH_EXTENSION_NAME={name}")
+    return [Unit(CSRC / src, flags, work / f"{Path(src).stem}.o") for src in VARIANT_SOURCES]
+
+
+def compile_variants(
+    tc: Toolchain, todo: list[tuple[Variant, str, Path]], cache: Path, extra: tuple[str, ...] = ()
+) -> dict[str, Path]:
+    """The libraries of ``todo`` (variant, module name, build directory), each at
+    ``<directory>/<name><extension suffix>``: the torch half first (the longest unit), then every
+    variant's units, side by side, then the links. A library already there is kept."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    out = {v.name: d / f"{n}{suffix}" for v, n, d in todo}
+    todo = [(v, n, d) for v, n, d in todo if not out[v.name].is_file()]
+    halves = {v.arch: half_unit(tc, v.arch, cache) for v, _, _ in todo}
+    units = {v.name: variant_units(v, n, d, extra) for v, n, d in todo}
+    toolchain.compile_units(tc, [*halves.values(), *(u for us in units.values() for u in us)], _workers())
+    for v, _, _ in todo:
+        objs = [u.obj for u in units[v.name]] + [halves[v.arch].obj]
+        toolchain.link(tc, objs, LDFLAGS, out[v.name])
+    return out
+
+
+def _compile(name: str, build_dir: Path, v: Variant) -> ModuleType:
     log.info("building CPU kernels %s in %s", name, build_dir)
-    build_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return load(
-            name=name,
-            sources=[str(CSRC / n) for n in SOURCES],
-            extra_cflags=cflags(v),
-            extra_ldflags=list(LDFLAGS),
-            build_directory=str(build_dir),
-            verbose=False,
-        )
-    except (RuntimeError, OSError, ImportError) as e:  # compile/link errors arrive as RuntimeError
+        so = compile_variants(toolchain.host(), [(v, name, build_dir)], cache_root())[v.name]
+        return _import_so(name, so)
+    except (OSError, ImportError) as e:
         raise KernelBuildError(f"building the CPU kernels in {build_dir} failed: {e}") from e
 
 
@@ -292,19 +336,17 @@ def _load_kernels() -> ModuleType:
     name = module_name(v)
     build_dir = cache_root() / name
     so = build_dir / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-    alt = build_dir / f"{name}.so"
     with _lock:
         pre = prebuilt_entry(v)
         module = _import_cached(pre[0], pre[1]) if pre else None
-        module = module or _import_cached(name, so, alt)
+        module = module or _import_cached(name, so)
         if module is not None:
             log.info("CPU kernels: %s", variants.reason(v))
             return module
         with _machine_lock(build_dir):  # one build per machine; the others wait, then import it
-            module = _import_cached(name, so, alt)
+            module = _import_cached(name, so)
             if module is not None:
                 return module
-            _drop_stale_torch_lock(build_dir)
             with _announced():
                 return _compile(name, build_dir, v)
 
@@ -337,9 +379,8 @@ def _import_cached(name: str, *paths: Path) -> ModuleType | None:
 
 @contextmanager
 def _machine_lock(build_dir: Path):
-    """An flock beside the build directory: the kernel releases it when its holder dies, unlike the
-    `lock` file torch's cpp_extension leaves behind when a build is killed (every later build would
-    wait on that file forever)."""
+    """An flock beside the build directory: the kernel releases it when its holder dies (a lock
+    file's existence would outlive a killed build, and every later build would wait on it)."""
     import fcntl
 
     build_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -351,35 +392,17 @@ def _machine_lock(build_dir: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _drop_stale_torch_lock(build_dir: Path) -> None:
-    """Holding the machine lock, no other OpScope process is building here: a torch `lock` file
-    left in the directory is from a build that was killed."""
-    stale = build_dir / "lock"
-    if stale.exists():
-        log.warning("removing %s left by an interrupted kernel build", stale)
-        stale.unlink(missing_ok=True)
-
-
-def build_variant(v: Variant, out_root: Path) -> Path:
-    """Compile variant ``v`` (in this process: one variant per process, each registers the same
-    torch operator namespace) and copy its library to ``out_root/<abi tag>/``."""
-    name = module_name(v)
-    build_dir = cache_root() / name
-    so = build_dir / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-    alt = build_dir / f"{name}.so"
-    if not (so.is_file() or alt.is_file()):
-        with _machine_lock(build_dir):
-            _drop_stale_torch_lock(build_dir)
-            _compile(name, build_dir, v)
-    dest = out_root / abi_tag() / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+def _install(v: Variant, so: Path, out_root: Path) -> Path:
+    """Copy variant ``v``'s library into ``out_root/<abi tag>/`` and record it in the manifest."""
+    dest = out_root / abi_tag() / so.name
     dest.parent.mkdir(parents=True, exist_ok=True)
-    prefix = name.rsplit("_", 1)[0] + "_"
+    prefix = module_name(v).rsplit("_", 1)[0] + "_"
     for stale in dest.parent.glob(f"{prefix}*"):  # this variant built from older sources (not avx512 vs avx512_vnni)
         key = stale.name[len(prefix) :].split(".", 1)[0]
         if stale != dest and len(key) == 16 and "_" not in key:
             stale.unlink()
     tmp = dest.with_name(f".{dest.name}.tmp")
-    shutil.copyfile(so if so.is_file() else alt, tmp)
+    shutil.copyfile(so, tmp)
     tmp.replace(dest)  # a new file: a process that has the old one mapped keeps it
     record_prebuilt(v, dest)
     return dest
@@ -387,44 +410,21 @@ def build_variant(v: Variant, out_root: Path) -> Path:
 
 def prebuild(out_root: Path, names: list[str] | None = None) -> list[str]:
     """Every variant of this architecture (or ``names``) compiled ahead of time into
-    ``out_root``, one child process each; the lines to print.
-
-    The children run side by side, one per core at most, and share the cores out (torch's
-    MAX_JOBS): a variant's compile is one large unit and three small ones, so one variant at a time
-    leaves a core idle for most of it. The large unit takes ~1.2 GB of memory to compile: no more
-    children than 1.5 GB each of the memory available."""
-    import os
-    import subprocess
-    from concurrent.futures import ThreadPoolExecutor
-
-    import psutil
-
+    ``out_root``; the lines to print. The torch half is compiled once for all of them, the
+    variants' own units side by side with it (compile_variants)."""
     todo = [variants.by_name(n) for n in names] if names else variants.for_arch()
-    cores = os.cpu_count() or 1
-    fit = psutil.virtual_memory().available // (1536 << 20)
-    side_by_side = max(1, min(len(todo), cores, fit))
-    jobs = os.environ.get("MAX_JOBS") or str(max(1, cores // side_by_side))  # a user's own limit stands
-    env = {**os.environ, variants.ENV: "", "MAX_JOBS": jobs}
-    # A child that fails says why in its last line of stderr (one line, as load_kernels words it).
-    code = (
-        "import sys; from pathlib import Path; from opscope.engine.fastpath.kernels import build, variants\n"
-        "try: print(build.build_variant(variants.by_name(sys.argv[1]), Path(sys.argv[2])))\n"
-        "except build.KernelBuildError as e: sys.exit(build.one_line(str(e)))"
-    )
-
-    def one(v: Variant) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-c", code, v.name, str(out_root)]
-        return subprocess.run(cmd, capture_output=True, text=True, env=env)
-
-    with ThreadPoolExecutor(side_by_side) as pool:
-        done = list(pool.map(one, todo))
-    lines = []
-    for v, out in zip(todo, done):
-        if out.returncode != 0:
-            why = ([x for x in out.stderr.splitlines() if x.strip()] or [f"exit status {out.returncode}"])[-1]
-            raise KernelBuildError(f"building kernel variant {v.name} failed: {why.strip()}")
-        lines.append(f"{v.name}: {out.stdout.strip().splitlines()[-1]}")
-    return lines
+    if not todo:
+        return []
+    jobs = [(v, module_name(v), cache_root() / module_name(v)) for v in todo]
+    try:
+        with contextlib.ExitStack() as locks:  # one build per machine and variant, as at first use
+            for _, _, d in jobs:
+                locks.enter_context(_machine_lock(d))
+            built = compile_variants(toolchain.host(), jobs, cache_root())
+    except (KernelBuildError, OSError) as e:
+        which = next((v.name for v, n, _ in jobs if n in str(e)), todo[0].name)
+        raise KernelBuildError(f"building kernel variant {which} failed: {one_line(str(e))}") from e
+    return [f"{v.name}: {_install(v, built[v.name], out_root)}" for v in todo]
 
 
 if __name__ == "__main__":  # python -m opscope.engine.fastpath.kernels.build [--out DIR] [VARIANT ...]

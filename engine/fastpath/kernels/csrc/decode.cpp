@@ -17,14 +17,10 @@
 #include <string>
 #include <tuple>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
-#include "gguf_types.h"
 #include "pool.h"
-#include "portable.h"
 #include "qtensors.h"
+#include "rowwork.h"
 
 namespace opscope {
 namespace {
@@ -54,29 +50,6 @@ Linear make_linear(const LinSpec& s, int64_t K) {
   }
   return l;
 }
-
-float dot(const float* a, const float* b, int64_t n) { return portable::dot<vec::Vec>(a, b, n); }
-
-void rmsnorm(const float* x, const float* w, int64_t n, double eps, float* out) {
-  double ss = 0.0;  // double: the sum of 576+ squares without order-dependent rounding
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();  // 16 lanes: off the serial add chain
-  for (; i + 16 <= n; i += 16) {
-    const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
-    a0 = _mm512_fmadd_pd(lo, lo, a0);
-    a1 = _mm512_fmadd_pd(hi, hi, a1);
-  }
-  ss = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
-#endif
-  for (; i < n; ++i) ss += double(x[i]) * x[i];
-  const float r = float(1.0 / std::sqrt(ss / n + eps));
-  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
-}
-
-// silu(g) * u over n values (vec::exp: the scalar libm call per value cost about as much as a
-// small layer's matvec on the decode step's serial path).
-void silu_mul(const float* g, const float* u, int64_t n, float* out) { portable::silu_mul<vec::Vec>(g, u, n, out); }
 
 // Rotate-half RoPE on `heads` vectors of length D: pairs (i, i + D/2).
 void rope(float* v, int64_t heads, int64_t D, const float* cs, const float* sn) {
@@ -142,7 +115,7 @@ class DecodeModel {
     }
     lap(P_OTHER);
     for (size_t l = 0; l < layers_.size(); ++l) layer(l, pos);
-    rmsnorm(x_.data(), final_norm_.data_ptr<float>(), C_, eps_, h_.data());
+    rows::rmsnorm(x_.data(), final_norm_.data_ptr<float>(), C_, eps_, h_.data());
     auto logits = at::empty({1, 1, head_.w.N}, at::TensorOptions().dtype(at::kFloat));
     float* y = logits.data_ptr<float>();
     lap(P_OTHER);
@@ -189,7 +162,7 @@ class DecodeModel {
 
   void layer(size_t l, int64_t pos) {
     Layer& L = layers_[l];
-    rmsnorm(x_.data(), L.attn_norm.data_ptr<float>(), C_, eps_, h_.data());
+    rows::rmsnorm(x_.data(), L.attn_norm.data_ptr<float>(), C_, eps_, h_.data());
     lap(P_OTHER);
     matvecs(h_.data(), C_, {{&L.lin[0], q_.data()}, {&L.lin[1], k_.data()}, {&L.lin[2], v_.data()}});
     lap(P_QKV);
@@ -204,11 +177,11 @@ class DecodeModel {
     matvecs(att_.data(), H_ * D_, {{&L.lin[3], o_.data()}});
     lap(P_O);
     for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
-    rmsnorm(x_.data(), L.mlp_norm.data_ptr<float>(), C_, eps_, h_.data());
+    rows::rmsnorm(x_.data(), L.mlp_norm.data_ptr<float>(), C_, eps_, h_.data());
     lap(P_OTHER);
     matvecs(h_.data(), C_, {{&L.lin[4], g_.data()}, {&L.lin[5], u_.data()}});
     lap(P_GU);
-    silu_mul(g_.data(), u_.data(), F_, h_.data());
+    rows::glu(g_.data(), u_.data(), F_, 0, h_.data());
     lap(P_OTHER);
     matvecs(h_.data(), F_, {{&L.lin[6], o_.data()}});
     lap(P_DOWN);
@@ -221,23 +194,9 @@ class DecodeModel {
     const int64_t rep = H_ / KV_;
     // one head per chunk, shared out by the work pool (pool.h: no wait for a descheduled worker)
     WorkPool::get().run(H_, at::get_num_threads(), [&](int64_t h0) {
-      for (int64_t h = h0; h < h0 + 1; ++h) {
-        const float* q = q_.data() + h * D_;
-        const float* kh = kc + (h / rep) * D_;  // key t of this head at kh + t * KV_ * D_
-        const float* vh = vc + (h / rep) * D_;
-        float* sc = scores_.data() + h * S_;
-        float mx = -INFINITY;
-        for (int64_t t = 0; t <= pos; ++t) { sc[t] = dot(q, kh + t * KV_ * D_, D_) * scale; mx = std::max(mx, sc[t]); }
-        float sum = 0.f;
-        for (int64_t t = 0; t <= pos; ++t) { sc[t] = std::exp(sc[t] - mx); sum += sc[t]; }
-        float* out = att_.data() + h * D_;
-        std::fill_n(out, D_, 0.f);
-        for (int64_t t = 0; t <= pos; ++t) {
-          const float p = sc[t] / sum;
-          const float* vt = vh + t * KV_ * D_;
-          portable::axpy<vec::Vec>(p, vt, D_, out);
-        }
-      }
+      const int64_t h = h0;  // key t of this head at kc + (h / rep) * D_ + t * KV_ * D_
+      rows::attend(q_.data() + h * D_, kc + (h / rep) * D_, vc + (h / rep) * D_, KV_ * D_, pos, D_, scale,
+                   scores_.data() + h * S_, att_.data() + h * D_);
     });
   }
 
@@ -258,7 +217,7 @@ class DecodeModel {
 
 }  // namespace opscope
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
+PYBIND11_MODULE(opscope_qlinear, mod) {  // PyInit_<variant's name>: pyinit.cpp
   using opscope::DecodeModel;
   mod.def("qlinear", &opscope::qlinear, "fused dequantize-matvec / dequantize+GEMM over packed GGUF blocks");
   mod.def("dequantize", &opscope::dequantize, "quantized weights to a dense [N, K] tensor");

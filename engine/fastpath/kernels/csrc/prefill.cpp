@@ -16,7 +16,7 @@
 // The decoders give exactly gguf.quants.dequantize's values (see gguf_types.h); the sum order
 // inside the GEMM is MKL's, as for torch.mm on the dequantized matrix.
 #include "qtensors.h"
-#include "gguf_types.h"
+#include "rowwork.h"  // the panels' decoders and the row work, compiled per variant
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -25,10 +25,6 @@
 #include <cmath>
 #include <memory>
 #include <vector>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-#include "portable.h"  // the row work over the vec.h traits (and off AVX-512, the panels' decoders)
 
 // MKL's Fortran sgemm, exported by torch's own library where torch is built with MKL (weak: a
 // torch without it falls back to at::mm on each panel).
@@ -66,75 +62,6 @@ namespace {
 std::atomic<int64_t> g_panel_bytes{256 << 10};  // dequantized panel size aimed at (benchmarks tune it)
 std::atomic<int> g_use_blas{1};
 std::atomic<int> g_enabled{1};  // 0: qlinear keeps its older dequantize-tile + at::linear path (A/B)
-
-#if !defined(OPSCOPE_AVX512_RAW)
-// decode_panel off AVX-512: the raw 32-weight blocks and the SoA layouts through the vec.h traits;
-// false for the types left to dequantize_row (the K types, F16/BF16: their scalar decoders).
-bool portable_decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf) {
-  using V = vec::Vec;
-  const int64_t K = w.K;
-  if (w.raw()) {
-    bool done = false;
-    gguf::with_type(w.ggml_type, [&](auto t) {
-      using T = decltype(t);
-      if constexpr (portable::B32<T>::OK) {
-        for (int64_t i = 0; i < n; ++i) portable::b32_decode_row<V, T>(w.qs + (r0 + i) * w.row_bytes, K, buf + i * K);
-        done = true;
-      }
-    });
-    return done;
-  }
-  for (int64_t i = 0; i < n; ++i) portable::soa_decode_row<V>(w.qs, w.d, w.m, w.qtype, K, r0 + i, buf + i * K);
-  return true;
-}
-#endif
-
-// Rows [r0, r0 + n) of w decoded to float32 into buf (row i at buf + i * K).
-void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf) {
-  const int64_t K = w.K;
-#if defined(OPSCOPE_AVX512_RAW)
-  if (w.raw()) {
-    gguf::with_type(w.ggml_type, [&](auto t) {
-      using T = decltype(t);
-      for (int64_t i = 0; i < n; ++i) {
-        const uint8_t* row = w.qs + (r0 + i) * w.row_bytes;
-        float* o = buf + i * K;
-        for (int64_t b = 0; b < K / T::QK; ++b)
-          T::decode(row + b * T::BYTES, [&](int c, __m512 v) { _mm512_storeu_ps(o + b * T::QK + 16 * c, v); });
-      }
-    });
-    return;
-  }
-  const int64_t nb = K / QK;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = r0 + i;
-    float* o = buf + i * K;
-    const c10::Half* d = w.d + r * nb;
-    if (w.qtype == 0) {  // Q4_1 SoA: byte j of a block holds element j (low nibble) and j + 16
-      const uint8_t* q = w.qs + r * (K / 2);
-      const c10::Half* m = w.m + r * nb;
-      for (int64_t b = 0; b < nb; ++b) {
-        const __m512 dd = _mm512_set1_ps(float(d[b])), mm = _mm512_set1_ps(float(m[b]));
-        __m512 q0, q1;
-        gguf::nibbles32(q + b * 16, q0, q1);
-        _mm512_storeu_ps(o + b * QK, _mm512_fmadd_ps(dd, q0, mm));
-        _mm512_storeu_ps(o + b * QK + 16, _mm512_fmadd_ps(dd, q1, mm));
-      }
-    } else {  // Q8_0 SoA
-      const int8_t* q = reinterpret_cast<const int8_t*>(w.qs) + r * K;
-      for (int64_t b = 0; b < nb; ++b) {
-        const __m512 dd = _mm512_set1_ps(float(d[b]));
-        _mm512_storeu_ps(o + b * QK, _mm512_mul_ps(dd, gguf::s8_ps(gguf::load16(reinterpret_cast<const uint8_t*>(q + b * QK)))));
-        _mm512_storeu_ps(o + b * QK + 16,
-                         _mm512_mul_ps(dd, gguf::s8_ps(gguf::load16(reinterpret_cast<const uint8_t*>(q + b * QK + 16)))));
-      }
-    }
-  }
-#else
-  if (portable_decode_panel(w, r0, n, buf)) return;
-  for (int64_t i = 0; i < n; ++i) dequantize_row(w, r0 + i, buf + i * K);
-#endif
-}
 
 // The prompt's rows x [M, K], and where MKL's packed GEMM is there, x packed once for every panel
 // (CBLAS row-major: x is A, a panel B^T). Packed for the whole GEMM's N columns, not a panel's: MKL
@@ -240,8 +167,7 @@ void for_each_panel(const Panels& pl, int64_t N, int64_t K, F&& f) {
 
 // h[0..n) = act(g) * u, act 0: SiLU, 1: GELU (tanh approximation).
 void glu_vec(float* h, const float* u, int64_t n, int64_t act) {
-  if (act == 0) return portable::silu_mul<vec::Vec>(h, u, n, h);
-  return portable::gelu_mul<vec::Vec>(h, u, n, h);
+  rows::glu(h, u, n, act, h);
 }
 
 // glu_vec over a panel's row; its last < 16 values go through the vector code too, padded, so that
@@ -283,7 +209,7 @@ at::Tensor prefill_gemm(const at::Tensor& x, const Weights& w) {
   const Panels pl = plan_panels(N, K, at::get_num_threads());
   const Rows xs(xp, M, K, N);
   for_each_panel(pl, N, K, [&](int64_t r0, int64_t n, float* buf) {
-    decode_panel(w, r0, n, buf);
+    rows::decode_panel(w, r0, n, buf);
     panel_gemm(xs, buf, n, yp + r0, N);
   });
   return out.reshape(out_shape(x, N));
@@ -303,9 +229,9 @@ at::Tensor prefill_glu(const at::Tensor& x, const Weights& g, const Weights& u, 
   for_each_panel(pl, N, K, [&](int64_t r0, int64_t n, float* buf) {
     Buffers& bufs = buffers();
     float* tmp = bufs.get(bufs.tmp, M * n);
-    decode_panel(g, r0, n, buf);
+    rows::decode_panel(g, r0, n, buf);
     panel_gemm(xs, buf, n, hp + r0, N);
-    decode_panel(u, r0, n, buf);
+    rows::decode_panel(u, r0, n, buf);
     panel_gemm(xs, buf, n, tmp, n);
     for (int64_t i = 0; i < M; ++i) glu_row(hp + i * N + r0, tmp + i * n, n, act);
   });
@@ -332,7 +258,7 @@ inline void rope_row(const float* x, const float* c, const float* s, int64_t D, 
 
 // Row-wise s[0..n) ← exp(scale * (s - max)), s[n..e) ← 0; returns the sum of the n values.
 float softmax_row(float* s, int64_t n, int64_t e, float scale) {
-  const float total = portable::exp_scaled<vec::Vec>(s, n, portable::max_of<vec::Vec>(s, n), scale);
+  const float total = rows::softmax_exp(s, n, scale);
   std::fill(s + n, s + e, 0.f);
   return total;
 }
@@ -469,8 +395,8 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w_in, double eps) 
     for (int64_t r = r0; r < r1; ++r) {
       const float* a = xp + r * C;
       float* y = yp + r * C;
-      const float inv = 1.f / std::sqrt(portable::dot<vec::Vec>(a, a, C) / float(C) + float(eps));
-      portable::scale_mul<vec::Vec>(a, inv, wp, C, y);
+      const float inv = 1.f / std::sqrt(rows::dot(a, a, C) / float(C) + float(eps));
+      rows::scale_mul(a, inv, wp, C, y);
     }
   });
   return out;

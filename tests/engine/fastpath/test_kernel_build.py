@@ -1,0 +1,89 @@
+"""The kernel build (engine/fastpath/kernels/build.py, toolchain.py) through its own code path with
+one-function sources: the variant's entry point (pyinit.cpp) reaching the module the torch half
+defines, the torch half compiled once and shared by every variant, what a killed build leaves
+behind, and a library whose own function is missing refused at link time, not at import. The real
+sources take a minute to compile; these compile in a second (Python.h only)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from opscope.engine.fastpath.kernels import KernelBuildError, build, variants
+
+# The torch half's stand-in: it defines the module, as decode.cpp's PYBIND11_MODULE(opscope_qlinear).
+_HALF = r"""
+#include <Python.h>
+int opscope_variant_bits();
+static PyObject *answer(PyObject *, PyObject *) { return PyLong_FromLong(40 + opscope_variant_bits()); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, nullptr}, {nullptr, nullptr, 0, nullptr}};
+static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "opscope_qlinear", nullptr, -1, methods};
+extern "C" PyObject *PyInit_opscope_qlinear(void) { return PyModule_Create(&def); }
+"""
+_VARIANT = "int opscope_variant_bits() { return 2; }\n"
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler to build with")
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    shutil.copy(build.CSRC / "pyinit.cpp", csrc / "pyinit.cpp")
+    (csrc / "half.cpp").write_text(_HALF)
+    (csrc / "bits.cpp").write_text(_VARIANT)
+    monkeypatch.setattr(build, "CSRC", csrc)
+    monkeypatch.setattr(build, "VARIANT_SOURCES", ("bits.cpp", "pyinit.cpp"))
+    monkeypatch.setattr(build, "TORCH_HALF", "half.cpp")
+    monkeypatch.setattr(build, "SOURCES", ("bits.cpp", "pyinit.cpp", "half.cpp"))
+    monkeypatch.setattr(build, "_HEADERS", ())
+    monkeypatch.setenv("OPSCOPE_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setenv("OPSCOPE_KERNEL_PREBUILT", str(tmp_path / "none"))  # no prebuilt fits: it builds
+    return tmp_path / "kernels"
+
+
+def _halves(cache):
+    return sorted(cache.glob("opscope_torch_half_*/half.o"))
+
+
+def test_a_variant_imports_under_its_own_name_through_the_shared_half(tiny):
+    name = build.module_name()
+    module = build._load_kernels.__wrapped__()  # the uncached load: this process's own kernels stay loaded
+    assert module.answer() == 42  # the half's function, calling the variant's, through PyInit_<name>
+    assert (tiny / name / f"{name}{build.importlib.machinery.EXTENSION_SUFFIXES[0]}").is_file()
+    assert len(_halves(tiny)) == 1
+
+
+def test_the_torch_half_is_compiled_once_for_every_variant(tiny, tmp_path):
+    todo = [v for v in variants.for_arch()][:3]
+    out = build.prebuild(tmp_path / "prebuilt", [v.name for v in todo])
+    assert [line.split(":", 1)[0] for line in out] == [v.name for v in todo]
+    assert len(_halves(tiny)) == 1
+    libs = [tiny / build.module_name(v) for v in todo]
+    assert all(len(list(d.glob("*.so"))) == 1 for d in libs)
+    for v in todo:  # each in the manifest, found again as the prebuilt library
+        assert build.prebuilt_entry(v) is None  # OPSCOPE_KERNEL_PREBUILT points elsewhere
+    assert sorted(p.name for p in (tmp_path / "prebuilt" / build.abi_tag()).iterdir()) == sorted(
+        [f"{build.module_name(v)}{build.importlib.machinery.EXTENSION_SUFFIXES[0]}" for v in todo] + ["manifest.json"]
+    )
+
+
+def test_what_a_killed_build_leaves_does_not_stop_the_next(tiny):
+    name = build.module_name()
+    half = build.half_unit(build.toolchain.host(), variants.arch(), tiny).obj
+    half.parent.mkdir(parents=True)
+    (half.parent / ".half.o.4242.1.tmp").write_bytes(b"\x7fELF half-written")  # a compile cut short
+    (tiny / name).mkdir(parents=True)
+    (tiny / name / ".bits.o.4242.1.tmp").write_bytes(b"")
+    (tiny / f"{name}.flock").write_text("")  # the lock file of a build that died holding it
+    assert build._load_kernels.__wrapped__().answer() == 42
+
+
+def test_a_library_missing_one_of_its_own_functions_is_refused_at_link(tiny):
+    (build.CSRC / "half.cpp").write_text(
+        _HALF.replace("int opscope_variant_bits();", "namespace opscope { int bits(); }").replace(
+            "opscope_variant_bits()", "opscope::bits()"
+        )
+    )
+    with pytest.raises(KernelBuildError, match=r"linking .*: 1 of its functions undefined, e\.g\. opscope::bits\(\)"):
+        build._load_kernels.__wrapped__()
