@@ -229,9 +229,8 @@ def test_a_kernel_build_failure_falls_back_to_plain_torch_with_one_line(failing_
 
 
 def test_fastpath_build_without_a_compiler_is_one_line(tmp_path):
-    """`make setup` runs `opscope fastpath build --runnable`; its variants compile in child
-    processes, and a child that fails must come back as one line naming the variant and the cause,
-    not as the child's traceback."""
+    """`opscope fastpath build --runnable` (what `make setup` compiles) without a compiler: one line
+    naming the variant and the cause, not a traceback."""
     env = {k: v for k, v in os.environ.items() if k != "OPSCOPE_DB"}
     env.update(
         PATH=str(tmp_path),  # no c++ / g++ on it

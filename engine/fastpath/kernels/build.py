@@ -427,13 +427,21 @@ def prebuild(out_root: Path, names: list[str] | None = None) -> list[str]:
     return [f"{v.name}: {_install(v, built[v.name], out_root)}" for v in todo]
 
 
-if __name__ == "__main__":  # python -m opscope.engine.fastpath.kernels.build [--out DIR] [VARIANT ...]
+def main(argv: list[str] | None = None) -> int:
+    """``make setup`` runs this while pip installs the rest (it needs torch, numpy, psutil and
+    platformdirs only): ``main(["--runnable"])``."""
     import argparse
 
     ap = argparse.ArgumentParser(description="compile the kernel variants ahead of time")
     ap.add_argument("--out", default=str(prebuilt_root()), metavar="DIR", help="default: the package's prebuilt/")
+    ap.add_argument("--runnable", action="store_true", help="only the variants this CPU can run")
     ap.add_argument("variants", nargs="*", help="default: every variant of this architecture")
-    a = ap.parse_args()
-    logging.basicConfig(level=logging.INFO)
-    for line in prebuild(Path(a.out), a.variants or None):
-        print(line)
+    a = ap.parse_args(argv)
+    names = [v.name for v in variants.for_arch() if variants.can_run(v)] if a.runnable else a.variants
+    try:
+        for line in prebuild(Path(a.out), names or None):
+            print(line)
+    except KernelBuildError as e:
+        print(f"opscope: {e}", file=sys.stderr)
+        return 2
+    return 0
