@@ -424,7 +424,7 @@ def prebuild(out_root: Path, names: list[str] | None = None) -> list[str]:
     except (KernelBuildError, OSError) as e:
         which = next((v.name for v, n, _ in jobs if n in str(e)), todo[0].name)
         raise KernelBuildError(f"building kernel variant {which} failed: {one_line(str(e))}") from e
-    return [f"{v.name}: {_install(v, built[v.name], out_root)}" for v in todo]
+    return [f"{v.name}: {_install(v, built[v.name], out_root).resolve()}" for v in todo]
 
 
 def main(argv: list[str] | None = None) -> int:
