@@ -18,7 +18,6 @@ import importlib.machinery
 import importlib.util
 import logging
 import platform
-import re
 import shutil
 import sys
 import threading
@@ -298,12 +297,12 @@ _loaded_variant: str | None = None
 
 
 def one_line(message: str) -> str:
-    """A compiler's output as one log line: the summary (without ninja's "[1/6] c++ ..." command
-    line) and the first compiler diagnostic; the whole output goes to the debug log."""
+    """A build error as one log line: its first line and, where later lines hold one, the first
+    compiler diagnostic (the whole message goes to the debug log)."""
     lines = [x.strip() for x in message.splitlines() if x.strip()]
     if not lines:
         return message.strip()
-    head = re.split(r": \[\d+/\d+\] ", lines[0], maxsplit=1)[0]
+    head = lines[0]
     diag = next((x for x in lines[1:] if "error:" in x), "") or next((x for x in lines[1:] if "error" in x.lower()), "")
     return f"{head}: {diag}"[:500] if diag else head[:500]
 
