@@ -57,7 +57,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     t0 = now_ns()
     if args.all or args.runnable:
-        names = None if args.all else [v.name for v in variants.for_arch() if variants.can_run(v)]
+        names = None if args.all else [v.name for v in variants.runnable()]
         for line in build.prebuild(build.prebuilt_root(), names):
             print(line)
         return 0

@@ -111,11 +111,22 @@ def half_cflags(arch: str) -> list[str]:
     return cflags(variants.for_arch(arch)[-1])
 
 
+@lru_cache(maxsize=8)
+def _hashed(csrc: Path, names: tuple[str, ...]) -> hashlib._Hash:
+    h = hashlib.sha256()
+    for name in names:
+        h.update((csrc / name).read_bytes())
+    return h
+
+
+def _sources_hash() -> hashlib._Hash:
+    """A hash of the sources and headers, read once per process (a start-up asks for several keys)."""
+    return _hashed(CSRC, SOURCES + _HEADERS).copy()
+
+
 def _compiled_from(v: Variant) -> hashlib._Hash:
     """A hash of the sources, headers, variant and flags (what both keys below start from)."""
-    h = hashlib.sha256()
-    for name in SOURCES + _HEADERS:
-        h.update((CSRC / name).read_bytes())
+    h = _sources_hash()
     h.update(v.name.encode())
     h.update(" ".join(cflags(v) + half_cflags(v.arch) + toolchain.common_flags() + list(LDFLAGS)).encode())
     return h
@@ -247,9 +258,7 @@ def _workers() -> int:
 
 def half_unit(tc: Toolchain, arch: str, cache: Path) -> Unit:
     """The torch half's object for this toolchain and architecture, shared by every variant."""
-    h = hashlib.sha256()
-    for name in SOURCES + _HEADERS:
-        h.update((CSRC / name).read_bytes())
+    h = _sources_hash()
     h.update(" ".join([*half_cflags(arch), *tc.flags, tc.tag]).encode())
     key = h.hexdigest()[:16]
     return Unit(
@@ -436,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runnable", action="store_true", help="only the variants this CPU can run")
     ap.add_argument("variants", nargs="*", help="default: every variant of this architecture")
     a = ap.parse_args(argv)
-    names = [v.name for v in variants.for_arch() if variants.can_run(v)] if a.runnable else a.variants
+    names = [v.name for v in variants.runnable()] if a.runnable else a.variants
     try:
         for line in prebuild(Path(a.out), names or None):
             print(line)

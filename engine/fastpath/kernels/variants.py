@@ -150,6 +150,11 @@ def can_run(v: Variant) -> bool:
     return not missing(v)
 
 
+def runnable() -> list[Variant]:
+    """This architecture's variants this CPU can run, best first."""
+    return [v for v in for_arch() if can_run(v)]
+
+
 def best() -> Variant:
     for v in for_arch():
         if can_run(v):
