@@ -12,8 +12,12 @@
 // with dmin. The result is exactly (dequantized weights) . (dequantized int8 activations) up to
 // float32 rounding of the per-superblock terms and their summation.
 //
-// Like raw.cpp's float32 kernels, every kernel here prefetches the next group of rows a group ahead
-// (gguf::prefetch_next): the arithmetic, and so every result, is the same without it.
+// Rows are taken one at a time (R = 1), each prefetching the next row a row ahead
+// (gguf::prefetch_next): the matrix is then read as one stream from its first byte to its last,
+// the pattern the hardware prefetchers follow. Four rows side by side (R = 4, as the float32
+// kernels do to share each activation load) are four short streams they do not follow, and their
+// light int8 arithmetic then waits on memory: 0.55-0.75x the speed on a 1.1B model's matrices
+// (docs/decisions/cpu-variants.md). The arithmetic, and so every result, is the same either way.
 //
 // Weights of 16-weight groups (Q2_K, Q3_K, Q6_K) decode in plain weight order; Q4_K/Q5_K's nibble
 // layout puts sub-blocks s, s+2 in the low nibbles of 64 bytes and s+1, s+3 in the high ones, so
@@ -366,28 +370,20 @@ void raw_rows_q8(const Weights& w, const Act8& a, int64_t r0, int64_t r1, float*
 #if defined(OPSCOPE_RAW_Q8)
   with_q8_type(w.ggml_type, [&](auto t) {
     using T = decltype(t);
-    int64_t r = r0;
-    if constexpr (per32<T>::value) {
-      for (; r + 4 <= r1; r += 4) rows_b32_q8<T, 4>(a, w, r, y);
-      for (; r < r1; ++r) rows_b32_q8<T, 1>(a, w, r, y);
-    } else {
-      for (; r + 4 <= r1; r += 4) rows_q8<T, 4>(*a.k, w, r, y);
-      for (; r < r1; ++r) rows_q8<T, 1>(*a.k, w, r, y);
+    for (int64_t r = r0; r < r1; ++r) {
+      if constexpr (per32<T>::value) rows_b32_q8<T, 1>(a, w, r, y);
+      else rows_q8<T, 1>(*a.k, w, r, y);
     }
   });
 #elif defined(OPSCOPE_HAVE_INT8_VEC)
   int8x::with_b32_type(w.ggml_type, [&](auto t) {
     using T = decltype(t);
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) int8x::b32_rows_q8<T, 4>(a.qy, a.dy, a.sx, w.qs, w.row_bytes, w.K, r, y);
-    for (; r < r1; ++r) int8x::b32_rows_q8<T, 1>(a.qy, a.dy, a.sx, w.qs, w.row_bytes, w.K, r, y);
+    for (int64_t r = r0; r < r1; ++r) int8x::b32_rows_q8<T, 1>(a.qy, a.dy, a.sx, w.qs, w.row_bytes, w.K, r, y);
   });
   int8x::kq::with_type(w.ggml_type, [&](auto t) {
     using T = decltype(t);
     const Q8K& k = *a.k;
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) int8x::kq::rows<T, 4>(k.q.data(), k.d.data(), k.bs16.data(), w.qs, w.row_bytes, w.K, r, y);
-    for (; r < r1; ++r) int8x::kq::rows<T, 1>(k.q.data(), k.d.data(), k.bs16.data(), w.qs, w.row_bytes, w.K, r, y);
+    for (int64_t r = r0; r < r1; ++r) int8x::kq::rows<T, 1>(k.q.data(), k.d.data(), k.bs16.data(), w.qs, w.row_bytes, w.K, r, y);
   });
 #else
   (void)w; (void)a; (void)r0; (void)r1; (void)y;

@@ -49,18 +49,12 @@ bool run_q8(int64_t type, const std::vector<uint8_t>& raw, int64_t row_bytes, in
 #if defined(OPSCOPE_HAVE_INT8_VEC)
   const bool k_type = int8x::kq::with_type(type, [&](auto t) {
     using T = decltype(t);
-    int64_t r = 0;
-    for (; r + 4 <= N; r += 4)
-      int8x::kq::rows<T, 4>(a.q.data(), a.d.data(), a.bs16.data(), raw.data(), row_bytes, K, r, y.data());
-    for (; r < N; ++r)
+    for (int64_t r = 0; r < N; ++r)  // one row at a time, as raw_rows_q8
       int8x::kq::rows<T, 1>(a.q.data(), a.d.data(), a.bs16.data(), raw.data(), row_bytes, K, r, y.data());
   });
   return k_type || int8x::with_b32_type(type, [&](auto t) {
            using T = decltype(t);
-           int64_t r = 0;
-           for (; r + 4 <= N; r += 4)
-             int8x::b32_rows_q8<T, 4>(a.q.data(), a.d.data(), a.sx.data(), raw.data(), row_bytes, K, r, y.data());
-           for (; r < N; ++r)
+           for (int64_t r = 0; r < N; ++r)
              int8x::b32_rows_q8<T, 1>(a.q.data(), a.d.data(), a.sx.data(), raw.data(), row_bytes, K, r, y.data());
          });
 #else
