@@ -17,6 +17,11 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# torch.compile's first compile in a process probes every vector ISA the CPU lists by compiling and
+# dlopen-ing a test program for each (11 of a trivial function's 14 s on a 2-core host, again in
+# every worker and subprocess): the suite takes the ISAs /proc/cpuinfo lists as usable, as they are
+# with the compiler `make setup` checks. What the tests compare (compiled against eager) is the same.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 # The fast-path kernels are built once per machine (a few minutes, `make setup` does it): keep
 # their cache out of the per-test temporary dirs below.
 os.environ.setdefault(

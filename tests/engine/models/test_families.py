@@ -51,7 +51,7 @@ CASES = {
     "gemma2": Case(
         hf_config(
             "gemma2",
-            num_hidden_layers=4,
+            num_hidden_layers=2,
             sliding_window=WINDOW,
             attn_logit_softcapping=1.0,
             final_logit_softcapping=2.0,
@@ -336,7 +336,7 @@ def test_inspect_describes_a_family_model(files, capsys):
     assert main(["models", "inspect", str(files("gemma2", "Q8_0"))]) == 0
     out = capsys.readouterr().out
     assert ["runnable", "yes"] in [ln.split() for ln in out.splitlines()]
-    assert "softcap attn 1 / logits 2" in out and "sliding window 16 on 2/4 layers" in out
+    assert "softcap attn 1 / logits 2" in out and "sliding window 16 on 1/2 layers" in out
     assert "gemma2.attn_logit_softcapping" in out
 
 
