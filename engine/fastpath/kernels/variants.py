@@ -156,10 +156,10 @@ def runnable() -> list[Variant]:
 
 
 def best() -> Variant:
-    for v in for_arch():
-        if can_run(v):
-            return v
-    raise VariantError(f"no kernel variant for this CPU ({arch()})")
+    found = runnable()
+    if not found:
+        raise VariantError(f"no kernel variant for this CPU ({arch()})")
+    return found[0]
 
 
 def chosen() -> Variant:

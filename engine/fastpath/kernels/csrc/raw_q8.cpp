@@ -16,8 +16,8 @@
 // (gguf::prefetch_next): the matrix is then read as one stream from its first byte to its last,
 // the pattern the hardware prefetchers follow. Four rows side by side (R = 4, as the float32
 // kernels do to share each activation load) are four short streams they do not follow, and their
-// light int8 arithmetic then waits on memory: 0.55-0.75x the speed on a 1.1B model's matrices
-// (docs/decisions/cpu-variants.md). The arithmetic, and so every result, is the same either way.
+// light int8 arithmetic then waits on memory (measured in docs/decisions/cpu-variants.md). The
+// arithmetic, and so every result, is the same either way.
 //
 // Weights of 16-weight groups (Q2_K, Q3_K, Q6_K) decode in plain weight order; Q4_K/Q5_K's nibble
 // layout puts sub-blocks s, s+2 in the low nibbles of 64 bytes and s+1, s+3 in the high ones, so
