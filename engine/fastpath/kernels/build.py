@@ -26,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 
+from opscope.engine.fastpath.kernels import cache as cache_mod
 from opscope.engine.fastpath.kernels import toolchain, variants
 from opscope.engine.fastpath.kernels.toolchain import KernelBuildError, Toolchain, Unit
 from opscope.engine.fastpath.kernels.variants import Variant
@@ -289,6 +290,8 @@ def compile_variants(
     for v, _, _ in todo:
         objs = [u.obj for u in units[v.name]] + [halves[v.arch].obj]
         toolchain.link(tc, objs, LDFLAGS, out[v.name])
+    fresh = [d.name for _, _, d in todo if d.parent == cache] + [h.obj.parent.name for h in halves.values()]
+    cache_mod.prune(cache, fresh)  # the builds these replace
     return out
 
 
@@ -347,7 +350,8 @@ def _load_kernels() -> ModuleType:
     with _lock:
         pre = prebuilt_entry(v)
         module = _import_cached(pre[0], pre[1]) if pre else None
-        module = module or _import_cached(name, so)
+        if module is None and (module := _import_cached(name, so)) is not None:
+            cache_mod.mark_used(build_dir)
         if module is not None:
             log.info("CPU kernels: %s", variants.reason(v))
             return module

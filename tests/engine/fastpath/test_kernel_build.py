@@ -87,3 +87,62 @@ def test_a_library_missing_one_of_its_own_functions_is_refused_at_link(tiny):
     )
     with pytest.raises(KernelBuildError, match=r"linking .*: 1 of its functions undefined, e\.g\. opscope::bits\(\)"):
         build._load_kernels.__wrapped__()
+
+
+def _stale(cache, prefix: str, n: int, age_s: float = 3600.0) -> list:
+    """n entries of ``prefix`` from older builds, the first the most recently used."""
+    import os
+    import time
+
+    out = []
+    for i in range(n):
+        d = cache / f"{prefix}{i + 1:016x}"
+        d.mkdir(parents=True)
+        (d / "old.so").write_bytes(b"\x7fELF old")
+        (cache / f"{d.name}.flock").write_text("")
+        t = time.time() - age_s * (i + 1)
+        os.utime(d, (t, t))
+        out.append(d)
+    return out
+
+
+def test_a_build_removes_the_old_builds_it_replaces_keeping_the_recently_used(tiny):
+    name = build.module_name()
+    prefix = name[:-16]
+    old = _stale(tiny, prefix, 4)
+    half = build.half_unit(build.toolchain.host(), variants.arch(), tiny).obj.parent
+    old_halves = _stale(tiny, half.name[:-16], 3)
+    other = _stale(tiny, f"{prefix}vnni_", 4)  # a longer variant name with the same start: not a sibling
+    assert build._load_kernels.__wrapped__().answer() == 42
+    kept = sorted(p.name for p in tiny.iterdir() if p.is_dir())
+    assert kept == sorted([name, half.name, *(d.name for d in old[:2] + old_halves[:2] + other)])
+    assert not any(d.exists() or d.with_name(f"{d.name}.flock").exists() for d in old[2:] + old_halves[2:])
+
+
+def test_an_old_build_another_process_is_building_is_left(tiny):
+    import subprocess
+    import sys
+
+    old = _stale(tiny, build.module_name()[:-16], 4)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl,sys,time; f=open(sys.argv[1],'a+b'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('locked', flush=True); time.sleep(60)", str(old[3]) + ".flock"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        build._load_kernels.__wrapped__()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [d.exists() for d in old] == [True, True, False, True]
+
+
+def test_loading_a_cached_build_marks_it_used(tiny):
+    import os
+
+    name = build.module_name()
+    build._load_kernels.__wrapped__()
+    os.utime(tiny / name, (1, 1))
+    build._load_kernels.__wrapped__()
+    assert (tiny / name).stat().st_mtime > 1e9
