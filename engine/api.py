@@ -56,17 +56,27 @@ def fastpath_options(spec, device: str, dtype: str, model) -> FastPathOptions | 
         raise ConfigError.about_options(
             "{fastpath}: the CPU fast path runs on {device=cpu} in float32 or bfloat16; use {fastpath=off}"
         )
-    base = FastPathOptions()
-    if dt == torch.bfloat16:
-        from opscope.engine.fastpath.kernels import native_bf16
-
-        base = FastPathOptions(prefill_dtype="bf16" if native_bf16() else "f32")
+    base = FastPathOptions(prefill_dtype=_prefill_dtype(spec, dt == torch.bfloat16))
     if spec == "auto":
         from pathlib import Path
 
         is_gguf = model is None or str(model).endswith(".gguf") or (Path(model).is_file())
         return base if is_gguf and _kernels_beat_torch() else None
     return FastPathOptions.from_string(spec, base)
+
+
+def _prefill_dtype(spec: str, bf16_model: bool) -> str:
+    """The prefill GEMMs' dtype unless ``spec`` names one: bf16 where the CPU multiplies it natively
+    and the run has already chosen a lower precision (a bfloat16 model, or int8 activations, whose
+    logits move ~5× more than bf16 prefill's: docs/decisions/cpu-variants.md), else f32."""
+    from opscope.engine.fastpath import FastPathOptions
+
+    q8 = spec != "auto" and FastPathOptions.from_string(spec).activations == "q8"
+    if not (bf16_model or q8):
+        return "f32"
+    from opscope.engine.fastpath.kernels import native_bf16
+
+    return "bf16" if native_bf16() else "f32"
 
 
 def _kernels_beat_torch() -> bool:

@@ -46,6 +46,7 @@ def main(inputs: str, variant: str) -> int:
                 y = torch.ops.opscope.qlinear(x, w["qs"], w["d"], w["m"], w["qtype"], act_mode, 8, torch.float32)
             else:  # many rows: the prefill GEMM
                 y = torch.ops.opscope.qgemm(x, w["qs"], w["d"], w["m"], w["qtype"])
+                failed += not bf16_agrees(torch, case, w, x)
             err = worst(y, ref, bound)
             ok = err <= REL
             failed += not ok
@@ -56,6 +57,18 @@ def main(inputs: str, variant: str) -> int:
             )
     print(f"{'all ops agree' if not failed else f'{failed} checks failed'} (tolerance {REL:g} x bound)")
     return 1 if failed else 0
+
+
+def bf16_agrees(torch, case: dict, w: dict, x) -> bool:
+    """The bf16 prefill GEMM (prefill_dtype=bf16) equals torch's own bf16 GEMM of the float32
+    weights the exact GEMM used, rounded by torch: the panels' rounding to bf16 is torch's, bit for bit."""
+    # the exact product's weights: rows of the float32 GEMM of an identity (exact: one term per output)
+    dense = torch.ops.opscope.qgemm(torch.eye(x.shape[1]), w["qs"], w["d"], w["m"], w["qtype"]).t()
+    y = torch.ops.opscope.qlinear(x, w["qs"], w["d"], w["m"], w["qtype"], 0, 8, torch.bfloat16)
+    ok = torch.equal(y, torch.mm(x.bfloat16(), dense.bfloat16().t()).float())
+    print(f"{case['type']:7s} {case['layout']:4s} {'qgemm_bf16':10s} rows {x.shape[0]:3d}: "
+          f"{'equals torch' if ok else 'FAILED: differs from torch'}", flush=True)  # fmt: skip
+    return ok
 
 
 if __name__ == "__main__":

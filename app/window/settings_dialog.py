@@ -42,7 +42,11 @@ FIELD_TEXT = {  # label, tooltip: what each fast-path setting does (engine/fastp
         "Decode activations",
         "f32: exact · q8: int8 activations as llama.cpp does (faster, slightly different logits)",
     ),
-    "prefill_dtype": ("Prefill GEMM dtype", "f32: exact · bf16: faster where the CPU has native bf16"),
+    "prefill_dtype": (
+        "Prefill GEMM dtype",
+        "auto: bf16 where the CPU has native bf16 and the run already trades precision (q8 activations, "
+        "a bfloat16 model), else f32 · f32: exact · bf16: faster where the CPU has native bf16",
+    ),
     "gemm_min_rows": ("GEMM from rows", "prompt tokens from which a matmul dequantizes and uses a GEMM"),
     "fused_decode": ("Fused decode step", "one C++ call per token for all layers"),
     "compile_decode": ("torch.compile decode", "compile the single-token decode step"),

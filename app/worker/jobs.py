@@ -185,13 +185,13 @@ def load_options() -> dict:
     choices = {
         "weights": fp.WEIGHTS,
         "activations": fp.ACTIVATIONS,
-        "prefill_dtype": fp.PREFILL_DTYPES,
+        "prefill_dtype": (fp.PREFILL_AUTO, *fp.PREFILL_DTYPES),
         "on_error": fp.ON_ERROR,
     }
     default = fp.FastPathOptions()
     fields = []
     for f in dataclasses.fields(fp.FastPathOptions):
-        value = getattr(default, f.name)
+        value = fp.PREFILL_AUTO if f.name == "prefill_dtype" else getattr(default, f.name)  # the engine's choice
         kind = "choice" if f.name in choices else "bool" if isinstance(value, bool) else "int"
         fields.append(
             {

@@ -10,6 +10,9 @@ from opscope.engine.core.textparse import parse_bool
 WEIGHTS = ("q", "dense")  # q: GGUF blocks kept quantized (fused kernels); dense: the model as loaded
 ACTIVATIONS = ("f32", "q8")  # decode matvec: exact fp32 activations, or int8 activations (llama.cpp's)
 PREFILL_DTYPES = ("bf16", "f32")  # GEMM dtype of the dequantize+GEMM prefill path
+# In a spec, prefill_dtype=auto (or no prefill_dtype) leaves the choice to engine.api.fastpath_options:
+# bf16 where the CPU has native bf16 and the run already trades precision (q8 activations, a bf16 model).
+PREFILL_AUTO = "auto"
 ON_ERROR = ("fallback", "raise")
 
 
@@ -50,6 +53,8 @@ class FastPathOptions:
             key, _, value = item.partition("=")
             if key not in cls.__dataclass_fields__:
                 raise ConfigError(f"fast path: unknown setting {key!r} (known: {', '.join(cls.__dataclass_fields__)})")
+            if key == "prefill_dtype" and value == PREFILL_AUTO:
+                continue  # base's value: the engine's choice
             kw[key] = _parse(cls.__dataclass_fields__[key].type, value, key)
         return replace(base or cls(), **kw)
 

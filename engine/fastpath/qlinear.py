@@ -43,7 +43,7 @@ def ensure_op() -> None:
             return x.new_empty((*x.shape[:-1], qs.shape[0]))
 
         @torch.library.register_fake("opscope::qglu")
-        def _fake_glu(x, gqs, gd, gm, gtype, uqs, ud, um, utype, act):
+        def _fake_glu(x, gqs, gd, gm, gtype, uqs, ud, um, utype, act, gemm_dtype=None):
             return x.new_empty((*x.shape[:-1], gqs.shape[0]))
 
         @torch.library.register_fake("opscope::rms_norm")
@@ -185,7 +185,7 @@ class QuantLinear(_Blocks):
 
 class QuantMLP(nn.Module):
     """A gated MLP over QuantLinear projections (same submodule names as the model's MLP). A prompt's
-    rows (``gemm_min_rows`` or more, float32 GEMMs) run gate, up and the activation as one op
+    rows (``gemm_min_rows`` or more, float32 or bfloat16 GEMMs) run gate, up and the activation as one op
     (``opscope::qglu``: no [T, hidden] gate/up outputs, no separate activation passes); fewer rows
     run the projections one by one."""
 
@@ -203,16 +203,16 @@ class QuantMLP(nn.Module):
             and g.bias is None
             and u.bias is None
             and g.shape == u.shape
-            and g.gemm_dtype == torch.float32
-            and u.gemm_dtype == torch.float32
+            and g.gemm_dtype == u.gemm_dtype
+            and g.gemm_dtype in (torch.float32, torch.bfloat16)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, u = self.gate_proj, self.up_proj
         if x.numel() >= g.gemm_min_rows * x.shape[-1]:
-            h = torch.ops.opscope.qglu(x.float(), g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, int(self.gelu)).to(
-                x.dtype
-            )
+            h = torch.ops.opscope.qglu(
+                x.float(), g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, int(self.gelu), g.gemm_dtype
+            ).to(x.dtype)
         else:
             gx = g(x)
             h = (F.gelu(gx, approximate="tanh") if self.gelu else F.silu(gx)) * u(x)

@@ -78,18 +78,37 @@ def test_settings_dialog_shows_every_model_option(qtbot, window):
 def test_fast_path_settings_apply_by_reloading_and_persist(qtbot, window):
     from opscope.app.ui import settings
 
+    from opscope.engine.fastpath.kernels import native_bf16
+
     dialog = window.open_engine_settings()
     dialog.fastpath.setCurrentIndex(dialog.fastpath.findData("on"))
+    prefill = dialog.fastpath_widgets["prefill_dtype"]
+    assert [prefill.itemText(i) for i in range(prefill.count())] == ["auto", "bf16", "f32"]
+    assert prefill.currentText() == "auto"
     dialog.fastpath_widgets["activations"].setCurrentText("q8")
     info = _reload(qtbot, window, lambda: _ok(dialog))
     assert "activations=q8" in info["fastpath"]
     assert window.client.model_spec.fastpath == "activations=q8"
+    # "auto": int8 activations take bf16 prefill GEMMs where this CPU multiplies bf16 natively; the status bar
+    # says which (its label may be elided: its tooltip holds the whole line)
+    shown = window.statusBar().device_label.toolTip()
+    assert ("prefill_dtype=bf16" in info["fastpath"]) == ("prefill_dtype=bf16" in shown) == native_bf16()
     saved = json.loads(settings.value("engine/settings"))
     assert saved["fastpath"] == "on" and saved["fastpath_settings"] == "activations=q8"
     again = window.open_engine_settings()
     assert again.fastpath.currentData() == "on"
     assert again.fastpath_widgets["activations"].currentText() == "q8"
     again.reject()
+
+
+def test_an_f32_prefill_chosen_with_int8_activations_is_kept(qtbot, window):
+    dialog = window.open_engine_settings()
+    dialog.fastpath.setCurrentIndex(dialog.fastpath.findData("on"))
+    dialog.fastpath_widgets["activations"].setCurrentText("q8")
+    dialog.fastpath_widgets["prefill_dtype"].setCurrentText("f32")
+    info = _reload(qtbot, window, lambda: _ok(dialog))
+    assert window.client.model_spec.fastpath == "activations=q8,prefill_dtype=f32"
+    assert "activations=q8" in info["fastpath"] and "prefill_dtype" not in info["fastpath"]  # f32: the default
 
 
 def test_threads_and_attention_reach_the_worker(qtbot, window):

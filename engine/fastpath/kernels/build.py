@@ -85,10 +85,18 @@ def _cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below its first one with bf16 dot products (AVX512_CORE_BF16)
+_ONEDNN_NO_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"})
+
+
 def native_bf16() -> bool:
-    """Whether the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX on x86, BF16 on Arm), so a
-    bf16 GEMM is faster than a float32 one rather than emulated."""
-    return bool(set(_cpu_flags().split()) & {"avx512_bf16", "amx_bf16", "bf16"})
+    """Whether bfloat16 GEMMs run natively here (AVX512-BF16 or AMX on x86, BF16 on Arm), so a bf16
+    GEMM is faster than a float32 one rather than emulated: the CPU has it and oneDNN, which runs
+    them, is not capped below it (ONEDNN_MAX_CPU_ISA, as when an AVX2 CPU is stood in for)."""
+    import os
+
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    return cap not in _ONEDNN_NO_BF16 and bool(set(_cpu_flags().split()) & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def loaded_variant() -> str | None:

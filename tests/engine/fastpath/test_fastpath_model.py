@@ -133,8 +133,9 @@ def test_options_parse_and_reject():
 
 
 def test_load_dtype_picks_the_fast_path_settings(monkeypatch):
-    """float32 → exact fast path; bfloat16 → the fast path with bf16 prefill GEMMs where the CPU has
-    native bf16 (float32 GEMMs where it would be emulated); other dtypes/devices → plain torch."""
+    """float32 → exact fast path; bfloat16, or int8 activations → the fast path with bf16 prefill
+    GEMMs where the CPU has native bf16 (float32 GEMMs where it would be emulated); a spec naming
+    prefill_dtype keeps it; other dtypes/devices → plain torch."""
     import opscope.engine.fastpath.kernels as kernels
     from opscope.engine.api import fastpath_options
 
@@ -146,6 +147,13 @@ def test_load_dtype_picks_the_fast_path_settings(monkeypatch):
         assert fastpath_options("activations=q8", "cpu", "bf16", gguf) == FastPathOptions(
             prefill_dtype=want, activations="q8"
         )
+        # int8 activations already move the logits ~5x more than bf16 prefill GEMMs do
+        assert fastpath_options("activations=q8", "cpu", "float32", gguf) == FastPathOptions(
+            prefill_dtype=want, activations="q8"
+        )
+        assert fastpath_options("activations=q8,prefill_dtype=f32", "cpu", "float32", gguf).prefill_dtype == "f32"
+        assert fastpath_options("fused_decode=0", "cpu", "float32", gguf).prefill_dtype == "f32"
+        assert fastpath_options("activations=q8,prefill_dtype=auto", "cpu", "float32", gguf).prefill_dtype == want
     assert fastpath_options("prefill_dtype=f32", "cpu", "bfloat16", gguf).prefill_dtype == "f32"
     assert fastpath_options("auto", "cpu", "float16", gguf) is None
     assert fastpath_options("auto", "cuda", "bfloat16", gguf) is None

@@ -63,7 +63,10 @@ def test_fastpath_says_whether_the_variant_has_int8_kernels(int8):
         pytest.skip(f"this CPU runs no variant with int8={int8}")
     out = _cli("fastpath", **{variants.ENV: v.name})
     assert out.returncode == 0, out.stderr
+    from opscope.engine.fastpath.kernels import native_bf16
+
     tail = "int8 kernels for every quantized type" if int8 else "no int8 kernels here, so it runs float32"
+    tail += "; prefill GEMMs in bfloat16 (native on this CPU)" if native_bf16() else ""
     assert out.stdout.splitlines()[2] == (
         f"activations float32, exact (default); activations=q8 (llama.cpp's int8 scheme): {tail}"
     )
@@ -126,3 +129,23 @@ def test_auto_takes_plain_torch_where_the_kernels_would_be_slower(monkeypatch):
     assert fastpath_options("activations=f32", "cpu", "float32", None) is not None
     monkeypatch.setattr(variants, "chosen", lambda: variants.by_name("avx2"))
     assert fastpath_options("auto", "cpu", "float32", None) is not None
+
+
+def test_bf16_is_native_only_where_the_cpu_has_it_and_onednn_is_not_capped_below_it(monkeypatch):
+    from opscope.engine.fastpath.kernels import build
+
+    for flags, cap, native in (
+        ("fma avx2 avx512f avx512_bf16", None, True),
+        ("fma avx2 avx512f avx512_bf16", "AVX2", False),  # an AVX2 CPU stood in for
+        ("fma avx2 avx512f avx512_bf16", "avx512_core_bf16", True),
+        ("fma avx2 amx_bf16", "AVX512_CORE_VNNI", False),
+        ("fma avx2 avx512f avx512_vnni", None, False),
+        ("fp asimd asimddp bf16 i8mm", None, True),  # Arm's "Features"
+    ):
+        monkeypatch.setattr(build, "_cpu_flags", lambda flags=flags: flags)
+        monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+        if cap is None:
+            monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+        else:
+            monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert build.native_bf16() == native, (flags, cap)

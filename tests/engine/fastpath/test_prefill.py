@@ -175,6 +175,65 @@ def test_glu_matches_reference(gate_type, up_type, gelu, threads):
         assert float((err / np.maximum(bound, 1e-30)).max()) <= 1e-5
 
 
+# -- bfloat16 products (prefill_dtype=bf16: a bf16 model, or int8 activations on a CPU with native bf16) --
+
+
+def qlinear_bf16(x, w):
+    return torch.ops.opscope.qlinear(x, w.qs, w.d, w.m, w.qtype, 0, 8, torch.bfloat16)
+
+
+def torch_bf16(x: torch.Tensor, dense: np.ndarray) -> torch.Tensor:
+    """torch's own bf16 GEMM of the same rounded operands: what ours must equal bit for bit."""
+    return torch.mm(x.bfloat16(), torch.from_numpy(dense).bfloat16().t()).float()
+
+
+def check_bf16(y: torch.Tensor, x: torch.Tensor, dense: np.ndarray) -> None:
+    """Against float64 products of the bf16-rounded operands: the output rounded to bf16 (2^-8
+    relative) plus float32 sums (1e-5 of |x| @ |W|^T)."""
+    xb, wb = x.bfloat16().double().numpy(), torch.from_numpy(dense).bfloat16().double().numpy()
+    ref = xb @ wb.T
+    err = np.abs(y.double().numpy() - ref)
+    assert (err <= 2.0**-8 * np.abs(ref) + 1e-5 * (np.abs(xb) @ np.abs(wb).T)).all()
+
+
+@pytest.mark.parametrize("ggml_type,layout", CASES)
+def test_bf16_gemm_rounds_the_decoded_weights_as_torch_does(ggml_type, layout, threads):
+    w, dense = weights(ggml_type, layout)
+    threads(2)
+    for m in (8, 64, 300):
+        x = torch.randn(m, dense.shape[1], generator=torch.Generator().manual_seed(m))
+        y = qlinear_bf16(x, w)
+        assert y.shape == (m, N) and y.dtype == torch.float32
+        assert torch.equal(y, torch_bf16(x, dense))  # the decode and its rounding to bf16 are torch's
+        check_bf16(y, x, dense)
+
+
+def test_bf16_gemm_of_a_matrix_larger_than_a_tile(threads):
+    """4160 rows of 4096: tiles of 2048, 2048 and 64 rows (at most 16 MiB of bf16 at a time)."""
+    w, dense = weights("Q8_0", n=4160, k=4096)
+    threads(2)
+    x = torch.randn(16, 4096, generator=torch.Generator().manual_seed(5))
+    y = qlinear_bf16(x, w)
+    assert y.shape == (16, 4160)
+    for r0, r1 in ((0, 2048), (2048, 4096), (4096, 4160)):
+        assert torch.equal(y[:, r0:r1], torch_bf16(x, dense[r0:r1]))
+    check_bf16(y, x, dense)
+
+
+@pytest.mark.parametrize("gate_type,up_type,gelu", [("Q4_K", "Q6_K", False), ("IQ4_XS", "Q8_0", True)])
+def test_bf16_glu_is_the_activation_of_the_bf16_products(gate_type, up_type, gelu, threads):
+    g, gd = weights(gate_type, "raw", n=45, seed=3, k=768)
+    u, ud = weights(up_type, "raw", n=45, seed=4, k=768)
+    threads(2)
+    x = torch.randn(64, 768, generator=torch.Generator().manual_seed(6)) * 8
+    h = torch.ops.opscope.qglu(x, g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, int(gelu), torch.bfloat16)
+    g32, u32 = (torch_bf16(x, d).double().numpy() for d in (gd, ud))
+    err = np.abs(h.double().numpy() - act64(g32, gelu) * u32)
+    assert (err <= 1e-5 * (np.abs(g32) + 1) * (np.abs(u32) + 1)).all()
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        torch.ops.opscope.qglu(x, g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, 0, torch.float16)
+
+
 def test_glu_rejects_mismatched_projections():
     g, gd = weights("Q4_K", n=45)
     u, _ = weights("Q4_K", n=44)

@@ -36,6 +36,7 @@ Weights make_weights(int64_t qtype, const at::Tensor& qs, const c10::optional<at
 
 // prefill.cpp: y = x @ W^T decoded panel by panel (float32), and whether qlinear takes that path.
 at::Tensor prefill_gemm(const at::Tensor& x, const Weights& w);
+at::Tensor prefill_gemm_bf16(const at::Tensor& x, const Weights& w);
 bool prefill_enabled();
 
 namespace {
@@ -102,6 +103,8 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const c10::optiona
   out_shape.back() = w.N;
   if (x2.size(0) >= gemm_min_rows && gemm_dtype == at::kFloat && prefill_enabled())
     return prefill_gemm(x2, w).reshape(out_shape);  // exact float32: panels decoded per thread (prefill.cpp)
+  if (x2.size(0) >= gemm_min_rows && gemm_dtype == at::kBFloat16 && prefill_enabled())
+    return prefill_gemm_bf16(x2, w).reshape(out_shape);  // panels decoded and rounded per thread (prefill.cpp)
   if (x2.size(0) >= gemm_min_rows) {
     const int64_t tile = std::min(w.N, gemm_tile_rows(K));
     auto out = at::empty({x2.size(0), w.N}, x2.options());

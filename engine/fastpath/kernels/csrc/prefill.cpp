@@ -215,6 +215,55 @@ at::Tensor prefill_gemm(const at::Tensor& x, const Weights& w) {
   return out.reshape(out_shape(x, N));
 }
 
+namespace {
+
+// float32 [M, N] = xb @ W^T, xb bfloat16 [M, K], with bf16 products (for CPUs that multiply bf16
+// natively: oneDNN's AVX512-BF16 or AMX GEMM). W is decoded a tile at a time (at most 16 MiB of
+// bf16: a large output head is never whole); a tile's panels are decoded to float32 in each
+// thread's own buffer and rounded to bf16 from there, in parallel, then the tile is one
+// multi-threaded GEMM.
+at::Tensor bf16_gemm(const at::Tensor& xb, const Weights& w) {
+  const int64_t M = xb.size(0), K = w.K, N = w.N;
+  const int64_t tile = std::min(N, std::max<int64_t>(64, (int64_t(8) << 20) / K / 64 * 64));
+  auto wb = at::empty({tile, K}, xb.options());
+  auto* wp = reinterpret_cast<uint16_t*>(wb.data_ptr<at::BFloat16>());
+  at::Tensor out;
+  for (int64_t t0 = 0; t0 < N; t0 += tile) {
+    const int64_t n = std::min(tile, N - t0);
+    for_each_panel(plan_panels(n, K, at::get_num_threads()), n, K, [&](int64_t r0, int64_t pn, float* buf) {
+      rows::decode_panel(w, t0 + r0, pn, buf);
+      rows::to_bf16(buf, wp + r0 * K, pn * K);
+    });
+    auto y = at::mm(xb, wb.narrow(0, 0, n).t());
+    if (n == N) return y.to(at::kFloat);
+    if (!out.defined()) out = at::empty({M, N}, xb.options().dtype(at::kFloat));
+    out.narrow(1, t0, n).copy_(y);
+  }
+  return out;
+}
+
+}  // namespace
+
+// y = x @ W^T, float32 in and out, the products in bfloat16 (bf16_gemm).
+at::Tensor prefill_gemm_bf16(const at::Tensor& x, const Weights& w) {
+  return bf16_gemm(rows_of(x, w.K).to(at::kBFloat16), w).reshape(out_shape(x, w.N));
+}
+
+// prefill_glu with the gate and up products in bfloat16 (bf16_gemm); the activation in float32.
+at::Tensor prefill_glu_bf16(const at::Tensor& x, const Weights& g, const Weights& u, int64_t act) {
+  TORCH_CHECK(g.N == u.N && g.K == u.K, "gate and up projections differ in shape");
+  TORCH_CHECK(act == 0 || act == 1, "act must be 0 (SiLU) or 1 (GELU tanh), got ", act);
+  auto xb = rows_of(x, g.K).to(at::kBFloat16);
+  const int64_t M = xb.size(0), N = g.N;
+  auto h = bf16_gemm(xb, g), up = bf16_gemm(xb, u);
+  float* hp = h.data_ptr<float>();
+  const float* upp = up.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) glu_row(hp + i * N, upp + i * N, N, act);
+  });
+  return h.reshape(out_shape(x, N));
+}
+
 // h = act(x @ G^T) * (x @ U^T): an MLP's gate and up projections and its activation, panel by panel.
 at::Tensor prefill_glu(const at::Tensor& x, const Weights& g, const Weights& u, int64_t act) {
   TORCH_CHECK(g.N == u.N && g.K == u.K, "gate and up projections differ in shape");
@@ -414,9 +463,12 @@ at::Tensor qgemm_op(const at::Tensor& x, const at::Tensor& qs, const c10::option
 at::Tensor qglu_op(const at::Tensor& x, const at::Tensor& gqs, const c10::optional<at::Tensor>& gd,
                    const c10::optional<at::Tensor>& gm, int64_t gtype, const at::Tensor& uqs,
                    const c10::optional<at::Tensor>& ud, const c10::optional<at::Tensor>& um, int64_t utype,
-                   int64_t act) {
+                   int64_t act, c10::optional<c10::ScalarType> gemm_dtype) {
   const int64_t K = x.size(-1);
-  return prefill_glu(x, make_weights(gtype, gqs, gd, gm, K), make_weights(utype, uqs, ud, um, K), act);
+  const Weights g = make_weights(gtype, gqs, gd, gm, K), u = make_weights(utype, uqs, ud, um, K);
+  if (gemm_dtype.value_or(at::kFloat) == at::kBFloat16) return prefill_glu_bf16(x, g, u, act);
+  TORCH_CHECK(gemm_dtype.value_or(at::kFloat) == at::kFloat, "qglu: gemm_dtype float32 or bfloat16");
+  return prefill_glu(x, g, u, act);
 }
 
 // Benchmarks and tests (a negative value keeps a setting): the panel budget in bytes, whether MKL's
@@ -435,7 +487,7 @@ std::vector<int64_t> prefill_config(int64_t panel_bytes, int64_t use_blas, int64
 TORCH_LIBRARY_FRAGMENT(opscope, lib) {
   lib.def("qgemm(Tensor x, Tensor qs, Tensor? d, Tensor? m, int qtype) -> Tensor");
   lib.def("qglu(Tensor x, Tensor gqs, Tensor? gd, Tensor? gm, int gtype, Tensor uqs, Tensor? ud, Tensor? um, "
-          "int utype, int act) -> Tensor");
+          "int utype, int act, ScalarType? gemm_dtype=None) -> Tensor");
   lib.def("prefill_attn(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) kcache, Tensor(b!) vcache, "
           "int start, float scale) -> Tensor");
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -134,6 +135,15 @@ void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf) {
   if (portable_decode_panel(w, r0, n, buf)) return;
   for (int64_t i = 0; i < n; ++i) dequantize_row(w, r0 + i, buf + i * K);
 #endif
+}
+
+void to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {  // a plain loop: the variant's flags vectorize it
+    uint32_t u;
+    std::memcpy(&u, src + i, 4);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    dst[i] = nan ? uint16_t(0x7fc0) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
 }
 
 }  // namespace rows
