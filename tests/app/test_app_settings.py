@@ -77,7 +77,6 @@ def test_settings_dialog_shows_every_model_option(qtbot, window):
 
 def test_fast_path_settings_apply_by_reloading_and_persist(qtbot, window):
     from opscope.app.ui import settings
-
     from opscope.engine.fastpath.kernels import native_bf16
 
     dialog = window.open_engine_settings()
