@@ -101,10 +101,9 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const c10::optiona
   auto x2 = x.reshape({-1, K}).contiguous();
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = w.N;
-  if (x2.size(0) >= gemm_min_rows && gemm_dtype == at::kFloat && prefill_enabled())
-    return prefill_gemm(x2, w).reshape(out_shape);  // exact float32: panels decoded per thread (prefill.cpp)
-  if (x2.size(0) >= gemm_min_rows && gemm_dtype == at::kBFloat16 && prefill_enabled())
-    return prefill_gemm_bf16(x2, w).reshape(out_shape);  // panels decoded and rounded per thread (prefill.cpp)
+  // prefill.cpp: panels decoded per thread (exact float32), or decoded and rounded to bf16 per thread
+  if (x2.size(0) >= gemm_min_rows && prefill_enabled() && (gemm_dtype == at::kFloat || gemm_dtype == at::kBFloat16))
+    return (gemm_dtype == at::kFloat ? prefill_gemm(x2, w) : prefill_gemm_bf16(x2, w)).reshape(out_shape);
   if (x2.size(0) >= gemm_min_rows) {
     const int64_t tile = std::min(w.N, gemm_tile_rows(K));
     auto out = at::empty({x2.size(0), w.N}, x2.options());
