@@ -416,10 +416,9 @@ def _install(v: Variant, so: Path, out_root: Path) -> Path:
     """Copy variant ``v``'s library into ``out_root/<abi tag>/`` and record it in the manifest."""
     dest = out_root / abi_tag() / so.name
     dest.parent.mkdir(parents=True, exist_ok=True)
-    prefix = module_name(v).rsplit("_", 1)[0] + "_"
-    for stale in dest.parent.glob(f"{prefix}*"):  # this variant built from older sources (not avx512 vs avx512_vnni)
-        key = stale.name[len(prefix) :].split(".", 1)[0]
-        if stale != dest and len(key) == 16 and "_" not in key:
+    prefix = module_name(v)[: -cache_mod.KEY_DIGITS]
+    for stale in dest.parent.glob(f"{prefix}*"):  # this variant built from older sources
+        if stale != dest and cache_mod.of_prefix(stale.name.split(".", 1)[0], prefix):
             stale.unlink()
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.copyfile(so, tmp)

@@ -20,15 +20,22 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 KEEP = 3  # entries kept per variant: the one just used and the two used before it
-_KEY = 16
+KEY_DIGITS = 16  # an entry is <prefix><KEY_DIGITS hex digits>
 
 
 def split(name: str) -> tuple[str, str] | None:
     """(prefix, key) of a cache entry's name, None for anything else."""
-    prefix, key = name[:-_KEY], name[-_KEY:]
-    if len(name) <= _KEY or not prefix.endswith("_") or set(key) - set(string.hexdigits):
+    prefix, key = name[:-KEY_DIGITS], name[-KEY_DIGITS:]
+    if len(name) <= KEY_DIGITS or not prefix.endswith("_") or set(key) - set(string.hexdigits):
         return None
     return prefix, key
+
+
+def of_prefix(name: str, prefix: str) -> bool:
+    """Whether ``name`` is an entry of ``prefix``: its key right after it (avx2's prefix is also the
+    start of avx2_vnni's, whose names are not avx2's entries)."""
+    parts = split(name)
+    return parts is not None and parts[0] == prefix
 
 
 def mark_used(entry: Path) -> None:
@@ -56,8 +63,7 @@ def prune(root: Path, names: list[str], keep: int = KEEP) -> list[Path]:
 
 
 def _prune_one(root: Path, name: str, prefix: str, keep: int) -> list[Path]:
-    # avx2's prefix is also the start of avx2_vnni's: a sibling's name must split at the same place
-    siblings = [p for p in root.glob(f"{prefix}*") if p.is_dir() and (split(p.name) or ("",))[0] == prefix]
+    siblings = [p for p in root.glob(f"{prefix}*") if p.is_dir() and of_prefix(p.name, prefix)]
     siblings.sort(key=lambda p: (p.name != name, -p.stat().st_mtime))
     removed = []
     for old in siblings[max(keep, 1) :]:

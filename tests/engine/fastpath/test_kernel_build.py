@@ -146,3 +146,17 @@ def test_loading_a_cached_build_marks_it_used(tiny):
     os.utime(tiny / name, (1, 1))
     build._load_kernels.__wrapped__()
     assert (tiny / name).stat().st_mtime > 1e9
+
+
+def test_installing_a_variant_replaces_its_older_library_only(tiny, tmp_path):
+    v = variants.by_name("avx2") if variants.arch() == "x86_64" else variants.for_arch()[0]
+    folder = tmp_path / "prebuilt" / build.abi_tag()
+    folder.mkdir(parents=True)
+    suffix = build.importlib.machinery.EXTENSION_SUFFIXES[0]
+    name = build.module_name(v)
+    older = folder / f"{name[:-16]}{'0' * 16}{suffix}"
+    longer = folder / f"{name[:-16]}vnni_{'1' * 16}{suffix}"  # another variant whose name starts the same
+    for f in (older, longer):
+        f.write_bytes(b"\x7fELF old")
+    build.prebuild(tmp_path / "prebuilt", [v.name])
+    assert (folder / f"{name}{suffix}").is_file() and longer.is_file() and not older.exists()
