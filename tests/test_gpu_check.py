@@ -62,6 +62,7 @@ def test_the_dry_run_runs_what_needs_no_gpu_and_lists_the_rest_as_skipped(tmp_pa
         "trace-fast-train",
         "generate-nproc1",
         "models-large",
+        "decode-steps",
         "store-compare",
         "bench-collectives",
     }

@@ -35,6 +35,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from types import FrameType
 from typing import Any
 
@@ -228,6 +229,9 @@ def _launch_config(spec: LaunchSpec, logs_specs):
         backend, endpoint, configs = "static", spec.rdzv_endpoint, {"rank": spec.node_rank, "timeout": timeout}
     else:  # torchrun --standalone
         backend, endpoint, configs = "c10d", "localhost:0", {"timeout": timeout}
+    # How long a stopped rank gets before SIGKILL: torch 2.13 takes it; 2.11 (the first GPU machine's,
+    # docs/gpu.md) refuses the keyword and always gives 30 s.
+    newer = {"shutdown_timeout": _SHUTDOWN_S} if "shutdown_timeout" in _fields(LaunchConfig) else {}
     return LaunchConfig(
         min_nodes=spec.nnodes,
         max_nodes=spec.nnodes,
@@ -240,8 +244,12 @@ def _launch_config(spec: LaunchSpec, logs_specs):
         monitor_interval=0.05,
         start_method="forkserver",
         logs_specs=logs_specs,
-        shutdown_timeout=_SHUTDOWN_S,
+        **newer,
     )
+
+
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclass_fields(cls)}
 
 
 def _run_id(spec: LaunchSpec) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from opscope.engine.core.units import count_rate
 from opscope.engine.trace.aggregate import Group, TraceStats
+from opscope.engine.trace.classify import DeviceMatcher
 from opscope.engine.trace.events import D2H, FALLBACK, H2D, MIXED, SYNC, TRANSFER, TraceOptions
 from opscope.engine.trace.modstack import ROOT
 
@@ -106,12 +107,23 @@ def build_findings(
     stats: TraceStats, opts: TraceOptions, tokens: int, accepted: set, unit: str = "token"
 ) -> list[Finding]:
     storms, absorbed = _storms(stats, opts, tokens, unit)
-    rest = [g for k, g in stats.groups.items() if k not in accepted and (g.module, g.source) not in absorbed]
+    rest = [
+        g
+        for k, g in stats.groups.items()
+        if k not in accepted and (g.module, g.source) not in absorbed and not _setup_only(g, tokens, unit)
+    ]
     findings = storms + [_merged_finding(gs, opts.target, tokens, unit) for gs in _merge(rest)]
     return sorted(findings, key=lambda f: (_SEVERITY[f.severity], -f.evidence.get("host_ms", 0.0)))
 
 
 _SEVERITY = {"high": 0, "medium": 1, "low": 2}
+
+
+def _setup_only(group: Group, tokens: int, unit: str) -> bool:
+    """A script's step 0 holds its setup: a model built on the host and then moved (`Net().to(dev)`,
+    the usual idiom) computes its initial weights there once. What happens in step 0 alone, in a run
+    of several steps, costs once, not per step. A generation's step 0 is its prompt: it counts."""
+    return unit != "token" and tokens > 1 and set(group.steps) <= {0}
 
 
 def _storms(stats: TraceStats, opts: TraceOptions, tokens: int, unit: str) -> tuple[list[Finding], set]:
@@ -214,7 +226,8 @@ def _lines(groups: list[Group], tokens: int, unit: str = "token") -> list[str]:
 
 
 def _fallback_text(groups, patterns, target, ev) -> tuple[str, str]:
-    devices = ", ".join(d for d in ev["devices"] if d != target) or "another device"
+    on_target = DeviceMatcher(target)  # "cuda" is every "cuda:N"
+    devices = ", ".join(d for d in ev["devices"] if not on_target(d)) or "another device"
     compute = [g for g in groups if g.kind == FALLBACK]
     where = compute[0].source or "?"
     title = f"{_mod_text(patterns)}: compute runs on {devices} instead of {target} at {where} ({_ops_short(compute)})"

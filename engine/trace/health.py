@@ -93,6 +93,8 @@ class HealthMonitor:
         t = tensors if isinstance(tensors, torch.Tensor) else next(iter(tensors), None)
         if not isinstance(t, torch.Tensor) or t.numel() != 1 or len(self.losses) >= _MAX_RECORDS:
             return
+        if t.is_meta:  # a dry run on the meta device: no values, so no loss or gradient to judge
+            return
         if self.loss_site is None:
             self.loss_site = format_site(caller_site(2))
         with self.tracer.suspended():

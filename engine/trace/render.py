@@ -67,10 +67,11 @@ def _findings(r: PlacementReport) -> list[str]:
             "what a correct engine needs (at most the input id in and the sampled id out).",
         ]
     if r.clean:
+        ops = "every compute op after the setup" if r.fallbacks else "every compute op"
         return [
             "",
-            f"Findings: none: every compute op ran on {r.target}, each {r.unit} moved only its input "
-            "batch in and at most one value out, and training looked healthy.",
+            f"Findings: none: {ops} ran on {r.target}, each {r.unit} moved only its input "
+            "batch in and at most one value out, and no training-health check failed.",
         ]
     lines = ["", f"Findings ({len(r.findings)}):"]
     for i, f in enumerate(r.findings, 1):

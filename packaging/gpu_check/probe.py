@@ -3,6 +3,7 @@
     python probe.py info                                   # torch, CUDA, the GPU, its datasheet peaks
     python probe.py logits MODEL --device cuda --variants float32,bfloat16,int4:bfloat16
     python probe.py models DIR tiny|small|1b [--types F16,Q8_0]  # GGUFs written on the spot
+    python probe.py decode-steps MODEL --device cuda --dtype bfloat16 [--tokens 48]
 
 ``logits`` compares one forward pass over a fixed prompt with the CPU float32 reference of the same
 file (unquantized: a quantized variant's bound includes its own rounding):
@@ -142,6 +143,63 @@ def models(out_dir: str, shape: str, types: list[str]) -> dict:
     return {"shape": shape, "params": params, "config": cfg, "files": written}
 
 
+def decode_steps(model: str, device: str, dtype: str, tokens: int) -> dict:
+    """Each decode step's time, in one process: a first request, the same request again, one with a
+    new prompt length (new KV lengths), and on CUDA that again with cuDNN's attention left out.
+    The first GPU run's `opscope generate` decoded at 55 ms/token where `bench llm` (warmed up)
+    took 8: a cost per new shape shows here as slow first and new-length requests."""
+    import statistics
+
+    import torch
+    from opscope.engine.api import load
+    from opscope.engine.generation.config import GenerationConfig
+    from opscope.engine.generation.events import Token
+
+    lm = load(model, device=device, dtype=dtype, fastpath="off")
+    cfg = GenerationConfig(max_tokens=tokens, ignore_eos=True, reuse_prefix=False)
+
+    def one(ids: list[int]) -> dict:
+        stamps = [ev.t_ns for ev in lm.generate(ids, cfg) if isinstance(ev, Token)]
+        ms = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:], strict=False)]
+        return {
+            "median_ms": round(statistics.median(ms), 3),
+            "min_ms": round(min(ms), 3),
+            "max_ms": round(max(ms), 3),
+            "first_ms": [round(x, 2) for x in ms[:4]],
+            "steps": len(ms),
+            "sm_clock_mhz": _sm_clock(device),
+        }
+
+    runs = {
+        "first": one(PROMPT_IDS),
+        "same again": one(PROMPT_IDS),
+        "new length": one(PROMPT_IDS + PROMPT_IDS[:5]),
+    }
+    out: dict = {"device": device, "dtype": dtype, "runs": runs}
+    if device.startswith("cuda"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        out["cudnn_sdp_enabled"] = torch.backends.cuda.cudnn_sdp_enabled()
+        others = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        with sdpa_kernel(others):
+            runs["new length, no cuDNN attention"] = one(PROMPT_IDS + PROMPT_IDS[:9])
+    return out
+
+
+def _sm_clock(device: str) -> int | None:
+    """The SM clock now (NVML), right after a request: a decode that leaves the GPU idle between
+    small kernels may not raise it from idle."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetClockInfo(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_CLOCK_SM))
+    except Exception:  # no NVML: the figure is left out, the step times still say what they say
+        return None
+
+
 def _numel(shape) -> int:
     n = 1
     for d in shape:
@@ -161,11 +219,18 @@ def main(argv: list[str] | None = None) -> int:
     md.add_argument("dir")
     md.add_argument("shape", choices=tuple(SHAPES))
     md.add_argument("--types", default="F16,Q8_0")
+    ds = sub.add_parser("decode-steps")
+    ds.add_argument("model")
+    ds.add_argument("--device", default="cuda")
+    ds.add_argument("--dtype", default="bfloat16")
+    ds.add_argument("--tokens", type=int, default=48)
     a = ap.parse_args(argv)
     if a.cmd == "info":
         result = info()
     elif a.cmd == "logits":
         result = logits(a.model, a.device, a.variants.split(","))
+    elif a.cmd == "decode-steps":
+        result = decode_steps(a.model, a.device, a.dtype, a.tokens)
     else:
         result = models(a.dir, a.shape, a.types.split(","))
     json.dump(result, sys.stdout)

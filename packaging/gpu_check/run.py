@@ -46,6 +46,7 @@ PLAN: list[tuple[str, Callable[[Ctx], dict[str, Any]], bool]] = [
     ("models-large", checks.models_large, False),  # its writers load the CPU: benches come after
     ("bench-bandwidth", bench_checks.bench_bandwidth, True),
     ("generate-large", checks.generate_large, True),
+    ("decode-steps", checks.decode_steps, False),
     ("energy", bench_checks.energy, True),
     ("bench-llm-telemetry", bench_checks.llm_with_telemetry, True),
     ("bench-matmul", bench_checks.bench_matmul, True),

@@ -113,8 +113,19 @@ def script_report(trace):
             f"the script ended with exit code {trace.outcome.exit_code}"
             + (": the trace covers it up to the exception" if trace.outcome.error else "")
         )
+    if not trace.losses:
+        notes.append("training health: not judged (no scalar loss with values reached backward())")
     report = build_report(trace.result, notes, unit="step", io=SCRIPT_IO)
-    return replace(report, findings=list(trace.health) + list(report.findings))
+    setup = [
+        f"{row.source or '?'} ({', '.join(op.split('.')[1] for op in row.ops)})"
+        for row in report.fallbacks
+        if not row.per_token  # in step 0 alone (engine.trace.findings._setup_only)
+    ]
+    if report.tokens > 1 and setup:
+        notes.append(
+            f"setup computed off {report.target} in step 0 only, at {'; '.join(setup[:3])}: once, not per step"
+        )
+    return replace(report, notes=notes, findings=list(trace.health) + list(report.findings))
 
 
 def _emit(args, trace, report, recorder, times: tuple[datetime, datetime]) -> None:

@@ -144,3 +144,20 @@ def test_ctrl_c_while_the_forkserver_imports_torch_is_one_line(tmp_path):
     text = err.read_text()
     server.kill()  # still importing torch; it would leave by itself once done (CI time)
     assert text.splitlines() == ["opscope: interrupted"], text
+
+
+def test_the_launch_config_fits_torch_versions_without_a_shutdown_timeout(monkeypatch):
+    """torch 2.11 (the first GPU machine's, docs/gpu.md) has no LaunchConfig.shutdown_timeout: the
+    keyword made every --nproc run an internal error there."""
+    import dataclasses
+    import importlib
+
+    launch_module = importlib.import_module("opscope.engine.distributed.launch")
+    from torch.distributed.launcher import api
+
+    spec = LaunchSpec(nproc=2)
+    assert launch_module._launch_config(spec, None).shutdown_timeout == launch_module._SHUTDOWN_S
+    older = [(f.name, f.type, f) for f in dataclasses.fields(api.LaunchConfig) if f.name != "shutdown_timeout"]
+    monkeypatch.setattr(api, "LaunchConfig", dataclasses.make_dataclass("LaunchConfig", older))
+    config = launch_module._launch_config(spec, None)
+    assert config.nproc_per_node == 2 and not hasattr(config, "shutdown_timeout")

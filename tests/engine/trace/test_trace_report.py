@@ -158,3 +158,20 @@ def test_report_json_round_trips(tiny):
     assert data["clean"] is False and data["target"] == "meta"
     assert data["findings"][0]["kind"] == FALLBACK
     assert 0 < data["ops_on_target_pct"] < 100
+
+
+def test_a_fallback_names_only_the_devices_off_the_target():
+    """A target "cuda" is every "cuda:N": the first GPU run said "compute runs on cpu, cuda:0
+    instead of cuda" (docs/gpu.md)."""
+    from collections import Counter
+
+    from opscope.engine.trace.aggregate import Group
+    from opscope.engine.trace.findings import _merged_finding
+
+    group = Group(
+        FALLBACK, "", "", "train.py:19", count=3, ops=Counter({"aten.add.Tensor": 3}), steps=Counter({1: 1, 2: 1, 3: 1})
+    )
+    group.devices.update({"cpu": 3, "cuda:0": 3})
+    title = _merged_finding([group], "cuda", 4, "step").title
+    assert "compute runs on cpu instead of cuda at train.py:19 (add)" in title, title
+    assert "compute runs on cpu, cuda:0 instead of cuda:1" in _merged_finding([group], "cuda:1", 4, "step").title

@@ -169,6 +169,50 @@ def test_per_element_loop_is_a_storm_at_its_line(tmp_path):
     assert storms[0]["evidence"]["max_per_step"] == 40
 
 
+def test_a_model_built_on_the_host_then_moved_is_setup_not_a_fallback(tmp_path):
+    """`Net().to(device)` initialises the weights on the CPU once, in step 0: the first GPU run of
+    examples/fast_train.py reported it as a fallback (docs/gpu.md). The meta device stands in for
+    the accelerator; a host op in every step is still a finding."""
+    script = _write(
+        tmp_path,
+        "moved.py",
+        """
+        import torch
+        from torch import nn
+        import opscope
+
+        model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1)).to("meta")  # BUILT
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(32, 4, device="meta")
+        y = x.sum(1, keepdim=True)
+        for i in range(6):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opscope.step()
+        """,
+    )
+    report, code = _trace_here(tmp_path, ["python", script.name], "--target", "meta")
+    assert code == 0
+    assert report["findings"] == [], report["findings"]
+    built = f"moved.py:{_line(script, 'BUILT')}"
+    assert (
+        f"setup computed off meta in step 0 only, at {built} (empty, uniform_): once, not per step" in report["notes"]
+    )
+    assert "training health: not judged (no scalar loss with values reached backward())" in report["notes"]
+
+    text = script.read_text().replace(
+        "    opt.zero_grad()", "    scale = torch.tensor(2.0) * 1.5  # EVERY_STEP\n    opt.zero_grad()"
+    )
+    script.write_text(text.replace("loss = nn.functional", "loss = scale * nn.functional"))
+    report, code = _trace_here(tmp_path, ["python", script.name], "--target", "meta")
+    assert code == 0
+    assert [(f["kind"], f["sources"]) for f in report["findings"]] == [
+        ("fallback", [f"moved.py:{_line(script, 'EVERY_STEP')}"])
+    ], report["findings"]
+
+
 def test_loss_not_falling(tmp_path):
     script = _train_script(tmp_path, lr="0.0")
     report, _ = _trace_here(tmp_path, ["python", script.name], "--target", "cpu")
