@@ -234,6 +234,30 @@ def test_bf16_glu_is_the_activation_of_the_bf16_products(gate_type, up_type, gel
         torch.ops.opscope.qglu(x, g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, 0, torch.float16)
 
 
+def test_bf16_glu_bits_do_not_depend_on_the_row_length(threads):
+    """The bf16 GLU widens the products a chunk at a time (512 values): a value's bits are the same in
+    a row of 1100 (two chunks and a tail of 76) as in a row of 45 (a tail alone)."""
+    n, k = 1100, 256
+    rng = np.random.default_rng(7)
+    raws = [random_blocks(t, n, k, rng) for t in ("Q4_K", "Q8_0")]
+    threads(2)
+    x = torch.randn(24, k, generator=torch.Generator().manual_seed(8)) * 4
+
+    def glu(rows: int) -> torch.Tensor:
+        g, u = (pack(t, raw[:rows], (rows, k), layout="raw") for t, raw in zip(("Q4_K", "Q8_0"), raws, strict=True))
+        return torch.ops.opscope.qglu(x, g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, 0, torch.bfloat16)
+
+    full, short = glu(n), glu(45)
+    assert torch.equal(full[:, :45], short)
+    dense = [
+        gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[t]).reshape(n, k)
+        for t, raw in zip(("Q4_K", "Q8_0"), raws, strict=True)
+    ]
+    g32, u32 = (torch_bf16(x, d.astype(np.float32)).double().numpy() for d in dense)
+    err = np.abs(full.double().numpy() - act64(g32, False) * u32)
+    assert (err <= 1e-5 * (np.abs(g32) + 1) * (np.abs(u32) + 1)).all()
+
+
 def test_glu_rejects_mismatched_projections():
     g, gd = weights("Q4_K", n=45)
     u, _ = weights("Q4_K", n=44)

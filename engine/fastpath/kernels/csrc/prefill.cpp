@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -183,6 +184,22 @@ void glu_row(float* h, const float* u, int64_t n, int64_t act) {
   std::copy(hh, hh + (n - body), h + body);
 }
 
+// glu_row of bf16 gate and up values (bits as uint16), the result in float32: widened a chunk at a
+// time (exactly: a bf16 is the top half of a float), so the bits equal glu_row's on the widened rows.
+void glu_row_bf16(float* out, const uint16_t* h, const uint16_t* u, int64_t n, int64_t act) {
+  constexpr int64_t CHUNK = 512;  // a multiple of 16: glu_row's vector blocks fall where they would
+  alignas(64) float uu[CHUNK];
+  for (int64_t j = 0; j < n; j += CHUNK) {
+    const int64_t m = std::min(CHUNK, n - j);
+    for (int64_t i = 0; i < m; ++i) {
+      const uint32_t hb = uint32_t(h[j + i]) << 16, ub = uint32_t(u[j + i]) << 16;
+      std::memcpy(out + j + i, &hb, 4);
+      std::memcpy(uu + i, &ub, 4);
+    }
+    glu_row(out + j, uu, m, act);
+  }
+}
+
 at::Tensor rows_of(const at::Tensor& x, int64_t K) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "prefill GEMM takes float32 activations, got ", x.scalar_type());
   TORCH_CHECK(x.size(-1) == K, "activations have ", x.size(-1), " features, the weights ", K);
@@ -222,7 +239,9 @@ namespace {
 // bf16: a large output head is never whole); a tile's panels are decoded to float32 in each
 // thread's own buffer and rounded to bf16 from there, in parallel, then the tile is one
 // multi-threaded GEMM.
-at::Tensor bf16_gemm(const at::Tensor& xb, const Weights& w) {
+// ``out`` float32 (the default) or bfloat16: the GEMM's own output, unconverted, for a caller that
+// reads it once (prefill_glu_bf16).
+at::Tensor bf16_gemm(const at::Tensor& xb, const Weights& w, at::ScalarType out_dtype = at::kFloat) {
   const int64_t M = xb.size(0), K = w.K, N = w.N;
   const int64_t tile = std::min(N, std::max<int64_t>(64, (int64_t(8) << 20) / K / 64 * 64));
   auto wb = at::empty({tile, K}, xb.options());
@@ -235,8 +254,8 @@ at::Tensor bf16_gemm(const at::Tensor& xb, const Weights& w) {
       rows::to_bf16(buf, wp + r0 * K, pn * K);
     });
     auto y = at::mm(xb, wb.narrow(0, 0, n).t());
-    if (n == N) return y.to(at::kFloat);
-    if (!out.defined()) out = at::empty({M, N}, xb.options().dtype(at::kFloat));
+    if (n == N) return y.to(out_dtype);
+    if (!out.defined()) out = at::empty({M, N}, xb.options().dtype(out_dtype));
     out.narrow(1, t0, n).copy_(y);
   }
   return out;
@@ -255,13 +274,17 @@ at::Tensor prefill_glu_bf16(const at::Tensor& x, const Weights& g, const Weights
   TORCH_CHECK(act == 0 || act == 1, "act must be 0 (SiLU) or 1 (GELU tanh), got ", act);
   auto xb = rows_of(x, g.K).to(at::kBFloat16);
   const int64_t M = xb.size(0), N = g.N;
-  auto h = bf16_gemm(xb, g), up = bf16_gemm(xb, u);
-  float* hp = h.data_ptr<float>();
-  const float* upp = up.data_ptr<float>();
+  // The products stay bf16 (the GEMM's output) until the activation reads them: one pass that
+  // widens both and writes the float32 result, not a conversion of each and a third pass.
+  const auto h = bf16_gemm(xb, g, at::kBFloat16), up = bf16_gemm(xb, u, at::kBFloat16);
+  const auto* hp = reinterpret_cast<const uint16_t*>(h.data_ptr<at::BFloat16>());
+  const auto* upp = reinterpret_cast<const uint16_t*>(up.data_ptr<at::BFloat16>());
+  auto out = at::empty({M, N}, xb.options().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t a, int64_t b) {
-    for (int64_t i = a; i < b; ++i) glu_row(hp + i * N, upp + i * N, N, act);
+    for (int64_t i = a; i < b; ++i) glu_row_bf16(op + i * N, hp + i * N, upp + i * N, N, act);
   });
-  return h.reshape(out_shape(x, N));
+  return out.reshape(out_shape(x, N));
 }
 
 // h = act(x @ G^T) * (x @ U^T): an MLP's gate and up projections and its activation, panel by panel.

@@ -1,0 +1,87 @@
+"""pp512 of this checkout against another (an older commit), each side a fresh process, interleaved.
+
+    git worktree add /tmp/old REV
+    .venv/bin/python benchmarks/pp_ab.py /tmp/old --types Q4_0,Q6_K --rounds 5 [--spec activations=q8]
+
+Per round and type the two sides run in alternating order; each loads the SmolLM2-135M file of that
+type (benchmarks/gguf_types.py's cache) on the fast path and times one 512-token forward pass, best
+of 3 after a warm-up, 2 threads. The other checkout is imported through a folder holding an
+``opscope`` link to it (its kernels build into the shared kernel cache under their own hash).
+Prints one JSON line per run (with the 1-minute load) and the medians and per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CACHE = Path.home() / ".cache/opscope/gguf_types"
+
+
+def child(path: str, spec: str) -> None:
+    import opscope
+    import torch
+    from opscope.engine.api import load
+
+    torch.set_num_threads(2)
+    model = load(path, fastpath=spec, threads=2).model
+    toks = torch.randint(100, 20000, (1, 512))
+    best = float("inf")
+    with torch.inference_mode():
+        for i in range(4):
+            t0 = time.perf_counter()
+            model(toks, 0, last_only=True)
+            if i:
+                best = min(best, time.perf_counter() - t0)
+    print(json.dumps({"package": os.path.dirname(opscope.__file__), "tok_s": 512 / best}))
+
+
+def side(path: Path, spec: str, pythonpath: str | None) -> float:
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    cmd = [sys.executable, __file__, "--child", str(path), "--spec", spec]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=600)
+    return json.loads(out.stdout.splitlines()[-1])["tok_s"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("old", nargs="?", type=Path, help="the other checkout")
+    ap.add_argument("--types", default="Q4_0,Q6_K,IQ4_NL,Q4_K_M")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--spec", default="activations=q8")
+    ap.add_argument("--child")
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child, args.spec)
+        return 0
+    runs: dict[str, dict[str, list[float]]] = {t: {"old": [], "new": []} for t in args.types.split(",")}
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "opscope").symlink_to(args.old.resolve())
+        for r in range(args.rounds):
+            for t, res in runs.items():
+                path = CACHE / f"SmolLM2-135M-Instruct.{t}.gguf"
+                for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                    res[name].append(side(path, args.spec, tmp if name == "old" else None))
+                    load = Path("/proc/loadavg").read_text().split()[0]
+                    print(json.dumps({"round": r, "type": t, "side": name, "tok_s": res[name][-1], "load": load}))
+    for t, res in runs.items():
+        ratio = [n / o for n, o in zip(res["new"], res["old"], strict=True)]
+        print(
+            f"{t}: old {statistics.median(res['old']):.0f}, new {statistics.median(res['new']):.0f} tok/s; "
+            f"new/old median {statistics.median(ratio):.2f} [{min(ratio):.2f}–{max(ratio):.2f}]"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
