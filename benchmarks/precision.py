@@ -108,7 +108,10 @@ def candidates(path: Path, ids: list[int], threads: int):
 
     yield "opscope fast path (default: f32)", ("prefill", "decode"), engine()
     yield "opscope fast path prefill_dtype=bf16", ("prefill",), engine(fastpath="prefill_dtype=bf16")
-    yield "opscope fast path activations=q8", ("decode",), engine(fastpath="activations=q8")
+    # q8's prefill: int8 GEMMs where the kernels have them (AVX-512 VNNI), else bf16 where native
+    yield "opscope fast path activations=q8", ("prefill", "decode"), engine(fastpath="activations=q8")
+    q8_bf16 = "activations=q8,prefill_dtype=bf16"
+    yield f"opscope fast path {q8_bf16}", ("prefill",), engine(fastpath=q8_bf16)
     yield "opscope plain torch bfloat16", ("prefill", "decode"), engine(fastpath="off", dtype="bfloat16")
     yield "opscope plain torch --quantize int8", ("prefill",), engine(quantize="int8")
     yield "opscope plain torch --quantize int4", ("prefill",), engine(quantize="int4")

@@ -56,7 +56,8 @@ def fastpath_options(spec, device: str, dtype: str, model) -> FastPathOptions | 
         raise ConfigError.about_options(
             "{fastpath}: the CPU fast path runs on {device=cpu} in float32 or bfloat16; use {fastpath=off}"
         )
-    base = FastPathOptions(prefill_dtype=_prefill_dtype(spec, dt == torch.bfloat16))
+    prefill = _prefill_dtype(spec, dt == torch.bfloat16)
+    base = FastPathOptions(prefill_dtype=prefill, activations="q8" if prefill == "int8" else "f32")
     if spec == "auto":
         from pathlib import Path
 
@@ -66,16 +67,20 @@ def fastpath_options(spec, device: str, dtype: str, model) -> FastPathOptions | 
 
 
 def _prefill_dtype(spec: str, bf16_model: bool) -> str:
-    """The prefill GEMMs' dtype unless ``spec`` names one: bf16 where the CPU multiplies it natively
-    and the run has already chosen a lower precision (a bfloat16 model, or int8 activations, whose
-    logits move ~5× more than bf16 prefill's: docs/decisions/cpu-variants.md), else f32."""
+    """The prefill GEMMs' dtype unless ``spec`` names one: with int8 activations int8 where the
+    kernels have that GEMM (the AVX-512 VNNI variants: the int8 activations' own error, ~1.3× the
+    bf16 GEMM's speed); else bf16 where the CPU multiplies it natively and the run has already chosen
+    a lower precision (a bfloat16 model, or int8 activations, whose logits move ~5× more than bf16
+    prefill's: docs/decisions/cpu-variants.md), else f32."""
     from opscope.engine.fastpath import FastPathOptions
 
     q8 = spec != "auto" and FastPathOptions.from_string(spec).activations == "q8"
     if not (bf16_model or q8):
         return "f32"
-    from opscope.engine.fastpath.kernels import native_bf16
+    from opscope.engine.fastpath.kernels import int8_prefill, native_bf16
 
+    if q8 and int8_prefill():  # llama.cpp's prefill scheme for a run that chose its decode scheme
+        return "int8"
     return "bf16" if native_bf16() else "f32"
 
 

@@ -21,7 +21,7 @@ FALLBACK_LOAD_OPTIONS = {
     "fastpath_fields": [
         {"name": "weights", "type": "choice", "default": "q", "choices": ["q", "dense"]},
         {"name": "activations", "type": "choice", "default": "f32", "choices": ["f32", "q8"]},
-        {"name": "prefill_dtype", "type": "choice", "default": "auto", "choices": ["auto", "bf16", "f32"]},
+        {"name": "prefill_dtype", "type": "choice", "default": "auto", "choices": ["auto", "bf16", "f32", "int8"]},
         {"name": "gemm_min_rows", "type": "int", "default": 8},
         {"name": "fused_decode", "type": "bool", "default": True},
         {"name": "compile_decode", "type": "bool", "default": False},

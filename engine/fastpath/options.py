@@ -9,9 +9,12 @@ from opscope.engine.core.textparse import parse_bool
 
 WEIGHTS = ("q", "dense")  # q: GGUF blocks kept quantized (fused kernels); dense: the model as loaded
 ACTIVATIONS = ("f32", "q8")  # decode matvec: exact fp32 activations, or int8 activations (llama.cpp's)
-PREFILL_DTYPES = ("bf16", "f32")  # GEMM dtype of the dequantize+GEMM prefill path
+# GEMM dtype of the prefill: int8 takes the int8 activations' scheme into the prefill (activations=q8
+# only; a weight type without the int8 GEMM falls back to bf16 where native, else f32).
+PREFILL_DTYPES = ("bf16", "f32", "int8")
 # In a spec, prefill_dtype=auto (or no prefill_dtype) leaves the choice to engine.api.fastpath_options:
-# bf16 where the CPU has native bf16 and the run already trades precision (q8 activations, a bf16 model).
+# with q8 activations int8 where the kernels have it; else bf16 where the CPU has native bf16 and the
+# run already trades precision (q8 activations, a bf16 model).
 PREFILL_AUTO = "auto"
 ON_ERROR = ("fallback", "raise")
 
@@ -37,6 +40,8 @@ class FastPathOptions:
         ):
             if getattr(self, field) not in allowed:
                 raise ConfigError(f"fast path: {field}={getattr(self, field)!r} is not one of {', '.join(allowed)}")
+        if self.prefill_dtype == "int8" and self.activations != "q8":
+            raise ConfigError("fast path: prefill_dtype=int8 needs activations=q8 (the int8 scheme it extends)")
         if self.gemm_min_rows < 1:
             raise ConfigError(f"fast path: gemm_min_rows must be at least 1, got {self.gemm_min_rows}")
 

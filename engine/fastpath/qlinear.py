@@ -15,12 +15,18 @@ import threading
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from opscope.engine.fastpath.kernels import KernelBuildError, PackedWeight, dequantize_reference, load_kernels
+from opscope.engine.fastpath.kernels import (
+    KernelBuildError,
+    PackedWeight,
+    dequantize_reference,
+    load_kernels,
+    native_bf16,
+)
 from torch.utils import _pytree as pytree
 
 log = logging.getLogger(__name__)
 
-_GEMM_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+_GEMM_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "int8": torch.int8}
 _fake_lock = threading.Lock()
 _fake_registered = False
 _q8_logged: set[str] = set()
@@ -67,6 +73,16 @@ def _raw_has_q8(ggml_type: str) -> bool:
 
     try:
         return bool(load_kernels().raw_has_q8(RAW_TYPES[ggml_type][0]))
+    except KernelBuildError:
+        return False
+
+
+def _int8_gemm(packed: PackedWeight) -> bool:
+    """Whether the loaded kernels run this matrix's prefill as an int8 GEMM."""
+    n, k = packed.shape
+    try:
+        load_kernels()
+        return bool(torch.ops.opscope.int8_prefill_supported(packed.qtype, k, n))
     except KernelBuildError:
         return False
 
@@ -155,6 +171,8 @@ class QuantLinear(_Blocks):
             )
         self.act_mode = act_mode if int8_kernel else 0
         self.gemm_min_rows = gemm_min_rows
+        if gemm_dtype == "int8" and not (self.act_mode == 1 and _int8_gemm(packed)):
+            gemm_dtype = "bf16" if native_bf16() else "f32"  # this type has no int8 prefill GEMM here
         self.gemm_dtype = _GEMM_DTYPES[gemm_dtype]
         self.bias = bias
 
@@ -185,7 +203,7 @@ class QuantLinear(_Blocks):
 
 class QuantMLP(nn.Module):
     """A gated MLP over QuantLinear projections (same submodule names as the model's MLP). A prompt's
-    rows (``gemm_min_rows`` or more, float32 or bfloat16 GEMMs) run gate, up and the activation as one op
+    rows (``gemm_min_rows`` or more, float32, bfloat16 or int8 GEMMs) run gate, up and the activation as one op
     (``opscope::qglu``: no [T, hidden] gate/up outputs, no separate activation passes); fewer rows
     run the projections one by one."""
 
@@ -204,7 +222,7 @@ class QuantMLP(nn.Module):
             and u.bias is None
             and g.shape == u.shape
             and g.gemm_dtype == u.gemm_dtype
-            and g.gemm_dtype in (torch.float32, torch.bfloat16)
+            and g.gemm_dtype in (torch.float32, torch.bfloat16, torch.int8)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

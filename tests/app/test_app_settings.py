@@ -77,21 +77,24 @@ def test_settings_dialog_shows_every_model_option(qtbot, window):
 
 def test_fast_path_settings_apply_by_reloading_and_persist(qtbot, window):
     from opscope.app.ui import settings
-    from opscope.engine.fastpath.kernels import native_bf16
+    from opscope.engine.fastpath.kernels import int8_prefill, native_bf16
 
     dialog = window.open_engine_settings()
     dialog.fastpath.setCurrentIndex(dialog.fastpath.findData("on"))
     prefill = dialog.fastpath_widgets["prefill_dtype"]
-    assert [prefill.itemText(i) for i in range(prefill.count())] == ["auto", "bf16", "f32"]
+    assert [prefill.itemText(i) for i in range(prefill.count())] == ["auto", "bf16", "f32", "int8"]
     assert prefill.currentText() == "auto"
     dialog.fastpath_widgets["activations"].setCurrentText("q8")
     info = _reload(qtbot, window, lambda: _ok(dialog))
     assert "activations=q8" in info["fastpath"]
     assert window.client.model_spec.fastpath == "activations=q8"
-    # "auto": int8 activations take bf16 prefill GEMMs where this CPU multiplies bf16 natively; the status bar
-    # says which (its label may be elided: its tooltip holds the whole line)
+    # "auto": int8 activations take int8 prefill GEMMs where the kernels have them, else bf16 ones where
+    # this CPU multiplies bf16 natively; the status bar says which (its label may be elided: its
+    # tooltip holds the whole line)
     shown = window.statusBar().device_label.toolTip()
-    assert ("prefill_dtype=bf16" in info["fastpath"]) == ("prefill_dtype=bf16" in shown) == native_bf16()
+    int8 = int8_prefill()
+    assert ("prefill_dtype=int8" in info["fastpath"]) == ("prefill_dtype=int8" in shown) == int8
+    assert ("prefill_dtype=bf16" in info["fastpath"]) == ("prefill_dtype=bf16" in shown) == (native_bf16() and not int8)
     saved = json.loads(settings.value("engine/settings"))
     assert saved["fastpath"] == "on" and saved["fastpath_settings"] == "activations=q8"
     again = window.open_engine_settings()

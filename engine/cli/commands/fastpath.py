@@ -34,14 +34,19 @@ def register(subparsers) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     """One line for the variant and why, one for where its library comes from, one for the
     activation modes it runs."""
-    from opscope.engine.fastpath.kernels import build, native_bf16, variants
+    from opscope.engine.fastpath.kernels import build, int8_prefill, native_bf16, variants
 
     v = build.variant()  # VariantError (an EngineError): an override this CPU cannot run, in one line
     print(f"variant {variants.reason(v)}")
     print(f"library {build.library_origin(v)}")
     q8 = "int8 kernels for every quantized type" if v.int8 else "no int8 kernels here, so it runs float32"
-    if native_bf16():
-        q8 += "; prefill GEMMs in bfloat16 (native on this CPU)"
+    other = "bfloat16 (native on this CPU)" if native_bf16() else ""
+    if v.int8 and int8_prefill():
+        q8 += "; prefill GEMMs in int8 for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL" + (
+            f", in {other} for the others" if other else ""
+        )
+    elif other:
+        q8 += f"; prefill GEMMs in {other}"
     print(f"activations float32, exact (default); activations=q8 (llama.cpp's int8 scheme): {q8}")
     others = [
         f"{o.name} (lacks {' '.join(build.variants.missing(o))})"

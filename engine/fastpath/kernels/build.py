@@ -99,6 +99,19 @@ def native_bf16() -> bool:
     return cap not in _ONEDNN_NO_BF16 and bool(set(_cpu_flags().split()) & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
+def int8_prefill() -> bool:
+    """Whether the kernels this process loads have the int8 prefill GEMM (the AVX-512 VNNI variants;
+    the 32-weight block types): the int8-activation mode's prefill then runs in int8 too. Asks the
+    library itself (loading it), so a variant forced by OPSCOPE_CPU_VARIANT answers for itself."""
+    import torch
+
+    try:
+        load_kernels()
+        return bool(torch.ops.opscope.int8_prefill_supported(16 + 2, 32, 16))  # raw Q4_0, one panel
+    except (KernelBuildError, AttributeError, RuntimeError):
+        return False
+
+
 def loaded_variant() -> str | None:
     """The name of the variant whose kernels this process has loaded (None: none loaded yet, or
     the load failed)."""

@@ -134,13 +134,22 @@ def test_options_parse_and_reject():
 
 def test_load_dtype_picks_the_fast_path_settings(monkeypatch):
     """float32 → exact fast path; bfloat16, or int8 activations → the fast path with bf16 prefill
-    GEMMs where the CPU has native bf16 (float32 GEMMs where it would be emulated); a spec naming
-    prefill_dtype keeps it; other dtypes/devices → plain torch."""
+    GEMMs where the CPU has native bf16 (float32 GEMMs where it would be emulated), int8 ones with
+    int8 activations where the kernels have the int8 GEMM; a spec naming prefill_dtype keeps it;
+    other dtypes/devices → plain torch."""
     import opscope.engine.fastpath.kernels as kernels
     from opscope.engine.api import fastpath_options
 
     gguf = "model.gguf"
     assert fastpath_options("auto", "cpu", "float32", gguf) == FastPathOptions()
+    monkeypatch.setattr(kernels, "int8_prefill", lambda: True)
+    assert fastpath_options("activations=q8", "cpu", "float32", gguf).prefill_dtype == "int8"
+    assert fastpath_options("activations=q8", "cpu", "bf16", gguf).prefill_dtype == "int8"
+    assert fastpath_options("auto", "cpu", "bfloat16", gguf).prefill_dtype != "int8"  # float32 activations
+    assert fastpath_options("activations=q8,prefill_dtype=bf16", "cpu", "float32", gguf).prefill_dtype == "bf16"
+    with pytest.raises(ConfigError, match="prefill_dtype=int8 needs activations=q8"):
+        fastpath_options("prefill_dtype=int8", "cpu", "float32", gguf)
+    monkeypatch.setattr(kernels, "int8_prefill", lambda: False)
     for native, want in ((True, "bf16"), (False, "f32")):
         monkeypatch.setattr(kernels, "native_bf16", lambda native=native: native)
         assert fastpath_options("auto", "cpu", "bfloat16", gguf) == FastPathOptions(prefill_dtype=want)

@@ -23,6 +23,7 @@ os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
 from opscope.engine.fastpath.kernels import load_kernels, pack
 from opscope.engine.fastpath.kernels.packing import RAW_TYPES, random_blocks
+from opscope.engine.fastpath.qlinear import _raw_has_q8, _soa_has_q8
 
 TYPES = [
     "F16",
@@ -230,7 +231,7 @@ def test_bf16_glu_is_the_activation_of_the_bf16_products(gate_type, up_type, gel
     g32, u32 = (torch_bf16(x, d).double().numpy() for d in (gd, ud))
     err = np.abs(h.double().numpy() - act64(g32, gelu) * u32)
     assert (err <= 1e-5 * (np.abs(g32) + 1) * (np.abs(u32) + 1)).all()
-    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or int8"):
         torch.ops.opscope.qglu(x, g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, 0, torch.float16)
 
 
@@ -256,6 +257,64 @@ def test_bf16_glu_bits_do_not_depend_on_the_row_length(threads):
     g32, u32 = (torch_bf16(x, d.astype(np.float32)).double().numpy() for d in dense)
     err = np.abs(full.double().numpy() - act64(g32, False) * u32)
     assert (err <= 1e-5 * (np.abs(g32) + 1) * (np.abs(u32) + 1)).all()
+
+
+INT8_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]  # the 32-weight block types
+INT8_CASES = [(t, "raw") for t in INT8_TYPES] + [(t, "auto") for t in SOA]
+
+
+def q8_rows(x: np.ndarray) -> np.ndarray:
+    """x [M, K] through llama.cpp's per-32 int8 activations (kernels.cpp's prepare_activation: scale
+    amax/127, nearest with ties to even, in float32), back in float64."""
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32).astype(np.float32)
+    scale = np.abs(xb).max(-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), scale, out=np.zeros_like(scale), where=scale > 0)
+    return (np.rint(xb * inv).astype(np.float64) * scale.astype(np.float64)).reshape(m, k)
+
+
+def int8_expected(ggml_type: str, n: int) -> bool:
+    """Where this process's kernels have the int8 prefill GEMM: the AVX-512 VNNI variants."""
+    from opscope.engine.fastpath.kernels import variants
+
+    return variants.chosen().name == "avx512-vnni" and ggml_type in INT8_TYPES and n % 16 == 0
+
+
+@pytest.mark.parametrize("ggml_type,layout", INT8_CASES)
+@pytest.mark.parametrize("n", [128, 16])  # panels of 48, 48, 32; one of 16
+def test_int8_gemm_is_the_product_with_int8_activations(ggml_type, layout, n, threads):
+    w, dense = weights(ggml_type, layout, n=n, seed=11)
+    k = dense.shape[1]
+    supported = torch.ops.opscope.int8_prefill_supported(w.qtype, k, n)
+    assert supported == int8_expected(ggml_type, n)
+    if not supported:
+        pytest.skip("no int8 prefill GEMM in this process's kernel variant (AVX-512 VNNI only)")
+    threads(2)
+    wd = dense.astype(np.float64)
+    decode_int8 = _soa_has_q8() if layout == "auto" else _raw_has_q8(ggml_type)  # raw Q8_0's is float32
+    for m in (8, 13, 64):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
+        y = torch.ops.opscope.qlinear(x, w.qs, w.d, w.m, w.qtype, 1, 8, torch.int8)
+        xq = q8_rows(x.numpy())
+        err, bound = np.abs(y.double().numpy() - xq @ wd.T), np.abs(xq) @ np.abs(wd).T
+        assert (err <= 1e-5 * bound + 1e-30).all(), f"{m} rows: worst {float((err / bound).max()):.3g} of the bound"
+        if decode_int8:  # the decode step's int8 matvec, row by row, computes the same products
+            rows = torch.ops.opscope.qlinear(x, w.qs, w.d, w.m, w.qtype, 1, 1 << 30, torch.float32)
+            assert (np.abs(y.double().numpy() - rows.double().numpy()) <= 2e-5 * bound + 1e-30).all()
+
+
+def test_int8_glu_is_the_activation_of_the_int8_products(threads):
+    g, gd = weights("Q4_0", "auto", n=96, seed=12)
+    u, ud = weights("IQ4_NL", "raw", n=96, seed=13)
+    if not int8_expected("Q4_0", 96):
+        pytest.skip("no int8 prefill GEMM in this process's kernel variant (AVX-512 VNNI only)")
+    threads(2)
+    x = torch.randn(21, gd.shape[1], generator=torch.Generator().manual_seed(14)) * 2
+    h = torch.ops.opscope.qglu(x, g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, 0, torch.int8)
+    xq = q8_rows(x.numpy())
+    g64, u64 = xq @ gd.astype(np.float64).T, xq @ ud.astype(np.float64).T
+    err = np.abs(h.double().numpy() - act64(g64, False) * u64)
+    assert (err <= 1e-5 * (np.abs(g64) + 1) * (np.abs(u64) + 1)).all()
 
 
 def test_glu_rejects_mismatched_projections():

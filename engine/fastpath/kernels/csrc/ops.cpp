@@ -37,6 +37,7 @@ Weights make_weights(int64_t qtype, const at::Tensor& qs, const c10::optional<at
 // prefill.cpp: y = x @ W^T decoded panel by panel (float32), and whether qlinear takes that path.
 at::Tensor prefill_gemm(const at::Tensor& x, const Weights& w);
 at::Tensor prefill_gemm_bf16(const at::Tensor& x, const Weights& w);
+at::Tensor prefill_gemm_int8(const at::Tensor& x, const Weights& w);
 bool prefill_enabled();
 
 namespace {
@@ -102,6 +103,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const c10::optiona
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = w.N;
   // prefill.cpp: panels decoded per thread (exact float32), or decoded and rounded to bf16 per thread
+  if (x2.size(0) >= gemm_min_rows && gemm_dtype == at::kChar) return prefill_gemm_int8(x2, w).reshape(out_shape);
   if (x2.size(0) >= gemm_min_rows && prefill_enabled() && (gemm_dtype == at::kFloat || gemm_dtype == at::kBFloat16))
     return (gemm_dtype == at::kFloat ? prefill_gemm(x2, w) : prefill_gemm_bf16(x2, w)).reshape(out_shape);
   if (x2.size(0) >= gemm_min_rows) {

@@ -268,6 +268,88 @@ at::Tensor prefill_gemm_bf16(const at::Tensor& x, const Weights& w) {
   return bf16_gemm(rows_of(x, w.K).to(at::kBFloat16), w).reshape(out_shape(x, w.N));
 }
 
+namespace {
+
+// x (float32 [M, K]) quantized per token and group of 32, as the decode step's int8 mode does.
+struct Act8Rows {
+  at::Tensor qa, da, ds;  // int8 [M, K]; float32 [M, K / 32] each
+};
+
+Act8Rows quantize_rows(const at::Tensor& x2) {
+  const int64_t M = x2.size(0), K = x2.size(1), G = K / 32;
+  Act8Rows a{at::empty({M, K}, x2.options().dtype(at::kChar)), at::empty({M, G}, x2.options()),
+             at::empty({M, G}, x2.options())};
+  const float* xp = x2.data_ptr<float>();
+  int8_t* qp = a.qa.data_ptr<int8_t>();
+  float *dp = a.da.data_ptr<float>(), *sp = a.ds.data_ptr<float>();
+  at::parallel_for(0, M, 8, [&](int64_t i0, int64_t i1) {
+    std::vector<int8_t> pairs(K);  // prepare_activation's second order, not read here
+    for (int64_t i = i0; i < i1; ++i) prepare_activation_q8(xp + i * K, K, sp + i * G, qp + i * K, pairs.data(), dp + i * G);
+  });
+  return a;
+}
+
+// float32 [M, N] = x @ W^T with x's int8 rows: panels of 48 rows (the last 16 or 32) handed out to
+// the threads from a shared counter; each decodes its panel into the kernel's layout, then runs it
+// over every token, writing float32 straight into y.
+at::Tensor int8_gemm(const Act8Rows& a, const Weights& w) {
+  const int64_t M = a.qa.size(0), K = w.K, N = w.N, G = K / 32, PW = 48;
+  auto y = at::empty({M, N}, a.da.options());
+  float* yp = y.data_ptr<float>();
+  const int8_t* qa = a.qa.data_ptr<int8_t>();
+  const float *da = a.da.data_ptr<float>(), *ds = a.ds.data_ptr<float>();
+  const int64_t count = (N + PW - 1) / PW;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), count), 1, [&](int64_t, int64_t) {
+    std::vector<uint8_t> u(PW * K);
+    std::vector<float> s(PW * G), c(PW * G);
+    for (int64_t p = next.fetch_add(1, std::memory_order_relaxed); p < count;
+         p = next.fetch_add(1, std::memory_order_relaxed)) {
+      const int64_t r0 = p * PW, n = std::min(PW, N - r0);
+      rows::int8_decode_panel(w, r0, n, u.data(), s.data(), c.data());
+      rows::int8_gemm_panel(u.data(), s.data(), c.data(), n, K, qa, da, ds, M, yp + r0, N);
+    }
+  });
+  return y;
+}
+
+void check_int8(const Weights& w) {
+  TORCH_CHECK(rows::int8_gemm_supported(w), "no int8 prefill GEMM for this weight type in this build ",
+              "(the AVX-512 VNNI variants, 32-weight block types, rows a multiple of 16)");
+}
+
+}  // namespace
+
+// y = x @ W^T with x quantized to int8 per 32 (the int8-activation mode's scheme), float32 out.
+at::Tensor prefill_gemm_int8(const at::Tensor& x, const Weights& w) {
+  check_int8(w);
+  return int8_gemm(quantize_rows(rows_of(x, w.K)), w).reshape(out_shape(x, w.N));
+}
+
+// prefill_glu with int8 gate and up products (x quantized once); the activation in float32.
+at::Tensor prefill_glu_int8(const at::Tensor& x, const Weights& g, const Weights& u, int64_t act) {
+  TORCH_CHECK(g.N == u.N && g.K == u.K, "gate and up projections differ in shape");
+  TORCH_CHECK(act == 0 || act == 1, "act must be 0 (SiLU) or 1 (GELU tanh), got ", act);
+  check_int8(g);
+  check_int8(u);
+  const Act8Rows a = quantize_rows(rows_of(x, g.K));
+  auto h = int8_gemm(a, g);
+  const auto up = int8_gemm(a, u);
+  const int64_t M = h.size(0), N = g.N;
+  float* hp = h.data_ptr<float>();
+  const float* upp = up.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) glu_row(hp + i * N, upp + i * N, N, act);
+  });
+  return h.reshape(out_shape(x, N));
+}
+
+bool int8_prefill_supported(int64_t qtype, int64_t K, int64_t N) {
+  Weights w{qtype, nullptr, nullptr, nullptr, N, K};
+  if (qtype >= QTYPE_RAW) w.ggml_type = qtype - QTYPE_RAW;
+  return rows::int8_gemm_supported(w);
+}
+
 // prefill_glu with the gate and up products in bfloat16 (bf16_gemm); the activation in float32.
 at::Tensor prefill_glu_bf16(const at::Tensor& x, const Weights& g, const Weights& u, int64_t act) {
   TORCH_CHECK(g.N == u.N && g.K == u.K, "gate and up projections differ in shape");
@@ -490,7 +572,8 @@ at::Tensor qglu_op(const at::Tensor& x, const at::Tensor& gqs, const c10::option
   const int64_t K = x.size(-1);
   const Weights g = make_weights(gtype, gqs, gd, gm, K), u = make_weights(utype, uqs, ud, um, K);
   if (gemm_dtype.value_or(at::kFloat) == at::kBFloat16) return prefill_glu_bf16(x, g, u, act);
-  TORCH_CHECK(gemm_dtype.value_or(at::kFloat) == at::kFloat, "qglu: gemm_dtype float32 or bfloat16");
+  if (gemm_dtype.value_or(at::kFloat) == at::kChar) return prefill_glu_int8(x, g, u, act);
+  TORCH_CHECK(gemm_dtype.value_or(at::kFloat) == at::kFloat, "qglu: gemm_dtype float32, bfloat16 or int8");
   return prefill_glu(x, g, u, act);
 }
 
@@ -516,6 +599,7 @@ TORCH_LIBRARY_FRAGMENT(opscope, lib) {
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   lib.def("prefill_attn_config(int block) -> int", &opscope::prefill_attn_config);
   lib.def("prefill_config(int panel_bytes, int use_blas, int enabled) -> int[]", &opscope::prefill_config);
+  lib.def("int8_prefill_supported(int qtype, int K, int N) -> bool", &opscope::int8_prefill_supported);
 }
 
 TORCH_LIBRARY_IMPL(opscope, CPU, lib) {

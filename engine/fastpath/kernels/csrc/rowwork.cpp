@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -144,6 +145,164 @@ void to_bf16(const float* src, uint16_t* dst, int64_t n) {
     const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
     dst[i] = nan ? uint16_t(0x7fc0) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
   }
+}
+
+// ---- The int8 prefill GEMM (rowwork.h) ----
+
+namespace {
+
+// Group g (32 weights) of row r as unsigned quants u and w = s * u + c: the 32-weight types, in the
+// SoA layouts (Q4_1 holding Q4_0 too, Q8_0) or as raw blocks. Signed quants move up by 128.
+bool int8_group(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, float& c) {
+  const int64_t K = w.K;
+  if (!w.raw()) {
+    const int64_t nb = K / 32;
+    const float d = float(w.d[r * nb + g]);
+    if (w.qtype == 1) {  // Q8_0
+      const auto* q = reinterpret_cast<const int8_t*>(w.qs) + r * K + 32 * g;
+      for (int j = 0; j < 32; ++j) u[j] = uint8_t(q[j] + 128);
+      s = d, c = -128.f * d;
+      return true;
+    }
+    const uint8_t* q = w.qs + r * (K / 2) + 16 * g;  // Q4_1: element j low nibble, j + 16 high
+    for (int j = 0; j < 16; ++j) u[j] = q[j] & 15, u[j + 16] = q[j] >> 4;
+    s = d, c = float(w.m[r * nb + g]);
+    return true;
+  }
+  const uint8_t* row = w.qs + r * w.row_bytes;
+  switch (w.ggml_type) {
+    case gguf::Q4_0: case gguf::IQ4_NL: {
+      const uint8_t* b = row + 18 * g;
+      const float d = gguf::fp16(b);
+      const bool nl = w.ggml_type == gguf::IQ4_NL;
+      for (int j = 0; j < 16; ++j) {
+        const int lo = b[2 + j] & 15, hi = b[2 + j] >> 4;
+        u[j] = uint8_t(nl ? gguf::kIQ4NL[lo] + 128 : lo);
+        u[j + 16] = uint8_t(nl ? gguf::kIQ4NL[hi] + 128 : hi);
+      }
+      s = d, c = (nl ? -128.f : -8.f) * d;
+      return true;
+    }
+    case gguf::Q4_1: {
+      const uint8_t* b = row + 20 * g;
+      for (int j = 0; j < 16; ++j) u[j] = b[4 + j] & 15, u[j + 16] = b[4 + j] >> 4;
+      s = gguf::fp16(b), c = gguf::fp16(b + 2);
+      return true;
+    }
+    case gguf::Q5_0: case gguf::Q5_1: {
+      const bool one = w.ggml_type == gguf::Q5_1;
+      const uint8_t* b = row + (one ? 24 : 22) * g;
+      uint32_t qh;
+      std::memcpy(&qh, b + (one ? 4 : 2), 4);
+      const uint8_t* q = b + (one ? 8 : 6);
+      for (int j = 0; j < 16; ++j) {
+        u[j] = uint8_t((q[j] & 15) | (((qh >> j) & 1) << 4));
+        u[j + 16] = uint8_t((q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+      }
+      s = gguf::fp16(b), c = one ? gguf::fp16(b + 2) : -16.f * gguf::fp16(b);
+      return true;
+    }
+    case gguf::Q8_0: {
+      const uint8_t* b = row + 34 * g;
+      for (int j = 0; j < 32; ++j) u[j] = uint8_t(int8_t(b[2 + j]) + 128);
+      s = gguf::fp16(b), c = -128.f * gguf::fp16(b);
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// T tokens by NB blocks of 16 rows: per group 8 vpdpbusd per (token, block) into int32, then the
+// group's scales in float32: acc += i32 * (s * da) + c * ds.
+template <int T, int NB>
+void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t n, int64_t K, const int8_t* A,
+               const float* DA, const float* DS, float* y, int64_t ldy) {
+  const int64_t G = K / 32;
+  __m512 acc[T][NB];
+  for (auto& r : acc)
+    for (auto& a : r) a = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i ia[T][NB];
+    for (auto& r : ia)
+      for (auto& a : r) a = _mm512_setzero_si512();
+    const uint8_t* wg = U + g * 32 * n;
+    for (int k4 = 0; k4 < 8; ++k4) {
+      __m512i wv[NB];
+      for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(wg + 64 * (k4 * NB + b));
+      for (int t = 0; t < T; ++t) {
+        int32_t a4;
+        std::memcpy(&a4, A + t * K + 32 * g + 4 * k4, 4);
+        const __m512i av = _mm512_set1_epi32(a4);
+        for (int b = 0; b < NB; ++b) ia[t][b] = _mm512_dpbusd_epi32(ia[t][b], wv[b], av);
+      }
+    }
+    for (int b = 0; b < NB; ++b) {
+      const __m512 s = _mm512_loadu_ps(S + g * n + 16 * b), c = _mm512_loadu_ps(C + g * n + 16 * b);
+      for (int t = 0; t < T; ++t) {
+        const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(DA[t * G + g]));
+        acc[t][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t][b]), sd, acc[t][b]);
+        acc[t][b] = _mm512_fmadd_ps(c, _mm512_set1_ps(DS[t * G + g]), acc[t][b]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int b = 0; b < NB; ++b) _mm512_storeu_ps(y + t * ldy + 16 * b, acc[t][b]);
+}
+
+template <int NB>
+void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, const int8_t* qa, const float* da,
+               const float* ds, int64_t M, float* y, int64_t ldy) {
+  const int64_t G = K / 32, n = 16 * NB;
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) int8_tile<4, NB>(U, S, C, n, K, qa + m * K, da + m * G, ds + m * G, y + m * ldy, ldy);
+  for (; m < M; ++m) int8_tile<1, NB>(U, S, C, n, K, qa + m * K, da + m * G, ds + m * G, y + m * ldy, ldy);
+}
+#define OPSCOPE_INT8_GEMM 1
+#endif
+
+}  // namespace
+
+bool int8_gemm_supported(const Weights& w) {
+#if defined(OPSCOPE_INT8_GEMM)
+  if (w.K % 32 || w.N % 16) return false;
+  if (!w.raw()) return w.qtype == 0 || w.qtype == 1;
+  switch (w.ggml_type) {
+    case gguf::Q4_0: case gguf::Q4_1: case gguf::Q5_0: case gguf::Q5_1: case gguf::Q8_0: case gguf::IQ4_NL:
+      return true;
+    default:
+      return false;
+  }
+#else
+  (void)w;
+  return false;
+#endif
+}
+
+void int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c) {
+  const int64_t G = w.K / 32, NB = n / 16;
+  uint8_t q[32];
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t g = 0; g < G; ++g) {
+      int8_group(w, r0 + i, g, q, s[g * n + i], c[g * n + i]);
+      uint8_t* dst = u + g * 32 * n + 4 * (i % 16);
+      for (int k4 = 0; k4 < 8; ++k4) std::memcpy(dst + 64 * (k4 * NB + i / 16), q + 4 * k4, 4);
+    }
+}
+
+void int8_gemm_panel(const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K, const int8_t* qa,
+                     const float* da, const float* ds, int64_t M, float* y, int64_t ldy) {
+#if defined(OPSCOPE_INT8_GEMM)
+  switch (n) {
+    case 16: return int8_rows<1>(u, s, c, K, qa, da, ds, M, y, ldy);
+    case 32: return int8_rows<2>(u, s, c, K, qa, da, ds, M, y, ldy);
+    case 48: return int8_rows<3>(u, s, c, K, qa, da, ds, M, y, ldy);
+    default: break;
+  }
+#endif
+  (void)u, (void)s, (void)c, (void)n, (void)K, (void)qa, (void)da, (void)ds, (void)M, (void)y, (void)ldy;
+  std::abort();  // callers ask int8_gemm_supported first and take panels of 16, 32 or 48 rows
 }
 
 }  // namespace rows
