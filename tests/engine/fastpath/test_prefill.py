@@ -259,7 +259,8 @@ def test_bf16_glu_bits_do_not_depend_on_the_row_length(threads):
     assert (err <= 1e-5 * (np.abs(g32) + 1) * (np.abs(u32) + 1)).all()
 
 
-INT8_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]  # the 32-weight block types
+B32_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]  # the 32-weight block types
+INT8_TYPES = B32_TYPES + ["Q4_K", "Q5_K", "IQ4_XS"]  # and the K types with 32-weight sub-blocks
 INT8_CASES = [(t, "raw") for t in INT8_TYPES] + [(t, "auto") for t in SOA]
 
 
@@ -291,7 +292,9 @@ def test_int8_gemm_is_the_product_with_int8_activations(ggml_type, layout, n, th
         pytest.skip("no int8 prefill GEMM in this process's kernel variant (AVX-512 VNNI only)")
     threads(2)
     wd = dense.astype(np.float64)
-    decode_int8 = _soa_has_q8() if layout == "auto" else _raw_has_q8(ggml_type)  # raw Q8_0's is float32
+    # the decode step's int8 activations are the same (per 32) for the 32-weight block types that have
+    # int8 matvecs (raw Q8_0's takes float32); the K types' are per 256
+    decode_int8 = _soa_has_q8() if layout == "auto" else ggml_type in B32_TYPES and _raw_has_q8(ggml_type)
     for m in (8, 13, 64):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
         y = torch.ops.opscope.qlinear(x, w.qs, w.d, w.m, w.qtype, 1, 8, torch.int8)

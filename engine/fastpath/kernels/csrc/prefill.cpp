@@ -315,7 +315,7 @@ at::Tensor int8_gemm(const Act8Rows& a, const Weights& w) {
 
 void check_int8(const Weights& w) {
   TORCH_CHECK(rows::int8_gemm_supported(w), "no int8 prefill GEMM for this weight type in this build ",
-              "(the AVX-512 VNNI variants, 32-weight block types, rows a multiple of 16)");
+              "(the AVX-512 VNNI variants; types with 32-weight groups; rows a multiple of 16)");
 }
 
 }  // namespace

@@ -151,8 +151,9 @@ void to_bf16(const float* src, uint16_t* dst, int64_t n) {
 
 namespace {
 
-// Group g (32 weights) of row r as unsigned quants u and w = s * u + c: the 32-weight types, in the
-// SoA layouts (Q4_1 holding Q4_0 too, Q8_0) or as raw blocks. Signed quants move up by 128.
+// Group g (32 weights) of row r as unsigned quants u and w = s * u + c: the 32-weight block types in
+// the SoA layouts (Q4_1 holding Q4_0 too, Q8_0) or as raw blocks, and the K types whose sub-blocks
+// are 32 weights (Q4_K, Q5_K, IQ4_XS). Signed quants move up by 128.
 bool int8_group(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, float& c) {
   const int64_t K = w.K;
   if (!w.raw()) {
@@ -206,6 +207,29 @@ bool int8_group(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, fl
       const uint8_t* b = row + 34 * g;
       for (int j = 0; j < 32; ++j) u[j] = uint8_t(int8_t(b[2 + j]) + 128);
       s = gguf::fp16(b), c = -128.f * gguf::fp16(b);
+      return true;
+    }
+    case gguf::Q4_K: case gguf::Q5_K: {  // sub-block sb of a 256-weight superblock (dequant_k45)
+      const bool five = w.ggml_type == gguf::Q5_K;
+      const uint8_t* b = row + (five ? 176 : 144) * (g / 8);
+      const int sb = int(g % 8);
+      uint8_t sm[16];
+      gguf::scale_min_k4(b + 4).to(sm);
+      const uint8_t* q = b + (five ? 48 : 16) + 32 * (sb / 2);
+      for (int l = 0; l < 32; ++l)
+        u[l] = uint8_t((sb % 2 ? q[l] >> 4 : q[l] & 15) | (five ? ((b[16 + l] >> sb) & 1) << 4 : 0));
+      s = gguf::fp16(b) * float(sm[sb]), c = -(gguf::fp16(b + 2) * float(sm[8 + sb]));
+      return true;
+    }
+    case gguf::IQ4_XS: {
+      const uint8_t* b = row + 136 * (g / 8);
+      const int sb = int(g % 8);
+      const uint8_t* q = b + 8 + 16 * sb;
+      for (int j = 0; j < 16; ++j) {
+        u[j] = uint8_t(gguf::kIQ4NL[q[j] & 15] + 128);
+        u[j + 16] = uint8_t(gguf::kIQ4NL[q[j] >> 4] + 128);
+      }
+      s = gguf::fp16(b) * float(gguf::TIQ4_XS::scale(b, sb)), c = -128.f * s;
       return true;
     }
     default:
@@ -270,6 +294,7 @@ bool int8_gemm_supported(const Weights& w) {
   if (!w.raw()) return w.qtype == 0 || w.qtype == 1;
   switch (w.ggml_type) {
     case gguf::Q4_0: case gguf::Q4_1: case gguf::Q5_0: case gguf::Q5_1: case gguf::Q8_0: case gguf::IQ4_NL:
+    case gguf::Q4_K: case gguf::Q5_K: case gguf::IQ4_XS:
       return true;
     default:
       return false;

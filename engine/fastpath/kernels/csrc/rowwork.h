@@ -32,7 +32,8 @@ void to_bf16(const float* src, uint16_t* dst, int64_t n);
 // activations int8 per (token, group) with scale da and ds = da * sum(q) (prepare_activation).
 // Rows are taken in panels of n = 16, 32 or 48; a panel's quants are laid out
 // [K/32 groups][8 quads][n/16][16 rows][4 bytes] (one zmm = 16 rows by 4 k), s and c [K/32][n].
-// Whether this build has it (the AVX-512 VNNI variants) for w's type and shape.
+// Whether this build has it (the AVX-512 VNNI variants) for w's type (the 32-weight block types, and
+// Q4_K, Q5_K, IQ4_XS) and shape.
 bool int8_gemm_supported(const Weights& w);
 // Rows [r0, r0 + n) of w into a panel (u: K * n bytes; s, c: K / 32 * n floats).
 void int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c);
