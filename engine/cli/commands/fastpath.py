@@ -42,9 +42,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     q8 = "int8 kernels for every quantized type" if v.int8 else "no int8 kernels here, so it runs float32"
     other = "bfloat16 (native on this CPU)" if native_bf16() else ""
     if v.int8 and int8_prefill():
-        q8 += "; prefill GEMMs in int8 for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K and IQ4_XS" + (
-            f", in {other} for the others" if other else ""
-        )
+        q8 += "; prefill GEMMs in int8 for every quantized type" + (f", in {other} for F16 and BF16" if other else "")
     elif other:
         q8 += f"; prefill GEMMs in {other}"
     print(f"activations float32, exact (default); activations=q8 (llama.cpp's int8 scheme): {q8}")

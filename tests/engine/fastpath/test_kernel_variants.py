@@ -68,8 +68,8 @@ def test_fastpath_says_whether_the_variant_has_int8_kernels(int8):
     tail = "int8 kernels for every quantized type" if int8 else "no int8 kernels here, so it runs float32"
     bf16 = "bfloat16 (native on this CPU)" if native_bf16() else ""
     if v.name == "avx512-vnni":  # the variant with the int8 prefill GEMM
-        tail += "; prefill GEMMs in int8 for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K and IQ4_XS"
-        tail += f", in {bf16} for the others" if bf16 else ""
+        tail += "; prefill GEMMs in int8 for every quantized type"
+        tail += f", in {bf16} for F16 and BF16" if bf16 else ""
     elif bf16:
         tail += f"; prefill GEMMs in {bf16}"
     assert out.stdout.splitlines()[2] == (

@@ -260,7 +260,7 @@ def test_bf16_glu_bits_do_not_depend_on_the_row_length(threads):
 
 
 B32_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"]  # the 32-weight block types
-INT8_TYPES = B32_TYPES + ["Q4_K", "Q5_K", "IQ4_XS"]  # and the K types with 32-weight sub-blocks
+INT8_TYPES = B32_TYPES + ["Q4_K", "Q5_K", "IQ4_XS", "Q2_K", "Q3_K", "Q6_K"]  # every quantized type
 INT8_CASES = [(t, "raw") for t in INT8_TYPES] + [(t, "auto") for t in SOA]
 
 

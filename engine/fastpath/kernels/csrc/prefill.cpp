@@ -270,21 +270,29 @@ at::Tensor prefill_gemm_bf16(const at::Tensor& x, const Weights& w) {
 
 namespace {
 
-// x (float32 [M, K]) quantized per token and group of 32, as the decode step's int8 mode does.
+// x (float32 [M, K]) quantized per token and group of 32, as the decode step's int8 mode does, with
+// the offsets' terms da * (sum of the int8 values) per 32 and per 16 (the 16-weight group types').
 struct Act8Rows {
-  at::Tensor qa, da, ds;  // int8 [M, K]; float32 [M, K / 32] each
+  at::Tensor qa, da, ds, ds16;  // int8 [M, K]; float32 [M, K / 32] (da, ds), [M, K / 16]
 };
 
 Act8Rows quantize_rows(const at::Tensor& x2) {
   const int64_t M = x2.size(0), K = x2.size(1), G = K / 32;
   Act8Rows a{at::empty({M, K}, x2.options().dtype(at::kChar)), at::empty({M, G}, x2.options()),
-             at::empty({M, G}, x2.options())};
+             at::empty({M, G}, x2.options()), at::empty({M, 2 * G}, x2.options())};
   const float* xp = x2.data_ptr<float>();
   int8_t* qp = a.qa.data_ptr<int8_t>();
-  float *dp = a.da.data_ptr<float>(), *sp = a.ds.data_ptr<float>();
+  float *dp = a.da.data_ptr<float>(), *sp = a.ds.data_ptr<float>(), *s16 = a.ds16.data_ptr<float>();
   at::parallel_for(0, M, 8, [&](int64_t i0, int64_t i1) {
     std::vector<int8_t> pairs(K);  // prepare_activation's second order, not read here
-    for (int64_t i = i0; i < i1; ++i) prepare_activation_q8(xp + i * K, K, sp + i * G, qp + i * K, pairs.data(), dp + i * G);
+    for (int64_t i = i0; i < i1; ++i) {
+      prepare_activation_q8(xp + i * K, K, sp + i * G, qp + i * K, pairs.data(), dp + i * G);
+      for (int64_t h = 0; h < 2 * G; ++h) {
+        int32_t sum = 0;
+        for (int64_t l = 0; l < 16; ++l) sum += qp[i * K + 16 * h + l];
+        s16[i * 2 * G + h] = dp[i * G + h / 2] * float(sum);
+      }
+    }
   });
   return a;
 }
@@ -293,11 +301,12 @@ Act8Rows quantize_rows(const at::Tensor& x2) {
 // the threads from a shared counter; each decodes its panel into the kernel's layout, then runs it
 // over every token, writing float32 straight into y.
 at::Tensor int8_gemm(const Act8Rows& a, const Weights& w) {
-  const int64_t M = a.qa.size(0), K = w.K, N = w.N, G = K / 32, PW = 48;
+  const int64_t gs = rows::int8_group_size(w);
+  const int64_t M = a.qa.size(0), K = w.K, N = w.N, G = K / gs, PW = 48;
   auto y = at::empty({M, N}, a.da.options());
   float* yp = y.data_ptr<float>();
   const int8_t* qa = a.qa.data_ptr<int8_t>();
-  const float *da = a.da.data_ptr<float>(), *ds = a.ds.data_ptr<float>();
+  const float *da = a.da.data_ptr<float>(), *ds = (gs == 32 ? a.ds : a.ds16).data_ptr<float>();
   const int64_t count = (N + PW - 1) / PW;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), count), 1, [&](int64_t, int64_t) {
@@ -307,15 +316,15 @@ at::Tensor int8_gemm(const Act8Rows& a, const Weights& w) {
          p = next.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t r0 = p * PW, n = std::min(PW, N - r0);
       rows::int8_decode_panel(w, r0, n, u.data(), s.data(), c.data());
-      rows::int8_gemm_panel(u.data(), s.data(), c.data(), n, K, qa, da, ds, M, yp + r0, N);
+      rows::int8_gemm_panel(gs, u.data(), s.data(), c.data(), n, K, qa, da, ds, M, yp + r0, N);
     }
   });
   return y;
 }
 
 void check_int8(const Weights& w) {
-  TORCH_CHECK(rows::int8_gemm_supported(w), "no int8 prefill GEMM for this weight type in this build ",
-              "(the AVX-512 VNNI variants; types with 32-weight groups; rows a multiple of 16)");
+  TORCH_CHECK(rows::int8_group_size(w) > 0, "no int8 prefill GEMM for this weight type in this build ",
+              "(the AVX-512 VNNI variants; the quantized types but F16/BF16; rows a multiple of 16)");
 }
 
 }  // namespace
@@ -347,7 +356,7 @@ at::Tensor prefill_glu_int8(const at::Tensor& x, const Weights& g, const Weights
 bool int8_prefill_supported(int64_t qtype, int64_t K, int64_t N) {
   Weights w{qtype, nullptr, nullptr, nullptr, N, K};
   if (qtype >= QTYPE_RAW) w.ggml_type = qtype - QTYPE_RAW;
-  return rows::int8_gemm_supported(w);
+  return rows::int8_group_size(w) > 0;
 }
 
 // prefill_glu with the gate and up products in bfloat16 (bf16_gemm); the activation in float32.

@@ -237,13 +237,71 @@ bool int8_group(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, fl
   }
 }
 
+// The K types with 16-weight groups: superblock sb of row r (256 weights) as unsigned quants u and
+// w = s * u + c per group of 16 (ggml's dequantize_row_q2_K / q3_K / q6_K).
+bool int8_superblock16(const Weights& w, int64_t r, int64_t sb, uint8_t* u, float* s, float* c) {
+  const uint8_t* row = w.qs + r * w.row_bytes;
+  switch (w.ggml_type) {
+    case gguf::Q2_K: {  // scales: low nibble scale, high nibble min; 2 bits per weight
+      const uint8_t* b = row + 84 * sb;
+      const float d = gguf::fp16(b + 80), dmin = gguf::fp16(b + 82);
+      for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < 4; ++j)
+          for (int half = 0; half < 2; ++half) {
+            const int grp = 8 * h + 2 * j + half;
+            const uint8_t* q = b + 16 + 32 * h + 16 * half;
+            for (int l = 0; l < 16; ++l) u[16 * grp + l] = uint8_t((q[l] >> (2 * j)) & 3);
+            s[grp] = d * float(b[grp] & 15), c[grp] = -(dmin * float(b[grp] >> 4));
+          }
+      return true;
+    }
+    case gguf::Q3_K: {  // w = d * (sc - 32) * (2 bits + 4 * hmask bit - 4)
+      const uint8_t* b = row + 110 * sb;
+      const float d = gguf::fp16(b + 108);
+      uint8_t sc[16];
+      gguf::scales_q3k(b + 96).to(sc);
+      for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < 4; ++j)
+          for (int half = 0; half < 2; ++half) {
+            const int grp = 8 * h + 2 * j + half;
+            const uint8_t* q = b + 32 + 32 * h + 16 * half;
+            const uint8_t* hm = b + 16 * half;
+            const int bit = 4 * h + j;
+            for (int l = 0; l < 16; ++l) u[16 * grp + l] = uint8_t(((q[l] >> (2 * j)) & 3) | (((hm[l] >> bit) & 1) << 2));
+            s[grp] = d * float(int(sc[grp]) - 32), c[grp] = -4.f * s[grp];
+          }
+      return true;
+    }
+    case gguf::Q6_K: {  // w = d * sc * (4 bits of ql | 2 bits of qh << 4, - 32)
+      const uint8_t* b = row + 210 * sb;
+      const float d = gguf::fp16(b + 208);
+      const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        uint8_t* o = u + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+          o[l] = uint8_t((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4));
+          o[l + 32] = uint8_t((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4));
+          o[l + 64] = uint8_t((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+          o[l + 96] = uint8_t((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+        }
+      }
+      for (int grp = 0; grp < 16; ++grp) s[grp] = d * float(sc[grp]), c[grp] = -32.f * s[grp];
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-// T tokens by NB blocks of 16 rows: per group 8 vpdpbusd per (token, block) into int32, then the
-// group's scales in float32: acc += i32 * (s * da) + c * ds.
-template <int T, int NB>
+// T tokens by NB blocks of 16 rows, groups of GS (32 or 16) weights: per group GS/4 vpdpbusd per
+// (token, block) into int32, then the group's scales in float32: acc += i32 * (s * da) + c * ds.
+// da is per 32 (the activations' scale), ds per group (da * the group's sum of int8 activations).
+template <int T, int NB, int GS>
 void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t n, int64_t K, const int8_t* A,
                const float* DA, const float* DS, float* y, int64_t ldy) {
-  const int64_t G = K / 32;
+  const int64_t G = K / GS, G32 = K / 32;
   __m512 acc[T][NB];
   for (auto& r : acc)
     for (auto& a : r) a = _mm512_setzero_ps();
@@ -251,13 +309,13 @@ void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t n, int6
     __m512i ia[T][NB];
     for (auto& r : ia)
       for (auto& a : r) a = _mm512_setzero_si512();
-    const uint8_t* wg = U + g * 32 * n;
-    for (int k4 = 0; k4 < 8; ++k4) {
+    const uint8_t* wg = U + g * GS * n;
+    for (int k4 = 0; k4 < GS / 4; ++k4) {
       __m512i wv[NB];
       for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(wg + 64 * (k4 * NB + b));
       for (int t = 0; t < T; ++t) {
         int32_t a4;
-        std::memcpy(&a4, A + t * K + 32 * g + 4 * k4, 4);
+        std::memcpy(&a4, A + t * K + GS * g + 4 * k4, 4);
         const __m512i av = _mm512_set1_epi32(a4);
         for (int b = 0; b < NB; ++b) ia[t][b] = _mm512_dpbusd_epi32(ia[t][b], wv[b], av);
       }
@@ -265,7 +323,7 @@ void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t n, int6
     for (int b = 0; b < NB; ++b) {
       const __m512 s = _mm512_loadu_ps(S + g * n + 16 * b), c = _mm512_loadu_ps(C + g * n + 16 * b);
       for (int t = 0; t < T; ++t) {
-        const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(DA[t * G + g]));
+        const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(DA[t * G32 + g * GS / 32]));
         acc[t][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t][b]), sd, acc[t][b]);
         acc[t][b] = _mm512_fmadd_ps(c, _mm512_set1_ps(DS[t * G + g]), acc[t][b]);
       }
@@ -275,59 +333,89 @@ void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t n, int6
     for (int b = 0; b < NB; ++b) _mm512_storeu_ps(y + t * ldy + 16 * b, acc[t][b]);
 }
 
-template <int NB>
+template <int NB, int GS>
 void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, const int8_t* qa, const float* da,
                const float* ds, int64_t M, float* y, int64_t ldy) {
-  const int64_t G = K / 32, n = 16 * NB;
+  const int64_t G32 = K / 32, G = K / GS, n = 16 * NB;
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) int8_tile<4, NB>(U, S, C, n, K, qa + m * K, da + m * G, ds + m * G, y + m * ldy, ldy);
-  for (; m < M; ++m) int8_tile<1, NB>(U, S, C, n, K, qa + m * K, da + m * G, ds + m * G, y + m * ldy, ldy);
+  for (; m + 4 <= M; m += 4)
+    int8_tile<4, NB, GS>(U, S, C, n, K, qa + m * K, da + m * G32, ds + m * G, y + m * ldy, ldy);
+  for (; m < M; ++m) int8_tile<1, NB, GS>(U, S, C, n, K, qa + m * K, da + m * G32, ds + m * G, y + m * ldy, ldy);
+}
+
+template <int GS>
+void int8_panel(const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K, const int8_t* qa,
+                const float* da, const float* ds, int64_t M, float* y, int64_t ldy) {
+  switch (n) {
+    case 16: return int8_rows<1, GS>(u, s, c, K, qa, da, ds, M, y, ldy);
+    case 32: return int8_rows<2, GS>(u, s, c, K, qa, da, ds, M, y, ldy);
+    case 48: return int8_rows<3, GS>(u, s, c, K, qa, da, ds, M, y, ldy);
+    default: std::abort();  // callers take panels of 16, 32 or 48 rows
+  }
 }
 #define OPSCOPE_INT8_GEMM 1
 #endif
 
+// Group j's GS quants of row i (u_row: the row's quants in weight order) into the panel layout
+// [groups][GS/4 quads][n/16][16 rows][4 bytes].
+void scatter_group(const uint8_t* q, int64_t GS, int64_t j, int64_t i, int64_t n, uint8_t* u) {
+  const int64_t NB = n / 16;
+  uint8_t* dst = u + j * GS * n + 4 * (i % 16);
+  for (int64_t k4 = 0; k4 < GS / 4; ++k4) std::memcpy(dst + 64 * (k4 * NB + i / 16), q + 4 * k4, 4);
+}
+
 }  // namespace
 
-bool int8_gemm_supported(const Weights& w) {
+int int8_group_size(const Weights& w) {
 #if defined(OPSCOPE_INT8_GEMM)
-  if (w.K % 32 || w.N % 16) return false;
-  if (!w.raw()) return w.qtype == 0 || w.qtype == 1;
+  if (w.K % 32 || w.N % 16) return 0;
+  if (!w.raw()) return w.qtype == 0 || w.qtype == 1 ? 32 : 0;
   switch (w.ggml_type) {
     case gguf::Q4_0: case gguf::Q4_1: case gguf::Q5_0: case gguf::Q5_1: case gguf::Q8_0: case gguf::IQ4_NL:
     case gguf::Q4_K: case gguf::Q5_K: case gguf::IQ4_XS:
-      return true;
+      return 32;
+    case gguf::Q2_K: case gguf::Q3_K: case gguf::Q6_K:
+      return 16;
     default:
-      return false;
+      return 0;
   }
 #else
   (void)w;
-  return false;
+  return 0;
 #endif
 }
 
 void int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c) {
-  const int64_t G = w.K / 32, NB = n / 16;
+  if (int8_group_size(w) == 16) {
+    uint8_t q[256];
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t sb = 0; sb < w.K / 256; ++sb) {
+        float ss[16], cc[16];
+        int8_superblock16(w, r0 + i, sb, q, ss, cc);
+        for (int64_t grp = 0; grp < 16; ++grp) {
+          const int64_t j = 16 * sb + grp;
+          scatter_group(q + 16 * grp, 16, j, i, n, u);
+          s[j * n + i] = ss[grp], c[j * n + i] = cc[grp];
+        }
+      }
+    return;
+  }
   uint8_t q[32];
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t g = 0; g < G; ++g) {
-      int8_group(w, r0 + i, g, q, s[g * n + i], c[g * n + i]);
-      uint8_t* dst = u + g * 32 * n + 4 * (i % 16);
-      for (int k4 = 0; k4 < 8; ++k4) std::memcpy(dst + 64 * (k4 * NB + i / 16), q + 4 * k4, 4);
+    for (int64_t j = 0; j < w.K / 32; ++j) {
+      int8_group(w, r0 + i, j, q, s[j * n + i], c[j * n + i]);
+      scatter_group(q, 32, j, i, n, u);
     }
 }
 
-void int8_gemm_panel(const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K, const int8_t* qa,
-                     const float* da, const float* ds, int64_t M, float* y, int64_t ldy) {
+void int8_gemm_panel(int64_t gs, const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K,
+                     const int8_t* qa, const float* da, const float* ds, int64_t M, float* y, int64_t ldy) {
 #if defined(OPSCOPE_INT8_GEMM)
-  switch (n) {
-    case 16: return int8_rows<1>(u, s, c, K, qa, da, ds, M, y, ldy);
-    case 32: return int8_rows<2>(u, s, c, K, qa, da, ds, M, y, ldy);
-    case 48: return int8_rows<3>(u, s, c, K, qa, da, ds, M, y, ldy);
-    default: break;
-  }
+  if (gs == 32) return int8_panel<32>(u, s, c, n, K, qa, da, ds, M, y, ldy);
+  if (gs == 16) return int8_panel<16>(u, s, c, n, K, qa, da, ds, M, y, ldy);
 #endif
-  (void)u, (void)s, (void)c, (void)n, (void)K, (void)qa, (void)da, (void)ds, (void)M, (void)y, (void)ldy;
-  std::abort();  // callers ask int8_gemm_supported first and take panels of 16, 32 or 48 rows
+  (void)gs, (void)u, (void)s, (void)c, (void)n, (void)K, (void)qa, (void)da, (void)ds, (void)M, (void)y, (void)ldy;
+  std::abort();  // callers ask int8_group_size first
 }
 
 }  // namespace rows
