@@ -56,7 +56,7 @@ def side(path: Path, spec: str, pythonpath: str | None) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("old", nargs="?", type=Path, help="the other checkout")
-    ap.add_argument("--types", default="Q4_0,Q6_K,IQ4_NL,Q4_K_M")
+    ap.add_argument("--types", default="Q4_0,Q6_K,IQ4_NL,Q4_K_M", help="types of the SmolLM2 files, or GGUF paths")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--spec", default="activations=q8")
     ap.add_argument("--child")
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         (Path(tmp) / "opscope").symlink_to(args.old.resolve())
         for r in range(args.rounds):
             for t, res in runs.items():
-                path = CACHE / f"SmolLM2-135M-Instruct.{t}.gguf"
+                path = Path(t) if t.endswith(".gguf") else CACHE / f"SmolLM2-135M-Instruct.{t}.gguf"
                 for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
                     res[name].append(side(path, args.spec, tmp if name == "old" else None))
                     load = Path("/proc/loadavg").read_text().split()[0]

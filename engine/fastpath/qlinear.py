@@ -77,14 +77,18 @@ def _raw_has_q8(ggml_type: str) -> bool:
         return False
 
 
-def _int8_gemm(packed: PackedWeight) -> bool:
-    """Whether the loaded kernels run this matrix's prefill as an int8 GEMM."""
+def _int8_pays(packed: PackedWeight) -> bool:
+    """Whether this matrix's prefill runs as an int8 GEMM: the loaded kernels have one for it, and
+    for the 16-weight-group types (Q2_K, Q3_K, Q6_K: twice the scale work per weight) only where
+    bf16 is not native, as they ran 0.83-0.97x of the bf16 GEMM where it is
+    (docs/decisions/cpu-variants.md)."""
     n, k = packed.shape
     try:
         load_kernels()
-        return bool(torch.ops.opscope.int8_prefill_supported(packed.qtype, k, n))
+        group = torch.ops.opscope.int8_prefill_group(packed.qtype, k, n)
     except KernelBuildError:
         return False
+    return group == 32 or (group == 16 and not native_bf16())
 
 
 def _soa_has_q8() -> bool:
@@ -171,8 +175,8 @@ class QuantLinear(_Blocks):
             )
         self.act_mode = act_mode if int8_kernel else 0
         self.gemm_min_rows = gemm_min_rows
-        if gemm_dtype == "int8" and not (self.act_mode == 1 and _int8_gemm(packed)):
-            gemm_dtype = "bf16" if native_bf16() else "f32"  # this type has no int8 prefill GEMM here
+        if gemm_dtype == "int8" and not (self.act_mode == 1 and _int8_pays(packed)):
+            gemm_dtype = "bf16" if native_bf16() else "f32"
         self.gemm_dtype = _GEMM_DTYPES[gemm_dtype]
         self.bias = bias
 

@@ -42,7 +42,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     q8 = "int8 kernels for every quantized type" if v.int8 else "no int8 kernels here, so it runs float32"
     other = "bfloat16 (native on this CPU)" if native_bf16() else ""
     if v.int8 and int8_prefill():
-        q8 += "; prefill GEMMs in int8 for every quantized type" + (f", in {other} for F16 and BF16" if other else "")
+        q8 += (
+            f"; prefill GEMMs in int8, in {other} for Q2_K, Q3_K, Q6_K, F16 and BF16"
+            if other
+            else "; prefill GEMMs in int8 for every quantized type"
+        )
     elif other:
         q8 += f"; prefill GEMMs in {other}"
     print(f"activations float32, exact (default); activations=q8 (llama.cpp's int8 scheme): {q8}")

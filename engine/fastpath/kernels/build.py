@@ -107,7 +107,7 @@ def int8_prefill() -> bool:
 
     try:
         load_kernels()
-        return bool(torch.ops.opscope.int8_prefill_supported(16 + 2, 32, 16))  # raw Q4_0, one panel
+        return torch.ops.opscope.int8_prefill_group(16 + 2, 32, 16) > 0  # raw Q4_0, one panel
     except (KernelBuildError, AttributeError, RuntimeError):
         return False
 

@@ -68,8 +68,11 @@ def test_fastpath_says_whether_the_variant_has_int8_kernels(int8):
     tail = "int8 kernels for every quantized type" if int8 else "no int8 kernels here, so it runs float32"
     bf16 = "bfloat16 (native on this CPU)" if native_bf16() else ""
     if v.name == "avx512-vnni":  # the variant with the int8 prefill GEMM
-        tail += "; prefill GEMMs in int8 for every quantized type"
-        tail += f", in {bf16} for F16 and BF16" if bf16 else ""
+        tail += (
+            f"; prefill GEMMs in int8, in {bf16} for Q2_K, Q3_K, Q6_K, F16 and BF16"
+            if bf16
+            else "; prefill GEMMs in int8 for every quantized type"
+        )
     elif bf16:
         tail += f"; prefill GEMMs in {bf16}"
     assert out.stdout.splitlines()[2] == (

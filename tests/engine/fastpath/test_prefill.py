@@ -286,8 +286,10 @@ def int8_expected(ggml_type: str, n: int) -> bool:
 def test_int8_gemm_is_the_product_with_int8_activations(ggml_type, layout, n, threads):
     w, dense = weights(ggml_type, layout, n=n, seed=11)
     k = dense.shape[1]
-    supported = torch.ops.opscope.int8_prefill_supported(w.qtype, k, n)
+    group = torch.ops.opscope.int8_prefill_group(w.qtype, k, n)
+    supported = group > 0
     assert supported == int8_expected(ggml_type, n)
+    assert group in ((16,) if ggml_type in ("Q2_K", "Q3_K", "Q6_K") else (32,)) or not supported
     if not supported:
         pytest.skip("no int8 prefill GEMM in this process's kernel variant (AVX-512 VNNI only)")
     threads(2)
@@ -304,6 +306,21 @@ def test_int8_gemm_is_the_product_with_int8_activations(ggml_type, layout, n, th
         if decode_int8:  # the decode step's int8 matvec, row by row, computes the same products
             rows = torch.ops.opscope.qlinear(x, w.qs, w.d, w.m, w.qtype, 1, 1 << 30, torch.float32)
             assert (np.abs(y.double().numpy() - rows.double().numpy()) <= 2e-5 * bound + 1e-30).all()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_int8_prefill_is_taken_where_it_pays(native, monkeypatch):
+    """prefill_dtype=int8: the 32-weight-group types always; the 16-weight-group ones (twice the scale
+    work) only where bf16 is not native: against the bf16 GEMM they ran 0.83-0.97x."""
+    import opscope.engine.fastpath.qlinear as ql
+
+    monkeypatch.setattr(ql, "native_bf16", lambda: native)
+    fallback = torch.bfloat16 if native else torch.float32
+    for ggml_type, group16 in (("Q4_K", False), ("Q6_K", True), ("Q4_0", False)):
+        w, _ = weights(ggml_type, "raw", n=32, seed=15)
+        lin = ql.QuantLinear(w, act_mode=1, gemm_dtype="int8")
+        int8 = int8_expected(ggml_type, 32) and not (group16 and native)
+        assert lin.gemm_dtype == (torch.int8 if int8 else fallback), ggml_type
 
 
 def test_int8_glu_is_the_activation_of_the_int8_products(threads):

@@ -353,10 +353,11 @@ at::Tensor prefill_glu_int8(const at::Tensor& x, const Weights& g, const Weights
   return h.reshape(out_shape(x, N));
 }
 
-bool int8_prefill_supported(int64_t qtype, int64_t K, int64_t N) {
+// The group size of the int8 prefill GEMM for this weight type and shape here: 32, 16, or 0 (none).
+int64_t int8_prefill_group(int64_t qtype, int64_t K, int64_t N) {
   Weights w{qtype, nullptr, nullptr, nullptr, N, K};
   if (qtype >= QTYPE_RAW) w.ggml_type = qtype - QTYPE_RAW;
-  return rows::int8_group_size(w) > 0;
+  return rows::int8_group_size(w);
 }
 
 // prefill_glu with the gate and up products in bfloat16 (bf16_gemm); the activation in float32.
@@ -608,7 +609,7 @@ TORCH_LIBRARY_FRAGMENT(opscope, lib) {
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   lib.def("prefill_attn_config(int block) -> int", &opscope::prefill_attn_config);
   lib.def("prefill_config(int panel_bytes, int use_blas, int enabled) -> int[]", &opscope::prefill_config);
-  lib.def("int8_prefill_supported(int qtype, int K, int N) -> bool", &opscope::int8_prefill_supported);
+  lib.def("int8_prefill_group(int qtype, int K, int N) -> int", &opscope::int8_prefill_group);
 }
 
 TORCH_LIBRARY_IMPL(opscope, CPU, lib) {
