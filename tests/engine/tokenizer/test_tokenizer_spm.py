@@ -350,7 +350,8 @@ def test_encode_matches_llama_cpp(vocabs, name, tmp_path):
 def _llama_cpp_ids(model: Path, prompt: Path, attempts: int = 6) -> list[int]:
     """The prompt's ids as llama-completion prints them. Its logger runs on a thread and now and then
     loses the tail of the log at exit (rc 0), so a run counts only when every announced id is there;
-    generating one token (on the tiny random model) gives the logger time to flush the prompt lines."""
+    generating 64 tokens after the prompt (the tiny random model, EOS ignored) gives the logger time
+    to write the prompt lines: with one token, 6 runs in a row lost them when every core was busy."""
     cmd = [
         str(LLAMA_COMPLETION),
         "-m",
@@ -358,7 +359,8 @@ def _llama_cpp_ids(model: Path, prompt: Path, attempts: int = 6) -> list[int]:
         "-bf",
         str(prompt),
         "-n",
-        "1",
+        "64",
+        "--ignore-eos",
         "--verbose-prompt",
         "-no-cnv",
         "-t",
@@ -373,7 +375,10 @@ def _llama_cpp_ids(model: Path, prompt: Path, attempts: int = 6) -> list[int]:
         ids = [int(m.group(1)) for m in re.finditer(r"^\S+ I +(\d+) -> '", log, re.M)]
         if count and len(ids) == int(count.group(1)):
             return ids
-    raise AssertionError(f"no complete prompt token list from llama-completion in {attempts} runs:\n{log[-2000:]}")
+    raise AssertionError(
+        f"no complete prompt token list from llama-completion in {attempts} runs (last exit code "
+        f"{out.returncode}):\n{log[-2000:]}"
+    )
 
 
 def test_merge_order_comes_from_scores_for_llama_and_from_positions_for_gemma(vocabs, tmp_path):
