@@ -276,10 +276,11 @@ struct Act8Rows {
   at::Tensor qa, da, ds, ds16;  // int8 [M, K]; float32 [M, K / 32] (da, ds), [M, K / 16]
 };
 
-Act8Rows quantize_rows(const at::Tensor& x2) {
+// ``sums16``: also the sums per 16, which only the 16-weight-group types read.
+Act8Rows quantize_rows(const at::Tensor& x2, bool sums16) {
   const int64_t M = x2.size(0), K = x2.size(1), G = K / 32;
   Act8Rows a{at::empty({M, K}, x2.options().dtype(at::kChar)), at::empty({M, G}, x2.options()),
-             at::empty({M, G}, x2.options()), at::empty({M, 2 * G}, x2.options())};
+             at::empty({M, G}, x2.options()), at::empty({sums16 ? M : 0, 2 * G}, x2.options())};
   const float* xp = x2.data_ptr<float>();
   int8_t* qp = a.qa.data_ptr<int8_t>();
   float *dp = a.da.data_ptr<float>(), *sp = a.ds.data_ptr<float>(), *s16 = a.ds16.data_ptr<float>();
@@ -287,7 +288,7 @@ Act8Rows quantize_rows(const at::Tensor& x2) {
     std::vector<int8_t> pairs(K);  // prepare_activation's second order, not read here
     for (int64_t i = i0; i < i1; ++i) {
       prepare_activation_q8(xp + i * K, K, sp + i * G, qp + i * K, pairs.data(), dp + i * G);
-      for (int64_t h = 0; h < 2 * G; ++h) {
+      for (int64_t h = 0; sums16 && h < 2 * G; ++h) {
         int32_t sum = 0;
         for (int64_t l = 0; l < 16; ++l) sum += qp[i * K + 16 * h + l];
         s16[i * 2 * G + h] = dp[i * G + h / 2] * float(sum);
@@ -332,7 +333,7 @@ void check_int8(const Weights& w) {
 // y = x @ W^T with x quantized to int8 per 32 (the int8-activation mode's scheme), float32 out.
 at::Tensor prefill_gemm_int8(const at::Tensor& x, const Weights& w) {
   check_int8(w);
-  return int8_gemm(quantize_rows(rows_of(x, w.K)), w).reshape(out_shape(x, w.N));
+  return int8_gemm(quantize_rows(rows_of(x, w.K), rows::int8_group_size(w) == 16), w).reshape(out_shape(x, w.N));
 }
 
 // prefill_glu with int8 gate and up products (x quantized once); the activation in float32.
@@ -341,7 +342,8 @@ at::Tensor prefill_glu_int8(const at::Tensor& x, const Weights& g, const Weights
   TORCH_CHECK(act == 0 || act == 1, "act must be 0 (SiLU) or 1 (GELU tanh), got ", act);
   check_int8(g);
   check_int8(u);
-  const Act8Rows a = quantize_rows(rows_of(x, g.K));
+  const bool sums16 = rows::int8_group_size(g) == 16 || rows::int8_group_size(u) == 16;
+  const Act8Rows a = quantize_rows(rows_of(x, g.K), sums16);
   auto h = int8_gemm(a, g);
   const auto up = int8_gemm(a, u);
   const int64_t M = h.size(0), N = g.N;

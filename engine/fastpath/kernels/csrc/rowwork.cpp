@@ -151,10 +151,9 @@ void to_bf16(const float* src, uint16_t* dst, int64_t n) {
 
 namespace {
 
-// Group g (32 weights) of row r as unsigned quants u and w = s * u + c: the 32-weight block types in
-// the SoA layouts (Q4_1 holding Q4_0 too, Q8_0) or as raw blocks, and the K types whose sub-blocks
-// are 32 weights (Q4_K, Q5_K, IQ4_XS). Signed quants move up by 128.
-bool int8_group(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, float& c) {
+// Block g (32 weights, one group) of row r as unsigned quants u and w = s * u + c: the 32-weight block
+// types in the SoA layouts (Q4_1 holding Q4_0 too, Q8_0) or as raw blocks. Signed quants move up by 128.
+bool int8_block32(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, float& c) {
   const int64_t K = w.K;
   if (!w.raw()) {
     const int64_t nb = K / 32;
@@ -209,27 +208,41 @@ bool int8_group(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, fl
       s = gguf::fp16(b), c = -128.f * gguf::fp16(b);
       return true;
     }
-    case gguf::Q4_K: case gguf::Q5_K: {  // sub-block sb of a 256-weight superblock (dequant_k45)
+    default:
+      return false;
+  }
+}
+
+// The K types with 32-weight sub-blocks: superblock sb of row r (256 weights) as unsigned quants u
+// and w = s * u + c per sub-block (ggml's dequantize_row_q4_K / q5_K / iq4_xs).
+bool int8_superblock32(const Weights& w, int64_t r, int64_t sb, uint8_t* u, float* s, float* c) {
+  const uint8_t* row = w.qs + r * w.row_bytes;
+  switch (w.ggml_type) {
+    case gguf::Q4_K: case gguf::Q5_K: {  // as dequant_k45
       const bool five = w.ggml_type == gguf::Q5_K;
-      const uint8_t* b = row + (five ? 176 : 144) * (g / 8);
-      const int sb = int(g % 8);
+      const uint8_t* b = row + (five ? 176 : 144) * sb;
+      const float d = gguf::fp16(b), dmin = gguf::fp16(b + 2);
       uint8_t sm[16];
       gguf::scale_min_k4(b + 4).to(sm);
-      const uint8_t* q = b + (five ? 48 : 16) + 32 * (sb / 2);
-      for (int l = 0; l < 32; ++l)
-        u[l] = uint8_t((sb % 2 ? q[l] >> 4 : q[l] & 15) | (five ? ((b[16 + l] >> sb) & 1) << 4 : 0));
-      s = gguf::fp16(b) * float(sm[sb]), c = -(gguf::fp16(b + 2) * float(sm[8 + sb]));
+      for (int g = 0; g < 8; ++g) {
+        const uint8_t* q = b + (five ? 48 : 16) + 32 * (g / 2);
+        for (int l = 0; l < 32; ++l)
+          u[32 * g + l] = uint8_t((g % 2 ? q[l] >> 4 : q[l] & 15) | (five ? ((b[16 + l] >> g) & 1) << 4 : 0));
+        s[g] = d * float(sm[g]), c[g] = -(dmin * float(sm[8 + g]));
+      }
       return true;
     }
     case gguf::IQ4_XS: {
-      const uint8_t* b = row + 136 * (g / 8);
-      const int sb = int(g % 8);
-      const uint8_t* q = b + 8 + 16 * sb;
-      for (int j = 0; j < 16; ++j) {
-        u[j] = uint8_t(gguf::kIQ4NL[q[j] & 15] + 128);
-        u[j + 16] = uint8_t(gguf::kIQ4NL[q[j] >> 4] + 128);
+      const uint8_t* b = row + 136 * sb;
+      const float d = gguf::fp16(b);
+      for (int g = 0; g < 8; ++g) {
+        const uint8_t* q = b + 8 + 16 * g;
+        for (int j = 0; j < 16; ++j) {
+          u[32 * g + j] = uint8_t(gguf::kIQ4NL[q[j] & 15] + 128);
+          u[32 * g + j + 16] = uint8_t(gguf::kIQ4NL[q[j] >> 4] + 128);
+        }
+        s[g] = d * float(gguf::TIQ4_XS::scale(b, g)), c[g] = -128.f * s[g];
       }
-      s = gguf::fp16(b) * float(gguf::TIQ4_XS::scale(b, sb)), c = -128.f * s;
       return true;
     }
     default:
@@ -386,25 +399,19 @@ int int8_group_size(const Weights& w) {
 }
 
 void int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c) {
-  if (int8_group_size(w) == 16) {
-    uint8_t q[256];
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t sb = 0; sb < w.K / 256; ++sb) {
-        float ss[16], cc[16];
-        int8_superblock16(w, r0 + i, sb, q, ss, cc);
-        for (int64_t grp = 0; grp < 16; ++grp) {
-          const int64_t j = 16 * sb + grp;
-          scatter_group(q + 16 * grp, 16, j, i, n, u);
-          s[j * n + i] = ss[grp], c[j * n + i] = cc[grp];
-        }
-      }
-    return;
-  }
-  uint8_t q[32];
+  const int64_t gs = int8_group_size(w), bw = w.raw() && raw_block_size(w.ggml_type) == 256 ? 256 : 32;
+  uint8_t q[256];
+  float bs[16], bc[16];
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < w.K / 32; ++j) {
-      int8_group(w, r0 + i, j, q, s[j * n + i], c[j * n + i]);
-      scatter_group(q, 32, j, i, n, u);
+    for (int64_t b = 0; b < w.K / bw; ++b) {
+      if (bw == 32) int8_block32(w, r0 + i, b, q, bs[0], bc[0]);
+      else if (gs == 32) int8_superblock32(w, r0 + i, b, q, bs, bc);
+      else int8_superblock16(w, r0 + i, b, q, bs, bc);
+      for (int64_t k = 0; k < bw / gs; ++k) {  // the block's groups into the panel
+        const int64_t j = b * (bw / gs) + k;
+        scatter_group(q + gs * k, gs, j, i, n, u);
+        s[j * n + i] = bs[k], c[j * n + i] = bc[k];
+      }
     }
 }
 
