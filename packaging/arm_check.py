@@ -259,7 +259,8 @@ def stubs(site_dir: Path, root: Path, cache: Path) -> Path:
 def make_inputs(path: Path) -> None:
     """Per type: random blocks in each layout, one row and 64 rows of activations, and the float64
     products with ggml's own dequantized weights; for the quantized types also the one-row product
-    with int8 activations (act_mode 1), whose reference is the int8-rounded x times those weights."""
+    with int8 activations (act_mode 1) and the int8 prefill GEMM of 64 rows, whose reference is the
+    int8-rounded x times those weights."""
     import gguf
     import numpy as np
     import torch
@@ -275,10 +276,13 @@ def make_inputs(path: Path) -> None:
         for layout in ("raw",) + (("auto",) if t in QTYPES or t == "Q4_0" else ()):
             w = pack(t, raw, (n, k), layout=layout)
             checks = []
-            for op, rows in (("qlinear", 1), ("qgemm", 64)) + ((("qlinear_q8", 1),) if (t, layout) in Q8_CASES else ()):
+            q8_ops = (("qlinear_q8", 1), ("qgemm_q8", 64)) if (t, layout) in Q8_CASES else ()
+            for op, rows in (("qlinear", 1), ("qgemm", 64), *q8_ops):
                 x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
                 xd = x.double().numpy()
-                xr = q8.dequantized(xd, RAW_TYPES[t][1]) if op == "qlinear_q8" else xd  # per block: 32 or 256
+                # int8 activations per block (32 or 256) in the matvec, per 32 in the int8 prefill GEMM
+                block = {"qlinear_q8": RAW_TYPES[t][1], "qgemm_q8": 32}.get(op)
+                xr = q8.dequantized(xd, block) if block else xd
                 ref, bound = xr @ dense.T, np.abs(xd) @ np.abs(dense).T
                 checks.append((op, x, torch.from_numpy(ref), torch.from_numpy(bound)))
             weight = {"qs": w.qs, "d": w.d, "m": w.m, "qtype": w.qtype}

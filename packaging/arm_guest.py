@@ -44,6 +44,15 @@ def main(inputs: str, variant: str) -> int:
             if op.startswith("qlinear"):  # one row: the fused dequantize-matvec (act_mode 1: int8 activations)
                 act_mode = 1 if op == "qlinear_q8" else 0
                 y = torch.ops.opscope.qlinear(x, w["qs"], w["d"], w["m"], w["qtype"], act_mode, 8, torch.float32)
+            elif op == "qgemm_q8":  # many rows, int8 activations: the int8 prefill GEMM (every type on NEON)
+                n = ref.shape[1] // 16 * 16  # its panels take rows in 16s: the first 32 of the 37
+                w16 = {key: v[:n] if isinstance(v, torch.Tensor) and v.dim() else v for key, v in w.items()}
+                ref, bound = ref[:, :n], bound[:, :n]
+                if torch.ops.opscope.int8_prefill_group(w["qtype"], x.shape[1], n) <= 0:
+                    print(f"{case['type']:7s} {case['layout']:4s} {op:10s}: FAILED: no int8 prefill GEMM", flush=True)
+                    failed += 1
+                    continue
+                y = torch.ops.opscope.qlinear(x, w16["qs"], w16["d"], w16["m"], w["qtype"], 1, 8, torch.int8)
             else:  # many rows: the prefill GEMM
                 y = torch.ops.opscope.qgemm(x, w["qs"], w["d"], w["m"], w["qtype"])
                 failed += not bf16_agrees(torch, case, w, x)

@@ -78,10 +78,10 @@ def _raw_has_q8(ggml_type: str) -> bool:
 
 
 def _int8_pays(packed: PackedWeight) -> bool:
-    """Whether this matrix's prefill runs as an int8 GEMM: the loaded kernels have one for it, and
-    for the 16-weight-group types (Q2_K, Q3_K, Q6_K: twice the scale work per weight) only where
-    bf16 is not native, as they ran 0.83-0.97x of the bf16 GEMM where it is
-    (docs/decisions/cpu-variants.md)."""
+    """Whether this matrix's prefill runs as an int8 GEMM: the loaded kernels have one for it (not
+    for the 8-bit types on AVX2 without VNNI), and for the 16-weight-group types (Q2_K, Q3_K, Q6_K:
+    twice the scale work per weight) only where bf16 is not native, as they ran 0.83-0.97x of the
+    bf16 GEMM where it is (docs/decisions/cpu-variants.md)."""
     n, k = packed.shape
     try:
         load_kernels()
@@ -89,6 +89,16 @@ def _int8_pays(packed: PackedWeight) -> bool:
     except KernelBuildError:
         return False
     return group == 32 or (group == 16 and not native_bf16())
+
+
+def int8_prefill_types() -> list[str]:
+    """The quantized GGUF types whose prefill GEMMs run in int8 here with int8 activations."""
+    from opscope.engine.fastpath.kernels.packing import RAW_TYPES
+
+    quantized = [t for t in RAW_TYPES if t not in ("F32", "F16", "BF16")]
+    return [
+        t for t in quantized if _int8_pays(PackedWeight(t, torch.empty(0, dtype=torch.uint8), None, None, (16, 256)))
+    ]
 
 
 def _soa_has_q8() -> bool:

@@ -42,11 +42,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     q8 = "int8 kernels for every quantized type" if v.int8 else "no int8 kernels here, so it runs float32"
     other = "bfloat16 (native on this CPU)" if native_bf16() else ""
     if v.int8 and int8_prefill():
-        q8 += (
-            f"; prefill GEMMs in int8, in {other} for Q2_K, Q3_K, Q6_K, F16 and BF16"
-            if other
-            else "; prefill GEMMs in int8 for every quantized type"
-        )
+        q8 += _int8_prefill_line(other or "float32")
     elif other:
         q8 += f"; prefill GEMMs in {other}"
     print(f"activations float32, exact (default); activations=q8 (llama.cpp's int8 scheme): {q8}")
@@ -58,6 +54,18 @@ def cmd_info(args: argparse.Namespace) -> int:
     if others:
         print(f"not on this CPU: {', '.join(others)}")
     return 0
+
+
+def _int8_prefill_line(fallback: str) -> str:
+    """Which types' prefill GEMMs run in int8 here, and what the others take."""
+    from opscope.engine.fastpath.kernels.packing import RAW_TYPES
+    from opscope.engine.fastpath.qlinear import int8_prefill_types
+
+    int8 = set(int8_prefill_types())
+    rest = [t for t in RAW_TYPES if t not in int8 and t not in ("F32", "F16", "BF16")] + ["F16", "BF16"]
+    if rest == ["F16", "BF16"] and fallback == "float32":
+        return "; prefill GEMMs in int8 for every quantized type"
+    return f"; prefill GEMMs in int8, in {fallback} for {', '.join(rest[:-1])} and {rest[-1]}"
 
 
 def cmd_build(args: argparse.Namespace) -> int:

@@ -2,7 +2,8 @@
 every variant this host can execute checked against the same independent references.
 
 The reference tests (tests/engine/fastpath/test_kernels_types.py: gguf.quants.dequantize, float64 numpy, the
-plain-torch model, llama.cpp's requantized files; tests/engine/fastpath/test_fastpath_q4_0.py) run once per
+plain-torch model, llama.cpp's requantized files; tests/engine/fastpath/test_fastpath_q4_0.py; the prefill
+GEMMs of tests/engine/fastpath/test_prefill.py) run once per
 variant in a child process with OPSCOPE_CPU_VARIANT set (one variant per process: each registers
 the same torch operators). A variant this CPU cannot run is skipped with what it lacks."""
 
@@ -67,10 +68,14 @@ def test_fastpath_says_whether_the_variant_has_int8_kernels(int8):
 
     tail = "int8 kernels for every quantized type" if int8 else "no int8 kernels here, so it runs float32"
     bf16 = "bfloat16 (native on this CPU)" if native_bf16() else ""
-    if v.name == "avx512-vnni":  # the variant with the int8 prefill GEMM
+    if int8:  # every variant with int8 kernels has the int8 prefill GEMM; AVX2's maddubs not for 8-bit quants
+        byte = ["Q8_0"] if v.name == "avx2" else []
+        group16 = ["Q2_K", "Q3_K", "Q6_K"] if bf16 else []
+        iq4 = ["IQ4_NL", "IQ4_XS"] if v.name == "avx2" else []
+        rest = byte + group16 + iq4
         tail += (
-            f"; prefill GEMMs in int8, in {bf16} for Q2_K, Q3_K, Q6_K, F16 and BF16"
-            if bf16
+            f"; prefill GEMMs in int8, in {bf16 or 'float32'} for {', '.join(rest + ['F16'])} and BF16"
+            if rest or bf16
             else "; prefill GEMMs in int8 for every quantized type"
         )
     elif bf16:
@@ -95,7 +100,11 @@ def test_an_unknown_variant_is_refused_in_one_line():
     assert "no such kernel variant" in out.stderr
 
 
-REFERENCE_TESTS = ["tests/engine/fastpath/test_kernels_types.py", "tests/engine/fastpath/test_fastpath_q4_0.py"]
+REFERENCE_TESTS = [
+    "tests/engine/fastpath/test_kernels_types.py",
+    "tests/engine/fastpath/test_fastpath_q4_0.py",
+    "tests/engine/fastpath/test_prefill.py",
+]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from opscope.engine.fastpath.kernels.build import cache_root
 # The compiled kernels are a build cache, not user data: keep the real one (see test_fastpath_kernels).
 os.environ.setdefault("OPSCOPE_KERNEL_CACHE", str(cache_root()))
 
-from opscope.engine.fastpath.kernels import load_kernels, pack
+from opscope.engine.fastpath.kernels import load_kernels, pack, variants
 from opscope.engine.fastpath.kernels.packing import RAW_TYPES, random_blocks
 from opscope.engine.fastpath.qlinear import _raw_has_q8, _soa_has_q8
 
@@ -275,10 +275,15 @@ def q8_rows(x: np.ndarray) -> np.ndarray:
 
 
 def int8_expected(ggml_type: str, n: int) -> bool:
-    """Where this process's kernels have the int8 prefill GEMM: the AVX-512 VNNI variants."""
-    from opscope.engine.fastpath.kernels import variants
-
-    return variants.chosen().name == "avx512-vnni" and ggml_type in INT8_TYPES and n % 16 == 0
+    """Where this process's kernels have the int8 prefill GEMM: every variant with int8 kernels; the
+    8-bit quants (signed) not on AVX2's maddubs (its int16 pairs saturate: AVX-VNNI has vpdpbusd)."""
+    byte = ggml_type in ("Q8_0", "IQ4_NL", "IQ4_XS")
+    return (
+        variants.chosen().int8
+        and ggml_type in INT8_TYPES
+        and n % 16 == 0
+        and not (byte and variants.chosen().name == "avx2")
+    )
 
 
 @pytest.mark.parametrize("ggml_type,layout", INT8_CASES)
@@ -291,7 +296,7 @@ def test_int8_gemm_is_the_product_with_int8_activations(ggml_type, layout, n, th
     assert supported == int8_expected(ggml_type, n)
     assert group in ((16,) if ggml_type in ("Q2_K", "Q3_K", "Q6_K") else (32,)) or not supported
     if not supported:
-        pytest.skip("no int8 prefill GEMM in this process's kernel variant (AVX-512 VNNI only)")
+        pytest.skip(f"no int8 kernels in this process's kernel variant ({variants.chosen().name})")
     threads(2)
     wd = dense.astype(np.float64)
     # the decode step's int8 activations are the same (per 32) for the 32-weight block types that have
@@ -325,9 +330,9 @@ def test_int8_prefill_is_taken_where_it_pays(native, monkeypatch):
 
 def test_int8_glu_is_the_activation_of_the_int8_products(threads):
     g, gd = weights("Q4_0", "auto", n=96, seed=12)
-    u, ud = weights("IQ4_NL", "raw", n=96, seed=13)
+    u, ud = weights("IQ4_NL" if int8_expected("IQ4_NL", 96) else "Q5_0", "raw", n=96, seed=13)
     if not int8_expected("Q4_0", 96):
-        pytest.skip("no int8 prefill GEMM in this process's kernel variant (AVX-512 VNNI only)")
+        pytest.skip(f"no int8 kernels in this process's kernel variant ({variants.chosen().name})")
     threads(2)
     x = torch.randn(21, gd.shape[1], generator=torch.Generator().manual_seed(14)) * 2
     h = torch.ops.opscope.qglu(x, g.qs, g.d, g.m, g.qtype, u.qs, u.d, u.m, u.qtype, 0, torch.int8)
@@ -400,7 +405,7 @@ def test_prefill_logits_equal_the_previous_path():
     from opscope.engine.api import load
     from opscope.engine.fastpath.qlinear import QuantMLP, install_prefill_kernels
 
-    lm = load()
+    lm = load(fastpath="activations=f32")  # the kernels even where "auto" leaves them (the baseline variant)
     model = lm.model
     assert all(isinstance(layer.mlp, QuantMLP) for layer in model.layers)
     ids = torch.randint(0, lm.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(5))

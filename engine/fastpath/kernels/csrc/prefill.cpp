@@ -303,6 +303,7 @@ Act8Rows quantize_rows(const at::Tensor& x2, bool sums16) {
 // over every token, writing float32 straight into y.
 at::Tensor int8_gemm(const Act8Rows& a, const Weights& w) {
   const int64_t gs = rows::int8_group_size(w);
+  const int bits = rows::int8_quant_bits(w);
   const int64_t M = a.qa.size(0), K = w.K, N = w.N, G = K / gs, PW = 48;
   auto y = at::empty({M, N}, a.da.options());
   float* yp = y.data_ptr<float>();
@@ -317,7 +318,7 @@ at::Tensor int8_gemm(const Act8Rows& a, const Weights& w) {
          p = next.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t r0 = p * PW, n = std::min(PW, N - r0);
       rows::int8_decode_panel(w, r0, n, u.data(), s.data(), c.data());
-      rows::int8_gemm_panel(gs, u.data(), s.data(), c.data(), n, K, qa, da, ds, M, yp + r0, N);
+      rows::int8_gemm_panel(gs, bits, u.data(), s.data(), c.data(), n, K, qa, da, ds, M, yp + r0, N);
     }
   });
   return y;
@@ -325,7 +326,7 @@ at::Tensor int8_gemm(const Act8Rows& a, const Weights& w) {
 
 void check_int8(const Weights& w) {
   TORCH_CHECK(rows::int8_group_size(w) > 0, "no int8 prefill GEMM for this weight type in this build ",
-              "(the AVX-512 VNNI variants; the quantized types but F16/BF16; rows a multiple of 16)");
+              "(the variants with int8 kernels; the quantized types but F16/BF16; rows a multiple of 16)");
 }
 
 }  // namespace

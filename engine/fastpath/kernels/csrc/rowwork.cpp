@@ -151,8 +151,129 @@ void to_bf16(const float* src, uint16_t* dst, int64_t n) {
 
 namespace {
 
-// Block g (32 weights, one group) of row r as unsigned quants u and w = s * u + c: the 32-weight block
-// types in the SoA layouts (Q4_1 holding Q4_0 too, Q8_0) or as raw blocks. Signed quants move up by 128.
+// The int8 GEMM's instructions, once per instruction set (the tile below is written against them):
+//   L          int32 lanes per register I: the rows one register holds (4 bytes = 4 k's per row)
+//   T, R       tokens and registers of rows per tile (the register budget: T * R int32 and float
+//              accumulators, R weight registers)
+//   kShift     what signed quants are moved up by: 128 where the dot product takes unsigned bytes
+//              up to 255 (vpdpbusd), 0 where they stay signed (sdot multiplies signed bytes)
+//   kByte      whether 8-bit quants (Q8_0, the IQ4 tables) run here: not on maddubs, whose int16
+//              pairs saturate past 2 * 127 * 127 (signed quants would need vpsignb on both operands
+//              per product: 1.0-1.2x of the float32 GEMM, docs/decisions/cpu-variants.md)
+//   P, pzero, mad<SGN>(p, w, a), flush(acc, p), chunk(bits)
+//              per lane the 4 products of its bytes, summed in p over up to chunk(bits) steps of 4 k
+//              (quants of at most bits bits), then added into the int32 acc: maddubs sums in int16
+//              (no madd per step) as long as the sum cannot pass 2^15; SGN: w holds signed quants
+//   kDirect    mad's sums are int32 (vpdpbusd, sdot): the products go straight into acc
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+struct I8 {
+  static constexpr int L = 16, T = 4, R = 3, kShift = 128;
+  static constexpr bool kByte = true;
+  using I = __m512i;
+  using F = __m512;
+  static I izero() { return _mm512_setzero_si512(); }
+  static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static I bcast(int32_t a) { return _mm512_set1_epi32(a); }
+  using P = I;
+  static P pzero() { return _mm512_setzero_si512(); }
+  template <bool SGN> static P mad(P p, I w, I a) { return _mm512_dpbusd_epi32(p, w, a); }
+  static I flush(I acc, P p) { return _mm512_add_epi32(acc, p); }
+  static constexpr int chunk(int) { return 8; }
+  static constexpr bool kDirect = true;
+  static F fzero() { return _mm512_setzero_ps(); }
+  static F fload(const float* p) { return _mm512_loadu_ps(p); }
+  static F fset1(float v) { return _mm512_set1_ps(v); }
+  static F fmul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
+  static void fstore(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
+#define OPSCOPE_INT8_GEMM 1
+#elif defined(OPSCOPE_VEC_AVX2) && !defined(__AVX512F__)
+struct I8 {
+#if defined(__AVXVNNI__)
+  static constexpr int kShift = 128;
+  static constexpr bool kByte = true;
+#else
+  static constexpr int kShift = 0;
+  static constexpr bool kByte = false;
+#endif
+  static constexpr int L = 8, T = 4, R = 1;
+  using I = __m256i;
+  using F = __m256;
+  static I izero() { return _mm256_setzero_si256(); }
+  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I bcast(int32_t a) { return _mm256_set1_epi32(a); }
+  using P = I;
+  static P pzero() { return _mm256_setzero_si256(); }
+#if defined(__AVXVNNI__)
+  template <bool SGN> static P mad(P p, I w, I a) { return _mm256_dpbusd_avx_epi32(p, w, a); }
+  static I flush(I acc, P p) { return _mm256_add_epi32(acc, p); }
+  static constexpr int chunk(int) { return 8; }
+  static constexpr bool kDirect = true;
+#else
+  // unsigned quants only (int8_group_size: none for the signed types here): pairs of u * a in int16,
+  // |a| <= 127: 2 * 31 * 127 * 4 steps and 2 * 63 * 127 * 2 steps stay below 2^15
+  template <bool SGN> static P mad(P p, I w, I a) {
+    static_assert(!SGN, "maddubs: unsigned quants only");
+    return _mm256_add_epi16(p, _mm256_maddubs_epi16(w, a));
+  }
+  static I flush(I acc, P p) { return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1))); }
+  static constexpr int chunk(int bits) { return bits <= 5 ? 4 : 2; }
+  static constexpr bool kDirect = false;
+#endif
+  static F fzero() { return _mm256_setzero_ps(); }
+  static F fload(const float* p) { return _mm256_loadu_ps(p); }
+  static F fset1(float v) { return _mm256_set1_ps(v); }
+  static F fmul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
+  static void fstore(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+#define OPSCOPE_INT8_GEMM 1
+#elif defined(OPSCOPE_VEC_NEON)
+struct I8 {
+  static constexpr int L = 4, T = 4, R = 2, kShift = 0;
+  static constexpr bool kByte = true;
+  using I = int32x4_t;
+  using F = float32x4_t;
+  static I izero() { return vdupq_n_s32(0); }
+  static I load(const uint8_t* p) { return vreinterpretq_s32_u8(vld1q_u8(p)); }
+  static I bcast(int32_t a) { return vdupq_n_s32(a); }
+  using P = I;
+  static P pzero() { return vdupq_n_s32(0); }
+  template <bool SGN> static P mad(P p, I w, I a) {  // sdot multiplies signed bytes: SGN is free
+    const int8x16_t x = vreinterpretq_s8_s32(w), y = vreinterpretq_s8_s32(a);
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(p, x, y);
+#else  // 8 + 8 products to int16 (|w| <= 128, |a| <= 127: no overflow in a pair), pairs, then quads
+    const int16x8_t q = vpaddq_s16(vmull_s8(vget_low_s8(x), vget_low_s8(y)), vmull_s8(vget_high_s8(x), vget_high_s8(y)));
+    return vpadalq_s16(p, q);
+#endif
+  }
+  static I flush(I acc, P p) { return vaddq_s32(acc, p); }
+  static constexpr int chunk(int) { return 8; }
+  static constexpr bool kDirect = true;
+  static F fzero() { return vdupq_n_f32(0.f); }
+  static F fload(const float* p) { return vld1q_f32(p); }
+  static F fset1(float v) { return vdupq_n_f32(v); }
+  static F fmul(F a, F b) { return vmulq_f32(a, b); }
+  static F fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
+  static F cvt(I a) { return vcvtq_f32_s32(a); }
+  static void fstore(float* p, F v) { vst1q_f32(p, v); }
+};
+#define OPSCOPE_INT8_GEMM 1
+#else
+struct I8 {
+  static constexpr int kShift = 128;
+  static constexpr bool kByte = false;
+};
+#endif
+constexpr int kShift = I8::kShift;
+
+// Block g (32 weights, one group) of row r as quants u and w = s * u + c: the 32-weight block types in
+// the SoA layouts (Q4_1 holding Q4_0 too, Q8_0) or as raw blocks. Signed quants move up by kShift
+// (unsigned bytes for vpdpbusd), or stay signed (kShift 0).
 bool int8_block32(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, float& c) {
   const int64_t K = w.K;
   if (!w.raw()) {
@@ -160,8 +281,8 @@ bool int8_block32(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, 
     const float d = float(w.d[r * nb + g]);
     if (w.qtype == 1) {  // Q8_0
       const auto* q = reinterpret_cast<const int8_t*>(w.qs) + r * K + 32 * g;
-      for (int j = 0; j < 32; ++j) u[j] = uint8_t(q[j] + 128);
-      s = d, c = -128.f * d;
+      for (int j = 0; j < 32; ++j) u[j] = uint8_t(q[j] + kShift);
+      s = d, c = -float(kShift) * d;
       return true;
     }
     const uint8_t* q = w.qs + r * (K / 2) + 16 * g;  // Q4_1: element j low nibble, j + 16 high
@@ -177,10 +298,10 @@ bool int8_block32(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, 
       const bool nl = w.ggml_type == gguf::IQ4_NL;
       for (int j = 0; j < 16; ++j) {
         const int lo = b[2 + j] & 15, hi = b[2 + j] >> 4;
-        u[j] = uint8_t(nl ? gguf::kIQ4NL[lo] + 128 : lo);
-        u[j + 16] = uint8_t(nl ? gguf::kIQ4NL[hi] + 128 : hi);
+        u[j] = uint8_t(nl ? gguf::kIQ4NL[lo] + kShift : lo);
+        u[j + 16] = uint8_t(nl ? gguf::kIQ4NL[hi] + kShift : hi);
       }
-      s = d, c = (nl ? -128.f : -8.f) * d;
+      s = d, c = (nl ? -float(kShift) : -8.f) * d;
       return true;
     }
     case gguf::Q4_1: {
@@ -204,8 +325,8 @@ bool int8_block32(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, 
     }
     case gguf::Q8_0: {
       const uint8_t* b = row + 34 * g;
-      for (int j = 0; j < 32; ++j) u[j] = uint8_t(int8_t(b[2 + j]) + 128);
-      s = gguf::fp16(b), c = -128.f * gguf::fp16(b);
+      for (int j = 0; j < 32; ++j) u[j] = uint8_t(int8_t(b[2 + j]) + kShift);
+      s = gguf::fp16(b), c = -float(kShift) * gguf::fp16(b);
       return true;
     }
     default:
@@ -238,10 +359,10 @@ bool int8_superblock32(const Weights& w, int64_t r, int64_t sb, uint8_t* u, floa
       for (int g = 0; g < 8; ++g) {
         const uint8_t* q = b + 8 + 16 * g;
         for (int j = 0; j < 16; ++j) {
-          u[32 * g + j] = uint8_t(gguf::kIQ4NL[q[j] & 15] + 128);
-          u[32 * g + j + 16] = uint8_t(gguf::kIQ4NL[q[j] >> 4] + 128);
+          u[32 * g + j] = uint8_t(gguf::kIQ4NL[q[j] & 15] + kShift);
+          u[32 * g + j + 16] = uint8_t(gguf::kIQ4NL[q[j] >> 4] + kShift);
         }
-        s[g] = d * float(gguf::TIQ4_XS::scale(b, g)), c[g] = -128.f * s[g];
+        s[g] = d * float(gguf::TIQ4_XS::scale(b, g)), c[g] = -float(kShift) * s[g];
       }
       return true;
     }
@@ -307,66 +428,99 @@ bool int8_superblock16(const Weights& w, int64_t r, int64_t sb, uint8_t* u, floa
   }
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-// T tokens by NB blocks of 16 rows, groups of GS (32 or 16) weights: per group GS/4 vpdpbusd per
-// (token, block) into int32, then the group's scales in float32: acc += i32 * (s * da) + c * ds.
-// da is per 32 (the activations' scale), ds per group (da * the group's sum of int8 activations).
-template <int T, int NB, int GS>
-void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t n, int64_t K, const int8_t* A,
+#if defined(OPSCOPE_INT8_GEMM)
+// T tokens by R registers of L rows (rows r0 of the panel on), groups of GS (32 or 16) weights: per
+// group GS/4 dot products per (token, register) into int32, then the group's scales in float32:
+// acc += i32 * (s * da) + c * ds. da is per 32 (the activations' scale), ds per group (da * the
+// group's sum of int8 activations); SGN (signed quants, kShift 0) has no offset c; BITS: the quants'
+// width (how many steps the int16 sums of maddubs may take).
+template <int T, int R, int GS, bool SGN, int BITS, int64_t n>
+void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int64_t K, const int8_t* A,
                const float* DA, const float* DS, float* y, int64_t ldy) {
+  constexpr int L = I8::L, CH = std::min(GS / 4, I8::chunk(BITS));
   const int64_t G = K / GS, G32 = K / 32;
-  __m512 acc[T][NB];
+  typename I8::F acc[T][R];
   for (auto& r : acc)
-    for (auto& a : r) a = _mm512_setzero_ps();
+    for (auto& a : r) a = I8::fzero();
   for (int64_t g = 0; g < G; ++g) {
-    __m512i ia[T][NB];
+    typename I8::I ia[T][R];
     for (auto& r : ia)
-      for (auto& a : r) a = _mm512_setzero_si512();
-    const uint8_t* wg = U + g * GS * n;
-    for (int k4 = 0; k4 < GS / 4; ++k4) {
-      __m512i wv[NB];
-      for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(wg + 64 * (k4 * NB + b));
-      for (int t = 0; t < T; ++t) {
-        int32_t a4;
-        std::memcpy(&a4, A + t * K + GS * g + 4 * k4, 4);
-        const __m512i av = _mm512_set1_epi32(a4);
-        for (int b = 0; b < NB; ++b) ia[t][b] = _mm512_dpbusd_epi32(ia[t][b], wv[b], av);
+      for (auto& a : r) a = I8::izero();
+    const uint8_t* wg = U + g * GS * n + 4 * r0;
+    // steps [k0, k1) of 4 k: the products into p (T by R registers)
+    auto steps = [&](int k0, int k1, typename I8::P (&p)[T][R]) {
+      for (int k4 = k0; k4 < k1; ++k4) {
+        typename I8::I wv[R];
+        for (int v = 0; v < R; ++v) wv[v] = I8::load(wg + 4 * (k4 * n + L * v));
+        for (int t = 0; t < T; ++t) {
+          int32_t a4;
+          std::memcpy(&a4, A + t * K + GS * g + 4 * k4, 4);
+          const auto av = I8::bcast(a4);
+          for (int v = 0; v < R; ++v) p[t][v] = I8::template mad<SGN>(p[t][v], wv[v], av);
+        }
+      }
+    };
+    if constexpr (I8::kDirect) {  // int32 sums: the products straight into ia
+      steps(0, GS / 4, ia);
+    } else {  // int16 sums, flushed into ia every CH steps
+      for (int k0 = 0; k0 < GS / 4; k0 += CH) {
+        typename I8::P p[T][R];
+        for (auto& r : p)
+          for (auto& a : r) a = I8::pzero();
+        steps(k0, k0 + CH, p);
+        for (int t = 0; t < T; ++t)
+          for (int v = 0; v < R; ++v) ia[t][v] = I8::flush(ia[t][v], p[t][v]);
       }
     }
-    for (int b = 0; b < NB; ++b) {
-      const __m512 s = _mm512_loadu_ps(S + g * n + 16 * b), c = _mm512_loadu_ps(C + g * n + 16 * b);
+    for (int v = 0; v < R; ++v) {
+      const auto s = I8::fload(S + g * n + r0 + L * v);
+      const auto c = SGN ? I8::fzero() : I8::fload(C + g * n + r0 + L * v);
       for (int t = 0; t < T; ++t) {
-        const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(DA[t * G32 + g * GS / 32]));
-        acc[t][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t][b]), sd, acc[t][b]);
-        acc[t][b] = _mm512_fmadd_ps(c, _mm512_set1_ps(DS[t * G + g]), acc[t][b]);
+        const auto sd = I8::fmul(s, I8::fset1(DA[t * G32 + g * GS / 32]));
+        acc[t][v] = I8::fma(I8::cvt(ia[t][v]), sd, acc[t][v]);
+        if (!SGN) acc[t][v] = I8::fma(c, I8::fset1(DS[t * G + g]), acc[t][v]);
       }
     }
   }
   for (int t = 0; t < T; ++t)
-    for (int b = 0; b < NB; ++b) _mm512_storeu_ps(y + t * ldy + 16 * b, acc[t][b]);
+    for (int v = 0; v < R; ++v) I8::fstore(y + t * ldy + r0 + L * v, acc[t][v]);
 }
 
-template <int NB, int GS>
-void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, const int8_t* qa, const float* da,
-               const float* ds, int64_t M, float* y, int64_t ldy) {
-  const int64_t G32 = K / 32, G = K / GS, n = 16 * NB;
+// Every token through the panel's n rows, R registers of rows at a time (T tokens, then the rest).
+template <int R, int GS, bool SGN, int BITS, int64_t n>
+void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, const int8_t* qa,
+               const float* da, const float* ds, int64_t M, float* y, int64_t ldy) {
+  constexpr int T = I8::T, W = R * I8::L;
+  const int64_t G32 = K / 32, G = K / GS;
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4)
-    int8_tile<4, NB, GS>(U, S, C, n, K, qa + m * K, da + m * G32, ds + m * G, y + m * ldy, ldy);
-  for (; m < M; ++m) int8_tile<1, NB, GS>(U, S, C, n, K, qa + m * K, da + m * G32, ds + m * G, y + m * ldy, ldy);
+  for (; m + T <= M; m += T)
+    for (int64_t r0 = 0; r0 < n; r0 += W)
+      int8_tile<T, R, GS, SGN, BITS, n>(U, S, C, r0, K, qa + m * K, da + m * G32, ds + m * G, y + m * ldy, ldy);
+  for (; m < M; ++m)
+    for (int64_t r0 = 0; r0 < n; r0 += W)
+      int8_tile<1, R, GS, SGN, BITS, n>(U, S, C, r0, K, qa + m * K, da + m * G32, ds + m * G, y + m * ldy, ldy);
 }
 
-template <int GS>
+// A panel of NP rows: whole registers of the tile's R where they divide NP, else of fewer.
+template <int GS, bool SGN, int BITS, int64_t NP>
+void int8_panel_n(const uint8_t* u, const float* s, const float* c, int64_t K, const int8_t* qa, const float* da,
+                  const float* ds, int64_t M, float* y, int64_t ldy) {
+  constexpr int R = I8::R, L = I8::L;
+  constexpr int RN = NP % (R * L) == 0 ? R : NP % (2 * L) == 0 && R >= 2 ? 2 : 1;  // AVX-512: NP / 16
+  static_assert(NP % (RN * L) == 0, "panels are whole registers of rows");
+  int8_rows<RN, GS, SGN, BITS, NP>(u, s, c, K, qa, da, ds, M, y, ldy);
+}
+
+template <int GS, bool SGN, int BITS>
 void int8_panel(const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K, const int8_t* qa,
                 const float* da, const float* ds, int64_t M, float* y, int64_t ldy) {
   switch (n) {
-    case 16: return int8_rows<1, GS>(u, s, c, K, qa, da, ds, M, y, ldy);
-    case 32: return int8_rows<2, GS>(u, s, c, K, qa, da, ds, M, y, ldy);
-    case 48: return int8_rows<3, GS>(u, s, c, K, qa, da, ds, M, y, ldy);
+    case 16: return int8_panel_n<GS, SGN, BITS, 16>(u, s, c, K, qa, da, ds, M, y, ldy);
+    case 32: return int8_panel_n<GS, SGN, BITS, 32>(u, s, c, K, qa, da, ds, M, y, ldy);
+    case 48: return int8_panel_n<GS, SGN, BITS, 48>(u, s, c, K, qa, da, ds, M, y, ldy);
     default: std::abort();  // callers take panels of 16, 32 or 48 rows
   }
 }
-#define OPSCOPE_INT8_GEMM 1
 #endif
 
 // Group j's GS quants of row i (u_row: the row's quants in weight order) into the panel layout
@@ -382,6 +536,7 @@ void scatter_group(const uint8_t* q, int64_t GS, int64_t j, int64_t i, int64_t n
 int int8_group_size(const Weights& w) {
 #if defined(OPSCOPE_INT8_GEMM)
   if (w.K % 32 || w.N % 16) return 0;
+  if (!I8::kByte && int8_quant_bits(w) == 8) return 0;
   if (!w.raw()) return w.qtype == 0 || w.qtype == 1 ? 32 : 0;
   switch (w.ggml_type) {
     case gguf::Q4_0: case gguf::Q4_1: case gguf::Q5_0: case gguf::Q5_1: case gguf::Q8_0: case gguf::IQ4_NL:
@@ -415,13 +570,26 @@ void int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, floa
     }
 }
 
-void int8_gemm_panel(int64_t gs, const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K,
+int int8_quant_bits(const Weights& w) {
+  const int t = w.raw() ? w.ggml_type : w.qtype == 1 ? int(gguf::Q8_0) : int(gguf::Q4_1);
+  switch (t) {
+    case gguf::Q8_0: case gguf::IQ4_NL: case gguf::IQ4_XS: return 8;
+    case gguf::Q6_K: return 6;
+    default: return 5;
+  }
+}
+
+void int8_gemm_panel(int64_t gs, int bits, const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K,
                      const int8_t* qa, const float* da, const float* ds, int64_t M, float* y, int64_t ldy) {
 #if defined(OPSCOPE_INT8_GEMM)
-  if (gs == 32) return int8_panel<32>(u, s, c, n, K, qa, da, ds, M, y, ldy);
-  if (gs == 16) return int8_panel<16>(u, s, c, n, K, qa, da, ds, M, y, ldy);
+  if constexpr (I8::kByte) {
+    if (gs == 32 && bits == 8) return int8_panel<32, kShift == 0, 8>(u, s, c, n, K, qa, da, ds, M, y, ldy);
+  }
+  if (gs == 32) return int8_panel<32, false, 5>(u, s, c, n, K, qa, da, ds, M, y, ldy);
+  if (gs == 16 && bits == 6) return int8_panel<16, false, 6>(u, s, c, n, K, qa, da, ds, M, y, ldy);
+  if (gs == 16) return int8_panel<16, false, 5>(u, s, c, n, K, qa, da, ds, M, y, ldy);
 #endif
-  (void)gs, (void)u, (void)s, (void)c, (void)n, (void)K, (void)qa, (void)da, (void)ds, (void)M, (void)y, (void)ldy;
+  (void)gs, (void)bits, (void)u, (void)s, (void)c, (void)n, (void)K, (void)qa, (void)da, (void)ds, (void)M, (void)y, (void)ldy;
   std::abort();  // callers ask int8_group_size first
 }
 

@@ -28,18 +28,22 @@ void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf);
 void to_bf16(const float* src, uint16_t* dst, int64_t n);
 
 // ---- The int8 prefill GEMM (the int8-activation mode's prefill, llama.cpp's scheme): weights as
-// unsigned quants u with a float scale s and offset c per (row, group of GS = 32 or 16 weights),
-// w = s*u + c; the activations int8 per (token, 32) with scale da, and per group ds = da * the
-// group's sum of int8 values. Rows are taken in panels of n = 16, 32 or 48; a panel's quants are laid
-// out [K/GS groups][GS/4 quads][n/16][16 rows][4 bytes] (one zmm = 16 rows by 4 k), s and c [K/GS][n].
-// The group size of w's int8 GEMM in this build (the AVX-512 VNNI variants): 32 for the 32-weight
-// block types and Q4_K, Q5_K, IQ4_XS; 16 for Q2_K, Q3_K, Q6_K; 0: none (other types or shapes).
+// quants u with a float scale s and offset c per (row, group of GS = 32 or 16 weights), w = s*u + c;
+// the activations int8 per (token, 32) with scale da, and per group ds = da * the group's sum of
+// int8 values. Rows are taken in panels of n = 16, 32 or 48; a panel's quants are laid out
+// [K/GS groups][GS/4 quads][n rows][4 bytes] (one zmm = 16 rows by 4 k, a ymm 8, a NEON q 4), s and c
+// [K/GS][n]. The group size of w's int8 GEMM in this build (the variants with int8 kernels): 32 for
+// the 32-weight block types and Q4_K, Q5_K, IQ4_XS; 16 for Q2_K, Q3_K, Q6_K; 0: none (other types
+// or shapes).
 int int8_group_size(const Weights& w);
+// The width of w's quants in the panel: 8 (Q8_0 and the IQ4 tables: signed, c = 0, where this build's
+// dot product multiplies signed bytes, else moved up by 128), 6 (Q6_K) or at most 5.
+int int8_quant_bits(const Weights& w);
 // Rows [r0, r0 + n) of w into a panel (u: K * n bytes; s, c: K / GS * n floats).
 void int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c);
 // y[m * ldy + j] = sum over k of w[r0 + j][k] * a[m][k] for the panel's n rows j and tokens m < M:
-// qa [M, K] int8, da [M, K / 32], ds [M, K / gs].
-void int8_gemm_panel(int64_t gs, const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K,
+// qa [M, K] int8, da [M, K / 32], ds [M, K / gs]; bits = int8_quant_bits(w).
+void int8_gemm_panel(int64_t gs, int bits, const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K,
                      const int8_t* qa, const float* da, const float* ds, int64_t M, float* y, int64_t ldy);
 
 }  // namespace rows
