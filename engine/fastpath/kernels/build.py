@@ -100,8 +100,8 @@ def native_bf16() -> bool:
 
 
 def int8_prefill() -> bool:
-    """Whether the kernels this process loads have the int8 prefill GEMM (the AVX-512 VNNI variants;
-    every quantized type): the int8-activation mode's prefill then runs in int8 too. Asks the
+    """Whether the kernels this process loads have the int8 prefill GEMM (every variant with int8
+    kernels): the int8-activation mode's prefill then runs in int8 too. Asks the
     library itself (loading it), so a variant forced by OPSCOPE_CPU_VARIANT answers for itself."""
     import torch
 

@@ -414,15 +414,6 @@ at::Tensor prefill_glu(const at::Tensor& x, const Weights& g, const Weights& u, 
 // softmax sum is applied to the D outputs, not the e probabilities.
 namespace {
 
-// out[0..D) = rotate-half RoPE of x with c, s (each [D]).
-inline void rope_row(const float* x, const float* c, const float* s, int64_t D, float* out) {
-  const int64_t h = D / 2;
-  for (int64_t j = 0; j < h; ++j) {
-    out[j] = x[j] * c[j] - x[j + h] * s[j];
-    out[j + h] = x[j + h] * c[j + h] + x[j] * s[j + h];
-  }
-}
-
 // Row-wise s[0..n) ← exp(scale * (s - max)), s[n..e) ← 0; returns the sum of the n values.
 float softmax_row(float* s, int64_t n, int64_t e, float scale) {
   const float total = rows::softmax_exp(s, n, scale);
@@ -494,7 +485,7 @@ at::Tensor prefill_attn(const at::Tensor& q_in, const at::Tensor& k_in, const at
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / T, t = r % T;
       float* kdst = kc + (b * S + start + t) * ldkv;
-      for (int64_t h = 0; h < Kh; ++h) rope_row(kp + (r * Kh + h) * D, cp + t * D, sp + t * D, D, kdst + h * D);
+      for (int64_t h = 0; h < Kh; ++h) rows::rope_half(kp + (r * Kh + h) * D, cp + t * D, sp + t * D, D, kdst + h * D);
       std::copy(vp + r * ldkv, vp + (r + 1) * ldkv, vc + (b * S + start + t) * ldkv);
     }
   });
@@ -519,7 +510,7 @@ at::Tensor prefill_attn(const at::Tensor& q_in, const at::Tensor& k_in, const at
         for (int64_t i = 0; i < bq; ++i) {
           const int64_t tok = w.i0 + i;
           for (int64_t hh = 0; hh < rep; ++hh)
-            rope_row(qp + ((w.b * T + tok) * H + w.g * rep + hh) * D, cp + tok * D, sp + tok * D, D,
+            rows::rope_half(qp + ((w.b * T + tok) * H + w.g * rep + hh) * D, cp + tok * D, sp + tok * D, D,
                      qb.data() + (i * rep + hh) * D);
         }
         const float* kb = kc + w.b * S * ldkv + w.g * D;
@@ -530,9 +521,7 @@ at::Tensor prefill_attn(const at::Tensor& q_in, const at::Tensor& k_in, const at
         for (int64_t i = 0; i < bq; ++i) {
           float* dst = op + (w.b * T + w.i0 + i) * ldq + w.g * rep * D;
           for (int64_t hh = 0; hh < rep; ++hh) {
-            const float inv = 1.f / sums[i * rep + hh];
-            const float* src = ob.data() + (i * rep + hh) * D;
-            for (int64_t j = 0; j < D; ++j) dst[hh * D + j] = src[j] * inv;
+            rows::scale(ob.data() + (i * rep + hh) * D, 1.f / sums[i * rep + hh], D, dst + hh * D);
           }
         }
       }

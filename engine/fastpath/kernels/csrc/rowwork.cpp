@@ -138,6 +138,17 @@ void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf) {
 #endif
 }
 
+void rope_half(const float* __restrict x, const float* __restrict c, const float* __restrict s, int64_t D,
+               float* __restrict out) {
+  const int64_t h = D / 2;  // plain loops: the variant's flags vectorize them
+  for (int64_t j = 0; j < h; ++j) out[j] = x[j] * c[j] - x[j + h] * s[j];
+  for (int64_t j = 0; j < h; ++j) out[j + h] = x[j + h] * c[j + h] + x[j] * s[j + h];
+}
+
+void scale(const float* __restrict x, float a, int64_t n, float* __restrict y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * a;
+}
+
 void to_bf16(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {  // a plain loop: the variant's flags vectorize it
     uint32_t u;

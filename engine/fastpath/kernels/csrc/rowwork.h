@@ -24,6 +24,10 @@ void attend(const float* q, const float* k, const float* v, int64_t stride, int6
             float* sc, float* out);
 // Rows [r0, r0 + n) of w decoded to float32 into buf (row i at buf + i * K).
 void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf);
+// out[0..D) = rotate-half RoPE of x with c, s (each [D]; out does not overlap x).
+void rope_half(const float* x, const float* c, const float* s, int64_t D, float* out);
+// y[0..n) = a * x (y does not overlap x).
+void scale(const float* x, float a, int64_t n, float* y);
 // dst[0..n) = src rounded to bfloat16 (to nearest even; a NaN stays a NaN), as torch's conversion does.
 void to_bf16(const float* src, uint16_t* dst, int64_t n);
 
