@@ -86,7 +86,9 @@ def main(argv=None) -> int:
     print(f"by module (hooks, {total * 1e3:.1f} ms per pass):")
     for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
         print(f"  {k:10s} {v * 1e3:8.1f} ms  {100 * v / total:5.1f} %")
-    print(f"  {'other':10s} {(total - sum(per.values())) * 1e3:8.1f} ms  (attention core, RoPE, residual, embed)")
+    fused = any(getattr(layer.attn, "project", None) is not None for layer in model.layers)
+    note = "; q/k/v as one int8 op (Attention.project)" if fused else ""
+    print(f"  {'other':10s} {(total - sum(per.values())) * 1e3:8.1f} ms  (attention core, RoPE, residual, embed{note})")
     if not args.no_profiler:
         from torch.profiler import ProfilerActivity, profile
 

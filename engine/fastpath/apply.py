@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch.nn as nn
@@ -56,6 +57,8 @@ def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
         QuantMLP,
         ensure_op,
         install_prefill_kernels,
+        project_qkv,
+        qkv_fusable,
     )
 
     ensure_op()
@@ -82,9 +85,11 @@ def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
         counts[ggml_type] = counts.get(ggml_type, 0) + 1
         if name.endswith("down_proj") and hasattr(source, "release_pages"):
             source.release_pages()  # a layer packed: its file pages need not stay resident beside the copies
-    for layer in model.layers:  # prefill runs gate, up and the activation as one op
+    for layer in model.layers:  # prefill runs gate, up and the activation as one op; q, k, v as one
         if QuantMLP.fusable(layer.mlp):
             layer.mlp = QuantMLP(layer.mlp)
+        if qkv_fusable(layer.attn):
+            layer.attn.project = functools.partial(project_qkv, layer.attn)
     install_prefill_kernels(model)  # one-pass RMSNorm; RoPE + KV write + attention as one op at prefill
     if embed is not None:
         model.embed = QuantEmbedding(embed)

@@ -52,6 +52,10 @@ def ensure_op() -> None:
         def _fake_glu(x, gqs, gd, gm, gtype, uqs, ud, um, utype, act, gemm_dtype=None):
             return x.new_empty((*x.shape[:-1], gqs.shape[0]))
 
+        @torch.library.register_fake("opscope::qgemms_int8")
+        def _fake_gemms(x, qs, d, m, qtype):
+            return [x.new_empty((*x.shape[:-1], q.shape[0])) for q in qs]
+
         @torch.library.register_fake("opscope::rms_norm")
         def _fake_rms_norm(x, w, eps):
             return torch.empty_like(x)
@@ -249,6 +253,26 @@ class QuantMLP(nn.Module):
             gx = g(x)
             h = (F.gelu(gx, approximate="tanh") if self.gelu else F.silu(gx)) * u(x)
         return self.down_proj(h)
+
+
+def qkv_fusable(attn: nn.Module) -> bool:
+    """Whether an attention layer's q, k and v projections can run as one int8 op at prefill."""
+    ps = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+    quant = [p for p in ps if isinstance(p, QuantLinear) and p.gemm_dtype == torch.int8]
+    return len(quant) == 3 and len({p.gemm_min_rows for p in quant}) == 1
+
+
+def project_qkv(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q, k and v of x (an Attention's ``project`` hook): a prompt's rows as one op, x quantized to
+    int8 once and the three weights' panels in one parallel region (``opscope::qgemms_int8``); fewer
+    rows run the projections one by one."""
+    ps = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if x.numel() < ps[0].gemm_min_rows * x.shape[-1]:
+        return tuple(p(x) for p in ps)
+    ys = torch.ops.opscope.qgemms_int8(
+        x.float(), [p.qs for p in ps], [p.d for p in ps], [p.m for p in ps], [p.qtype for p in ps]
+    )
+    return tuple((y if p.bias is None else y + p.bias).to(x.dtype) for y, p in zip(ys, ps, strict=True))
 
 
 def install_prefill_kernels(model: nn.Module, enabled: bool = True) -> None:

@@ -86,12 +86,16 @@ class Attention(nn.Module):
         # before RoPE, cos, sin, cache k, cache v, start, scale or 0) → [B,T,H*D]; it applies RoPE,
         # writes the cache and attends causally over positions 0..start+T.
         self.prefill: Callable[..., torch.Tensor] | None = None
+        # q, k and v of x in one call, set by a backend that fuses the three projections (the CPU
+        # fast path's int8 prefill: x quantized once): x [B,T,dim] → (q, k, v) [B,T,·]
+        self.project: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None = None
 
     def forward(self, x, cos, sin, start: int, mask) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # [B,T,H,D]
-        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)  # [B,T,K,D]
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        q, k, v = self.project(x) if self.project is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q = q.view(B, T, self.n_heads, self.head_dim)  # [B,T,H,D]
+        k = k.view(B, T, self.n_kv, self.head_dim)  # [B,T,K,D]
+        v = v.view(B, T, self.n_kv, self.head_dim)
         if hasattr(self, "q_norm"):  # per-head norms run in the activation dtype (their weights')
             q, k = self.q_norm(q.to(self.q_norm.weight.dtype)), self.k_norm(k.to(self.k_norm.weight.dtype))
         if self.prefill is not None and self.cache is not None and self._fused_prefill(q, v, start, mask):

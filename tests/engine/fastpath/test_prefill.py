@@ -342,6 +342,52 @@ def test_int8_glu_is_the_activation_of_the_int8_products(threads):
     assert (err <= 1e-5 * (np.abs(g64) + 1) * (np.abs(u64) + 1)).all()
 
 
+def test_int8_projections_of_one_input_equal_each_alone(threads):
+    """q, k and v as one op (x quantized once, one parallel region): the same bits as each
+    projection's own int8 GEMM; a 16-weight-group type beside 32-weight ones, panels of 48, 32, 16."""
+    mats = [
+        weights(t, "raw", n=n, seed=16 + i, k=768)
+        for i, (t, n) in enumerate((("Q4_K", 96), ("Q6_K", 32), ("Q5_0", 16)))
+    ]
+    if not all(int8_expected(t, 16) for t in ("Q4_K", "Q6_K", "Q5_0")):
+        pytest.skip(f"no int8 kernels in this process's kernel variant ({variants.chosen().name})")
+    threads(2)
+    x = torch.randn(2, 19, 768, generator=torch.Generator().manual_seed(17))
+    ws = [w for w, _ in mats]
+    ys = torch.ops.opscope.qgemms_int8(
+        x, [w.qs for w in ws], [w.d for w in ws], [w.m for w in ws], [w.qtype for w in ws]
+    )
+    for y, w in zip(ys, ws, strict=True):
+        alone = torch.ops.opscope.qlinear(x, w.qs, w.d, w.m, w.qtype, 1, 8, torch.int8)
+        assert y.shape == alone.shape == (2, 19, w.shape[0]) and torch.equal(y, alone)
+
+
+def test_fused_qkv_is_installed_with_int8_prefill_and_changes_no_logit():
+    """The embedded model with activations=q8: every layer's q, k, v run as one op where the
+    variant has the int8 GEMM (its Q4_1 projections), and its prompt logits are those of the three
+    projections run one by one, bit for bit."""
+    from opscope.engine.api import load
+
+    lm = load(fastpath="activations=q8")
+    layers = lm.model.layers
+    if not int8_expected("Q4_1", 64):
+        assert all(layer.attn.project is None for layer in layers)
+        pytest.skip(f"no int8 kernels in this process's kernel variant ({variants.chosen().name})")
+    assert all(layer.attn.project is not None for layer in layers)
+    ids = torch.randint(0, lm.config.vocab_size, (1, 33), generator=torch.Generator().manual_seed(18))
+    with torch.inference_mode():
+        fused = lm.model(ids, 0)
+        hooks = [layer.attn.project for layer in layers]
+        try:
+            for layer in layers:
+                layer.attn.project = None
+            apart = lm.model(ids, 0)
+        finally:
+            for layer, hook in zip(layers, hooks, strict=True):
+                layer.attn.project = hook
+    assert torch.equal(fused, apart)
+
+
 def test_glu_rejects_mismatched_projections():
     g, gd = weights("Q4_K", n=45)
     u, _ = weights("Q4_K", n=44)

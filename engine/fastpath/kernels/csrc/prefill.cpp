@@ -298,31 +298,46 @@ Act8Rows quantize_rows(const at::Tensor& x2, bool sums16) {
   return a;
 }
 
-// float32 [M, N] = x @ W^T with x's int8 rows: panels of 48 rows (the last 16 or 32) handed out to
-// the threads from a shared counter; each decodes its panel into the kernel's layout, then runs it
-// over every token, writing float32 straight into y.
-at::Tensor int8_gemm(const Act8Rows& a, const Weights& w) {
-  const int64_t gs = rows::int8_group_size(w);
-  const int bits = rows::int8_quant_bits(w);
-  const int64_t M = a.qa.size(0), K = w.K, N = w.N, G = K / gs, PW = 48;
-  auto y = at::empty({M, N}, a.da.options());
-  float* yp = y.data_ptr<float>();
+// float32 [M, N_i] = x @ W_i^T for each weight (x's int8 rows shared: q, k and v; gate and up): the
+// panels of 48 rows (a weight's last 16 or 32) of every weight handed out to the threads from one
+// shared counter in one parallel region; each decodes its panel into the kernel's layout, then runs
+// it over every token, writing float32 straight into that weight's output.
+std::vector<at::Tensor> int8_gemms(const Act8Rows& a, const std::vector<Weights>& ws) {
+  constexpr int64_t PW = 48;
+  struct Panel {
+    size_t w;
+    int64_t r0, n;
+  };
+  const int64_t M = a.qa.size(0), K = a.qa.size(1);
+  std::vector<at::Tensor> ys;
+  std::vector<Panel> panels;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    TORCH_CHECK(ws[i].K == K, "the weights' rows must have the activations' length ", K);
+    ys.push_back(at::empty({M, ws[i].N}, a.da.options()));
+    for (int64_t r0 = 0; r0 < ws[i].N; r0 += PW) panels.push_back({i, r0, std::min(PW, ws[i].N - r0)});
+  }
   const int8_t* qa = a.qa.data_ptr<int8_t>();
-  const float *da = a.da.data_ptr<float>(), *ds = (gs == 32 ? a.ds : a.ds16).data_ptr<float>();
-  const int64_t count = (N + PW - 1) / PW;
+  const float* da = a.da.data_ptr<float>();
+  const int64_t count = int64_t(panels.size());
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), count), 1, [&](int64_t, int64_t) {
     std::vector<uint8_t> u(PW * K);
-    std::vector<float> s(PW * G), c(PW * G);
+    std::vector<float> s(PW * (K / 16)), c(PW * (K / 16));
     for (int64_t p = next.fetch_add(1, std::memory_order_relaxed); p < count;
          p = next.fetch_add(1, std::memory_order_relaxed)) {
-      const int64_t r0 = p * PW, n = std::min(PW, N - r0);
-      rows::int8_decode_panel(w, r0, n, u.data(), s.data(), c.data());
-      rows::int8_gemm_panel(gs, bits, u.data(), s.data(), c.data(), n, K, qa, da, ds, M, yp + r0, N);
+      const Panel& pl = panels[p];
+      const Weights& w = ws[pl.w];
+      const int64_t gs = rows::int8_group_size(w), N = w.N;
+      const float* ds = (gs == 32 ? a.ds : a.ds16).data_ptr<float>();
+      rows::int8_decode_panel(w, pl.r0, pl.n, u.data(), s.data(), c.data());
+      rows::int8_gemm_panel(gs, rows::int8_quant_bits(w), u.data(), s.data(), c.data(), pl.n, K, qa, da, ds, M,
+                            ys[pl.w].data_ptr<float>() + pl.r0, N);
     }
   });
-  return y;
+  return ys;
 }
+
+at::Tensor int8_gemm(const Act8Rows& a, const Weights& w) { return int8_gemms(a, {w})[0]; }
 
 void check_int8(const Weights& w) {
   TORCH_CHECK(rows::int8_group_size(w) > 0, "no int8 prefill GEMM for this weight type in this build ",
@@ -344,9 +359,8 @@ at::Tensor prefill_glu_int8(const at::Tensor& x, const Weights& g, const Weights
   check_int8(g);
   check_int8(u);
   const bool sums16 = rows::int8_group_size(g) == 16 || rows::int8_group_size(u) == 16;
-  const Act8Rows a = quantize_rows(rows_of(x, g.K), sums16);
-  auto h = int8_gemm(a, g);
-  const auto up = int8_gemm(a, u);
+  auto hu = int8_gemms(quantize_rows(rows_of(x, g.K), sums16), {g, u});
+  auto &h = hu[0], &up = hu[1];
   const int64_t M = h.size(0), N = g.N;
   float* hp = h.data_ptr<float>();
   const float* upp = up.data_ptr<float>();
@@ -354,6 +368,17 @@ at::Tensor prefill_glu_int8(const at::Tensor& x, const Weights& g, const Weights
     for (int64_t i = i0; i < i1; ++i) glu_row(hp + i * N, upp + i * N, N, act);
   });
   return h.reshape(out_shape(x, N));
+}
+
+// y_i = x @ W_i^T for several weights that read the same x (q, k and v), x quantized to int8 once
+// and every weight's panels in one parallel region.
+std::vector<at::Tensor> prefill_gemms_int8(const at::Tensor& x, const std::vector<Weights>& ws) {
+  TORCH_CHECK(!ws.empty(), "no weights");
+  bool sums16 = false;
+  for (const Weights& w : ws) check_int8(w), sums16 = sums16 || rows::int8_group_size(w) == 16;
+  auto ys = int8_gemms(quantize_rows(rows_of(x, ws[0].K), sums16), ws);
+  for (size_t i = 0; i < ws.size(); ++i) ys[i] = ys[i].reshape(out_shape(x, ws[i].N));
+  return ys;
 }
 
 // The group size of the int8 prefill GEMM for this weight type and shape here: 32, 16, or 0 (none).
@@ -579,6 +604,17 @@ at::Tensor qglu_op(const at::Tensor& x, const at::Tensor& gqs, const c10::option
   return prefill_glu(x, g, u, act);
 }
 
+// x @ W_i^T for each weight (q, k and v: one input) with int8 activations: x quantized once, one
+// parallel region for every weight's panels.
+std::vector<at::Tensor> qgemms_int8_op(const at::Tensor& x, at::TensorList qs, const c10::List<c10::optional<at::Tensor>>& d,
+                                       const c10::List<c10::optional<at::Tensor>>& m, at::IntArrayRef qtype) {
+  TORCH_CHECK(qs.size() == d.size() && qs.size() == m.size() && qs.size() == qtype.size(),
+              "qgemms_int8: one qs, d, m and qtype per weight");
+  std::vector<Weights> ws;
+  for (size_t i = 0; i < qs.size(); ++i) ws.push_back(make_weights(qtype[i], qs[i], d.get(i), m.get(i), x.size(-1)));
+  return prefill_gemms_int8(x, ws);
+}
+
 // Benchmarks and tests (a negative value keeps a setting): the panel budget in bytes, whether MKL's
 // sgemm is used (0: at::mm per panel), whether qlinear's float32 GEMM takes this path (0: the older
 // dequantize-tile path); returns {panel bytes, sgemm used, enabled, sgemm available}.
@@ -599,6 +635,7 @@ TORCH_LIBRARY_FRAGMENT(opscope, lib) {
   lib.def("prefill_attn(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) kcache, Tensor(b!) vcache, "
           "int start, float scale) -> Tensor");
   lib.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  lib.def("qgemms_int8(Tensor x, Tensor[] qs, Tensor?[] d, Tensor?[] m, int[] qtype) -> Tensor[]");
   lib.def("prefill_attn_config(int block) -> int", &opscope::prefill_attn_config);
   lib.def("prefill_config(int panel_bytes, int use_blas, int enabled) -> int[]", &opscope::prefill_config);
   lib.def("int8_prefill_group(int qtype, int K, int N) -> int", &opscope::int8_prefill_group);
@@ -609,4 +646,5 @@ TORCH_LIBRARY_IMPL(opscope, CPU, lib) {
   lib.impl("qglu", &opscope::qglu_op);
   lib.impl("prefill_attn", &opscope::prefill_attn);
   lib.impl("rms_norm", &opscope::rms_norm);
+  lib.impl("qgemms_int8", &opscope::qgemms_int8_op);
 }
