@@ -44,7 +44,7 @@ FIELD_TEXT = {  # label, tooltip: what each fast-path setting does (engine/fastp
     ),
     "prefill_dtype": (
         "Prefill GEMM dtype",
-        "auto: with q8 activations int8 where the kernels have it (AVX-512 VNNI), else bf16 where the CPU "
+        "auto: with q8 activations int8 where the kernels have it (`opscope fastpath` lists the types), else bf16 where the CPU "
         "has native bf16 and the run already trades precision (q8 activations, a bfloat16 model), else f32 · "
         "f32: exact · bf16: faster where the CPU has native bf16 · int8: llama.cpp's scheme (q8 activations only)",
     ),
