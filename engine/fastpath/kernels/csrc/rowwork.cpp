@@ -138,6 +138,28 @@ void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf) {
 #endif
 }
 
+void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* s) {
+  using V = vec::Vec;
+  constexpr int W = V::W;
+  alignas(64) float t[32];
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* xb = x + 32 * b;
+    typename V::F m = V::zero();
+    for (int j = 0; j < 32; j += W) {  // |x| as max(x, -x), and the running max second: a NaN is left out
+      const typename V::F v = V::load(xb + j);
+      m = V::max(V::max(v, V::sub(V::zero(), v)), m);
+    }
+    V::store(t, m);
+    float amax = 0.f;
+    for (int j = 0; j < W; ++j) amax = std::max(amax, t[j]);
+    const float scale = amax / 127.f, inv = scale > 0.f ? 1.f / scale : 0.f;
+    for (int j = 0; j < 32; j += W) V::store(t + j, V::round(V::mul(V::load(xb + j), V::set1(inv))));
+    int32_t qsum = 0;
+    for (int j = 0; j < 32; ++j) qsum += q[32 * b + j] = int8_t(t[j]);
+    d[b] = scale, s[b] = scale * float(qsum);
+  }
+}
+
 void rope_half(const float* __restrict x, const float* __restrict c, const float* __restrict s, int64_t D,
                float* __restrict out) {
   const int64_t h = D / 2;  // plain loops: the variant's flags vectorize them
