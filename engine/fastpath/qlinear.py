@@ -82,17 +82,16 @@ def _raw_has_q8(ggml_type: str) -> bool:
 
 
 def _int8_pays(packed: PackedWeight) -> bool:
-    """Whether this matrix's prefill runs as an int8 GEMM: the loaded kernels have one for it (not
-    for the 8-bit types on AVX2 without VNNI), and for the 16-weight-group types (Q2_K, Q3_K, Q6_K:
-    twice the scale work per weight) only where bf16 is not native, as they ran 0.83-0.97x of the
-    bf16 GEMM where it is (docs/decisions/cpu-variants.md)."""
+    """Whether this matrix's prefill runs as an int8 GEMM: wherever the loaded kernels have one for
+    it (not for the 8-bit types on AVX2 without VNNI). The 16-weight-group types (Q2_K, Q3_K, Q6_K)
+    too: with the vector quantizer and the shared regions they ran 1.02-1.05x of the native bf16
+    GEMM at the model (docs/decisions/cpu-variants.md)."""
     n, k = packed.shape
     try:
         load_kernels()
-        group = torch.ops.opscope.int8_prefill_group(packed.qtype, k, n)
+        return torch.ops.opscope.int8_prefill_group(packed.qtype, k, n) > 0
     except KernelBuildError:
         return False
-    return group == 32 or (group == 16 and not native_bf16())
 
 
 def int8_prefill_types() -> list[str]:

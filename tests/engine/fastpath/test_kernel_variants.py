@@ -69,10 +69,7 @@ def test_fastpath_says_whether_the_variant_has_int8_kernels(int8):
     tail = "int8 kernels for every quantized type" if int8 else "no int8 kernels here, so it runs float32"
     bf16 = "bfloat16 (native on this CPU)" if native_bf16() else ""
     if int8:  # every variant with int8 kernels has the int8 prefill GEMM; AVX2's maddubs not for 8-bit quants
-        byte = ["Q8_0"] if v.name == "avx2" else []
-        group16 = ["Q2_K", "Q3_K", "Q6_K"] if bf16 else []
-        iq4 = ["IQ4_NL", "IQ4_XS"] if v.name == "avx2" else []
-        rest = byte + group16 + iq4
+        rest = ["Q8_0", "IQ4_NL", "IQ4_XS"] if v.name == "avx2" else []
         tail += (
             f"; prefill GEMMs in int8, in {bf16 or 'float32'} for {', '.join(rest + ['F16'])} and BF16"
             if rest or bf16

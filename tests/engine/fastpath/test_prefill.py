@@ -314,18 +314,17 @@ def test_int8_gemm_is_the_product_with_int8_activations(ggml_type, layout, n, th
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_int8_prefill_is_taken_where_it_pays(native, monkeypatch):
-    """prefill_dtype=int8: the 32-weight-group types always; the 16-weight-group ones (twice the scale
-    work) only where bf16 is not native: against the bf16 GEMM they ran 0.83-0.97x."""
+def test_int8_prefill_is_taken_wherever_the_kernels_have_it(native, monkeypatch):
+    """prefill_dtype=int8: every type the variant's int8 GEMM takes, the 16-weight-group ones too,
+    whether or not bf16 is native; the others fall back to bf16 where native, else float32."""
     import opscope.engine.fastpath.qlinear as ql
 
     monkeypatch.setattr(ql, "native_bf16", lambda: native)
     fallback = torch.bfloat16 if native else torch.float32
-    for ggml_type, group16 in (("Q4_K", False), ("Q6_K", True), ("Q4_0", False)):
-        w, _ = weights(ggml_type, "raw", n=32, seed=15)
+    for ggml_type, layout in (("Q4_K", "raw"), ("Q6_K", "raw"), ("Q4_0", "raw"), ("Q8_0", "auto"), ("F16", "raw")):
+        w, _ = weights(ggml_type, layout, n=32, seed=15)
         lin = ql.QuantLinear(w, act_mode=1, gemm_dtype="int8")
-        int8 = int8_expected(ggml_type, 32) and not (group16 and native)
-        assert lin.gemm_dtype == (torch.int8 if int8 else fallback), ggml_type
+        assert lin.gemm_dtype == (torch.int8 if int8_expected(ggml_type, 32) else fallback), ggml_type
 
 
 def test_int8_glu_is_the_activation_of_the_int8_products(threads):
