@@ -68,10 +68,9 @@ def fastpath_options(spec, device: str, dtype: str, model) -> FastPathOptions | 
 
 def _prefill_dtype(spec: str, bf16_model: bool) -> str:
     """The prefill GEMMs' dtype unless ``spec`` names one: with int8 activations int8 where the
-    kernels have that GEMM (every variant with int8 kernels: the int8 activations' own error, pp512
-    1.1-1.25× the bf16 prefill's, 1.3-1.6× the float32 one on AVX2); else bf16 where the CPU multiplies it natively and the run has already chosen
-    a lower precision (a bfloat16 model, or int8 activations, whose logits move ~5× more than bf16
-    prefill's: docs/decisions/cpu-variants.md), else f32."""
+    kernels have that GEMM (every variant with int8 kernels; the int8 activations' own error);
+    else bf16 where the CPU multiplies it natively and the run has already chosen a lower precision
+    (a bfloat16 model, or int8 activations), else f32. Measurements: docs/decisions/cpu-variants.md."""
     from opscope.engine.fastpath import FastPathOptions
 
     q8 = spec != "auto" and FastPathOptions.from_string(spec).activations == "q8"

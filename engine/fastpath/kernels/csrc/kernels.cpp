@@ -251,11 +251,6 @@ bool use_pool() {
 
 }  // namespace
 
-// The per-32 int8 activations of one row for the prefill's int8 GEMM (rowwork.h).
-void prepare_activation_q8(const float* x, int64_t K, float* sx, int8_t* qy, int8_t* qyp, float* dy) {
-  prepare_activation(x, K, true, sx, qy, qyp, dy);
-}
-
 void matvec_multi(const float* x, int64_t K, const Weights* ws, float* const* ys, int n, bool q8, Scratch& s) {
 #if !defined(OPSCOPE_HAVE_VNNI) && !defined(OPSCOPE_HAVE_INT8_VEC)
   q8 = false;  // no integer dot product here: the exact fp32 path instead

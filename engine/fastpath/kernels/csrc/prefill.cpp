@@ -286,12 +286,7 @@ Act8Rows quantize_rows(const at::Tensor& x2, bool sums16) {
   float *dp = a.da.data_ptr<float>(), *sp = a.ds.data_ptr<float>(), *s16 = a.ds16.data_ptr<float>();
   at::parallel_for(0, M, 8, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      rows::quantize_q8(xp + i * K, K, qp + i * K, dp + i * G, sp + i * G);
-      for (int64_t h = 0; sums16 && h < 2 * G; ++h) {
-        int32_t sum = 0;
-        for (int64_t l = 0; l < 16; ++l) sum += qp[i * K + 16 * h + l];
-        s16[i * 2 * G + h] = dp[i * G + h / 2] * float(sum);
-      }
+      rows::quantize_q8(xp + i * K, K, qp + i * K, dp + i * G, sp + i * G, sums16 ? s16 + i * 2 * G : nullptr);
     }
   });
   return a;

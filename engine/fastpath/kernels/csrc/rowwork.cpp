@@ -138,7 +138,7 @@ void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf) {
 #endif
 }
 
-void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* s) {
+void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* s, float* s16) {
   using V = vec::Vec;
   constexpr int W = V::W;
   alignas(64) float t[32];
@@ -157,6 +157,11 @@ void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* s) {
     int32_t qsum = 0;
     for (int j = 0; j < 32; ++j) qsum += q[32 * b + j] = int8_t(t[j]);
     d[b] = scale, s[b] = scale * float(qsum);
+    if (s16 != nullptr) {  // the 16-weight-group types' sums (one loop above: it vectorizes as one)
+      int32_t lo = 0;
+      for (int j = 0; j < 16; ++j) lo += q[32 * b + j];
+      s16[2 * b] = scale * float(lo), s16[2 * b + 1] = scale * float(qsum - lo);
+    }
   }
 }
 

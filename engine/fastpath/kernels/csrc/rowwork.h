@@ -25,9 +25,9 @@ void attend(const float* q, const float* k, const float* v, int64_t stride, int6
 // Rows [r0, r0 + n) of w decoded to float32 into buf (row i at buf + i * K).
 void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf);
 // x (K values, K a multiple of 32) to int8 per 32 as the decode step's int8 mode does
-// (prepare_activation_q8: scale d = amax / 127, nearest with ties to even, bit for bit), with
-// s = d * the block's sum of int8 values.
-void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* s);
+// (kernels.cpp's prepare_activation: scale d = amax / 127, nearest with ties to even, bit for bit),
+// with s = d * the block's sum of int8 values and, where s16 is not null, the same per 16.
+void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* s, float* s16);
 // out[0..D) = rotate-half RoPE of x with c, s (each [D]; out does not overlap x).
 void rope_half(const float* x, const float* c, const float* s, int64_t D, float* out);
 // y[0..n) = a * x (y does not overlap x).
@@ -56,8 +56,5 @@ void int8_gemm_panel(int64_t gs, int bits, const uint8_t* u, const float* s, con
 
 }  // namespace rows
 
-// kernels.cpp: x (K values) quantized per 32 to int8 (qy), its scales (dy), the sums scale * sum(qy)
-// (sx), and qyp the same values in the SoA kernels' pair order: the decode step's int8 activations.
-void prepare_activation_q8(const float* x, int64_t K, float* sx, int8_t* qy, int8_t* qyp, float* dy);
 
 }  // namespace opscope
