@@ -17,12 +17,16 @@ B_FLAGS = "--param planted_slowdown=2 --threads 1"
 
 
 @pytest.fixture
-def panel(qtbot, tmp_path):
+def panel(qtbot, tmp_path, monkeypatch):
     from opscope.app.bench.model import BenchModel
     from opscope.app.bench.panel import BenchPanel
     from opscope.app.ui.engine_client import EngineClient
     from opscope.app.worker.bench import suite_catalog
 
+    # The worker's torch defaults to one thread per core; side A (no --threads) would then run two
+    # OpenMP threads on a shared 2-core host, 10-20x slower when a peer is descheduled, and bury
+    # the 2x plant (CI, stop 43: A 14.91, B 15.79 GFLOP/s). One thread on both sides, as B says.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     client = EngineClient()
     panel = BenchPanel(BenchModel(client, f"sqlite:///{tmp_path / 'runs.db'}"))
     qtbot.addWidget(panel)

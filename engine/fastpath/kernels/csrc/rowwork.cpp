@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
+#include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -309,6 +310,63 @@ struct I8 {
 #endif
 constexpr int kShift = I8::kShift;
 
+// IQ4_NL's values as the dot product's bytes (moved up by kShift)
+struct NlBytes {
+  uint8_t v[16];
+};
+constexpr NlBytes nl_bytes() {
+  NlBytes t{};
+  for (int i = 0; i < 16; ++i) t.v[i] = uint8_t(gguf::kIQ4NL[i] + kShift);
+  return t;
+}
+alignas(16) constexpr NlBytes kNlBytes = nl_bytes();
+
+// 16 bytes of packed nibbles as 32 quants (element j the low nibble of byte j, j + 16 the high one),
+// through the 16-entry table tab where given (the IQ4 types). A byte shuffle does the table: the
+// compiler keeps a lookup per byte scalar.
+inline void nibbles32(const uint8_t* q, const uint8_t* tab, uint8_t* u) {
+#if defined(__SSSE3__)
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), m = _mm_set1_epi8(15);
+  __m128i lo = _mm_and_si128(x, m), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
+  if (tab) {
+    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(tab));
+    lo = _mm_shuffle_epi8(t, lo), hi = _mm_shuffle_epi8(t, hi);
+  }
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(u), lo);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 16), hi);
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+  const uint8x16_t x = vld1q_u8(q);
+  uint8x16_t lo = vandq_u8(x, vdupq_n_u8(15)), hi = vshrq_n_u8(x, 4);
+  if (tab) {
+    const uint8x16_t t = vld1q_u8(tab);
+    lo = vqtbl1q_u8(t, lo), hi = vqtbl1q_u8(t, hi);
+  }
+  vst1q_u8(u, lo);
+  vst1q_u8(u + 16, hi);
+#else
+  for (int j = 0; j < 16; ++j) {
+    u[j] = tab ? tab[q[j] & 15] : q[j] & 15;
+    u[j + 16] = tab ? tab[q[j] >> 4] : q[j] >> 4;
+  }
+#endif
+}
+
+// Q5_0/Q5_1's fifth bits: bit j of qh into u[j] as 16 (a byte shuffle spreads qh's bytes over the
+// lanes, a test per lane picks each one's bit).
+inline void fifth_bits32(uint32_t qh, uint8_t* u) {
+#if defined(__SSSE3__)
+  const __m128i h = _mm_cvtsi32_si128(int(qh)), bit = _mm_set1_epi64x(int64_t(0x8040201008040201ull));
+  for (int z = 0; z < 2; ++z) {
+    const __m128i spread = _mm_shuffle_epi8(h, _mm_set_epi64x(0x0101010101010101ll * (2 * z + 1), 0x0101010101010101ll * (2 * z)));
+    const __m128i on = _mm_cmpeq_epi8(_mm_and_si128(spread, bit), bit);
+    __m128i* o = reinterpret_cast<__m128i*>(u + 16 * z);
+    _mm_storeu_si128(o, _mm_or_si128(_mm_loadu_si128(o), _mm_and_si128(on, _mm_set1_epi8(16))));
+  }
+#else
+  for (int j = 0; j < 32; ++j) u[j] |= uint8_t(((qh >> j) & 1) << 4);
+#endif
+}
+
 // Block g (32 weights, one group) of row r as quants u and w = s * u + c: the 32-weight block types in
 // the SoA layouts (Q4_1 holding Q4_0 too, Q8_0) or as raw blocks. Signed quants move up by kShift
 // (unsigned bytes for vpdpbusd), or stay signed (kShift 0).
@@ -323,8 +381,7 @@ bool int8_block32(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, 
       s = d, c = -float(kShift) * d;
       return true;
     }
-    const uint8_t* q = w.qs + r * (K / 2) + 16 * g;  // Q4_1: element j low nibble, j + 16 high
-    for (int j = 0; j < 16; ++j) u[j] = q[j] & 15, u[j + 16] = q[j] >> 4;
+    nibbles32(w.qs + r * (K / 2) + 16 * g, nullptr, u);  // Q4_1: element j low nibble, j + 16 high
     s = d, c = float(w.m[r * nb + g]);
     return true;
   }
@@ -334,17 +391,13 @@ bool int8_block32(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, 
       const uint8_t* b = row + 18 * g;
       const float d = gguf::fp16(b);
       const bool nl = w.ggml_type == gguf::IQ4_NL;
-      for (int j = 0; j < 16; ++j) {
-        const int lo = b[2 + j] & 15, hi = b[2 + j] >> 4;
-        u[j] = uint8_t(nl ? gguf::kIQ4NL[lo] + kShift : lo);
-        u[j + 16] = uint8_t(nl ? gguf::kIQ4NL[hi] + kShift : hi);
-      }
+      nibbles32(b + 2, nl ? kNlBytes.v : nullptr, u);
       s = d, c = (nl ? -float(kShift) : -8.f) * d;
       return true;
     }
     case gguf::Q4_1: {
       const uint8_t* b = row + 20 * g;
-      for (int j = 0; j < 16; ++j) u[j] = b[4 + j] & 15, u[j + 16] = b[4 + j] >> 4;
+      nibbles32(b + 4, nullptr, u);
       s = gguf::fp16(b), c = gguf::fp16(b + 2);
       return true;
     }
@@ -353,11 +406,8 @@ bool int8_block32(const Weights& w, int64_t r, int64_t g, uint8_t* u, float& s, 
       const uint8_t* b = row + (one ? 24 : 22) * g;
       uint32_t qh;
       std::memcpy(&qh, b + (one ? 4 : 2), 4);
-      const uint8_t* q = b + (one ? 8 : 6);
-      for (int j = 0; j < 16; ++j) {
-        u[j] = uint8_t((q[j] & 15) | (((qh >> j) & 1) << 4));
-        u[j + 16] = uint8_t((q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
-      }
+      nibbles32(b + (one ? 8 : 6), nullptr, u);
+      fifth_bits32(qh, u);
       s = gguf::fp16(b), c = one ? gguf::fp16(b + 2) : -16.f * gguf::fp16(b);
       return true;
     }
@@ -383,23 +433,21 @@ bool int8_superblock32(const Weights& w, int64_t r, int64_t sb, uint8_t* u, floa
       const float d = gguf::fp16(b), dmin = gguf::fp16(b + 2);
       uint8_t sm[16];
       gguf::scale_min_k4(b + 4).to(sm);
-      for (int g = 0; g < 8; ++g) {
-        const uint8_t* q = b + (five ? 48 : 16) + 32 * (g / 2);
-        for (int l = 0; l < 32; ++l)
-          u[32 * g + l] = uint8_t((g % 2 ? q[l] >> 4 : q[l] & 15) | (five ? ((b[16 + l] >> g) & 1) << 4 : 0));
-        s[g] = d * float(sm[g]), c[g] = -(dmin * float(sm[8 + g]));
+      for (int g = 0; g < 8; g += 2) {  // one loop per case: the compiler vectorizes each
+        const uint8_t* q = b + (five ? 48 : 16) + 16 * g;
+        for (int l = 0; l < 32; ++l) u[32 * g + l] = q[l] & 15, u[32 * g + 32 + l] = q[l] >> 4;
       }
+      if (five)
+        for (int g = 0; g < 8; ++g)
+          for (int l = 0; l < 32; ++l) u[32 * g + l] |= uint8_t(((b[16 + l] >> g) & 1) << 4);
+      for (int g = 0; g < 8; ++g) s[g] = d * float(sm[g]), c[g] = -(dmin * float(sm[8 + g]));
       return true;
     }
     case gguf::IQ4_XS: {
       const uint8_t* b = row + 136 * sb;
       const float d = gguf::fp16(b);
       for (int g = 0; g < 8; ++g) {
-        const uint8_t* q = b + 8 + 16 * g;
-        for (int j = 0; j < 16; ++j) {
-          u[32 * g + j] = uint8_t(gguf::kIQ4NL[q[j] & 15] + kShift);
-          u[32 * g + j + 16] = uint8_t(gguf::kIQ4NL[q[j] >> 4] + kShift);
-        }
+        nibbles32(b + 8 + 16 * g, kNlBytes.v, u + 32 * g);
         s[g] = d * float(gguf::TIQ4_XS::scale(b, g)), c[g] = -float(kShift) * s[g];
       }
       return true;
@@ -561,12 +609,67 @@ void int8_panel(const uint8_t* u, const float* s, const float* c, int64_t n, int
 }
 #endif
 
-// Group j's GS quants of row i (u_row: the row's quants in weight order) into the panel layout
-// [groups][GS/4 quads][n/16][16 rows][4 bytes].
-void scatter_group(const uint8_t* q, int64_t GS, int64_t j, int64_t i, int64_t n, uint8_t* u) {
-  const int64_t NB = n / 16;
-  uint8_t* dst = u + j * GS * n + 4 * (i % 16);
-  for (int64_t k4 = 0; k4 < GS / 4; ++k4) std::memcpy(dst + 64 * (k4 * NB + i / 16), q + 4 * k4, 4);
+// 16 rows' quants (q: row i at q + i * K, in weight order) into the panel layout [K / 4 quads]
+// [n / 16][16 rows][4 bytes], as the 16-row block `chunk`: a transpose of 4-byte units. With
+// vectors 16 (or 8) quads of 16 rows at a time; one 4-byte copy per row and quad cost about as much
+// as decoding the quants.
+void transpose_rows16(const uint8_t* q, int64_t K, int64_t n, int64_t chunk, uint8_t* u) {
+  const int64_t NB = n / 16, K4 = K / 4;
+  int64_t k4 = 0;
+#if defined(__AVX512F__)
+  for (; k4 + 16 <= K4; k4 += 16) {
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(q + i * K + 4 * k4);
+    for (int i = 0; i < 8; ++i)  // per 128-bit lane, 4 x 4 transposes
+      t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]), t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    for (int i = 0; i < 4; ++i) {  // r[4i + m], lane L: quad 4L + m of rows 4i .. 4i + 3
+      r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+      r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int m = 0; m < 4; ++m) {  // the lanes of the four row blocks together
+      const __m512i a = _mm512_shuffle_i32x4(r[m], r[4 + m], 0x44), b = _mm512_shuffle_i32x4(r[m], r[4 + m], 0xEE);
+      const __m512i c = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0x44), d = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0xEE);
+      const __m512i out[4] = {_mm512_shuffle_i32x4(a, c, 0x88), _mm512_shuffle_i32x4(a, c, 0xDD),
+                              _mm512_shuffle_i32x4(b, d, 0x88), _mm512_shuffle_i32x4(b, d, 0xDD)};
+      for (int L = 0; L < 4; ++L) _mm512_storeu_si512(u + 64 * ((k4 + 4 * L + m) * NB + chunk), out[L]);
+    }
+  }
+#elif defined(__AVX2__)
+  for (; k4 + 8 <= K4; k4 += 8)
+    for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h + 7: an 8 x 8 transpose into half of each 64 bytes
+      __m256i r[8], t[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + (8 * h + i) * K + 4 * k4));
+      for (int i = 0; i < 4; ++i)
+        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]), t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+      for (int i = 0; i < 2; ++i) {  // r[4i + m], lane L: quad 4L + m of rows 4i .. 4i + 3
+        r[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+      }
+      for (int m = 0; m < 4; ++m)
+        for (int L = 0; L < 2; ++L) {
+          const __m256i o = _mm256_permute2x128_si256(r[m], r[4 + m], L ? 0x31 : 0x20);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + 64 * ((k4 + 4 * L + m) * NB + chunk) + 32 * h), o);
+        }
+    }
+#endif
+  for (; k4 < K4; ++k4)
+    for (int64_t i = 0; i < 16; ++i) std::memcpy(u + 64 * (k4 * NB + chunk) + 4 * i, q + i * K + 4 * k4, 4);
+}
+
+// Row r's quants (K bytes in weight order) and its groups' s and c (at stride n) from its blocks.
+void int8_decode_row(const Weights& w, int64_t r, int64_t gs, uint8_t* q, float* s, float* c, int64_t n) {
+  const int64_t bw = w.raw() && raw_block_size(w.ggml_type) == 256 ? 256 : 32, per = bw / gs, nb = w.K / bw;
+  float bs[16], bc[16];
+  for (int64_t b = 0; b < nb; ++b) {
+    if (bw == 32) int8_block32(w, r, b, q + 32 * b, bs[0], bc[0]);
+    else if (gs == 32) int8_superblock32(w, r, b, q + 256 * b, bs, bc);
+    else int8_superblock16(w, r, b, q + 256 * b, bs, bc);
+    for (int64_t k = 0; k < per; ++k) s[(b * per + k) * n] = bs[k], c[(b * per + k) * n] = bc[k];
+  }
 }
 
 }  // namespace
@@ -592,20 +695,13 @@ int int8_group_size(const Weights& w) {
 }
 
 void int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c) {
-  const int64_t gs = int8_group_size(w), bw = w.raw() && raw_block_size(w.ggml_type) == 256 ? 256 : 32;
-  uint8_t q[256];
-  float bs[16], bc[16];
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t b = 0; b < w.K / bw; ++b) {
-      if (bw == 32) int8_block32(w, r0 + i, b, q, bs[0], bc[0]);
-      else if (gs == 32) int8_superblock32(w, r0 + i, b, q, bs, bc);
-      else int8_superblock16(w, r0 + i, b, q, bs, bc);
-      for (int64_t k = 0; k < bw / gs; ++k) {  // the block's groups into the panel
-        const int64_t j = b * (bw / gs) + k;
-        scatter_group(q + gs * k, gs, j, i, n, u);
-        s[j * n + i] = bs[k], c[j * n + i] = bc[k];
-      }
-    }
+  const int64_t gs = int8_group_size(w), K = w.K;
+  thread_local std::vector<uint8_t> rows;  // 16 rows of quants in weight order
+  rows.resize(size_t(16 * K));
+  for (int64_t i0 = 0; i0 < n; i0 += 16) {  // n: a multiple of 16 (int8_group_size asks N % 16 == 0)
+    for (int64_t i = 0; i < 16; ++i) int8_decode_row(w, r0 + i0 + i, gs, rows.data() + i * K, s + i0 + i, c + i0 + i, n);
+    transpose_rows16(rows.data(), K, n, i0 / 16, u);
+  }
 }
 
 int int8_quant_bits(const Weights& w) {
