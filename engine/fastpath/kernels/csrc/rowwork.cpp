@@ -255,10 +255,19 @@ struct I8 {
   // |a| <= 127: 2 * 31 * 127 * 4 steps and 2 * 63 * 127 * 2 steps stay below 2^15
   template <bool SGN> static P mad(P p, I w, I a) {
     static_assert(!SGN, "maddubs: unsigned quants only");
-    return _mm256_add_epi16(p, _mm256_maddubs_epi16(w, a));
+    P r = _mm256_add_epi16(p, _mm256_maddubs_epi16(w, a));
+    // keeps each sum one chain in a register: GCC otherwise reassociates a chunk's adds into a tree
+    // whose 24-48 products it spills to the stack (perf, the 3 x 16 tile)
+    asm("" : "+x"(r));
+    return r;
   }
   static I flush(I acc, P p) { return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1))); }
-  static constexpr int chunk(int bits) { return bits <= 5 ? 4 : 2; }
+  // 4-bit quants: 2 * 15 * 127 * 8 steps < 2^15, a whole group of 32 in int16, no int32 sums kept
+  // across it, and the registers that frees hold a 3-token x 16-row tile (each broadcast feeds 2
+  // products, not 1)
+  static constexpr int chunk(int bits) { return bits <= 4 ? 8 : bits <= 5 ? 4 : 2; }
+  static constexpr int tokens(int bits) { return bits <= 4 ? 3 : T; }
+  static constexpr int regs(int bits) { return bits <= 4 ? 2 : R; }
   static constexpr bool kDirect = false;
 #endif
   static F fzero() { return _mm256_setzero_ps(); }
@@ -309,6 +318,18 @@ struct I8 {
 };
 #endif
 constexpr int kShift = I8::kShift;
+
+// The tile's tokens and row registers for quants of `bits` bits: I8's T and R, or its own choice.
+template <class V, class = void>
+struct TileShape {
+  static constexpr int tokens(int) { return V::T; }
+  static constexpr int regs(int) { return V::R; }
+};
+template <class V>
+struct TileShape<V, std::void_t<decltype(V::tokens(4))>> {
+  static constexpr int tokens(int bits) { return V::tokens(bits); }
+  static constexpr int regs(int bits) { return V::regs(bits); }
+};
 
 // IQ4_NL's values as the dot product's bytes (moved up by kShift)
 struct NlBytes {
@@ -576,7 +597,7 @@ void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int
 template <int R, int GS, bool SGN, int BITS, int64_t n>
 void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, const int8_t* qa,
                const float* da, const float* ds, int64_t M, float* y, int64_t ldy) {
-  constexpr int T = I8::T, W = R * I8::L;
+  constexpr int T = TileShape<I8>::tokens(BITS), W = R * I8::L;
   const int64_t G32 = K / 32, G = K / GS;
   int64_t m = 0;
   for (; m + T <= M; m += T)
@@ -591,7 +612,7 @@ void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, cons
 template <int GS, bool SGN, int BITS, int64_t NP>
 void int8_panel_n(const uint8_t* u, const float* s, const float* c, int64_t K, const int8_t* qa, const float* da,
                   const float* ds, int64_t M, float* y, int64_t ldy) {
-  constexpr int R = I8::R, L = I8::L;
+  constexpr int R = TileShape<I8>::regs(BITS), L = I8::L;
   constexpr int RN = NP % (R * L) == 0 ? R : NP % (2 * L) == 0 && R >= 2 ? 2 : 1;  // AVX-512: NP / 16
   static_assert(NP % (RN * L) == 0, "panels are whole registers of rows");
   int8_rows<RN, GS, SGN, BITS, NP>(u, s, c, K, qa, da, ds, M, y, ldy);
@@ -709,6 +730,7 @@ int int8_quant_bits(const Weights& w) {
   switch (t) {
     case gguf::Q8_0: case gguf::IQ4_NL: case gguf::IQ4_XS: return 8;
     case gguf::Q6_K: return 6;
+    case gguf::Q4_0: case gguf::Q4_1: case gguf::Q4_K: return 4;
     default: return 5;
   }
 }
@@ -718,6 +740,9 @@ void int8_gemm_panel(int64_t gs, int bits, const uint8_t* u, const float* s, con
 #if defined(OPSCOPE_INT8_GEMM)
   if constexpr (I8::kByte) {
     if (gs == 32 && bits == 8) return int8_panel<32, kShift == 0, 8>(u, s, c, n, K, qa, da, ds, M, y, ldy);
+  }
+  if constexpr (!I8::kDirect) {  // int16 sums: 4-bit quants run whole groups in them (I8::chunk)
+    if (gs == 32 && bits == 4) return int8_panel<32, false, 4>(u, s, c, n, K, qa, da, ds, M, y, ldy);
   }
   if (gs == 32) return int8_panel<32, false, 5>(u, s, c, n, K, qa, da, ds, M, y, ldy);
   if (gs == 16 && bits == 6) return int8_panel<16, false, 6>(u, s, c, n, K, qa, da, ds, M, y, ldy);
