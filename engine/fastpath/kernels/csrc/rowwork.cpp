@@ -539,7 +539,7 @@ bool int8_superblock16(const Weights& w, int64_t r, int64_t sb, uint8_t* u, floa
 // T tokens by R registers of L rows (rows r0 of the panel on), groups of GS (32 or 16) weights: per
 // group GS/4 dot products per (token, register) into int32, then the group's scales in float32:
 // acc += i32 * (s * da) + c * ds. da is per 32 (the activations' scale), ds per group (da * the
-// group's sum of int8 activations); SGN (signed quants, kShift 0) has no offset c; BITS: the quants'
+// group's sum of int8 activations); SGN (signed quants, kShift 0) has no offset c; BITS: at most the quants'
 // width (how many steps the int16 sums of maddubs may take).
 template <int T, int R, int GS, bool SGN, int BITS, int64_t n>
 void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int64_t K, const int8_t* A,
@@ -730,7 +730,7 @@ int int8_quant_bits(const Weights& w) {
   switch (t) {
     case gguf::Q8_0: case gguf::IQ4_NL: case gguf::IQ4_XS: return 8;
     case gguf::Q6_K: return 6;
-    case gguf::Q4_0: case gguf::Q4_1: case gguf::Q4_K: return 4;
+    case gguf::Q4_0: case gguf::Q4_1: case gguf::Q4_K: case gguf::Q2_K: case gguf::Q3_K: return 4;  // at most
     default: return 5;
   }
 }
@@ -741,8 +741,9 @@ void int8_gemm_panel(int64_t gs, int bits, const uint8_t* u, const float* s, con
   if constexpr (I8::kByte) {
     if (gs == 32 && bits == 8) return int8_panel<32, kShift == 0, 8>(u, s, c, n, K, qa, da, ds, M, y, ldy);
   }
-  if constexpr (!I8::kDirect) {  // int16 sums: 4-bit quants run whole groups in them (I8::chunk)
+  if constexpr (!I8::kDirect) {  // int16 sums: quants of up to 4 bits run whole groups in them (I8::chunk)
     if (gs == 32 && bits == 4) return int8_panel<32, false, 4>(u, s, c, n, K, qa, da, ds, M, y, ldy);
+    if (gs == 16 && bits == 4) return int8_panel<16, false, 4>(u, s, c, n, K, qa, da, ds, M, y, ldy);
   }
   if (gs == 32) return int8_panel<32, false, 5>(u, s, c, n, K, qa, da, ds, M, y, ldy);
   if (gs == 16 && bits == 6) return int8_panel<16, false, 6>(u, s, c, n, K, qa, da, ds, M, y, ldy);
