@@ -273,20 +273,23 @@ namespace {
 // x (float32 [M, K]) quantized per token and group of 32, as the decode step's int8 mode does, with
 // the offsets' terms da * (sum of the int8 values) per 32 and per 16 (the 16-weight group types').
 struct Act8Rows {
-  at::Tensor qa, da, ds, ds16;  // int8 [M, K]; float32 [M, K / 32] (da, ds), [M, K / 16]
+  at::Tensor qa, da, ds, ds16, n16;  // int8 [M, K]; float32 [M, K / 32] (da, ds), [M, K / 16]; int32 [M, K / 16]
 };
 
 // ``sums16``: also the sums per 16, which only the 16-weight-group types read.
 Act8Rows quantize_rows(const at::Tensor& x2, bool sums16) {
   const int64_t M = x2.size(0), K = x2.size(1), G = K / 32;
   Act8Rows a{at::empty({M, K}, x2.options().dtype(at::kChar)), at::empty({M, G}, x2.options()),
-             at::empty({M, G}, x2.options()), at::empty({sums16 ? M : 0, 2 * G}, x2.options())};
+             at::empty({M, G}, x2.options()), at::empty({sums16 ? M : 0, 2 * G}, x2.options()),
+             at::empty({M, 2 * G}, x2.options().dtype(at::kInt))};
   const float* xp = x2.data_ptr<float>();
   int8_t* qp = a.qa.data_ptr<int8_t>();
   float *dp = a.da.data_ptr<float>(), *sp = a.ds.data_ptr<float>(), *s16 = a.ds16.data_ptr<float>();
+  int32_t* n16 = a.n16.data_ptr<int32_t>();
   at::parallel_for(0, M, 8, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      rows::quantize_q8(xp + i * K, K, qp + i * K, dp + i * G, sp + i * G, sums16 ? s16 + i * 2 * G : nullptr);
+      rows::quantize_q8(xp + i * K, K, qp + i * K, dp + i * G, sp + i * G, sums16 ? s16 + i * 2 * G : nullptr,
+                        n16 + i * 2 * G);
     }
   });
   return a;
@@ -312,6 +315,7 @@ std::vector<at::Tensor> int8_gemms(const Act8Rows& a, const std::vector<Weights>
   }
   const int8_t* qa = a.qa.data_ptr<int8_t>();
   const float* da = a.da.data_ptr<float>();
+  const int32_t* n16 = a.n16.data_ptr<int32_t>();
   const int64_t count = int64_t(panels.size());
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), count), 1, [&](int64_t, int64_t) {
@@ -322,10 +326,10 @@ std::vector<at::Tensor> int8_gemms(const Act8Rows& a, const std::vector<Weights>
       const Panel& pl = panels[p];
       const Weights& w = ws[pl.w];
       const int64_t gs = rows::int8_group_size(w), N = w.N;
-      const float* ds = (gs == 32 ? a.ds : a.ds16).data_ptr<float>();
+      const rows::Int8Rows acts{qa, da, (gs == 32 ? a.ds : a.ds16).data_ptr<float>(), n16, M};
       rows::int8_decode_panel(w, pl.r0, pl.n, u.data(), s.data(), c.data());
-      rows::int8_gemm_panel(gs, rows::int8_quant_bits(w), u.data(), s.data(), c.data(), pl.n, K, qa, da, ds, M,
-                            ys[pl.w].data_ptr<float>() + pl.r0, N);
+      rows::int8_gemm_panel(gs, rows::int8_quant_bits(w), rows::int8_offset_ratio(w), u.data(), s.data(), c.data(),
+                            pl.n, K, acts, ys[pl.w].data_ptr<float>() + pl.r0, N);
     }
   });
   return ys;

@@ -139,7 +139,7 @@ void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf) {
 #endif
 }
 
-void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* s, float* s16) {
+void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* s, float* s16, int32_t* n16) {
   using V = vec::Vec;
   constexpr int W = V::W;
   alignas(64) float t[32];
@@ -158,10 +158,11 @@ void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* s, float
     int32_t qsum = 0;
     for (int j = 0; j < 32; ++j) qsum += q[32 * b + j] = int8_t(t[j]);
     d[b] = scale, s[b] = scale * float(qsum);
-    if (s16 != nullptr) {  // the 16-weight-group types' sums (one loop above: it vectorizes as one)
+    if (s16 != nullptr || n16 != nullptr) {  // per 16 (one loop above: it vectorizes as one)
       int32_t lo = 0;
       for (int j = 0; j < 16; ++j) lo += q[32 * b + j];
-      s16[2 * b] = scale * float(lo), s16[2 * b + 1] = scale * float(qsum - lo);
+      if (s16 != nullptr) s16[2 * b] = scale * float(lo), s16[2 * b + 1] = scale * float(qsum - lo);
+      if (n16 != nullptr) n16[2 * b] = lo, n16[2 * b + 1] = qsum - lo;
     }
   }
 }
@@ -541,18 +542,21 @@ bool int8_superblock16(const Weights& w, int64_t r, int64_t sb, uint8_t* u, floa
 // acc += i32 * (s * da) + c * ds. da is per 32 (the activations' scale), ds per group (da * the
 // group's sum of int8 activations); SGN (signed quants, kShift 0) has no offset c; BITS: at most the quants'
 // width (how many steps the int16 sums of maddubs may take).
-template <int T, int R, int GS, bool SGN, int BITS, int64_t n>
+template <int T, int R, int GS, bool SGN, int BITS, bool KAP, int64_t n>
 void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int64_t K, const int8_t* A,
-               const float* DA, const float* DS, float* y, int64_t ldy) {
+               const float* DA, const float* DS, const int32_t* N16, int kappa, float* y, int64_t ldy) {
   constexpr int L = I8::L, CH = std::min(GS / 4, I8::chunk(BITS));
-  const int64_t G = K / GS, G32 = K / 32;
+  const int64_t G = K / GS, G32 = K / 32, G16 = K / 16;
   typename I8::F acc[T][R];
   for (auto& r : acc)
     for (auto& a : r) a = I8::fzero();
   for (int64_t g = 0; g < G; ++g) {
     typename I8::I ia[T][R];
-    for (auto& r : ia)
-      for (auto& a : r) a = I8::izero();
+    for (int t = 0; t < T; ++t) {  // KAP: the offset's term kappa * (the group's int8 sum) as the start
+      const int32_t* n16 = N16 + t * G16 + g * GS / 16;
+      const auto start = KAP ? I8::bcast(kappa * (GS == 32 ? n16[0] + n16[1] : n16[0])) : I8::izero();
+      for (int v = 0; v < R; ++v) ia[t][v] = start;
+    }
     const uint8_t* wg = U + g * GS * n + 4 * r0;
     // steps [k0, k1) of 4 k: the products into p (T by R registers)
     auto steps = [&](int k0, int k1, typename I8::P (&p)[T][R]) {
@@ -581,11 +585,11 @@ void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int
     }
     for (int v = 0; v < R; ++v) {
       const auto s = I8::fload(S + g * n + r0 + L * v);
-      const auto c = SGN ? I8::fzero() : I8::fload(C + g * n + r0 + L * v);
+      const auto c = SGN || KAP ? I8::fzero() : I8::fload(C + g * n + r0 + L * v);
       for (int t = 0; t < T; ++t) {
         const auto sd = I8::fmul(s, I8::fset1(DA[t * G32 + g * GS / 32]));
         acc[t][v] = I8::fma(I8::cvt(ia[t][v]), sd, acc[t][v]);
-        if (!SGN) acc[t][v] = I8::fma(c, I8::fset1(DS[t * G + g]), acc[t][v]);
+        if (!SGN && !KAP) acc[t][v] = I8::fma(c, I8::fset1(DS[t * G + g]), acc[t][v]);
       }
     }
   }
@@ -594,39 +598,49 @@ void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int
 }
 
 // Every token through the panel's n rows, R registers of rows at a time (T tokens, then the rest).
-template <int R, int GS, bool SGN, int BITS, int64_t n>
-void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, const int8_t* qa,
-               const float* da, const float* ds, int64_t M, float* y, int64_t ldy) {
+template <int R, int GS, bool SGN, int BITS, bool KAP, int64_t n>
+void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, const Int8Rows& a, int kappa, float* y,
+               int64_t ldy) {
   constexpr int T = TileShape<I8>::tokens(BITS), W = R * I8::L;
-  const int64_t G32 = K / 32, G = K / GS;
+  const int64_t G32 = K / 32, G = K / GS, G16 = K / 16;
   int64_t m = 0;
-  for (; m + T <= M; m += T)
+  for (; m + T <= a.M; m += T)
     for (int64_t r0 = 0; r0 < n; r0 += W)
-      int8_tile<T, R, GS, SGN, BITS, n>(U, S, C, r0, K, qa + m * K, da + m * G32, ds + m * G, y + m * ldy, ldy);
-  for (; m < M; ++m)
+      int8_tile<T, R, GS, SGN, BITS, KAP, n>(U, S, C, r0, K, a.qa + m * K, a.da + m * G32, a.ds + m * G,
+                                             a.n16 + m * G16, kappa, y + m * ldy, ldy);
+  for (; m < a.M; ++m)
     for (int64_t r0 = 0; r0 < n; r0 += W)
-      int8_tile<1, R, GS, SGN, BITS, n>(U, S, C, r0, K, qa + m * K, da + m * G32, ds + m * G, y + m * ldy, ldy);
+      int8_tile<1, R, GS, SGN, BITS, KAP, n>(U, S, C, r0, K, a.qa + m * K, a.da + m * G32, a.ds + m * G,
+                                             a.n16 + m * G16, kappa, y + m * ldy, ldy);
 }
 
 // A panel of NP rows: whole registers of the tile's R where they divide NP, else of fewer.
-template <int GS, bool SGN, int BITS, int64_t NP>
-void int8_panel_n(const uint8_t* u, const float* s, const float* c, int64_t K, const int8_t* qa, const float* da,
-                  const float* ds, int64_t M, float* y, int64_t ldy) {
+template <int GS, bool SGN, int BITS, bool KAP, int64_t NP>
+void int8_panel_n(const uint8_t* u, const float* s, const float* c, int64_t K, const Int8Rows& a, int kappa,
+                  float* y, int64_t ldy) {
   constexpr int R = TileShape<I8>::regs(BITS), L = I8::L;
   constexpr int RN = NP % (R * L) == 0 ? R : NP % (2 * L) == 0 && R >= 2 ? 2 : 1;  // AVX-512: NP / 16
   static_assert(NP % (RN * L) == 0, "panels are whole registers of rows");
-  int8_rows<RN, GS, SGN, BITS, NP>(u, s, c, K, qa, da, ds, M, y, ldy);
+  int8_rows<RN, GS, SGN, BITS, KAP, NP>(u, s, c, K, a, kappa, y, ldy);
 }
 
-template <int GS, bool SGN, int BITS>
-void int8_panel(const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K, const int8_t* qa,
-                const float* da, const float* ds, int64_t M, float* y, int64_t ldy) {
+template <int GS, bool SGN, int BITS, bool KAP>
+void int8_panel_k(const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K, const Int8Rows& a,
+                  int kappa, float* y, int64_t ldy) {
   switch (n) {
-    case 16: return int8_panel_n<GS, SGN, BITS, 16>(u, s, c, K, qa, da, ds, M, y, ldy);
-    case 32: return int8_panel_n<GS, SGN, BITS, 32>(u, s, c, K, qa, da, ds, M, y, ldy);
-    case 48: return int8_panel_n<GS, SGN, BITS, 48>(u, s, c, K, qa, da, ds, M, y, ldy);
+    case 16: return int8_panel_n<GS, SGN, BITS, KAP, 16>(u, s, c, K, a, kappa, y, ldy);
+    case 32: return int8_panel_n<GS, SGN, BITS, KAP, 32>(u, s, c, K, a, kappa, y, ldy);
+    case 48: return int8_panel_n<GS, SGN, BITS, KAP, 48>(u, s, c, K, a, kappa, y, ldy);
     default: std::abort();  // callers take panels of 16, 32 or 48 rows
   }
+}
+
+// kappa != 0 (c = kappa * s in every group): the offset's term in the integer sums
+template <int GS, bool SGN, int BITS>
+void int8_panel(const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K, const Int8Rows& a,
+                int kappa, float* y, int64_t ldy) {
+  if (!SGN && kappa != 0) return int8_panel_k<GS, SGN, BITS, true>(u, s, c, n, K, a, kappa, y, ldy);
+  return int8_panel_k<GS, SGN, BITS, false>(u, s, c, n, K, a, 0, y, ldy);
 }
 #endif
 
@@ -735,21 +749,33 @@ int int8_quant_bits(const Weights& w) {
   }
 }
 
-void int8_gemm_panel(int64_t gs, int bits, const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K,
-                     const int8_t* qa, const float* da, const float* ds, int64_t M, float* y, int64_t ldy) {
+int int8_offset_ratio(const Weights& w) {
+  if (!w.raw()) return w.qtype == 1 ? -kShift : 0;  // SoA Q8_0; Q4_1's c is its own
+  switch (w.ggml_type) {  // as the decoders above write c
+    case gguf::Q4_0: return -8;
+    case gguf::Q5_0: return -16;
+    case gguf::Q3_K: return -4;
+    case gguf::Q6_K: return -32;
+    case gguf::Q8_0: case gguf::IQ4_NL: case gguf::IQ4_XS: return -kShift;
+    default: return 0;
+  }
+}
+
+void int8_gemm_panel(int64_t gs, int bits, int kappa, const uint8_t* u, const float* s, const float* c, int64_t n,
+                     int64_t K, const Int8Rows& a, float* y, int64_t ldy) {
 #if defined(OPSCOPE_INT8_GEMM)
   if constexpr (I8::kByte) {
-    if (gs == 32 && bits == 8) return int8_panel<32, kShift == 0, 8>(u, s, c, n, K, qa, da, ds, M, y, ldy);
+    if (gs == 32 && bits == 8) return int8_panel<32, kShift == 0, 8>(u, s, c, n, K, a, kappa, y, ldy);
   }
   if constexpr (!I8::kDirect) {  // int16 sums: quants of up to 4 bits run whole groups in them (I8::chunk)
-    if (gs == 32 && bits == 4) return int8_panel<32, false, 4>(u, s, c, n, K, qa, da, ds, M, y, ldy);
-    if (gs == 16 && bits == 4) return int8_panel<16, false, 4>(u, s, c, n, K, qa, da, ds, M, y, ldy);
+    if (gs == 32 && bits == 4) return int8_panel<32, false, 4>(u, s, c, n, K, a, kappa, y, ldy);
+    if (gs == 16 && bits == 4) return int8_panel<16, false, 4>(u, s, c, n, K, a, kappa, y, ldy);
   }
-  if (gs == 32) return int8_panel<32, false, 5>(u, s, c, n, K, qa, da, ds, M, y, ldy);
-  if (gs == 16 && bits == 6) return int8_panel<16, false, 6>(u, s, c, n, K, qa, da, ds, M, y, ldy);
-  if (gs == 16) return int8_panel<16, false, 5>(u, s, c, n, K, qa, da, ds, M, y, ldy);
+  if (gs == 32) return int8_panel<32, false, 5>(u, s, c, n, K, a, kappa, y, ldy);
+  if (gs == 16 && bits == 6) return int8_panel<16, false, 6>(u, s, c, n, K, a, kappa, y, ldy);
+  if (gs == 16) return int8_panel<16, false, 5>(u, s, c, n, K, a, kappa, y, ldy);
 #endif
-  (void)gs, (void)bits, (void)u, (void)s, (void)c, (void)n, (void)K, (void)qa, (void)da, (void)ds, (void)M, (void)y, (void)ldy;
+  (void)gs, (void)bits, (void)kappa, (void)u, (void)s, (void)c, (void)n, (void)K, (void)a, (void)y, (void)ldy;
   std::abort();  // callers ask int8_group_size first
 }
 

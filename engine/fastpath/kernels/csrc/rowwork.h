@@ -27,7 +27,8 @@ void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf);
 // x (K values, K a multiple of 32) to int8 per 32 as the decode step's int8 mode does
 // (kernels.cpp's prepare_activation: scale d = amax / 127, nearest with ties to even, bit for bit),
 // with s = d * the block's sum of int8 values and, where s16 is not null, the same per 16.
-void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* s, float* s16);
+// n16, where not null: the int8 sums per 16 themselves.
+void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* s, float* s16, int32_t* n16);
 // out[0..D) = rotate-half RoPE of x with c, s (each [D]; out does not overlap x).
 void rope_half(const float* x, const float* c, const float* s, int64_t D, float* out);
 // y[0..n) = a * x (y does not overlap x).
@@ -49,10 +50,23 @@ int int8_group_size(const Weights& w);
 int int8_quant_bits(const Weights& w);
 // Rows [r0, r0 + n) of w into a panel (u: K * n bytes; s, c: K / GS * n floats).
 void int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c);
-// y[m * ldy + j] = sum over k of w[r0 + j][k] * a[m][k] for the panel's n rows j and tokens m < M:
-// qa [M, K] int8, da [M, K / 32], ds [M, K / gs]; bits = int8_quant_bits(w).
-void int8_gemm_panel(int64_t gs, int bits, const uint8_t* u, const float* s, const float* c, int64_t n, int64_t K,
-                     const int8_t* qa, const float* da, const float* ds, int64_t M, float* y, int64_t ldy);
+// A prompt's int8 activations (quantize_q8 per row): qa [M, K], da [M, K / 32], ds [M, K / gs]
+// (float32: da * the group's int8 sum), n16 [M, K / 16] (the int8 sums per 16).
+struct Int8Rows {
+  const int8_t* qa;
+  const float *da, *ds;
+  const int32_t* n16;
+  int64_t M;
+};
+// kappa where w's panels have c = kappa * s in every group (the offset of shifted or centred quants:
+// Q4_0 -8, Q8_0 and the IQ4 tables -128 where moved up by it): the GEMM then adds kappa * the int8
+// sum into the integer dot product instead of a float32 term per group (one fma per 16 outputs
+// fewer, and no cancellation of two large terms); 0: none.
+int int8_offset_ratio(const Weights& w);
+// y[m * ldy + j] = sum over k of w[r0 + j][k] * a[m][k] for the panel's n rows j and tokens m < a.M;
+// bits = int8_quant_bits(w), kappa = int8_offset_ratio(w).
+void int8_gemm_panel(int64_t gs, int bits, int kappa, const uint8_t* u, const float* s, const float* c, int64_t n,
+                     int64_t K, const Int8Rows& a, float* y, int64_t ldy);
 
 }  // namespace rows
 
