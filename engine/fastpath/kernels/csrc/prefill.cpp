@@ -327,9 +327,9 @@ std::vector<at::Tensor> int8_gemms(const Act8Rows& a, const std::vector<Weights>
       const Weights& w = ws[pl.w];
       const int64_t gs = rows::int8_group_size(w), N = w.N;
       const rows::Int8Rows acts{qa, da, (gs == 32 ? a.ds : a.ds16).data_ptr<float>(), n16, M};
-      rows::int8_decode_panel(w, pl.r0, pl.n, u.data(), s.data(), c.data());
-      rows::int8_gemm_panel(gs, rows::int8_quant_bits(w), rows::int8_offset_ratio(w), u.data(), s.data(), c.data(),
-                            pl.n, K, acts, ys[pl.w].data_ptr<float>() + pl.r0, N);
+      const int kappa = rows::int8_decode_panel(w, pl.r0, pl.n, u.data(), s.data(), c.data());
+      rows::int8_gemm_panel(gs, rows::int8_quant_bits(w), kappa, u.data(), s.data(), c.data(), pl.n, K, acts,
+                            ys[pl.w].data_ptr<float>() + pl.r0, N);
     }
   });
   return ys;

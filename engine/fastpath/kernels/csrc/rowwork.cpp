@@ -729,26 +729,6 @@ int int8_group_size(const Weights& w) {
 #endif
 }
 
-void int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c) {
-  const int64_t gs = int8_group_size(w), K = w.K;
-  thread_local std::vector<uint8_t> rows;  // 16 rows of quants in weight order
-  rows.resize(size_t(16 * K));
-  for (int64_t i0 = 0; i0 < n; i0 += 16) {  // n: a multiple of 16 (int8_group_size asks N % 16 == 0)
-    for (int64_t i = 0; i < 16; ++i) int8_decode_row(w, r0 + i0 + i, gs, rows.data() + i * K, s + i0 + i, c + i0 + i, n);
-    transpose_rows16(rows.data(), K, n, i0 / 16, u);
-  }
-}
-
-int int8_quant_bits(const Weights& w) {
-  const int t = w.raw() ? w.ggml_type : w.qtype == 1 ? int(gguf::Q8_0) : int(gguf::Q4_1);
-  switch (t) {
-    case gguf::Q8_0: case gguf::IQ4_NL: case gguf::IQ4_XS: return 8;
-    case gguf::Q6_K: return 6;
-    case gguf::Q4_0: case gguf::Q4_1: case gguf::Q4_K: case gguf::Q2_K: case gguf::Q3_K: return 4;  // at most
-    default: return 5;
-  }
-}
-
 int int8_offset_ratio(const Weights& w) {
   if (!w.raw()) return w.qtype == 1 ? -kShift : 0;  // SoA Q8_0; Q4_1's c is its own
   switch (w.ggml_type) {  // as the decoders above write c
@@ -758,6 +738,31 @@ int int8_offset_ratio(const Weights& w) {
     case gguf::Q6_K: return -32;
     case gguf::Q8_0: case gguf::IQ4_NL: case gguf::IQ4_XS: return -kShift;
     default: return 0;
+  }
+}
+
+int int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c) {
+  const int64_t gs = int8_group_size(w), K = w.K;
+  thread_local std::vector<uint8_t> rows;  // 16 rows of quants in weight order
+  rows.resize(size_t(16 * K));
+  for (int64_t i0 = 0; i0 < n; i0 += 16) {  // n: a multiple of 16 (int8_group_size asks N % 16 == 0)
+    for (int64_t i = 0; i < 16; ++i) int8_decode_row(w, r0 + i0 + i, gs, rows.data() + i * K, s + i0 + i, c + i0 + i, n);
+    transpose_rows16(rows.data(), K, n, i0 / 16, u);
+  }
+  if (w.raw() || w.qtype != 0) return int8_offset_ratio(w);
+  // Q4_1's layout also holds Q4_0 (packing.py: m = -8 d exactly): those panels have c = -8 s
+  for (int64_t j = 0; j < n * (K / gs); ++j)
+    if (c[j] != -8.f * s[j]) return 0;
+  return -8;
+}
+
+int int8_quant_bits(const Weights& w) {
+  const int t = w.raw() ? w.ggml_type : w.qtype == 1 ? int(gguf::Q8_0) : int(gguf::Q4_1);
+  switch (t) {
+    case gguf::Q8_0: case gguf::IQ4_NL: case gguf::IQ4_XS: return 8;
+    case gguf::Q6_K: return 6;
+    case gguf::Q4_0: case gguf::Q4_1: case gguf::Q4_K: case gguf::Q2_K: case gguf::Q3_K: return 4;  // at most
+    default: return 5;
   }
 }
 

@@ -48,8 +48,9 @@ int int8_group_size(const Weights& w);
 // The width of w's quants in the panel: 8 (Q8_0 and the IQ4 tables: signed, c = 0, where this build's
 // dot product multiplies signed bytes, else moved up by 128), 6 (Q6_K) or at most 5.
 int int8_quant_bits(const Weights& w);
-// Rows [r0, r0 + n) of w into a panel (u: K * n bytes; s, c: K / GS * n floats).
-void int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c);
+// Rows [r0, r0 + n) of w into a panel (u: K * n bytes; s, c: K / GS * n floats); returns the
+// panel's kappa (int8_offset_ratio, or -8 for Q4_0 held as Q4_1).
+int int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c);
 // A prompt's int8 activations (quantize_q8 per row): qa [M, K], da [M, K / 32], ds [M, K / gs]
 // (float32: da * the group's int8 sum), n16 [M, K / 16] (the int8 sums per 16).
 struct Int8Rows {
@@ -64,7 +65,7 @@ struct Int8Rows {
 // fewer, and no cancellation of two large terms); 0: none.
 int int8_offset_ratio(const Weights& w);
 // y[m * ldy + j] = sum over k of w[r0 + j][k] * a[m][k] for the panel's n rows j and tokens m < a.M;
-// bits = int8_quant_bits(w), kappa = int8_offset_ratio(w).
+// bits = int8_quant_bits(w), kappa: int8_decode_panel's.
 void int8_gemm_panel(int64_t gs, int bits, int kappa, const uint8_t* u, const float* s, const float* c, int64_t n,
                      int64_t K, const Int8Rows& a, float* y, int64_t ldy);
 
