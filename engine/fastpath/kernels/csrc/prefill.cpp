@@ -518,6 +518,7 @@ at::Tensor prefill_attn(const at::Tensor& q_in, const at::Tensor& k_in, const at
       for (int64_t g = 0; g < Kh; ++g) items.push_back({b, g, i0, start + std::min(T, i0 + blk)});
   std::stable_sort(items.begin(), items.end(), [](const AttnItem& x, const AttnItem& y) { return x.cost > y.cost; });
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), int64_t(items.size())));
+  std::atomic<size_t> next{0};
   at::parallel_for(0, nt, 1, [&](int64_t t0, int64_t t1) {
     Buffers& bufs = buffers();
     // A block's rows are token-major (token i, head hh at row i * rep + hh): its queries are
@@ -525,8 +526,10 @@ at::Tensor prefill_attn(const at::Tensor& q_in, const at::Tensor& k_in, const at
     std::vector<float> qb(rep * blk * D), ob(rep * blk * D), sums(rep * blk);
     const MklOneThread one;
     for (int64_t t = t0; t < t1; ++t) {
-      // Items sorted by cost, dealt round-robin (the longest first): the threads' totals even out.
-      for (size_t it = t; it < items.size(); it += nt) {
+      // Items sorted by cost, the longest first, each to the next thread free: a thread a neighbour
+      // slows takes fewer (a round-robin deal waited for it at the end of every layer).
+      for (size_t it = next.fetch_add(1, std::memory_order_relaxed); it < items.size();
+           it = next.fetch_add(1, std::memory_order_relaxed)) {
         const AttnItem& w = items[it];
         const int64_t bq = std::min(blk, T - w.i0), e = w.cost, rows = rep * bq;
         float* sc = bufs.get(bufs.tmp, rows * e);
