@@ -53,6 +53,7 @@ FIELD_TEXT = {  # label, tooltip: what each fast-path setting does (engine/fastp
     "compile_decode": ("torch.compile decode", "compile the single-token decode step"),
     "pin_threads": ("Pin threads", "bind the OpenMP threads to distinct cores"),
     "adapt_threads": ("Adapt threads to load", "decode gives cores back while other processes use them"),
+    "keep_heap": ("Keep freed memory", "reuse freed memory instead of faulting in fresh pages each prompt (glibc)"),
     "on_error": ("If kernels cannot build", "fallback: plain torch · raise: fail the load"),
 }
 RELOAD_NOTE = (

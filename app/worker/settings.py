@@ -27,6 +27,7 @@ FALLBACK_LOAD_OPTIONS = {
         {"name": "compile_decode", "type": "bool", "default": False},
         {"name": "pin_threads", "type": "bool", "default": False},
         {"name": "adapt_threads", "type": "bool", "default": True},
+        {"name": "keep_heap", "type": "bool", "default": True},
         {"name": "on_error", "type": "choice", "default": "fallback", "choices": ["fallback", "raise"]},
     ],
 }

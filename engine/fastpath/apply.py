@@ -6,6 +6,7 @@ import functools
 import logging
 
 import torch.nn as nn
+from opscope.engine.core import heap
 from opscope.engine.fastpath.kernels import KernelBuildError, pack, supported
 from opscope.engine.fastpath.options import FastPathOptions
 
@@ -62,6 +63,8 @@ def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
     )
 
     ensure_op()
+    if options.keep_heap:
+        heap.keep_freed_memory()
     counts: dict[str, int] = {}
     tied = model.config.tie_embeddings
     # A tied head reads the embedding's blocks: Q4_1/Q8_0 repacked for the tuned matvec; an untied

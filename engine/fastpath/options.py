@@ -29,6 +29,7 @@ class FastPathOptions:
     compile_decode: bool = False  # torch.compile the single-token decode step
     pin_threads: bool = False  # bind the OpenMP threads to distinct cores
     adapt_threads: bool = True  # decode gives cores back while other processes use them (engine.cpuload)
+    keep_heap: bool = True  # freed memory stays in the heap for the next pass (engine.core.heap; glibc)
     on_error: str = "fallback"  # when kernels cannot be built: keep plain torch, or raise
 
     def __post_init__(self):

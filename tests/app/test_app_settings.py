@@ -58,6 +58,7 @@ def test_settings_dialog_shows_every_model_option(qtbot, window):
         "compile_decode",
         "pin_threads",
         "adapt_threads",
+        "keep_heap",
         "on_error",
     }
     assert "the model's own (" in dialog.context.specialValueText()
