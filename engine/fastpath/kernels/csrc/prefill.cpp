@@ -519,36 +519,34 @@ at::Tensor prefill_attn(const at::Tensor& q_in, const at::Tensor& k_in, const at
   std::stable_sort(items.begin(), items.end(), [](const AttnItem& x, const AttnItem& y) { return x.cost > y.cost; });
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), int64_t(items.size())));
   std::atomic<size_t> next{0};
-  at::parallel_for(0, nt, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, nt, 1, [&](int64_t, int64_t) {
     Buffers& bufs = buffers();
     // A block's rows are token-major (token i, head hh at row i * rep + hh): its queries are
     // contiguous runs of rep * D in q, and so are its outputs in out.
     std::vector<float> qb(rep * blk * D), ob(rep * blk * D), sums(rep * blk);
     const MklOneThread one;
-    for (int64_t t = t0; t < t1; ++t) {
-      // Items sorted by cost, the longest first, each to the next thread free: a thread a neighbour
-      // slows takes fewer (a round-robin deal waited for it at the end of every layer).
-      for (size_t it = next.fetch_add(1, std::memory_order_relaxed); it < items.size();
-           it = next.fetch_add(1, std::memory_order_relaxed)) {
-        const AttnItem& w = items[it];
-        const int64_t bq = std::min(blk, T - w.i0), e = w.cost, rows = rep * bq;
-        float* sc = bufs.get(bufs.tmp, rows * e);
-        for (int64_t i = 0; i < bq; ++i) {
-          const int64_t tok = w.i0 + i;
-          for (int64_t hh = 0; hh < rep; ++hh)
-            rows::rope_half(qp + ((w.b * T + tok) * H + w.g * rep + hh) * D, cp + tok * D, sp + tok * D, D,
-                     qb.data() + (i * rep + hh) * D);
-        }
-        const float* kb = kc + w.b * S * ldkv + w.g * D;
-        const float* vb = vc + w.b * S * ldkv + w.g * D;
-        gemm_abt(qb.data(), D, kb, ldkv, sc, e, rows, e, D);
-        for (int64_t r = 0; r < rows; ++r) sums[r] = softmax_row(sc + r * e, start + w.i0 + r / rep + 1, e, scale);
-        gemm_ab(sc, e, vb, ldkv, ob.data(), D, rows, D, e);
-        for (int64_t i = 0; i < bq; ++i) {
-          float* dst = op + (w.b * T + w.i0 + i) * ldq + w.g * rep * D;
-          for (int64_t hh = 0; hh < rep; ++hh) {
-            rows::scale(ob.data() + (i * rep + hh) * D, 1.f / sums[i * rep + hh], D, dst + hh * D);
-          }
+    // Items sorted by cost, the longest first, each to the next thread free: a thread a neighbour
+    // slows takes fewer (a round-robin deal waited for it at the end of every layer).
+    for (size_t it = next.fetch_add(1, std::memory_order_relaxed); it < items.size();
+         it = next.fetch_add(1, std::memory_order_relaxed)) {
+      const AttnItem& w = items[it];
+      const int64_t bq = std::min(blk, T - w.i0), e = w.cost, rows = rep * bq;
+      float* sc = bufs.get(bufs.tmp, rows * e);
+      for (int64_t i = 0; i < bq; ++i) {
+        const int64_t tok = w.i0 + i;
+        for (int64_t hh = 0; hh < rep; ++hh)
+          rows::rope_half(qp + ((w.b * T + tok) * H + w.g * rep + hh) * D, cp + tok * D, sp + tok * D, D,
+                   qb.data() + (i * rep + hh) * D);
+      }
+      const float* kb = kc + w.b * S * ldkv + w.g * D;
+      const float* vb = vc + w.b * S * ldkv + w.g * D;
+      gemm_abt(qb.data(), D, kb, ldkv, sc, e, rows, e, D);
+      for (int64_t r = 0; r < rows; ++r) sums[r] = softmax_row(sc + r * e, start + w.i0 + r / rep + 1, e, scale);
+      gemm_ab(sc, e, vb, ldkv, ob.data(), D, rows, D, e);
+      for (int64_t i = 0; i < bq; ++i) {
+        float* dst = op + (w.b * T + w.i0 + i) * ldq + w.g * rep * D;
+        for (int64_t hh = 0; hh < rep; ++hh) {
+          rows::scale(ob.data() + (i * rep + hh) * D, 1.f / sums[i * rep + hh], D, dst + hh * D);
         }
       }
     }
