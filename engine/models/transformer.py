@@ -7,8 +7,9 @@ Everything a forward pass creates is created on the model's device (placement tr
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch
@@ -125,6 +126,24 @@ class Attention(nn.Module):
             and not torch.is_grad_enabled()
             and not torch.compiler.is_compiling()
         )
+
+
+@contextlib.contextmanager
+def varying_shape_attention(device: torch.device, cached: bool) -> Iterator[None]:
+    """SDPA without cuDNN's backend on CUDA for a model with a KV cache: every prompt length and
+    every decode step is a new shape there, and cuDNN builds an execution graph per new shape
+    (40-450 ms on an H200, each step of a first request; docs/decisions/0010). Flash and
+    memory-efficient attention have no per-shape setup. The flag is torch's, process-wide, so it
+    is restored on the way out; training and cache-free passes keep torch's choice."""
+    if device.type != "cuda" or not cached or torch.compiler.is_compiling() or torch.is_grad_enabled():
+        yield
+        return
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
 
 
 def attend(q, k, v, mask, impl: str, scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
@@ -284,12 +303,13 @@ class Transformer(nn.Module):
         """idx [B,T] → logits [B,T,V] (or [B,1,V] with ``last_only``). ``input_pos`` is the position of
         idx[:, 0] (an int, so no host sync is needed); ``pad`` [B] counts left-padding tokens per row
         (batched generation): their keys are masked and positions start after them."""
-        if self.decode_step is not None and self.is_decode_step(idx, pad):
-            pos = int(input_pos[0]) if isinstance(input_pos, torch.Tensor) else int(input_pos)
-            logits = self.decode_step(idx, pos)  # [1,1,V], the same with or without last_only
-            if logits is not None:
-                return logits
-        return self.plain_forward(idx, input_pos, pad=pad, last_only=last_only)
+        with varying_shape_attention(idx.device, cached=bool(self.max_cache_len)):
+            if self.decode_step is not None and self.is_decode_step(idx, pad):
+                pos = int(input_pos[0]) if isinstance(input_pos, torch.Tensor) else int(input_pos)
+                logits = self.decode_step(idx, pos)  # [1,1,V], the same with or without last_only
+                if logits is not None:
+                    return logits
+            return self.plain_forward(idx, input_pos, pad=pad, last_only=last_only)
 
     def plain_forward(
         self,

@@ -271,21 +271,24 @@ def generate_large(ctx: Ctx) -> dict[str, Any]:
 
 def decode_steps(ctx: Ctx) -> dict[str, Any]:
     """Each decode step of a first request against the same request again and one of a new length
-    (probe.py decode-steps), on the ~1B model in bfloat16. The first GPU run's `generate` decoded
-    7x slower than `bench llm`'s warmed-up requests on the same model (docs/gpu.md): a cost paid
-    per new shape (attention plans, lazily loaded kernels) fails this check and says where."""
+    (probe.py decode-steps), on the ~1B model in bfloat16. The first GPU runs' `generate` decoded
+    7-10x slower than `bench llm`'s warmed-up requests: cuDNN's attention built a graph for every
+    new KV length (docs/decisions/0010). A cost paid per new shape fails this check: as a slow
+    median (every step of a first request), or as one slow step where a known request grows into
+    new lengths (the new-length request's last steps)."""
     dtype = "float32" if ctx.dry else "bfloat16"
     res = ctx.python_file(
         PROBE, "decode-steps", model_path(ctx, "large-f16"), "--device", ctx.device, "--dtype", dtype, timeout_s=180
     ).json()
     runs = res["runs"]
     warm = runs["same again"]["median_ms"]
-    slow = {k: r["median_ms"] for k, r in runs.items() if k != "same again" and r["median_ms"] > 2 * warm}
+    slow = [f"{k} {r['median_ms']:.1f} ms" for k, r in runs.items() if k != "same again" and r["median_ms"] > 2 * warm]
+    spike = runs["new length"]["max_after_first_ms"]
+    if spike > 4 * warm and not ctx.dry:  # a shared 2-core CPU has spikes of its own
+        slow.append(f"one step of the new length {spike:.1f} ms")
     if slow:
         raise fail(
-            "decode steps of new shapes are slow: "
-            + ", ".join(f"{k} {v:.1f} ms" for k, v in slow.items())
-            + f" against {warm:.1f} ms for the same request repeated",
+            f"decode steps of new shapes are slow: {', '.join(slow)} against {warm:.1f} ms for the same request repeated",
             **res,
         )
     return res
