@@ -63,8 +63,6 @@ def quantize_linears(model, source, options: FastPathOptions) -> dict[str, int]:
     )
 
     ensure_op()
-    if options.keep_heap:
-        heap.keep_freed_memory()
     counts: dict[str, int] = {}
     tied = model.config.tie_embeddings
     # A tied head reads the embedding's blocks: Q4_1/Q8_0 repacked for the tuned matvec; an untied
@@ -116,16 +114,26 @@ def weight_bytes(model) -> int:
     return total
 
 
+def prepare_process(options: FastPathOptions) -> None:
+    """The fast path's process-wide settings, once before its kernels load: threads pinned to
+    cores, and freed memory kept in the heap so a prefill's temporaries are reused (engine.core.heap)."""
+    if options.pin_threads:
+        from opscope.engine.fastpath.threads import pin_threads
+
+        pin_threads()
+    if options.keep_heap:
+        heap.keep_freed_memory()
+
+
 def apply(model, source, options: FastPathOptions = FastPathOptions()):
     """Apply the CPU fast path to ``model`` (an engine.models.llama.Transformer on the CPU, loaded
     from ``source``) in place, and return it. Sources without raw quantized blocks (safetensors),
     non-CPU models and ``weights="dense"`` leave the weights as they are."""
-    from opscope.engine.fastpath import decode, threads
+    from opscope.engine.fastpath import decode
 
     if options.weights == "q" and _can_quantize(model, source):
         try:
-            if options.pin_threads:
-                threads.pin_threads()
+            prepare_process(options)
             counts = quantize_linears(model, source, options)
             log.info(
                 "fast path: quantized weights %s (activations %s, prefill %s); weights %.1f MB",

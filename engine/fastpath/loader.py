@@ -16,7 +16,7 @@ import torch
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.errors import ModelFormatError
-from opscope.engine.fastpath.apply import quantize_linears, weight_bytes
+from opscope.engine.fastpath.apply import prepare_process, quantize_linears, weight_bytes
 from opscope.engine.fastpath.kernels import KernelBuildError, load_kernels, pack, supported
 from opscope.engine.fastpath.options import FastPathOptions
 
@@ -79,11 +79,8 @@ def build_quantized(source, options: FastPathOptions, attention: str = "sdpa"):
     return model.eval().requires_grad_(False)
 
 
-def _build_pinned(source, options: FastPathOptions, attention: str):
-    if options.pin_threads:
-        from opscope.engine.fastpath.threads import pin_threads
-
-        pin_threads()
+def _build_in_prepared_process(source, options: FastPathOptions, attention: str):
+    prepare_process(options)
     return build_quantized(source, options, attention)
 
 
@@ -105,7 +102,7 @@ def load(
         source = open_model(model)
         if options.weights == "q" and hasattr(source, "raw_tensor"):
             try:
-                net = _build_pinned(source, options, attention)
+                net = _build_in_prepared_process(source, options, attention)
                 return LoadedModel(
                     source, net, LoadOptions("cpu", "float32", attention, threads), (now_ns() - t0) / 1e6
                 )
