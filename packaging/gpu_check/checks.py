@@ -262,6 +262,7 @@ def generate_large(ctx: Ctx) -> dict[str, Any]:
         f["weight_bytes"] = (params - embed) * bytes_per_param + embed * 2
         f["mbu"] = f["weight_bytes"] * out["decode_tok_s"] / bw if bw else None
         figures[name] = f
+        ctx.shared.setdefault("generate_tpot_ms", {})[name] = f.get("tpot_ms")
         if not out.get("decode_tok_s") or (f["mbu"] is not None and f["mbu"] > RATIO_CEIL):
             bad.append(f"{name}: implausible decode rate {out.get('decode_tok_s')} tok/s (MBU {f['mbu']})")
     if bad:
@@ -282,6 +283,11 @@ def decode_steps(ctx: Ctx) -> dict[str, Any]:
     ).json()
     runs = res["runs"]
     warm = runs["same again"]["median_ms"]
+    # `generate`'s time per token (its own process, 64 tokens) over the probe's warm step: reported,
+    # not judged (one process's cold steps and a shared host move it); far above 1 asks why
+    res["generate_tpot_over_warm_step"] = {
+        k: round(v / warm, 2) for k, v in ctx.shared.get("generate_tpot_ms", {}).items() if v and warm
+    }
     slow = [f"{k} {r['median_ms']:.1f} ms" for k, r in runs.items() if k != "same again" and r["median_ms"] > 2 * warm]
     spike = runs["new length"]["max_after_first_ms"]
     if spike > 4 * warm and not ctx.dry:  # a shared 2-core CPU has spikes of its own
