@@ -83,7 +83,7 @@ def _raw_has_q8(ggml_type: str) -> bool:
 
 def _int8_pays(packed: PackedWeight) -> bool:
     """Whether this matrix's prefill runs as an int8 GEMM: wherever the loaded kernels have one for
-    it (not for the 8-bit types on AVX2 without VNNI). The 16-weight-group types (Q2_K, Q3_K, Q6_K)
+    it (every quantized type on every variant with int8 kernels). The 16-weight-group types (Q2_K, Q3_K, Q6_K)
     too: with the vector quantizer and the shared regions they ran 1.02-1.05x of the native bf16
     GEMM at the model (docs/decisions/cpu-variants.md)."""
     n, k = packed.shape

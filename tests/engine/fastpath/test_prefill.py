@@ -275,15 +275,9 @@ def q8_rows(x: np.ndarray) -> np.ndarray:
 
 
 def int8_expected(ggml_type: str, n: int) -> bool:
-    """Where this process's kernels have the int8 prefill GEMM: every variant with int8 kernels; the
-    8-bit quants (signed) not on AVX2's maddubs (its int16 pairs saturate: AVX-VNNI has vpdpbusd)."""
-    byte = ggml_type in ("Q8_0", "IQ4_NL", "IQ4_XS")
-    return (
-        variants.chosen().int8
-        and ggml_type in INT8_TYPES
-        and n % 16 == 0
-        and not (byte and variants.chosen().name == "avx2")
-    )
+    """Where this process's kernels have the int8 prefill GEMM: every variant with int8 kernels, every
+    type of INT8_TYPES, panels of whole 16-row registers."""
+    return variants.chosen().int8 and ggml_type in INT8_TYPES and n % 16 == 0
 
 
 @pytest.mark.parametrize("ggml_type,layout", INT8_CASES)

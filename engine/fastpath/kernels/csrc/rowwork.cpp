@@ -197,9 +197,9 @@ namespace {
 //              accumulators, R weight registers)
 //   kShift     what signed quants are moved up by: 128 where the dot product takes unsigned bytes
 //              up to 255 (vpdpbusd), 0 where they stay signed (sdot multiplies signed bytes)
-//   kByte      whether 8-bit quants (Q8_0, the IQ4 tables) run here: not on maddubs, whose int16
-//              pairs saturate past 2 * 127 * 127 (signed quants would need vpsignb on both operands
-//              per product: 1.0-1.2x of the float32 GEMM, docs/decisions/cpu-variants.md)
+//   kByte      whether 8-bit quants (Q8_0, the IQ4 tables) run here: on maddubs, whose int16 pairs
+//              would saturate past 2 * 127 * 127 for unsigned ones, they stay signed and each product
+//              takes vpsignb twice (docs/decisions/cpu-variants.md)
 //   P, pzero, mad<SGN>(p, w, a), flush(acc, p), chunk(bits)
 //              per lane the 4 products of its bytes, summed in p over up to chunk(bits) steps of 4 k
 //              (quants of at most bits bits), then added into the int32 acc: maddubs sums in int16
@@ -236,7 +236,7 @@ struct I8 {
   static constexpr bool kByte = true;
 #else
   static constexpr int kShift = 0;
-  static constexpr bool kByte = false;
+  static constexpr bool kByte = true;
 #endif
   static constexpr int L = 8, T = 4, R = 1;
   using I = __m256i;
@@ -252,11 +252,11 @@ struct I8 {
   static constexpr int chunk(int) { return 8; }
   static constexpr bool kDirect = true;
 #else
-  // unsigned quants only (int8_group_size: none for the signed types here): pairs of u * a in int16,
-  // |a| <= 127: 2 * 31 * 127 * 4 steps and 2 * 63 * 127 * 2 steps stay below 2^15
+  // pairs of u * a in int16, |a| <= 127: 2 * 31 * 127 * 4 steps and 2 * 63 * 127 * 2 steps stay
+  // below 2^15. SGN (8-bit signed quants): |w| * (a with w's sign), one step (2 * 128 * 127 < 2^15)
   template <bool SGN> static P mad(P p, I w, I a) {
-    static_assert(!SGN, "maddubs: unsigned quants only");
-    P r = _mm256_add_epi16(p, _mm256_maddubs_epi16(w, a));
+    const I u = SGN ? _mm256_sign_epi8(w, w) : w;
+    P r = _mm256_add_epi16(p, _mm256_maddubs_epi16(u, SGN ? _mm256_sign_epi8(a, w) : a));
     // keeps each sum one chain in a register: GCC otherwise reassociates a chunk's adds into a tree
     // whose 24-48 products it spills to the stack (perf, the 3 x 16 tile)
     asm("" : "+x"(r));
@@ -266,7 +266,7 @@ struct I8 {
   // 4-bit quants: 2 * 15 * 127 * 8 steps < 2^15, a whole group of 32 in int16, no int32 sums kept
   // across it, and the registers that frees hold a 3-token x 16-row tile (each broadcast feeds 2
   // products, not 1)
-  static constexpr int chunk(int bits) { return bits <= 4 ? 8 : bits <= 5 ? 4 : 2; }
+  static constexpr int chunk(int bits) { return bits <= 4 ? 8 : bits <= 5 ? 4 : bits <= 6 ? 2 : 1; }
   static constexpr int tokens(int bits) { return bits <= 4 ? 3 : T; }
   static constexpr int regs(int bits) { return bits <= 4 ? 2 : R; }
   static constexpr bool kDirect = false;
