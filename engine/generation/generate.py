@@ -58,6 +58,26 @@ def ensure_cache(model: Transformer, batch: int, length: int, keep: int = 0) -> 
             prefix_cache.keep_on_resize(model, old, keep)
 
 
+WARM_UP_TOKENS = 16
+
+
+def warm_up(model: Transformer) -> None:
+    """A prefill of WARM_UP_TOKENS and one decode step, results thrown away, so that a device's
+    one-time costs (library handles, kernels loaded on first use) fall in the load and not in the
+    first reply's TTFT: on an H200 a fresh process's first request took 160-450 ms to its first
+    token where later ones took 11-14 (docs/gpu.md), and llama.cpp warms up the same way. The cache
+    it wrote is forgotten (engine.prefix_cache): the next request prefills from position 0."""
+    ensure_cache(model, 1, WARM_UP_TOKENS + 1)
+    device = model.embed.weight.device
+    ids = torch.zeros(1, WARM_UP_TOKENS, dtype=torch.long, device=device)
+    with torch.inference_mode():
+        model(ids, 0, last_only=True)
+        model(ids[:, :1], WARM_UP_TOKENS)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    prefix_cache.forget(model)
+
+
 def _generator(cfg: GenerationConfig, device: torch.device) -> torch.Generator | None:
     """A seeded generator for sampling; none for greedy. The meta device (trace stand-in) has none."""
     if cfg.temperature == 0:

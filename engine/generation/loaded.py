@@ -206,6 +206,10 @@ def load_plain(
         net.decode_threads = 1  # see engine.generate.decode_threads
     if compile == "decode":
         enable_compiled_decode(net)
+    elif dev.type == "cuda":  # a compiled step would compile here, minutes of load for one warm-up
+        from opscope.engine.generation.generate import warm_up
+
+        warm_up(net)
     load_ms = (now_ns() - t0) / 1e6
     log.info("loaded %s on %s/%s in %.0f ms", source.path, dev, dt, load_ms)
     options = LoadOptions(device, dtype, attention, threads, compile=compile, quantize=quantize)

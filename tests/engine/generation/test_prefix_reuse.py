@@ -304,3 +304,20 @@ def test_the_window_reuses_the_conversation_in_the_worker(qapp, qtbot, tmp_path)
         assert f"· prefill {second['prompt_tokens']} tok ({second['cached_tokens']} cached)" in chat.stats_label.text()
     finally:
         close_window(win)
+
+
+def test_a_warm_up_leaves_nothing_to_reuse_and_the_tokens_unchanged(models):
+    """engine.generation.warm_up (what a GPU load runs): its cache is forgotten, so the next request
+    prefills from position 0 and generates what it would have without it."""
+    from opscope.engine.generation.generate import WARM_UP_TOKENS, warm_up
+
+    lm, fresh = models
+    prompt = prompt_ids(lm, [{"role": "user", "content": TURNS[0]}])
+    run(lm, prompt)  # a cache worth reusing: the same prompt again would reuse all but its last id
+    warm_up(lm.model)
+    assert lm.model.max_cache_len > WARM_UP_TOKENS
+    tokens, done, started, prefill = run(lm, prompt)
+    want, _, _, _ = run(fresh, prompt, reuse=False)
+    assert tokens == want
+    assert done.stats.cached_tokens == started.cached_tokens == 0
+    assert prefill[0] == (len(prompt), 0)
