@@ -67,12 +67,13 @@ def warm_up(model: Transformer) -> None:
     first reply's TTFT: on an H200 a fresh process's first request took 160-450 ms to its first
     token where later ones took 11-14 (docs/gpu.md), and llama.cpp warms up the same way. The cache
     it wrote is forgotten (engine.prefix_cache): the next request prefills from position 0."""
-    ensure_cache(model, 1, WARM_UP_TOKENS + 1)
+    n = max(1, min(WARM_UP_TOKENS, model.config.max_seq_len - 1))  # a tiny context holds fewer
+    ensure_cache(model, 1, n + 1)
     device = model.embed.weight.device
-    ids = torch.zeros(1, WARM_UP_TOKENS, dtype=torch.long, device=device)
+    ids = torch.zeros(1, n, dtype=torch.long, device=device)
     with torch.inference_mode():
         model(ids, 0, last_only=True)
-        model(ids[:, :1], WARM_UP_TOKENS)
+        model(ids[:, :1], n)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     prefix_cache.forget(model)
