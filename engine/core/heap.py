@@ -11,7 +11,6 @@ time per 512-token pass of SmolLM2 on 2 threads (docs/decisions/cpu-variants.md,
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import platform
 
@@ -33,7 +32,7 @@ def keep_freed_memory() -> bool:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the process's own symbols: glibc's (find_library would spawn ldconfig)
         ok = bool(
             libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
         )

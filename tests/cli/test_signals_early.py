@@ -100,11 +100,12 @@ def _check(r: dict) -> None:
     sig = getattr(signal, r["signal"])
     clean_exit = (r["rc"], r["stderr"]) == (0, "")
     one_line = (r["rc"], r["stderr"]) == (128 + sig, LINE[sig])
-    assert "Traceback" not in r["stderr"], r
+    said = f"{r['args'][0]} at {r['delay_s']} s: rc {r['rc']}, stderr {r['stderr']!r}"  # what a failure prints
+    assert "Traceback" not in r["stderr"], said
     # a process may finish between the check and the signal (inspect takes about a second)
-    assert one_line or clean_exit, r
+    assert one_line or clean_exit, said
     if r["finished_before"]:
-        assert clean_exit, r
+        assert clean_exit, said
 
 
 DELAYS = (0.0, 0.01, 0.05, 0.15, 0.4, 0.8, 1.5)
