@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.opscope-installed
 
 .PHONY: setup run chat lint typecheck test test-fast perf-check stress-check postgres clean screenshots xvfb-walk dist bundle bundle-test \
-	gpu-wheels gpu-check gpu-check-dry prebuilt-arm arm-check
+	gpu-wheels gpu-check gpu-check-dry prebuilt-arm arm-check prebuilt-torch newest-torch-check
 
 setup: $(STAMP)
 
@@ -76,7 +76,7 @@ stress-check: setup
 
 # A -m given here replaces the one in pyproject's addopts, so it repeats that one's deselections.
 test-fast: setup
-	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -m "not slow and not bundle and not perf and not xvfb and not stress"
+	QT_QPA_PLATFORM=offscreen $(BIN)/pytest -q -m "not slow and not bundle and not perf and not xvfb and not stress and not newest_torch"
 
 # Regenerates docs/screenshots/: the window at start and after a failed load (`opscope gui --screenshot`),
 # then every panel at work (the GUI test that shoots them, pointed at docs/screenshots): a reply
@@ -102,10 +102,14 @@ xvfb-walk: setup
 # The wheel carries every CPU kernel variant prebuilt for the pinned torch (no compiler on the
 # user's machine); setup built the variants this CPU runs, `fastpath build --all` adds the others,
 # and the ARM64 one is cross-compiled where the cross toolchain and PyPI are there (prebuilt-arm).
+# pip gives a new environment the newest torch, not the pin: its x86-64 variants too (prebuilt-torch).
+NEWEST_TORCH := 2.14.1
 dist: setup
 	rm -rf build/lib build/bdist.* dist/opscope-*.whl dist/opscope-*.tar.gz
 	$(BIN)/opscope fastpath build --all
 	$(BIN)/python packaging/cross_kernels.py || echo "ARM64 kernels not in this wheel: ARM users compile them at first use"
+	$(BIN)/python packaging/cross_kernels.py --arch x86_64 --torch $(NEWEST_TORCH) || \
+	  echo "no x86-64 kernels for torch $(NEWEST_TORCH) in this wheel: its users compile them at first use"
 	$(BIN)/python -c "from setuptools import build_meta as b; print(b.build_sdist('dist')); print(b.build_wheel('dist'))"
 
 # The ARM64 (NEON) kernels cross-compiled for the pinned torch into the same prebuilt/ folder tree,
@@ -113,6 +117,16 @@ dist: setup
 # g++-aarch64-linux-gnu and PyPI for torch's aarch64 headers and libraries, ~430 MB, cached).
 prebuilt-arm: setup
 	$(BIN)/python packaging/cross_kernels.py
+
+# The x86-64 variants compiled against the newest torch's headers and libraries (its wheel from
+# PyPI, ~550 MB, cached; nothing installed), into prebuilt/torch$(NEWEST_TORCH)-…/ for `make dist`.
+prebuilt-torch: setup
+	$(BIN)/python packaging/cross_kernels.py --arch x86_64 --torch $(NEWEST_TORCH)
+
+# The wheel with both torches' kernels installed into a new venv with the newest torch (its CUDA
+# build, ~5 GB, built once per machine) and run without a compiler (tests/test_packaging.py).
+newest-torch-check: prebuilt-torch
+	$(BIN)/pytest -q -p no:cacheprovider -m newest_torch tests/test_packaging.py
 
 # That library loaded by the engine's own loader inside a real aarch64 torch, under qemu-user, and
 # its ops checked against references made here (packaging/arm_check.py; about a minute once the

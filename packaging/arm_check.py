@@ -209,7 +209,7 @@ def stubs(site_dir: Path, root: Path, cache: Path) -> Path:
     """Libraries for the NVIDIA ones torch's libraries name but the wheel does not hold: each with
     its soname, the symbol versions asked of it and every symbol asked of it (CPython loads
     extensions with RTLD_NOW: an unresolved function fails the import, not just its call)."""
-    out = cache / "stubs"
+    out = cache / f"stubs-{site_dir.name}"  # per torch: a run for one leaves the other's
     libs = sorted((site_dir / "torch" / "lib").glob("*.so*")) + sorted((site_dir / "torch").glob("_C*.so"))
     system = [p for d in ("lib", "usr/lib") for p in (root / d / "aarch64-linux-gnu").glob("*.so*") if p.is_file()]
     # Made once for these libraries: reading every symbol table again costs seconds per run.
@@ -304,12 +304,13 @@ def prebuilt(version: str, variant: str) -> tuple[Path, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", default=str(build.cache_root().parent / "cross"), help="downloads and sysroot")
+    ap.add_argument("--torch", metavar="VERSION", help="the torch release whose libraries to run (default: this one's)")
     a = ap.parse_args(argv)
     cache = Path(a.cache)
     try:
         if shutil.which("qemu-aarch64") is None:
             raise cross.CrossError("qemu-aarch64 not found: apt-get install qemu-user")
-        version = cross.torch_version()
+        version = a.torch or cross.torch_version()
         libraries = {v.name: prebuilt(version, v.name) for v in variants.for_arch(cross.ARCH)}
         root = sysroot(cache)
         site_dir = site(cache, version)

@@ -1,13 +1,18 @@
-"""Cross-compile the ARM64 (NEON) CPU kernels for the pinned torch, so that the wheel carries them.
+"""Kernel libraries for a torch or an architecture this process does not run, so that the wheel
+carries them: ARM64 (NEON) by cross-compiling, and x86-64 for another torch release.
 
     make prebuilt-arm      # = python packaging/cross_kernels.py [--out DIR]
+    make prebuilt-torch    # = python packaging/cross_kernels.py --arch x86_64 --torch 2.14.1
 
-``make dist`` then packs them beside the x86-64 variants: an aarch64 Linux user with the same torch
-and CPython minor version loads them without a compiler (engine.fastpath.kernels.build's manifest
-lookup). Needs Debian's ``g++-aarch64-linux-gnu`` and PyPI: torch's aarch64 wheel (~430 MB, kept in
-the per-user cache) gives the headers and the libraries to link against. The library is built from
-the same sources and flags as ``opscope fastpath build`` on an ARM machine: one library per aarch64
-variant (``neon-dotprod``, ``neon``).
+``make dist`` then packs them beside the host's own variants: a user with that architecture, that
+torch and the same CPython minor version loads them without a compiler (engine.fastpath.kernels.
+build's manifest lookup). A torch extension is tied to the torch it was compiled against, and pip
+installs the newest torch into a new environment, so the wheel carries the pinned torch's kernels
+(``opscope fastpath build --all``) and the newest release's too. torch's wheel for the target
+(~430 MB for aarch64, ~550 MB for x86-64, from PyPI, kept in the per-user cache) gives the headers
+and the libraries to link against; nothing of it is installed. The libraries are built from the same
+sources and flags as ``opscope fastpath build`` on such a machine: one per variant of the
+architecture. Cross-compiling for ARM64 needs Debian's ``g++-aarch64-linux-gnu``.
 """
 
 from __future__ import annotations
@@ -19,16 +24,37 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from opscope.engine.fastpath.kernels import build, toolchain, variants
 from opscope.engine.fastpath.kernels.toolchain import Toolchain
 
-ARCH = "aarch64"
-CXX = "aarch64-linux-gnu-g++"
-READELF = "aarch64-linux-gnu-readelf"
-NM = "aarch64-linux-gnu-nm"
-PLATFORM = "manylinux_2_28_aarch64"
+
+@dataclass(frozen=True)
+class Target:
+    """An architecture to build for: its compiler and binutils, pip's platform tag for torch's
+    wheel, and the machine name readelf prints for its ELF files."""
+
+    arch: str
+    cxx: str
+    readelf: str
+    nm: str
+    platform: str
+    elf_machine: str
+
+
+ARM64 = Target(
+    "aarch64",
+    "aarch64-linux-gnu-g++",
+    "aarch64-linux-gnu-readelf",
+    "aarch64-linux-gnu-nm",
+    "manylinux_2_28_aarch64",
+    "AArch64",
+)
+X86_64 = Target("x86_64", "g++", "readelf", "nm", "manylinux_2_28_x86_64", "X86-64")
+TARGETS = {t.arch: t for t in (ARM64, X86_64)}
+ARCH, CXX, READELF, NM, PLATFORM = ARM64.arch, ARM64.cxx, ARM64.readelf, ARM64.nm, ARM64.platform
 # What the extension is compiled against and links with; the rest of the wheel is never unpacked.
 _MEMBERS = ("torch/include/", "torch/lib/libc10.so", "torch/lib/libtorch.so", "torch/lib/libtorch_cpu.so")
 _MEMBERS += ("torch/lib/libtorch_python.so",)
@@ -44,17 +70,17 @@ def torch_version() -> str:
     return torch.__version__.split("+")[0]
 
 
-def torch_wheel(cache: Path, version: str) -> Path:
-    """torch's aarch64 wheel for this CPython (~430 MB), downloaded once into ``cache``."""
+def torch_wheel(cache: Path, version: str, target: Target = ARM64) -> Path:
+    """torch's wheel for ``target`` and this CPython, downloaded once into ``cache``."""
     py = f"{sys.version_info.major}{sys.version_info.minor}"
-    pattern = f"torch-{version}-cp{py}-cp{py}-*{ARCH}.whl"
+    pattern = f"torch-{version}-cp{py}-cp{py}-*{target.arch}.whl"
     found = sorted(cache.glob(pattern))
     if found:
         return found[0]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--platform", PLATFORM]
-    cmd += ["--python-version", py, "--implementation", "cp", "--abi", f"cp{py}", f"torch=={version}", "-d", str(cache)]
-    if subprocess.run(cmd).returncode != 0 or not sorted(cache.glob(pattern)):
-        raise CrossError(f"downloading torch=={version} for {PLATFORM} failed: is PyPI reachable?")
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--platform", target.platform, "--python-version", py, "--implementation", "cp", "--abi", f"cp{py}"]
+    if subprocess.run([*cmd, f"torch=={version}", "-d", str(cache)]).returncode != 0 or not sorted(cache.glob(pattern)):
+        raise CrossError(f"downloading torch=={version} for {target.platform} failed: is PyPI reachable?")
     return sorted(cache.glob(pattern))[0]
 
 
@@ -70,43 +96,56 @@ def unpack(wheel: Path, dest: Path, members: tuple[str, ...] = ("",)) -> Path:
     return dest
 
 
-def torch_tree(cache: Path, version: str) -> Path:
-    """torch's headers and the libraries the extension links with, from its aarch64 wheel."""
-    wheel = torch_wheel(cache, version)
-    return unpack(wheel, cache / f"torch{version}-{sys.implementation.cache_tag}-{ARCH}-dev", _MEMBERS)
+def torch_tree(cache: Path, version: str, target: Target = ARM64) -> Path:
+    """torch's headers and the libraries the extension links with, from its wheel for ``target``."""
+    wheel = torch_wheel(cache, version, target)
+    return unpack(wheel, cache / f"{folder_name(version, target)}-dev", _MEMBERS)
 
 
-def cross_toolchain(tree: Path, version: str) -> Toolchain:
-    """The cross compiler against ``tree``'s torch, with torch's cpp_extension flags. torch's own
-    libraries need CUDA and ARM Compute libraries that are not here: the link checks only this
-    library's symbols (--allow-shlib-undefined); the loader resolves theirs on the ARM host."""
+def folder_name(version: str, target: Target) -> str:
+    """The prebuilt folder of ``target``'s libraries for torch ``version`` (build.abi_tag's form)."""
+    return f"torch{version}-{sys.implementation.cache_tag}-{target.arch}"
+
+
+def cross_toolchain(tree: Path, version: str, target: Target = ARM64) -> Toolchain:
+    """``target``'s compiler against ``tree``'s torch, with torch's cpp_extension flags. torch's own
+    libraries need CUDA (and on ARM64 ARM Compute) libraries that are not here: the link checks only
+    this library's symbols (--allow-shlib-undefined); the loader resolves theirs where it runs."""
     inc = tree / "torch" / "include"
     pyinc = Path(sys.base_prefix) / "include" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     flags = ("-isystem", str(inc), "-isystem", str(inc / "torch" / "csrc" / "api" / "include"), "-isystem", str(pyinc))
     lib = tree / "torch" / "lib"
     libs = (f"-L{lib}", f"-Wl,-rpath-link,{lib}", "-Wl,--allow-shlib-undefined", "-lc10", "-ltorch_cpu", "-ltorch")
-    tag = f"{ARCH} torch{version} {sys.version}"
-    return Toolchain(CXX, (*flags, *toolchain.common_flags()), (*libs, "-ltorch_python"), shutil.which(NM), tag)
+    tag = f"{target.arch} torch{version} {sys.version}"
+    return Toolchain(
+        target.cxx, (*flags, *toolchain.common_flags()), (*libs, "-ltorch_python"), shutil.which(target.nm), tag
+    )
 
 
-def compile_library(tc: Toolchain, name: str, v: variants.Variant, dest: Path, cache: Path) -> None:
+def compile_library(tc: Toolchain, name: str, v: variants.Variant, dest: Path, cache: Path, folder: str) -> None:
     """The variant's library, compiled and linked as build.compile_variants does on the host (the
-    torch half compiled once for both aarch64 variants), with the cross compiler."""
+    torch half compiled once for every variant of the target), with the target's compiler. The
+    variant's objects go under ``folder`` (the target's and torch's): they include torch's headers."""
     try:
-        built = build.compile_variants(tc, [(v, name, cache / "obj" / name)], cache / "obj")[v.name]
+        built = build.compile_variants(tc, [(v, name, cache / "obj" / folder / name)], cache / "obj")[v.name]
     except build.KernelBuildError as e:
-        raise CrossError(f"building {name} for {ARCH} failed: {e}") from e
+        raise CrossError(f"building {name} for {v.arch} failed: {e}") from e
     shutil.copyfile(built, dest)
 
 
-def check_library(path: Path, name: str) -> list[str]:
-    """What is wrong with ``path`` as the aarch64 extension module ``name`` (empty: nothing)."""
-    header = subprocess.run([READELF, "-h", str(path)], capture_output=True, text=True).stdout
-    symbols = subprocess.run([READELF, "--dyn-syms", "-W", str(path)], capture_output=True, text=True).stdout
-    problems = [] if "AArch64" in header else ["not an AArch64 ELF file"]
+def check_library(path: Path, name: str, target: Target = ARM64) -> list[str]:
+    """What is wrong with ``path`` as ``target``'s extension module ``name`` (empty: nothing)."""
+    header = subprocess.run([target.readelf, "-h", str(path)], capture_output=True, text=True).stdout
+    symbols = subprocess.run([target.readelf, "--dyn-syms", "-W", str(path)], capture_output=True, text=True).stdout
+    machine = next((line.split(":", 1)[1].strip() for line in header.splitlines() if "Machine:" in line), "")
+    problems = [] if machine == _MACHINE_TEXT[target.elf_machine] else [f"not an {target.elf_machine} ELF file"]
     if not any(line.split()[-1:] == [f"PyInit_{name}"] and " FUNC " in line for line in symbols.splitlines()):
         problems.append(f"exports no PyInit_{name}")
     return problems
+
+
+# readelf -h's "Machine:" line for each target
+_MACHINE_TEXT = {"AArch64": "AArch64", "X86-64": "Advanced Micro Devices X86-64"}
 
 
 def _recorded(folder: Path) -> dict:
@@ -116,23 +155,26 @@ def _recorded(folder: Path) -> dict:
         return {}
 
 
-def cross_build(out_root: Path, cache: Path, v: variants.Variant) -> Path:
-    """Variant ``v``'s library in ``out_root``'s aarch64 folder (kept when built from these sources)."""
-    for tool in (CXX, READELF, NM):
+def cross_build(out_root: Path, cache: Path, v: variants.Variant, version: str | None = None) -> Path:
+    """Variant ``v``'s library for torch ``version`` (default: this process's) in ``out_root``'s
+    folder for that torch and ``v``'s architecture (kept when built from these sources)."""
+    target = TARGETS[v.arch]
+    for tool in (target.cxx, target.readelf, target.nm):
         if shutil.which(tool) is None:
-            raise CrossError(f"{tool} not found: apt-get install g++-aarch64-linux-gnu")
-    version = torch_version()
-    tree = torch_tree(cache, version)
+            hint = "apt-get install g++-aarch64-linux-gnu" if target is ARM64 else "apt-get install g++ binutils"
+            raise CrossError(f"{tool} not found: {hint}")
+    version = version or torch_version()
+    tree = torch_tree(cache, version, target)
     name = build.module_name(v)
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0].replace(variants.arch(), ARCH)
-    folder = out_root / f"torch{version}-{sys.implementation.cache_tag}-{ARCH}"
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0].replace(variants.arch(), target.arch)
+    folder = out_root / folder_name(version, target)
     folder.mkdir(parents=True, exist_ok=True)
     dest = folder / f"{name}{suffix}"
     if dest.is_file() and _recorded(folder).get(v.name, {}).get("sources") == build.sources_key(v):
         return dest  # built from these sources already
     tmp = folder / f".{dest.name}.tmp"
-    compile_library(cross_toolchain(tree, version), name, v, tmp, cache)
-    problems = check_library(tmp, name)
+    compile_library(cross_toolchain(tree, version, target), name, v, tmp, cache, folder.name)
+    problems = check_library(tmp, name, target)
     if problems:
         raise CrossError(f"{tmp}: {'; '.join(problems)}")
     prefix = name.rsplit("_", 1)[0] + "_"
@@ -148,11 +190,17 @@ def cross_build(out_root: Path, cache: Path, v: variants.Variant) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(build.prebuilt_root()), help="default: the package's prebuilt/")
-    ap.add_argument("--cache", default=str(build.cache_root().parent / "cross"), help="torch's aarch64 files")
+    ap.add_argument("--cache", default=str(build.cache_root().parent / "cross"), help="torch's wheels and objects")
+    ap.add_argument("--arch", choices=sorted(TARGETS), default=ARCH, help=f"default: {ARCH}")
+    ap.add_argument("--torch", metavar="VERSION", help="the torch release to build for (default: this one's)")
     a = ap.parse_args(argv)
+    version = a.torch or torch_version()
+    if a.arch == variants.arch() and version == torch_version():
+        print(f"cross_kernels: this torch on {a.arch}: `opscope fastpath build --all` builds those", file=sys.stderr)
+        return 2
     try:
-        for v in variants.for_arch(ARCH):
-            print(f"{v.name}: {cross_build(Path(a.out), Path(a.cache), v)}")
+        for v in variants.for_arch(a.arch):
+            print(f"{v.name}: {cross_build(Path(a.out), Path(a.cache), v, version)}")
     except CrossError as e:
         print(f"cross_kernels: {e}", file=sys.stderr)
         return 2

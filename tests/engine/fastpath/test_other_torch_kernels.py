@@ -1,0 +1,58 @@
+"""packaging/cross_kernels.py for another torch on this architecture (`make prebuilt-torch`): the
+folder it writes is the one the loader reads for that torch, its library check, and the one line it
+prints where asked for what `opscope fastpath build --all` builds. The whole build and its run in a
+new venv with that torch are `make newest-torch-check` (tests/test_packaging.py; ~5 GB of venv)."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from opscope.engine.fastpath.kernels import build, variants
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "packaging"))
+
+import cross_kernels  # noqa: E402
+
+
+def test_the_folder_for_a_torch_is_the_one_the_loader_reads_under_that_torch():
+    import torch
+
+    target = cross_kernels.TARGETS[variants.arch()]
+    assert cross_kernels.folder_name(torch.__version__.split("+")[0], target) == build.abi_tag()
+    assert cross_kernels.folder_name("2.14.1", target) == build.abi_tag().replace(
+        f"torch{torch.__version__.split('+')[0]}-", "torch2.14.1-"
+    )
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None, reason="needs an x86-64 gcc")
+def test_the_x86_64_library_check_names_what_is_wrong(tmp_path):
+    src = tmp_path / "ext.c"
+    src.write_text("void *PyInit_opscope_qlinear_avx2_0(void) { return 0; }\n")
+    lib = tmp_path / "ext.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    x86 = cross_kernels.X86_64
+    assert cross_kernels.check_library(lib, "opscope_qlinear_avx2_0", x86) == []
+    assert cross_kernels.check_library(lib, "opscope_qlinear_avx2_1", x86) == [
+        "exports no PyInit_opscope_qlinear_avx2_1"
+    ]
+    assert "not an AArch64 ELF file" in cross_kernels.check_library(lib, "opscope_qlinear_avx2_0")
+
+
+def test_asking_for_this_torch_on_this_architecture_is_one_line_and_exit_2():
+    import torch
+
+    version = torch.__version__.split("+")[0]
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "packaging" / "cross_kernels.py"), "--arch", variants.arch(), "--torch", version],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"cross_kernels: this torch on {variants.arch()}: `opscope fastpath build --all` builds those\n"
