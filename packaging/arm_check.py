@@ -291,7 +291,7 @@ def make_inputs(path: Path) -> None:
 
 
 def prebuilt(version: str, variant: str) -> tuple[Path, str]:
-    folder = build.prebuilt_root() / f"torch{version}-{sys.implementation.cache_tag}-{cross.ARCH}"
+    folder = build.prebuilt_root() / cross.folder_name(version, cross.ARM64)
     try:
         entry = json.loads((folder / "manifest.json").read_text())[variant]
     except (OSError, ValueError, KeyError):

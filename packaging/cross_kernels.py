@@ -4,8 +4,8 @@ carries them: ARM64 (NEON) by cross-compiling, and x86-64 for another torch rele
     make prebuilt-arm      # = python packaging/cross_kernels.py [--out DIR]
     make prebuilt-torch    # = python packaging/cross_kernels.py --arch x86_64 --torch 2.14.1
 
-``make dist`` then packs them beside the host's own variants: a user with that architecture, that
-torch and the same CPython minor version loads them without a compiler (engine.fastpath.kernels.
+``make dist`` then packs them beside the host's own variants: a user with that architecture and
+that torch (under any Python) loads them without a compiler (engine.fastpath.kernels.
 build's manifest lookup). A torch extension is tied to the torch it was compiled against, and pip
 installs the newest torch into a new environment, so the wheel carries the pinned torch's kernels
 (``opscope fastpath build --all``) and the newest release's too. torch's wheel for the target
@@ -18,7 +18,6 @@ architecture. Cross-compiling for ARM64 needs Debian's ``g++-aarch64-linux-gnu``
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
 import json
 import shutil
 import subprocess
@@ -57,7 +56,6 @@ TARGETS = {t.arch: t for t in (ARM64, X86_64)}
 ARCH, CXX, READELF, NM, PLATFORM = ARM64.arch, ARM64.cxx, ARM64.readelf, ARM64.nm, ARM64.platform
 # What the extension is compiled against and links with; the rest of the wheel is never unpacked.
 _MEMBERS = ("torch/include/", "torch/lib/libc10.so", "torch/lib/libtorch.so", "torch/lib/libtorch_cpu.so")
-_MEMBERS += ("torch/lib/libtorch_python.so",)
 
 
 class CrossError(RuntimeError):
@@ -104,7 +102,7 @@ def torch_tree(cache: Path, version: str, target: Target = ARM64) -> Path:
 
 def folder_name(version: str, target: Target) -> str:
     """The prebuilt folder of ``target``'s libraries for torch ``version`` (build.abi_tag's form)."""
-    return f"torch{version}-{sys.implementation.cache_tag}-{target.arch}"
+    return f"torch{version}-{target.arch}"
 
 
 def cross_toolchain(tree: Path, version: str, target: Target = ARM64) -> Toolchain:
@@ -112,14 +110,11 @@ def cross_toolchain(tree: Path, version: str, target: Target = ARM64) -> Toolcha
     libraries need CUDA (and on ARM64 ARM Compute) libraries that are not here: the link checks only
     this library's symbols (--allow-shlib-undefined); the loader resolves theirs where it runs."""
     inc = tree / "torch" / "include"
-    pyinc = Path(sys.base_prefix) / "include" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    flags = ("-isystem", str(inc), "-isystem", str(inc / "torch" / "csrc" / "api" / "include"), "-isystem", str(pyinc))
+    flags = ("-isystem", str(inc), "-isystem", str(inc / "torch" / "csrc" / "api" / "include"))
     lib = tree / "torch" / "lib"
     libs = (f"-L{lib}", f"-Wl,-rpath-link,{lib}", "-Wl,--allow-shlib-undefined", "-lc10", "-ltorch_cpu", "-ltorch")
-    tag = f"{target.arch} torch{version} {sys.version}"
-    return Toolchain(
-        target.cxx, (*flags, *toolchain.common_flags()), (*libs, "-ltorch_python"), shutil.which(target.nm), tag
-    )
+    tag = f"{target.arch} torch{version}"
+    return Toolchain(target.cxx, (*flags, *toolchain.common_flags()), libs, shutil.which(target.nm), tag)
 
 
 def compile_library(tc: Toolchain, name: str, v: variants.Variant, dest: Path, cache: Path, folder: str) -> None:
@@ -139,11 +134,12 @@ def check_library(path: Path, name: str, target: Target = ARM64) -> list[str]:
     symbols = subprocess.run([target.readelf, "--dyn-syms", "-W", str(path)], capture_output=True, text=True).stdout
     machine = next((line.split(":", 1)[1].strip() for line in header.splitlines() if "Machine:" in line), "")
     problems = [] if machine == _MACHINE_TEXT[target.elf_machine] else [f"not an {target.elf_machine} ELF file"]
-    if not any(line.split()[-1:] == [f"PyInit_{name}"] and " FUNC " in line for line in symbols.splitlines()):
-        problems.append(f"exports no PyInit_{name}")
+    if not any(line.split()[-1:] == [ENTRY] and " FUNC " in line for line in symbols.splitlines()):
+        problems.append(f"exports no {ENTRY}() (entry.cpp: which library {name} is)")
     return problems
 
 
+ENTRY = "opscope_kernel_library"  # the C function every library exports (entry.cpp)
 # readelf -h's "Machine:" line for each target
 _MACHINE_TEXT = {"AArch64": "AArch64", "X86-64": "Advanced Micro Devices X86-64"}
 
@@ -166,10 +162,9 @@ def cross_build(out_root: Path, cache: Path, v: variants.Variant, version: str |
     version = version or torch_version()
     tree = torch_tree(cache, version, target)
     name = build.module_name(v)
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0].replace(variants.arch(), target.arch)
     folder = out_root / folder_name(version, target)
     folder.mkdir(parents=True, exist_ok=True)
-    dest = folder / f"{name}{suffix}"
+    dest = folder / f"{name}{build.SUFFIX}"
     if dest.is_file() and _recorded(folder).get(v.name, {}).get("sources") == build.sources_key(v):
         return dest  # built from these sources already
     tmp = folder / f".{dest.name}.tmp"

@@ -2,20 +2,21 @@
 
 Each variant is compiled ahead of time (``make setup`` for a checkout: the variants this CPU runs,
 ``opscope fastpath build --runnable``; ``make dist`` for the wheel: all, ``--all``) into
-``prebuilt/<torch+python tag>/`` beside
+``prebuilt/<torch release>-<arch>/`` beside
 this file, so the user needs no compiler. Where no prebuilt library fits (another torch, a source
 change, a platform no variant was built for) the variant is compiled at first use into a per-user
 cache (toolchain.py drives the compiler). The key of a build is a hash of the sources,
-the variant's flags, torch's and Python's versions: a library never runs with other sources or
-on a CPU its variant does not fit. A found library is imported directly, without the compiler.
+the variant's flags and torch's version: a library never runs with other sources or on a CPU its
+variant does not fit. A library is a plain shared library over torch's C++ libraries (its
+operators and the decode step's class registered with torch's dispatcher), so any Python that runs
+that torch loads it; a found library is loaded directly, without the compiler.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
-import importlib.machinery
-import importlib.util
 import logging
 import platform
 import shutil
@@ -24,7 +25,6 @@ import threading
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from types import ModuleType
 
 from opscope.engine.fastpath.kernels import cache as cache_mod
 from opscope.engine.fastpath.kernels import toolchain, variants
@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 # decode step, the prefill: torch_unity.cpp, most of the compile time) once per platform and torch,
 # with the architecture's baseline flags, and linked into every variant's library.
 CSRC = Path(__file__).with_name("csrc")
-VARIANT_SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "rowwork.cpp", "pyinit.cpp")
+VARIANT_SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "rowwork.cpp", "entry.cpp")
+SUFFIX = ".so"  # a plain shared library, loaded with torch.ops.load_library: no Python ABI tag
 TORCH_HALF = "torch_unity.cpp"
 SOURCES = (*VARIANT_SOURCES, TORCH_HALF)
 _HEADERS = (
@@ -155,12 +156,11 @@ def _compiled_from(v: Variant) -> hashlib._Hash:
 
 
 def build_key(v: Variant | None = None) -> str:
-    """sources_key plus this torch and this exact Python: a user-cache build's name."""
+    """sources_key plus this torch's exact version: a user-cache build's name."""
     import torch
 
     h = _compiled_from(v or variant())
     h.update(torch.__version__.encode())
-    h.update(sys.version.encode())
     return h.hexdigest()[:16]
 
 
@@ -170,10 +170,10 @@ def module_name(v: Variant | None = None) -> str:
 
 
 def abi_tag() -> str:
-    """The prebuilt libraries' folder: they link against this torch and this Python."""
+    """The prebuilt libraries' folder: they link against this torch (and no Python)."""
     import torch
 
-    return f"torch{torch.__version__.split('+')[0]}-{sys.implementation.cache_tag}-{variants.arch()}"
+    return f"torch{torch.__version__.split('+')[0]}-{variants.arch()}"
 
 
 def prebuilt_root() -> Path:
@@ -188,13 +188,13 @@ def prebuilt_root() -> Path:
 
 def prebuilt_path(v: Variant | None = None) -> Path:
     v = v or variant()
-    return prebuilt_root() / abi_tag() / f"{module_name(v)}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    return prebuilt_root() / abi_tag() / f"{module_name(v)}{SUFFIX}"
 
 
 def sources_key(v: Variant) -> str:
     """The hash of what a prebuilt library was compiled from (sources, variant, flags): the folder
-    it sits in (abi_tag) says which torch and CPython ABI it needs, so a Python of another patch
-    release (3.11.2 vs 3.11.7: another build_key) still loads it."""
+    it sits in (abi_tag) says which torch it needs, so a build of another torch patch release (2.13.0
+    vs 2.13.0+cpu: another build_key) still loads it."""
     return _compiled_from(v).hexdigest()[:16]
 
 
@@ -259,23 +259,52 @@ def library_origin(v: Variant | None = None) -> str:
 
 
 def prebuilt_for_other_torch() -> list[str]:
-    """The torch releases (``torch2.14.1``) with prebuilt libraries for this Python and architecture
-    other than the one running: a torch extension loads only into the torch it was compiled against."""
-    mine = abi_tag()
-    tail = mine[mine.index("-") :]
-    root = prebuilt_root()
-    found = root.glob(f"torch*{tail}") if root.is_dir() else []
-    return sorted(p.name[: -len(tail)] for p in found if p.name != mine and (p / _MANIFEST).is_file())
+    """The torch releases (``torch2.14.1``) with prebuilt libraries for this architecture other than
+    the one running: a library loads only into the torch it was compiled against."""
+    import re
+
+    mine, root = abi_tag(), prebuilt_root()
+    form = re.compile(rf"(torch[0-9][0-9.]*)-{re.escape(variants.arch())}")  # not a folder of the older form
+    found = root.iterdir() if root.is_dir() else []
+    return sorted(m[1] for p in found if (m := form.fullmatch(p.name)) and p.name != mine and (p / _MANIFEST).is_file())
 
 
-def _import_so(name: str, so: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader(name, str(so))
-    spec = importlib.util.spec_from_file_location(name, str(so), loader=loader)
-    if spec is None:
-        raise ImportError(f"cannot import {so}")
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+class Kernels:
+    """The loaded kernel library: its operators (``torch.ops.opscope.<name>``) and the decode step's
+    class (``torch.classes.opscope.DecodeModel``), under the names the engine calls them by."""
+
+    _ALIASES = {"embedding": "qembedding"}
+
+    def __init__(self, name: str, path: Path, library: ctypes.CDLL) -> None:
+        self.__name__, self.__file__, self.library = name, str(path), library
+
+    @property
+    def DecodeModel(self):
+        import torch
+
+        return torch.classes.opscope.DecodeModel
+
+    def __getattr__(self, name: str):
+        import torch
+
+        return getattr(torch.ops.opscope, self._ALIASES.get(name, name))
+
+
+def _import_so(name: str, so: Path) -> Kernels:
+    """Load library ``so``, built as ``name`` (its static initialisers register the operators and
+    the class with torch's dispatcher); ImportError where the file is not that library."""
+    import torch
+
+    try:
+        library = ctypes.CDLL(str(so))
+        library.opscope_kernel_library.restype = ctypes.c_char_p
+        built_as = library.opscope_kernel_library().decode()
+    except (OSError, AttributeError) as e:
+        raise ImportError(f"cannot load {so}: {e}") from e
+    if built_as != name:
+        raise ImportError(f"{so} is the library {built_as}, not {name}")
+    torch.ops.loaded_libraries.add(str(so))  # as torch.ops.load_library records it
+    return Kernels(name, so, library)
 
 
 def _workers() -> int:
@@ -303,7 +332,7 @@ def half_unit(tc: Toolchain, arch: str, cache: Path) -> Unit:
 
 
 def variant_units(v: Variant, name: str, work: Path, extra: tuple[str, ...] = ()) -> list[Unit]:
-    """Variant ``v``'s own units, compiled into ``work`` as the module ``name`` (pyinit.cpp's entry point)."""
+    """Variant ``v``'s own units, compiled into ``work`` as the library ``name`` (entry.cpp says it)."""
     flags = (*cflags(v), *extra, f"-DTORCH_EXTENSION_NAME={name}")
     return [Unit(CSRC / src, flags, work / f"{Path(src).stem}.o") for src in VARIANT_SOURCES]
 
@@ -314,8 +343,7 @@ def compile_variants(
     """The libraries of ``todo`` (variant, module name, build directory), each at
     ``<directory>/<name><extension suffix>``: the torch half first (the longest unit), then every
     variant's units, side by side, then the links. A library already there is kept."""
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    out = {v.name: d / f"{n}{suffix}" for v, n, d in todo}
+    out = {v.name: d / f"{n}{SUFFIX}" for v, n, d in todo}
     todo = [(v, n, d) for v, n, d in todo if not out[v.name].is_file()]
     halves = {v.arch: half_unit(tc, v.arch, cache) for v, _, _ in todo}
     units = {v.name: variant_units(v, n, d, extra) for v, n, d in todo}
@@ -328,7 +356,7 @@ def compile_variants(
     return out
 
 
-def _compile(name: str, build_dir: Path, v: Variant) -> ModuleType:
+def _compile(name: str, build_dir: Path, v: Variant) -> Kernels:
     log.info("building CPU kernels %s in %s", name, build_dir)
     try:
         so = compile_variants(toolchain.host(), [(v, name, build_dir)], cache_root())[v.name]
@@ -352,7 +380,7 @@ def one_line(message: str) -> str:
     return f"{head}: {diag}"[:500] if diag else head[:500]
 
 
-def load_kernels() -> ModuleType:
+def load_kernels() -> Kernels:
     """The compiled kernel module (building it on first use); KernelBuildError, with a one-line
     message, for any failure (sources missing from an install, no compiler, a compile or load
     error), so that every caller can fall back to plain torch."""
@@ -373,13 +401,13 @@ def load_kernels() -> ModuleType:
 
 
 @lru_cache(maxsize=1)
-def _load_kernels() -> ModuleType:
+def _load_kernels() -> Kernels:
     import torch  # noqa: F401  (the extension links against torch's libraries, loaded first)
 
     v = variant()
     name = module_name(v)
     build_dir = cache_root() / name
-    so = build_dir / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    so = build_dir / f"{name}{SUFFIX}"
     with _lock:
         pre = prebuilt_entry(v)
         module = _import_cached(pre[0], pre[1]) if pre else None
@@ -412,7 +440,7 @@ def _announced():
         progress.log.info(f"CPU kernels built in {took}" if ok else f"building CPU kernels failed after {took}")
 
 
-def _import_cached(name: str, *paths: Path) -> ModuleType | None:
+def _import_cached(name: str, *paths: Path) -> Kernels | None:
     for path in paths:
         if path.is_file():
             try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,14 +26,14 @@ class KernelBuildError(BackendError):
 
 @dataclass(frozen=True)
 class Toolchain:
-    """A compiler and what building against one torch takes: the flags of every unit (torch's and
-    Python's headers), the link line's tail (torch's libraries), the tool that lists symbols."""
+    """A compiler and what building against one torch takes: the flags of every unit (torch's
+    headers), the link line's tail (torch's libraries), the tool that lists symbols."""
 
     cxx: str
     flags: tuple[str, ...]
     libs: tuple[str, ...]
     nm: str | None
-    tag: str  # what the objects depend on besides the sources and flags (torch, Python, target)
+    tag: str  # what the objects depend on besides the sources and flags (torch, target)
 
 
 @dataclass(frozen=True)
@@ -51,21 +50,19 @@ NO_COMPILER = (
 
 
 def host() -> Toolchain:
-    """This machine's compiler, against the torch and Python running this process."""
+    """This machine's compiler, against the torch running this process."""
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         raise KernelBuildError(NO_COMPILER)
-    import sysconfig
-
     import torch
     from torch.utils import cpp_extension
 
     flags = [f for inc in cpp_extension.include_paths() for f in ("-isystem", inc)]
-    flags += ["-isystem", sysconfig.get_paths()["include"], *common_flags()]
+    flags += common_flags()
     flags.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
     lib = Path(torch.__file__).parent / "lib"
-    libs = (f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python")
-    return Toolchain(cxx, tuple(flags), libs, shutil.which("nm"), f"{torch.__version__} {sys.version}")
+    libs = (f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch")  # not torch_python: no Python in the library
+    return Toolchain(cxx, tuple(flags), libs, shutil.which("nm"), torch.__version__)
 
 
 def common_flags() -> list[str]:

@@ -34,9 +34,12 @@ def aarch64_library(tmp_path: Path, name: str, source: str, *flags: str) -> Path
 
 
 def test_library_check_accepts_an_aarch64_extension_and_names_what_is_wrong(tmp_path):
-    lib = aarch64_library(tmp_path, "ext.so", "void *PyInit_opscope_qlinear_neon_0(void) { return 0; }\n")
+    lib = aarch64_library(tmp_path, "ext.so", 'const char *opscope_kernel_library(void) { return "n"; }\n')
     assert cross_kernels.check_library(lib, "opscope_qlinear_neon_0") == []
-    assert cross_kernels.check_library(lib, "opscope_qlinear_neon_1") == ["exports no PyInit_opscope_qlinear_neon_1"]
+    other = aarch64_library(tmp_path, "other.so", "int opscope_other(void) { return 0; }\n")
+    assert cross_kernels.check_library(other, "opscope_qlinear_neon_1") == [
+        "exports no opscope_kernel_library() (entry.cpp: which library opscope_qlinear_neon_1 is)"
+    ]
     host = Path(sys.executable).resolve()  # an x86-64 (or whatever this host is) ELF file
     if "AArch64" not in subprocess.run([cross_kernels.READELF, "-h", str(host)], capture_output=True, text=True).stdout:
         assert "not an AArch64 ELF file" in cross_kernels.check_library(host, "x")

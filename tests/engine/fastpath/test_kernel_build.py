@@ -1,8 +1,8 @@
 """The kernel build (engine/fastpath/kernels/build.py, toolchain.py) through its own code path with
-one-function sources: the variant's entry point (pyinit.cpp) reaching the module the torch half
-defines, the torch half compiled once and shared by every variant, what a killed build leaves
-behind, and a library whose own function is missing refused at link time, not at import. The real
-sources take a minute to compile; these compile in a second (Python.h only)."""
+one-function sources: the library the loader asked for (entry.cpp names it) calling from the torch
+half into the variant's code, the torch half compiled once and shared by every variant, what a
+killed build leaves behind, and a library whose own function is missing refused at link time, not
+at load. The real sources take half a minute to compile; these compile in a second (no headers)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,11 @@ import shutil
 import pytest
 from opscope.engine.fastpath.kernels import KernelBuildError, build, variants
 
-# The torch half's stand-in: it defines the module, as decode.cpp's PYBIND11_MODULE(opscope_qlinear).
+# The torch half's stand-in: a function the library exports, calling into the variant's unit (the
+# real half registers torch operators that do).
 _HALF = r"""
-#include <Python.h>
 int opscope_variant_bits();
-static PyObject *answer(PyObject *, PyObject *) { return PyLong_FromLong(40 + opscope_variant_bits()); }
-static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, nullptr}, {nullptr, nullptr, 0, nullptr}};
-static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "opscope_qlinear", nullptr, -1, methods};
-extern "C" PyObject *PyInit_opscope_qlinear(void) { return PyModule_Create(&def); }
+extern "C" int opscope_answer() { return 40 + opscope_variant_bits(); }
 """
 _VARIANT = "int opscope_variant_bits() { return 2; }\n"
 
@@ -29,13 +26,13 @@ def tiny(tmp_path, monkeypatch):
         pytest.skip("no C++ compiler to build with")
     csrc = tmp_path / "csrc"
     csrc.mkdir()
-    shutil.copy(build.CSRC / "pyinit.cpp", csrc / "pyinit.cpp")
+    shutil.copy(build.CSRC / "entry.cpp", csrc / "entry.cpp")
     (csrc / "half.cpp").write_text(_HALF)
     (csrc / "bits.cpp").write_text(_VARIANT)
     monkeypatch.setattr(build, "CSRC", csrc)
-    monkeypatch.setattr(build, "VARIANT_SOURCES", ("bits.cpp", "pyinit.cpp"))
+    monkeypatch.setattr(build, "VARIANT_SOURCES", ("bits.cpp", "entry.cpp"))
     monkeypatch.setattr(build, "TORCH_HALF", "half.cpp")
-    monkeypatch.setattr(build, "SOURCES", ("bits.cpp", "pyinit.cpp", "half.cpp"))
+    monkeypatch.setattr(build, "SOURCES", ("bits.cpp", "entry.cpp", "half.cpp"))
     monkeypatch.setattr(build, "_HEADERS", ())
     monkeypatch.setenv("OPSCOPE_KERNEL_CACHE", str(tmp_path / "kernels"))
     monkeypatch.setenv("OPSCOPE_KERNEL_PREBUILT", str(tmp_path / "none"))  # no prebuilt fits: it builds
@@ -46,11 +43,15 @@ def _halves(cache):
     return sorted(cache.glob("opscope_torch_half_*/half.o"))
 
 
-def test_a_variant_imports_under_its_own_name_through_the_shared_half(tiny):
+def _answer(kernels) -> int:
+    return kernels.library.opscope_answer()  # the half's function, calling the variant's
+
+
+def test_a_variant_loads_as_the_library_asked_for_through_the_shared_half(tiny):
     name = build.module_name()
-    module = build._load_kernels.__wrapped__()  # the uncached load: this process's own kernels stay loaded
-    assert module.answer() == 42  # the half's function, calling the variant's, through PyInit_<name>
-    assert (tiny / name / f"{name}{build.importlib.machinery.EXTENSION_SUFFIXES[0]}").is_file()
+    kernels = build._load_kernels.__wrapped__()  # the uncached load: this process's own kernels stay loaded
+    assert _answer(kernels) == 42 and kernels.__name__ == name
+    assert kernels.__file__ == str(tiny / name / f"{name}.so")
     assert len(_halves(tiny)) == 1
 
 
@@ -64,7 +65,7 @@ def test_the_torch_half_is_compiled_once_for_every_variant(tiny, tmp_path):
     for v in todo:  # each in the manifest, found again as the prebuilt library
         assert build.prebuilt_entry(v) is None  # OPSCOPE_KERNEL_PREBUILT points elsewhere
     assert sorted(p.name for p in (tmp_path / "prebuilt" / build.abi_tag()).iterdir()) == sorted(
-        [f"{build.module_name(v)}{build.importlib.machinery.EXTENSION_SUFFIXES[0]}" for v in todo] + ["manifest.json"]
+        [f"{build.module_name(v)}.so" for v in todo] + ["manifest.json"]
     )
 
 
@@ -76,7 +77,7 @@ def test_what_a_killed_build_leaves_does_not_stop_the_next(tiny):
     (tiny / name).mkdir(parents=True)
     (tiny / name / ".bits.o.4242.1.tmp").write_bytes(b"")
     (tiny / f"{name}.flock").write_text("")  # the lock file of a build that died holding it
-    assert build._load_kernels.__wrapped__().answer() == 42
+    assert _answer(build._load_kernels.__wrapped__()) == 42
 
 
 def test_a_library_missing_one_of_its_own_functions_is_refused_at_link(tiny):
@@ -113,7 +114,7 @@ def test_a_build_removes_the_old_builds_it_replaces_keeping_the_recently_used(ti
     half = build.half_unit(build.toolchain.host(), variants.arch(), tiny).obj.parent
     old_halves = _stale(tiny, half.name[:-16], 3)
     other = _stale(tiny, f"{prefix}vnni_", 4)  # a longer variant name with the same start: not a sibling
-    assert build._load_kernels.__wrapped__().answer() == 42
+    assert _answer(build._load_kernels.__wrapped__()) == 42
     kept = sorted(p.name for p in tiny.iterdir() if p.is_dir())
     assert kept == sorted([name, half.name, *(d.name for d in old[:2] + old_halves[:2] + other)])
     assert not any(d.exists() or d.with_name(f"{d.name}.flock").exists() for d in old[2:] + old_halves[2:])
@@ -152,7 +153,7 @@ def test_installing_a_variant_replaces_its_older_library_only(tiny, tmp_path):
     v = variants.by_name("avx2") if variants.arch() == "x86_64" else variants.for_arch()[0]
     folder = tmp_path / "prebuilt" / build.abi_tag()
     folder.mkdir(parents=True)
-    suffix = build.importlib.machinery.EXTENSION_SUFFIXES[0]
+    suffix = build.SUFFIX
     name = build.module_name(v)
     older = folder / f"{name[:-16]}{'0' * 16}{suffix}"
     longer = folder / f"{name[:-16]}vnni_{'1' * 16}{suffix}"  # another variant whose name starts the same
@@ -165,16 +166,16 @@ def test_installing_a_variant_replaces_its_older_library_only(tiny, tmp_path):
 def test_without_a_library_for_this_torch_the_origin_names_the_torches_that_have_one(tmp_path, monkeypatch):
     """A torch extension loads only into the torch it was compiled against: where the wheel carries
     libraries for other torch releases only, `opscope fastpath` says which (a folder without a
-    manifest, or another Python's, is not one)."""
+    manifest, another architecture's or one of the older per-Python form is not one)."""
     root = tmp_path / "prebuilt"
-    mine = build.abi_tag()
-    tail = mine[mine.index("-") :]
-    for tag, manifest in (("torch9.9.9", True), ("torch1.0.0", True), ("torch8.8.8", False)):
-        (root / f"{tag}{tail}").mkdir(parents=True)
+    other_arch = "aarch64" if variants.arch() != "aarch64" else "x86_64"
+    for folder, manifest in (("torch9.9.9", True), ("torch1.0.0", True), ("torch8.8.8", False)):
+        (root / f"{folder}-{variants.arch()}").mkdir(parents=True)
         if manifest:
-            (root / f"{tag}{tail}" / "manifest.json").write_text("{}")
-    (root / f"torch7.7.7-cpython-399-{variants.arch()}").mkdir()
-    (root / f"torch7.7.7-cpython-399-{variants.arch()}" / "manifest.json").write_text("{}")
+            (root / f"{folder}-{variants.arch()}" / "manifest.json").write_text("{}")
+    for stray in (f"torch7.7.7-{other_arch}", f"torch6.6.6-cpython-311-{variants.arch()}"):  # the older form too
+        (root / stray).mkdir()
+        (root / stray / "manifest.json").write_text("{}")
     monkeypatch.setenv("OPSCOPE_KERNEL_PREBUILT", str(root))
     monkeypatch.setenv("OPSCOPE_KERNEL_CACHE", str(tmp_path / "cache"))
     origin = build.library_origin(variants.for_arch()[-1])

@@ -32,14 +32,17 @@ def test_the_folder_for_a_torch_is_the_one_the_loader_reads_under_that_torch():
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None, reason="needs an x86-64 gcc")
 def test_the_x86_64_library_check_names_what_is_wrong(tmp_path):
-    src = tmp_path / "ext.c"
-    src.write_text("void *PyInit_opscope_qlinear_avx2_0(void) { return 0; }\n")
-    lib = tmp_path / "ext.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    def library(name: str, source: str) -> Path:
+        (tmp_path / f"{name}.c").write_text(source)
+        subprocess.run(["gcc", "-shared", "-fPIC", str(tmp_path / f"{name}.c"), "-o", str(tmp_path / name)], check=True)
+        return tmp_path / name
+
     x86 = cross_kernels.X86_64
+    lib = library("ext.so", 'const char *opscope_kernel_library(void) { return "x"; }\n')
     assert cross_kernels.check_library(lib, "opscope_qlinear_avx2_0", x86) == []
-    assert cross_kernels.check_library(lib, "opscope_qlinear_avx2_1", x86) == [
-        "exports no PyInit_opscope_qlinear_avx2_1"
+    other = library("other.so", "int opscope_other(void) { return 0; }\n")
+    assert cross_kernels.check_library(other, "opscope_qlinear_avx2_1", x86) == [
+        "exports no opscope_kernel_library() (entry.cpp: which library opscope_qlinear_avx2_1 is)"
     ]
     assert "not an AArch64 ELF file" in cross_kernels.check_library(lib, "opscope_qlinear_avx2_0")
 

@@ -4,10 +4,13 @@
 // Same math as engine.models.llama (rotate-half RoPE from the model's inv_freq, RMSNorm, grouped
 // KV heads, SiLU-gated MLP), reading and writing the model's own KV cache tensors so that a prefill
 // run by the torch model and decode steps run here share one cache.
-// ATen and torch's pybind11 casters, not <torch/extension.h>: that also parses the whole C++
-// frontend (torch/all.h), the largest part of this file's compile time, once per variant.
+// Registered as a torch custom class and operators (torch/library.h), not as a Python extension
+// module: the library then depends on torch's C++ libraries only, not on the Python it runs under
+// (docs/decisions/cpu-variants.md). ATen, not <torch/extension.h>: that also parses the whole C++
+// frontend (torch/all.h), the largest part of this file's compile time.
 #include <ATen/ATen.h>
-#include <torch/csrc/utils/pybind.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
 
 #include <ATen/Parallel.h>
 #include <array>
@@ -66,7 +69,7 @@ void rope(float* v, int64_t heads, int64_t D, const float* cs, const float* sn) 
 
 }  // namespace
 
-class DecodeModel {
+class DecodeModel : public torch::CustomClassHolder {
  public:
   DecodeModel(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t hidden_dim,
               double eps, int64_t act_mode, const LinSpec& embed, at::Tensor inv_freq, at::Tensor final_norm,
@@ -126,10 +129,10 @@ class DecodeModel {
 
   // Seconds spent per phase of the step since the last call (where the time of a token goes); on
   // enables the clock reads for the steps that follow.
-  std::map<std::string, double> profile(bool on) {
+  c10::Dict<std::string, double> profile(bool on) {
     static const char* names[P_N] = {"qkv", "attention", "o", "gate_up", "down", "head", "other"};
-    std::map<std::string, double> out;
-    for (int i = 0; i < P_N; ++i) out[names[i]] = t_[i];
+    c10::Dict<std::string, double> out;
+    for (int i = 0; i < P_N; ++i) out.insert(names[i], t_[i]);
     t_.fill(0.0);
     prof_ = on;
     last_ = std::chrono::steady_clock::now();
@@ -217,25 +220,34 @@ class DecodeModel {
 
 }  // namespace opscope
 
-PYBIND11_MODULE(opscope_qlinear, mod) {  // PyInit_<variant's name>: pyinit.cpp
+namespace {
+// The operators' forms of the helpers (an operator takes int64_t and returns a value or nothing).
+int64_t set_kernel_variant_op(int64_t v) {
+  opscope::set_kernel_variant(int(v));
+  return v;
+}
+}  // namespace
+
+// Called from Python as torch.ops.opscope.<name> and torch.classes.opscope.DecodeModel (the loader's
+// Kernels object names them as the module's attributes were). The calls release the GIL, as the
+// dispatcher does for every operator and custom-class method.
+TORCH_LIBRARY_FRAGMENT(opscope, lib) {
   using opscope::DecodeModel;
-  mod.def("qlinear", &opscope::qlinear, "fused dequantize-matvec / dequantize+GEMM over packed GGUF blocks");
-  mod.def("dequantize", &opscope::dequantize, "quantized weights to a dense [N, K] tensor");
-  mod.def("dequantize_scalar", &opscope::dequantize_scalar, "raw GGUF blocks to [N, K] float32, portable decoders");
-  mod.def("embedding", &opscope::qembedding, "rows idx of quantized weights, [*idx.shape, K] float32");
-  mod.def("raw_row_bytes", &opscope::raw_row_bytes, "bytes per row of K weights of a ggml type (-1: no kernel)");
-  mod.def("raw_block_size", &opscope::raw_block_size, "weights per block of a ggml type (0: no kernel)");
-  mod.def("pin_threads", &opscope::pin_threads, "bind torch's OpenMP threads to the given cpus");
-  mod.def("has_avx512", &opscope::built_with_avx512);
-  mod.def("has_vnni", &opscope::built_with_vnni);
-  mod.def("has_int8_soa", &opscope::built_with_int8_soa);
-  mod.def("raw_has_q8", &opscope::raw_has_q8, "whether raw blocks of a ggml type have an int8-activation kernel here");
-  mod.def("set_kernel_variant", &opscope::set_kernel_variant, "1 or 2: which SIMD kernels run (benchmarks)");
-  pybind11::class_<DecodeModel>(mod, "DecodeModel")
-      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, const opscope::LinSpec&,
-                          at::Tensor, at::Tensor, const opscope::LinSpec&>())
+  lib.def("dequantize", &opscope::dequantize);  // quantized weights to a dense [N, K] tensor
+  lib.def("dequantize_scalar", &opscope::dequantize_scalar);  // raw GGUF blocks, portable decoders
+  lib.def("raw_row_bytes", &opscope::raw_row_bytes);  // bytes per row of K weights of a ggml type (-1: no kernel)
+  lib.def("raw_block_size", &opscope::raw_block_size);  // weights per block of a ggml type (0: no kernel)
+  lib.def("pin_threads", &opscope::pin_threads);  // bind torch's OpenMP threads to the given cpus
+  lib.def("has_avx512", &opscope::built_with_avx512);
+  lib.def("has_vnni", &opscope::built_with_vnni);
+  lib.def("has_int8_soa", &opscope::built_with_int8_soa);
+  lib.def("raw_has_q8", &opscope::raw_has_q8);  // whether raw blocks of a ggml type have an int8 kernel here
+  lib.def("set_kernel_variant", &set_kernel_variant_op);  // 1 or 2: which SIMD kernels run (benchmarks)
+  lib.class_<DecodeModel>("DecodeModel")
+      .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, opscope::LinSpec, at::Tensor,
+                       at::Tensor, opscope::LinSpec>())
       .def("add_layer", &DecodeModel::add_layer)
       .def("set_cache", &DecodeModel::set_cache)
-      .def("step", &DecodeModel::step, pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("profile", &DecodeModel::profile, "seconds per phase since the last call; on: time the next steps");
+      .def("step", &DecodeModel::step)
+      .def("profile", &DecodeModel::profile);  // seconds per phase since the last call; on: time the next steps
 }
