@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.opscope-installed
 
 .PHONY: setup run chat lint typecheck test test-fast perf-check stress-check postgres clean screenshots xvfb-walk dist bundle bundle-test \
-	gpu-wheels gpu-check gpu-check-dry prebuilt-arm arm-check prebuilt-torch newest-torch-check
+	gpu-wheels gpu-check gpu-check-dry prebuilt-arm arm-check prebuilt-torch newest-torch-check python-check
 
 setup: $(STAMP)
 
@@ -127,6 +127,12 @@ prebuilt-torch: setup
 # build, ~5 GB, built once per machine) and run without a compiler (tests/test_packaging.py).
 newest-torch-check: prebuilt-torch
 	$(BIN)/pytest -q -p no:cacheprovider -m newest_torch tests/test_packaging.py
+
+# The newest torch's x86-64 libraries (built under this Python) loaded by Debian 13's CPython 3.13
+# with torch's cp313 wheel, nothing compiled, every type's ops checked (packaging/python_check.py;
+# ~600 MB of downloads once, then about a minute).
+python-check: prebuilt-torch
+	$(BIN)/python packaging/python_check.py
 
 # That library loaded by the engine's own loader inside a real aarch64 torch, under qemu-user, and
 # its ops checked against references made here (packaging/arm_check.py; about a minute once the

@@ -116,8 +116,6 @@ def site(cache: Path, version: str) -> Path:
     dest = cross.unpack(
         cross.torch_wheel(cache, version), cache / f"site-torch{version}-{sys.implementation.cache_tag}"
     )
-    import importlib.util
-
     import numpy
 
     if not (dest / "numpy").is_dir():
@@ -131,6 +129,15 @@ def site(cache: Path, version: str) -> Path:
         for part in (dest / "numpy.tmp").iterdir():
             part.replace(dest / part.name)
         (dest / "numpy.tmp").rmdir()
+    copy_pure(dest)
+    return dest
+
+
+def copy_pure(dest: Path) -> None:
+    """This checkout as the package ``opscope`` in ``dest`` and torch's pure-Python dependencies
+    copied from this environment."""
+    import importlib.util
+
     link = dest / "opscope"
     if not link.exists():
         link.symlink_to(Path(build.__file__).resolve().parents[3])
@@ -143,17 +150,16 @@ def site(cache: Path, version: str) -> Path:
             shutil.copytree(src.parent, dest / name, dirs_exist_ok=True)
         else:
             shutil.copy2(src, dest / src.name)
-    return dest
 
 
-def _needed(lib: Path) -> list[str]:
-    out = subprocess.run([cross.READELF, "-d", str(lib)], capture_output=True, text=True).stdout
+def _needed(lib: Path, readelf: str = cross.READELF) -> list[str]:
+    out = subprocess.run([readelf, "-d", str(lib)], capture_output=True, text=True).stdout
     return re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", out)
 
 
-def _versions_needed(lib: Path) -> dict[str, set[str]]:
+def _versions_needed(lib: Path, readelf: str = cross.READELF) -> dict[str, set[str]]:
     """{library file: the symbol version names ``lib`` asks of it} (readelf -V's verneed section)."""
-    out = subprocess.run([cross.READELF, "-V", "-W", str(lib)], capture_output=True, text=True).stdout
+    out = subprocess.run([readelf, "-V", "-W", str(lib)], capture_output=True, text=True).stdout
     found: dict[str, set[str]] = {}
     current = None
     for line in out.splitlines():
@@ -170,9 +176,9 @@ def _versions_needed(lib: Path) -> dict[str, set[str]]:
 _SYM = re.compile(r"^\s*\d+:\s+\S+\s+\d+\s+(\w+)\s+(\w+)\s+\w+\s+(\S+)\s+([^@\s]+)(?:@+(\S+))?")
 
 
-def _symbols(lib: Path) -> tuple[set[str], list[tuple[str, str | None, str]]]:
+def _symbols(lib: Path, readelf: str = cross.READELF) -> tuple[set[str], list[tuple[str, str | None, str]]]:
     """(names ``lib`` defines, [(name, version, type)] of the global symbols it needs from others)."""
-    out = subprocess.run([cross.READELF, "--dyn-syms", "-W", str(lib)], capture_output=True, text=True).stdout
+    out = subprocess.run([readelf, "--dyn-syms", "-W", str(lib)], capture_output=True, text=True).stdout
     defined, needed = set(), []
     for line in out.splitlines():
         m = _SYM.match(line)
@@ -186,9 +192,10 @@ def _symbols(lib: Path) -> tuple[set[str], list[tuple[str, str | None, str]]]:
     return defined, needed
 
 
-def _stub_source(symbols: list[tuple[str, str]]) -> str:
-    """AArch64 assembly defining each (name, type): functions return 100 (cudaErrorNoDevice, and
+def _stub_source(symbols: list[tuple[str, str]], arch: str = cross.ARCH) -> str:
+    """Assembly for ``arch`` defining each (name, type): functions return 100 (cudaErrorNoDevice, and
     an error to any other C API), objects are zeroed bytes."""
+    ret = ["mov w0, #100", "ret"] if arch == "aarch64" else ["movl $100, %eax", "ret"]
     lines = []
     for name, kind in symbols:
         if kind == "OBJECT":
@@ -201,17 +208,19 @@ def _stub_source(symbols: list[tuple[str, str]]) -> str:
                 ".zero 256",
             ]
         else:
-            lines += [".text", f".globl {name}", f".type {name}, %function", f"{name}:", "mov w0, #100", "ret"]
+            lines += [".text", f".globl {name}", f".type {name}, %function", f"{name}:", *ret]
     return "\n".join(lines) + "\n"
 
 
-def stubs(site_dir: Path, root: Path, cache: Path) -> Path:
+def stubs(site_dir: Path, root: Path, cache: Path, arch: str = cross.ARCH, python: str = "python3.11") -> Path:
     """Libraries for the NVIDIA ones torch's libraries name but the wheel does not hold: each with
     its soname, the symbol versions asked of it and every symbol asked of it (CPython loads
-    extensions with RTLD_NOW: an unresolved function fails the import, not just its call)."""
+    extensions with RTLD_NOW: an unresolved function fails the import, not just its call). For
+    ``arch``'s torch in ``site_dir`` and the sysroot ``root`` (its C libraries and ``python``)."""
+    readelf = cross.TARGETS[arch].readelf
     out = cache / f"stubs-{site_dir.name}"  # per torch: a run for one leaves the other's
     libs = sorted((site_dir / "torch" / "lib").glob("*.so*")) + sorted((site_dir / "torch").glob("_C*.so"))
-    system = [p for d in ("lib", "usr/lib") for p in (root / d / "aarch64-linux-gnu").glob("*.so*") if p.is_file()]
+    system = [p for d in ("lib", "usr/lib") for p in (root / d / f"{arch}-linux-gnu").glob("*.so*") if p.is_file()]
     # Made once for these libraries: reading every symbol table again costs seconds per run.
     key = hashlib.sha256("".join(f"{p}:{p.stat().st_size}\n" for p in libs + system).encode()).hexdigest()
     if (out / "KEY").is_file() and (out / "KEY").read_text() == key:
@@ -221,13 +230,13 @@ def stubs(site_dir: Path, root: Path, cache: Path) -> Path:
     owner: dict[str, str] = {}  # version name -> the missing library that defines it
     defined: set[str] = set()
     needed: list[tuple[str, str | None, str]] = []
-    for lib in libs + system + [root / "usr" / "bin" / "python3.11"]:
-        names, wants = _symbols(lib)
+    for lib in libs + system + [root / "usr" / "bin" / python]:
+        names, wants = _symbols(lib, readelf)
         defined |= names
         if lib in libs:
             needed += wants
-            versions = _versions_needed(lib)
-            for name in _needed(lib):
+            versions = _versions_needed(lib, readelf)
+            for name in _needed(lib, readelf):
                 if name not in have:
                     missing.setdefault(name, set()).update(versions.get(name, ()))
                     owner.update({v: name for v in versions.get(name, ())})
@@ -239,12 +248,12 @@ def stubs(site_dir: Path, root: Path, cache: Path) -> Path:
         if name not in defined and (version is None or version in owner):
             per_lib[owner.get(version, first) if version else first][name] = (kind, version)
     out.mkdir(parents=True, exist_ok=True)
-    cc = shutil.which("aarch64-linux-gnu-gcc") or "aarch64-linux-gnu-g++"
+    cc = (shutil.which("aarch64-linux-gnu-gcc") or "aarch64-linux-gnu-g++") if arch == "aarch64" else "gcc"
     for lib_name, versions in sorted(missing.items()):
         syms = per_lib[lib_name]
         with tempfile.TemporaryDirectory() as tmp:
             src, script = Path(tmp) / "stub.S", Path(tmp) / "stub.map"
-            src.write_text(_stub_source([(n, k) for n, (k, _) in sorted(syms.items())]))
+            src.write_text(_stub_source([(n, k) for n, (k, _) in sorted(syms.items())], arch))
             nodes = []
             for v in sorted(versions):
                 names = "".join(f"{n}; " for n, (_, ver) in sorted(syms.items()) if ver == v)

@@ -200,6 +200,24 @@ def _main(argv: list[str] | None, gui: Callable | None, whole_process: bool) -> 
         return _interrupted(e, None, debug)
     except StdoutError as e:
         return cli_output.failed(e)
+    except Exception as e:  # before a command runs (parsing, its module's import): only a wrapped signal
+        if (signalled := _signal_under(e)) is None:
+            raise
+        return _interrupted(signalled, None, debug)
+
+
+def _signal_under(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (KeyboardInterrupt, Terminated) another exception was raised from or
+    while handling: Python wraps one raised in a descriptor's __set_name__, as a dataclass's fields
+    have while its class body is made at import, in RuntimeError("Error calling __set_name__ …")."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def _interrupted(e: BaseException, cancelled: Cancelled | None, debug: bool) -> int:
@@ -244,6 +262,8 @@ def _run(func: Callable, args) -> int:
         print(f"opscope: error: {e.strerror or e}{where}{hint}", file=sys.stderr)
         return 2 if full else 1  # a full disk is the user's to fix, like any EngineError
     except Exception as e:  # a bug, not a user error: say so, keep the traceback behind --debug
+        if (signalled := _signal_under(e)) is not None:
+            return _interrupted(signalled, None, args.debug)
         if args.debug:
             raise
         print(

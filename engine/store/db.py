@@ -206,6 +206,26 @@ def sqlite_driver_url(url: str) -> str:
     return uri.render_as_string(hide_password=False)
 
 
+def _to_wal(cur) -> None:
+    """The file into WAL mode (it stays so: later connections find it there). Switching needs the
+    file to itself, and SQLite answers "database is locked" at once then, without waiting out the
+    busy timeout: two first opens of a new file at the same moment (the GUI's worker and a CLI
+    benchmark) made one fail. So it is retried, within the busy timeout."""
+    import sqlite3
+    import time
+
+    deadline, pause = time.monotonic() + SQLITE_BUSY_TIMEOUT_S, 0.005
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")  # a file system without WAL answers another mode
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+
+
 def _tune_sqlite(engine: Engine, is_file: bool) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:
@@ -217,7 +237,7 @@ def _tune_sqlite(engine: Engine, is_file: bool) -> None:
         if is_file:
             # WAL: readers (the GUI) never block the writer (a benchmark); NORMAL sync in WAL keeps
             # every commit across a process crash (kill -9), only a power cut may lose the last ones.
-            cur.execute("PRAGMA journal_mode=WAL")
+            _to_wal(cur)
             cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
 

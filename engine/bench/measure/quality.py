@@ -110,10 +110,11 @@ class LoadProbe:
     """Foreign load per repetition of one point, read over windows of at least ``min_window_s``.
 
     Made before the point's warm-up; ``start()`` when the timed repetitions begin; ``rep_done()``
-    after each one closes the open window once it is long enough; ``close()`` ends the open window
-    at once: one shorter than ``min_window_s`` is read from the latest earlier reading at least
-    that old (the warm-up, or the window before), so a point of a few milliseconds still gets a
-    load that a single jiffy cannot dominate. ``loads[i]`` is repetition i's load, None while its
+    after each one closes the open window once it is long enough; ``close()`` ends the open window:
+    one shorter than ``min_window_s`` is read from the latest earlier reading at least that old (the
+    warm-up, or the window before), and a point whose whole run is shorter waits out the rest of one
+    window first, so a point of a few milliseconds still gets a load that a single jiffy cannot
+    dominate. ``loads[i]`` is repetition i's load, None while its
     window is open."""
 
     def __init__(
@@ -122,11 +123,12 @@ class LoadProbe:
         gpu: GpuOthers | None = None,
         min_window_s: float = MIN_WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         from opscope.engine.core.cpuload import OtherLoad
 
         self.cpu = OtherLoad(proc_root() if proc is None else proc, clock)
-        self.gpu, self.min_window_s, self.clock = gpu, min_window_s, clock
+        self.gpu, self.min_window_s, self.clock, self.sleep = gpu, min_window_s, clock, sleep
         self.loads: list[SampleLoad | None] = []
         self._history: list[tuple[float, Any]] = []  # (time, reading), oldest first
         self.start()
@@ -147,6 +149,12 @@ class LoadProbe:
         if not self.pending:
             return
         now = self.clock()
+        if now - self._history[0][0] < self.min_window_s:
+            # The whole point took less than one window (a quick matmul: ~30 ms): a reading over it
+            # is a few jiffies, read as 0 or as more cores than the machine has (both seen: 0.00 and
+            # 2.50 of 2 with one core busy). Let the window grow to its length around the samples.
+            self.sleep(self.min_window_s - (now - self._history[0][0]))
+            now = self.clock()
         old_enough = [r for t, r in self._history if now - t >= self.min_window_s]
         self._close_window(old_enough[-1] if old_enough else self._history[0][1])
 

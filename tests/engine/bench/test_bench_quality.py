@@ -156,6 +156,34 @@ def test_other_gpu_processes_exclude_ours(monkeypatch):
     assert Q.GpuOthers(0).count() is None  # no driver: unknown, not zero
 
 
+def test_a_point_shorter_than_one_window_waits_the_window_out_before_its_reading(tmp_path):
+    """A quick matmul point runs in ~30 ms: read over that, the foreign load was a few jiffies, 0.00
+    or 2.50 cores of 2 with one core busy. close() now waits until one window has passed since the
+    first reading, then reads: here the fake /proc gains 10 busy jiffies (0.1 s of one core) while
+    it waits, and the samples get exactly that core."""
+    write_proc(tmp_path, 1000)
+    t = [100.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(round(s, 6))
+        t[0] += s
+        write_proc(tmp_path, 1010)  # another process's 0.1 s of CPU while we wait
+
+    probe = Q.LoadProbe(tmp_path, min_window_s=0.1, clock=lambda: t[0], sleep=sleep)
+    t[0] += 0.03  # three repetitions in 30 ms
+    for _ in range(3):
+        probe.rep_done()
+    probe.close()
+    assert slept == [0.07]
+    assert [load.other_cores for load in probe.loads] == pytest.approx([1.0] * 3)
+    probe = Q.LoadProbe(tmp_path, min_window_s=0.1, clock=lambda: t[0], sleep=sleep)
+    t[0] += 0.5  # a long point: no wait
+    probe.rep_done()
+    probe.close()
+    assert slept == [0.07]
+
+
 # --- the CLI with a real busy process ------------------------------------------------------------
 
 

@@ -1,7 +1,9 @@
-"""packaging/cross_kernels.py for another torch on this architecture (`make prebuilt-torch`): the
-folder it writes is the one the loader reads for that torch, its library check, and the one line it
-prints where asked for what `opscope fastpath build --all` builds. The whole build and its run in a
-new venv with that torch are `make newest-torch-check` (tests/test_packaging.py; ~5 GB of venv)."""
+"""packaging/cross_kernels.py for another torch on this architecture (`make prebuilt-torch`), and the
+stubs `make python-check` starts that torch with: the folder it writes is the one the loader reads
+for that torch, its library check, the one line it prints where asked for what `opscope fastpath
+build --all` builds, and an x86-64 stub's answers. The whole build and its runs are `make
+newest-torch-check` (a new venv with that torch, tests/test_packaging.py; ~5 GB) and `make
+python-check` (Debian 13's CPython 3.13)."""
 
 from __future__ import annotations
 
@@ -59,3 +61,19 @@ def test_asking_for_this_torch_on_this_architecture_is_one_line_and_exit_2():
     )
     assert r.returncode == 2, r.stderr
     assert r.stderr == f"cross_kernels: this torch on {variants.arch()}: `opscope fastpath build --all` builds those\n"
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None, reason="needs an x86-64 gcc")
+def test_x86_64_stub_functions_return_no_device_and_objects_are_zeroed(tmp_path):
+    """`make python-check` starts torch's CUDA build with stubs for the NVIDIA libraries it names
+    (packaging/arm_check.stubs, here for x86-64): a stub function answers 100 (cudaErrorNoDevice)."""
+    import ctypes
+
+    import arm_check
+
+    src, lib = tmp_path / "stub.S", tmp_path / "libstub.so"
+    src.write_text(arm_check._stub_source([("cudaGetDeviceCount", "FUNC"), ("someTable", "OBJECT")], "x86_64"))
+    subprocess.run(["gcc", "-shared", "-fPIC", "-nostdlib", str(src), "-o", str(lib)], check=True)
+    stub = ctypes.CDLL(str(lib))
+    assert stub.cudaGetDeviceCount() == 100
+    assert bytes((ctypes.c_char * 256).in_dll(stub, "someTable")) == bytes(256)
