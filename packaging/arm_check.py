@@ -259,7 +259,8 @@ def stubs(site_dir: Path, root: Path, cache: Path, arch: str = cross.ARCH, pytho
                 names = "".join(f"{n}; " for n, (_, ver) in sorted(syms.items()) if ver == v)
                 nodes.append(f"{v} {{ global: {names}}};\n" if names else f"{v} {{ }};\n")
             script.write_text("".join(nodes))
-            args = [cc, "-shared", "-fPIC", "-nostdlib", f"-Wl,-soname,{lib_name}", str(src), "-o", str(out / lib_name)]
+            args = [cc, "-shared", "-fPIC", "-nostdlib", "-Wl,-z,noexecstack", f"-Wl,-soname,{lib_name}", str(src)]
+            args += ["-o", str(out / lib_name)]  # noexecstack: glibc 2.41 refuses to load a library asking for one
             subprocess.run(args + ([f"-Wl,--version-script,{script}"] if versions else []), check=True)
     (out / "KEY").write_text(key)
     return out
