@@ -1,11 +1,12 @@
-"""pp512 of this checkout against another (an older commit), each side a fresh process, interleaved.
+"""pp512 (or tg128) of this checkout against another (an older commit), each side a fresh process, interleaved.
 
     git worktree add /tmp/old REV
-    .venv/bin/python benchmarks/pp_ab.py /tmp/old --types Q4_0,Q6_K --rounds 5 [--spec activations=q8]
+    .venv/bin/python benchmarks/pp_ab.py /tmp/old --types Q4_0,Q6_K --rounds 5 [--spec activations=q8] [--tg]
 
 Per round and type the two sides run in alternating order; each loads the SmolLM2-135M file of that
 type (benchmarks/gguf_types.py's cache) on the fast path and times one 512-token forward pass, best
-of 3 after a warm-up, 2 threads. The other checkout is imported through a folder holding an
+of 3 after a warm-up, 2 threads; with ``--tg``, 128 single-token decode steps through the model
+(its decode step: the fused C++ one where it applies) after a 16-token prefill, best of 3. The other checkout is imported through a folder holding an
 ``opscope`` link to it (its kernels build into the shared kernel cache under their own hash).
 Prints one JSON line per run (with the 1-minute load) and the medians and per-round ratios.
 """
@@ -25,13 +26,16 @@ from pathlib import Path
 CACHE = Path.home() / ".cache/opscope/gguf_types"
 
 
-def child(path: str, spec: str) -> None:
+def child(path: str, spec: str, tg: bool = False) -> None:
     import opscope
     import torch
     from opscope.engine.api import load
 
     torch.set_num_threads(2)
     model = load(path, fastpath=spec, threads=2).model
+    if tg:
+        print(json.dumps({"package": os.path.dirname(opscope.__file__), "tok_s": _tg128(model)}))
+        return
     toks = torch.randint(100, 20000, (1, 512))
     best = float("inf")
     with torch.inference_mode():
@@ -43,12 +47,28 @@ def child(path: str, spec: str) -> None:
     print(json.dumps({"package": os.path.dirname(opscope.__file__), "tok_s": 512 / best}))
 
 
-def side(path: Path, spec: str, pythonpath: str | None) -> float:
+def _tg128(model) -> float:
+    import torch
+
+    model.setup_cache(1, 160)
+    best = float("inf")
+    with torch.inference_mode():
+        for i in range(4):  # the first a warm-up
+            model(torch.randint(100, 20000, (1, 16)), 0, last_only=True)
+            t0 = time.perf_counter()
+            for pos in range(16, 16 + 128):
+                model(torch.tensor([[1000 + pos]]), pos)
+            if i:
+                best = min(best, time.perf_counter() - t0)
+    return 128 / best
+
+
+def side(path: Path, spec: str, pythonpath: str | None, tg: bool = False) -> float:
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    cmd = [sys.executable, __file__, "--child", str(path), "--spec", spec]
+    cmd = [sys.executable, __file__, "--child", str(path), "--spec", spec] + (["--tg"] if tg else [])
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=600)
     return json.loads(out.stdout.splitlines()[-1])["tok_s"]
 
@@ -59,10 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", default="Q4_0,Q6_K,IQ4_NL,Q4_K_M", help="types of the SmolLM2 files, or GGUF paths")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--spec", default="activations=q8")
+    ap.add_argument("--tg", action="store_true", help="tg128 (decode) instead of pp512")
     ap.add_argument("--child")
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child, args.spec)
+        child(args.child, args.spec, args.tg)
         return 0
     runs: dict[str, dict[str, list[float]]] = {t: {"old": [], "new": []} for t in args.types.split(",")}
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             for t, res in runs.items():
                 path = Path(t) if t.endswith(".gguf") else CACHE / f"SmolLM2-135M-Instruct.{t}.gguf"
                 for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                    res[name].append(side(path, args.spec, tmp if name == "old" else None))
+                    res[name].append(side(path, args.spec, tmp if name == "old" else None, args.tg))
                     load = Path("/proc/loadavg").read_text().split()[0]
                     print(json.dumps({"round": r, "type": t, "side": name, "tok_s": res[name][-1], "load": load}))
     for t, res in runs.items():
