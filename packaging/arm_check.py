@@ -70,12 +70,23 @@ def sysroot(cache: Path) -> Path:
     root = cache / "sysroot"
     if (root / "usr" / "bin" / "python3.11").is_file():
         return root
-    debs = cache / "debs"
-    debs.mkdir(parents=True, exist_ok=True)
     tmp = cache / "sysroot.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    for path in DEBS:
+    unpack_debs(DEBS, cache / "debs", tmp)
+    shutil.copytree(CROSS_LIBS, tmp / "lib" / "aarch64-linux-gnu", dirs_exist_ok=True, symlinks=True)
+    (tmp / "lib" / "ld-linux-aarch64.so.1").symlink_to("aarch64-linux-gnu/ld-linux-aarch64.so.1")
+    fake_arm_cpu(tmp, os.cpu_count() or 1)
+    tmp.replace(root)
+    return root
+
+
+def unpack_debs(paths: tuple[str, ...], debs: Path, dest: Path) -> None:
+    """Debian's packages at ``paths`` (in its pool) downloaded once into ``debs`` and unpacked into a
+    new ``dest``."""
+    debs.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    for path in paths:
         deb = debs / path.rsplit("/", 1)[1]
+        error = ""
         for base in DEBIAN if not deb.is_file() else ():
             try:
                 urllib.request.urlretrieve(base + path, deb)
@@ -84,12 +95,7 @@ def sysroot(cache: Path) -> Path:
                 error = f"downloading {base + path} failed ({e}): is deb.debian.org reachable?"
         if not deb.is_file():
             raise cross.CrossError(error)
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], check=True)
-    shutil.copytree(CROSS_LIBS, tmp / "lib" / "aarch64-linux-gnu", dirs_exist_ok=True, symlinks=True)
-    (tmp / "lib" / "ld-linux-aarch64.so.1").symlink_to("aarch64-linux-gnu/ld-linux-aarch64.so.1")
-    fake_arm_cpu(tmp, os.cpu_count() or 1)
-    tmp.replace(root)
-    return root
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(dest)], check=True)
 
 
 def fake_arm_cpu(root: Path, cpus: int) -> None:

@@ -21,7 +21,6 @@ import re
 import shutil
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import arm_check
@@ -61,20 +60,8 @@ def sysroot(cache: Path) -> Path:
     root = cache / "sysroot-debian13-x86_64"
     if (root / "usr" / "bin" / f"python{PY}").is_file():
         return root
-    debs, tmp = cache / "debs", cache / "sysroot-debian13-x86_64.tmp"
-    debs.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    for path in DEBS:
-        deb = debs / path.rsplit("/", 1)[1]
-        for base in arm_check.DEBIAN if not deb.is_file() else ():
-            try:
-                urllib.request.urlretrieve(base + path, deb)
-                break
-            except OSError as e:
-                error = f"downloading {base + path} failed ({e}): is deb.debian.org reachable?"
-        if not deb.is_file():
-            raise cross.CrossError(error)
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], check=True)
+    tmp = cache / "sysroot-debian13-x86_64.tmp"
+    arm_check.unpack_debs(DEBS, cache / "debs", tmp)
     tmp.replace(root)
     return root
 

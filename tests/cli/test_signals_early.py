@@ -157,19 +157,25 @@ sys.exit(main())
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM])
-def test_a_signal_inside_torch_s_extension_init_is_not_lost(tmp_path, sig):
-    script, seen = tmp_path / "signal_in_torch_init.py", tmp_path / "seen"
-    script.write_text(SIGNAL_IN_TORCH_INIT)
-    r = subprocess.run(
+def _generate_through(script: Path, source: str, sig: int, **env: str) -> subprocess.CompletedProcess:
+    """A one-token generate (plain torch) run by ``source``, which calls opscope's main after setting
+    up when to send ``sig`` (environment SIGNAL)."""
+    script.write_text(source)
+    return subprocess.run(
         [sys.executable, str(script), *GENERATE[:2], "--max-tokens", "1", "--fastpath", "off"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "SEEN": str(seen), "SIGNAL": str(int(sig))},
+        env={**os.environ, **env, "SIGNAL": str(int(sig))},
         timeout=300,
     )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM])
+def test_a_signal_inside_torch_s_extension_init_is_not_lost(tmp_path, sig):
+    seen = tmp_path / "seen"
+    r = _generate_through(tmp_path / "signal_in_torch_init.py", SIGNAL_IN_TORCH_INIT, sig, SEEN=str(seen))
     assert seen.read_text() == "True", "numpy was not first imported by an extension's init"
     assert (r.returncode, r.stderr) == (128 + sig, LINE[sig]), r.stderr
 
@@ -235,15 +241,5 @@ sys.exit(main())
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_inside_set_name_is_an_interrupt_not_an_internal_error(tmp_path, sig):
-    script = tmp_path / "signal_in_set_name.py"
-    script.write_text(SIGNAL_IN_SET_NAME)
-    r = subprocess.run(
-        [sys.executable, str(script), *GENERATE[:2], "--max-tokens", "1", "--fastpath", "off"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "SIGNAL": str(int(sig))},
-        timeout=300,
-    )
+    r = _generate_through(tmp_path / "signal_in_set_name.py", SIGNAL_IN_SET_NAME, sig)
     assert (r.returncode, r.stderr) == (128 + sig, LINE[sig]), r.stderr
