@@ -97,12 +97,13 @@ def unpack(wheel: Path, dest: Path, members: tuple[str, ...] = ("",)) -> Path:
 def torch_tree(cache: Path, version: str, target: Target = ARM64) -> Path:
     """torch's headers and the libraries the extension links with, from its wheel for ``target``."""
     wheel = torch_wheel(cache, version, target)
-    return unpack(wheel, cache / f"{folder_name(version, target)}-dev", _MEMBERS)
+    return unpack(wheel, cache / f"torch{version}-{target.arch}-dev", _MEMBERS)
 
 
 def folder_name(version: str, target: Target) -> str:
-    """The prebuilt folder of ``target``'s libraries for torch ``version`` (build.abi_tag's form)."""
-    return f"torch{version}-{target.arch}"
+    """The prebuilt folder of ``target``'s libraries for torch ``version``'s minor release
+    (build.abi_tag's form)."""
+    return f"torch{build.torch_series(version)}-{target.arch}"
 
 
 def cross_toolchain(tree: Path, version: str, target: Target = ARM64) -> Toolchain:
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch", metavar="VERSION", help="the torch release to build for (default: this one's)")
     a = ap.parse_args(argv)
     version = a.torch or torch_version()
-    if a.arch == variants.arch() and version == torch_version():
+    if a.arch == variants.arch() and build.torch_series(version) == build.torch_series(torch_version()):
         print(f"cross_kernels: this torch on {a.arch}: `opscope fastpath build --all` builds those", file=sys.stderr)
         return 2
     try:

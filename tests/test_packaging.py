@@ -555,7 +555,7 @@ def test_the_wheel_installs_into_a_new_venv_and_runs(tmp_path):
     shutil.rmtree(venv)
 
 
-NEWEST_TAG = f"torch{NEWEST_TORCH.split('==')[1]}-{platform.machine()}"
+NEWEST_TAG = f"torch{'.'.join(NEWEST_TORCH.split('==')[1].split('.')[:2])}-{platform.machine()}"
 GENERATE = ("generate", "The capital of France is", "--max-tokens", "8", "--ignore-eos")
 
 

@@ -2,7 +2,7 @@
 
 Each variant is compiled ahead of time (``make setup`` for a checkout: the variants this CPU runs,
 ``opscope fastpath build --runnable``; ``make dist`` for the wheel: all, ``--all``) into
-``prebuilt/<torch release>-<arch>/`` beside
+``prebuilt/torch<minor release>-<arch>/`` beside
 this file, so the user needs no compiler. Where no prebuilt library fits (another torch, a source
 change, a platform no variant was built for) the variant is compiled at first use into a per-user
 cache (toolchain.py drives the compiler). The key of a build is a hash of the sources,
@@ -169,11 +169,18 @@ def module_name(v: Variant | None = None) -> str:
     return f"opscope_qlinear_{v.name.replace('-', '_')}_{build_key(v)}"
 
 
+def torch_series(version: str) -> str:
+    """``2.14`` of ``2.14.1+cu130``: the releases one prebuilt library serves. torch's patch releases
+    keep its C++ ABI (extension wheels such as xformers' and flash-attn's are built per minor
+    release); a library built against 2.14.1 was checked in 2.14.0 (docs/decisions/cpu-variants.md)."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
 def abi_tag() -> str:
-    """The prebuilt libraries' folder: they link against this torch (and no Python)."""
+    """The prebuilt libraries' folder: they link against this torch's minor release (and no Python)."""
     import torch
 
-    return f"torch{torch.__version__.split('+')[0]}-{variants.arch()}"
+    return f"torch{torch_series(torch.__version__)}-{variants.arch()}"
 
 
 def prebuilt_root() -> Path:
@@ -259,8 +266,8 @@ def library_origin(v: Variant | None = None) -> str:
 
 
 def prebuilt_for_other_torch() -> list[str]:
-    """The torch releases (``torch2.14.1``) with prebuilt libraries for this architecture other than
-    the one running: a library loads only into the torch it was compiled against."""
+    """The torch releases (``torch2.14``) with prebuilt libraries for this architecture other than the
+    one running: a library loads only into the torch (minor release) it was compiled against."""
     import re
 
     mine, root = abi_tag(), prebuilt_root()

@@ -27,9 +27,10 @@ def test_the_folder_for_a_torch_is_the_one_the_loader_reads_under_that_torch():
 
     target = cross_kernels.TARGETS[variants.arch()]
     assert cross_kernels.folder_name(torch.__version__.split("+")[0], target) == build.abi_tag()
-    assert cross_kernels.folder_name("2.14.1", target) == build.abi_tag().replace(
-        f"torch{torch.__version__.split('+')[0]}-", "torch2.14.1-"
-    )
+    # one folder per minor release: its patch releases keep torch's C++ ABI
+    assert cross_kernels.folder_name("2.14.1", target) == cross_kernels.folder_name("2.14.0+cu130", target)
+    assert cross_kernels.folder_name("2.14.1", target) == f"torch2.14-{variants.arch()}"
+    assert build.abi_tag() == f"torch{build.torch_series(torch.__version__)}-{variants.arch()}"
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None, reason="needs an x86-64 gcc")
