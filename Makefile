@@ -102,14 +102,19 @@ xvfb-walk: setup
 # The wheel carries every CPU kernel variant prebuilt for the pinned torch (no compiler on the
 # user's machine); setup built the variants this CPU runs, `fastpath build --all` adds the others,
 # and the ARM64 one is cross-compiled where the cross toolchain and PyPI are there (prebuilt-arm).
-# pip gives a new environment the newest torch, not the pin: its x86-64 variants too (prebuilt-torch).
-NEWEST_TORCH := 2.14.1
+# pip gives a new environment the newest torch on PyPI, not the pin, and keeps the torch a user
+# already has: the wheel also carries both architectures' variants for these releases, one folder
+# per minor release (prebuilt-torch; cross_kernels.py takes each release's wheels from PyPI).
+NEWEST_TORCH := 2.15.0
+OTHER_TORCH := $(NEWEST_TORCH) 2.14.1 2.12.1 2.11.0
 dist: setup
 	rm -rf build/lib build/bdist.* dist/opscope-*.whl dist/opscope-*.tar.gz
 	$(BIN)/opscope fastpath build --all
 	$(BIN)/python packaging/cross_kernels.py || echo "ARM64 kernels not in this wheel: ARM users compile them at first use"
-	$(BIN)/python packaging/cross_kernels.py --arch x86_64 --torch $(NEWEST_TORCH) || \
-	  echo "no x86-64 kernels for torch $(NEWEST_TORCH) in this wheel: its users compile them at first use"
+	for v in $(OTHER_TORCH); do \
+	  $(BIN)/python packaging/cross_kernels.py --arch x86_64 --torch $$v || echo "no x86-64 kernels for torch $$v in this wheel"; \
+	  $(BIN)/python packaging/cross_kernels.py --torch $$v || echo "no ARM64 kernels for torch $$v in this wheel"; \
+	done
 	$(BIN)/python -c "from setuptools import build_meta as b; print(b.build_sdist('dist')); print(b.build_wheel('dist'))"
 
 # The ARM64 (NEON) kernels cross-compiled for the pinned torch into the same prebuilt/ folder tree,
@@ -118,21 +123,21 @@ dist: setup
 prebuilt-arm: setup
 	$(BIN)/python packaging/cross_kernels.py
 
-# The x86-64 variants compiled against the newest torch's headers and libraries (its wheel from
-# PyPI, ~550 MB, cached; nothing installed), into prebuilt/torch$(NEWEST_TORCH)-…/ for `make dist`.
+# The x86-64 variants compiled against the other torch releases' headers and libraries (their wheels
+# from PyPI, ~550 MB each, cached; nothing installed), into prebuilt/torch<minor>-x86_64/ for `make dist`.
 prebuilt-torch: setup
-	$(BIN)/python packaging/cross_kernels.py --arch x86_64 --torch $(NEWEST_TORCH)
+	for v in $(OTHER_TORCH); do $(BIN)/python packaging/cross_kernels.py --arch x86_64 --torch $$v || exit 1; done
 
-# The wheel with both torches' kernels installed into a new venv with the newest torch (its CUDA
-# build, ~5 GB, built once per machine) and run without a compiler (tests/test_packaging.py).
+# The wheel installed into a new venv with the newest torch from PyPI (its CUDA build, ~5 GB, built
+# once per machine) and run without a compiler (tests/test_packaging.py).
 newest-torch-check: prebuilt-torch
 	$(BIN)/pytest -q -p no:cacheprovider -m newest_torch tests/test_packaging.py
 
-# The newest torch's x86-64 libraries (built under this Python) loaded by Debian 13's CPython 3.13
-# with torch's cp313 wheel, nothing compiled, every type's ops checked (packaging/python_check.py;
-# ~600 MB of downloads once, then about a minute).
+# The other torch releases' x86-64 libraries (built under this Python) loaded by Debian 13's
+# CPython 3.13 with each release's cp313 wheel, nothing compiled, every type's ops checked
+# (packaging/python_check.py; ~600 MB of downloads per release once, then about 20 s each).
 python-check: prebuilt-torch
-	$(BIN)/python packaging/python_check.py
+	for v in $(OTHER_TORCH); do $(BIN)/python packaging/python_check.py --torch $$v || exit 1; done
 
 # That library loaded by the engine's own loader inside a real aarch64 torch, under qemu-user, and
 # its ops checked against references made here (packaging/arm_check.py; about a minute once the

