@@ -109,6 +109,7 @@ NEWEST_TORCH := 2.15.0
 OTHER_TORCH := $(NEWEST_TORCH) 2.14.1 2.12.1 2.11.0
 dist: setup
 	rm -rf build/lib build/bdist.* dist/opscope-*.whl dist/opscope-*.tar.gz
+	rm -rf engine/fastpath/kernels/prebuilt/*-cpython-*  # the per-Python folders of before session 17
 	$(BIN)/opscope fastpath build --all
 	$(BIN)/python packaging/cross_kernels.py || echo "ARM64 kernels not in this wheel: ARM users compile them at first use"
 	for v in $(OTHER_TORCH); do \
