@@ -126,15 +126,9 @@ def site(cache: Path, version: str) -> Path:
 
     if not (dest / "numpy").is_dir():
         py = f"{sys.version_info.major}{sys.version_info.minor}"
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
-        cmd += ["--platform", cross.PLATFORM, "--python-version", py, "--implementation", "cp", "--abi", f"cp{py}"]
-        if subprocess.run(cmd + [f"numpy=={numpy.__version__}", "-d", str(cache)]).returncode != 0:
-            raise cross.CrossError(f"downloading numpy=={numpy.__version__} for {cross.PLATFORM} failed")
-        wheel = next(cache.glob(f"numpy-{numpy.__version__}-*{cross.ARCH}.whl"))
-        cross.unpack(wheel, dest / "numpy.tmp")
-        for part in (dest / "numpy.tmp").iterdir():
-            part.replace(dest / part.name)
-        (dest / "numpy.tmp").rmdir()
+        cross.merge_wheel(
+            cross.download_wheel(cache, "numpy", numpy.__version__, cross.ARCH, (cross.PLATFORM,), py), dest
+        )
     copy_pure(dest)
     return dest
 

@@ -72,15 +72,22 @@ def torch_version() -> str:
 def torch_wheel(cache: Path, version: str, target: Target = ARM64) -> Path:
     """torch's wheel for ``target`` and this CPython, downloaded once into ``cache``."""
     py = f"{sys.version_info.major}{sys.version_info.minor}"
-    pattern = f"torch-{version}-cp{py}-cp{py}-*{target.arch}.whl"
+    return download_wheel(cache, "torch", version, target.arch, (target.platform,), py)
+
+
+def download_wheel(cache: Path, name: str, version: str, arch: str, platforms: tuple[str, ...], py: str) -> Path:
+    """``name==version``'s wheel for CPython ``py`` (``"311"``) on ``arch``, one of pip's
+    ``platforms`` tags, downloaded once into ``cache`` (which holds other Pythons' wheels too)."""
+    pattern = f"{name}-{version}-cp{py}-*{arch}.whl"
+    if not sorted(cache.glob(pattern)):
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(cache)]
+        cmd += [f"--platform={p}" for p in platforms]
+        cmd += ["--python-version", py, "--implementation", "cp", "--abi", f"cp{py}", f"{name}=={version}"]
+        pip_download(cmd)
     found = sorted(cache.glob(pattern))
-    if found:
-        return found[0]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
-    cmd += ["--platform", target.platform, "--python-version", py, "--implementation", "cp", "--abi", f"cp{py}"]
-    if not pip_download([*cmd, f"torch=={version}", "-d", str(cache)]) or not sorted(cache.glob(pattern)):
-        raise CrossError(f"downloading torch=={version} for {target.platform} failed: is PyPI reachable?")
-    return sorted(cache.glob(pattern))[0]
+    if not found:
+        raise CrossError(f"downloading {name}=={version} for CPython {py} on {arch} failed: is PyPI reachable?")
+    return found[0]
 
 
 def pip_download(cmd: list[str]) -> bool:
@@ -104,6 +111,15 @@ def unpack(wheel: Path, dest: Path, members: tuple[str, ...] = ("",)) -> Path:
     return dest
 
 
+def merge_wheel(wheel: Path, dest: Path) -> None:
+    """The whole wheel unpacked beside what ``dest`` holds (through a temporary folder, so that a
+    half-done extraction leaves none of its top-level names behind)."""
+    tmp = unpack(wheel, dest / f"{wheel.name}.tmp")
+    for part in tmp.iterdir():
+        part.replace(dest / part.name)
+    tmp.rmdir()
+
+
 def torch_tree(cache: Path, version: str, target: Target = ARM64) -> Path:
     """torch's headers and the libraries the extension links with, from its wheel for ``target``."""
     wheel = torch_wheel(cache, version, target)
@@ -113,7 +129,7 @@ def torch_tree(cache: Path, version: str, target: Target = ARM64) -> Path:
 def folder_name(version: str, target: Target) -> str:
     """The prebuilt folder of ``target``'s libraries for torch ``version``'s minor release
     (build.abi_tag's form)."""
-    return f"torch{build.torch_series(version)}-{target.arch}"
+    return build.prebuilt_folder(version, target.arch)
 
 
 def cross_toolchain(tree: Path, version: str, target: Target = ARM64) -> Toolchain:

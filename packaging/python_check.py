@@ -66,17 +66,6 @@ def sysroot(cache: Path) -> Path:
     return root
 
 
-def _wheels(cache: Path, *specs: str) -> list[Path]:
-    """cp313 x86-64 wheels of ``specs`` (no dependencies), downloaded once into ``cache``."""
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(cache)]
-    cmd += [f"--platform={p}" for p in PLATFORMS] + ["--python-version", PY, "--implementation", "cp"]
-    cmd += ["--abi", "cp313", "--abi", "abi3", "--abi", "none"]
-    if not cross.pip_download(cmd + list(specs)):
-        raise cross.CrossError(f"downloading {' '.join(specs)} for CPython {PY} failed: is PyPI reachable?")
-    # the cache also holds other Pythons' wheels of the same release (cross_kernels' cp311 ones)
-    return [next(cache.glob(f"{s.split('==')[0]}-{s.split('==')[1]}-cp313-*.whl")) for s in specs]
-
-
 def site(cache: Path, version: str) -> Path:
     """torch's and numpy's cp313 wheels unpacked, the pure-Python dependencies beside them, and
     this checkout as the package ``opscope``."""
@@ -86,11 +75,9 @@ def site(cache: Path, version: str) -> Path:
     if not (dest / "torch").is_dir():
         tmp = dest.with_name(dest.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        for wheel in _wheels(cache, f"torch=={version}", f"numpy=={numpy.__version__}"):
-            cross.unpack(wheel, tmp / wheel.name)
-            for part in (tmp / wheel.name).iterdir():
-                part.replace(tmp / part.name)
-            (tmp / wheel.name).rmdir()
+        tmp.mkdir(parents=True)
+        for name, release in (("torch", version), ("numpy", numpy.__version__)):
+            cross.merge_wheel(cross.download_wheel(cache, name, release, "x86_64", PLATFORMS, PY.replace(".", "")), tmp)
         tmp.replace(dest)
     arm_check.copy_pure(dest)
     return dest

@@ -303,13 +303,18 @@ class Transformer(nn.Module):
         """idx [B,T] → logits [B,T,V] (or [B,1,V] with ``last_only``). ``input_pos`` is the position of
         idx[:, 0] (an int, so no host sync is needed); ``pad`` [B] counts left-padding tokens per row
         (batched generation): their keys are masked and positions start after them."""
+        if idx.device.type != "cuda":  # per token: no context to enter where it changes nothing
+            return self._step_or_plain(idx, input_pos, pad, last_only)
         with varying_shape_attention(idx.device, cached=bool(self.max_cache_len)):
-            if self.decode_step is not None and self.is_decode_step(idx, pad):
-                pos = int(input_pos[0]) if isinstance(input_pos, torch.Tensor) else int(input_pos)
-                logits = self.decode_step(idx, pos)  # [1,1,V], the same with or without last_only
-                if logits is not None:
-                    return logits
-            return self.plain_forward(idx, input_pos, pad=pad, last_only=last_only)
+            return self._step_or_plain(idx, input_pos, pad, last_only)
+
+    def _step_or_plain(self, idx, input_pos, pad, last_only: bool) -> torch.Tensor:
+        if self.decode_step is not None and self.is_decode_step(idx, pad):
+            pos = int(input_pos[0]) if isinstance(input_pos, torch.Tensor) else int(input_pos)
+            logits = self.decode_step(idx, pos)  # [1,1,V], the same with or without last_only
+            if logits is not None:
+                return logits
+        return self.plain_forward(idx, input_pos, pad=pad, last_only=last_only)
 
     def plain_forward(
         self,

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 # with the architecture's baseline flags, and linked into every variant's library.
 CSRC = Path(__file__).with_name("csrc")
 VARIANT_SOURCES = ("kernels.cpp", "raw.cpp", "raw_q8.cpp", "rowwork.cpp", "entry.cpp")
-SUFFIX = ".so"  # a plain shared library, loaded with torch.ops.load_library: no Python ABI tag
+SUFFIX = ".so"  # a plain shared library, loaded with ctypes (_import_so): no Python ABI tag
 TORCH_HALF = "torch_unity.cpp"
 SOURCES = (*VARIANT_SOURCES, TORCH_HALF)
 _HEADERS = (
@@ -176,11 +176,17 @@ def torch_series(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
+def prebuilt_folder(torch_version: str, arch: str) -> str:
+    """The prebuilt folder of ``arch``'s libraries for torch ``torch_version``'s minor release."""
+    return f"torch{torch_series(torch_version)}-{arch}"
+
+
 def abi_tag() -> str:
-    """The prebuilt libraries' folder: they link against this torch's minor release (and no Python)."""
+    """The prebuilt libraries' folder for this process: they link against this torch's minor release
+    (and no Python)."""
     import torch
 
-    return f"torch{torch_series(torch.__version__)}-{variants.arch()}"
+    return prebuilt_folder(torch.__version__, variants.arch())
 
 
 def prebuilt_root() -> Path:
@@ -348,7 +354,7 @@ def compile_variants(
     tc: Toolchain, todo: list[tuple[Variant, str, Path]], cache: Path, extra: tuple[str, ...] = ()
 ) -> dict[str, Path]:
     """The libraries of ``todo`` (variant, module name, build directory), each at
-    ``<directory>/<name><extension suffix>``: the torch half first (the longest unit), then every
+    ``<directory>/<name>.so``: the torch half first (the longest unit), then every
     variant's units, side by side, then the links. A library already there is kept."""
     out = {v.name: d / f"{n}{SUFFIX}" for v, n, d in todo}
     todo = [(v, n, d) for v, n, d in todo if not out[v.name].is_file()]
