@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.opscope-installed
 
 .PHONY: setup run chat lint typecheck test test-fast perf-check stress-check postgres clean screenshots xvfb-walk dist bundle bundle-test \
-	gpu-wheels gpu-check gpu-check-dry prebuilt-arm arm-check prebuilt-torch newest-torch-check python-check
+	gpu-wheels gpu-check gpu-check-dry prebuilt-arm arm-check prebuilt-torch newest-torch-check python-check cpu-models-check
 
 setup: $(STAMP)
 
@@ -139,6 +139,13 @@ newest-torch-check: prebuilt-torch
 # (packaging/python_check.py; ~600 MB of downloads per release once, then about 20 s each).
 python-check: prebuilt-torch
 	for v in $(OTHER_TORCH); do $(BIN)/python packaging/python_check.py --torch $$v || exit 1; done
+
+# The engine on x86-64 CPUs this host is not, emulated by qemu-user with their own CPUID: an AVX2-only
+# Zen 2 EPYC and a Haswell get the avx2 kernels, an SSE4.2 Nehalem the baseline, from prebuilt/ with
+# no compiler; each variant's ops checked and a generation compared with the native one
+# (packaging/cpu_models_check.py; about four minutes). Needs qemu-user.
+cpu-models-check: setup
+	$(BIN)/python packaging/cpu_models_check.py
 
 # That library loaded by the engine's own loader inside a real aarch64 torch, under qemu-user, and
 # its ops checked against references made here (packaging/arm_check.py; about a minute once the

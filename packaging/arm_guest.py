@@ -76,13 +76,21 @@ def main(inputs: str, variant: str) -> int:
 
 def bf16_agrees(torch, case: dict, w: dict, x) -> bool:
     """The bf16 prefill GEMM (prefill_dtype=bf16) equals torch's own bf16 GEMM of the float32
-    weights the exact GEMM used, rounded by torch: the panels' rounding to bf16 is torch's, bit for bit."""
+    weights the exact GEMM used, rounded by torch: the panels' rounding to bf16 is torch's, bit for
+    bit, where bf16 GEMMs are native. Elsewhere (an AVX2 CPU: oneDNN's emulated bf16 GEMM sums a
+    panel in another order than the whole) within one bf16 rounding of torch's."""
+    from opscope.engine.fastpath.kernels import build
+
     # the exact product's weights: rows of the float32 GEMM of an identity (exact: one term per output)
     dense = torch.ops.opscope.qgemm(torch.eye(x.shape[1]), w["qs"], w["d"], w["m"], w["qtype"]).t()
     y = torch.ops.opscope.qlinear(x, w["qs"], w["d"], w["m"], w["qtype"], 0, 8, torch.bfloat16)
-    ok = torch.equal(y, torch.mm(x.bfloat16(), dense.bfloat16().t()).float())
+    t = torch.mm(x.bfloat16(), dense.bfloat16().t()).float()
+    if build.native_bf16():
+        ok, said = torch.equal(y, t), "equals torch"
+    else:  # a bf16 ulp is at most 2**-7 of the value
+        ok, said = bool(((y - t).abs() <= 2.0**-7 * t.abs()).all()), "within one bf16 rounding of torch"
     print(f"{case['type']:7s} {case['layout']:4s} {'qgemm_bf16':10s} rows {x.shape[0]:3d}: "
-          f"{'equals torch' if ok else 'FAILED: differs from torch'}", flush=True)  # fmt: skip
+          f"{said if ok else 'FAILED: differs from torch'}", flush=True)  # fmt: skip
     return ok
 
 

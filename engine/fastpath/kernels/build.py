@@ -97,7 +97,7 @@ def native_bf16() -> bool:
     import os
 
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
-    return cap not in _ONEDNN_NO_BF16 and bool(set(_cpu_flags().split()) & {"avx512_bf16", "amx_bf16", "bf16"})
+    return cap not in _ONEDNN_NO_BF16 and bool(variants.cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def int8_prefill() -> bool:

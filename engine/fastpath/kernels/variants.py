@@ -110,16 +110,60 @@ def by_name(name: str) -> Variant:
 
 @lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux: x86 "flags", ARM "Features"); empty where unknown."""
+    """The CPU's feature flags, by /proc/cpuinfo's names: what both the OS (/proc/cpuinfo, Linux) and
+    the CPU itself (CPUID, through torch's cpuinfo) report; either alone where the other is missing."""
+    return merge_flags(_proc_flags(), _cpuid_flags())
+
+
+def merge_flags(proc: frozenset[str] | None, cpuid: dict[str, bool] | None) -> frozenset[str]:
+    """/proc/cpuinfo's flags less those CPUID denies (an emulator or hypervisor whose CPU model
+    lacks what the host's kernel lists; the instructions would fault); CPUID's alone where there
+    is no /proc/cpuinfo (macOS, Windows). cpuinfo has no MOVBE: every CPU with AVX2 has it."""
+    if cpuid is None:
+        return proc or frozenset()
+    if proc is not None:
+        return frozenset(f for f in proc if cpuid.get(f, True))
+    have = {f for f, on in cpuid.items() if on}
+    return frozenset(have | ({"movbe"} if "avx2" in have else set()))
+
+
+# torch.cpu.get_capabilities()'s names that /proc/cpuinfo spells otherwise
+_PROC_NAMES = {
+    "fma3": "fma",
+    "bmi": "bmi1",
+    "lzcnt": "abm",
+    "avx512_f": "avx512f",
+    "avx512_bw": "avx512bw",
+    "avx512_cd": "avx512cd",
+    "avx512_dq": "avx512dq",
+    "avx512_vl": "avx512vl",
+    "neon": "asimd",
+    "dot": "asimddp",
+}
+
+
+def _proc_flags() -> frozenset[str] | None:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
                 return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    if arch() == "aarch64":  # macOS has no /proc/cpuinfo: every ARMv8-A core has asimd
-        return frozenset({"asimd", "asimddp"} if _darwin_has("hw.optional.arm.FEAT_DotProd") else {"asimd"})
-    return frozenset()
+    return None
+
+
+def _cpuid_flags() -> dict[str, bool] | None:
+    """CPUID's features (with the OS's register state for AVX/AVX-512), as torch's dispatch reads
+    them; None before torch 2.11 (no torch.cpu.get_capabilities), where macOS on ARM asks sysctl."""
+    try:
+        import torch
+
+        caps = torch.cpu.get_capabilities()
+    except (ImportError, AttributeError):
+        if arch() == "aarch64" and sys.platform == "darwin":  # every ARMv8-A core has asimd
+            return {"asimd": True, "asimddp": _darwin_has("hw.optional.arm.FEAT_DotProd")}
+        return None
+    return {_PROC_NAMES.get(k, k): v for k, v in caps.items() if isinstance(v, bool)}
 
 
 def _darwin_has(feature: str) -> bool:

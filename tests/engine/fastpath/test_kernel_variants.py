@@ -10,6 +10,7 @@ the same torch operators). A variant this CPU cannot run is skipped with what it
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,63 @@ def test_each_cpu_gets_the_best_variant_it_can_run():
     assert _best_for(CASCADE_LAKE | {"avx_vnni"}) == "avx512-vnni"  # Sapphire Rapids: the wider one
     assert _best_for(EPYC_7B13 - {"f16c"}) == "baseline"  # AVX2 without F16C: not the AVX2 variant
     assert _best_for(frozenset()) == "baseline"
+
+
+def test_a_feature_counts_only_where_neither_the_os_nor_cpuid_denies_it():
+    cascade = {f: f in CASCADE_LAKE for f in ("avx2", "fma", "f16c", "bmi1", "bmi2", "avx512f", "avx512_vnni")}
+    rome = {**cascade, "avx512f": False, "avx512_vnni": False}  # an AVX2 CPU model under an emulator
+    # Linux: the kernel's list less what CPUID denies; movbe (not in cpuinfo's list) is kept
+    assert variants.merge_flags(CASCADE_LAKE, cascade) == CASCADE_LAKE
+    assert _best_for(variants.merge_flags(CASCADE_LAKE, rome)) == "avx2"
+    assert "avx512f" not in variants.merge_flags(CASCADE_LAKE, rome)
+    # a kernel that hides AVX-512 (disabled state) wins over CPUID
+    assert _best_for(variants.merge_flags(EPYC_7B13, cascade)) == "avx2"
+    # macOS/Windows on x86: CPUID alone (an Intel Mac gets the AVX2 kernels, not the baseline)
+    assert _best_for(variants.merge_flags(None, {**rome, "avx": True, "abm": True})) == "avx2"
+    assert _best_for(variants.merge_flags(None, cascade)) == "baseline"  # what CPUID does not list is not assumed (avx)
+    # torch before 2.11 (no torch.cpu.get_capabilities): the kernel's list alone
+    assert variants.merge_flags(EPYC_7B13, None) == EPYC_7B13
+    assert variants.merge_flags(None, None) == frozenset()
+
+
+def test_cpuid_names_are_proc_cpuinfo_names():
+    caps = variants._cpuid_flags()
+    if caps is None:
+        pytest.skip("torch before 2.11 has no torch.cpu.get_capabilities")
+    proc = variants._proc_flags()
+    if proc is None:
+        pytest.skip("no /proc/cpuinfo here")
+    # every feature a variant needs that CPUID knows is spelt as the kernel spells it, and agrees here
+    for v in variants.for_arch():
+        for f in v.needs:
+            if f in caps:
+                assert caps[f] == (f in proc), (v.name, f)
+    assert any(f in caps for v in variants.for_arch() for f in v.needs)
+
+
+@pytest.mark.skipif(
+    variants.arch() != "x86_64" or sys.platform != "linux", reason="x86-64 Linux (qemu-user's CPU models)"
+)
+def test_an_avx2_only_cpu_gets_the_avx2_kernels(tmp_path):
+    """The whole choice on an emulated Zen 2 EPYC (AVX2, FMA, F16C; no AVX-512, which QEMU's TCG
+    cannot run either): its CPUID, not the host's /proc/cpuinfo that qemu-user shows it, decides;
+    the library comes from prebuilt/ with no compiler on PATH (make cpu-models-check runs the ops
+    and a generation there too)."""
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None:
+        pytest.skip("no qemu-x86_64: apt-get install qemu-user")
+    env = {"HOME": str(tmp_path), "PATH": str(tmp_path), "OPSCOPE_KERNEL_CACHE": str(tmp_path / "kc")}
+    out = subprocess.run(
+        [qemu, "-cpu", "EPYC-Rome", sys.executable, "-m", "opscope", "fastpath"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == (
+        "variant avx2: CPU has avx avx2 fma f16c bmi1 bmi2 abm movbe (AVX2+FMA+F16C kernels (vec.h traits))"
+    )
+    assert lines[1].startswith("library prebuilt: ") and lines[1].endswith(".so"), lines[1]
+    assert "avx512-vnni (lacks avx512f avx512bw avx512cd avx512dq avx512vl avx512_vnni)" in lines[-1], lines[-1]
 
 
 def test_this_process_runs_the_variant_its_cpu_supports():
@@ -156,7 +214,7 @@ def test_bf16_is_native_only_where_the_cpu_has_it_and_onednn_is_not_capped_below
         ("fma avx2 avx512f avx512_vnni", None, False),
         ("fp asimd asimddp bf16 i8mm", None, True),  # Arm's "Features"
     ):
-        monkeypatch.setattr(build, "_cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(variants, "cpu_flags", lambda flags=flags: frozenset(flags.split()))
         monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
         if cap is None:
             monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
