@@ -78,6 +78,8 @@ def enable_compiled_decode(model, static: bool | None = None) -> None:
     built at the first decode step, not here. ``static`` (default: on CUDA) picks the static-shape step."""
     device = model.embed.weight.device
     static = device.type == "cuda" if static is None else static
+    if device.type == "cpu":
+        _key_cache_by_vector_width()
     if static:
         step = CompiledStep(StaticStep(model, "reduce-overhead" if device.type == "cuda" else None), 0)
     else:
@@ -86,3 +88,21 @@ def enable_compiled_decode(model, static: bool | None = None) -> None:
         )
     model.set_decode_step(step)
     log.info("decode step (%s) compiled with torch.compile at its first call", "static" if static else "dynamic")
+
+
+def _key_cache_by_vector_width() -> None:
+    """Inductor's on-disk cache does not tell apart the CPU vector ISAs it generates code for
+    (ATEN_CPU_CAPABILITY picks one; torch 2.11-2.15): a graph compiled capped at AVX2 and read back
+    by an uncapped AVX-512 process, or the reverse, computed NaNs or corrupted the heap, and code
+    vectorized for AVX2 read back under ATEN_CPU_CAPABILITY=default failed to compile. Setting
+    ``cpp.simdlen`` to the width Inductor would pick anyway makes the width part of the cache key
+    (docs/decisions/0011-inductor-cache-keyed-by-vector-width.md)."""
+    try:
+        from torch._inductor import config, cpu_vec_isa
+
+        if config.cpp.simdlen is None:
+            isa = cpu_vec_isa.pick_vec_isa()
+            if isa:
+                config.cpp.simdlen = isa.bit_width()
+    except (ImportError, AttributeError) as e:  # a torch without these: its own default
+        log.debug("inductor's vector width left to torch: %s", e)

@@ -153,3 +153,39 @@ def test_default_model_compiled_decode_equals_eager(default_model_2_layers):
     spy = comp.model.decode_step.fn = Spy(comp.model.decode_step.fn)
     got = [e.token_id for e in comp.generate("The capital of France is", cfg) if isinstance(e, Token)]
     assert got == want and spy.calls == 7
+
+
+_OTHER_PROCESS = """
+import sys, torch
+sys.path.insert(0, {here!r})
+from test_compiled_decode import TINY, Transformer, enable_compiled_decode
+enable_compiled_decode(Transformer.random(TINY, seed=1))  # what a process with a compiled step sets up
+def f(x, w, g):  # the kind of graph the step's fused kernels are (a norm, a matmul, SiLU, a softmax)
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * g
+    y = h @ w
+    return torch.nn.functional.silu(y) * y + torch.softmax(y, -1)
+torch.manual_seed(0)
+x, w, g = torch.randn(1, 64), torch.randn(64, 200), torch.randn(64)
+print((torch.compile(f)(x, w, g) - f(x, w, g)).abs().max().item())
+"""
+
+
+def test_compiled_decode_is_right_after_another_vector_isa_filled_the_cache(tmp_path):
+    """Inductor's on-disk cache, shared by processes that pick different vector ISAs
+    (ATEN_CPU_CAPABILITY): each must still get the eager logits (without the width in the cache
+    key: NaNs or a heap corruption, or vectorized code that fails to compile)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    own = torch.backends.cpu.get_cpu_capability().lower()
+    other = {"avx512": "avx2", "avx2": "default"}.get(own)
+    if other is None:
+        pytest.skip(f"one vector ISA on this CPU ({own}): no other to fill the cache with")
+    script = _OTHER_PROCESS.format(here=str(Path(__file__).parent))
+    for cap in (other, own):  # the other ISA's entries first, then this CPU's own process reads them
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "ATEN_CPU_CAPABILITY": cap}
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, (cap, out.stderr[-3000:])
+        assert float(out.stdout.split()[-1]) < 1e-4, (cap, out.stdout)
