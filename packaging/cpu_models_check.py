@@ -1,6 +1,7 @@
 """The engine on CPUs this host is not: AVX2-only and SSE-only x86-64 CPU models under qemu-user.
 
     make cpu-models-check      # = python packaging/cpu_models_check.py [--model NAME ...]
+    python packaging/cpu_models_check.py --suite [--model EPYC-Rome]   # the kernel tests there
 
 qemu-x86_64 runs this checkout's own venv python on an emulated CPU model whose CPUID is what that
 CPU reports (QEMU's TCG implements AVX2 but no AVX-512 and no AVX-VNNI, so an instruction the model
@@ -13,7 +14,11 @@ for each model it checks what a user of that CPU would get:
   references made here (exact and int8 matvecs, the prefill GEMMs);
 - ``opscope generate`` on the embedded model prints the text the same variant prints natively here.
 
-About a minute per model (torch's import alone takes ~12 s under emulation). x86-64 Linux only.
+About a minute per model (torch's import alone takes ~12 s under emulation). ``--suite`` runs the
+kernel test files (SUITE) with pytest on that CPU model instead (~25 min for EPYC-Rome): every
+variant choice, reference and llama.cpp comparison in them made by a process whose CPU has no
+AVX-512. Not the torch.compile tests: Inductor compiles with the host's ``g++ -march=native``, which
+emits the host's AVX-512 for the emulated process. x86-64 Linux only.
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ MODELS = {"EPYC-Rome": "avx2", "Haswell-v4": "avx2", "Nehalem": "baseline"}
 PROMPT, TOKENS = "The capital of France is", 16
 # what an AVX2 CPU stood in for natively runs (ATen, MKL and oneDNN held to AVX2 as on that CPU)
 STAND_IN = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# the kernel tests that ask the CPU (in-process: the variant tests' children would run natively)
+SUITE = tuple(
+    f"tests/engine/fastpath/{name}.py"
+    for name in ("test_kernels_types", "test_fastpath_q4_0", "test_prefill", "test_prefill_threads",
+                 "test_fastpath_kernels", "test_real_types")
+)  # fmt: skip
 
 
 def qemu() -> str:
@@ -105,14 +116,24 @@ def check(model: str, expected: str, inputs: Path, work: Path) -> list[str]:
     return failed
 
 
+def suite(model: str) -> int:
+    """pytest over SUITE in a process on ``model``; its exit status."""
+    cmd = [qemu(), "-cpu", model, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    print(f"{model}: {' '.join(SUITE)}", flush=True)
+    return subprocess.run([*cmd, "-rs", "-k", "not compile", *SUITE], cwd=HERE.parent).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", choices=sorted(MODELS), help="default: all")
     ap.add_argument("--cache", default=str(build.cache_root().parent / "cross"), help="the references' file")
+    ap.add_argument("--suite", action="store_true", help="run the kernel test files on the model(s) instead")
     a = ap.parse_args(argv)
     if variants.arch() != "x86_64" or sys.platform != "linux":
         print(f"cpu_models_check: x86-64 Linux only (this is {variants.arch()}, {sys.platform})", file=sys.stderr)
         return 2
+    if a.suite:
+        return max(suite(model) for model in a.model or ["EPYC-Rome"])
     inputs = Path(a.cache) / "arm_check_inputs.pt"
     inputs.parent.mkdir(parents=True, exist_ok=True)
     arm_check.make_inputs(inputs)
