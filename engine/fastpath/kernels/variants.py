@@ -159,7 +159,7 @@ def _cpuid_flags() -> dict[str, bool] | None:
         import torch
 
         caps = torch.cpu.get_capabilities()
-    except (ImportError, AttributeError):
+    except (ImportError, AttributeError, RuntimeError):  # RuntimeError: cpuinfo could not read the CPU
         if arch() == "aarch64" and sys.platform == "darwin":  # every ARMv8-A core has asimd
             return {"asimd": True, "asimddp": _darwin_has("hw.optional.arm.FEAT_DotProd")}
         return None
