@@ -18,7 +18,6 @@ import contextlib
 import ctypes
 import hashlib
 import logging
-import platform
 import shutil
 import sys
 import threading
@@ -72,18 +71,6 @@ def cache_root() -> Path:
     if os.environ.get("OPSCOPE_KERNEL_CACHE"):
         return Path(os.environ["OPSCOPE_KERNEL_CACHE"])
     return Path(platformdirs.user_cache_dir("opscope")) / "kernels"
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags (Linux: x86 "flags", Arm "Features"), so builds for different CPUs
-    never share a cache entry."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below its first one with bf16 dot products (AVX512_CORE_BF16)
