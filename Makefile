@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.opscope-installed
 
 .PHONY: setup run chat lint typecheck test test-fast perf-check stress-check postgres clean screenshots xvfb-walk dist bundle bundle-test \
-	gpu-wheels gpu-check gpu-check-dry prebuilt-arm arm-check prebuilt-torch newest-torch-check python-check cpu-models-check
+	gpu-wheels gpu-check gpu-check-dry prebuilt-arm arm-check prebuilt-torch newest-torch-check python-check cpu-models-check macos-check
 
 setup: $(STAMP)
 
@@ -146,6 +146,13 @@ python-check: prebuilt-torch
 # (packaging/cpu_models_check.py; about four minutes). Needs qemu-user.
 cpu-models-check: setup
 	$(BIN)/python packaging/cpu_models_check.py
+
+# The first-use build of an Apple Silicon Mac (no prebuilt library for macOS) done here: both ARM64
+# variants compiled and linked with the macOS flags against torch's macOS wheel by zig's clang
+# (ziglang from PyPI, ~45 MB, and the wheel, ~130 MB, cached), then read back as Mach-O files
+# (packaging/macos_check.py; about two minutes the first time). Needs llvm (llvm-nm, llvm-objdump).
+macos-check: setup
+	$(BIN)/python packaging/macos_check.py
 
 # That library loaded by the engine's own loader inside a real aarch64 torch, under qemu-user, and
 # its ops checked against references made here (packaging/arm_check.py; about a minute once the

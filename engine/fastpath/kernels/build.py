@@ -57,8 +57,7 @@ _HEADERS = (
     "int8.h",
     "vec_int8.h",
 )
-_CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast")  # + the variant's -m flags
-LDFLAGS = ("-fopenmp",)
+_CFLAGS = ("-O3", "-ffp-contract=fast")  # + the variant's -m flags and the OS's (toolchain.Platform)
 _lock = threading.Lock()
 
 
@@ -138,7 +137,7 @@ def _compiled_from(v: Variant) -> hashlib._Hash:
     """A hash of the sources, headers, variant and flags (what both keys below start from)."""
     h = _sources_hash()
     h.update(v.name.encode())
-    h.update(" ".join(cflags(v) + half_cflags(v.arch) + toolchain.common_flags() + list(LDFLAGS)).encode())
+    h.update(" ".join(cflags(v) + half_cflags(v.arch) + toolchain.common_flags() + [sys.platform]).encode())
     return h
 
 
@@ -163,9 +162,18 @@ def torch_series(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-def prebuilt_folder(torch_version: str, arch: str) -> str:
-    """The prebuilt folder of ``arch``'s libraries for torch ``torch_version``'s minor release."""
-    return f"torch{torch_series(torch_version)}-{arch}"
+def prebuilt_folder(torch_version: str, arch: str, system: str = "linux") -> str:
+    """The prebuilt folder of ``arch``'s libraries for torch ``torch_version``'s minor release on
+    ``system`` (sys.platform's name): Linux's plain, another OS's named (an Apple Silicon Mac must
+    not take Linux's aarch64 libraries for its own)."""
+    return f"torch{torch_series(torch_version)}-{platform_tag(arch, system)}"
+
+
+def platform_tag(arch: str, system: str) -> str:
+    return arch if system.startswith("linux") else f"{arch}-{_OS_NAMES.get(system, system)}"
+
+
+_OS_NAMES = {"darwin": "macos", "win32": "windows"}
 
 
 def abi_tag() -> str:
@@ -173,7 +181,7 @@ def abi_tag() -> str:
     (and no Python)."""
     import torch
 
-    return prebuilt_folder(torch.__version__, variants.arch())
+    return prebuilt_folder(torch.__version__, variants.arch(), sys.platform)
 
 
 def prebuilt_root() -> Path:
@@ -264,7 +272,7 @@ def prebuilt_for_other_torch() -> list[str]:
     import re
 
     mine, root = abi_tag(), prebuilt_root()
-    form = re.compile(rf"(torch[0-9][0-9.]*)-{re.escape(variants.arch())}")  # not a folder of the older form
+    form = re.compile(rf"(torch[0-9][0-9.]*)-{re.escape(platform_tag(variants.arch(), sys.platform))}")
     found = root.iterdir() if root.is_dir() else []
     return sorted(m[1] for p in found if (m := form.fullmatch(p.name)) and p.name != mine and (p / _MANIFEST).is_file())
 
@@ -322,7 +330,7 @@ def _workers() -> int:
 def half_unit(tc: Toolchain, arch: str, cache: Path) -> Unit:
     """The torch half's object for this toolchain and architecture, shared by every variant."""
     h = _sources_hash()
-    h.update(" ".join([*half_cflags(arch), *tc.flags, tc.tag]).encode())
+    h.update(" ".join([*half_cflags(arch), *tc.flags, *tc.platform.openmp, tc.tag]).encode())
     key = h.hexdigest()[:16]
     return Unit(
         CSRC / TORCH_HALF,
@@ -350,7 +358,7 @@ def compile_variants(
     toolchain.compile_units(tc, [*halves.values(), *(u for us in units.values() for u in us)], _workers())
     for v, _, _ in todo:
         objs = [u.obj for u in units[v.name]] + [halves[v.arch].obj]
-        toolchain.link(tc, objs, LDFLAGS, out[v.name])
+        toolchain.link(tc, objs, out[v.name])
     fresh = [d.name for _, _, d in todo if d.parent == cache] + [h.obj.parent.name for h in halves.values()]
     cache_mod.prune(cache, fresh)  # the builds these replace
     return out

@@ -181,3 +181,22 @@ def test_without_a_library_for_this_torch_the_origin_names_the_torches_that_have
     origin = build.library_origin(variants.for_arch()[-1])
     assert origin.startswith("not built yet: compiled at first use into "), origin
     assert origin.endswith("(a few minutes, needs a C++ compiler); prebuilt here only for torch1.0, torch9.9"), origin
+
+
+def test_a_mac_compiles_openmp_through_clangs_front_end_and_finds_torch_by_rpath(tmp_path):
+    from opscope.engine.fastpath.kernels import toolchain
+
+    inc, lib = tmp_path / "include", tmp_path / "lib"
+    inc.mkdir()
+    # torch's macOS wheel without omp.h: no OpenMP (at::parallel_for then runs on the caller)
+    bare = toolchain.against_torch("c++", [inc], lib, "darwin", "nm", "t", cxx11_abi=False)
+    assert bare.platform.openmp == () and "-fopenmp" not in bare.flags
+    (inc / "omp.h").write_text("")
+    mac = toolchain.against_torch("c++", [inc], lib, "darwin", "nm", "t", cxx11_abi=False)
+    assert mac.platform.openmp == ("-Xclang", "-fopenmp")  # Apple's clang driver refuses -fopenmp
+    # MKL's weak symbols and libomp's bind to the loaded torch's; torch's @rpath names resolve
+    assert mac.libs[-1] == f"-Wl,-rpath,{lib}" and mac.platform.link == ("-undefined", "dynamic_lookup")
+    assert mac.platform.nm_undefined == ("-C", "-u")  # Mach-O has no dynamic symbol table for nm -D
+    linux = toolchain.against_torch("c++", [inc], lib, "linux", "nm", "t")
+    assert linux.platform.openmp == linux.platform.link == ("-fopenmp",)
+    assert not any("rpath" in f for f in linux.libs)

@@ -33,6 +33,12 @@ def test_the_folder_for_a_torch_is_the_one_the_loader_reads_under_that_torch():
     assert build.abi_tag() == f"torch{build.torch_series(torch.__version__)}-{variants.arch()}"
 
 
+def test_an_apple_silicon_mac_reads_its_own_folder_not_linuxs_aarch64_one():
+    # the same torch release and architecture: a Linux ELF library must not be a Mac's prebuilt one
+    assert build.prebuilt_folder("2.14.1", "aarch64", "linux") == "torch2.14-aarch64"
+    assert build.prebuilt_folder("2.14.1", "aarch64", "darwin") == "torch2.14-aarch64-macos"
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None, reason="needs an x86-64 gcc")
 def test_the_x86_64_library_check_names_what_is_wrong(tmp_path):
     def library(name: str, source: str) -> Path:

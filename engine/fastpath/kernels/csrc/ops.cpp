@@ -4,7 +4,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <algorithm>
+#if defined(__linux__)
 #include <sched.h>
+#endif
 
 namespace opscope {
 
@@ -130,11 +132,13 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const c10::optiona
   return out.reshape(out_shape);
 }
 
-// Binds torch's OpenMP thread i to cpus[i % n] (thread pinning: no migration between cores).
+// Binds torch's OpenMP thread i to cpus[i % n] (thread pinning: no migration between cores); -1
+// for a thread left unbound (macOS has no API that binds a thread to a core).
 std::vector<int64_t> pin_threads(std::vector<int64_t> cpus) {
   TORCH_CHECK(!cpus.empty(), "pin_threads needs at least one cpu");
   const int n = at::get_num_threads();
   std::vector<int64_t> bound(n, -1);
+#if defined(__linux__)
   at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
     const int tid = at::get_thread_num();
     cpu_set_t set;
@@ -143,6 +147,7 @@ std::vector<int64_t> pin_threads(std::vector<int64_t> cpus) {
     CPU_SET(cpu, &set);
     if (sched_setaffinity(0, sizeof(set), &set) == 0 && tid < n) bound[tid] = cpu;
   });
+#endif
   return bound;
 }
 
