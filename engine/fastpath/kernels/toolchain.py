@@ -118,7 +118,10 @@ def against_torch(
 
 
 def _xcode_tools() -> bool:
-    return subprocess.run(["xcode-select", "-p"], capture_output=True).returncode == 0
+    try:
+        return subprocess.run(["xcode-select", "-p"], capture_output=True).returncode == 0
+    except OSError:
+        return False
 
 
 def common_flags() -> list[str]:

@@ -166,14 +166,16 @@ def f(x, w, g):  # the kind of graph the step's fused kernels are (a norm, a mat
     return torch.nn.functional.silu(y) * y + torch.softmax(y, -1)
 torch.manual_seed(0)
 x, w, g = torch.randn(1, 64), torch.randn(64, 200), torch.randn(64)
-print((torch.compile(f)(x, w, g) - f(x, w, g)).abs().max().item())
+want = f(x, w, g)  # outputs up to ~100: a float32 reorder moves them by ~1e-4, so relative to the largest
+print(((torch.compile(f)(x, w, g) - want).abs().max() / want.abs().max()).item())
 """
 
 
 def test_compiled_decode_is_right_after_another_vector_isa_filled_the_cache(tmp_path):
     """Inductor's on-disk cache, shared by processes that pick different vector ISAs
     (ATEN_CPU_CAPABILITY): each must still get the eager logits (without the width in the cache
-    key: NaNs or a heap corruption, or vectorized code that fails to compile)."""
+    key: NaNs or a heap corruption, or vectorized code that fails to compile). On an AVX2-only CPU
+    the other is "default", whose scalar loops sum in another order than eager's GEMM."""
     import os
     import subprocess
     import sys
@@ -188,4 +190,4 @@ def test_compiled_decode_is_right_after_another_vector_isa_filled_the_cache(tmp_
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "ATEN_CPU_CAPABILITY": cap}
         out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, (cap, out.stderr[-3000:])
-        assert float(out.stdout.split()[-1]) < 1e-4, (cap, out.stdout)
+        assert float(out.stdout.split()[-1]) < 1e-5, (cap, out.stdout)  # NaN, garbage: far above
