@@ -15,10 +15,11 @@ for each model it checks what a user of that CPU would get:
 - ``opscope generate`` on the embedded model prints the text the same variant prints natively here.
 
 About a minute per model (torch's import alone takes ~12 s under emulation). ``--suite`` runs the
-kernel test files (SUITE) with pytest on that CPU model instead (~70 min for EPYC-Rome): every
+kernel and fused-decode test files (SUITE) with pytest on that CPU model instead (~80 min for EPYC-Rome): every
 variant choice, reference and llama.cpp comparison in them made by a process whose CPU has no
 AVX-512. Not the torch.compile tests: Inductor compiles with the host's ``g++ -march=native``, which
-emits the host's AVX-512 for the emulated process. x86-64 Linux only.
+emits the host's AVX-512 for the emulated process. Not the tests that run ``opscope`` as a
+subprocess either: qemu-user does not follow execve, so the child runs natively. x86-64 Linux only.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ STAND_IN = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "O
 SUITE = tuple(
     f"tests/engine/fastpath/{name}.py"
     for name in ("test_kernels_types", "test_fastpath_q4_0", "test_prefill", "test_prefill_threads",
-                 "test_fastpath_kernels", "test_real_types")
+                 "test_fastpath_kernels", "test_real_types", "test_fastpath_model")
 )  # fmt: skip
 
 

@@ -170,10 +170,7 @@ def prebuilt_folder(torch_version: str, arch: str, system: str = "linux") -> str
 
 
 def platform_tag(arch: str, system: str) -> str:
-    return arch if system.startswith("linux") else f"{arch}-{_OS_NAMES.get(system, system)}"
-
-
-_OS_NAMES = {"darwin": "macos", "win32": "windows"}
+    return arch if system.startswith("linux") else f"{arch}-{'macos' if system == 'darwin' else system}"
 
 
 def abi_tag() -> str:
