@@ -80,14 +80,19 @@ def download_wheel(cache: Path, name: str, version: str, arch: str, platforms: t
     ``platforms`` tags, downloaded once into ``cache`` (which holds other Pythons' wheels too)."""
     pattern = f"{name}-{version}-cp{py}-*{arch}.whl"
     if not sorted(cache.glob(pattern)):
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(cache)]
-        cmd += [f"--platform={p}" for p in platforms]
-        cmd += ["--python-version", py, "--implementation", "cp", "--abi", f"cp{py}", f"{name}=={version}"]
-        pip_download(cmd)
+        pip_download([*download_cmd(cache, platforms, py), f"{name}=={version}"])
     found = sorted(cache.glob(pattern))
     if not found:
         raise CrossError(f"downloading {name}=={version} for CPython {py} on {arch} failed: is PyPI reachable?")
     return found[0]
+
+
+def download_cmd(cache: Path, platforms: tuple[str, ...], py: str) -> list[str]:
+    """``pip download`` of binary wheels for CPython ``py`` on one of ``platforms`` into ``cache``,
+    less the requirement."""
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(cache)]
+    cmd += [f"--platform={p}" for p in platforms]
+    return cmd + ["--python-version", py, "--implementation", "cp", "--abi", f"cp{py}"]
 
 
 def pip_download(cmd: list[str]) -> bool:

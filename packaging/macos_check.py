@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cross_kernels import CrossError, pip_download, unpack
+from cross_kernels import CrossError, download_cmd, download_wheel, unpack
 from opscope.engine.fastpath.kernels import build, toolchain, variants
 
 ZIG = "ziglang==0.17.1"
@@ -42,7 +42,7 @@ def zig_python(cache: Path) -> Path:
     py = cache / "zig-venv" / "bin" / "python"
     if not py.is_file():
         subprocess.run([sys.executable, "-m", "venv", str(py.parent.parent)], check=True)
-        if not pip_download([str(py), "-m", "pip", "install", "-q", ZIG]):
+        if subprocess.run([str(py), "-m", "pip", "install", "-q", ZIG]).returncode != 0:
             raise CrossError(f"installing {ZIG} failed: is PyPI reachable?")
     return py
 
@@ -66,21 +66,21 @@ def torch_macos(cache: Path, version: str | None) -> tuple[str, Path]:
     ``version`` is None): its headers and the libraries the library links with."""
     py = f"{sys.version_info.major}{sys.version_info.minor}"
     wheels = cache / "macos-wheels"
-    pattern = f"torch-{version or '*'}-cp{py}-*arm64.whl"
-    if version is None or not sorted(wheels.glob(pattern)):
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(wheels)]
-        cmd += [f"--platform={p}" for p in PLATFORMS]
-        cmd += ["--python-version", py, "--implementation", "cp", "--abi", f"cp{py}"]
-        if version:
-            pip_download([*cmd, f"torch=={version}"])
-        else:  # the newest, as a Mac's pip sees PyPI (not this machine's pip.conf, which caps torch)
-            subprocess.run([*cmd, "torch"], env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
-    found = sorted(wheels.glob(pattern), key=lambda p: [int(x) for x in p.name.split("-")[1].split(".")[:3]])
-    if not found:
-        raise CrossError(f"downloading torch's macOS arm64 wheel for CPython {py} failed: is PyPI reachable?")
-    wheel = found[-1]
+    if version:
+        wheel = download_wheel(wheels, "torch", version, "arm64", PLATFORMS, py)
+    else:  # the newest, as a Mac's pip sees PyPI (not this machine's pip.conf, which caps torch)
+        cmd = [*download_cmd(wheels, PLATFORMS, py), "torch"]
+        subprocess.run(cmd, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+        found = sorted(wheels.glob(f"torch-*-cp{py}-*arm64.whl"), key=lambda p: _release(p.name.split("-")[1]))
+        if not found:
+            raise CrossError(f"downloading torch's macOS arm64 wheel for CPython {py} failed: is PyPI reachable?")
+        wheel = found[-1]
     got = wheel.name.split("-")[1]
     return got, unpack(wheel, cache / f"torch{got}-aarch64-macos-dev", _MEMBERS)
+
+
+def _release(version: str) -> list[int]:
+    return [int(x) for x in version.split("+")[0].split(".")[:3]]
 
 
 def macos_toolchain(cache: Path, tree: Path, version: str) -> toolchain.Toolchain:
