@@ -155,16 +155,17 @@ python-check: prebuilt-torch
 cpu-models-check: setup
 	$(BIN)/python packaging/cpu_models_check.py
 
-# The first-use build of an Apple Silicon Mac (no prebuilt library for macOS) done here: both ARM64
+# The first-use build of an Apple Silicon Mac (no prebuilt library for macOS) done here: the ARM64
 # variants compiled and linked with the macOS flags against torch's macOS wheel by zig's clang
 # (ziglang from PyPI, ~45 MB, and the wheel, ~130 MB, cached), then read back as Mach-O files
 # (packaging/macos_check.py; about two minutes the first time). Needs llvm (llvm-nm, llvm-objdump).
 macos-check: setup
 	$(BIN)/python packaging/macos_check.py
 
-# That library loaded by the engine's own loader inside a real aarch64 torch, under qemu-user, and
-# its ops checked against references made here (packaging/arm_check.py; about a minute once the
-# Debian packages and torch's wheel are cached). Needs qemu-user.
+# That library loaded by the engine's own loader inside a real aarch64 torch, under qemu-user, its
+# ops checked against references made here, and the engine's generation there compared with this
+# host's (packaging/arm_check.py; about five minutes once the Debian packages and the wheels are
+# cached). Needs qemu-user.
 arm-check: prebuilt-arm
 	$(BIN)/python packaging/arm_check.py
 

@@ -485,7 +485,8 @@ def host_meta() -> dict:
     """What every result file records about the host: the CPU and its flags (lscpu), and the
     kernel variant OpScope runs (OPSCOPE_CPU_VARIANT forces one: an AVX2 host stood in for)."""
     out = {"peer_env": " ".join(f"{k}={v}" for k, v in PEER_ENV.items())}
-    limits = {k: os.environ[k] for k in STAND_IN.get(os.environ.get("OPSCOPE_CPU_VARIANT", ""), ("", {}))[1]}
+    wanted = STAND_IN.get(os.environ.get("OPSCOPE_CPU_VARIANT", ""), ("", {}))[1]
+    limits = {k: os.environ[k] for k in wanted if k in os.environ}  # a variant forced alone sets none
     if limits:
         out["stand_in"] = " ".join(f"{k}={v}" for k, v in limits.items()) + f"; peer: only {TOOLS}"
     try:

@@ -5,7 +5,8 @@
 An x86-64 host has no ARM CPU: this starts Debian's aarch64 CPython (its .debs, unpacked into a
 sysroot with the cross toolchain's C and C++ libraries) under qemu-aarch64 with torch's aarch64
 wheel on its path, imports the prebuilt library from its folder as the loader would, and runs the
-matvec and prefill GEMM of every type against references made here (packaging/arm_guest.py).
+matvec and prefill GEMM of every type against references made here (packaging/arm_guest.py); then
+the engine itself generates from the embedded model there, which must print the text it prints here.
 PyPI's aarch64 torch is a CUDA build: the NVIDIA libraries it names are replaced by empty
 libraries with the same names and symbol versions, which load and are never called on a CPU run.
 Minutes: importing torch under emulation is slow.
@@ -26,6 +27,9 @@ import urllib.request
 from pathlib import Path
 
 import cross_kernels as cross
+from arm_guest import PROMPT, SPECS, TOKENS
+from opscope.engine.core.defaults import default_model_path
+from opscope.engine.core.errors import EngineError
 from opscope.engine.fastpath.kernels import build, variants
 
 HERE = Path(__file__).resolve().parent
@@ -59,6 +63,10 @@ PURE = (
     "fsspec",
     "platformdirs",
 )
+# the engine's own pure-Python dependencies for the generation (tokenizers, compiled, comes as its
+# aarch64 wheel: ENGINE_WHEELS)
+ENGINE_PURE = ("gguf", "yaml", "tqdm")
+ENGINE_WHEELS = ("tokenizers",)
 TYPES = ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 TYPES += ("IQ4_NL", "IQ4_XS")
 # (type, layout) with int8-activation kernels in every aarch64 variant: every quantized type, but
@@ -68,14 +76,13 @@ Q8_CASES = {(t, layout) for t in TYPES if t not in ("F16", "BF16") for layout in
 
 def sysroot(cache: Path) -> Path:
     root = cache / "sysroot"
-    if (root / "usr" / "bin" / "python3.11").is_file():
-        return root
-    tmp = cache / "sysroot.tmp"
-    unpack_debs(DEBS, cache / "debs", tmp)
-    shutil.copytree(CROSS_LIBS, tmp / "lib" / "aarch64-linux-gnu", dirs_exist_ok=True, symlinks=True)
-    (tmp / "lib" / "ld-linux-aarch64.so.1").symlink_to("aarch64-linux-gnu/ld-linux-aarch64.so.1")
-    fake_arm_cpu(tmp, os.cpu_count() or 1)
-    tmp.replace(root)
+    if not (root / "usr" / "bin" / "python3.11").is_file():
+        tmp = cache / "sysroot.tmp"
+        unpack_debs(DEBS, cache / "debs", tmp)
+        shutil.copytree(CROSS_LIBS, tmp / "lib" / "aarch64-linux-gnu", dirs_exist_ok=True, symlinks=True)
+        (tmp / "lib" / "ld-linux-aarch64.so.1").symlink_to("aarch64-linux-gnu/ld-linux-aarch64.so.1")
+        tmp.replace(root)
+    fake_arm_cpu(root, os.cpu_count() or 1)  # each run: a cached sysroot may describe an older CPU
     return root
 
 
@@ -101,11 +108,13 @@ def unpack_debs(paths: tuple[str, ...], debs: Path, dest: Path) -> None:
 def fake_arm_cpu(root: Path, cpus: int) -> None:
     """qemu-user shows the guest the host's /proc/cpuinfo (x86 text) unless the sysroot has one:
     torch's cpuinfo then finds no ARM core and crashes in `import torch`; oneDNN's xbyak reads each
-    core's MIDR from sysfs. A Neoverse N1 (ARMv8.2 with dotprod), which the NEON variant needs no more
-    than."""
+    core's MIDR from sysfs. A Neoverse N1 (ARMv8.2 with dotprod) that also lists i8mm, as qemu's
+    default CPU (max) has it and reports it in the hardware capabilities torch's cpuinfo reads: the
+    loader then picks neon-i8mm on its own. A real N1 has no i8mm; nothing here reads the core's
+    model beyond its features."""
     core = (
         "processor\t: {i}\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp "
-        "asimdhp cpuid asimdrdm lrcpc dcpop asimddp\nCPU implementer\t: 0x41\nCPU architecture: 8\n"
+        "asimdhp cpuid asimdrdm lrcpc dcpop asimddp i8mm\nCPU implementer\t: 0x41\nCPU architecture: 8\n"
         "CPU variant\t: 0x3\nCPU part\t: 0xd0c\nCPU revision\t: 1\n\n"
     )
     (root / "proc").mkdir(parents=True, exist_ok=True)
@@ -129,8 +138,28 @@ def site(cache: Path, version: str) -> Path:
         cross.merge_wheel(
             cross.download_wheel(cache, "numpy", numpy.__version__, cross.ARCH, (cross.PLATFORM,), py), dest
         )
+    for name in ENGINE_WHEELS:
+        if not (dest / name).is_dir():
+            cross.merge_wheel(abi3_wheel(cache, name), dest)
     copy_pure(dest)
     return dest
+
+
+def abi3_wheel(cache: Path, name: str) -> Path:
+    """This environment's release of ``name`` as its aarch64 wheel for CPython's stable ABI (abi3:
+    one wheel for every CPython 3), downloaded once into ``cache``."""
+    from importlib.metadata import version
+
+    v = version(name)
+    found = sorted(cache.glob(f"{name}-{v}-*abi3*{cross.ARCH}*.whl"))
+    if not found:
+        py = f"{sys.version_info.major}{sys.version_info.minor}"
+        cmd = cross.download_cmd(cache, (cross.PLATFORM, "manylinux2014_aarch64"), py)
+        cross.pip_download([*cmd, "--abi", "abi3", f"{name}=={v}"])
+        found = sorted(cache.glob(f"{name}-{v}-*abi3*{cross.ARCH}*.whl"))
+    if not found:
+        raise cross.CrossError(f"downloading {name}=={v} for aarch64 failed: is PyPI reachable?")
+    return found[0]
 
 
 def copy_pure(dest: Path) -> None:
@@ -141,7 +170,7 @@ def copy_pure(dest: Path) -> None:
     link = dest / "opscope"
     if not link.exists():
         link.symlink_to(Path(build.__file__).resolve().parents[3])
-    for name in PURE:
+    for name in PURE + ENGINE_PURE:
         spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
             continue
@@ -269,7 +298,7 @@ def stubs(site_dir: Path, root: Path, cache: Path, arch: str = cross.ARCH, pytho
 def make_inputs(path: Path) -> None:
     """Per type: random blocks in each layout, one row and 64 rows of activations, and the float64
     products with ggml's own dequantized weights; for the quantized types also the one-row product
-    with int8 activations (act_mode 1) and the int8 prefill GEMM of 64 rows, whose reference is the
+    with int8 activations (act_mode 1) and the int8 prefill GEMM of 67 rows, whose reference is the
     int8-rounded x times those weights."""
     import gguf
     import numpy as np
@@ -286,7 +315,8 @@ def make_inputs(path: Path) -> None:
         for layout in ("raw",) + (("auto",) if t in QTYPES or t == "Q4_0" else ()):
             w = pack(t, raw, (n, k), layout=layout)
             checks = []
-            q8_ops = (("qlinear_q8", 1), ("qgemm_q8", 64)) if (t, layout) in Q8_CASES else ()
+            # 67 tokens: the int8 GEMM's tiles of 4 and a last 3 (i8mm pairs tokens: one paired with itself)
+            q8_ops = (("qlinear_q8", 1), ("qgemm_q8", 67)) if (t, layout) in Q8_CASES else ()
             for op, rows in (("qlinear", 1), ("qgemm", 64), *q8_ops):
                 x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32))
                 xd = x.double().numpy()
@@ -298,6 +328,28 @@ def make_inputs(path: Path) -> None:
             weight = {"qs": w.qs, "d": w.d, "m": w.m, "qtype": w.qtype}
             cases.append({"type": t, "layout": layout, "weight": weight, "checks": checks})
     torch.save(cases, path)
+
+
+def native_generation(model: str, spec: str) -> dict:
+    """The greedy continuation of arm_guest.PROMPT here (`opscope generate`, this CPU's variant)."""
+    cmd = [sys.executable, "-m", "opscope", "generate", "--json", "--threads", "2", "--fastpath", spec]
+    with tempfile.TemporaryDirectory(prefix="opscope-arm-check-") as tmp:
+        cmd += ["--db", str(Path(tmp) / "runs.sqlite"), "--max-tokens", str(TOKENS), PROMPT]
+        return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+
+
+def guest(cmd: list[str], env: dict[str, str]) -> tuple[int, dict[str, dict]]:
+    """Run arm_guest.py under qemu, its lines passed through as they come; (exit status, its
+    ``generate:`` results by fast-path spec)."""
+    result = {}
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as p:
+        assert p.stdout is not None
+        for line in p.stdout:
+            print(line, end="", flush=True)
+            if line.startswith("generate: "):
+                g = json.loads(line.removeprefix("generate: "))
+                result[g["spec"]] = g
+    return p.returncode, result
 
 
 def prebuilt(version: str, variant: str) -> tuple[Path, str]:
@@ -327,14 +379,18 @@ def main(argv: list[str] | None = None) -> int:
         stub_dir = stubs(site_dir, root, cache)
         inputs = cache / "arm_check_inputs.pt"
         make_inputs(inputs)
-    except (cross.CrossError, subprocess.CalledProcessError) as e:
+        model = str(default_model_path())
+        here = {spec: native_generation(model, spec) for spec in SPECS}
+    except (cross.CrossError, subprocess.CalledProcessError, EngineError) as e:
         print(f"arm_check: {e}", file=sys.stderr)
         return 2
+    for spec, g in here.items():
+        print(f"here ({g['cpu_kernels']} kernels, fast path {spec}): {g['text']!r}", flush=True)
     libpath = f"{stub_dir}:/lib/aarch64-linux-gnu:/usr/lib/aarch64-linux-gnu"
     failed = []
     for name, (library, module) in libraries.items():
         # An empty kernel cache: the library can only come from prebuilt/. The first variant is the
-        # one the loader picks on its own (the guest's CPU has dotprod); the others are asked for.
+        # one the loader picks on its own (the guest's CPU has dotprod and i8mm); the others are asked for.
         forced = "" if name == variants.for_arch(cross.ARCH)[0].name else name
         guest_env = (
             f"LD_LIBRARY_PATH={libpath},PYTHONPATH={site_dir},OPSCOPE_KERNEL_CACHE={cache / 'empty-kernel-cache'}"
@@ -343,8 +399,14 @@ def main(argv: list[str] | None = None) -> int:
         env = os.environ | {"QEMU_LD_PREFIX": str(root), "QEMU_SET_ENV": guest_env}
         cmd = ["qemu-aarch64", str(root / "usr" / "bin" / "python3.11"), str(HERE / "arm_guest.py")]
         print(f"library: {library} ({module})", flush=True)
-        if subprocess.run(cmd + [str(inputs), name], env=env).returncode != 0:
+        rc, there = guest(cmd + [str(inputs), name, model], env)
+        if rc != 0:
             failed.append(name)
+        for spec in SPECS:
+            g = there.get(spec, {})
+            if (g.get("text"), g.get("cpu_kernels"), g.get("decode_step")) != (here[spec]["text"], name, "FusedStep"):
+                print(f"FAILED: the generation ({spec}) is not this host's text by {name}'s fused step: {g}")
+                failed.append(f"{name} (generate, {spec})")
     if failed:
         print(f"arm_check: {', '.join(failed)} failed", file=sys.stderr)
     return 1 if failed else 0

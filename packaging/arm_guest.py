@@ -4,14 +4,26 @@ loader, which must pick the asked-for variant from the prebuilt folder (the kern
 nothing is compiled), and checks each op against the references the host computed
 (gguf.quants.dequantize, float64 numpy; for int8 activations the int8-rounded x). One line per case;
 exit status 1 when the loader took another road or any value is out of tolerance. A variant without
-int8 kernels (x86-64's baseline) has its int8 checks skipped, said once.
+int8 kernels (x86-64's baseline) has its int8 checks skipped, said once. Given a GGUF model, it
+then loads it through the engine (the fast path as a user gets it: the fused decode step, the prefill
+GEMMs), exact and with int8 activations (SPECS), and prints each greedy continuation of PROMPT as a
+``generate: {json}`` line, which the host compares with its own.
 
-    python arm_guest.py INPUTS.pt VARIANT
+    python arm_guest.py INPUTS.pt VARIANT [MODEL.gguf]
 """
 
+import json
 import platform
 import sys
 import time
+
+# packaging/cpu_models_check.py's generation too. 16 tokens, so that the prompt goes through the
+# prefill GEMMs (the int8 one with activations=q8), not the decode step; no near-tie in its 16 greedy
+# tokens, by either mode, on x86's avx512-vnni and avx2 (whose sums are ordered differently), where
+# other prompts tried had one (a continuation then legitimately differs).
+PROMPT = "Water boils at 100 degrees Celsius at sea level. Water freezes at"
+TOKENS = 16
+SPECS = ("auto", "activations=q8")  # exact float32 (the default), int8 activations
 
 REL = 1e-5  # |y - y64| <= REL * (|x| @ |W|^T), elementwise: exact weights, float32 sums
 
@@ -74,6 +86,22 @@ def main(inputs: str, variant: str) -> int:
     return 1 if failed else 0
 
 
+def generate(model: str, spec: str) -> dict:
+    """The engine's greedy continuation of PROMPT on ``model`` (fast path ``spec``, 2 threads), and
+    the path it took: the kernels and the decode step's class (FusedStep: the C++ DecodeModel)."""
+    from opscope.engine.api import load
+    from opscope.engine.generation.config import GenerationConfig
+    from opscope.engine.generation.events import Finished
+
+    t0 = time.time()
+    lm = load(model, threads=2, fastpath=spec)
+    done = [e for e in lm.generate(PROMPT, GenerationConfig(max_tokens=TOKENS)) if isinstance(e, Finished)][-1]
+    step = type(getattr(lm.model, "decode_step", None)).__name__
+    d = lm.describe()
+    return {"spec": spec, "text": done.text, "cpu_kernels": d["cpu_kernels"], "decode_step": step,
+            "s": round(time.time() - t0)}  # fmt: skip
+
+
 def bf16_agrees(torch, case: dict, w: dict, x) -> bool:
     """The bf16 prefill GEMM (prefill_dtype=bf16) equals torch's own bf16 GEMM of the float32
     weights the exact GEMM used, rounded by torch: the panels' rounding to bf16 is torch's, bit for
@@ -95,4 +123,7 @@ def bf16_agrees(torch, case: dict, w: dict, x) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    rc = main(sys.argv[1], sys.argv[2])
+    for spec in SPECS if len(sys.argv) > 3 else ():
+        print(f"generate: {json.dumps(generate(sys.argv[3], spec))}", flush=True)
+    sys.exit(rc)

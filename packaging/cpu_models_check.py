@@ -35,13 +35,13 @@ import time
 from pathlib import Path
 
 import arm_check
+from arm_guest import PROMPT, TOKENS  # the ARM guest's generation: the same prompt
 from opscope.engine.fastpath.kernels import build, variants
 
 HERE = Path(__file__).resolve().parent
 # QEMU CPU model -> the variant that CPU must get. EPYC-Rome: Zen 2, the issue's AVX2-only EPYC
 # (AVX2, FMA, F16C, no AVX-512); Haswell-v4: Intel's first AVX2 core; Nehalem: SSE4.2, no AVX.
 MODELS = {"EPYC-Rome": "avx2", "Haswell-v4": "avx2", "Nehalem": "baseline"}
-PROMPT, TOKENS = "The capital of France is", 16
 # what an AVX2 CPU stood in for natively runs (ATen, MKL and oneDNN held to AVX2 as on that CPU)
 STAND_IN = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 # the kernel tests that ask the CPU (in-process: the variant tests' children would run natively)

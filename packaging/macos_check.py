@@ -34,7 +34,11 @@ _MEMBERS = ("torch/include/", "torch/lib/libc10.dylib", "torch/lib/libtorch.dyli
 MH_MAGIC_64, CPU_TYPE_ARM64 = 0xFEEDFACF, 0x0100000C
 ENTRY = "_opscope_kernel_library"  # entry.cpp's C function, with Mach-O's leading underscore
 # zig's driver reads -march as a CPU's name; clang's -march=<arch>+<ext> becomes -mcpu=generic+...
-_MARCH = {"-march=armv8-a": "-mcpu=generic", "-march=armv8.2-a+dotprod": "-mcpu=generic+v8_2a+dotprod"}
+_MARCH = {
+    "-march=armv8-a": "-mcpu=generic",
+    "-march=armv8.2-a+dotprod": "-mcpu=generic+v8_2a+dotprod",
+    "-march=armv8.2-a+dotprod+i8mm": "-mcpu=generic+v8_2a+dotprod+i8mm",
+}
 
 
 def zig_python(cache: Path) -> Path:

@@ -38,7 +38,9 @@ class Variant:
 # Best first within an architecture. The x86 levels are the psABI's (x86-64-v3: AVX2, FMA, F16C,
 # BMI1/2, LZCNT, MOVBE; v4: AVX-512 F/BW/CD/DQ/VL). avx2-vnni is x86-64-v3 plus AVX-VNNI (Alder
 # Lake and later, Zen 5): the same kernels, its int8-activation matvecs on vpdpbusd instead of
-# maddubs + madd.
+# maddubs + madd. neon-i8mm is neon-dotprod plus ARMv8.6's int8 matrix multiply (Neoverse N2/V1/V2,
+# Graviton 3 and 4, Apple M2 and later): its int8 prefill GEMM on smmla (2 tokens x 2 rows x 8 k
+# per instruction, twice sdot's products); the matvecs are neon-dotprod's.
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "avx512-vnni",
@@ -72,6 +74,14 @@ VARIANTS: tuple[Variant, ...] = (
         int8=True,
     ),
     Variant("baseline", "x86_64", ("-march=x86-64", "-mtune=generic"), (), "portable kernels (SSE2)"),
+    Variant(
+        "neon-i8mm",
+        "aarch64",
+        ("-march=armv8.2-a+dotprod+i8mm",),
+        ("asimd", "asimddp", "i8mm"),
+        "NEON kernels (vec.h traits), dotprod int8 dot products, i8mm (smmla) int8 prefill GEMM",
+        int8=True,
+    ),
     Variant(
         "neon-dotprod",
         "aarch64",
@@ -161,7 +171,11 @@ def _cpuid_flags() -> dict[str, bool] | None:
         caps = torch.cpu.get_capabilities()
     except (ImportError, AttributeError, RuntimeError):  # RuntimeError: cpuinfo could not read the CPU
         if arch() == "aarch64" and sys.platform == "darwin":  # every ARMv8-A core has asimd
-            return {"asimd": True, "asimddp": _darwin_has("hw.optional.arm.FEAT_DotProd")}
+            return {
+                "asimd": True,
+                "asimddp": _darwin_has("hw.optional.arm.FEAT_DotProd"),
+                "i8mm": _darwin_has("hw.optional.arm.FEAT_I8MM"),  # M2 and later
+            }
         return None
     return {_PROC_NAMES.get(k, k): v for k, v in caps.items() if isinstance(v, bool)}
 

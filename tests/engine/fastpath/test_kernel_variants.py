@@ -23,8 +23,8 @@ EPYC_7B13 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi1 b
 CASCADE_LAKE = EPYC_7B13 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"}
 
 
-def _best_for(flags: frozenset[str]) -> str:
-    return next(v.name for v in variants.for_arch("x86_64") if not [f for f in v.needs if f not in flags])
+def _best_for(flags: frozenset[str], arch: str = "x86_64") -> str:
+    return next(v.name for v in variants.for_arch(arch) if not [f for f in v.needs if f not in flags])
 
 
 def test_each_cpu_gets_the_best_variant_it_can_run():
@@ -35,6 +35,12 @@ def test_each_cpu_gets_the_best_variant_it_can_run():
     assert _best_for(CASCADE_LAKE | {"avx_vnni"}) == "avx512-vnni"  # Sapphire Rapids: the wider one
     assert _best_for(EPYC_7B13 - {"f16c"}) == "baseline"  # AVX2 without F16C: not the AVX2 variant
     assert _best_for(frozenset()) == "baseline"
+    # /proc/cpuinfo's Features of an ARMv8.0 core (Cortex-A72), a Neoverse N1 and a Neoverse V1
+    a72 = frozenset("fp asimd evtstrm aes pmull sha1 sha2 crc32 cpuid".split())
+    n1 = a72 | {"atomics", "fphp", "asimdhp", "asimdrdm", "lrcpc", "dcpop", "asimddp"}
+    assert _best_for(a72, "aarch64") == "neon"
+    assert _best_for(n1, "aarch64") == "neon-dotprod"
+    assert _best_for(n1 | {"sve", "i8mm", "bf16"}, "aarch64") == "neon-i8mm"
 
 
 def test_a_feature_counts_only_where_neither_the_os_nor_cpuid_denies_it():

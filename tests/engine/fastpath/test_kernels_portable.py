@@ -141,9 +141,12 @@ def test_avx2_vnni_bodies_run_through_their_avx512_vnni_twin(vectors, tmp_path):
     check(run, "avx2 int8 vpdpbusd", True)
 
 
-@pytest.mark.parametrize("name, vec_name", [("neon", "neon int8 smull"), ("neon-dotprod", "neon int8 sdot")])
+@pytest.mark.parametrize(
+    "name, vec_name", [("neon", "neon int8 smull"), ("neon-dotprod", "neon int8 sdot"), ("neon-i8mm", "neon int8 sdot")]
+)
 def test_neon_kernels_match_the_references_under_qemu(vectors, tmp_path, name, vec_name):
-    """Both aarch64 variants' flags: int8 products by widening multiplies (ARMv8.0) and by sdot."""
+    """Each aarch64 variant's flags: int8 products by widening multiplies (ARMv8.0) and by sdot (the
+    i8mm variant's matvecs are sdot's too: its smmla is the prefill GEMM's, below)."""
     cxx, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
     if variants.arch() == "aarch64":
         cxx, qemu = shutil.which("g++") or shutil.which("c++"), None  # natively
@@ -154,3 +157,78 @@ def test_neon_kernels_match_the_references_under_qemu(vectors, tmp_path, name, v
     _compile(cxx, [*variants.by_name(name).cflags, "-static"], tmp_path / "driver")
     cmd = ([qemu] if qemu else []) + [str(tmp_path / "driver"), str(vectors)]
     check(subprocess.run(cmd, capture_output=True, text=True, timeout=300), vec_name, True)
+
+
+# ---- the int8 prefill GEMM (rowwork.cpp's panels and tiles) through engine/fastpath/kernels/ctest/gemm.cpp
+
+GEMM = DRIVER.with_name("gemm.cpp")
+GEMM_TYPES = sorted(INT8_TYPES | {"Q8_0"})  # raw blocks, as the loader keeps all of them but Q8_0 (tested too)
+GEMM_M = 7  # tokens: a tile of 4 and a last 3 (neon-i8mm pairs tokens: one is paired with itself)
+
+
+def write_gemm_vectors(path: Path) -> None:
+    with open(path, "wb") as f:
+        for i, t in enumerate(GEMM_TYPES):
+            k = 256 * 3 if RAW_TYPES[t][1] == 256 else 32 * 5
+            n = 16  # the GEMM's panels are whole 16-row blocks
+            rng = np.random.default_rng(200 + i)
+            raw = np.ascontiguousarray(random_blocks(t, n, k, rng)).reshape(n, -1)
+            dense = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[t]).reshape(n, k).astype(np.float64)
+            x = rng.standard_normal((GEMM_M, k)).astype(np.float32)
+            q, scale = q8.quantize(x, 32)
+            xq = q8.dequantized(x, 32)
+            f.write(struct.pack("<5q", RAW_TYPES[t][0], n, k, raw.shape[1], GEMM_M))
+            f.write(raw.tobytes() + q.tobytes() + scale.astype(np.float32).tobytes())
+            f.write((xq @ dense.T).tobytes() + (np.abs(xq) @ np.abs(dense).T).tobytes())
+
+
+@pytest.fixture(scope="module")
+def gemm_vectors(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("gemm") / "gemm.bin"
+    write_gemm_vectors(path)
+    return path
+
+
+def _torch_include() -> str:
+    import torch
+
+    return str(Path(torch.__file__).parent / "include")  # c10's headers only: no torch library is linked
+
+
+@pytest.mark.parametrize(
+    "name, arm", [("avx2", False), ("avx512-vnni", False), ("neon", True), ("neon-dotprod", True), ("neon-i8mm", True)]
+)
+def test_int8_prefill_gemm_matches_the_references(gemm_vectors, tmp_path, name, arm):
+    """Each int8 variant's prefill GEMM (every quantized type as raw blocks, 16 rows, 7 tokens) against
+    the float64 product of gguf's dequantized weights and the int8-rounded activations: natively where
+    this CPU runs the variant, the ARM64 ones cross-compiled and run under qemu-user (its default CPU,
+    max, has dotprod and i8mm)."""
+    v = variants.by_name(name)
+    qemu = None
+    if arm and variants.arch() != "aarch64":
+        cxx, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
+        if cxx is None or qemu is None:
+            pytest.skip("no aarch64 cross toolchain or qemu-user: apt-get install g++-aarch64-linux-gnu qemu-user")
+    else:
+        if variants.missing(v):
+            pytest.skip(f"this CPU cannot run {name}: lacks {' '.join(variants.missing(v))}")
+        cxx = shutil.which("g++") or shutil.which("c++")
+        if cxx is None:
+            pytest.skip("no C++ compiler (g++/c++) to build the test driver")
+    exe = tmp_path / "gemm"
+    r = subprocess.run(
+        [cxx, "-O2", "-std=c++17", *v.cflags, *(["-static"] if qemu else []), "-I", _torch_include()]
+        + ["-o", str(exe), str(GEMM)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = subprocess.run(
+        ([qemu] if qemu else []) + [str(exe), str(gemm_vectors)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    names = {RAW_TYPES[t][0]: t for t in GEMM_TYPES}
+    assert [names[int(line.split()[1])] for line in lines] == GEMM_TYPES, out.stdout  # every type ran ...
+    assert [line for line in lines if line.endswith(" -")] == [], out.stdout  # ... in the int8 GEMM

@@ -320,6 +320,16 @@ struct I8 {
 #endif
 constexpr int kShift = I8::kShift;
 
+// The panel's unit: the k of one row side by side in it. 4 for the dot products of 4 bytes per lane
+// (vpdpbusd, maddubs + madd, sdot); 8 with ARMv8.6's i8mm, whose smmla multiplies a pair of tokens'
+// 8 activations by a pair of rows' 8 quants (two rows' units are then one 16-byte load).
+#if defined(OPSCOPE_VEC_NEON) && defined(__ARM_FEATURE_MATMUL_INT8)
+#define OPSCOPE_INT8_MMLA 1
+constexpr int kUnit = 8;
+#else
+constexpr int kUnit = 4;
+#endif
+
 // The tile's tokens and row registers for quants of `bits` bits: I8's T and R, or its own choice.
 template <class V, class = void>
 struct TileShape {
@@ -597,10 +607,92 @@ void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int
     for (int v = 0; v < R; ++v) I8::fstore(y + t * ldy + r0 + L * v, acc[t][v]);
 }
 
+#if defined(OPSCOPE_INT8_MMLA)
+// int8_tile with smmla: T tokens in pairs (an odd last one paired with itself, its copy's sums not
+// stored) by RP pairs of rows. smmla adds a token pair's 8 int8 activations times a row pair's 8
+// quants into [t r, t r+1, t' r, t' r+1] (int32, exact: quants and activations are signed bytes),
+// the panel's unit being 8 k ([K/8][n rows][8 bytes]); then the same float32 steps as int8_tile, so
+// every sum, and every result, equals the sdot tile's bit for bit.
+template <int T, int RP, int GS, bool SGN, bool KAP, int64_t n>
+void mmla_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int64_t K, const int8_t* A,
+               const float* DA, const float* DS, const int32_t* N16, int kappa, float* y, int64_t ldy) {
+  constexpr int P = (T + 1) / 2;
+  const int64_t G = K / GS, G32 = K / 32, G16 = K / 16;
+  const auto tok = [](int j) { return j < T ? j : T - 1; };
+  const auto pair = [](float a, float b) { return vcombine_f32(vdup_n_f32(a), vdup_n_f32(b)); };
+  float32x4_t acc[P][RP];
+  for (auto& r : acc)
+    for (auto& a : r) a = vdupq_n_f32(0.f);
+  for (int64_t g = 0; g < G; ++g) {
+    int32x4_t ia[P][RP];
+    for (int p = 0; p < P; ++p) {  // KAP: the offset's term kappa * (the group's int8 sum) as the start
+      const auto sum = [&](int t) {
+        const int32_t* n16 = N16 + t * G16 + g * GS / 16;
+        return KAP ? kappa * (GS == 32 ? n16[0] + n16[1] : n16[0]) : 0;
+      };
+      const int32x4_t start = vcombine_s32(vdup_n_s32(sum(tok(2 * p))), vdup_n_s32(sum(tok(2 * p + 1))));
+      for (int v = 0; v < RP; ++v) ia[p][v] = start;
+    }
+    const int8_t* wg = reinterpret_cast<const int8_t*>(U) + g * GS * n + 8 * r0;
+    for (int k8 = 0; k8 < GS / 8; ++k8) {
+      int8x16_t wv[RP];
+      for (int v = 0; v < RP; ++v) wv[v] = vld1q_s8(wg + 8 * (k8 * n + 2 * v));
+      for (int p = 0; p < P; ++p) {
+        const int64_t at = GS * g + 8 * k8;
+        const int8x16_t av = vcombine_s8(vld1_s8(A + tok(2 * p) * K + at), vld1_s8(A + tok(2 * p + 1) * K + at));
+        for (int v = 0; v < RP; ++v) ia[p][v] = vmmlaq_s32(ia[p][v], av, wv[v]);
+      }
+    }
+    for (int v = 0; v < RP; ++v) {
+      const float32x2_t s2 = vld1_f32(S + g * n + r0 + 2 * v);
+      const float32x4_t s = vcombine_f32(s2, s2);
+      float32x4_t c = vdupq_n_f32(0.f);
+      if constexpr (!SGN && !KAP) c = vcombine_f32(vld1_f32(C + g * n + r0 + 2 * v), vld1_f32(C + g * n + r0 + 2 * v));
+      for (int p = 0; p < P; ++p) {
+        const int64_t gi = g * GS / 32;
+        const float32x4_t sd = vmulq_f32(s, pair(DA[tok(2 * p) * G32 + gi], DA[tok(2 * p + 1) * G32 + gi]));
+        acc[p][v] = vfmaq_f32(acc[p][v], vcvtq_f32_s32(ia[p][v]), sd);
+        if constexpr (!SGN && !KAP)
+          acc[p][v] = vfmaq_f32(acc[p][v], c, pair(DS[tok(2 * p) * G + g], DS[tok(2 * p + 1) * G + g]));
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int v = 0; v < RP; ++v) {
+      vst1_f32(y + 2 * p * ldy + r0 + 2 * v, vget_low_f32(acc[p][v]));
+      if (2 * p + 1 < T) vst1_f32(y + (2 * p + 1) * ldy + r0 + 2 * v, vget_high_f32(acc[p][v]));
+    }
+}
+
+// Every token through the panel's n rows with mmla_tile: 4 tokens by 8 rows (8 int32 and 8 float32
+// accumulators, 4 quant and 1 activation registers of the 32), then the last 1-3 tokens.
+template <int GS, bool SGN, bool KAP, int64_t n>
+void mmla_rows(const uint8_t* U, const float* S, const float* C, int64_t K, const Int8Rows& a, int kappa, float* y,
+               int64_t ldy) {
+  constexpr int RP = 4;
+  static_assert(n % (2 * RP) == 0, "panels are whole tiles of rows");
+  const int64_t G32 = K / 32, G = K / GS, G16 = K / 16;
+  const auto tiles = [&](auto tc, int64_t m) {
+    constexpr int T = decltype(tc)::value;
+    for (int64_t r0 = 0; r0 < n; r0 += 2 * RP)
+      mmla_tile<T, RP, GS, SGN, KAP, n>(U, S, C, r0, K, a.qa + m * K, a.da + m * G32, a.ds + m * G, a.n16 + m * G16,
+                                        kappa, y + m * ldy, ldy);
+  };
+  int64_t m = 0;
+  for (; m + 4 <= a.M; m += 4) tiles(std::integral_constant<int, 4>{}, m);
+  if (a.M - m == 3) tiles(std::integral_constant<int, 3>{}, m);
+  if (a.M - m == 2) tiles(std::integral_constant<int, 2>{}, m);
+  if (a.M - m == 1) tiles(std::integral_constant<int, 1>{}, m);
+}
+#endif
+
 // Every token through the panel's n rows, R registers of rows at a time (T tokens, then the rest).
 template <int R, int GS, bool SGN, int BITS, bool KAP, int64_t n>
 void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, const Int8Rows& a, int kappa, float* y,
                int64_t ldy) {
+#if defined(OPSCOPE_INT8_MMLA)
+  return mmla_rows<GS, SGN, KAP, n>(U, S, C, K, a, kappa, y, ldy);
+#endif
   constexpr int T = TileShape<I8>::tokens(BITS), W = R * I8::L;
   const int64_t G32 = K / 32, G = K / GS, G16 = K / 16;
   int64_t m = 0;
@@ -644,10 +736,10 @@ void int8_panel(const uint8_t* u, const float* s, const float* c, int64_t n, int
 }
 #endif
 
-// 16 rows' quants (q: row i at q + i * K, in weight order) into the panel layout [K / 4 quads]
-// [n / 16][16 rows][4 bytes], as the 16-row block `chunk`: a transpose of 4-byte units. With
-// vectors 16 (or 8) quads of 16 rows at a time; one 4-byte copy per row and quad cost about as much
-// as decoding the quants.
+// 16 rows' quants (q: row i at q + i * K, in weight order) into the panel layout [K / kUnit]
+// [n / 16][16 rows][kUnit bytes], as the 16-row block `chunk`: a transpose of kUnit-byte units. On
+// x86 with vectors 16 (or 8) quads of 16 rows at a time; one 4-byte copy per row and quad cost about
+// as much as decoding the quants.
 void transpose_rows16(const uint8_t* q, int64_t K, int64_t n, int64_t chunk, uint8_t* u) {
   const int64_t NB = n / 16, K4 = K / 4;
   int64_t k4 = 0;
@@ -691,8 +783,13 @@ void transpose_rows16(const uint8_t* q, int64_t K, int64_t n, int64_t chunk, uin
         }
     }
 #endif
-  for (; k4 < K4; ++k4)
-    for (int64_t i = 0; i < 16; ++i) std::memcpy(u + 64 * (k4 * NB + chunk) + 4 * i, q + i * K + 4 * k4, 4);
+#if defined(__AVX2__) || defined(__AVX512F__)
+  static_assert(kUnit == 4, "the vector transposes move 4-byte units");
+#endif
+  // the rest (all of it off x86) a unit at a time: [K / kUnit][n rows][kUnit bytes]
+  for (int64_t k = k4 * 4 / kUnit; k < K / kUnit; ++k)
+    for (int64_t i = 0; i < 16; ++i)
+      std::memcpy(u + 16 * kUnit * (k * NB + chunk) + kUnit * i, q + i * K + kUnit * k, kUnit);
 }
 
 // Row r's quants (K bytes in weight order) and its groups' s and c (at stride n) from its blocks.

@@ -40,7 +40,8 @@ void to_bf16(const float* src, uint16_t* dst, int64_t n);
 // quants u with a float scale s and offset c per (row, group of GS = 32 or 16 weights), w = s*u + c;
 // the activations int8 per (token, 32) with scale da, and per group ds = da * the group's sum of
 // int8 values. Rows are taken in panels of n = 16, 32 or 48; a panel's quants are laid out
-// [K/GS groups][GS/4 quads][n rows][4 bytes] (one zmm = 16 rows by 4 k, a ymm 8, a NEON q 4), s and c
+// [K/GS groups][GS/4 quads][n rows][4 bytes] (one zmm = 16 rows by 4 k, a ymm 8, a NEON q 4; with
+// ARM's i8mm [GS/8][n rows][8 bytes]: a NEON q 2 rows by 8 k, smmla's operand), s and c
 // [K/GS][n]. The group size of w's int8 GEMM in this build (the variants with int8 kernels): 32 for
 // the 32-weight block types and Q4_K, Q5_K, IQ4_XS; 16 for Q2_K, Q3_K, Q6_K; 0: none (other types
 // or shapes).
