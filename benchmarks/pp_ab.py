@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 CACHE = Path.home() / ".cache/opscope/gguf_types"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_types import host_meta, loadavg  # noqa: E402
 
 
 def child(path: str, spec: str, tg: bool = False) -> None:
@@ -80,12 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--spec", default="activations=q8")
     ap.add_argument("--tg", action="store_true", help="tg128 (decode) instead of pp512")
+    ap.add_argument("--out", type=Path, help="also write the table, the CPU's flags and the load to OUT.md")
     ap.add_argument("--child")
     args = ap.parse_args(argv)
     if args.child:
         child(args.child, args.spec, args.tg)
         return 0
     runs: dict[str, dict[str, list[float]]] = {t: {"old": [], "new": []} for t in args.types.split(",")}
+    load_before = loadavg()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "opscope").symlink_to(args.old.resolve())
         for r in range(args.rounds):
@@ -95,11 +99,23 @@ def main(argv: list[str] | None = None) -> int:
                     res[name].append(side(path, args.spec, tmp if name == "old" else None, args.tg))
                     load = Path("/proc/loadavg").read_text().split()[0]
                     print(json.dumps({"round": r, "type": t, "side": name, "tok_s": res[name][-1], "load": load}))
+    lines = []
     for t, res in runs.items():
         ratio = [n / o for n, o in zip(res["new"], res["old"], strict=True)]
-        print(
+        lines.append(
             f"{t}: old {statistics.median(res['old']):.0f}, new {statistics.median(res['new']):.0f} tok/s; "
             f"new/old median {statistics.median(ratio):.2f} [{min(ratio):.2f}–{max(ratio):.2f}]"
+        )
+        print(lines[-1])
+    if args.out:
+        meta = host_meta()
+        what = "tg128" if args.tg else "pp512"
+        args.out.with_suffix(".md").write_text(
+            f"# {what}, this checkout (new) against {args.old} (old), fast path {args.spec}\n\n"
+            f"{args.rounds} rounds, sides alternating, 2 threads; load average before {load_before}, "
+            f"after {loadavg()}. CPU: {meta['cpu']}; {meta.get('stand_in', 'no ISA cap')}.\n\n"
+            + "".join(f"- {line}\n" for line in lines)
+            + f"\nlscpu flags: `{meta['cpu_flags']}`\n"
         )
     return 0
 

@@ -243,6 +243,14 @@ namespace {
 // reads it once (prefill_glu_bf16).
 at::Tensor bf16_gemm(const at::Tensor& xb, const Weights& w, at::ScalarType out_dtype = at::kFloat) {
   const int64_t M = xb.size(0), K = w.K, N = w.N;
+  // ggml's BF16 (gguf_types.h's, whose inline decoders this baseline-flags half must not include)
+  constexpr int64_t GGML_BF16 = 30;
+  if (w.raw() && w.ggml_type == GGML_BF16 && w.row_bytes == 2 * K) {
+    // already bfloat16, row by row: the GEMM reads the file's rows (decoding them to float32 and
+    // rounding back gives the same bits, and a copy of the matrix)
+    const auto wb = at::from_blob(const_cast<uint8_t*>(w.qs), {N, K}, xb.options());
+    return at::mm(xb, wb.t()).to(out_dtype);
+  }
   const int64_t tile = std::min(N, std::max<int64_t>(64, (int64_t(8) << 20) / K / 64 * 64));
   auto wb = at::empty({tile, K}, xb.options());
   auto* wp = reinterpret_cast<uint16_t*>(wb.data_ptr<at::BFloat16>());
