@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from importlib.metadata import version as installed_version
 from pathlib import Path
 
 import cross_kernels as cross
@@ -133,33 +134,18 @@ def site(cache: Path, version: str) -> Path:
     )
     import numpy
 
+    py = f"{sys.version_info.major}{sys.version_info.minor}"
     if not (dest / "numpy").is_dir():
-        py = f"{sys.version_info.major}{sys.version_info.minor}"
         cross.merge_wheel(
             cross.download_wheel(cache, "numpy", numpy.__version__, cross.ARCH, (cross.PLATFORM,), py), dest
         )
-    for name in ENGINE_WHEELS:
+    for name in ENGINE_WHEELS:  # this environment's release, as its aarch64 abi3 wheel
         if not (dest / name).is_dir():
-            cross.merge_wheel(abi3_wheel(cache, name), dest)
+            platforms = (cross.PLATFORM, "manylinux2014_aarch64")
+            wheel = cross.download_wheel(cache, name, installed_version(name), cross.ARCH, platforms, py, abi3=True)
+            cross.merge_wheel(wheel, dest)
     copy_pure(dest)
     return dest
-
-
-def abi3_wheel(cache: Path, name: str) -> Path:
-    """This environment's release of ``name`` as its aarch64 wheel for CPython's stable ABI (abi3:
-    one wheel for every CPython 3), downloaded once into ``cache``."""
-    from importlib.metadata import version
-
-    v = version(name)
-    found = sorted(cache.glob(f"{name}-{v}-*abi3*{cross.ARCH}*.whl"))
-    if not found:
-        py = f"{sys.version_info.major}{sys.version_info.minor}"
-        cmd = cross.download_cmd(cache, (cross.PLATFORM, "manylinux2014_aarch64"), py)
-        cross.pip_download([*cmd, "--abi", "abi3", f"{name}=={v}"])
-        found = sorted(cache.glob(f"{name}-{v}-*abi3*{cross.ARCH}*.whl"))
-    if not found:
-        raise cross.CrossError(f"downloading {name}=={v} for aarch64 failed: is PyPI reachable?")
-    return found[0]
 
 
 def copy_pure(dest: Path) -> None:

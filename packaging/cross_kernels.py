@@ -75,12 +75,15 @@ def torch_wheel(cache: Path, version: str, target: Target = ARM64) -> Path:
     return download_wheel(cache, "torch", version, target.arch, (target.platform,), py)
 
 
-def download_wheel(cache: Path, name: str, version: str, arch: str, platforms: tuple[str, ...], py: str) -> Path:
+def download_wheel(
+    cache: Path, name: str, version: str, arch: str, platforms: tuple[str, ...], py: str, abi3: bool = False
+) -> Path:
     """``name==version``'s wheel for CPython ``py`` (``"311"``) on ``arch``, one of pip's
-    ``platforms`` tags, downloaded once into ``cache`` (which holds other Pythons' wheels too)."""
-    pattern = f"{name}-{version}-cp{py}-*{arch}.whl"
+    ``platforms`` tags, downloaded once into ``cache`` (which holds other Pythons' wheels too).
+    ``abi3``: the wheel for CPython's stable ABI (one for every CPython 3, e.g. tokenizers')."""
+    pattern = f"{name}-{version}-cp*-abi3-*{arch}.whl" if abi3 else f"{name}-{version}-cp{py}-*{arch}.whl"
     if not sorted(cache.glob(pattern)):
-        pip_download([*download_cmd(cache, platforms, py), f"{name}=={version}"])
+        pip_download([*download_cmd(cache, platforms, py), *(["--abi", "abi3"] if abi3 else []), f"{name}=={version}"])
     found = sorted(cache.glob(pattern))
     if not found:
         raise CrossError(f"downloading {name}=={version} for CPython {py} on {arch} failed: is PyPI reachable?")

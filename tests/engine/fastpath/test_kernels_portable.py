@@ -175,10 +175,9 @@ def write_gemm_vectors(path: Path) -> None:
             raw = np.ascontiguousarray(random_blocks(t, n, k, rng)).reshape(n, -1)
             dense = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[t]).reshape(n, k).astype(np.float64)
             x = rng.standard_normal((GEMM_M, k)).astype(np.float32)
-            q, scale = q8.quantize(x, 32)
-            xq = q8.dequantized(x, 32)
+            xq = q8.dequantized(x, 32)  # what the library's quantize_q8 must make of x
             f.write(struct.pack("<5q", RAW_TYPES[t][0], n, k, raw.shape[1], GEMM_M))
-            f.write(raw.tobytes() + q.tobytes() + scale.astype(np.float32).tobytes())
+            f.write(raw.tobytes() + x.tobytes())
             f.write((xq @ dense.T).tobytes() + (np.abs(xq) @ np.abs(dense).T).tobytes())
 
 

@@ -646,8 +646,8 @@ void mmla_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int
     for (int v = 0; v < RP; ++v) {
       const float32x2_t s2 = vld1_f32(S + g * n + r0 + 2 * v);
       const float32x4_t s = vcombine_f32(s2, s2);
-      float32x4_t c = vdupq_n_f32(0.f);
-      if constexpr (!SGN && !KAP) c = vcombine_f32(vld1_f32(C + g * n + r0 + 2 * v), vld1_f32(C + g * n + r0 + 2 * v));
+      const float32x2_t c2 = !SGN && !KAP ? vld1_f32(C + g * n + r0 + 2 * v) : vdup_n_f32(0.f);
+      const float32x4_t c = vcombine_f32(c2, c2);
       for (int p = 0; p < P; ++p) {
         const int64_t gi = g * GS / 32;
         const float32x4_t sd = vmulq_f32(s, pair(DA[tok(2 * p) * G32 + gi], DA[tok(2 * p + 1) * G32 + gi]));
@@ -691,8 +691,8 @@ template <int R, int GS, bool SGN, int BITS, bool KAP, int64_t n>
 void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, const Int8Rows& a, int kappa, float* y,
                int64_t ldy) {
 #if defined(OPSCOPE_INT8_MMLA)
-  return mmla_rows<GS, SGN, KAP, n>(U, S, C, K, a, kappa, y, ldy);
-#endif
+  mmla_rows<GS, SGN, KAP, n>(U, S, C, K, a, kappa, y, ldy);
+#else
   constexpr int T = TileShape<I8>::tokens(BITS), W = R * I8::L;
   const int64_t G32 = K / 32, G = K / GS, G16 = K / 16;
   int64_t m = 0;
@@ -704,6 +704,7 @@ void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, cons
     for (int64_t r0 = 0; r0 < n; r0 += W)
       int8_tile<1, R, GS, SGN, BITS, KAP, n>(U, S, C, r0, K, a.qa + m * K, a.da + m * G32, a.ds + m * G,
                                              a.n16 + m * G16, kappa, y + m * ldy, ldy);
+#endif
 }
 
 // A panel of NP rows: whole registers of the tile's R where they divide NP, else of fewer.

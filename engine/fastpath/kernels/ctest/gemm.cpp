@@ -5,10 +5,11 @@
 // host from gguf.quants.dequantize and float64 numpy and compares.
 //
 // Input (little-endian): records of int64 ggml_type, N, K, row_bytes, M; N * row_bytes raw block
-// bytes; M * K int8 activations q; M * K/32 float32 scales da; M * N float64 y (reference: W times
-// q * da); M * N float64 bound (|W| |q * da|). Output: one line per record, "gemm TYPE N K M worst"
-// (worst = max |y - y_ref| / bound, "-" where this build has no int8 GEMM for the type); exit 1 if
-// any exceeds 1e-5.
+// bytes; M * K float32 activations x; M * N float64 y (reference: W times x rounded to int8 per 32
+// as engine.testing.q8 does); M * N float64 bound (|W| |x rounded|). The driver quantizes x with the
+// library's own rows::quantize_q8, as the prefill does. Output: one line per record, "gemm TYPE N K
+// M worst" (worst = max |y - y_ref| / bound, "-" where this build has no int8 GEMM for the type);
+// exit 1 if any exceeds 1e-5.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -34,31 +35,23 @@ namespace {
 template <class T>
 bool read(FILE* f, T* p, size_t n) { return std::fread(p, sizeof(T), n, f) == n; }
 
-// y [M, N] by the int8 GEMM, the activations' group sums derived from q as quantize_q8 gives them;
-// false where this build has none for the type.
+// y [M, N] by the int8 GEMM on x [M, K] quantized as the prefill does (prefill.cpp's
+// quantize_rows); false where this build has none for the type.
 bool gemm(int64_t type, const std::vector<uint8_t>& raw, int64_t row_bytes, int64_t N, int64_t K, int64_t M,
-          const std::vector<int8_t>& q, const std::vector<float>& da, std::vector<float>& y) {
+          const std::vector<float>& x, std::vector<float>& y) {
   Weights w{QTYPE_RAW + type, raw.data(), nullptr, nullptr, N, K, type, row_bytes};
   const int64_t gs = rows::int8_group_size(w);
   if (gs == 0) return false;
-  std::vector<float> ds(M * (K / gs));
+  std::vector<int8_t> q(M * K);
+  std::vector<float> da(M * (K / 32)), s32(M * (K / 32)), s16(M * (K / 16));
   std::vector<int32_t> n16(M * (K / 16));
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < K / 16; ++j) {
-      int32_t s = 0;
-      for (int l = 0; l < 16; ++l) s += q[m * K + 16 * j + l];
-      n16[m * (K / 16) + j] = s;
-    }
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < K / gs; ++g) {
-      int32_t s = 0;
-      for (int64_t j = g * gs / 16; j < (g + 1) * gs / 16; ++j) s += n16[m * (K / 16) + j];
-      ds[m * (K / gs) + g] = da[m * (K / 32) + g * gs / 32] * float(s);
-    }
+    rows::quantize_q8(x.data() + m * K, K, q.data() + m * K, da.data() + m * (K / 32), s32.data() + m * (K / 32),
+                      s16.data() + m * (K / 16), n16.data() + m * (K / 16));
   std::vector<uint8_t> u(N * K);
   std::vector<float> s(N * (K / gs)), c(N * (K / gs));
   const int kappa = rows::int8_decode_panel(w, 0, N, u.data(), s.data(), c.data());
-  const rows::Int8Rows acts{q.data(), da.data(), ds.data(), n16.data(), M};
+  const rows::Int8Rows acts{q.data(), da.data(), (gs == 32 ? s32 : s16).data(), n16.data(), M};
   rows::int8_gemm_panel(gs, rows::int8_quant_bits(w), kappa, u.data(), s.data(), c.data(), N, K, acts, y.data(), N);
   return true;
 }
@@ -74,16 +67,15 @@ int main(int argc, char** argv) {
   while (read(f, hdr, 5)) {
     const int64_t type = hdr[0], N = hdr[1], K = hdr[2], row_bytes = hdr[3], M = hdr[4];
     std::vector<uint8_t> raw(N * row_bytes);
-    std::vector<int8_t> q(M * K);
-    std::vector<float> da(M * (K / 32)), y(M * N);
+    std::vector<float> x(M * K), y(M * N);
     std::vector<double> ref(M * N), bound(M * N);
-    if (!(read(f, raw.data(), raw.size()) && read(f, q.data(), q.size()) && read(f, da.data(), da.size()) &&
-          read(f, ref.data(), ref.size()) && read(f, bound.data(), bound.size()))) {
+    if (!(read(f, raw.data(), raw.size()) && read(f, x.data(), x.size()) && read(f, ref.data(), ref.size()) &&
+          read(f, bound.data(), bound.size()))) {
       std::fprintf(stderr, "truncated vectors\n");
       return 2;
     }
     std::printf("gemm %lld %lld %lld %lld ", (long long)type, (long long)N, (long long)K, (long long)M);
-    if (!gemm(type, raw, row_bytes, N, K, M, q, da, y)) {
+    if (!gemm(type, raw, row_bytes, N, K, M, x, y)) {
       std::printf("-\n");
       continue;
     }
