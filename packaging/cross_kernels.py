@@ -165,8 +165,10 @@ def compile_library(tc: Toolchain, name: str, v: variants.Variant, dest: Path, c
 
 def check_library(path: Path, name: str, target: Target = ARM64) -> list[str]:
     """What is wrong with ``path`` as ``target``'s extension module ``name`` (empty: nothing)."""
-    header = subprocess.run([target.readelf, "-h", str(path)], capture_output=True, text=True).stdout
-    symbols = subprocess.run([target.readelf, "--dyn-syms", "-W", str(path)], capture_output=True, text=True).stdout
+    # the host's GNU readelf reads any machine's ELF headers where the target's binutils are absent
+    readelf = target.readelf if shutil.which(target.readelf) else "readelf"
+    header = subprocess.run([readelf, "-h", str(path)], capture_output=True, text=True).stdout
+    symbols = subprocess.run([readelf, "--dyn-syms", "-W", str(path)], capture_output=True, text=True).stdout
     machine = next((line.split(":", 1)[1].strip() for line in header.splitlines() if "Machine:" in line), "")
     problems = [] if machine == _MACHINE_TEXT[target.elf_machine] else [f"not an {target.elf_machine} ELF file"]
     if not any(line.split()[-1:] == [ENTRY] and " FUNC " in line for line in symbols.splitlines()):

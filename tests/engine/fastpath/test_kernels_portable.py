@@ -194,29 +194,49 @@ def _torch_include() -> str:
     return str(Path(torch.__file__).parent / "include")  # c10's headers only: no torch library is linked
 
 
+# the avx2-vnni variant's tile through its AVX512-VNNI twin (OPSCOPE_VNNI_EVEX_TWIN, as the matvec
+# driver above): built without -mavxvnni, its one vpdpbusd in the EVEX encoding
+TWIN_FLAGS = tuple(f for f in variants.by_name("avx2-vnni").cflags if f != "-mavxvnni") + ("-DOPSCOPE_VNNI_EVEX_TWIN",)
+TWIN_NEEDS = frozenset({"avx2", "fma", "f16c", "avx512_vnni", "avx512vl"})
+
+
 @pytest.mark.parametrize(
-    "name, arm", [("avx2", False), ("avx512-vnni", False), ("neon", True), ("neon-dotprod", True), ("neon-i8mm", True)]
+    "name, multiply",
+    [
+        ("avx2", "vpmaddubsw ymm"),
+        ("avx2-vnni", "vpdpbusd ymm"),
+        ("avx2-vnni-twin", "vpdpbusd ymm"),
+        ("avx512-vnni", "vpdpbusd zmm"),
+        ("neon", "smull"),
+        ("neon-dotprod", "sdot"),
+        ("neon-i8mm", "smmla"),
+    ],
 )
-def test_int8_prefill_gemm_matches_the_references(gemm_vectors, tmp_path, name, arm):
+def test_int8_prefill_gemm_matches_the_references(gemm_vectors, tmp_path, name, multiply):
     """Each int8 variant's prefill GEMM (every quantized type as raw blocks, 16 rows, 7 tokens) against
     the float64 product of gguf's dequantized weights and the int8-rounded activations: natively where
     this CPU runs the variant, the ARM64 ones cross-compiled and run under qemu-user (its default CPU,
-    max, has dotprod and i8mm)."""
-    v = variants.by_name(name)
+    max, has dotprod and i8mm), avx2-vnni's also through its twin where the CPU has AVX512-VNNI."""
+    twin = name.endswith("-twin")
+    v = variants.by_name(name.removesuffix("-twin"))
+    flags = TWIN_FLAGS if twin else v.cflags
     qemu = None
-    if arm and variants.arch() != "aarch64":
+    if v.arch == "aarch64" and variants.arch() != "aarch64":
         cxx, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
         if cxx is None or qemu is None:
             pytest.skip("no aarch64 cross toolchain or qemu-user: apt-get install g++-aarch64-linux-gnu qemu-user")
     else:
-        if variants.missing(v):
-            pytest.skip(f"this CPU cannot run {name}: lacks {' '.join(variants.missing(v))}")
+        lacks = (
+            variants.missing(v) if not twin or v.arch != variants.arch() else sorted(TWIN_NEEDS - variants.cpu_flags())
+        )
+        if lacks:
+            pytest.skip(f"this CPU cannot run {name}: lacks {' '.join(lacks)}")
         cxx = shutil.which("g++") or shutil.which("c++")
         if cxx is None:
             pytest.skip("no C++ compiler (g++/c++) to build the test driver")
     exe = tmp_path / "gemm"
     r = subprocess.run(
-        [cxx, "-O2", "-std=c++17", *v.cflags, *(["-static"] if qemu else []), "-I", _torch_include()]
+        [cxx, "-O2", "-std=c++17", *flags, *(["-static"] if qemu else []), "-I", _torch_include()]
         + ["-o", str(exe), str(GEMM)],
         capture_output=True,
         text=True,
@@ -227,7 +247,8 @@ def test_int8_prefill_gemm_matches_the_references(gemm_vectors, tmp_path, name, 
         ([qemu] if qemu else []) + [str(exe), str(gemm_vectors)], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    lines = out.stdout.splitlines()
+    head, *lines = out.stdout.splitlines()
+    assert head == f"multiply {multiply}", out.stdout
     names = {RAW_TYPES[t][0]: t for t in GEMM_TYPES}
     assert [names[int(line.split()[1])] for line in lines] == GEMM_TYPES, out.stdout  # every type ran ...
     assert [line for line in lines if line.endswith(" -")] == [], out.stdout  # ... in the int8 GEMM

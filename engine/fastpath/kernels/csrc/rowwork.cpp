@@ -205,8 +205,10 @@ namespace {
 //              (quants of at most bits bits), then added into the int32 acc: maddubs sums in int16
 //              (no madd per step) as long as the sum cannot pass 2^15; SGN: w holds signed quants
 //   kDirect    mad's sums are int32 (vpdpbusd, sdot): the products go straight into acc
+//   NAME       the multiply, as ctest/gemm.cpp prints it (a test asserts which ran)
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 struct I8 {
+  static constexpr const char* NAME = "vpdpbusd zmm";
   static constexpr int L = 16, T = 4, R = 3, kShift = 128;
   static constexpr bool kByte = true;
   using I = __m512i;
@@ -230,11 +232,18 @@ struct I8 {
 };
 #define OPSCOPE_INT8_GEMM 1
 #elif defined(OPSCOPE_VEC_AVX2) && !defined(__AVX512F__)
+// OPSCOPE_VNNI_EVEX_TWIN (ctest/gemm.cpp only): the avx2-vnni variant's tile with its one VNNI
+// instruction in the AVX512-VNNI encoding, to run on a CPU without AVX-VNNI (as vec_int8.h's)
+#if defined(__AVXVNNI__) || defined(OPSCOPE_VNNI_EVEX_TWIN)
+#define OPSCOPE_GEMM_VNNI256 1
+#endif
 struct I8 {
-#if defined(__AVXVNNI__)
+#if defined(OPSCOPE_GEMM_VNNI256)
+  static constexpr const char* NAME = "vpdpbusd ymm";
   static constexpr int kShift = 128;
   static constexpr bool kByte = true;
 #else
+  static constexpr const char* NAME = "vpmaddubsw ymm";
   static constexpr int kShift = 0;
   static constexpr bool kByte = true;
 #endif
@@ -246,8 +255,14 @@ struct I8 {
   static I bcast(int32_t a) { return _mm256_set1_epi32(a); }
   using P = I;
   static P pzero() { return _mm256_setzero_si256(); }
-#if defined(__AVXVNNI__)
+#if defined(OPSCOPE_GEMM_VNNI256)
+#if defined(OPSCOPE_VNNI_EVEX_TWIN)
+  template <bool SGN> __attribute__((target("avx512vnni,avx512vl"), noinline)) static P mad(P p, I w, I a) {
+    return _mm256_dpbusd_epi32(p, w, a);
+  }
+#else
   template <bool SGN> static P mad(P p, I w, I a) { return _mm256_dpbusd_avx_epi32(p, w, a); }
+#endif
   static I flush(I acc, P p) { return _mm256_add_epi32(acc, p); }
   static constexpr int chunk(int) { return 8; }
   static constexpr bool kDirect = true;
@@ -282,6 +297,11 @@ struct I8 {
 #define OPSCOPE_INT8_GEMM 1
 #elif defined(OPSCOPE_VEC_NEON)
 struct I8 {
+#if defined(__ARM_FEATURE_DOTPROD)
+  static constexpr const char* NAME = "sdot";
+#else
+  static constexpr const char* NAME = "smull";
+#endif
   static constexpr int L = 4, T = 4, R = 2, kShift = 0;
   static constexpr bool kByte = true;
   using I = int32x4_t;
@@ -328,6 +348,13 @@ constexpr int kShift = I8::kShift;
 constexpr int kUnit = 8;
 #else
 constexpr int kUnit = 4;
+#endif
+#if defined(OPSCOPE_INT8_MMLA)
+[[maybe_unused]] constexpr const char* kInt8Multiply = "smmla";
+#elif defined(OPSCOPE_INT8_GEMM)
+[[maybe_unused]] constexpr const char* kInt8Multiply = I8::NAME;
+#else
+[[maybe_unused]] constexpr const char* kInt8Multiply = "none";
 #endif
 
 // The tile's tokens and row registers for quants of `bits` bits: I8's T and R, or its own choice.

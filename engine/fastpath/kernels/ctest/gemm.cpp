@@ -7,9 +7,10 @@
 // Input (little-endian): records of int64 ggml_type, N, K, row_bytes, M; N * row_bytes raw block
 // bytes; M * K float32 activations x; M * N float64 y (reference: W times x rounded to int8 per 32
 // as engine.testing.q8 does); M * N float64 bound (|W| |x rounded|). The driver quantizes x with the
-// library's own rows::quantize_q8, as the prefill does. Output: one line per record, "gemm TYPE N K
-// M worst" (worst = max |y - y_ref| / bound, "-" where this build has no int8 GEMM for the type);
-// exit 1 if any exceeds 1e-5.
+// library's own rows::quantize_q8, as the prefill does. Output: "multiply NAME" (the instruction the
+// tile multiplies with: a test asserts it, so that a run on the wrong path cannot pass), then one
+// line per record, "gemm TYPE N K M worst" (worst = max |y - y_ref| / bound, "-" where this build
+// has no int8 GEMM for the type); exit 1 if any exceeds 1e-5.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   if (argc != 2) { std::fprintf(stderr, "usage: %s VECTORS\n", argv[0]); return 2; }
   FILE* f = std::fopen(argv[1], "rb");
   if (!f) { std::perror(argv[1]); return 2; }
+  std::printf("multiply %s\n", opscope::rows::kInt8Multiply);
   bool ok = true;
   int64_t hdr[5];
   while (read(f, hdr, 5)) {
