@@ -255,7 +255,7 @@ TREE_WATCHED = (
 )
 _tree_records: dict[str, tuple[dict, dict]] = {}
 
-# `-n 2 --dist loadfile`: the longest files first, and the watched tests' files on the worker that
+# `make test` (`--dist loadfile`): the longest files first, and the watched tests' files on the worker that
 # runs test_packaging.py, before it (tests/support/file_schedule.py)
 from file_schedule import pytest_xdist_make_scheduler  # noqa: E402, F401
 
