@@ -121,6 +121,12 @@ def test_x86_portable_kernels_match_the_references(vectors, tmp_path, name, vec_
     )
 
 
+# avx2-vnni's bodies through their AVX512-VNNI twin (OPSCOPE_VNNI_EVEX_TWIN: built without -mavxvnni,
+# its one vpdpbusd in the EVEX encoding), for the matvec driver and the GEMM driver below
+TWIN_FLAGS = tuple(f for f in variants.by_name("avx2-vnni").cflags if f != "-mavxvnni") + ("-DOPSCOPE_VNNI_EVEX_TWIN",)
+TWIN_NEEDS = frozenset({"avx2", "fma", "f16c", "avx512_vnni", "avx512vl"})
+
+
 def test_avx2_vnni_bodies_run_through_their_avx512_vnni_twin(vectors, tmp_path):
     """avx2-vnni's kernels differ from avx2's in one instruction, AVX-VNNI's vpdpbusd. Built with
     OPSCOPE_VNNI_EVEX_TWIN (and without -mavxvnni), that instruction is its AVX512-VNNI encoding, the
@@ -131,12 +137,11 @@ def test_avx2_vnni_bodies_run_through_their_avx512_vnni_twin(vectors, tmp_path):
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++/c++) to build the test driver")
-    lacks = sorted({"avx2", "fma", "f16c", "avx512_vnni", "avx512vl"} - variants.cpu_flags())
+    lacks = sorted(TWIN_NEEDS - variants.cpu_flags())
     if lacks:
         pytest.skip(f"the twin needs AVX2 and AVX512-VNNI/VL; this CPU lacks {' '.join(lacks)}")
-    flags = [f for f in variants.by_name("avx2-vnni").cflags if f != "-mavxvnni"]
-    assert len(flags) == len(variants.by_name("avx2-vnni").cflags) - 1
-    _compile(cxx, [*flags, "-DOPSCOPE_VNNI_EVEX_TWIN"], tmp_path / "driver")
+    assert len(TWIN_FLAGS) == len(variants.by_name("avx2-vnni").cflags)  # -mavxvnni out, the twin's define in
+    _compile(cxx, list(TWIN_FLAGS), tmp_path / "driver")
     run = subprocess.run([str(tmp_path / "driver"), str(vectors)], capture_output=True, text=True, timeout=120)
     check(run, "avx2 int8 vpdpbusd", True)
 
@@ -192,12 +197,6 @@ def _torch_include() -> str:
     import torch
 
     return str(Path(torch.__file__).parent / "include")  # c10's headers only: no torch library is linked
-
-
-# the avx2-vnni variant's tile through its AVX512-VNNI twin (OPSCOPE_VNNI_EVEX_TWIN, as the matvec
-# driver above): built without -mavxvnni, its one vpdpbusd in the EVEX encoding
-TWIN_FLAGS = tuple(f for f in variants.by_name("avx2-vnni").cflags if f != "-mavxvnni") + ("-DOPSCOPE_VNNI_EVEX_TWIN",)
-TWIN_NEEDS = frozenset({"avx2", "fma", "f16c", "avx512_vnni", "avx512vl"})
 
 
 @pytest.mark.parametrize(
