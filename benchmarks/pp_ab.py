@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 path = Path(t) if t.endswith(".gguf") else CACHE / f"SmolLM2-135M-Instruct.{t}.gguf"
                 for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
                     res[name].append(side(path, args.spec, tmp if name == "old" else None, args.tg))
-                    load = Path("/proc/loadavg").read_text().split()[0]
+                    load = loadavg().split()[0]
                     print(json.dumps({"round": r, "type": t, "side": name, "tok_s": res[name][-1], "load": load}))
     lines = []
     for t, res in runs.items():

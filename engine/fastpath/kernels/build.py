@@ -49,6 +49,7 @@ _HEADERS = (
     "qtensors.h",
     "rowwork.h",
     "gguf_types.h",
+    "gguf_ids.h",
     "simd_v1.h",
     "simd_v2.h",
     "vec.h",

@@ -23,6 +23,7 @@
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#include "gguf_ids.h"
 #include "vec.h"
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(OPSCOPE_PORTABLE_512)
 #define OPSCOPE_AVX512_RAW 1
@@ -30,12 +31,6 @@
 
 namespace opscope {
 namespace gguf {
-
-// ggml_type ids (ggml.h)
-enum Type : int64_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11,
-  Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30,
-};
 
 inline uint32_t u32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 inline uint16_t u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }

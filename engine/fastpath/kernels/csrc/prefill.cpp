@@ -15,6 +15,7 @@
 //
 // The decoders give exactly gguf.quants.dequantize's values (see gguf_types.h); the sum order
 // inside the GEMM is MKL's, as for torch.mm on the dequantized matrix.
+#include "gguf_ids.h"
 #include "qtensors.h"
 #include "rowwork.h"  // the panels' decoders and the row work, compiled per variant
 
@@ -243,9 +244,7 @@ namespace {
 // reads it once (prefill_glu_bf16).
 at::Tensor bf16_gemm(const at::Tensor& xb, const Weights& w, at::ScalarType out_dtype = at::kFloat) {
   const int64_t M = xb.size(0), K = w.K, N = w.N;
-  // ggml's BF16 (gguf_types.h's, whose inline decoders this baseline-flags half must not include)
-  constexpr int64_t GGML_BF16 = 30;
-  if (w.raw() && w.ggml_type == GGML_BF16 && w.row_bytes == 2 * K) {
+  if (w.raw() && w.ggml_type == gguf::BF16 && w.row_bytes == 2 * K) {
     // already bfloat16, row by row: the GEMM reads the file's rows (decoding them to float32 and
     // rounding back gives the same bits, and a copy of the matrix)
     const auto wb = at::from_blob(const_cast<uint8_t*>(w.qs), {N, K}, xb.options());
