@@ -22,6 +22,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # every worker and subprocess): the suite takes the ISAs /proc/cpuinfo lists as usable, as they are
 # with the compiler `make setup` checks. What the tests compare (compiled against eager) is the same.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+# torch's OpenMP threads spin after each parallel op (libgomp's default), which on a 2-core host
+# running three workers and their subprocesses takes the cores the other workers wait for: a
+# torch-heavy file used 35-45 % less CPU with them sleeping (docs/decisions/0009-ci-time.md). Set
+# here, before any torch import, so every worker and every process the tests start inherits it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The fast-path kernels are built once per machine (a few minutes, `make setup` does it): keep
 # their cache out of the per-test temporary dirs below.
 os.environ.setdefault(

@@ -315,11 +315,14 @@ def kernel_build_heartbeat(send: Send, every_s: float = KERNEL_HEARTBEAT_S):
         while not done.wait(every_s) and missing() and time.monotonic() - start < KERNEL_BUILD_LIMIT_S:
             send("progress", stage="building the CPU kernels", elapsed_s=round(time.monotonic() - start))
 
-    threading.Thread(target=beat, daemon=True, name="opscope-kernel-heartbeat").start()
+    thread = threading.Thread(target=beat, daemon=True, name="opscope-kernel-heartbeat")
+    thread.start()
     try:
         yield
     finally:
         done.set()
+        # a beat already past its wait would otherwise land after the load's own last message
+        thread.join(timeout=5.0)
 
 
 def _cache_snapshot(loaded):
