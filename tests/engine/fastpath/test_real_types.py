@@ -15,12 +15,14 @@ benchmarks/gguf_types.py caches them), run by OpScope's CPU fast path (exact flo
   a chat prompt equal; the prompt's last logits and the decode step's logits after each of those
   tokens (teacher-forced) within 1e-3 (the family contract's float32 tolerance; measured
   differences are 1e-5..1e-4 on logits of size ~25, float32 summation order only, while a wrong
-  scale or block in one tensor type moves them by 1e-2 and more).
+  scale or block in one tensor type moves them by 1e-2 and more). Its files are the model's first
+  8 of 30 layers (conftest.first_layers_gguf) re-quantized: what it checks holds tensor by tensor,
+  and 8 layers are the fewest in which llama-quantize's mixes still write every type the whole
+  file has (IQ4_XS gives the first n_layers/8 layers' ffn_down Q5_K), for a quarter of the work.
 
-Types: CI takes the files llama-quantize writes in seconds (Q4_K_M, Q6_K, Q5_0, BF16, Q2_K; the
-IQ4 types take 1-2 minutes each to quantize on 2 cores, too long for a CI run that starts with an
-empty cache). The slow test takes four files whose linears cover ten types; all fourteen presets
-are in ``benchmarks/precision.py --types all``.
+Types: CI takes the whole files llama-quantize writes in seconds (Q4_K_M, Q6_K, Q5_0, BF16, Q2_K;
+the IQ4 types take 10-40 s each on 2 cores). The slow test takes four 8-layer files whose linears
+cover ten types; all fourteen presets are in ``benchmarks/precision.py --types all``.
 """
 
 from __future__ import annotations
@@ -109,13 +111,13 @@ def scores_against_llama_cpp(path: Path, text_file: Path, lm) -> dict:
     return precision.against_llama_cpp(base, precision.teacher_forced_logprobs(lm.logits, base, bos))
 
 
-def load_fast(kind: str):
+def load_fast(kind: str, path: Path | None = None):
     """The file on the fast path, every linear in its own blocks and the fused decode step on."""
     from opscope.engine.api import load
     from opscope.engine.fastpath.decode import fusable
     from opscope.engine.fastpath.qlinear import QuantLinear
 
-    lm = load(str(requantized(kind)), threads=1)
+    lm = load(str(path or requantized(kind)), threads=1)
     found = {m.ggml_type for m in lm.model.modules() if isinstance(m, QuantLinear)}
     assert LINEAR_TYPES[kind] <= found, f"{kind}: the fast path holds {found}"
     dense = [n for n, m in lm.model.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -139,27 +141,39 @@ def test_a_neighbouring_file_fails(text_file):
     assert got["kl_mean"] > QUANT_BOUNDS[1], got
 
 
+HF_LAYERS = 8
+
+
 @pytest.fixture(scope="module")
-def hf(memoized_gguf_reader):
+def first_layers(default_model_path, tmp_path_factory) -> Path:
+    from conftest import first_layers_gguf
+
+    folder = tmp_path_factory.mktemp("first-layers")
+    return first_layers_gguf(default_model_path, folder / f"smollm2-{HF_LAYERS}-layers.gguf", HF_LAYERS)
+
+
+@pytest.fixture(scope="module")
+def hf(memoized_gguf_reader, first_layers):
     import functools
 
     import gguf
-    from opscope.engine.core.defaults import default_model_path
 
     # transformers' GGUF loader builds gguf-py's tensor-name map once per module of the model (about
     # 400 times a file, half of each file's load), while the map depends only on the architecture and
     # the layer count: a pure function, memoized here. What the loader reads and computes is unchanged.
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
-        yield precision.HFReference(default_model_path())
+        yield precision.HFReference(first_layers)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", HF_TYPES)
-def test_fast_path_equals_transformers_and_eager(kind, hf):
+def test_fast_path_equals_transformers_and_eager(kind, hf, first_layers):
     from opscope.engine.api import load
 
-    path, fast = requantized(kind), load_fast(kind)
+    path = gguf_types.quantize(first_layers, kind, first_layers.parent, 2)  # a second or two
+    fast = load_fast(kind, path)
+    assert fast.model.config.n_layers == HF_LAYERS
     ids = precision.chat_prompt_ids(fast)
     tokens, last = precision.ours_greedy(fast, ids), fast.logits(ids)[-1]
     decode = precision.decode_logits(fast, ids, tokens)  # the fused decode step, teacher-forced
