@@ -318,37 +318,14 @@ def checkout_tree():
 # -- the default model cut to its first layers ----------------------------------------------------
 
 
-def first_layers_gguf(src, dst, n_layers: int):
-    """A copy of the GGUF ``src`` holding only its first ``n_layers`` blocks: the same metadata
-    (tokenizer, template, hyperparameters) with {arch}.block_count set to ``n_layers``, the same
-    tensors byte for byte minus blk.N.* for N >= n_layers, repacked (tests/support/gguf_craft.py). For
-    tests whose claim holds layer by layer (a compiled step equals the eager one): the real shapes
-    and weights at a fraction of the compile or run time."""
-    import dataclasses
-    import re
-
-    from gguf_craft import Craft
-
-    craft = Craft.read(src)
-    craft.set(f"{craft.kv('general.architecture').value}.block_count", n_layers)
-    ends = sorted({t.offset for t in craft.tensors}) + [len(craft.data)]
-    kept, data = [], bytearray()
-    for t in craft.tensors:
-        if (m := re.match(r"blk\.(\d+)\.", t.name)) and int(m[1]) >= n_layers:
-            continue
-        data += b"\0" * (-len(data) % craft.alignment)
-        kept.append(dataclasses.replace(t, offset=len(data)))
-        data += craft.data[t.offset : ends[ends.index(t.offset) + 1]]  # up to the next tensor's start
-    craft.tensors, craft.data = kept, bytes(data)
-    return craft.write(dst)
-
-
 @pytest.fixture(scope="session")
 def default_model_2_layers(default_model_path, tmp_path_factory):
-    """The embedded default model's first 2 of its 30 layers, as a GGUF file (first_layers_gguf).
+    """The embedded default model's first 2 of its 30 layers, as a GGUF file (gguf_craft.first_layers_gguf).
     Written once per run: under pytest-xdist the workers share it (their base temp folders' parent
     is the run's own), the first one writing it under a lock."""
     import fcntl
+
+    from gguf_craft import first_layers_gguf
 
     root = tmp_path_factory.getbasetemp()
     folder = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "first-layers"

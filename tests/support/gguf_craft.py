@@ -168,3 +168,26 @@ def _field_value(f, vtype: int, etype: int | None):
     if vtype == ARRAY:
         return [one(i) for i in f.data]
     return one(f.data[0])
+
+
+def first_layers_gguf(src, dst, n_layers: int):
+    """A copy of the GGUF ``src`` holding only its first ``n_layers`` blocks: the same metadata
+    (tokenizer, template, hyperparameters) with {arch}.block_count set to ``n_layers``, the same
+    tensors byte for byte minus blk.N.* for N >= n_layers, repacked. For
+    tests whose claim holds layer by layer (a compiled step equals the eager one): the real shapes
+    and weights at a fraction of the compile or run time."""
+    import dataclasses
+    import re
+
+    craft = Craft.read(src)
+    craft.set(f"{craft.kv('general.architecture').value}.block_count", n_layers)
+    ends = sorted({t.offset for t in craft.tensors}) + [len(craft.data)]
+    kept, data = [], bytearray()
+    for t in craft.tensors:
+        if (m := re.match(r"blk\.(\d+)\.", t.name)) and int(m[1]) >= n_layers:
+            continue
+        data += b"\0" * (-len(data) % craft.alignment)
+        kept.append(dataclasses.replace(t, offset=len(data)))
+        data += craft.data[t.offset : ends[ends.index(t.offset) + 1]]  # up to the next tensor's start
+    craft.tensors, craft.data = kept, bytes(data)
+    return craft.write(dst)

@@ -226,7 +226,7 @@ def test_cli_generate_nproc_1_runs_the_tensor_parallel_path_as_a_world_of_one(ti
 @pytest.mark.slow
 def test_embedded_model_over_three_ranks_matches_one_process(default_model_2_layers):
     """The embedded model (dense float32 weights) over its 3 KV heads, one per rank: its first 2
-    layers (conftest.first_layers_gguf; every layer is split the same way, and 2 layers already
+    layers (gguf_craft.first_layers_gguf; every layer is split the same way, and 2 layers already
     chain a reduced output into the next layer's split), each rank loading the real file."""
     from opscope.engine.formats import open_model
 

@@ -16,7 +16,7 @@ benchmarks/gguf_types.py caches them), run by OpScope's CPU fast path (exact flo
   tokens (teacher-forced) within 1e-3 (the family contract's float32 tolerance; measured
   differences are 1e-5..1e-4 on logits of size ~25, float32 summation order only, while a wrong
   scale or block in one tensor type moves them by 1e-2 and more). Its files are the model's first
-  8 of 30 layers (conftest.first_layers_gguf) re-quantized: what it checks holds tensor by tensor,
+  8 of 30 layers (gguf_craft.first_layers_gguf) re-quantized: what it checks holds tensor by tensor,
   and 8 layers are the fewest in which llama-quantize's mixes still write every type the whole
   file has (IQ4_XS gives the first n_layers/8 layers' ffn_down Q5_K), for a quarter of the work.
 
@@ -146,7 +146,7 @@ HF_LAYERS = 8
 
 @pytest.fixture(scope="module")
 def first_layers(default_model_path, tmp_path_factory) -> Path:
-    from conftest import first_layers_gguf
+    from gguf_craft import first_layers_gguf
 
     folder = tmp_path_factory.mktemp("first-layers")
     return first_layers_gguf(default_model_path, folder / f"smollm2-{HF_LAYERS}-layers.gguf", HF_LAYERS)

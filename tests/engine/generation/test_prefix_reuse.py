@@ -15,7 +15,7 @@ TOKENS = 20
 @pytest.fixture(scope="module", params=["auto", "off"])
 def models(request, one_torch_thread, default_model_2_layers):
     """(model that reuses, fresh model used only without reuse) for one load path: the default
-    model's first 2 layers (conftest.first_layers_gguf: its tokenizer, chat template and weights;
+    model's first 2 layers (gguf_craft.first_layers_gguf: its tokenizer, chat template and weights;
     what is reused is the same whatever the depth, at a fraction of each turn's time)."""
     from opscope.engine.api import load
 

@@ -136,7 +136,7 @@ def test_load_rejects_bad_compile_settings():
 @pytest.mark.slow
 def test_default_model_compiled_decode_equals_eager(default_model_2_layers):
     """The real model, float32, plain torch, loaded from its file through load(compile=...): 8 greedy
-    tokens compiled = eager. Its first 2 layers (conftest.first_layers_gguf): every layer is the
+    tokens compiled = eager. Its first 2 layers (gguf_craft.first_layers_gguf): every layer is the
     same code, which Inductor compiles layer by layer into one graph, so 2 real layers (real shapes,
     weights, tokenizer, RoPE base, tied embeddings) prove what 30 do, in a fifteenth of the compile
     time (the whole model's compile: ~35 s on 2 cores, benchmarks/engine_bench.py --compile)."""
