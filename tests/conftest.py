@@ -318,6 +318,11 @@ def checkout_tree():
 # -- the default model cut to its first layers ----------------------------------------------------
 
 
+# tests/engine/fastpath/test_kernel_variants.py runs files in pytest processes of their own, one
+# per CPU variant: it names its own folder, so the file is written once (2-3 s), not per variant.
+FIRST_LAYERS_DIR_ENV = "OPSCOPE_TEST_FIRST_LAYERS_DIR"
+
+
 @pytest.fixture(scope="session")
 def default_model_2_layers(default_model_path, tmp_path_factory):
     """The embedded default model's first 2 of its 30 layers, as a GGUF file (gguf_craft.first_layers_gguf).
@@ -329,6 +334,7 @@ def default_model_2_layers(default_model_path, tmp_path_factory):
 
     root = tmp_path_factory.getbasetemp()
     folder = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "first-layers"
+    folder = Path(os.environ.get(FIRST_LAYERS_DIR_ENV) or folder)  # a pytest run started by a test: its parent's
     folder.mkdir(exist_ok=True)
     path = folder / "smollm2-2-layers.gguf"
     with open(folder / "lock", "a+b") as lock:

@@ -176,7 +176,7 @@ def requantized_dir(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("name", [v.name for v in variants.VARIANTS])
-def test_every_variant_matches_the_references(name, requantized_dir):
+def test_every_variant_matches_the_references(name, requantized_dir, default_model_2_layers):
     v = variants.by_name(name)
     lack = variants.missing(v)
     if lack:
@@ -190,7 +190,12 @@ def test_every_variant_matches_the_references(name, requantized_dir):
         text=True,
         cwd=REPO,
         timeout=1200,
-        env={**os.environ, variants.ENV: name, "OPSCOPE_TEST_REQUANTIZED_DIR": str(requantized_dir)},
+        env={
+            **os.environ,
+            variants.ENV: name,
+            "OPSCOPE_TEST_REQUANTIZED_DIR": str(requantized_dir),
+            "OPSCOPE_TEST_FIRST_LAYERS_DIR": str(default_model_2_layers.parent),
+        },
     )
     tail = out.stdout[-3000:] + out.stderr[-2000:]
     assert out.returncode == 0, tail
