@@ -323,11 +323,10 @@ def checkout_tree():
 FIRST_LAYERS_DIR_ENV = "OPSCOPE_TEST_FIRST_LAYERS_DIR"
 
 
-@pytest.fixture(scope="session")
-def default_model_2_layers(default_model_path, tmp_path_factory):
-    """The embedded default model's first 2 of its 30 layers, as a GGUF file (gguf_craft.first_layers_gguf).
-    Written once per run: under pytest-xdist the workers share it (their base temp folders' parent
-    is the run's own), the first one writing it under a lock."""
+def _first_layers(default_model_path, tmp_path_factory, n_layers: int) -> Path:
+    """The embedded default model's first ``n_layers`` of its 30 layers, as a GGUF file
+    (gguf_craft.first_layers_gguf). Written once per run: under pytest-xdist the workers share it
+    (their base temp folders' parent is the run's own), the first one writing it under a lock."""
     import fcntl
 
     from gguf_craft import first_layers_gguf
@@ -336,12 +335,22 @@ def default_model_2_layers(default_model_path, tmp_path_factory):
     folder = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "first-layers"
     folder = Path(os.environ.get(FIRST_LAYERS_DIR_ENV) or folder)  # a pytest run started by a test: its parent's
     folder.mkdir(exist_ok=True)
-    path = folder / "smollm2-2-layers.gguf"
+    path = folder / f"smollm2-{n_layers}-layers.gguf"
     with open(folder / "lock", "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.is_file():
-            first_layers_gguf(default_model_path, folder / "part.gguf", 2).rename(path)
+            first_layers_gguf(default_model_path, folder / "part.gguf", n_layers).rename(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def default_model_2_layers(default_model_path, tmp_path_factory):
+    return _first_layers(default_model_path, tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="session")
+def default_model_8_layers(default_model_path, tmp_path_factory):
+    return _first_layers(default_model_path, tmp_path_factory, 8)
 
 
 @pytest.fixture(autouse=True)

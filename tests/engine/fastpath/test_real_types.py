@@ -141,19 +141,11 @@ def test_a_neighbouring_file_fails(text_file):
     assert got["kl_mean"] > QUANT_BOUNDS[1], got
 
 
-HF_LAYERS = 8
+HF_LAYERS = 8  # conftest's default_model_8_layers
 
 
 @pytest.fixture(scope="module")
-def first_layers(default_model_path, tmp_path_factory) -> Path:
-    from gguf_craft import first_layers_gguf
-
-    folder = tmp_path_factory.mktemp("first-layers")
-    return first_layers_gguf(default_model_path, folder / f"smollm2-{HF_LAYERS}-layers.gguf", HF_LAYERS)
-
-
-@pytest.fixture(scope="module")
-def hf(memoized_gguf_reader, first_layers):
+def hf(memoized_gguf_reader, default_model_8_layers):
     import functools
 
     import gguf
@@ -163,15 +155,15 @@ def hf(memoized_gguf_reader, first_layers):
     # the layer count: a pure function, memoized here. What the loader reads and computes is unchanged.
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
-        yield precision.HFReference(first_layers)
+        yield precision.HFReference(default_model_8_layers)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", HF_TYPES)
-def test_fast_path_equals_transformers_and_eager(kind, hf, first_layers):
+def test_fast_path_equals_transformers_and_eager(kind, hf, default_model_8_layers):
     from opscope.engine.api import load
 
-    path = gguf_types.quantize(first_layers, kind, first_layers.parent, 2)  # a second or two
+    path = gguf_types.quantize(default_model_8_layers, kind, default_model_8_layers.parent, 2)  # a second or two
     fast = load_fast(kind, path)
     assert fast.model.config.n_layers == HF_LAYERS
     ids = precision.chat_prompt_ids(fast)
