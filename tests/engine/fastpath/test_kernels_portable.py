@@ -35,7 +35,7 @@ TYPES = [
     "IQ4_NL",
     "IQ4_XS",
 ]
-N_ROWS = 9  # two 4-row groups and a single row
+N_ROWS = 14  # 4-row groups and two single rows; 3-row groups and a pair (Q4_K on AVX2)
 # the types the int8-activation kernels (int8.h: AVX2, NEON) take as raw blocks; the others run float32
 INT8_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
 
