@@ -6,7 +6,7 @@
 Per round and type the two sides run in alternating order; each loads the SmolLM2-135M file of that
 type (benchmarks/gguf_types.py's cache) on the fast path and times one 512-token forward pass, best
 of 3 after a warm-up, 2 threads; with ``--tg``, 128 single-token decode steps through the model
-(its decode step: the fused C++ one where it applies) after a 16-token prefill, best of 3. The other checkout is imported through a folder holding an
+(its decode step: the fused C++ one where it applies) after a 16-token prefill (``--depth``), best of 3. The other checkout is imported through a folder holding an
 ``opscope`` link to it (its kernels build into the shared kernel cache under their own hash).
 Prints one JSON line per run (with the 1-minute load) and the medians and per-round ratios.
 """
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf_types import host_meta, loadavg  # noqa: E402
 
 
-def child(path: str, spec: str, tg: bool = False) -> None:
+def child(path: str, spec: str, tg: bool = False, depth: int = 16) -> None:
     import opscope
     import torch
     from opscope.engine.api import load
@@ -36,7 +36,7 @@ def child(path: str, spec: str, tg: bool = False) -> None:
     torch.set_num_threads(2)
     model = load(path, fastpath=spec, threads=2).model
     if tg:
-        print(json.dumps({"package": os.path.dirname(opscope.__file__), "tok_s": _tg128(model)}))
+        print(json.dumps({"package": os.path.dirname(opscope.__file__), "tok_s": _tg128(model, depth)}))
         return
     toks = torch.randint(100, 20000, (1, 512))
     best = float("inf")
@@ -49,28 +49,28 @@ def child(path: str, spec: str, tg: bool = False) -> None:
     print(json.dumps({"package": os.path.dirname(opscope.__file__), "tok_s": 512 / best}))
 
 
-def _tg128(model) -> float:
+def _tg128(model, depth: int = 16) -> float:
     import torch
 
-    model.setup_cache(1, 160)
+    model.setup_cache(1, depth + 144)
     best = float("inf")
     with torch.inference_mode():
         for i in range(4):  # the first a warm-up
-            model(torch.randint(100, 20000, (1, 16)), 0, last_only=True)
+            model(torch.randint(100, 20000, (1, depth)), 0, last_only=True)
             t0 = time.perf_counter()
-            for pos in range(16, 16 + 128):
+            for pos in range(depth, depth + 128):
                 model(torch.tensor([[1000 + pos]]), pos)
             if i:
                 best = min(best, time.perf_counter() - t0)
     return 128 / best
 
 
-def side(path: Path, spec: str, pythonpath: str | None, tg: bool = False) -> float:
+def side(path: Path, spec: str, pythonpath: str | None, tg: bool = False, depth: int = 16) -> float:
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    cmd = [sys.executable, __file__, "--child", str(path), "--spec", spec] + (["--tg"] if tg else [])
+    cmd = [sys.executable, __file__, "--child", str(path), "--spec", spec, "--depth", str(depth)] + (["--tg"] if tg else [])
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=600)
     return json.loads(out.stdout.splitlines()[-1])["tok_s"]
 
@@ -82,11 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--spec", default="activations=q8")
     ap.add_argument("--tg", action="store_true", help="tg128 (decode) instead of pp512")
+    ap.add_argument("--depth", type=int, default=16, help="with --tg: the tokens prefilled before the 128 decoded")
     ap.add_argument("--out", type=Path, help="also write the table, the CPU's flags and the load to OUT.md")
     ap.add_argument("--child")
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child, args.spec, args.tg)
+        child(args.child, args.spec, args.tg, args.depth)
         return 0
     runs: dict[str, dict[str, list[float]]] = {t: {"old": [], "new": []} for t in args.types.split(",")}
     load_before = loadavg()
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             for t, res in runs.items():
                 path = Path(t) if t.endswith(".gguf") else CACHE / f"SmolLM2-135M-Instruct.{t}.gguf"
                 for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
-                    res[name].append(side(path, args.spec, tmp if name == "old" else None, args.tg))
+                    res[name].append(side(path, args.spec, tmp if name == "old" else None, args.tg, args.depth))
                     load = loadavg().split()[0]
                     print(json.dumps({"round": r, "type": t, "side": name, "tok_s": res[name][-1], "load": load}))
     lines = []
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(lines[-1])
     if args.out:
         meta = host_meta()
-        what = "tg128" if args.tg else "pp512"
+        what = f"tg128 after {args.depth} tokens" if args.tg else "pp512"
         args.out.with_suffix(".md").write_text(
             f"# {what}, this checkout (new) against {args.old} (old), fast path {args.spec}\n\n"
             f"{args.rounds} rounds, sides alternating, 2 threads; load average before {load_before}, "

@@ -49,16 +49,16 @@ class BlocksSource:
         return self.blocks[name]
 
 
-def tiny_pair(options: FastPathOptions):
+def tiny_pair(options: FastPathOptions, cfg: ModelConfig = TINY):
     """(reference model with the blocks' dequantized weights, fast-path copy of it)."""
     from opscope.engine.fastpath.kernels import dequantize_reference, pack
 
-    ref = Transformer.random(TINY, seed=1)
+    ref = Transformer.random(cfg, seed=1)
     source = BlocksSource(ref)
     with torch.no_grad():
         for name, (kind, raw, shape) in source.blocks.items():
             ref.get_submodule(name.removesuffix(".weight")).weight.copy_(dequantize_reference(pack(kind, raw, shape)))
-    fast = Transformer.random(TINY, seed=1)
+    fast = Transformer.random(cfg, seed=1)
     fast.load_state_dict(ref.state_dict())
     return ref.eval(), apply(fast.eval(), source, options)
 
@@ -71,6 +71,31 @@ def decode_logits(model, prompt: list[int], steps: list[int]) -> torch.Tensor:
         for i, tok in enumerate(steps):
             out.append(model(torch.tensor([[tok]]), len(prompt) + i)[0, -1])
     return torch.stack(out)
+
+
+# The fused step's attention reads keys in blocks (of 64 at head size 32, 100 at 20) for a chunk of
+# one KV group's heads. Head size 32, 9 query heads over 3 KV heads: chunks of 3 heads with one
+# thread, of 2 and 1 with two (a group split unevenly). Head size 20: no multiple of any vector width.
+GQA_LONG = ModelConfig(
+    dim=288, n_layers=2, n_heads=9, n_kv_heads=3, hidden_dim=96, vocab_size=160, max_seq_len=160, tie_embeddings=True
+)
+ODD_HEADS = ModelConfig(
+    dim=160, n_layers=2, n_heads=8, n_kv_heads=2, hidden_dim=96, vocab_size=160, max_seq_len=160, tie_embeddings=True
+)
+
+
+@pytest.mark.parametrize(("cfg", "threads"), [(GQA_LONG, 1), (GQA_LONG, 2), (ODD_HEADS, 2)], ids=["d32-t1", "d32-t2", "d20-t2"])
+def test_fused_decode_attention_over_many_keys_matches_reference(cfg, threads):
+    ref, fast = tiny_pair(FastPathOptions.from_string("prefill_dtype=f32"), cfg)
+    assert fast.decode_step is not None
+    prompt, steps = [int(t) for t in np.random.default_rng(3).integers(3, 160, 131)], [7, 99, 12, 150, 1, 64]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got, want = decode_logits(fast, prompt, steps), decode_logits(ref, prompt, steps)
+    finally:
+        torch.set_num_threads(before)
+    assert (got - want).abs().max().item() <= 1e-4 * max(1.0, want.abs().max().item())
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@ every variant this host can execute checked against the same independent referen
 
 The reference tests (tests/engine/fastpath/test_kernels_types.py: gguf.quants.dequantize, float64 numpy, the
 plain-torch model, llama.cpp's requantized files; tests/engine/fastpath/test_fastpath_q4_0.py; the prefill
-GEMMs of tests/engine/fastpath/test_prefill.py) run once per
+GEMMs of tests/engine/fastpath/test_prefill.py; the decode step's attention over many keys) run once per
 variant in a child process with OPSCOPE_CPU_VARIANT set (one variant per process: each registers
 the same torch operators). A variant this CPU cannot run is skipped with what it lacks."""
 
@@ -165,6 +165,7 @@ REFERENCE_TESTS = [
     "tests/engine/fastpath/test_kernels_types.py",
     "tests/engine/fastpath/test_fastpath_q4_0.py",
     "tests/engine/fastpath/test_prefill.py",
+    "tests/engine/fastpath/test_fastpath_model.py::test_fused_decode_attention_over_many_keys_matches_reference",
 ]
 
 

@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <ATen/Parallel.h>
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -191,15 +192,18 @@ class DecodeModel : public torch::CustomClassHolder {
     for (int64_t i = 0; i < C_; ++i) x_[i] += o_[i];
   }
 
-  // One query per head over keys 0..pos; heads split across threads.
+  // One query per head over keys 0..pos. A chunk of work is up to 8 heads of one KV group (they
+  // read the same keys), fewer where that leaves under two chunks per thread.
   void attention(const float* kc, const float* vc, int64_t pos) {
     const float scale = 1.f / std::sqrt(float(D_));
-    const int64_t rep = H_ / KV_;
-    // one head per chunk, shared out by the work pool (pool.h: no wait for a descheduled worker)
-    WorkPool::get().run(H_, at::get_num_threads(), [&](int64_t h0) {
-      const int64_t h = h0;  // key t of this head at kc + (h / rep) * D_ + t * KV_ * D_
-      rows::attend(q_.data() + h * D_, kc + (h / rep) * D_, vc + (h / rep) * D_, KV_ * D_, pos, D_, scale,
-                   scores_.data() + h * S_, att_.data() + h * D_);
+    const int64_t rep = H_ / KV_, threads = at::get_num_threads();
+    const int64_t nh = std::clamp<int64_t>(H_ / (2 * std::max<int64_t>(1, threads)), 1, std::min<int64_t>(rep, 8));
+    const int64_t per_group = (rep + nh - 1) / nh;
+    // shared out by the work pool (pool.h: no wait for a descheduled worker)
+    WorkPool::get().run(KV_ * per_group, threads, [&](int64_t c) {
+      const int64_t g = c / per_group, h = g * rep + (c % per_group) * nh;  // key t at kc + g * D_ + t * KV_ * D_
+      rows::attend(q_.data() + h * D_, std::min(nh, (g + 1) * rep - h), kc + g * D_, vc + g * D_, KV_ * D_, pos, D_,
+                   scale, scores_.data() + h * S_, S_, att_.data() + h * D_);
     });
   }
 

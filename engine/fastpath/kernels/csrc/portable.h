@@ -558,6 +558,37 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// s[0..4) = q . k_j for the four keys k + j * stride: their chains side by side (2 per key), so the
+// FMAs do not wait on one another's latency; D a multiple of W.
+template <class V>
+inline void dot4(const float* q, const float* k, int64_t stride, int64_t D, float* s) {
+  typename V::F a[4][2];
+  for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = V::zero();
+  int64_t i = 0;
+  for (; i + 2 * V::W <= D; i += 2 * V::W)
+    for (int h = 0; h < 2; ++h) {
+      const typename V::F qv = V::load(q + i + h * V::W);
+      for (int j = 0; j < 4; ++j) a[j][h] = V::fma(qv, V::load(k + j * stride + i + h * V::W), a[j][h]);
+    }
+  for (; i < D; i += V::W) {
+    const typename V::F qv = V::load(q + i);
+    for (int j = 0; j < 4; ++j) a[j][0] = V::fma(qv, V::load(k + j * stride + i), a[j][0]);
+  }
+  for (int j = 0; j < 4; ++j) s[j] = V::reduce(V::add(a[j][0], a[j][1]));
+}
+
+// out[0..NR W) += sum over t in [t0, t1) of p[t] * v[t * stride ..], out held in NR registers.
+template <class V, int NR>
+inline void weighted_rows(const float* p, const float* v, int64_t stride, int64_t t0, int64_t t1, float* out) {
+  typename V::F acc[NR];
+  for (int j = 0; j < NR; ++j) acc[j] = V::load(out + j * V::W);
+  for (int64_t t = t0; t < t1; ++t) {
+    const typename V::F pt = V::set1(p[t]);
+    for (int j = 0; j < NR; ++j) acc[j] = V::fma(pt, V::load(v + t * stride + j * V::W), acc[j]);
+  }
+  for (int j = 0; j < NR; ++j) V::store(out + j * V::W, acc[j]);
+}
+
 // out = silu(g) * u
 // Four registers at a time through vec::exp_n (the same values as one at a time).
 template <class V>

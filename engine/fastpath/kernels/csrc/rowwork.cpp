@@ -52,20 +52,47 @@ float softmax_exp(float* s, int64_t n, float scale) {
   return portable::exp_scaled<vec::Vec>(s, n, portable::max_of<vec::Vec>(s, n), scale);
 }
 
-void attend(const float* q, const float* k, const float* v, int64_t stride, int64_t last, int64_t D, float scale,
-            float* sc, float* out) {
-  float mx = -INFINITY;
-  for (int64_t t = 0; t <= last; ++t) {
-    sc[t] = dot(q, k + t * stride, D) * scale;
-    mx = std::max(mx, sc[t]);
+void attend(const float* q, int64_t nh, const float* k, const float* v, int64_t stride, int64_t last, int64_t D,
+            float scale, float* sc, int64_t sstride, float* out) {
+  using V = vec::Vec;
+  const int64_t n = last + 1, DV = D / V::W * V::W;  // [DV, D): a head size that is no multiple of W
+  // Keys in blocks of ~8 KB that every query of the group reads while they are in L1 (the group's
+  // heads share them: GQA), rather than each head streaming all keys from L2 again.
+  const int64_t TB = std::max<int64_t>(4, 2048 / D / 4 * 4);
+  for (int64_t t0 = 0; t0 < n; t0 += TB) {
+    const int64_t t1 = std::min(n, t0 + TB);
+    for (int64_t i = 0; i < nh; ++i) {
+      const float* qi = q + i * D;
+      float* s = sc + i * sstride;
+      int64_t t = t0;
+      for (; t + 4 <= t1; t += 4) {
+        portable::dot4<V>(qi, k + t * stride, stride, DV, s + t);
+        for (int j = 0; j < 4; ++j)
+          for (int64_t e = DV; e < D; ++e) s[t + j] += qi[e] * k[(t + j) * stride + e];
+      }
+      for (; t < t1; ++t) s[t] = dot(qi, k + t * stride, D);
+    }
   }
-  float sum = 0.f;
-  for (int64_t t = 0; t <= last; ++t) {
-    sc[t] = std::exp(sc[t] - mx);
-    sum += sc[t];
+  float inv[8];
+  for (int64_t i = 0; i < nh; ++i) {
+    inv[i] = 1.f / softmax_exp(sc + i * sstride, n, scale);
+    std::fill_n(out + i * D, D, 0.f);
   }
-  std::fill_n(out, D, 0.f);
-  for (int64_t t = 0; t <= last; ++t) portable::axpy<vec::Vec>(sc[t] / sum, v + t * stride, D, out);
+  for (int64_t t0 = 0; t0 < n; t0 += TB) {
+    const int64_t t1 = std::min(n, t0 + TB);
+    for (int64_t i = 0; i < nh; ++i) {
+      const float* p = sc + i * sstride;
+      float* o = out + i * D;
+      int64_t d = 0;
+      for (; d + 8 * V::W <= D; d += 8 * V::W) portable::weighted_rows<V, 8>(p, v + d, stride, t0, t1, o + d);
+      for (; d + 4 * V::W <= D; d += 4 * V::W) portable::weighted_rows<V, 4>(p, v + d, stride, t0, t1, o + d);
+      for (; d + V::W <= D; d += V::W) portable::weighted_rows<V, 1>(p, v + d, stride, t0, t1, o + d);
+      for (; d < D; ++d)
+        for (int64_t t = t0; t < t1; ++t) o[d] += p[t] * v[t * stride + d];
+    }
+  }
+  for (int64_t i = 0; i < nh; ++i)
+    for (int64_t d = 0; d < D; ++d) out[i * D + d] *= inv[i];
 }
 
 namespace {

@@ -18,10 +18,11 @@ void scale_mul(const float* a, float inv, const float* w, int64_t n, float* y);
 void glu(const float* g, const float* u, int64_t n, int64_t act, float* out);
 // s[0..n) <- exp(scale * (s - max s)); returns their sum
 float softmax_exp(float* s, int64_t n, float scale);
-// One query of length D against keys 0..last (key t at k + t * stride, value t at v + t * stride):
-// scores into sc, out = softmax(q . k * scale) @ v.
-void attend(const float* q, const float* k, const float* v, int64_t stride, int64_t last, int64_t D, float scale,
-            float* sc, float* out);
+// nh queries of length D (query i at q + i * D; nh at most 8) that share keys 0..last (key t at
+// k + t * stride, value t at v + t * stride): query i's scores into sc + i * sstride, its
+// softmax(q . k * scale) @ v into out + i * D.
+void attend(const float* q, int64_t nh, const float* k, const float* v, int64_t stride, int64_t last, int64_t D,
+            float scale, float* sc, int64_t sstride, float* out);
 // Rows [r0, r0 + n) of w decoded to float32 into buf (row i at buf + i * K).
 void decode_panel(const Weights& w, int64_t r0, int64_t n, float* buf);
 // x (K values, K a multiple of 32) to int8 per 32 as the decode step's int8 mode does
