@@ -176,24 +176,30 @@ template <class T, int R>
 void rows_k(const float* x, const float* sx, const Weights& w, int64_t row, float* y) {
   constexpr int NG = 256 / T::G;
   const int64_t nb = w.K / 256;
-  alignas(64) uint8_t q[R][256];
-  alignas(64) float sc[R][32];
+  alignas(64) uint8_t q[2][R][256];
+  alignas(64) float sc[2][R][32];
   __m512 acc[R];
   __m256 macc[R];
   for (int r = 0; r < R; ++r) { acc[r] = _mm512_setzero_ps(); macc[r] = _mm256_setzero_ps(); }
-  for (int64_t b = 0; b < nb; ++b) {
+  auto prep = [&](int64_t b, int i) {
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w.qs + (row + r) * w.row_bytes + b * T::BYTES;
       for (int o = 0; o < T::BYTES; o += 64) prefetch_next<R>(blk + o, w.row_bytes);
-      if constexpr (nibble_direct<T>::value || table_direct<T>::value) T::scales(w.qs + (row + r) * w.row_bytes + b * T::BYTES, sc[r]);
-      else T::prep(w.qs + (row + r) * w.row_bytes + b * T::BYTES, q[r], sc[r]);
+      if constexpr (nibble_direct<T>::value || table_direct<T>::value) T::scales(blk, sc[i][r]);
+      else T::prep(blk, q[i][r], sc[i][r]);
     }
+  };
+  // Block b + 1's scales (and bytes) before block b's products: their loads no longer hold up the
+  // FMAs (portable.h's q4k_rows does the same; docs/decisions/cpu-variants.md, session 23).
+  prep(0, 0);
+  for (int64_t b = 0; b < nb; ++b) {
+    if (b + 1 < nb) prep(b + 1, int((b + 1) & 1));
     // Read the buffers back from memory: a widening load and a broadcast each, both load-port
     // work, where the compiler would otherwise keep them in registers and extract and permute.
     // Opaque pointers to the filled buffers: the reads cannot be forwarded from the stores, and
     // (unlike a memory clobber) the accumulators stay in registers.
-    const uint8_t* qp = &q[0][0];
-    const float* sp = &sc[0][0];
+    const uint8_t* qp = &q[b & 1][0][0];
+    const float* sp = &sc[b & 1][0][0];
     asm volatile("" : "+r"(qp), "+r"(sp) : "m"(q), "m"(sc));
     const float* xb = x + b * 256;
     auto qv = [&](int r, int c) {
