@@ -70,7 +70,9 @@ def side(path: Path, spec: str, pythonpath: str | None, tg: bool = False, depth:
     env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    cmd = [sys.executable, __file__, "--child", str(path), "--spec", spec, "--depth", str(depth)] + (["--tg"] if tg else [])
+    cmd = [sys.executable, __file__, "--child", str(path), "--spec", spec, "--depth", str(depth)] + (
+        ["--tg"] if tg else []
+    )
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=600)
     return json.loads(out.stdout.splitlines()[-1])["tok_s"]
 

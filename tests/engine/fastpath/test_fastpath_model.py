@@ -84,7 +84,9 @@ ODD_HEADS = ModelConfig(
 )
 
 
-@pytest.mark.parametrize(("cfg", "threads"), [(GQA_LONG, 1), (GQA_LONG, 2), (ODD_HEADS, 2)], ids=["d32-t1", "d32-t2", "d20-t2"])
+@pytest.mark.parametrize(
+    ("cfg", "threads"), [(GQA_LONG, 1), (GQA_LONG, 2), (ODD_HEADS, 2)], ids=["d32-t1", "d32-t2", "d20-t2"]
+)
 def test_fused_decode_attention_over_many_keys_matches_reference(cfg, threads):
     ref, fast = tiny_pair(FastPathOptions.from_string("prefill_dtype=f32"), cfg)
     assert fast.decode_step is not None
