@@ -181,13 +181,14 @@ def first_layers_gguf(src, dst, n_layers: int):
 
     craft = Craft.read(src)
     craft.set(f"{craft.kv('general.architecture').value}.block_count", n_layers)
-    ends = sorted({t.offset for t in craft.tensors}) + [len(craft.data)]
+    starts = sorted({t.offset for t in craft.tensors}) + [len(craft.data)]
+    end = dict(zip(starts, starts[1:]))  # a tensor's bytes run up to the next tensor's start
     kept, data = [], bytearray()
     for t in craft.tensors:
         if (m := re.match(r"blk\.(\d+)\.", t.name)) and int(m[1]) >= n_layers:
             continue
         data += b"\0" * (-len(data) % craft.alignment)
         kept.append(dataclasses.replace(t, offset=len(data)))
-        data += craft.data[t.offset : ends[ends.index(t.offset) + 1]]  # up to the next tensor's start
+        data += craft.data[t.offset : end[t.offset]]
     craft.tensors, craft.data = kept, bytes(data)
     return craft.write(dst)

@@ -447,7 +447,7 @@ void q4k_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_by
         // the scales and the mins each in a register of their own (AVX2: a move each, no insert or shift)
         const typename V::B s8 = V::from64(sm.lo, 0), m8 = V::from64(sm.hi, 0);
         typename V::F d, dmin;
-        V::fp16x2(blk, d, dmin);
+        vec::fp16x2<V>(blk, d, dmin);
         static_for<C>([&](auto cc) {
           constexpr int c = decltype(cc)::value;
           if constexpr (c < H) V::store(sc[r] + c * V::W, V::mul(d, V::template u8<c>(s8)));
@@ -530,7 +530,7 @@ bool raw_rows(const float* x, const float* sx, const uint8_t* qs, int64_t row_by
   } else if constexpr (std::is_same_v<T, gguf::TQ4_K>) {
     constexpr int R = q4k_group<V>();
     for (; r + R <= r1; r += R) q4k_rows<V, R>(x, sx, qs, row_bytes, K, r, y);
-    if (R == 3 && r + 2 <= r1) q4k_rows<V, 2>(x, sx, qs, row_bytes, K, r, y), r += 2;  // chunks are 4n rows: 0-2 left
+    if (R > 2 && r + 2 <= r1) q4k_rows<V, 2>(x, sx, qs, row_bytes, K, r, y), r += 2;  // a chunk's 4n rows: 0-2 left at R = 3
     for (; r < r1; ++r) q4k_rows<V, 1>(x, sx, qs, row_bytes, K, r, y);
     return true;
   } else if constexpr (KT<T>::OK) {
@@ -609,13 +609,6 @@ inline void silu_mul(const float* g, const float* u, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
 
-// out += p * v
-template <class V>
-inline void axpy(float p, const float* v, int64_t n, float* out) {
-  int64_t i = 0;
-  for (; i + V::W <= n; i += V::W) V::store(out + i, V::fma(V::set1(p), V::load(v + i), V::load(out + i)));
-  for (; i < n; ++i) out[i] += p * v[i];
-}
 
 
 // out = gelu(g) * u, gelu's tanh approximation written as g - g / (1 + exp(2y))

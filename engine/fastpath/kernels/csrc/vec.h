@@ -7,7 +7,7 @@
 //   W                 float32 lanes per register F
 //   F ops             zero, set1, load, store, add, sub, mul, fma (a*b + c), max, reduce, round
 //   load_f16/bf16     W half-precision values to float32 (own conversion: no torch inside)
-//   fp16(p), fp16x2   one fp16 to float; two consecutive ones (a K block's d and dmin) broadcast to F
+//   fp16(p)           one fp16 to float (fp16x2 below: two consecutive ones, each broadcast)
 //   B                 16 bytes in a register; load16, from64 (two 64-bit halves), nib_lo, nib_hi, add8, sub8, or8, lut16
 //                     (16-entry byte table), bits16 (byte j = 0xFF where bit j of a 16-bit mask
 //                     is set), and8
@@ -109,7 +109,6 @@ struct VecScalar {
   template <int c> static F u8(B a) { F r; for (int i = 0; i < 4; ++i) r.v[i] = float(a.v[4 * c + i]); return r; }
   template <int c> static F s8(B a) { F r; for (int i = 0; i < 4; ++i) r.v[i] = float(int8_t(a.v[4 * c + i])); return r; }
   static float fp16(const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return half_to_float(h); }
-  static void fp16x2(const uint8_t* p, F& a, F& b) { a = set1(fp16(p)); b = set1(fp16(p + 2)); }
   // Straight from memory (bytes [cW, cW + W) of p): signed or unsigned bytes, or the low and high
   // nibbles of those bytes, as float lanes.
   template <int c> static F s8p(const uint8_t* p) { return s8<c>(load16(p)); }
@@ -177,13 +176,6 @@ struct VecAVX2 {
   template <int c> static F u8(B a) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c ? _mm_srli_si128(a, 8) : a)); }
   template <int c> static F s8(B a) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c ? _mm_srli_si128(a, 8) : a)); }
   static float fp16(const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return _cvtsh_ss(h); }
-  static void fp16x2(const uint8_t* p, F& a, F& b) {  // one conversion for both
-    uint32_t h;
-    std::memcpy(&h, p, 4);
-    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(int(h)));
-    a = _mm256_broadcastss_ps(f);
-    b = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
-  }
   // From memory, 8 bytes widened by a load-and-extend (vpmovsxbd/vpmovzxbd ymm, m64): no 128-bit
   // shift on the shuffle port; the nibbles split in the 32-bit lanes (and / shift, any ALU port).
   template <int c> static F s8p(const uint8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load8(p + 8 * c))); }
@@ -227,7 +219,6 @@ struct VecAVX512 : VecAVX2 {
   static F min(F a, F b) { return _mm512_min_ps(a, b); }
   static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static float reduce(F a) { return _mm512_reduce_add_ps(a); }
-  static void fp16x2(const uint8_t* p, F& a, F& b) { a = set1(fp16(p)); b = set1(fp16(p + 2)); }
   static F pow2i(F k) {
     const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127));
     return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
@@ -319,7 +310,6 @@ struct VecNEON {
     return vcvtq_f32_s32(c % 2 ? vmovl_s16(vget_high_s16(h)) : vmovl_s16(vget_low_s16(h)));
   }
   static float fp16(const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return half_to_float(h); }
-  static void fp16x2(const uint8_t* p, F& a, F& b) { a = set1(fp16(p)); b = set1(fp16(p + 2)); }
   template <int c> static F s8p(const uint8_t* p) { return s8<c>(load16(p)); }
   template <int c> static F u8p(const uint8_t* p) { return u8<c>(load16(p)); }
   template <int c> static void nibp(const uint8_t* p, F& lo, F& hi) {
@@ -391,6 +381,23 @@ template <> inline constexpr bool has_nib5p<VecAVX2> = true;
 #if defined(OPSCOPE_VEC_AVX512)
 template <> inline constexpr bool has_nib5p<VecAVX512> = true;
 template <> struct Bytes32<VecAVX512> : Bytes32<VecAVX2> {};
+#endif
+
+// Two consecutive fp16 at p (a K block's d and dmin), each broadcast to all lanes.
+template <class V>
+inline void fp16x2(const uint8_t* p, typename V::F& a, typename V::F& b) {
+  a = V::set1(V::fp16(p));
+  b = V::set1(V::fp16(p + 2));
+}
+#if defined(OPSCOPE_VEC_AVX2)
+template <>
+inline void fp16x2<VecAVX2>(const uint8_t* p, __m256& a, __m256& b) {  // one conversion for both
+  uint32_t h;
+  std::memcpy(&h, p, 4);
+  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(int(h)));
+  a = _mm256_broadcastss_ps(f);
+  b = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
+}
 #endif
 
 // exp of N registers of W float32 lanes, written once over the traits: Cephes' expf polynomial
