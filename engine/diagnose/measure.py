@@ -102,25 +102,40 @@ def _traced(lm, ids: list[int], plan: ModelPlan, target: str, stages: Stages):
     return run, build_report(run.result, run.notes)
 
 
-def step_profile(events, steps: range) -> tuple[float, float, str, str]:
-    """(ops per step, ms inside ops per step, top module pattern, its top line) over ``steps``."""
+def step_profile(events, steps: range) -> dict:
+    """Phase fields over ``steps``, per step: ops, ms inside ops, the module pattern with the most
+    time inside ops and its top line, the pattern issuing the most ops and its top line."""
     from opscope.engine.trace.aggregate import module_pattern
 
-    ops, ns = 0, 0
-    per_module: Counter = Counter()
+    ns = 0
+    per_module: Counter = Counter()  # ns inside ops
     per_line: dict[str, Counter] = defaultdict(Counter)
+    count: Counter = Counter()  # ops
+    count_line: dict[str, Counter] = defaultdict(Counter)
     for ev in events:
         if ev.step in steps:
-            ops += 1
             ns += ev.dur_ns
-            pattern = module_pattern(ev.module or "")
+            pattern, line = module_pattern(ev.module or ""), ev.source or ""
             per_module[pattern] += ev.dur_ns
-            per_line[pattern][ev.source or ""] += ev.dur_ns
+            per_line[pattern][line] += ev.dur_ns
+            count[pattern] += 1
+            count_line[pattern][line] += 1
     n = max(len(steps), 1)
-    named = [(m, t) for m, t in per_module.most_common() if m]
-    top = named[0][0] if named else (per_module.most_common(1)[0][0] if per_module else "")
-    line = per_line[top].most_common(1)[0][0] if per_line.get(top) else ""
-    return ops / n, ns / 1e6 / n, top, line
+    top, busiest = _leader(per_module), _leader(count)
+    return {
+        "ops": sum(count.values()) / n,
+        "op_ms": ns / 1e6 / n,
+        "top_module": top,
+        "top_source": _leader(per_line.get(top, Counter())),
+        "busiest_module": busiest,
+        "busiest_source": _leader(count_line.get(busiest, Counter())),
+    }
+
+
+def _leader(c: Counter) -> str:
+    """The key with the largest count, a named one before the empty name."""
+    named = [k for k, _ in c.most_common() if k]
+    return named[0] if named else (c.most_common(1)[0][0] if c else "")
 
 
 def device_busy_pct(result, steps: range) -> float | None:
@@ -183,23 +198,15 @@ def model_phases(lm, plan: ModelPlan, ids: list[int], run, stages: Stages) -> tu
     busy = device_busy_pct(run.result, range(1)), device_busy_pct(run.result, range(1, max(t, 2)))
     if plan.simulate:
         return (
-            Phase(PREFILL, 1, pre[1], n, None, None, *pre, busy[0]),
-            Phase(DECODE, max(t - 1, 0), dec[1], 1, None, None, *dec, busy[1]),
+            Phase(PREFILL, 1, pre["op_ms"], n, **pre, device_busy_pct=busy[0]),
+            Phase(DECODE, max(t - 1, 0), dec["op_ms"], 1, **dec, device_busy_pct=busy[1]),
         )
     prefill_ms, decode_ms = _timed(lm, ids, plan.tokens, stages)
     pw, tw = pp_work(lm, n, 0, plan.dtype), tg_work(lm, plan.tokens, n, plan.dtype)
+    decode_wall = statistics.median(decode_ms) if decode_ms else 0.0
     return (
-        Phase(PREFILL, 1, prefill_ms, n, pw["flop"] * n, pw["bytes"] * n, *pre, busy[0]),
-        Phase(
-            DECODE,
-            len(decode_ms),
-            statistics.median(decode_ms) if decode_ms else 0.0,
-            1,
-            tw["flop"],
-            tw["bytes"],
-            *dec,
-            busy[1],
-        ),
+        Phase(PREFILL, 1, prefill_ms, n, pw["flop"] * n, pw["bytes"] * n, **pre, device_busy_pct=busy[0]),
+        Phase(DECODE, len(decode_ms), decode_wall, 1, tw["flop"], tw["bytes"], **dec, device_busy_pct=busy[1]),
     )
 
 
@@ -260,7 +267,7 @@ def measure_script(spec: Any, target: str) -> tuple[Measurement, Any, Any]:
     report = _script_report(trace)
     result = trace.result
     steps = range(1, max(result.tokens, 2)) if result.tokens > 1 else range(1)
-    ops, op_ms, top, line = step_profile(result.events, steps)
+    profile = step_profile(result.events, steps)
     wall = statistics.median(trace.step_ms) if trace.step_ms else trace.outcome.wall_ns / 1e6
     since = result.token_ns[0] if result.tokens > 1 else 0
     idle, idle_line, idle_pct = stacks.idle(since)
@@ -272,21 +279,7 @@ def measure_script(spec: Any, target: str) -> tuple[Measurement, Any, Any]:
         target,
         "step",
         False,
-        (
-            Phase(
-                STEP,
-                len(trace.step_ms) or 1,
-                wall,
-                1,
-                None,
-                None,
-                ops,
-                op_ms,
-                top,
-                line,
-                device_busy_pct(result, steps),
-            ),
-        ),
+        (Phase(STEP, len(trace.step_ms) or 1, wall, 1, **profile, device_busy_pct=device_busy_pct(result, steps)),),
         dispatch_us=probes.dispatch_us(target),
         transfer_bytes_per_step=nbytes,
         transfers_per_step=count,

@@ -29,6 +29,10 @@ class Phase:
     top_module: str = ""  # the module pattern with the most time inside ops
     top_source: str = ""  # its file:line
     device_busy_pct: float | None = None  # CUDA: the ops' device time over the traced pass's wall time
+    # the module pattern issuing the most ops, and its line with the most: where fewer, larger ops
+    # would go (by count, not time: a tiny op's time is mostly noise, one preempted op can lead)
+    busiest_module: str = ""
+    busiest_source: str = ""
 
 
 @dataclass(frozen=True)

@@ -230,7 +230,7 @@ def host_bound(m: Measurement) -> Finding | None:
         f"{_what(m, p)} runs {p.ops:.0f} ops in {_ms(p.wall_ms)} ({per_op:.2g} µs each); issuing them "
         f"costs ≥ {_ms(r[HOST])} ({m.dispatch_us:.2g} µs per empty op, measured), their work needs "
         f"~{_ms(work)}{idle}: host-bound",
-        _place(p.top_module, p.top_source),
+        _place(p.busiest_module, p.busiest_source) or _place(p.top_module, p.top_source),  # a run saved before
         "fewer, larger ops: torch.compile (--compile decode), CUDA graphs on a GPU, fused kernels "
         "(the CPU fast path), or a larger batch per op",
         f"with the ops fused the work alone allows ~{_rate(p.tokens, max(work, r[HOST] / p.ops))} "

@@ -111,6 +111,15 @@ def test_ops_much_shorter_than_the_step_make_it_host_bound():
     assert memory_bound(m) is None
     assert diagnose(m)[0].rule == "host-bound"
     assert host_bound(replace(m, phases=(replace(tiny, bytes=150e6),))) is None  # now reading 150 MB takes longer
+    # where the ops come from, by count: one slow embedding op (preempted, say) does not move it there
+    busiest = replace(
+        tiny,
+        top_module="embed",
+        top_source="engine/models/transformer.py:346",
+        busiest_module="layers.*",
+        busiest_source="engine/models/transformer.py:120",
+    )
+    assert host_bound(replace(m, phases=(busiest,))).place == "layers.* at engine/models/transformer.py:120"
 
 
 def test_foreign_load_names_the_processes_and_marks_the_figures_disturbed():
