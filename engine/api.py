@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from opscope.engine.core.devices import resolve_dtype
 from opscope.engine.core.errors import ConfigError
+from opscope.engine.core.gcpause import gc_paused
 from opscope.engine.generation.generate import GenerationConfig
 from opscope.engine.generation.loaded import LoadedModel, LoadOptions, load_plain
 
@@ -115,7 +116,13 @@ def load(
     ``fastpath`` picks the CPU fast path (engine.fastpath) or the plain torch model ("off");
     ``compile="decode"`` runs the plain model's decode steps through torch.compile
     (engine.models.compiled); ``quantize="int8"|"int4"`` stores the plain model's layer weights
-    weight-only quantized (engine.models.woq)."""
+    weight-only quantized (engine.models.woq). Garbage collection is paused while it loads
+    (engine.core.gcpause: a vocabulary's objects would set off full collections that free nothing)."""
+    with gc_paused():
+        return _load(model, device, dtype, attention, threads, fastpath, compile, quantize)
+
+
+def _load(model, device, dtype, attention, threads, fastpath, compile, quantize) -> LoadedModel:
     from opscope.engine.models.compiled import COMPILE_MODES
     from opscope.engine.models.woq import WOQ_MODES
 

@@ -13,16 +13,16 @@ event cap. The dispatch mode is thread-local: only ops of the entering thread ar
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 from opscope.engine.core import markers
 from opscope.engine.core.clock import now_ns
 from opscope.engine.core.errors import ConfigError
+from opscope.engine.core.gcpause import gc_paused
 from opscope.engine.trace import classify as cls
 from opscope.engine.trace.aggregate import TraceStats
 from opscope.engine.trace.devtime import DeviceTimer, cuda_timer
@@ -127,7 +127,7 @@ class Tracer(TorchDispatchMode):
         self._all_sources = self.options.source == SOURCE_ALL
         self._off_target_sources = self.options.source == SOURCE_FINDINGS
         self._unsubscribe: Callable[[], None] | None = None
-        self._gc_was_enabled = True
+        self._gc_pause: AbstractContextManager[None] = nullcontext()
         self.start_ns = self.end_ns = self.device_timed = 0
         self._suspended = False
 
@@ -137,9 +137,8 @@ class Tracer(TorchDispatchMode):
             self._timer = cuda_timer(self.options.target, self.options.max_events)
         self.modules.install()
         self._unsubscribe = markers.subscribe(self.markers.append)
-        self._gc_was_enabled = gc.isenabled()
-        if self.options.pause_gc:
-            gc.disable()
+        self._gc_pause = gc_paused() if self.options.pause_gc else nullcontext()
+        self._gc_pause.__enter__()
         self.start_ns = now_ns()
         return super().__enter__()
 
@@ -148,8 +147,7 @@ class Tracer(TorchDispatchMode):
             return super().__exit__(exc_type, exc, tb)
         finally:
             self.end_ns = now_ns()
-            if self._gc_was_enabled:
-                gc.enable()
+            self._gc_pause.__exit__(None, None, None)
             self.modules.remove()
             if self._unsubscribe:
                 self._unsubscribe()
