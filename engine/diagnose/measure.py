@@ -224,6 +224,10 @@ def measure_model(lm, plan: ModelPlan, subject: str, stages: Stages | None = Non
     ceil = probes.ceilings(target, plan.dtype)
     stages.enter("measuring the host cost of one op")
     dispatch = None if fast else probes.dispatch_us(target)
+    modes = None
+    if fast and not plan.simulate:
+        stages.enter("timing the fast path's matvecs with exact and int8 activations")
+        modes = probes.matvec_modes(lm.model)
     stages.check()
     count, nbytes, pageable = _transfers(report, MODEL_NEEDED)
     cores, gpu, neighbours = watch.finish()
@@ -253,6 +257,9 @@ def measure_model(lm, plan: ModelPlan, subject: str, stages: Stages | None = Non
         other_gpu_procs=gpu,
         neighbours=neighbours,
         notes=tuple(notes),
+        matvec_exact_ms=modes.exact_ms if modes else None,
+        matvec_int8_ms=modes.int8_ms if modes else None,
+        matvec_types=modes.types if modes else "",
     )
 
 

@@ -83,6 +83,11 @@ class Measurement:
     other_gpu_procs: int | None = None
     neighbours: tuple[Neighbour, ...] = ()
     notes: tuple[str, ...] = ()
+    # the CPU fast path's decode matvecs (every quantized linear once) timed with exact float32 and
+    # with int8 activations (engine.diagnose.probes.matvec_modes; None: not timed), their types
+    matvec_exact_ms: float | None = None
+    matvec_int8_ms: float | None = None
+    matvec_types: str = ""
 
     def phase(self, name: str) -> Phase | None:
         return next((p for p in self.phases if p.name == name), None)

@@ -112,6 +112,42 @@ def dispatch_us(device: str, n: int = 50, rounds: int = 20) -> float | None:
     return best * 1e6
 
 
+@dataclass(frozen=True)
+class MatvecModes:
+    """One pass over the fast path's decode matvecs, in each activation mode (ms), and their types."""
+
+    exact_ms: float
+    int8_ms: float
+    types: str
+
+
+def matvec_modes(model, rounds: int = 3) -> MatvecModes | None:
+    """Time the decode's matvecs of a fast-path model that runs them in exact float32 (every
+    QuantLinear with act_mode 0 whose type has an int8 kernel on this CPU), once per round in each
+    activation mode, alternating; the best pass of each. None where there is nothing to compare (the
+    plain torch model, activations=q8 already, no int8 kernels here)."""
+    import torch
+    from opscope.engine.fastpath.qlinear import QuantLinear
+
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and m.act_mode == 0 and m.int8_kernel]
+    if not layers:
+        return None
+    xs = {k: torch.randn(1, k) for k in {m.in_features for m in layers}}
+    weights = Counter()
+    for m in layers:
+        weights[m.ggml_type] += m.in_features * m.out_features
+    best = {0: float("inf"), 1: float("inf")}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for mode in (0, 1):
+                t0 = time.perf_counter()
+                for m in layers:
+                    m.matvec(xs[m.in_features], mode)
+                best[mode] = min(best[mode], time.perf_counter() - t0)
+    types = ", ".join(t for t, _ in weights.most_common())
+    return MatvecModes(best[0] * 1000.0, best[1] * 1000.0, types)
+
+
 class LoadWatch:
     """Other processes' CPU load over the measurement (engine.core.cpuload through run quality's
     /proc), the GPU's other processes, and which processes they were."""

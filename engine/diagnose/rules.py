@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from opscope.engine.core.units import count_rate, format_bytes, format_rate
-from opscope.engine.diagnose.measurement import SEVERITIES, Finding, Issue, Measurement, Phase
+from opscope.engine.diagnose.measurement import DECODE, SEVERITIES, Finding, Issue, Measurement, Phase
 
 DISTURBED_CORES = 0.25  # as engine.bench.measure.quality: foreign load that marks figures disturbed
 HOST_ALONE = 0.25  # the host's roof, with no other roof known, must explain this part of the busy pass
 IDLE_PCT = 40.0  # share of a step with no op running that points at the input pipeline
+INT8_SAVES = 0.10  # int8 activations must take this part off a decode step for the finding
 EXTRA_TRANSFERS = 1  # copies per step beyond the needed I/O (engine.diagnose.measure: MODEL_NEEDED, SCRIPT_NEEDED)
 COMPUTE, MEMORY, HOST = "compute", "memory", "host"
 
@@ -283,6 +284,30 @@ def memory_bound(m: Measurement) -> Finding | None:
     )
 
 
+def exact_activations(m: Measurement) -> Finding | None:
+    p = m.phase(DECODE)
+    if m.simulated or p is None or not p.wall_ms or m.matvec_exact_ms is None or m.matvec_int8_ms is None:
+        return None
+    saved = min(m.matvec_exact_ms - m.matvec_int8_ms, p.wall_ms)
+    if saved < INT8_SAVES * p.wall_ms:
+        return None
+    return Finding(
+        "exact-activations",
+        "dequantize arithmetic",
+        "low",
+        f"decode ({_ms(p.wall_ms)} a token): one pass over the fast path's matvecs took {_ms(m.matvec_exact_ms)} "
+        f"in exact float32 and {_ms(m.matvec_int8_ms)} with int8 activations here: converting each weight to "
+        "float32 and multiplying it, not reading it, sets the pace",
+        f"the quantized linears ({m.matvec_types})",
+        "int8 activations, llama.cpp's scheme (`--fastpath activations=q8`; in the window, Engine → "
+        "Settings…, Decode activations: q8): the logits move slightly (the embedded model: mean KL 3.9e-3 per token "
+        "against exact, about llama.cpp's own)",
+        f"~{_rate(1, p.wall_ms - saved)} {m.unit}s/s instead of {_rate(1, p.wall_ms)}",
+        m.share_pct(p),
+        {"exact_ms": m.matvec_exact_ms, "int8_ms": m.matvec_int8_ms, "phase": p.name},
+    )
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
@@ -309,6 +334,13 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("input-pipeline", "input pipeline", 6, input_pipeline, "no op runs for ≥ 40 % of a script's step"),
     Rule("host-bound", "host", 7, host_bound, "ops × the cost of an empty op is the largest roof"),
+    Rule(
+        "exact-activations",
+        "dequantize arithmetic",
+        8,
+        exact_activations,
+        "the fast path's exact matvecs take ≥ 10 % more of a decode step than int8 activations would",
+    ),
     Rule("compute-bound", "compute", 8, compute_bound, "FLOP ÷ peak FLOP/s is the largest roof (MFU)"),
     Rule("memory-bound", "memory", 8, memory_bound, "bytes ÷ measured bandwidth is the largest roof (MBU)"),
 )

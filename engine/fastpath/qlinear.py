@@ -180,7 +180,7 @@ class QuantLinear(_Blocks):
     ):
         super().__init__(packed)
         self.out_features, self.in_features = packed.shape
-        int8_kernel = _soa_has_q8() if not packed.raw else _raw_has_q8(packed.ggml_type)
+        int8_kernel = self.int8_kernel
         if act_mode == 1 and not int8_kernel and packed.ggml_type not in _q8_logged:
             _q8_logged.add(packed.ggml_type)
             log.info(
@@ -192,6 +192,18 @@ class QuantLinear(_Blocks):
             gemm_dtype = "bf16" if native_bf16() else "f32"
         self.gemm_dtype = _GEMM_DTYPES[gemm_dtype]
         self.bias = bias
+
+    @property
+    def int8_kernel(self) -> bool:
+        """Whether this CPU's kernels have an int8-activation matvec for the weight's type (act_mode 1)."""
+        return _soa_has_q8() if not self.packed.raw else _raw_has_q8(self.packed.ggml_type)
+
+    def matvec(self, x: torch.Tensor, act_mode: int) -> torch.Tensor:
+        """The decode's matvec (x: [1, in_features] float32) with the given activations (0 exact, 1
+        int8), whatever this layer's own mode: engine.diagnose times both."""
+        return torch.ops.opscope.qlinear(
+            x, self.qs, self.d, self.m, self.qtype, act_mode, self.gemm_min_rows, self.gemm_dtype
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype  # the kernels take float32; a bf16/fp16 model gets its own dtype back

@@ -14,6 +14,7 @@ from opscope.engine.diagnose.rules import (
     compute_bound,
     data_movement,
     diagnose,
+    exact_activations,
     foreign_load,
     host_bound,
     input_pipeline,
@@ -202,7 +203,7 @@ def test_a_clean_run_has_nothing_above_info_and_says_so_in_at_most_ten_lines():
 
 
 def test_every_rule_is_in_the_table_once_and_the_markdown_lists_the_findings():
-    assert len({r.name for r in RULES}) == len(RULES) == 10
+    assert len({r.name for r in RULES}) == len(RULES) == 11
     md = render_markdown(Diagnosis.of(BASE))
     assert "| 1 | info | memory | decode reads 515 MiB per token" in md
 
@@ -248,3 +249,26 @@ def test_on_a_gpu_the_host_bound_finding_and_the_headline_say_how_long_the_devic
     m = replace(BASE, target="cuda", phases=(tiny,), dispatch_us=12.0)
     assert host_bound(m).evidence.endswith("their work needs ~0.015 ms; the device idles 88 % of it: host-bound")
     assert "decode 333 token/s (3 ms, 96 ops, device busy 12 %)" in render_text(Diagnosis.of(m)).splitlines()[0]
+
+
+def test_exact_matvecs_that_int8_activations_would_run_faster_point_at_activations_q8():
+    # decode takes 100 ms a token; its matvecs took 80 ms exact and 45 ms with int8 activations
+    m = replace(BASE, matvec_exact_ms=80.0, matvec_int8_ms=45.0, matvec_types="Q4_K, Q6_K")
+    f = exact_activations(m)
+    assert (f.rule, f.bound, f.severity) == ("exact-activations", "dequantize arithmetic", "low")
+    assert f.evidence == (
+        "decode (100 ms a token): one pass over the fast path's matvecs took 80 ms in exact float32 and "
+        "45 ms with int8 activations here: converting each weight to float32 and multiplying it, not "
+        "reading it, sets the pace"
+    )
+    assert f.place == "the quantized linears (Q4_K, Q6_K)"
+    assert f.fix.startswith("int8 activations, llama.cpp's scheme (`--fastpath activations=q8`; in the window, Engine")
+    assert f.gain == "~15.4 tokens/s instead of 10"
+    assert [x.rule for x in diagnose(m)][:1] == ["exact-activations"]  # low: above the info bounds
+
+
+def test_no_activations_finding_where_int8_saves_under_a_tenth_or_nothing_was_timed():
+    assert exact_activations(replace(BASE, matvec_exact_ms=50.0, matvec_int8_ms=41.0)) is None  # 9 of 100 ms
+    assert exact_activations(replace(BASE, matvec_exact_ms=50.0, matvec_int8_ms=40.0)) is not None
+    assert exact_activations(BASE) is None  # the plain model, or q8 already: not timed
+    assert exact_activations(replace(BASE, matvec_exact_ms=80.0, matvec_int8_ms=45.0, simulated=True)) is None
