@@ -133,7 +133,7 @@ def matvec_modes(model, rounds: int = 3) -> MatvecModes | None:
     if not layers:
         return None
     xs = {k: torch.randn(1, k) for k in {m.in_features for m in layers}}
-    weights = Counter()
+    weights: Counter[str] = Counter()
     for m in layers:
         weights[m.ggml_type] += m.in_features * m.out_features
     best = {0: float("inf"), 1: float("inf")}
