@@ -79,6 +79,10 @@ def _about_options(cls: type[ConfigError], template: str, given: dict[str, objec
     return cls.about_options(template, **given)
 
 
+class InsufficientMemory(EngineError):
+    """Work that would not fit in the memory this machine has free now."""
+
+
 class DeviceError(EngineError):
     """The requested device does not exist or is not usable."""
 

@@ -10,12 +10,16 @@ stand-in copy of the model on the meta device under FakeTensorMode (engine.trace
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from opscope.engine.core.clock import now_ns
+from opscope.engine.core.errors import InsufficientMemory
+from opscope.engine.core.units import format_bytes
 from opscope.engine.generation.events import Finished, Token
 from opscope.engine.trace.capture import Tracer, TraceResult
 from opscope.engine.trace.events import TraceOptions
@@ -60,21 +64,62 @@ def _drive(tracer: Tracer, events: Iterator) -> Finished | None:
     return finished
 
 
+TWIN_SLACK = 1.25  # the twin's weights plus its activations, KV cache and the allocator's slack
+TWIN_KEPT_SHARE = 0.25  # a twin whose weights take at most this part of RAM is kept for the next trace
+
+
+def twin_weight_bytes(lm) -> int:
+    """The plain torch model's weights in ``lm``'s dtype: every quantized matrix of the fast path at
+    full size (a tied head and embedding once), and the parameters it holds as they are."""
+    import torch
+
+    itemsize = torch.empty((), dtype=getattr(torch, lm.options.dtype)).element_size()
+    seen, n = set(), 0
+    for mod in lm.model.modules():
+        qs = getattr(mod, "qs", None)
+        if isinstance(qs, torch.Tensor) and hasattr(mod, "ggml_type") and qs.data_ptr() not in seen:
+            seen.add(qs.data_ptr())
+            n += math.prod(mod.shape)
+    n += sum(p.numel() for p in lm.model.parameters())
+    return n * itemsize
+
+
 def torch_twin(lm):
     """The plain torch model of ``lm``: placement is a property of torch ops, and the CPU fast path
-    runs decode as one opaque C++ call that a dispatch mode cannot look into. Loaded once per lm."""
+    runs decode as one opaque C++ call that a dispatch mode cannot look into. Its weights are the
+    quantized file's at full size (a 1.2 B model in float32: 5 GB beside the fast path's 0.8), so it
+    is loaded only where memory holds it (else InsufficientMemory, saying what it needs), and kept on the
+    lm for the next trace only when it takes at most TWIN_KEPT_SHARE of RAM (``release_twin``)."""
     if getattr(getattr(lm, "options", None), "fastpath", "off") == "off":
         return lm
     twin = getattr(lm, "_trace_twin", None)
     if twin is None:
+        import psutil
         from opscope.engine.api import load
 
+        need, free = twin_weight_bytes(lm), psutil.virtual_memory().available
+        if need * TWIN_SLACK > free:
+            raise InsufficientMemory(
+                f"tracing {Path(str(lm.source.path)).name} runs its plain torch model beside the fast path: "
+                f"{format_bytes(need, 3)} of {lm.options.dtype} weights, ~{format_bytes(need * TWIN_SLACK, 3)} "
+                f"with its working memory, and {format_bytes(free, 3)} is free; trace a smaller model, or free "
+                "memory first"
+            )
         o = lm.options
         twin = load(
             lm.source.path, device=o.device, dtype=o.dtype, attention=o.attention, threads=o.threads, fastpath="off"
         )
         lm._trace_twin = twin
     return twin
+
+
+def release_twin(lm) -> None:
+    """Drop ``lm``'s twin after a trace unless it is small enough to keep (TWIN_KEPT_SHARE of RAM)."""
+    import psutil
+
+    twin = getattr(lm, "_trace_twin", None)
+    if twin is not None and twin_weight_bytes(lm) > TWIN_KEPT_SHARE * psutil.virtual_memory().total:
+        lm._trace_twin = None
 
 
 def trace_generation(
@@ -89,15 +134,19 @@ def trace_generation(
 ) -> TraceRun:
     """Trace one generation of ``lm`` (an engine.api.LoadedModel) with a planted-bug variant; a set
     ``cancel`` ends the generation after its current step (``finished.stop_reason`` "cancelled")."""
-    lm = torch_twin(lm)
-    options = options or TraceOptions(target=str(lm.device))
-    if simulate:
-        return _trace_simulated(lm, prompt, config, options, variant, cancel)
-    with plant(lm.model, variant):
-        tracer = Tracer(options, model=lm.model)
-        # the whole generation, not a 1-token prefill over a prefix left in the KV cache
-        finished = _drive(tracer, lm.generate(prompt, _no_reuse(config), cancel))
-    return TraceRun(tracer.result(), variant, False, finished)
+    twin = torch_twin(lm)
+    try:
+        options = options or TraceOptions(target=str(twin.device))
+        if simulate:
+            return _trace_simulated(twin, prompt, config, options, variant, cancel)
+        with plant(twin.model, variant):
+            tracer = Tracer(options, model=twin.model)
+            # the whole generation, not a 1-token prefill over a prefix left in the KV cache
+            finished = _drive(tracer, twin.generate(prompt, _no_reuse(config), cancel))
+        return TraceRun(tracer.result(), variant, False, finished)
+    finally:
+        del twin
+        release_twin(lm)
 
 
 def _no_reuse(config):
