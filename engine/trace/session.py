@@ -86,8 +86,10 @@ def twin_weight_bytes(lm) -> int:
 
 def torch_twin(lm):
     """The plain torch model of ``lm``: placement is a property of torch ops, and the CPU fast path
-    runs decode as one opaque C++ call that a dispatch mode cannot look into. Its weights are the
-    quantized file's at full size (a 1.2 B model in float32: 5 GB beside the fast path's 0.8), so it
+    runs decode as one opaque C++ call that a dispatch mode cannot look into (for a GGUF built by
+    engine.fastpath.loader.plain_twin: the plain model's weights bit for bit, decoded in 1.5 s instead
+    of 16 for a 1.2 B file). Its weights are the quantized file's at full size (that file in float32:
+    5 GB beside the fast path's 0.8), so it
     is loaded only where memory holds it (else InsufficientMemory, saying what it needs), and kept on the
     lm for the next trace only when it takes at most TWIN_KEPT_SHARE of RAM (``release_twin``)."""
     if getattr(getattr(lm, "options", None), "fastpath", "off") == "off":
@@ -106,9 +108,14 @@ def torch_twin(lm):
                 "memory first"
             )
         o = lm.options
-        twin = load(
-            lm.source.path, device=o.device, dtype=o.dtype, attention=o.attention, threads=o.threads, fastpath="off"
-        )
+        if hasattr(lm.source, "raw_tensor"):  # a GGUF: its blocks decoded by the kernels, ~10x gguf's numpy
+            from opscope.engine.fastpath.loader import plain_twin
+
+            twin = plain_twin(lm)
+        else:
+            twin = load(
+                lm.source.path, device=o.device, dtype=o.dtype, attention=o.attention, threads=o.threads, fastpath="off"
+            )
         lm._trace_twin = twin
     return twin
 

@@ -4,6 +4,7 @@ refused with one line where memory cannot hold it, kept for the next trace only 
 from __future__ import annotations
 
 import pytest
+import torch
 from opscope.engine import load
 from opscope.engine.core.errors import InsufficientMemory
 from opscope.engine.generation.generate import GenerationConfig
@@ -24,6 +25,14 @@ def test_the_twin_s_size_is_the_plain_model_s_weights(fast):
     plain = load(threads=1, fastpath="off")
     storages = {p.data_ptr(): p.numel() * p.element_size() for p in plain.model.parameters()}
     assert twin_weight_bytes(fast) == sum(storages.values())  # 538 MB: tied head and embedding once
+
+
+def test_the_twin_is_the_plain_model_bit_for_bit_decoded_by_the_kernels(fast):
+    from opscope.engine.fastpath.loader import plain_twin
+
+    twin, plain = plain_twin(fast).model.state_dict(), load(threads=1, fastpath="off").model.state_dict()
+    assert twin.keys() == plain.keys()
+    assert [k for k in plain if not torch.equal(twin[k], plain[k])] == []  # plain: gguf's numpy decoders
 
 
 def test_a_twin_memory_cannot_hold_is_refused_with_what_it_needs(fast, monkeypatch):
