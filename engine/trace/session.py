@@ -65,7 +65,7 @@ def _drive(tracer: Tracer, events: Iterator) -> Finished | None:
 
 
 TWIN_SLACK = 1.25  # the twin's weights plus its activations, KV cache and the allocator's slack
-TWIN_KEPT_SHARE = 0.25  # a twin whose weights take at most this part of RAM is kept for the next trace
+TWIN_KEPT_SHARE = 0.10  # a twin whose weights take at most this part of RAM is kept for the next trace
 
 
 def twin_weight_bytes(lm) -> int:
