@@ -86,12 +86,11 @@ def twin_weight_bytes(lm) -> int:
 
 def torch_twin(lm):
     """The plain torch model of ``lm``: placement is a property of torch ops, and the CPU fast path
-    runs decode as one opaque C++ call that a dispatch mode cannot look into (for a GGUF built by
-    engine.fastpath.loader.plain_twin: the plain model's weights bit for bit, decoded in 1.5 s instead
-    of 16 for a 1.2 B file). Its weights are the quantized file's at full size (that file in float32:
-    5 GB beside the fast path's 0.8), so it
-    is loaded only where memory holds it (else InsufficientMemory, saying what it needs), and kept on the
-    lm for the next trace only when it takes at most TWIN_KEPT_SHARE of RAM (``release_twin``)."""
+    runs decode as one opaque C++ call that a dispatch mode cannot look into. A GGUF's twin is built by
+    engine.fastpath.loader.plain_twin (the plain model's weights bit for bit, decoded by the kernels).
+    Its weights are the file's at full size (a 1.2 B Q4_K_M file in float32: 5 GB beside the fast
+    path's 0.8), so it is loaded only where memory holds it (else InsufficientMemory, saying what it
+    needs), and kept on the lm for the next trace only while under TWIN_KEPT_SHARE of RAM (release_twin)."""
     if getattr(getattr(lm, "options", None), "fastpath", "off") == "off":
         return lm
     twin = getattr(lm, "_trace_twin", None)
