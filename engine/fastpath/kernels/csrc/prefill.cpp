@@ -323,17 +323,26 @@ std::vector<at::Tensor> int8_gemms(const Act8Rows& a, const std::vector<Weights>
   const int8_t* qa = a.qa.data_ptr<int8_t>();
   const float* da = a.da.data_ptr<float>();
   const int32_t* n16 = a.n16.data_ptr<int32_t>();
+  bool wide = false;  // some panels in int16 (rows::int8_wide): the activations widened once for all
+  for (const Weights& w : ws) wide = wide || rows::int8_wide(w);
+  at::Tensor a16 = wide ? at::empty({M, K}, a.qa.options().dtype(at::kShort)) : at::Tensor();
+  if (wide)  // in blocks of 16 rows (a multiple of the tile's tokens), the last one to M
+    at::parallel_for(0, (M + 15) / 16, 1, [&](int64_t b0, int64_t b1) {
+      const int64_t i0 = 16 * b0, i1 = std::min(M, 16 * b1);
+      rows::widen_q8(qa + i0 * K, i1 - i0, K, a16.data_ptr<int16_t>() + i0 * K);
+    });
+  const int16_t* qa16 = wide ? a16.data_ptr<int16_t>() : nullptr;
   const int64_t count = int64_t(panels.size());
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), count), 1, [&](int64_t, int64_t) {
-    std::vector<uint8_t> u(PW * K);
+    std::vector<uint8_t> u(PW * K * (wide ? 2 : 1));
     std::vector<float> s(PW * (K / 16)), c(PW * (K / 16));
     for (int64_t p = next.fetch_add(1, std::memory_order_relaxed); p < count;
          p = next.fetch_add(1, std::memory_order_relaxed)) {
       const Panel& pl = panels[p];
       const Weights& w = ws[pl.w];
       const int64_t gs = rows::int8_group_size(w), N = w.N;
-      const rows::Int8Rows acts{qa, da, (gs == 32 ? a.ds : a.ds16).data_ptr<float>(), n16, M};
+      const rows::Int8Rows acts{qa, da, (gs == 32 ? a.ds : a.ds16).data_ptr<float>(), n16, M, qa16};
       const int kappa = rows::int8_decode_panel(w, pl.r0, pl.n, u.data(), s.data(), c.data());
       rows::int8_gemm_panel(gs, rows::int8_quant_bits(w), kappa, u.data(), s.data(), c.data(), pl.n, K, acts,
                             ys[pl.w].data_ptr<float>() + pl.r0, N);

@@ -225,13 +225,16 @@ namespace {
 //   kShift     what signed quants are moved up by: 128 where the dot product takes unsigned bytes
 //              up to 255 (vpdpbusd), 0 where they stay signed (sdot multiplies signed bytes)
 //   kByte      whether 8-bit quants (Q8_0, the IQ4 tables) run here: on maddubs, whose int16 pairs
-//              would saturate past 2 * 127 * 127 for unsigned ones, they stay signed and each product
-//              takes vpsignb twice (docs/decisions/cpu-variants.md)
+//              would saturate past 2 * 127 * 127 for unsigned ones, they stay signed (kWide below;
+//              mad<true> is the sign trick, vpsignb twice per product: docs/decisions/cpu-variants.md)
 //   P, pzero, mad<SGN>(p, w, a), flush(acc, p), chunk(bits)
 //              per lane the 4 products of its bytes, summed in p over up to chunk(bits) steps of 4 k
 //              (quants of at most bits bits), then added into the int32 acc: maddubs sums in int16
 //              (no madd per step) as long as the sum cannot pass 2^15; SGN: w holds signed quants
 //   kDirect    mad's sums are int32 (vpdpbusd, sdot): the products go straight into acc
+//   kWide      8-bit signed quants run widened to int16 (vpmaddwd, int32 sums) instead of mad<true>:
+//              maddubs's sign trick takes two vpsignb per product on the multiply ports (register-only
+//              loop, one Zen 4 core held to AVX2: 72 GMAC/s against vpmaddwd's 108; int8_wide)
 //   NAME       the multiply, as ctest/gemm.cpp prints it (a test asserts which ran)
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 struct I8 {
@@ -248,7 +251,7 @@ struct I8 {
   template <bool SGN> static P mad(P p, I w, I a) { return _mm512_dpbusd_epi32(p, w, a); }
   static I flush(I acc, P p) { return _mm512_add_epi32(acc, p); }
   static constexpr int chunk(int) { return 8; }
-  static constexpr bool kDirect = true;
+  static constexpr bool kDirect = true, kWide = false;
   static F fzero() { return _mm512_setzero_ps(); }
   static F fload(const float* p) { return _mm512_loadu_ps(p); }
   static F fset1(float v) { return _mm512_set1_ps(v); }
@@ -292,7 +295,7 @@ struct I8 {
 #endif
   static I flush(I acc, P p) { return _mm256_add_epi32(acc, p); }
   static constexpr int chunk(int) { return 8; }
-  static constexpr bool kDirect = true;
+  static constexpr bool kDirect = true, kWide = false;
 #else
   // pairs of u * a in int16, |a| <= 127: 2 * 31 * 127 * 4 steps and 2 * 63 * 127 * 2 steps stay
   // below 2^15. SGN (8-bit signed quants): |w| * (a with w's sign), one step (2 * 128 * 127 < 2^15)
@@ -310,8 +313,20 @@ struct I8 {
   // products, not 1)
   static constexpr int chunk(int bits) { return bits <= 4 ? 8 : bits <= 5 ? 4 : bits <= 6 ? 2 : 1; }
   static constexpr int tokens(int bits) { return bits <= 4 ? 3 : T; }
-  static constexpr int regs(int bits) { return bits <= 4 ? 2 : R; }
-  static constexpr bool kDirect = false;
+  static constexpr int regs(int bits) { return bits <= 4 || bits == 8 ? 2 : R; }  // 8: kWide, 2 loads per 8 vpmaddwd
+  static constexpr bool kDirect = false, kWide = true;
+  // int16 pairs (kWide): 2 k per lane, the products summed in int32 by vpmaddwd
+  static P mad16(P p, I w, I a) {
+    const I prod = _mm256_madd_epi16(w, a);
+    // the add in place: GCC otherwise adds into the product's register and copies it back every step
+    asm("vpaddd %1, %0, %0" : "+x"(p) : "x"(prod));
+    return p;
+  }
+  // a weight register loaded once per step (GCC otherwise folds its load into every token's vpmaddwd)
+  static I pin(I w) {
+    asm("" : "+x"(w));
+    return w;
+  }
 #endif
   static F fzero() { return _mm256_setzero_ps(); }
   static F fload(const float* p) { return _mm256_loadu_ps(p); }
@@ -349,7 +364,7 @@ struct I8 {
   }
   static I flush(I acc, P p) { return vaddq_s32(acc, p); }
   static constexpr int chunk(int) { return 8; }
-  static constexpr bool kDirect = true;
+  static constexpr bool kDirect = true, kWide = false;
   static F fzero() { return vdupq_n_f32(0.f); }
   static F fload(const float* p) { return vld1q_f32(p); }
   static F fset1(float v) { return vdupq_n_f32(v); }
@@ -362,7 +377,7 @@ struct I8 {
 #else
 struct I8 {
   static constexpr int kShift = 128;
-  static constexpr bool kByte = false;
+  static constexpr bool kByte = false, kWide = false;
 };
 #endif
 constexpr int kShift = I8::kShift;
@@ -395,6 +410,13 @@ struct TileShape<V, std::void_t<decltype(V::tokens(4))>> {
   static constexpr int tokens(int bits) { return V::tokens(bits); }
   static constexpr int regs(int bits) { return V::regs(bits); }
 };
+
+// The wide tile's tokens (int8_wide): widen_q8 interleaves the activations by them.
+#if defined(OPSCOPE_INT8_GEMM) && !defined(OPSCOPE_INT8_MMLA)
+constexpr int kWideTokens = TileShape<I8>::tokens(8);
+#else
+constexpr int kWideTokens = 1;
+#endif
 
 // IQ4_NL's values as the dot product's bytes (moved up by kShift)
 struct NlBytes {
@@ -605,10 +627,15 @@ bool int8_superblock16(const Weights& w, int64_t r, int64_t sb, uint8_t* u, floa
 // group GS/4 dot products per (token, register) into int32, then the group's scales in float32:
 // acc += i32 * (s * da) + c * ds. da is per 32 (the activations' scale), ds per group (da * the
 // group's sum of int8 activations); SGN (signed quants, kShift 0) has no offset c; BITS: at most the quants'
-// width (how many steps the int16 sums of maddubs may take).
+// width (how many steps the int16 sums of maddubs may take). Signed quants in a kWide build: the
+// panel and the activations (A16, the T tokens' pairs of k side by side: widen_q8) are int16, GS/2
+// steps of 2 k per group (int8_wide).
 template <int T, int R, int GS, bool SGN, int BITS, bool KAP, int64_t n>
-void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int64_t K, const int8_t* A,
-               const float* DA, const float* DS, const int32_t* N16, int kappa, float* y, int64_t ldy) {
+__attribute__((noinline)) void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int64_t K, const int8_t* A,
+               const int16_t* A16, const float* DA, const float* DS, const int32_t* N16, int kappa, float* y,
+               int64_t ldy) {
+  using X = std::conditional_t<T >= 0, I8, void>;  // dependent: mad16 exists in kWide builds only
+  constexpr bool WIDE = SGN && I8::kWide;
   constexpr int L = I8::L, CH = std::min(GS / 4, I8::chunk(BITS));
   const int64_t G = K / GS, G32 = K / 32, G16 = K / 16;
   typename I8::F acc[T][R];
@@ -621,7 +648,7 @@ void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int
       const auto start = KAP ? I8::bcast(kappa * (GS == 32 ? n16[0] + n16[1] : n16[0])) : I8::izero();
       for (int v = 0; v < R; ++v) ia[t][v] = start;
     }
-    const uint8_t* wg = U + g * GS * n + 4 * r0;
+    const uint8_t* wg = U + g * GS * n * (WIDE ? 2 : 1) + 4 * r0;
     // steps [k0, k1) of 4 k: the products into p (T by R registers)
     auto steps = [&](int k0, int k1, typename I8::P (&p)[T][R]) {
       for (int k4 = k0; k4 < k1; ++k4) {
@@ -635,7 +662,19 @@ void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int
         }
       }
     };
-    if constexpr (I8::kDirect) {  // int32 sums: the products straight into ia
+    if constexpr (WIDE) {  // 2 k per step, int32 sums straight into ia
+      for (int k2 = 0; k2 < GS / 2; ++k2) {
+        typename I8::I wv[R];
+        for (int v = 0; v < R; ++v) wv[v] = X::pin(I8::load(wg + 4 * (k2 * n + L * v)));
+        const int16_t* a = A16 + (GS * g / 2 + k2) * 2 * T;  // widen_q8's layout: the T tokens' pairs
+        for (int t = 0; t < T; ++t) {
+          int32_t a2;
+          std::memcpy(&a2, a + 2 * t, 4);
+          const auto av = I8::bcast(a2);
+          for (int v = 0; v < R; ++v) ia[t][v] = X::mad16(ia[t][v], wv[v], av);
+        }
+      }
+    } else if constexpr (I8::kDirect) {  // int32 sums: the products straight into ia
       steps(0, GS / 4, ia);
     } else {  // int16 sums, flushed into ia every CH steps
       for (int k0 = 0; k0 < GS / 4; k0 += CH) {
@@ -749,15 +788,30 @@ void int8_rows(const uint8_t* U, const float* S, const float* C, int64_t K, cons
 #else
   constexpr int T = TileShape<I8>::tokens(BITS), W = R * I8::L;
   const int64_t G32 = K / 32, G = K / GS, G16 = K / 16;
-  int64_t m = 0;
-  for (; m + T <= a.M; m += T)
-    for (int64_t r0 = 0; r0 < n; r0 += W)
-      int8_tile<T, R, GS, SGN, BITS, KAP, n>(U, S, C, r0, K, a.qa + m * K, a.da + m * G32, a.ds + m * G,
-                                             a.n16 + m * G16, kappa, y + m * ldy, ldy);
-  for (; m < a.M; ++m)
-    for (int64_t r0 = 0; r0 < n; r0 += W)
-      int8_tile<1, R, GS, SGN, BITS, KAP, n>(U, S, C, r0, K, a.qa + m * K, a.da + m * G32, a.ds + m * G,
-                                             a.n16 + m * G16, kappa, y + m * ldy, ldy);
+  if (SGN && I8::kWide && a.qa16 == nullptr) std::abort();  // int8_wide panels read the widened activations
+  static_assert(!(SGN && I8::kWide) || T == kWideTokens, "widen_q8 lays out the tile's tokens");
+  const auto a16 = [&](int64_t m) { return a.qa16 == nullptr ? nullptr : a.qa16 + m * K; };
+  // tokens [m0, m1) over rows [r0, r1) of the panel, T tokens at a time
+  const auto tiles = [&](int64_t m0, int64_t m1, int64_t r0, int64_t r1) {
+    int64_t m = m0;
+    for (; m + T <= m1; m += T)
+      for (int64_t r = r0; r < r1; r += W)
+        int8_tile<T, R, GS, SGN, BITS, KAP, n>(U, S, C, r, K, a.qa + m * K, a16(m), a.da + m * G32, a.ds + m * G,
+                                               a.n16 + m * G16, kappa, y + m * ldy, ldy);
+    for (; m < m1; ++m)
+      for (int64_t r = r0; r < r1; r += W)
+        int8_tile<1, R, GS, SGN, BITS, KAP, n>(U, S, C, r, K, a.qa + m * K, a16(m), a.da + m * G32, a.ds + m * G,
+                                               a.n16 + m * G16, kappa, y + m * ldy, ldy);
+  };
+  if constexpr (SGN && I8::kWide) {
+    // int16 panels (twice the bytes): blocks of 32 tokens (their activations in L2), each over the
+    // panel a register of rows at a time (those rows in L1 while the block's tokens pass)
+    constexpr int64_t MB = 8 * T;
+    for (int64_t m0 = 0; m0 < a.M; m0 += MB)
+      for (int64_t r0 = 0; r0 < n; r0 += W) tiles(m0, std::min(a.M, m0 + MB), r0, r0 + W);
+  } else {
+    tiles(0, a.M, 0, n);
+  }
 #endif
 }
 
@@ -895,17 +949,61 @@ int int8_offset_ratio(const Weights& w) {
 
 int int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c) {
   const int64_t gs = int8_group_size(w), K = w.K;
+  const bool wide = int8_wide(w);
   thread_local std::vector<uint8_t> rows;  // 16 rows of quants in weight order
+  thread_local std::vector<int16_t> rows16;  // the same widened (int8_wide)
   rows.resize(size_t(16 * K));
+  if (wide) rows16.resize(size_t(16 * K));
   for (int64_t i0 = 0; i0 < n; i0 += 16) {  // n: a multiple of 16 (int8_group_size asks N % 16 == 0)
     for (int64_t i = 0; i < 16; ++i) int8_decode_row(w, r0 + i0 + i, gs, rows.data() + i * K, s + i0 + i, c + i0 + i, n);
-    transpose_rows16(rows.data(), K, n, i0 / 16, u);
+    if (wide) {  // units of 2 int16: a row of 2K bytes
+      const auto* q8 = reinterpret_cast<const int8_t*>(rows.data());
+      for (int64_t j = 0; j < 16 * K; ++j) rows16[size_t(j)] = q8[j];  // a plain loop: the flags vectorize it
+      transpose_rows16(reinterpret_cast<const uint8_t*>(rows16.data()), 2 * K, n, i0 / 16, u);
+    } else {
+      transpose_rows16(rows.data(), K, n, i0 / 16, u);
+    }
   }
   if (w.raw() || w.qtype != 0) return int8_offset_ratio(w);
   // Q4_1's layout also holds Q4_0 (packing.py: m = -8 d exactly): those panels have c = -8 s
   for (int64_t j = 0; j < n * (K / gs); ++j)
     if (c[j] != -8.f * s[j]) return 0;
   return -8;
+}
+
+bool int8_wide(const Weights& w) { return I8::kWide && int8_group_size(w) == 32 && int8_quant_bits(w) == 8; }
+
+void widen_q8(const int8_t* q, int64_t M, int64_t K, int16_t* out) {
+  constexpr int T = kWideTokens;
+  int64_t m = 0;
+  for (; m + T <= M; m += T) {  // the tile's broadcasts from one line, not T rows
+    const int8_t* src = q + m * K;
+    int16_t* dst = out + m * K;
+    int64_t k = 0;
+#if defined(__AVX2__)
+    if constexpr (T == 4)
+      for (; k + 16 <= K; k += 16) {  // 4 rows x 8 pairs of k, a 4 x 8 transpose of int32 pairs
+        __m256i x[4];
+        for (int t = 0; t < 4; ++t)
+          x[t] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + t * K + k)));
+        const __m256i a = _mm256_unpacklo_epi32(x[0], x[1]), b = _mm256_unpacklo_epi32(x[2], x[3]);
+        const __m256i c = _mm256_unpackhi_epi32(x[0], x[1]), d = _mm256_unpackhi_epi32(x[2], x[3]);
+        const __m256i p04 = _mm256_unpacklo_epi64(a, b), p15 = _mm256_unpackhi_epi64(a, b);
+        const __m256i p26 = _mm256_unpacklo_epi64(c, d), p37 = _mm256_unpackhi_epi64(c, d);
+        __m256i* o = reinterpret_cast<__m256i*>(dst + k * T);
+        _mm256_storeu_si256(o, _mm256_permute2x128_si256(p04, p15, 0x20));
+        _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(p26, p37, 0x20));
+        _mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(p04, p15, 0x31));
+        _mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(p26, p37, 0x31));
+      }
+#endif
+    for (; k < K; k += 2)
+      for (int t = 0; t < T; ++t) {
+        dst[k * T + 2 * t] = src[t * K + k];
+        dst[k * T + 2 * t + 1] = src[t * K + k + 1];
+      }
+  }
+  for (int64_t i = m * K; i < M * K; ++i) out[i] = q[i];  // the last tokens, one tile each
 }
 
 int int8_quant_bits(const Weights& w) {

@@ -50,8 +50,13 @@ int int8_group_size(const Weights& w);
 // The width of w's quants in the panel: 8 (Q8_0 and the IQ4 tables: signed, c = 0, where this build's
 // dot product multiplies signed bytes, else moved up by 128), 6 (Q6_K) or at most 5.
 int int8_quant_bits(const Weights& w);
-// Rows [r0, r0 + n) of w into a panel (u: K * n bytes; s, c: K / GS * n floats); returns the
-// panel's kappa (int8_offset_ratio, or -8 for Q4_0 held as Q4_1).
+// Whether w's panels hold its quants widened to int16 ([K/GS][GS/2 pairs][n rows][2 int16]): the
+// signed 8-bit quants where this build's dot product is maddubs (AVX2 without VNNI), whose int16
+// pairs would saturate; vpmaddwd multiplies them as they are (docs/decisions/cpu-variants.md). Such
+// panels take twice the bytes, and the GEMM reads the activations widened too (Int8Rows::qa16).
+bool int8_wide(const Weights& w);
+// Rows [r0, r0 + n) of w into a panel (u: K * n bytes, twice that where int8_wide; s, c: K / GS * n
+// floats); returns the panel's kappa (int8_offset_ratio, or -8 for Q4_0 held as Q4_1).
 int int8_decode_panel(const Weights& w, int64_t r0, int64_t n, uint8_t* u, float* s, float* c);
 // A prompt's int8 activations (quantize_q8 per row): qa [M, K], da [M, K / 32], ds [M, K / gs]
 // (float32: da * the group's int8 sum), n16 [M, K / 16] (the int8 sums per 16). ds is derivable from
@@ -62,7 +67,11 @@ struct Int8Rows {
   const float *da, *ds;
   const int32_t* n16;
   int64_t M;
+  const int16_t* qa16 = nullptr;  // qa widened (widen_q8, all M rows), for int8_wide panels
 };
+// q [M, K] sign-extended to int16 in the layout the int8_wide GEMM reads: each group of the tile's
+// tokens with their pairs of k side by side ([K/2][tokens][2]), the last M % tokens rows as they are.
+void widen_q8(const int8_t* q, int64_t M, int64_t K, int16_t* out);
 // kappa where w's panels have c = kappa * s in every group (the offset of shifted or centred quants:
 // Q4_0 -8, Q8_0 and the IQ4 tables -128 where moved up by it): the GEMM then adds kappa * the int8
 // sum into the integer dot product instead of a float32 term per group (one fma per 16 outputs

@@ -49,10 +49,14 @@ bool gemm(int64_t type, const std::vector<uint8_t>& raw, int64_t row_bytes, int6
   for (int64_t m = 0; m < M; ++m)
     rows::quantize_q8(x.data() + m * K, K, q.data() + m * K, da.data() + m * (K / 32), s32.data() + m * (K / 32),
                       s16.data() + m * (K / 16), n16.data() + m * (K / 16));
-  std::vector<uint8_t> u(N * K);
+  const bool wide = rows::int8_wide(w);  // int16 panels and activations
+  std::vector<int16_t> q16(wide ? M * K : 0);
+  if (wide) rows::widen_q8(q.data(), M, K, q16.data());
+  std::vector<uint8_t> u(N * K * (wide ? 2 : 1));
   std::vector<float> s(N * (K / gs)), c(N * (K / gs));
   const int kappa = rows::int8_decode_panel(w, 0, N, u.data(), s.data(), c.data());
-  const rows::Int8Rows acts{q.data(), da.data(), (gs == 32 ? s32 : s16).data(), n16.data(), M};
+  const rows::Int8Rows acts{q.data(), da.data(), (gs == 32 ? s32 : s16).data(), n16.data(), M,
+                            wide ? q16.data() : nullptr};
   rows::int8_gemm_panel(gs, rows::int8_quant_bits(w), kappa, u.data(), s.data(), c.data(), N, K, acts, y.data(), N);
   return true;
 }
