@@ -631,7 +631,8 @@ bool int8_superblock16(const Weights& w, int64_t r, int64_t sb, uint8_t* u, floa
 // panel and the activations (A16, the T tokens' pairs of k side by side: widen_q8) are int16, GS/2
 // steps of 2 k per group (int8_wide).
 template <int T, int R, int GS, bool SGN, int BITS, bool KAP, int64_t n>
-__attribute__((noinline)) void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int64_t K, const int8_t* A,
+__attribute__((noinline))  // inlined into int8_rows's loops, its int32 sums spilled (the wide tile)
+void int8_tile(const uint8_t* U, const float* S, const float* C, int64_t r0, int64_t K, const int8_t* A,
                const int16_t* A16, const float* DA, const float* DS, const int32_t* N16, int kappa, float* y,
                int64_t ldy) {
   using X = std::conditional_t<T >= 0, I8, void>;  // dependent: mad16 exists in kWide builds only
